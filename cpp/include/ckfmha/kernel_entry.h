@@ -1,0 +1,62 @@
+/*
+ * The ABI between generated kernel tables and the runtime registry.
+ *
+ * The generator writes one table per compiled unit (the library's built-in
+ * set, or a JIT module) as an array of ckfmha_kernel_entry, returned by an
+ * extern "C" function. The runtime reads tables only through this struct, so
+ * a module built by a later JIT run plugs into an already loaded library as
+ * long as CKFMHA_KERNEL_ABI_VERSION matches.
+ */
+#ifndef CKFMHA_KERNEL_ENTRY_H
+#define CKFMHA_KERNEL_ENTRY_H
+
+#include "ckfmha/ckfmha.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKFMHA_KERNEL_ABI_VERSION 1
+
+/* problem/args point at the family's structs (ckfmha_fwd_problem/_args for fwd). */
+typedef int (*ckfmha_launch_fn)(const void* problem, const void* args, ckfmha_stream_t stream);
+
+typedef struct ckfmha_kernel_entry {
+  const char* name;
+  /* Signature: what the kernel computes. */
+  ckfmha_family family;
+  ckfmha_dtype dtype;
+  ckfmha_mode mode;
+  int32_t hdim_q;
+  int32_t hdim_v;
+  ckfmha_mask_kind mask;
+  int32_t has_lse;
+  /* Algorithm: how. */
+  int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
+  const char* arch_name; /* e.g. "sm_90a" */
+  const char* pipeline;  /* e.g. "sm80_cpasync_mma" */
+  int32_t tile_m;
+  int32_t tile_n;
+  int32_t tile_k;
+  int32_t warps;
+  int32_t stages;
+  ckfmha_launch_fn launch;
+} ckfmha_kernel_entry;
+
+typedef struct ckfmha_kernel_table {
+  int32_t abi_version;
+  int32_t count;
+  const ckfmha_kernel_entry* entries;
+} ckfmha_kernel_table;
+
+/* Symbol of the table compiled into libckfmha itself. */
+#define CKFMHA_BUILTIN_TABLE_SYMBOL "ckfmha_builtin_kernel_table"
+/* Symbol every JIT-built module exports. */
+#define CKFMHA_MODULE_TABLE_SYMBOL "ckfmha_module_kernel_table"
+typedef const ckfmha_kernel_table* (*ckfmha_table_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKFMHA_KERNEL_ENTRY_H */
