@@ -1,0 +1,47 @@
+// Reinterpretations of mma.sync m16n8k16 register fragments.
+//
+// An accumulator fragment has layout ((2,2), MMA_M, MMA_N): per atom a thread
+// holds columns {c, c+1} (first mode) of rows {r, r+8} (second mode). Softmax
+// wants it as a (rows, cols) matrix; the P*V product wants it as an A operand.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+namespace ckfmha::kernel {
+
+// ((2,2),M,N) -> ((2,M),(2,N)): row index first, column index second.
+template <class Layout>
+__device__ __forceinline__ constexpr auto accum_as_rows_cols(Layout const& acc) {
+  using namespace cute;
+  return make_layout(make_layout(get<1>(get<0>(acc)), get<1>(acc)),
+                     make_layout(get<0>(get<0>(acc)), get<2>(acc)));
+}
+
+// ((2,2),M,N) -> ((2,2,2),M,N/2). Two neighbouring 8-column accumulator atoms
+// hold exactly the register contents of one 16-deep A fragment, so P never
+// leaves registers between the two GEMMs.
+template <class Layout>
+__device__ __forceinline__ constexpr auto accum_as_operand_a(Layout const& acc) {
+  using namespace cute;
+  static_assert(size<2>(Layout{}) % 2 == 0, "need an even number of 8-column atoms");
+  auto n_split = logical_divide(get<2>(acc), Int<2>{});
+  return make_layout(make_layout(get<0>(get<0>(acc)), get<1>(get<0>(acc)), get<0>(n_split)),
+                     get<1>(acc), get<1>(n_split));
+}
+
+// Element-wise conversion of a compact register fragment, keeping its layout
+// (the converter packs pairs into single cvt instructions).
+template <class To, class Engine, class Layout>
+__device__ __forceinline__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
+  using From = typename Engine::value_type;
+  constexpr int kSize = decltype(cute::size(src))::value;
+  auto dst = cute::make_tensor<To>(src.layout());
+  cutlass::NumericArrayConverter<To, From, kSize> convert;
+  *reinterpret_cast<cutlass::Array<To, kSize>*>(dst.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kSize> const*>(src.data()));
+  return dst;
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,70 @@
+// Host-side launcher for one sm80-path forward instance. Generated instance
+// files include this header and instantiate launch_fwd_sm80<Traits> once.
+//
+// Return convention (shared by every launcher in a kernel table): 0 on
+// success, -cudaError_t when a CUDA call fails. Problem checks happen in the
+// runtime before a launcher is chosen.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/fwd_params.h"
+#include "ckfmha/kernel/fwd_sm80_kernel.cuh"
+#include "ckfmha/kernel/fwd_sm80_traits.cuh"
+#include "ckfmha/kernel_entry.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace ckfmha::kernel {
+
+inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_args const& args) {
+  FwdParams p{};
+  p.q = args.q;
+  p.k = args.k;
+  p.v = args.v;
+  p.o = args.o;
+  p.lse = problem.store_lse ? args.lse : nullptr;
+  p.q_batch_stride = problem.q_stride[0];
+  p.q_head_stride = problem.q_stride[1];
+  p.q_row_stride = problem.q_stride[2];
+  p.k_batch_stride = problem.k_stride[0];
+  p.k_head_stride = problem.k_stride[1];
+  p.k_row_stride = problem.k_stride[2];
+  p.v_batch_stride = problem.v_stride[0];
+  p.v_head_stride = problem.v_stride[1];
+  p.v_row_stride = problem.v_stride[2];
+  p.o_batch_stride = problem.o_stride[0];
+  p.o_head_stride = problem.o_stride[1];
+  p.o_row_stride = problem.o_stride[2];
+  p.seqlen_q = problem.seqlen_q;
+  p.seqlen_k = problem.seqlen_k;
+  p.nhead_q = problem.nhead_q;
+  p.head_group = problem.nhead_q / problem.nhead_k;
+  p.scale = problem.scale;
+  p.scale_log2 = problem.scale * float(M_LOG2E);
+  p.causal_offset =
+      problem.mask == CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT ? problem.seqlen_k - problem.seqlen_q : 0;
+  return p;
+}
+
+template <class Traits>
+int launch_fwd_sm80(void const* problem, void const* args, ckfmha_stream_t stream) {
+  auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
+  FwdParams params = make_fwd_params(pr, *static_cast<ckfmha_fwd_args const*>(args));
+  dim3 grid((pr.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, pr.nhead_q, pr.batch);
+  auto* kernel = &fwd_sm80_kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if constexpr (kSmem > 48 * 1024) {
+    // The opt-in limit is per function and per device; setting it each launch
+    // is cheap and keeps multi-device processes correct.
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return -int(err);
+  }
+  kernel<<<grid, Traits::kThreads, kSmem, reinterpret_cast<cudaStream_t>(stream)>>>(params);
+  cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? 0 : -int(err);
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,88 @@
+// Online (streaming) softmax state for the rows a thread owns.
+//
+// Each row of a 16x8 accumulator atom is spread over the 4 lanes of a quad, so
+// row reductions finish with two xor-shuffles. The running sum stays
+// per-thread until the end: only the final normalisation needs the quad total.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cmath>
+
+namespace ckfmha::kernel {
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+template <int Rows>
+struct OnlineSoftmax {
+  float row_max[Rows];  // in raw score units (before the softmax scale)
+  float row_sum[Rows];  // this thread's share of sum(exp(scale * (s - row_max)))
+
+  __device__ __forceinline__ void reset() {
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) {
+      row_max[i] = -INFINITY;
+      row_sum[i] = 0.f;
+    }
+  }
+
+  // Turns scores (rows, cols) into unnormalised probabilities in place and
+  // rescales the output accumulator rows for the new running maximum.
+  template <bool FirstTile, class Scores, class Output>
+  __device__ __forceinline__ void update(Scores& scores, Output& out, float scale_log2) {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores))::value == Rows);
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) {
+      float tile_max = row_max[i];
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+      tile_max = quad_max(tile_max);
+      // A row that has seen only masked keys keeps max -inf; subtracting 0
+      // instead keeps exp2 at 0 rather than NaN.
+      float shift = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
+      if constexpr (!FirstTile) {
+        float old_shift = row_max[i] == -INFINITY ? 0.f : row_max[i] * scale_log2;
+        float correction = exp2f(old_shift - shift);
+        row_sum[i] *= correction;
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(out); ++j) out(i, j) *= correction;
+      }
+      row_max[i] = tile_max;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) {
+        float p = exp2f(scores(i, j) * scale_log2 - shift);
+        scores(i, j) = p;
+        sum += p;
+      }
+      row_sum[i] += sum;
+    }
+  }
+
+  // Normalises the output rows; returns per-row log-sum-exp in lse[] (natural
+  // log, including the scale). Rows with no visible key give 0 and -inf.
+  template <class Output>
+  __device__ __forceinline__ void finalize(Output& out, float scale, float (&lse)[Rows]) {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) {
+      float total = quad_sum(row_sum[i]);
+      bool empty = total == 0.f || total != total;
+      float inv = empty ? 0.f : 1.f / total;
+      lse[i] = empty ? -INFINITY : row_max[i] * scale + logf(total);
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(out); ++j) out(i, j) *= inv;
+    }
+  }
+};
+
+}  // namespace ckfmha::kernel

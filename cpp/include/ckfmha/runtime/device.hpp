@@ -1,0 +1,15 @@
+// The CUDA runtime calls the C API needs, each turned into a status with a
+// message; nothing else in the runtime includes CUDA headers.
+#pragma once
+
+#include <cstddef>
+
+namespace ckfmha::runtime {
+
+int device_count(int* count);
+int current_device(int* device);
+int device_arch(int device, int* arch);
+// Arch of the current device, or a NO_DEVICE status.
+int current_device_arch(int* arch);
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,22 @@
+// Checks that a forward problem is well formed, independent of any kernel.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+
+#include <string>
+
+namespace ckfmha::runtime {
+
+// Empty when valid, else a message naming the bad field and what is allowed.
+std::string check_fwd_problem(ckfmha_fwd_problem const& problem);
+
+const char* dtype_name(ckfmha_dtype dtype);
+const char* mask_name(ckfmha_mask mask);
+const char* mask_kind_name(ckfmha_mask_kind kind);
+const char* mode_name(ckfmha_mode mode);
+const char* family_name(ckfmha_family family);
+
+// One-line human description used in error messages and explanations.
+std::string describe(ckfmha_fwd_problem const& problem);
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,221 @@
+// The extern "C" surface: argument checks, then calls into the runtime.
+// Every entry point returns a ckfmha_status and leaves a message on failure.
+#include "ckfmha/ckfmha.h"
+
+#include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/dispatcher.hpp"
+#include "ckfmha/runtime/problem.hpp"
+#include "ckfmha/runtime/registry.hpp"
+#include "ckfmha/runtime/status.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+using namespace ckfmha::runtime;
+
+namespace {
+
+int copy_out(std::string const& text, char* buf, size_t buf_len, size_t* needed) {
+  if (needed) *needed = text.size() + 1;
+  if (buf == nullptr || buf_len < text.size() + 1) {
+    return fail(CKFMHA_ERROR_BUFFER_TOO_SMALL, "buffer of " + std::to_string(buf_len) +
+                                                   " bytes is too small; " +
+                                                   std::to_string(text.size() + 1) + " needed");
+  }
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+  return succeed();
+}
+
+int require(bool ok, const char* what) {
+  return ok ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, what);
+}
+
+int checked_problem(ckfmha_fwd_problem const* problem) {
+  if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
+  std::string error = check_fwd_problem(*problem);
+  return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
+}
+
+int resolve_arch(int arch, int* resolved) {
+  if (arch >= 0) {
+    *resolved = arch;
+    return CKFMHA_SUCCESS;
+  }
+  return current_device_arch(resolved);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+extern "C" {
+
+const char* ckfmha_last_error(void) { return last_error(); }
+
+const char* ckfmha_status_name(int status) {
+  switch (status) {
+    case CKFMHA_SUCCESS: return "CKFMHA_SUCCESS";
+    case CKFMHA_ERROR_INVALID_ARGUMENT: return "CKFMHA_ERROR_INVALID_ARGUMENT";
+    case CKFMHA_ERROR_UNSUPPORTED: return "CKFMHA_ERROR_UNSUPPORTED";
+    case CKFMHA_ERROR_CUDA: return "CKFMHA_ERROR_CUDA";
+    case CKFMHA_ERROR_NO_DEVICE: return "CKFMHA_ERROR_NO_DEVICE";
+    case CKFMHA_ERROR_BUFFER_TOO_SMALL: return "CKFMHA_ERROR_BUFFER_TOO_SMALL";
+    case CKFMHA_ERROR_NOT_FOUND: return "CKFMHA_ERROR_NOT_FOUND";
+    case CKFMHA_ERROR_INTERNAL: return "CKFMHA_ERROR_INTERNAL";
+  }
+  return "CKFMHA_UNKNOWN_STATUS";
+}
+
+int ckfmha_version(int* major, int* minor, int* patch) {
+  if (major) *major = CKFMHA_VERSION_MAJOR;
+  if (minor) *minor = CKFMHA_VERSION_MINOR;
+  if (patch) *patch = CKFMHA_VERSION_PATCH;
+  return succeed();
+}
+
+int ckfmha_fwd_problem_init(ckfmha_fwd_problem* problem, ckfmha_dtype dtype, ckfmha_layout layout,
+                            int32_t batch, int32_t nhead_q, int32_t nhead_k, int32_t seqlen_q,
+                            int32_t seqlen_k, int32_t hdim_q, int32_t hdim_v) {
+  if (int s = require(problem != nullptr, "problem is NULL")) return s;
+  if (layout != CKFMHA_LAYOUT_BHSD && layout != CKFMHA_LAYOUT_BSHD) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "layout " + std::to_string(int(layout)) + " is not one of BHSD (0), BSHD (1)");
+  }
+  *problem = ckfmha_fwd_problem{};
+  problem->dtype = dtype;
+  problem->mode = CKFMHA_MODE_BATCH;
+  problem->batch = batch;
+  problem->nhead_q = nhead_q;
+  problem->nhead_k = nhead_k;
+  problem->seqlen_q = seqlen_q;
+  problem->seqlen_k = seqlen_k;
+  problem->hdim_q = hdim_q;
+  problem->hdim_v = hdim_v;
+  problem->mask = CKFMHA_MASK_NONE;
+  problem->scale = hdim_q > 0 ? 1.f / std::sqrt(float(hdim_q)) : 1.f;
+  auto fill = [layout](int64_t (&stride)[3], int64_t heads, int64_t seqlen, int64_t hdim) {
+    bool bhsd = layout == CKFMHA_LAYOUT_BHSD;
+    stride[0] = heads * seqlen * hdim;
+    stride[1] = bhsd ? seqlen * hdim : hdim;
+    stride[2] = bhsd ? hdim : heads * hdim;
+  };
+  fill(problem->q_stride, nhead_q, seqlen_q, hdim_q);
+  fill(problem->k_stride, nhead_k, seqlen_k, hdim_q);
+  fill(problem->v_stride, nhead_k, seqlen_k, hdim_v);
+  fill(problem->o_stride, nhead_q, seqlen_q, hdim_v);
+  return checked_problem(problem) == CKFMHA_SUCCESS ? succeed() : CKFMHA_ERROR_INVALID_ARGUMENT;
+}
+
+int ckfmha_fwd_problem_validate(const ckfmha_fwd_problem* problem) {
+  int s = checked_problem(problem);
+  return s == CKFMHA_SUCCESS ? succeed() : s;
+}
+
+int ckfmha_device_count(int* count) {
+  if (int s = require(count != nullptr, "count is NULL")) return s;
+  return device_count(count);
+}
+
+int ckfmha_device_arch(int device, int* arch) {
+  if (int s = require(arch != nullptr, "arch is NULL")) return s;
+  int count = 0;
+  if (int s = device_count(&count)) return s;
+  if (device < 0 || device >= count) {
+    return fail(count == 0 ? CKFMHA_ERROR_NO_DEVICE : CKFMHA_ERROR_INVALID_ARGUMENT,
+                "device " + std::to_string(device) + " does not exist; " + std::to_string(count) +
+                    " CUDA device(s) visible");
+  }
+  return device_arch(device, arch);
+}
+
+int ckfmha_current_device(int* device) {
+  if (int s = require(device != nullptr, "device is NULL")) return s;
+  int count = 0;
+  if (int s = device_count(&count)) return s;
+  if (count == 0) return fail(CKFMHA_ERROR_NO_DEVICE, "no CUDA device is visible");
+  return current_device(device);
+}
+
+int ckfmha_registry_count(int* count) {
+  if (int s = require(count != nullptr, "count is NULL")) return s;
+  *count = int(Registry::instance().entries().size());
+  return succeed();
+}
+
+int ckfmha_registry_name(int index, char* buf, size_t buf_len) {
+  auto entries = Registry::instance().entries();
+  if (index < 0 || index >= int(entries.size())) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "kernel index " + std::to_string(index) +
+                                                   " out of range [0, " +
+                                                   std::to_string(entries.size()) + ")");
+  }
+  return copy_out(entries[index].name, buf, buf_len, nullptr);
+}
+
+int ckfmha_registry_json(char* buf, size_t buf_len, size_t* needed) {
+  return copy_out(Registry::instance().to_json(), buf, buf_len, needed);
+}
+
+int ckfmha_registry_load_module(const char* path, int* added) { return load_module(path, added); }
+
+int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_buf,
+                      size_t buf_len) {
+  if (int s = checked_problem(problem)) return s;
+  int device_arch = 0;
+  if (int s = resolve_arch(arch, &device_arch)) return s;
+  Selection chosen = select_fwd(Registry::instance().entries(), *problem, device_arch);
+  if (!chosen.found) return fail(CKFMHA_ERROR_UNSUPPORTED, chosen.why_none);
+  return copy_out(chosen.kernel.name, name_buf, buf_len, nullptr);
+}
+
+int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, size_t buf_len,
+                       size_t* needed) {
+  if (int s = checked_problem(problem)) return s;
+  int device_arch = 0;
+  if (int s = resolve_arch(arch, &device_arch)) return s;
+  return copy_out(explain_fwd(Registry::instance().entries(), *problem, device_arch), buf,
+                  buf_len, needed);
+}
+
+int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
+                   const char* kernel_name, ckfmha_stream_t stream) {
+  if (int s = checked_problem(problem)) return s;
+  if (int s = require(args != nullptr, "args is NULL")) return s;
+  if (args->q == nullptr || args->k == nullptr || args->v == nullptr || args->o == nullptr) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "q, k, v and o must all be device pointers");
+  }
+  if (problem->store_lse && args->lse == nullptr) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "store_lse is set but lse is NULL");
+  }
+  int device_arch = 0;
+  if (int s = current_device_arch(&device_arch)) return s;
+
+  auto kernels = Registry::instance().entries();
+  ckfmha_kernel_entry kernel{};
+  if (kernel_name != nullptr) {
+    if (!Registry::instance().find(kernel_name, &kernel)) {
+      return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
+    }
+    std::string why = reject_reason(kernel, *problem, device_arch);
+    if (!why.empty()) {
+      return fail(CKFMHA_ERROR_UNSUPPORTED,
+                  std::string("kernel ") + kernel_name + " cannot run this problem: " + why);
+    }
+  } else {
+    Selection chosen = select_fwd(kernels, *problem, device_arch);
+    if (!chosen.found) return fail(CKFMHA_ERROR_UNSUPPORTED, chosen.why_none);
+    kernel = chosen.kernel;
+  }
+  for (const void* ptr : {args->q, args->k, args->v, static_cast<const void*>(args->o)}) {
+    if (!aligned16(ptr)) {
+      return fail(CKFMHA_ERROR_UNSUPPORTED,
+                  "q, k, v and o must be 16-byte aligned (the kernels load 16-byte vectors)");
+    }
+  }
+  return from_launch_result(kernel.launch(problem, args, stream), kernel.name);
+}
+
+}  // extern "C"

@@ -1,0 +1,146 @@
+#include "ckfmha/runtime/dispatcher.hpp"
+
+#include "ckfmha/runtime/problem.hpp"
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <tuple>
+
+namespace ckfmha::runtime {
+
+namespace {
+
+// sm80-path kernels move 16-byte vectors: every row, head and batch start
+// must sit on a multiple of 8 half-precision elements.
+constexpr int64_t kVectorElems = 8;
+
+std::string arch_label(int arch) { return "sm_" + std::to_string(arch); }
+
+std::string check_vector_strides(const char* tensor, int64_t const (&stride)[3]) {
+  static const char* kAxis[3] = {"batch", "head", "seq"};
+  for (int i = 0; i < 3; ++i) {
+    if (stride[i] % kVectorElems != 0) {
+      std::ostringstream msg;
+      msg << tensor << " " << kAxis[i] << " stride " << stride[i] << " is not a multiple of "
+          << kVectorElems << " elements (16-byte vector loads)";
+      return msg.str();
+    }
+  }
+  return {};
+}
+
+ckfmha_mask_kind mask_kind_for(ckfmha_mask mask) {
+  return mask == CKFMHA_MASK_NONE ? CKFMHA_MASK_KIND_NONE : CKFMHA_MASK_KIND_CAUSAL;
+}
+
+}  // namespace
+
+bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch) {
+  // Arch-specific ("a") targets run only on their exact arch; plain SASS runs
+  // on later minor versions of the same major.
+  std::string_view name = kernel.arch_name ? kernel.arch_name : "";
+  if (!name.empty() && name.back() == 'a') return kernel.arch == device_arch;
+  return kernel.arch / 10 == device_arch / 10 && kernel.arch <= device_arch;
+}
+
+std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const& p,
+                          int device_arch) {
+  std::ostringstream why;
+  if (k.family != CKFMHA_FAMILY_FWD) {
+    why << "family " << family_name(k.family) << ", problem needs fwd";
+  } else if (!arch_runs_on(k, device_arch)) {
+    why << "built for " << k.arch_name << ", which does not run on " << arch_label(device_arch);
+  } else if (k.dtype != p.dtype) {
+    why << "dtype " << dtype_name(k.dtype) << ", problem is " << dtype_name(p.dtype);
+  } else if (k.mode != p.mode) {
+    why << "mode " << mode_name(k.mode) << ", problem is " << mode_name(p.mode);
+  } else if (k.hdim_q != p.hdim_q || k.hdim_v != p.hdim_v) {
+    why << "head dims " << k.hdim_q << "x" << k.hdim_v << ", problem has " << p.hdim_q << "x"
+        << p.hdim_v;
+  } else if (k.mask != mask_kind_for(p.mask)) {
+    why << "mask " << mask_kind_name(k.mask) << ", problem needs " << mask_name(p.mask);
+  } else if (p.store_lse && !k.has_lse) {
+    why << "does not write LSE, problem asks for it";
+  } else {
+    for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},
+                                {"k", &p.k_stride},
+                                {"v", &p.v_stride},
+                                {"o", &p.o_stride}}) {
+      if (auto error = check_vector_strides(name, *stride); !error.empty()) return error;
+    }
+  }
+  return why.str();
+}
+
+Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
+                     ckfmha_fwd_problem const& p, int device_arch) {
+  Selection best;
+  // Preference among fitting kernels: SASS built for this exact arch, then an
+  // exact LSE match (no wasted stores), then the fewest padded query rows,
+  // then generator order (the tile table lists its default first).
+  std::tuple<int, int, int64_t> best_score{};
+  for (auto const& k : kernels) {
+    if (!reject_reason(k, p, device_arch).empty()) continue;
+    int64_t padded_rows = (int64_t(p.seqlen_q) + k.tile_m - 1) / k.tile_m * k.tile_m - p.seqlen_q;
+    std::tuple<int, int, int64_t> score{k.arch == device_arch, bool(k.has_lse) == bool(p.store_lse),
+                                        -padded_rows};
+    if (!best.found || score > best_score) {
+      best.found = true;
+      best.kernel = k;
+      best_score = score;
+    }
+  }
+  if (best.found) return best;
+
+  // Summarise what exists for this device so the message says what is supported.
+  std::map<std::string, std::set<std::string>> head_dims_by_dtype;
+  for (auto const& k : kernels) {
+    if (k.family != CKFMHA_FAMILY_FWD || !arch_runs_on(k, device_arch)) continue;
+    head_dims_by_dtype[dtype_name(k.dtype)].insert(std::to_string(k.hdim_q) + "x" +
+                                                   std::to_string(k.hdim_v));
+  }
+  std::ostringstream msg;
+  msg << "no compiled forward kernel fits " << describe(p) << " on " << arch_label(device_arch)
+      << ". ";
+  if (head_dims_by_dtype.empty()) {
+    msg << "No forward kernels for " << arch_label(device_arch)
+        << " are registered (set CKFMHA_ARCHS at build time, or build them with ckfmha.jit).";
+  } else {
+    msg << "Available on " << arch_label(device_arch) << ":";
+    for (auto const& [dtype, dims] : head_dims_by_dtype) {
+      msg << " " << dtype << " head dims {";
+      bool first = true;
+      for (auto const& d : dims) {
+        msg << (first ? "" : ", ") << d;
+        first = false;
+      }
+      msg << "};";
+    }
+    msg << " masks none and causal (top-left/bottom-right), batch mode.";
+  }
+  msg << " ckfmha_fwd_explain lists each kernel's reason.";
+  best.why_none = msg.str();
+  return best;
+}
+
+std::string explain_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
+                        ckfmha_fwd_problem const& p, int device_arch) {
+  std::ostringstream out;
+  out << "problem: " << describe(p) << " on " << arch_label(device_arch) << "\n";
+  Selection chosen = select_fwd(kernels, p, device_arch);
+  for (auto const& k : kernels) {
+    std::string why = reject_reason(k, p, device_arch);
+    if (why.empty()) {
+      bool selected = chosen.found && std::string(chosen.kernel.name) == k.name;
+      out << (selected ? "  selected  " : "  fits      ") << k.name << "\n";
+    } else {
+      out << "  rejected  " << k.name << ": " << why << "\n";
+    }
+  }
+  if (!chosen.found) out << "no kernel fits: " << chosen.why_none << "\n";
+  return out.str();
+}
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,132 @@
+#include "ckfmha/runtime/problem.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+namespace ckfmha::runtime {
+
+const char* dtype_name(ckfmha_dtype dtype) {
+  switch (dtype) {
+    case CKFMHA_DTYPE_FP16: return "fp16";
+    case CKFMHA_DTYPE_BF16: return "bf16";
+    case CKFMHA_DTYPE_FP32: return "fp32";
+  }
+  return "unknown";
+}
+
+const char* mask_name(ckfmha_mask mask) {
+  switch (mask) {
+    case CKFMHA_MASK_NONE: return "none";
+    case CKFMHA_MASK_CAUSAL_TOP_LEFT: return "causal_top_left";
+    case CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT: return "causal_bottom_right";
+  }
+  return "unknown";
+}
+
+const char* mask_kind_name(ckfmha_mask_kind kind) {
+  switch (kind) {
+    case CKFMHA_MASK_KIND_NONE: return "none";
+    case CKFMHA_MASK_KIND_CAUSAL: return "causal";
+  }
+  return "unknown";
+}
+
+const char* mode_name(ckfmha_mode mode) {
+  switch (mode) {
+    case CKFMHA_MODE_BATCH: return "batch";
+    case CKFMHA_MODE_GROUP: return "group";
+  }
+  return "unknown";
+}
+
+const char* family_name(ckfmha_family family) {
+  switch (family) {
+    case CKFMHA_FAMILY_FWD: return "fwd";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Grid y and z carry heads and batch.
+constexpr int32_t kMaxGridYZ = 65535;
+
+std::string check_strides(const char* tensor, int64_t const (&stride)[3]) {
+  static const char* kAxis[3] = {"batch", "head", "seq"};
+  for (int i = 0; i < 3; ++i) {
+    if (stride[i] < 0) {
+      std::ostringstream msg;
+      msg << tensor << " " << kAxis[i] << " stride is " << stride[i]
+          << "; strides must be non-negative element counts (the head-dim stride is 1)";
+      return msg.str();
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
+  std::ostringstream msg;
+  if (p.dtype != CKFMHA_DTYPE_FP16 && p.dtype != CKFMHA_DTYPE_BF16 && p.dtype != CKFMHA_DTYPE_FP32) {
+    msg << "dtype " << int(p.dtype) << " is not one of fp16 (0), bf16 (1), fp32 (2)";
+    return msg.str();
+  }
+  if (p.mode != CKFMHA_MODE_BATCH && p.mode != CKFMHA_MODE_GROUP) {
+    msg << "mode " << int(p.mode) << " is not one of batch (0), group (1)";
+    return msg.str();
+  }
+  if (p.mask != CKFMHA_MASK_NONE && p.mask != CKFMHA_MASK_CAUSAL_TOP_LEFT &&
+      p.mask != CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT) {
+    msg << "mask " << int(p.mask)
+        << " is not one of none (0), causal_top_left (1), causal_bottom_right (2)";
+    return msg.str();
+  }
+  struct Positive {
+    const char* name;
+    int32_t value;
+  };
+  for (auto [name, value] : {Positive{"batch", p.batch}, Positive{"nhead_q", p.nhead_q},
+                             Positive{"nhead_k", p.nhead_k}, Positive{"seqlen_q", p.seqlen_q},
+                             Positive{"seqlen_k", p.seqlen_k}, Positive{"hdim_q", p.hdim_q},
+                             Positive{"hdim_v", p.hdim_v}}) {
+    if (value < 1) {
+      msg << name << " is " << value << "; it must be at least 1";
+      return msg.str();
+    }
+  }
+  if (p.nhead_q % p.nhead_k != 0) {
+    msg << "nhead_q (" << p.nhead_q << ") must be a multiple of nhead_k (" << p.nhead_k
+        << ") so query heads share K/V heads evenly (GQA/MQA)";
+    return msg.str();
+  }
+  if (p.batch > kMaxGridYZ || p.nhead_q > kMaxGridYZ) {
+    msg << "batch (" << p.batch << ") and nhead_q (" << p.nhead_q << ") must each be at most "
+        << kMaxGridYZ;
+    return msg.str();
+  }
+  if (!std::isfinite(p.scale) || p.scale == 0.f) {
+    msg << "scale is " << p.scale << "; it must be finite and non-zero";
+    return msg.str();
+  }
+  for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},
+                              {"k", &p.k_stride},
+                              {"v", &p.v_stride},
+                              {"o", &p.o_stride}}) {
+    if (auto error = check_strides(name, *stride); !error.empty()) return error;
+  }
+  return {};
+}
+
+std::string describe(ckfmha_fwd_problem const& p) {
+  std::ostringstream out;
+  out << "fwd " << dtype_name(p.dtype) << " " << mode_name(p.mode) << " batch=" << p.batch
+      << " nhead_q=" << p.nhead_q << " nhead_k=" << p.nhead_k << " seqlen_q=" << p.seqlen_q
+      << " seqlen_k=" << p.seqlen_k << " hdim=" << p.hdim_q << "x" << p.hdim_v
+      << " mask=" << mask_name(p.mask) << " lse=" << (p.store_lse ? 1 : 0);
+  return out.str();
+}
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,120 @@
+#include "ckfmha/runtime/registry.hpp"
+
+#include "ckfmha/runtime/problem.hpp"
+#include "ckfmha/runtime/status.hpp"
+
+#include <dlfcn.h>
+
+#include <sstream>
+
+extern "C" const ckfmha_kernel_table* ckfmha_builtin_kernel_table(void);
+
+namespace ckfmha::runtime {
+
+namespace {
+
+std::string json_string(const char* text) {
+  std::string out = "\"";
+  for (const char* c = text; *c; ++c) {
+    switch (*c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default: out += *c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+Registry& Registry::instance() {
+  static Registry registry;
+  return registry;
+}
+
+Registry::Registry() {
+  if (const ckfmha_kernel_table* table = ckfmha_builtin_kernel_table()) add_table(*table);
+}
+
+int Registry::add_table(ckfmha_kernel_table const& table) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int added = 0;
+  for (int i = 0; i < table.count; ++i) {
+    ckfmha_kernel_entry const& entry = table.entries[i];
+    bool known = false;
+    for (auto const& existing : entries_) known = known || std::string(existing.name) == entry.name;
+    if (!known) {
+      entries_.push_back(entry);
+      ++added;
+    }
+  }
+  return added;
+}
+
+std::vector<ckfmha_kernel_entry> Registry::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_;
+}
+
+bool Registry::find(std::string const& name, ckfmha_kernel_entry* out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto const& entry : entries_) {
+    if (name == entry.name) {
+      *out = entry;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Registry::to_json() const {
+  std::ostringstream out;
+  out << "[";
+  bool first = true;
+  for (auto const& e : entries()) {
+    out << (first ? "" : ",") << "\n  {\"name\": " << json_string(e.name)
+        << ", \"family\": " << json_string(family_name(e.family))
+        << ", \"dtype\": " << json_string(dtype_name(e.dtype))
+        << ", \"mode\": " << json_string(mode_name(e.mode)) << ", \"hdim_q\": " << e.hdim_q
+        << ", \"hdim_v\": " << e.hdim_v << ", \"mask\": " << json_string(mask_kind_name(e.mask))
+        << ", \"lse\": " << (e.has_lse ? "true" : "false") << ", \"arch\": " << e.arch
+        << ", \"arch_name\": " << json_string(e.arch_name)
+        << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
+        << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k
+        << ", \"warps\": " << e.warps << ", \"stages\": " << e.stages << "}";
+    first = false;
+  }
+  out << (first ? "]" : "\n]");
+  return out.str();
+}
+
+int load_module(char const* path, int* added) {
+  if (path == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "module path is NULL");
+  // Modules stay loaded for the life of the process: the registry keeps
+  // pointers to their names and launchers.
+  void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return fail(CKFMHA_ERROR_NOT_FOUND, std::string("cannot load kernel module ") + path + ": " +
+                                            (why ? why : "unknown dlopen error"));
+  }
+  auto table_fn = reinterpret_cast<ckfmha_table_fn>(dlsym(handle, CKFMHA_MODULE_TABLE_SYMBOL));
+  if (table_fn == nullptr) {
+    return fail(CKFMHA_ERROR_NOT_FOUND, std::string(path) + " is not a ckfmha kernel module: no " +
+                                            CKFMHA_MODULE_TABLE_SYMBOL + " symbol");
+  }
+  const ckfmha_kernel_table* table = table_fn();
+  if (table == nullptr || table->abi_version != CKFMHA_KERNEL_ABI_VERSION) {
+    std::ostringstream msg;
+    msg << path << " was built for kernel ABI "
+        << (table ? table->abi_version : -1) << "; this library reads ABI "
+        << CKFMHA_KERNEL_ABI_VERSION << " (rebuild the JIT cache)";
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, msg.str());
+  }
+  int n = Registry::instance().add_table(*table);
+  if (added) *added = n;
+  return succeed();
+}
+
+}  // namespace ckfmha::runtime
