@@ -104,6 +104,18 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   std::ostringstream msg;
   msg << "no compiled forward kernel fits " << describe(p) << " on " << arch_label(device_arch)
       << ". ";
+  // A kernel computing exactly this signature that still failed (strides,
+  // LSE) says more than the list of what exists.
+  for (auto const& k : kernels) {
+    bool same_signature = k.family == CKFMHA_FAMILY_FWD && arch_runs_on(k, device_arch) &&
+                          k.dtype == p.dtype && k.mode == p.mode && k.hdim_q == p.hdim_q &&
+                          k.hdim_v == p.hdim_v && k.mask == mask_kind_for(p.mask);
+    if (same_signature) {
+      msg << "Kernel " << k.name << " computes this signature but: "
+          << reject_reason(k, p, device_arch) << ". ";
+      break;
+    }
+  }
   if (head_dims_by_dtype.empty()) {
     msg << "No forward kernels for " << arch_label(device_arch)
         << " are registered (set CKFMHA_ARCHS at build time, or build them with ckfmha.jit).";

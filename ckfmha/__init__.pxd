@@ -1,0 +1,114 @@
+# cython: language_level=3
+# Declarations of the ckfmha C API (cpp/include/ckfmha/ckfmha.h) for `cimport ckfmha`.
+#
+# Every function is declared `nogil`: none of them touches Python objects, so an
+# extension can launch kernels or copy memory while other Python threads run.
+# Keep this file in step with the header; the C header is the source of truth.
+
+from libc.stdint cimport int32_t, int64_t
+
+
+cdef extern from "ckfmha/ckfmha.h" nogil:
+    int CKFMHA_VERSION_MAJOR
+    int CKFMHA_VERSION_MINOR
+    int CKFMHA_VERSION_PATCH
+
+    cdef struct CUstream_st
+    ctypedef CUstream_st* ckfmha_stream_t
+
+    ctypedef enum ckfmha_status:
+        CKFMHA_SUCCESS
+        CKFMHA_ERROR_INVALID_ARGUMENT
+        CKFMHA_ERROR_UNSUPPORTED
+        CKFMHA_ERROR_CUDA
+        CKFMHA_ERROR_NO_DEVICE
+        CKFMHA_ERROR_BUFFER_TOO_SMALL
+        CKFMHA_ERROR_NOT_FOUND
+        CKFMHA_ERROR_INTERNAL
+
+    ctypedef enum ckfmha_dtype:
+        CKFMHA_DTYPE_FP16
+        CKFMHA_DTYPE_BF16
+        CKFMHA_DTYPE_FP32
+
+    ctypedef enum ckfmha_family:
+        CKFMHA_FAMILY_FWD
+
+    ctypedef enum ckfmha_mode:
+        CKFMHA_MODE_BATCH
+        CKFMHA_MODE_GROUP
+
+    ctypedef enum ckfmha_mask:
+        CKFMHA_MASK_NONE
+        CKFMHA_MASK_CAUSAL_TOP_LEFT
+        CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT
+
+    ctypedef enum ckfmha_mask_kind:
+        CKFMHA_MASK_KIND_NONE
+        CKFMHA_MASK_KIND_CAUSAL
+
+    ctypedef enum ckfmha_layout:
+        CKFMHA_LAYOUT_BHSD
+        CKFMHA_LAYOUT_BSHD
+
+    ctypedef struct ckfmha_fwd_problem:
+        ckfmha_dtype dtype
+        ckfmha_mode mode
+        int32_t batch
+        int32_t nhead_q
+        int32_t nhead_k
+        int32_t seqlen_q
+        int32_t seqlen_k
+        int32_t hdim_q
+        int32_t hdim_v
+        ckfmha_mask mask
+        float scale
+        int32_t store_lse
+        int64_t q_stride[3]
+        int64_t k_stride[3]
+        int64_t v_stride[3]
+        int64_t o_stride[3]
+
+    ctypedef struct ckfmha_fwd_args:
+        const void* q
+        const void* k
+        const void* v
+        void* o
+        float* lse
+
+    # errors and versions
+    const char* ckfmha_last_error()
+    const char* ckfmha_status_name(int status)
+    int ckfmha_version(int* major, int* minor, int* patch)
+
+    # problems
+    int ckfmha_fwd_problem_init(ckfmha_fwd_problem* problem, ckfmha_dtype dtype,
+                                ckfmha_layout layout, int32_t batch, int32_t nhead_q,
+                                int32_t nhead_k, int32_t seqlen_q, int32_t seqlen_k,
+                                int32_t hdim_q, int32_t hdim_v)
+    int ckfmha_fwd_problem_validate(const ckfmha_fwd_problem* problem)
+
+    # devices and memory
+    int ckfmha_device_count(int* count)
+    int ckfmha_device_arch(int device, int* arch)
+    int ckfmha_current_device(int* device)
+    int ckfmha_device_malloc(void** ptr, size_t bytes)
+    int ckfmha_device_free(void* ptr)
+    int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes)
+    int ckfmha_memcpy_to_host(void* dst, const void* src, size_t bytes)
+    int ckfmha_memset_device(void* dst, int value, size_t bytes)
+    int ckfmha_stream_synchronize(ckfmha_stream_t stream)
+
+    # registry
+    int ckfmha_registry_count(int* count)
+    int ckfmha_registry_name(int index, char* buf, size_t buf_len)
+    int ckfmha_registry_json(char* buf, size_t buf_len, size_t* needed)
+    int ckfmha_registry_load_module(const char* path, int* added)
+
+    # dispatch
+    int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_buf,
+                          size_t buf_len)
+    int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf,
+                           size_t buf_len, size_t* needed)
+    int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
+                       const char* kernel_name, ckfmha_stream_t stream)

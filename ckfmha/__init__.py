@@ -1,0 +1,83 @@
+"""ckfmha: fused multi-head attention kernels for NVIDIA GPUs, dispatched CK Tile style.
+
+Quick start::
+
+    import ckfmha
+    o = ckfmha.fwd(q, k, v, causal=True)          # torch / CuPy / JAX / NumPy arrays
+    ckfmha.Dispatcher().explain(batch=2, nhead_q=16, seqlen_q=4096, hdim=128, arch=90)
+"""
+
+from __future__ import annotations
+
+import os
+
+from ckfmha._device import current_device, device_arch, device_count, header_version, version
+from ckfmha._fwd import fwd
+from ckfmha._memory import DeviceArray, device_ptr, empty, from_host, synchronize
+from ckfmha._registry import Dispatcher, Registry
+from ckfmha._status import last_error, status_name
+from ckfmha.errors import (
+    BufferTooSmallError,
+    CkfmhaError,
+    CudaError,
+    InternalError,
+    InvalidArgumentError,
+    NoDeviceError,
+    NotFoundError,
+    UnsupportedError,
+)
+from ckfmha.problem import FwdProblem
+
+__version__ = "0.1.0"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_include() -> list[str]:
+    """Include directories for extensions that ``cimport ckfmha`` or include ckfmha/ckfmha.h.
+
+    The first holds the ckfmha package (Cython finds ckfmha/__init__.pxd there);
+    the second the C headers (installed copy, or cpp/include in a source tree).
+    """
+    headers = os.path.join(_PACKAGE_DIR, "include")
+    if not os.path.isfile(os.path.join(headers, "ckfmha", "ckfmha.h")):
+        source_tree = os.path.join(os.path.dirname(_PACKAGE_DIR), "cpp", "include")
+        if os.path.isfile(os.path.join(source_tree, "ckfmha", "ckfmha.h")):
+            headers = source_tree
+    return [os.path.dirname(_PACKAGE_DIR), headers]
+
+
+def get_library_dir() -> str:
+    """Directory holding libckfmha.so, for linking (-L) and as an rpath."""
+    return os.path.join(_PACKAGE_DIR, "lib")
+
+
+__all__ = [
+    "BufferTooSmallError",
+    "CkfmhaError",
+    "CudaError",
+    "DeviceArray",
+    "Dispatcher",
+    "FwdProblem",
+    "InternalError",
+    "InvalidArgumentError",
+    "NoDeviceError",
+    "NotFoundError",
+    "Registry",
+    "UnsupportedError",
+    "__version__",
+    "current_device",
+    "device_arch",
+    "device_count",
+    "device_ptr",
+    "empty",
+    "from_host",
+    "fwd",
+    "get_include",
+    "get_library_dir",
+    "header_version",
+    "last_error",
+    "status_name",
+    "synchronize",
+    "version",
+]

@@ -1,0 +1,113 @@
+"""Command line: ``python -m ckfmha {list,explain,run}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from ckfmha._registry import Dispatcher, Registry
+from ckfmha.errors import CkfmhaError, NoDeviceError
+from ckfmha.problem import FwdProblem
+
+
+def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, required=True, help="query heads")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA)")
+    parser.add_argument("--seqlen", type=int, required=True, help="query length")
+    parser.add_argument("--seqlen-k", type=int, default=None, help="key length (default: seqlen)")
+    parser.add_argument("--hdim", type=int, required=True)
+    parser.add_argument("--hdim-v", type=int, default=None)
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument(
+        "--causal-alignment", choices=("top_left", "bottom_right"), default="top_left"
+    )
+    parser.add_argument("--lse", action="store_true", help="also store the log-sum-exp")
+    parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
+
+
+def problem_from_args(args: argparse.Namespace) -> FwdProblem:
+    return FwdProblem(
+        batch=args.batch,
+        nhead_q=args.heads,
+        nhead_k=args.kv_heads,
+        seqlen_q=args.seqlen,
+        seqlen_k=args.seqlen_k,
+        hdim=args.hdim,
+        hdim_v=args.hdim_v,
+        dtype=args.dtype,
+        causal=args.causal,
+        causal_alignment=args.causal_alignment,
+        lse=args.lse,
+        layout=args.layout,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ckfmha", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    listing = commands.add_parser("list", help="registered kernels")
+    listing.add_argument("--json", action="store_true", help="full records as JSON")
+
+    explain = commands.add_parser("explain", help="which kernel a problem gets, and why")
+    _add_problem_arguments(explain)
+    explain.add_argument("--arch", default=None, help="e.g. sm_90a or 80 (default: this GPU)")
+
+    run = commands.add_parser("run", help="time (and check) one problem on this GPU")
+    _add_problem_arguments(run)
+    run.add_argument("--iters", type=int, default=20)
+    run.add_argument("--warmup", type=int, default=3)
+    run.add_argument("--kernel", default=None, help="force a registered kernel")
+    run.add_argument("--validate", action="store_true", help="compare with float64 reference")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--backend", choices=("auto", "torch", "cupy", "numpy"), default="auto")
+    return parser
+
+
+def _list(args: argparse.Namespace) -> int:
+    registry = Registry()
+    if args.json:
+        print(json.dumps(registry.kernels(), indent=2))
+    else:
+        print("\n".join(registry.names()))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    problem = problem_from_args(args)
+    dispatcher = Dispatcher()
+    try:
+        print(f"selected: {dispatcher.select(problem, arch=args.arch)}")
+    except NoDeviceError:
+        raise
+    except CkfmhaError as error:
+        print(f"selected: none ({error})")
+    print(dispatcher.explain(problem, arch=args.arch), end="")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return _list(args)
+        if args.command == "explain":
+            return _explain(args)
+        from ckfmha._bench import run_command
+
+        return run_command(args, problem_from_args(args))
+    except NoDeviceError as error:
+        hint = " (pass --arch to explain for another GPU)" if args.command == "explain" else ""
+        print(f"error: no CUDA device: {error}{hint}", file=sys.stderr)
+        return 2
+    except CkfmhaError as error:
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

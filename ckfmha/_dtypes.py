@@ -1,0 +1,82 @@
+"""Element types ckfmha understands, and how other libraries spell them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Values of the C enum ckfmha_dtype.
+FP16 = 0
+BF16 = 1
+FP32 = 2
+
+NAMES = {FP16: "fp16", BF16: "bf16", FP32: "fp32"}
+ITEMSIZE = {FP16: 2, BF16: 2, FP32: 4}
+
+_ALIASES = {
+    "fp16": FP16,
+    "float16": FP16,
+    "half": FP16,
+    "f2": FP16,
+    "bf16": BF16,
+    "bfloat16": BF16,
+    "fp32": FP32,
+    "float32": FP32,
+    "float": FP32,
+    "f4": FP32,
+}
+
+
+def dtype_code(dtype: Any) -> int:
+    """The ckfmha_dtype of a name ("bf16"), a NumPy dtype, or a framework dtype object.
+
+    Framework dtypes (torch.bfloat16, jnp.float16...) are recognised by name so
+    that no framework has to be imported here.
+    """
+    if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype in NAMES:
+        return dtype
+    if isinstance(dtype, str):
+        key = dtype.lower().removeprefix("torch.").lstrip("<=|")
+    else:
+        try:
+            key = np.dtype(dtype).name
+        except TypeError:
+            key = str(dtype).lower().removeprefix("torch.")
+    if key not in _ALIASES:
+        from ckfmha.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"unsupported dtype {dtype!r}: ckfmha takes fp16 or bf16 (and fp32 for LSE)", 1
+        )
+    return _ALIASES[key]
+
+
+def bfloat16_numpy_dtype() -> np.dtype | None:
+    """NumPy has no bfloat16; ml_dtypes provides one when it is installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def numpy_dtype(code: int) -> np.dtype:
+    """The NumPy dtype holding elements of ``code`` (bf16 needs ml_dtypes)."""
+    if code == FP16:
+        return np.dtype(np.float16)
+    if code == FP32:
+        return np.dtype(np.float32)
+    bf16 = bfloat16_numpy_dtype()
+    if bf16 is None:
+        from ckfmha.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            "bf16 host arrays need the ml_dtypes package (NumPy has no bfloat16)", 1
+        )
+    return bf16
+
+
+def typestr(code: int) -> str:
+    """__cuda_array_interface__ typestr; bf16 has no letter there so it is a 2-byte void."""
+    return {FP16: "<f2", BF16: "<V2", FP32: "<f4"}[code]

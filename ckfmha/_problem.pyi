@@ -1,0 +1,6 @@
+from typing import Any
+
+from ckfmha.problem import FwdProblem
+
+def as_dict(problem: FwdProblem) -> dict[str, Any]: ...
+def validate(problem: FwdProblem) -> None: ...

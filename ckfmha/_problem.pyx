@@ -1,0 +1,82 @@
+# cython: language_level=3
+"""FwdProblem (a Python dataclass) <-> the C struct ckfmha_fwd_problem."""
+
+from libc.stdint cimport int64_t
+
+cimport ckfmha as capi
+from ckfmha._status cimport check
+
+from ckfmha.errors import InvalidArgumentError
+
+_INT32_MIN = -(2 ** 31)
+_INT32_MAX = 2 ** 31 - 1
+
+
+cdef int to_int32(value, str field) except? -1:
+    # Out-of-range sizes are an argument error, not Cython's OverflowError.
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{field} must be an integer, got {value!r}", 1) from None
+    if not _INT32_MIN <= number <= _INT32_MAX:
+        raise InvalidArgumentError(f"{field}={number} does not fit in int32", 1)
+    return number
+
+
+cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -1:
+    check(capi.ckfmha_fwd_problem_init(
+        out,
+        <capi.ckfmha_dtype>problem.dtype_code,
+        <capi.ckfmha_layout>problem.layout_code,
+        to_int32(problem.batch, "batch"),
+        to_int32(problem.nhead_q, "nhead_q"),
+        to_int32(problem.kv_heads, "nhead_k"),
+        to_int32(problem.seqlen_q, "seqlen_q"),
+        to_int32(problem.kv_seqlen, "seqlen_k"),
+        to_int32(problem.hdim, "hdim"),
+        to_int32(problem.value_hdim, "hdim_v"),
+    ))
+    out.mask = <capi.ckfmha_mask>problem.mask_code
+    out.store_lse = 1 if problem.lse else 0
+    if problem.scale is not None:
+        out.scale = float(problem.scale)
+    return 0
+
+
+cdef tuple _triple(const int64_t* values):
+    return (values[0], values[1], values[2])
+
+
+cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
+    return {
+        "dtype": <int>problem.dtype,
+        "mode": <int>problem.mode,
+        "batch": problem.batch,
+        "nhead_q": problem.nhead_q,
+        "nhead_k": problem.nhead_k,
+        "seqlen_q": problem.seqlen_q,
+        "seqlen_k": problem.seqlen_k,
+        "hdim_q": problem.hdim_q,
+        "hdim_v": problem.hdim_v,
+        "mask": <int>problem.mask,
+        "scale": problem.scale,
+        "store_lse": problem.store_lse,
+        "q_stride": _triple(problem.q_stride),
+        "k_stride": _triple(problem.k_stride),
+        "v_stride": _triple(problem.v_stride),
+        "o_stride": _triple(problem.o_stride),
+    }
+
+
+def as_dict(problem) -> dict:
+    """The C struct built from ``problem`` (a FwdProblem), as a dict."""
+    cdef capi.ckfmha_fwd_problem c_problem
+    fill_fwd_problem(problem, &c_problem)
+    return fwd_problem_dict(&c_problem)
+
+
+def validate(problem) -> None:
+    """Check shapes and strides in the C library; raises InvalidArgumentError."""
+    cdef capi.ckfmha_fwd_problem c_problem
+    fill_fwd_problem(problem, &c_problem)
+    check(capi.ckfmha_fwd_problem_validate(&c_problem))

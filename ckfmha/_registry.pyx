@@ -1,0 +1,137 @@
+# cython: language_level=3
+"""The kernel registry and the dispatcher's selection, as Python objects."""
+
+import json
+import os
+
+from libc.stdlib cimport free, malloc
+
+cimport ckfmha as capi
+from ckfmha._problem cimport fill_fwd_problem
+from ckfmha._status cimport check
+
+from ckfmha._arch import parse_arch
+from ckfmha.errors import BufferTooSmallError
+from ckfmha.problem import FwdProblem
+
+# Kernel names are short; the C side reports BUFFER_TOO_SMALL if one is not.
+cdef enum:
+    NAME_CAPACITY = 512
+    # Growing output (JSON, explanations) is retried this often before giving up.
+    MAX_TRIES = 8
+
+
+cdef str _decode(const char* text):
+    return text.decode("utf-8", "replace")
+
+
+cdef class Registry:
+    """Every kernel the process can launch: the library's built-in set plus loaded modules.
+
+    There is one registry per process (owned by the C library); instances of this
+    class are views of it, so they are cheap and always current.
+    """
+
+    def __len__(self) -> int:
+        cdef int count = 0
+        check(capi.ckfmha_registry_count(&count))
+        return count
+
+    def names(self) -> list:
+        cdef char buf[NAME_CAPACITY]
+        names = []
+        for index in range(len(self)):
+            check(capi.ckfmha_registry_name(index, buf, NAME_CAPACITY))
+            names.append(_decode(buf))
+        return names
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __contains__(self, name) -> bool:
+        return name in self.names()
+
+    def to_json(self) -> str:
+        """JSON array with one object per kernel (signature and algorithm fields)."""
+        cdef size_t needed = 1 << 16
+        cdef char* buf = NULL
+        cdef int status
+        for _ in range(MAX_TRIES):
+            buf = <char*>malloc(needed)
+            if buf == NULL:
+                raise MemoryError()
+            try:
+                status = capi.ckfmha_registry_json(buf, needed, &needed)
+                if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
+                    check(status)
+                    return _decode(buf)
+            finally:
+                free(buf)
+        raise BufferTooSmallError("registry JSON kept growing", 5)
+
+    def kernels(self) -> list:
+        return json.loads(self.to_json())
+
+    def load_module(self, path) -> int:
+        """Load a JIT-built kernel module and register its kernels; returns how many were new."""
+        cdef int added = 0
+        cdef int status
+        encoded = os.fsencode(os.path.abspath(os.fspath(path)))
+        cdef const char* c_path = encoded
+        with nogil:
+            status = capi.ckfmha_registry_load_module(c_path, &added)
+        check(status)
+        return added
+
+    def __repr__(self) -> str:
+        return f"<ckfmha.Registry with {len(self)} kernels>"
+
+
+def _as_problem(problem, kwargs) -> FwdProblem:
+    if problem is None:
+        return FwdProblem(**kwargs)
+    if kwargs:
+        raise TypeError("pass either a FwdProblem or keyword fields, not both")
+    if not isinstance(problem, FwdProblem):
+        raise TypeError(f"problem must be a ckfmha.FwdProblem, got {type(problem).__name__}")
+    return problem
+
+
+cdef class Dispatcher:
+    """Chooses a kernel for a problem, and says why the others do not fit.
+
+    ``arch`` (90, "sm_90a", ...) defaults to the current device's, which needs a
+    GPU; pass it to ask about another architecture, or on a machine without one.
+    """
+
+    def select(self, problem=None, *, arch=None, **fields) -> str:
+        """Name of the kernel ``fwd`` would launch for ``problem`` (or FwdProblem fields)."""
+        cdef capi.ckfmha_fwd_problem c_problem
+        cdef char buf[NAME_CAPACITY]
+        fill_fwd_problem(_as_problem(problem, fields), &c_problem)
+        check(capi.ckfmha_fwd_select(&c_problem, parse_arch(arch), buf, NAME_CAPACITY))
+        return _decode(buf)
+
+    def explain(self, problem=None, *, arch=None, **fields) -> str:
+        """Kernel-by-kernel account of which fit ``problem`` and why the rest do not."""
+        cdef capi.ckfmha_fwd_problem c_problem
+        cdef size_t needed = 1 << 16
+        cdef char* buf = NULL
+        cdef int status
+        fill_fwd_problem(_as_problem(problem, fields), &c_problem)
+        cdef int c_arch = parse_arch(arch)
+        for _ in range(MAX_TRIES):
+            buf = <char*>malloc(needed)
+            if buf == NULL:
+                raise MemoryError()
+            try:
+                status = capi.ckfmha_fwd_explain(&c_problem, c_arch, buf, needed, &needed)
+                if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
+                    check(status)
+                    return _decode(buf)
+            finally:
+                free(buf)
+        raise BufferTooSmallError("explanation kept growing", 5)
+
+    def __repr__(self) -> str:
+        return "<ckfmha.Dispatcher>"

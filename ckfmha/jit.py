@@ -1,0 +1,258 @@
+"""Compile kernels the installed library lacks, cache them on disk, and register them.
+
+    import ckfmha.jit
+    ckfmha.jit.build("default", arch="sm_90a")       # a kernel set (receipt) by name
+    ckfmha.jit.build(["fwd_fp16_batch_d64x64_none_lse__sm_80_..."])
+
+Each kernel becomes its own shared module (exporting ckfmha_module_kernel_table),
+so a later build only compiles what is new. Building needs nvcc and the CUTLASS/CuTe
+headers (``pip install ckfmha[jit]``) but no GPU; loading needs only the library.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ckfmha import _cache
+from ckfmha._arch import parse_arch
+from ckfmha._progress import Progress
+from ckfmha.errors import UnsupportedError
+
+__all__ = ["build", "default_cache_dir", "generator_modules", "resolve"]
+
+default_cache_dir = _cache.default_cache_dir
+
+
+@dataclass(frozen=True)
+class GeneratorModules:
+    """The generator's modules, whichever package they were found in."""
+
+    build: ModuleType
+    emit: ModuleType
+    enumerate: ModuleType
+    receipts: ModuleType
+    signature: ModuleType
+    specs: ModuleType
+    toolchain: ModuleType
+
+
+def _generator_package() -> str:
+    """Installed copy (ckfmha._generator) first; a source checkout's generator/ second."""
+    if importlib.util.find_spec("ckfmha._generator") is not None:
+        return "ckfmha._generator"
+    checkout = Path(__file__).resolve().parent.parent / "generator"
+    if "generator" not in sys.modules and (checkout / "__init__.py").is_file():
+        spec = importlib.util.spec_from_file_location(
+            "generator", checkout / "__init__.py", submodule_search_locations=[str(checkout)]
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["generator"] = module
+        spec.loader.exec_module(module)
+    return "generator"
+
+
+def generator_modules() -> GeneratorModules:
+    package = _generator_package()
+    names = ("build", "emit", "enumerate", "receipts", "signature", "specs", "toolchain")
+    return GeneratorModules(
+        **{name: importlib.import_module(f"{package}.{name}") for name in names}
+    )
+
+
+def _arch_spec_name(arch: int | str | None, specs: Mapping[str, Any]) -> str:
+    """An arch_specs.json key for ``arch``; None means the current device's arch."""
+    if isinstance(arch, str) and arch.strip() in specs:
+        return arch.strip()
+    number = parse_arch(arch)
+    if number < 0:
+        from ckfmha._device import device_arch
+
+        number = device_arch()
+    matches = sorted(name for name, spec in specs.items() if spec.arch_number == number)
+    if not matches:
+        raise UnsupportedError(
+            f"no arch spec for sm_{number}; arch_specs.json knows {', '.join(sorted(specs))}", 2
+        )
+    # Prefer the arch-specific target (sm_90a): its kernels use the features that need it.
+    return next((name for name in matches if name.endswith("a")), matches[0])
+
+
+def _all_configs(gen: GeneratorModules, specs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every kernel any kernel set accepts on any arch, by name."""
+    configs: dict[str, Any] = {}
+    for receipt in gen.receipts.RECEIPTS.values():
+        for arch_name in specs:
+            for config in gen.enumerate.select(receipt, specs[arch_name]).accepted:
+                configs.setdefault(config.name, config)
+    return configs
+
+
+def resolve(configs: str | Iterable[Any], arch: int | str | None = None) -> list[Any]:
+    """KernelConfigs for a kernel set name, kernel names, or KernelConfig objects.
+
+    ``arch`` applies to a kernel set; kernel names carry their own arch.
+    """
+    gen = generator_modules()
+    specs = gen.specs.load_specs()
+    if isinstance(configs, str) and configs.strip() in gen.receipts.RECEIPTS:
+        receipt = gen.receipts.get_receipt(configs)
+        selection = gen.enumerate.select(receipt, specs[_arch_spec_name(arch, specs)])
+        return list(selection.accepted)
+    items = [configs] if isinstance(configs, str) else list(configs)
+    known: dict[str, Any] | None = None
+    resolved = []
+    for item in items:
+        if isinstance(item, gen.signature.KernelConfig):
+            resolved.append(item)
+            continue
+        if not isinstance(item, str):
+            raise TypeError(
+                f"expected a kernel set name, kernel names or KernelConfigs, got {item!r}"
+            )
+        known = _all_configs(gen, specs) if known is None else known
+        if item not in known:
+            close = difflib.get_close_matches(item, list(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(
+                f"unknown kernel {item!r}: not a kernel set "
+                f"({', '.join(gen.receipts.RECEIPTS)}) nor a kernel name{hint}"
+            )
+        resolved.append(known[item])
+    return list({config.name: config for config in resolved}.values())
+
+
+@dataclass(frozen=True)
+class _Planned:
+    config: Any
+    path: Path
+
+
+def _plan(
+    gen: GeneratorModules,
+    kernels: Sequence[Any],
+    specs: Mapping[str, Any],
+    cache_dir: Path,
+    nvcc_version: str,
+) -> list[_Planned]:
+    from ckfmha import __version__
+
+    planned = []
+    for config in kernels:
+        digest = _cache.source_hash(
+            gen.emit.render_instance(config),
+            gen.emit.render_table([config], specs, gen.emit.MODULE_TABLE_SYMBOL),
+        )
+        directory = _cache.module_dir(cache_dir, __version__, nvcc_version, config.algorithm.arch)
+        planned.append(_Planned(config, _cache.module_path(directory, config.name, digest)))
+    return planned
+
+
+def _compile(
+    gen: GeneratorModules,
+    toolchain: Any,
+    missing: Sequence[_Planned],
+    specs: Mapping[str, Any],
+    cache_dir: Path,
+    max_workers: int,
+    progress: bool,
+) -> None:
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".build-") as scratch:
+        jobs = []
+        links = []
+        for index, item in enumerate(missing):
+            work = Path(scratch) / f"kernel{index}"
+            emitted = gen.emit.emit(
+                work / "generated", [item.config], [], specs, gen.emit.MODULE_TABLE_SYMBOL
+            )
+            objects = []
+            for source, arch in (
+                (emitted.instances[0], item.config.algorithm.arch),
+                (emitted.table, None),
+            ):
+                objects.append(work / "obj" / f"{source.name}.o")
+                jobs.append(gen.toolchain.CompileJob(source, objects[-1], arch))
+            links.append((objects, work / "module.so", item.path))
+        bar = Progress(len(jobs) + len(links), "ckfmha jit", progress)
+
+        def link(objects: list[Path], built: Path, destination: Path) -> None:
+            toolchain.link_shared(objects, built)
+            _cache.publish(built, destination)
+            bar.update()
+
+        try:
+            toolchain.compile_many(jobs, max_workers, lambda *_: bar.update())
+            with ThreadPoolExecutor(max_workers=max_workers) as pool:
+                for future in [pool.submit(link, *entry) for entry in links]:
+                    future.result()
+        finally:
+            bar.close()
+
+
+def build(
+    configs: str | Iterable[Any],
+    max_workers: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    arch: int | str | None = None,
+    progress: bool = True,
+    *,
+    skip_registered: bool = True,
+    load: bool = True,
+) -> list[str]:
+    """Make the given kernels available in this process; returns their names.
+
+    configs: a kernel set name ("ci", "default", "full"), kernel names, or generator
+    KernelConfig objects. Kernels already registered (built into the library or
+    loaded before) are skipped unless ``skip_registered`` is False; cached modules
+    are loaded without compiling; the rest compile in parallel (``max_workers``
+    nvcc processes, default one per CPU) into ``cache_dir`` (default
+    $CKFMHA_CACHE_DIR or ~/.cache/ckfmha). ``arch`` picks the target of a kernel
+    set (default: the current device's).
+    """
+    from ckfmha._registry import Registry
+
+    gen = generator_modules()
+    specs = gen.specs.load_specs()
+    kernels = resolve(configs, arch)
+    registry = Registry()
+    registered = set(registry.names()) if skip_registered else set()
+    todo = [config for config in kernels if config.name not in registered]
+    if not todo:
+        return [config.name for config in kernels]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    toolchain = gen.toolchain.CudaToolchain(
+        gen.build.arch_specs_for(sorted({c.algorithm.arch for c in todo}), specs),
+        include_dirs=[gen.toolchain.find_ckfmha_include()],
+    )
+    planned = _plan(gen, todo, specs, root, toolchain.version())
+    if any(not item.path.is_file() for item in planned):
+        with _cache.locked(root):
+            # Another process may have built them while this one waited for the lock.
+            missing = [item for item in planned if not item.path.is_file()]
+            if missing:
+                workers = max(1, max_workers or os.cpu_count() or 1)
+                _compile(gen, toolchain, missing, specs, root, workers, progress)
+    if load:
+        already = set(registry.names())
+        for item in planned:
+            if item.config.name not in already:
+                registry.load_module(item.path)
+    return [config.name for config in kernels]
+
+
+def cached_modules(cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Every module in the cache (any version), e.g. to inspect or prune it."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return sorted(root.glob("ckfmha-*/nvcc-*/*/*.so"))

@@ -1,0 +1,100 @@
+"""Problem descriptions built from shapes alone, for selection and explanation on any machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ckfmha import _dtypes
+from ckfmha.errors import InvalidArgumentError
+
+Layout = Literal["bhsd", "bshd"]
+CausalAlignment = Literal["top_left", "bottom_right"]
+
+# Values of the C enums ckfmha_layout and ckfmha_mask.
+LAYOUTS = {"bhsd": 0, "bshd": 1}
+MASK_NONE = 0
+MASK_CAUSAL_TOP_LEFT = 1
+MASK_CAUSAL_BOTTOM_RIGHT = 2
+CAUSAL_ALIGNMENTS = {"top_left": MASK_CAUSAL_TOP_LEFT, "bottom_right": MASK_CAUSAL_BOTTOM_RIGHT}
+
+
+def layout_code(layout: str) -> int:
+    if layout not in LAYOUTS:
+        raise InvalidArgumentError(f"layout must be 'bhsd' or 'bshd', got {layout!r}", 1)
+    return LAYOUTS[layout]
+
+
+def mask_code(causal: bool, causal_alignment: str) -> int:
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise InvalidArgumentError(
+            f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}", 1
+        )
+    return CAUSAL_ALIGNMENTS[causal_alignment] if causal else MASK_NONE
+
+
+@dataclass(frozen=True)
+class FwdProblem:
+    """A forward attention problem described by shapes, with contiguous strides.
+
+    q is [batch, nhead_q, seqlen_q, hdim] (or bshd), k/v [batch, nhead_k,
+    seqlen_k, hdim / hdim_v]. Unset nhead_k, seqlen_k and hdim_v default to
+    nhead_q, seqlen_q and hdim. Validation happens in the C library, so the
+    errors match those of ``fwd``.
+    """
+
+    batch: int
+    nhead_q: int
+    seqlen_q: int
+    hdim: int
+    nhead_k: int | None = None
+    seqlen_k: int | None = None
+    hdim_v: int | None = None
+    dtype: str = "fp16"
+    causal: bool = False
+    causal_alignment: CausalAlignment = "top_left"
+    lse: bool = False
+    layout: Layout = "bhsd"
+    scale: float | None = None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.nhead_q if self.nhead_k is None else self.nhead_k
+
+    @property
+    def kv_seqlen(self) -> int:
+        return self.seqlen_q if self.seqlen_k is None else self.seqlen_k
+
+    @property
+    def value_hdim(self) -> int:
+        return self.hdim if self.hdim_v is None else self.hdim_v
+
+    @property
+    def dtype_code(self) -> int:
+        return _dtypes.dtype_code(self.dtype)
+
+    @property
+    def layout_code(self) -> int:
+        return layout_code(self.layout)
+
+    @property
+    def mask_code(self) -> int:
+        return mask_code(self.causal, self.causal_alignment)
+
+    def flops(self) -> float:
+        """FLOPs by the usual attention convention: 2 GEMMs, halved when causal."""
+        qk = 2.0 * self.batch * self.nhead_q * self.seqlen_q * self.kv_seqlen * self.hdim
+        pv = 2.0 * self.batch * self.nhead_q * self.seqlen_q * self.kv_seqlen * self.value_hdim
+        return (qk + pv) / (2.0 if self.causal else 1.0)
+
+    def validate(self) -> None:
+        """Raise InvalidArgumentError when the C library rejects the shapes."""
+        from ckfmha._problem import validate
+
+        validate(self)
+
+    def to_c_dict(self) -> dict[str, Any]:
+        """The C struct ckfmha_fwd_problem this problem becomes, as a dict."""
+        from ckfmha._problem import as_dict
+
+        return as_dict(self)

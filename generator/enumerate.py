@@ -1,0 +1,113 @@
+"""Candidate configs for (kernel set, arch), split into accepted and rejected-with-reasons."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from . import rules
+from .receipts import Receipt
+from .signature import Algorithm, FwdSignature, KernelConfig
+from .specs import ArchSpec, get_arch
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate that will not be built; `algorithm` is None when no tile exists at all."""
+
+    signature: FwdSignature
+    arch: str
+    pipeline: str
+    algorithm: Algorithm | None
+    reasons: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        if self.algorithm is not None:
+            return KernelConfig(self.signature, self.algorithm).name
+        return f"{self.signature.name}__{self.arch}_{self.pipeline}_notile"
+
+
+@dataclass
+class Selection:
+    accepted: list[KernelConfig] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+
+    def extend(self, other: Selection) -> None:
+        self.accepted.extend(other.accepted)
+        self.rejected.extend(other.rejected)
+
+
+def candidates(
+    receipt: Receipt, arch: ArchSpec
+) -> Iterable[tuple[FwdSignature, str, Algorithm | None]]:
+    """Every (signature, pipeline, algorithm) the receipt asks for on this arch."""
+    for pipeline in arch.pipelines:
+        for sig in receipt.signatures:
+            tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q)
+            if not tiles:
+                yield sig, pipeline, None
+                continue
+            for tile in tiles if receipt.all_tiles else tiles[:1]:
+                yield (
+                    sig,
+                    pipeline,
+                    Algorithm(
+                        arch=arch.name,
+                        pipeline=pipeline,
+                        tile_m=tile.tile_m,
+                        tile_n=tile.tile_n,
+                        tile_k=sig.hdim_q,
+                        warps=tile.warps,
+                        stages=tile.stages,
+                    ),
+                )
+
+
+def _no_tile_reasons(sig: FwdSignature, pipeline: str, arch: ArchSpec) -> tuple[str, ...]:
+    hdims = ", ".join(str(h) for h in arch.hdims_for(sig.family, pipeline)) or "none"
+    reason = (
+        f"head dim {sig.hdim_q} has no tile table for {sig.family}/{pipeline} on {arch.name}; "
+        f"head dims with tiles: {hdims}"
+    )
+    return (reason,)
+
+
+def select(
+    receipt: Receipt, arch: ArchSpec, name_filter: re.Pattern[str] | None = None
+) -> Selection:
+    selection = Selection()
+    seen: set[str] = set()
+    for sig, pipeline, alg in candidates(receipt, arch):
+        if alg is None:
+            rejection = Rejection(
+                sig, arch.name, pipeline, None, _no_tile_reasons(sig, pipeline, arch)
+            )
+            if name_filter is None or name_filter.search(rejection.name):
+                selection.rejected.append(rejection)
+            continue
+        config = KernelConfig(sig, alg)
+        # Two table entries may coincide (e.g. an alternative equal to the default).
+        if config.name in seen or (name_filter is not None and not name_filter.search(config.name)):
+            continue
+        seen.add(config.name)
+        reasons = rules.check(config, arch)
+        if reasons:
+            selection.rejected.append(Rejection(sig, arch.name, pipeline, alg, tuple(reasons)))
+        else:
+            selection.accepted.append(config)
+    return selection
+
+
+def select_for_arches(
+    receipt: Receipt,
+    arches: Iterable[str],
+    specs: Mapping[str, ArchSpec],
+    name_filter: re.Pattern[str] | None = None,
+) -> Selection:
+    """Arches are visited in the given order, duplicates dropped, so output order is stable."""
+    selection = Selection()
+    for arch_name in dict.fromkeys(arches):
+        selection.extend(select(receipt, get_arch(specs, arch_name), name_filter))
+    return selection

@@ -1,0 +1,143 @@
+"""Validation: why a kernel config cannot be built for an arch.
+
+Each reason names what was wrong and what is supported, because these strings are shown to
+users (`python -m generator --explain`, the manifest) who must decide what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .signature import KernelConfig
+from .specs import ArchSpec
+
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+SUPPORTED_FAMILIES = ("fwd",)
+SUPPORTED_MASKS = ("none", "causal")
+KNOWN_MODES = ("batch", "group")
+# Above this many accumulator registers per thread the compiler spills: the O accumulator and
+# the S/P tile both live in registers next to addressing and softmax state.
+MAX_ACCUMULATOR_REGISTERS = 192
+# cp.async and ldmatrix move 16 bytes (8 fp16/bf16 elements) per thread.
+VECTOR_ELEMENTS = 8
+# mma.sync m16n8k16: each warp owns 16 query rows; key tiles step in 16s.
+MMA_ROWS = 16
+
+Rule = Callable[[KernelConfig, ArchSpec], list[str]]
+
+
+def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    sig, alg = config.signature, config.algorithm
+    reasons: list[str] = []
+    if sig.family not in SUPPORTED_FAMILIES:
+        reasons.append(
+            f"family {sig.family!r} is not implemented; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    if alg.arch != arch.name:
+        reasons.append(f"config targets arch {alg.arch!r} but is checked against {arch.name!r}")
+    if sig.dtype not in arch.dtypes:
+        reasons.append(
+            f"dtype {sig.dtype!r} is not supported on {arch.name}; supported: "
+            f"{', '.join(arch.dtypes)}"
+        )
+    if alg.pipeline not in arch.pipelines:
+        reasons.append(
+            f"pipeline {alg.pipeline!r} is not available on {arch.name}; available: "
+            f"{', '.join(arch.pipelines)}"
+        )
+    hdims = arch.hdims_for(sig.family, alg.pipeline)
+    if sig.hdim_q not in hdims:
+        listed = ", ".join(str(h) for h in hdims) or "none"
+        reasons.append(
+            f"head dim {sig.hdim_q} has no tile table for {sig.family}/{alg.pipeline} on "
+            f"{arch.name}; head dims with tiles: {listed}"
+        )
+    for label, hdim in (("hdim_q", sig.hdim_q), ("hdim_v", sig.hdim_v)):
+        if hdim <= 0 or hdim % VECTOR_ELEMENTS:
+            reasons.append(
+                f"{label}={hdim} is not a positive multiple of {VECTOR_ELEMENTS}; rows are "
+                "loaded as 16-byte vectors, so head dims must be multiples of 8"
+            )
+    if sig.mask not in SUPPORTED_MASKS:
+        reasons.append(f"mask {sig.mask!r} is unknown; supported: {', '.join(SUPPORTED_MASKS)}")
+    if sig.mode not in KNOWN_MODES:
+        reasons.append(f"mode {sig.mode!r} is unknown; supported: {', '.join(KNOWN_MODES)}")
+    if alg.warps <= 0 or alg.warps * 32 > arch.max_threads_per_block:
+        reasons.append(
+            f"warps={alg.warps} gives {alg.warps * 32} threads; {arch.name} allows 1 to "
+            f"{arch.max_threads_per_block // 32} warps per block"
+        )
+    return reasons
+
+
+def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
+    sig, alg = config.signature, config.algorithm
+    reasons: list[str] = []
+    if sig.hdim_q != sig.hdim_v:
+        reasons.append(
+            f"hdim_q={sig.hdim_q} differs from hdim_v={sig.hdim_v}; the {alg.pipeline} forward "
+            "template needs equal head dims"
+        )
+    if sig.mode == "group":
+        reasons.append(
+            f"mode 'group' (varlen) is not implemented by the {alg.pipeline} forward template "
+            "yet; supported: batch"
+        )
+    if alg.tile_k != sig.hdim_q:
+        reasons.append(
+            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
+            "keeps the whole head dim resident"
+        )
+    if alg.warps > 0 and (alg.tile_m <= 0 or alg.tile_m % (MMA_ROWS * alg.warps)):
+        reasons.append(
+            f"tile_m={alg.tile_m} is not a positive multiple of 16*warps={MMA_ROWS * alg.warps}; "
+            "each warp owns a whole number of 16-row MMA tiles"
+        )
+    if alg.tile_n <= 0 or alg.tile_n % MMA_ROWS:
+        reasons.append(
+            f"tile_n={alg.tile_n} is not a positive multiple of {MMA_ROWS}; key tiles feed "
+            "16-wide MMA steps"
+        )
+    if alg.stages != 1:
+        reasons.append(
+            f"stages={alg.stages} is not supported; the {alg.pipeline} template single-buffers "
+            "K and V (stages=1)"
+        )
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    smem = (alg.tile_m * sig.hdim_q + alg.tile_n * sig.hdim_q + alg.tile_n * sig.hdim_v) * elem
+    if smem > arch.max_dynamic_smem_per_block:
+        reasons.append(
+            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + K {alg.tile_n}x"
+            f"{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}, {elem} B each) exceeds {arch.name}'s "
+            f"limit of {arch.max_dynamic_smem_per_block} bytes per block"
+        )
+    if alg.warps > 0:
+        acc = (alg.tile_m * sig.hdim_v + alg.tile_m * alg.tile_n) // (alg.warps * 32)
+        if acc > MAX_ACCUMULATOR_REGISTERS:
+            reasons.append(
+                f"estimated {acc} accumulator registers per thread (O {alg.tile_m}x{sig.hdim_v} "
+                f"+ S {alg.tile_m}x{alg.tile_n} over {alg.warps * 32} threads) exceeds "
+                f"{MAX_ACCUMULATOR_REGISTERS}; use a smaller tile or more warps"
+            )
+    return reasons
+
+
+# A pipeline added later (e.g. sm90 TMA + wgmma) brings its own template limits here.
+PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
+    "sm80_cpasync_mma": (_sm80_template_rules,),
+}
+
+
+def check(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Reasons `config` cannot be built for `arch`; an empty list means it is valid."""
+    reasons = _arch_rules(config, arch)
+    pipeline = config.algorithm.pipeline
+    if pipeline not in PIPELINE_RULES:
+        reasons.append(
+            f"pipeline {pipeline!r} has no kernel template; templates exist for: "
+            f"{', '.join(PIPELINE_RULES)}"
+        )
+    for rule in PIPELINE_RULES.get(pipeline, ()):
+        reasons.extend(rule(config, arch))
+    return reasons

@@ -1,0 +1,70 @@
+"""Kernel keys: what a kernel computes (signature) and how (algorithm)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# The name becomes part of a C symbol (ckfmha_kernel_<name>) and a file name.
+_IDENTIFIER_TAIL = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def _checked(name: str) -> str:
+    if not _IDENTIFIER_TAIL.match(name):
+        raise ValueError(f"kernel name {name!r} must contain only [A-Za-z0-9_]")
+    return name
+
+
+@dataclass(frozen=True, order=True)
+class FwdSignature:
+    """What a forward kernel computes; the runtime matches problems against these fields."""
+
+    dtype: str
+    mode: str  # "batch" | "group" (varlen with cu_seqlens)
+    hdim_q: int
+    hdim_v: int
+    mask: str  # "none" | "causal"
+    lse: bool
+    family: str = "fwd"
+
+    @property
+    def name(self) -> str:
+        lse = "lse" if self.lse else "nolse"
+        return _checked(
+            f"{self.family}_{self.dtype}_{self.mode}_d{self.hdim_q}x{self.hdim_v}_{self.mask}_{lse}"
+        )
+
+
+@dataclass(frozen=True, order=True)
+class Algorithm:
+    """How a kernel computes: target arch, pipeline and tiling."""
+
+    arch: str  # e.g. "sm_90a"
+    pipeline: str  # e.g. "sm80_cpasync_mma"
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return _checked(
+            f"{self.arch}_{self.pipeline}_m{self.tile_m}n{self.tile_n}k{self.tile_k}"
+            f"_w{self.warps}s{self.stages}"
+        )
+
+
+@dataclass(frozen=True, order=True)
+class KernelConfig:
+    signature: FwdSignature
+    algorithm: Algorithm
+
+    @property
+    def name(self) -> str:
+        """Stable and readable; `ckfmha_kernel_` + name is the instance's C symbol."""
+        return f"{self.signature.name}__{self.algorithm.name}"
+
+    @property
+    def symbol(self) -> str:
+        return f"ckfmha_kernel_{self.name}"

@@ -1,0 +1,123 @@
+"""Loads arch_specs.json, the single source of truth for what each GPU arch can build."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPECS_FILE_NAME = "arch_specs.json"
+
+
+class SpecsError(ValueError):
+    """arch_specs.json is missing or malformed, or an arch name is unknown."""
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """One tile choice from the table; tile_k is implied by the head dim."""
+
+    tile_m: int
+    tile_n: int
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str
+    compute_capability: tuple[int, int]
+    gencode: str
+    max_dynamic_smem_per_block: int
+    registers_per_sm: int
+    max_registers_per_thread: int
+    max_threads_per_block: int
+    dtypes: tuple[str, ...]
+    pipelines: tuple[str, ...]
+    # tiles[family][pipeline][hdim]; the first tile of each list is the default.
+    tiles: Mapping[str, Mapping[str, Mapping[int, tuple[TileSpec, ...]]]]
+
+    @property
+    def arch_number(self) -> int:
+        """10*major+minor, the value the runtime compares with the device's arch."""
+        major, minor = self.compute_capability
+        return 10 * major + minor
+
+    def tiles_for(self, family: str, pipeline: str, hdim: int) -> tuple[TileSpec, ...]:
+        return self.tiles.get(family, {}).get(pipeline, {}).get(hdim, ())
+
+    def hdims_for(self, family: str, pipeline: str) -> tuple[int, ...]:
+        return tuple(sorted(self.tiles.get(family, {}).get(pipeline, {})))
+
+
+def find_specs_file() -> Path:
+    """The installed package carries its own copy; a source checkout keeps it at the repo root."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / SPECS_FILE_NAME, here.parent / SPECS_FILE_NAME):
+        if candidate.is_file():
+            return candidate
+    raise SpecsError(
+        f"{SPECS_FILE_NAME} not found in {here} or {here.parent}; it ships at the repository "
+        "root and inside the installed ckfmha._generator package"
+    )
+
+
+def _parse_tile(raw: Mapping[str, Any]) -> TileSpec:
+    return TileSpec(
+        tile_m=int(raw["tile_m"]),
+        tile_n=int(raw["tile_n"]),
+        warps=int(raw["warps"]),
+        stages=int(raw["stages"]),
+    )
+
+
+def _parse_arch(name: str, raw: Mapping[str, Any]) -> ArchSpec:
+    tiles = {
+        family: {
+            pipeline: {
+                int(hdim): tuple(_parse_tile(t) for t in tile_list)
+                for hdim, tile_list in by_hdim.items()
+            }
+            for pipeline, by_hdim in by_pipeline.items()
+        }
+        for family, by_pipeline in raw["tiles"].items()
+    }
+    major, minor = raw["compute_capability"]
+    return ArchSpec(
+        name=name,
+        compute_capability=(int(major), int(minor)),
+        gencode=str(raw["gencode"]),
+        max_dynamic_smem_per_block=int(raw["max_dynamic_smem_per_block"]),
+        registers_per_sm=int(raw["registers_per_sm"]),
+        max_registers_per_thread=int(raw["max_registers_per_thread"]),
+        max_threads_per_block=int(raw["max_threads_per_block"]),
+        dtypes=tuple(raw["dtypes"]),
+        pipelines=tuple(raw["pipelines"]),
+        tiles=tiles,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: Path) -> Mapping[str, ArchSpec]:
+    try:
+        data = json.loads(path.read_text())
+        return {name: _parse_arch(name, raw) for name, raw in data["arches"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecsError(f"cannot read arch specs from {path}: {exc!r}") from exc
+
+
+def load_specs(path: Path | None = None) -> Mapping[str, ArchSpec]:
+    """Arch name -> ArchSpec. Cached per file, since the file is read-only input."""
+    return _load_cached((path or find_specs_file()).resolve())
+
+
+def get_arch(specs: Mapping[str, ArchSpec], name: str) -> ArchSpec:
+    try:
+        return specs[name.strip()]
+    except KeyError:
+        raise SpecsError(
+            f"unknown arch {name!r}; supported arches: {', '.join(sorted(specs))}"
+        ) from None

@@ -1,0 +1,140 @@
+"""Builds libckfmha.so (generated kernel instances + runtime) with nvcc, then the Cython layer.
+
+Build settings come from the environment (see generator/build_config.py): CKFMHA_ARCHS,
+CKFMHA_KERNELS, CKFMHA_JOBS, CKFMHA_KERNEL_FILTER, and for the toolchain CKFMHA_NVCC / CUDA_HOME
+and CKFMHA_CUTLASS_INCLUDE. No GPU is needed to build.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+ROOT = Path(__file__).resolve().parent
+# The generator is imported from the checkout; build backends do not put it on sys.path.
+sys.path.insert(0, str(ROOT))
+
+from generator import build as generator_build
+from generator.build_config import from_env
+from generator.toolchain import CompileJob, CudaToolchain
+
+LIBRARY_NAME = "libckfmha.so"
+INCLUDE_DIR = ROOT / "cpp" / "include"
+BUILD_DIR = ROOT / "build"  # kept between builds so nvcc work is incremental
+
+
+def _progress(done: int, total: int, job: CompileJob, skipped: bool) -> None:
+    state = "up to date" if skipped else "compiled"
+    print(f"[ckfmha {done}/{total}] {state}: {job.source.name}", flush=True)
+
+
+def _copy_support_files(package_dir: Path) -> None:
+    """Headers for ckfmha.get_include() and the JIT, and the generator's own arch specs."""
+    shutil.copytree(INCLUDE_DIR, package_dir / "include", dirs_exist_ok=True)
+    generator_dir = package_dir / "_generator"
+    generator_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / "arch_specs.json", generator_dir / "arch_specs.json")
+
+
+class BuildPy(build_py):
+    def run(self) -> None:
+        super().run()
+        _copy_support_files(Path(self.build_lib) / "ckfmha")
+
+
+class BuildExt(build_ext):
+    def _in_place(self) -> bool:
+        return bool(self.inplace or getattr(self, "editable_mode", False))
+
+    def _build_library(self) -> Path:
+        config = from_env()
+        selection = generator_build.select_from_config(config)
+        toolchain = CudaToolchain(
+            generator_build.arch_specs_for(config.archs),
+            include_dirs=[INCLUDE_DIR, BUILD_DIR / "generated"],
+        )
+        runtime_sources = sorted((ROOT / "cpp" / "src").glob("*.cpp"))
+        runtime_sources += sorted((ROOT / "cpp" / "src").glob("*.cu"))
+        print(
+            f"ckfmha: nvcc {toolchain.version()}, arches {';'.join(config.archs)}, kernel set "
+            f"'{config.kernels}': {len(selection.accepted)} kernels, "
+            f"{len(runtime_sources)} runtime sources, {config.jobs} jobs",
+            flush=True,
+        )
+        built = generator_build.build_shared_library(
+            toolchain,
+            selection.accepted,
+            BUILD_DIR / LIBRARY_NAME,
+            BUILD_DIR,
+            rejected=selection.rejected,
+            runtime_sources=runtime_sources,
+            jobs=config.jobs,
+            progress=_progress,
+        )
+        return built.library
+
+    def run(self) -> None:
+        package_dir = ROOT / "ckfmha" if self._in_place() else Path(self.build_lib) / "ckfmha"
+        lib_dir = package_dir / "lib"
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self._build_library(), lib_dir / LIBRARY_NAME)
+        if self._in_place():
+            # A checkout used in place imports ckfmha._generator from ckfmha/_generator.
+            shutil.copytree(
+                ROOT / "generator",
+                package_dir / "_generator",
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+            _copy_support_files(package_dir)
+        for ext in self.extensions:
+            ext.library_dirs.append(str(lib_dir))
+        super().run()
+
+
+class BinaryDistribution(Distribution):
+    """Always platform-specific: libckfmha.so is built even before any Cython module exists."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+def _extensions() -> list[Extension]:
+    pyx_files = sorted((ROOT / "ckfmha").glob("*.pyx"))
+    if not pyx_files:
+        return []
+    import numpy
+    from Cython.Build import cythonize
+
+    extensions = [
+        Extension(
+            f"ckfmha.{pyx.stem}",
+            [str(pyx.relative_to(ROOT))],
+            include_dirs=[str(INCLUDE_DIR), numpy.get_include()],
+            libraries=["ckfmha"],
+            # Extensions sit in ckfmha/, the library in ckfmha/lib/.
+            extra_link_args=["-Wl,-rpath,$ORIGIN/lib"],
+            language="c++",
+        )
+        for pyx in pyx_files
+    ]
+    return cythonize(extensions, compiler_directives={"language_level": "3"})
+
+
+setup(
+    packages=["ckfmha", "ckfmha._generator"],
+    package_dir={"ckfmha": "ckfmha", "ckfmha._generator": "generator"},
+    package_data={"ckfmha": ["*.pxd", "*.pyi", "py.typed"]},
+    # Only what package_data names: not the .pyx sources or Cython's generated .cpp files.
+    include_package_data=False,
+    ext_modules=_extensions(),
+    cmdclass={"build_py": BuildPy, "build_ext": BuildExt},
+    distclass=BinaryDistribution,
+    zip_safe=False,
+)

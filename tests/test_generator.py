@@ -1,0 +1,302 @@
+"""Generator: arch specs, kernel sets, naming, validation rules, CLI and emitted sources."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from generator import emit, rules
+from generator.enumerate import select, select_for_arches
+from generator.receipts import RECEIPTS, compile_filter, get_receipt
+from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.specs import load_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+def _config(arch: str = "sm_80", **changes: object) -> KernelConfig:
+    """A valid default config, with signature/algorithm fields overridden by name."""
+    sig = FwdSignature(dtype="fp16", mode="batch", hdim_q=128, hdim_v=128, mask="causal", lse=True)
+    alg = Algorithm(arch, "sm80_cpasync_mma", tile_m=128, tile_n=64, tile_k=128, warps=4, stages=1)
+    sig_fields = {k: v for k, v in changes.items() if hasattr(sig, k)}
+    alg_fields = {k: v for k, v in changes.items() if k not in sig_fields}
+    return KernelConfig(replace(sig, **sig_fields), replace(alg, **alg_fields))
+
+
+def _reasons(arch: str = "sm_80", **changes: object) -> str:
+    return "\n".join(rules.check(_config(arch, **changes), load_specs()[arch]))
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "generator", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+# ---- specs ----
+
+
+def test_specs_have_the_four_arches() -> None:
+    specs = load_specs()
+    assert set(ARCHES) <= set(specs)
+    assert specs["sm_90a"].arch_number == 90
+    assert specs["sm_86"].arch_number == 86
+    assert specs["sm_80"].max_dynamic_smem_per_block == 166912
+    assert specs["sm_90a"].gencode == "-gencode=arch=compute_90a,code=sm_90a"
+    for arch in ARCHES:
+        assert specs[arch].tiles_for("fwd", "sm80_cpasync_mma", 128)
+        assert {"fp16", "bf16"} <= set(specs[arch].dtypes)
+
+
+def test_default_tiles_follow_arch_shared_memory() -> None:
+    specs = load_specs()
+    first = {a: specs[a].tiles_for("fwd", "sm80_cpasync_mma", 128)[0] for a in ARCHES}
+    assert (first["sm_80"].tile_m, first["sm_80"].tile_n) == (128, 64)
+    assert (first["sm_86"].tile_m, first["sm_86"].tile_n) == (128, 32)
+
+
+def test_every_listed_tile_is_valid() -> None:
+    """The table must only list tiles the rules accept, or 'full' builds would lose kernels."""
+    specs = load_specs()
+    for arch in ARCHES:
+        selection = select(get_receipt("full"), specs[arch])
+        assert selection.rejected == [], [r.reasons for r in selection.rejected]
+
+
+# ---- receipts and names ----
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_receipt_sizes(arch: str) -> None:
+    specs = load_specs()
+    sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
+    assert sizes["ci"] == 4
+    assert sizes["default"] == 8
+    # default + no-LSE twins, each with both tiles of its head dim.
+    assert sizes["full"] == 8 * 2 * 2
+
+
+def test_names_unique_stable_and_valid() -> None:
+    selection = select_for_arches(get_receipt("full"), ARCHES, load_specs())
+    names = [c.name for c in selection.accepted]
+    assert len(names) == len(set(names))
+    for config in selection.accepted:
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", config.symbol)
+    assert (
+        _config("sm_90a", dtype="bf16", lse=True).name
+        == "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm80_cpasync_mma_m128n64k128_w4s1"
+    )
+    assert _config(lse=False, mask="none").name.startswith("fwd_fp16_batch_d128x128_none_nolse__")
+
+
+def test_name_rejects_non_identifier_characters() -> None:
+    with pytest.raises(ValueError, match="A-Za-z0-9_"):
+        _ = _config(dtype="fp8-e4m3").name
+
+
+def test_filter_selects_by_regex() -> None:
+    selection = select(
+        get_receipt("default"), load_specs()["sm_80"], compile_filter("bf16.*causal")
+    )
+    assert len(selection.accepted) == 2
+    assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
+    with pytest.raises(ValueError, match="invalid kernel filter"):
+        compile_filter("(")
+
+
+def test_unknown_receipt_names_known_sets() -> None:
+    with pytest.raises(ValueError, match="known sets: ci, default, full"):
+        get_receipt("everything")
+
+
+# ---- rules ----
+
+
+def test_valid_config_has_no_reasons() -> None:
+    assert _reasons() == ""
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"tile_m": 256, "tile_n": 256, "arch": "sm_86"}, r"shared memory 196608 bytes.*101376"),
+        ({"hdim_q": 72, "hdim_v": 72, "tile_k": 72}, r"head dim 72 has no tile table.*64, 128"),
+        ({"hdim_v": 64}, r"hdim_q=128 differs from hdim_v=64.*equal head dims"),
+        ({"warps": 3}, r"tile_m=128 is not a positive multiple of 16\*warps=48"),
+        ({"warps": 64}, r"warps=64 gives 2048 threads.*1 to 32 warps"),
+        ({"dtype": "int4"}, r"dtype 'int4' is not supported on sm_80; supported: fp16, bf16"),
+        ({"dtype": "fp32"}, r"dtype 'fp32' is not supported"),
+        ({"mode": "group"}, r"mode 'group' \(varlen\) is not implemented.*supported: batch"),
+        ({"mode": "paged"}, r"mode 'paged' is unknown; supported: batch, group"),
+        ({"mask": "window"}, r"mask 'window' is unknown; supported: none, causal"),
+        ({"tile_n": 40}, r"tile_n=40 is not a positive multiple of 16"),
+        ({"stages": 2}, r"stages=2 is not supported.*stages=1"),
+        ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
+        ({"hdim_q": 100, "hdim_v": 100, "tile_k": 100}, r"hdim_q=100 is not a positive multiple"),
+        ({"pipeline": "sm90_tma_wgmma"}, r"pipeline 'sm90_tma_wgmma' is not available on sm_80"),
+        ({"pipeline": "sm90_tma_wgmma"}, r"has no kernel template"),
+        ({"tile_n": 256}, r"estimated 384 accumulator registers per thread.*exceeds 192"),
+        ({"family": "bwd"}, r"family 'bwd' is not implemented; supported: fwd"),
+    ],
+)
+def test_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
+    arch = str(changes.pop("arch", "sm_80"))
+    assert re.search(expected, _reasons(arch, **changes)), _reasons(arch, **changes)
+
+
+def test_rejections_are_reported_not_dropped() -> None:
+    specs = load_specs()
+    receipt = replace(
+        get_receipt("ci"), signatures=(FwdSignature("fp16", "batch", 96, 96, "none", True),)
+    )
+    selection = select(receipt, specs["sm_80"])
+    assert selection.accepted == []
+    (rejection,) = selection.rejected
+    assert rejection.algorithm is None
+    assert "head dim 96 has no tile table" in rejection.reasons[0]
+
+
+# ---- CLI ----
+
+
+def test_cli_list() -> None:
+    result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
+    assert result.returncode == 0, result.stderr
+    names = result.stdout.split()
+    assert len(names) == 8
+    assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
+
+
+def test_cli_repeated_and_comma_arches() -> None:
+    result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split()) == 12
+
+
+def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
+    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs["arches"]["sm_86"]["tiles"]["fwd"]["sm80_cpasync_mma"]["128"].append(
+        {"tile_m": 128, "tile_n": 256, "warps": 4, "stages": 1}
+    )
+    custom = tmp_path / "arch_specs.json"
+    custom.write_text(json.dumps(specs))
+    result = _run_cli("--specs", str(custom), "--kernels", "full", "--arch", "sm_86", "--explain")
+    assert result.returncode == 0, result.stderr
+    assert "rejected fwd_fp16_batch_d128x128_none_lse__sm_86_sm80_cpasync_mma_m128n256" in (
+        result.stdout
+    )
+    assert "exceeds sm_86's limit of 101376 bytes" in result.stdout
+
+
+def test_cli_out_writes_files(tmp_path: Path) -> None:
+    result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    instances = sorted(tmp_path.glob("*.cu"))
+    assert len(instances) == 4
+    text = instances[0].read_text()
+    assert text.startswith(emit.GENERATED_BANNER + "\n")
+    assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
+    assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
+    header = (tmp_path / "ckfmha_kernels.h").read_text()
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 4" in header
+    table = (tmp_path / "kernel_table.cpp").read_text()
+    assert "ckfmha_builtin_kernel_table(void)" in table
+    assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert len(manifest["kernels"]) == 4
+    assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
+
+
+def test_cli_table_symbol(tmp_path: Path) -> None:
+    result = _run_cli(
+        "--kernels", "ci", "--arch", "sm_80", "--out", str(tmp_path),
+        "--table-symbol", emit.MODULE_TABLE_SYMBOL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "ckfmha_module_kernel_table(void)" in (tmp_path / "kernel_table.cpp").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--kernels", "nope", "--list"), "unknown kernel set 'nope'"),
+        (("--arch", "sm_75", "--list"), "unknown arch 'sm_75'; supported arches"),
+        (("--kernels", "ci"), "nothing to do"),
+    ],
+)
+def test_cli_errors_exit_nonzero(args: tuple[str, ...], message: str) -> None:
+    result = _run_cli(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+# ---- emitted files ----
+
+
+def test_instance_matches_template() -> None:
+    config = _config("sm_90a", dtype="bf16")
+    assert emit.render_instance(config) == (
+        "// Generated by the ckfmha generator (python -m generator). Do not edit.\n"
+        '#include "ckfmha/kernel/fwd_sm80_launch.cuh"\n'
+        "\n"
+        "namespace {\n"
+        "using Traits = ckfmha::kernel::FwdSm80Traits<cutlass::bfloat16_t, /*HeadDim=*/128, "
+        "/*BlockM=*/128, /*BlockN=*/64,\n"
+        "                                             /*Warps=*/4, /*Stages=*/1, "
+        "/*IsCausal=*/true, /*HasLse=*/true>;\n"
+        "}  // namespace\n"
+        "\n"
+        f'extern "C" int ckfmha_kernel_{config.name}(const void* problem, const void* args, '
+        "ckfmha_stream_t stream) {\n"
+        "  return ckfmha::kernel::launch_fwd_sm80<Traits>(problem, args, stream);\n"
+        "}\n"
+    )
+
+
+def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
+    specs = load_specs()
+    selection = select(get_receipt("ci"), specs["sm_80"])
+    first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
+    assert first.written == 4 + 3
+    second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
+    assert second.written == 0
+    # Dropping a kernel rewrites the index files and removes its stale instance.
+    emit.emit(tmp_path, selection.accepted[:3], [], specs)
+    assert len(list(tmp_path.glob("*.cu"))) == 3
+
+
+def _syntax_check(directory: Path, source: Path, *language: str) -> None:
+    command = ["g++", *(language or ("-std=c++17",)), "-fsyntax-only", "-Wall", "-Werror"]
+    command += [f"-I{ROOT / 'cpp' / 'include'}", f"-I{directory}", str(source)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_gxx
+def test_empty_table_compiles(tmp_path: Path) -> None:
+    files = emit.emit(tmp_path, [], [], load_specs(), emit.MODULE_TABLE_SYMBOL)
+    assert "CKFMHA_GENERATED_KERNEL_COUNT 0" in files.header.read_text()
+    _syntax_check(tmp_path, files.table)
+
+
+@needs_gxx
+def test_ci_table_and_header_compile(tmp_path: Path) -> None:
+    specs = load_specs()
+    selection = select_for_arches(get_receipt("ci"), ARCHES, specs)
+    files = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
+    _syntax_check(tmp_path, files.table)
+    # The dispatch header is plain C as well, so C consumers can include it.
+    _syntax_check(tmp_path, files.header, "-x", "c", "-std=c11")
