@@ -40,6 +40,8 @@ compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m ckfmha run --bat
 tail -3 "$log/memcheck.log"
 
 echo "== benchmark"
-python3 benchmarks/bench_fwd.py --commit "$commit" --out "$log" 2>&1 | tee "$log/bench.log" ||
+python3 benchmarks/bench_fwd.py --commit "$commit" --out "$log" 2>&1 | tee "$log/bench.log" &&
+  python3 benchmarks/bench_fwd_features.py --commit "$commit" --out "$log" 2>&1 |
+  tee "$log/bench_features.log" ||
   status=1
 exit $status

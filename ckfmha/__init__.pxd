@@ -5,7 +5,7 @@
 # extension can launch kernels or copy memory while other Python threads run.
 # Keep this file in step with the header; the C header is the source of truth.
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 
 cdef extern from "ckfmha/ckfmha.h" nogil:
@@ -42,10 +42,18 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         CKFMHA_MASK_NONE
         CKFMHA_MASK_CAUSAL_TOP_LEFT
         CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT
+        CKFMHA_MASK_WINDOW_TOP_LEFT
+        CKFMHA_MASK_WINDOW_BOTTOM_RIGHT
 
     ctypedef enum ckfmha_mask_kind:
         CKFMHA_MASK_KIND_NONE
         CKFMHA_MASK_KIND_CAUSAL
+        CKFMHA_MASK_KIND_WINDOW
+
+    ctypedef enum ckfmha_bias:
+        CKFMHA_BIAS_NONE
+        CKFMHA_BIAS_ELEMENTWISE
+        CKFMHA_BIAS_ALIBI
 
     ctypedef enum ckfmha_layout:
         CKFMHA_LAYOUT_BHSD
@@ -62,12 +70,26 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int32_t hdim_q
         int32_t hdim_v
         ckfmha_mask mask
+        int32_t window_left
+        int32_t window_right
         float scale
+        float softcap
+        ckfmha_bias bias
+        int32_t has_sink
+        float dropout_p
+        uint64_t dropout_seed
+        uint64_t dropout_offset
+        int32_t store_dropout_randval
+        int32_t skip_min_seqlen_q
+        int32_t v_col_major
         int32_t store_lse
         int64_t q_stride[3]
         int64_t k_stride[3]
         int64_t v_stride[3]
         int64_t o_stride[3]
+        int64_t lse_stride[2]
+        int64_t bias_stride[3]
+        int64_t alibi_stride
 
     ctypedef struct ckfmha_fwd_args:
         const void* q
@@ -75,6 +97,12 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const void* v
         void* o
         float* lse
+        const void* bias
+        const float* alibi_slopes
+        const float* sink
+        const int32_t* cu_seqlens_q
+        const int32_t* cu_seqlens_k
+        uint8_t* dropout_randval
 
     # errors and versions
     const char* ckfmha_last_error()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ckfmha._device import current_device, device_arch, device_count, header_version, version
-from ckfmha._fwd import fwd
+from ckfmha._fwd import fwd, fwd_varlen
 from ckfmha._memory import DeviceArray, device_ptr, empty, from_host, synchronize
 from ckfmha._registry import Dispatcher, Registry
 from ckfmha._status import last_error, status_name
@@ -73,6 +73,7 @@ __all__ = [
     "empty",
     "from_host",
     "fwd",
+    "fwd_varlen",
     "get_include",
     "get_library_dir",
     "header_version",

@@ -16,6 +16,8 @@ from ckfmha._dlpack cimport (
     DLPACK_FLAG_BITMASK_READ_ONLY,
     DLTensor,
     kDLBfloat,
+    kDLInt,
+    kDLUInt,
     kDLCPU,
     kDLCUDA,
     kDLCUDAManaged,
@@ -169,6 +171,10 @@ cdef int _dlpack_dtype(DLTensor* tensor, str name) except -1:
         return _dtypes.BF16
     if lanes == 1 and code == kDLFloat and bits == 32:
         return _dtypes.FP32
+    if lanes == 1 and code == kDLInt and bits == 32:
+        return _dtypes.INT32
+    if lanes == 1 and code == kDLUInt and bits == 8:
+        return _dtypes.UINT8
     raise _invalid(f"{name}: DLPack dtype (code={code}, bits={bits}, lanes={lanes}) is not "
                    "fp16, bf16 or fp32")
 
@@ -220,6 +226,10 @@ cdef int _cai_dtype(str typestr, override, obj, str name) except -1:
         return _dtypes.FP16
     if kind_size == "f4":
         return _dtypes.FP32
+    if kind_size == "i4":
+        return _dtypes.INT32
+    if kind_size == "u1":
+        return _dtypes.UINT8
     if kind_size == "V2":
         if override is not None:
             return override

@@ -10,9 +10,12 @@ import numpy as np
 FP16 = 0
 BF16 = 1
 FP32 = 2
+# Auxiliary arrays only (cu_seqlens offsets, dropout random bytes); not C dtypes.
+INT32 = 3
+UINT8 = 4
 
-NAMES = {FP16: "fp16", BF16: "bf16", FP32: "fp32"}
-ITEMSIZE = {FP16: 2, BF16: 2, FP32: 4}
+NAMES = {FP16: "fp16", BF16: "bf16", FP32: "fp32", INT32: "int32", UINT8: "uint8"}
+ITEMSIZE = {FP16: 2, BF16: 2, FP32: 4, INT32: 4, UINT8: 1}
 
 _ALIASES = {
     "fp16": FP16,
@@ -25,6 +28,10 @@ _ALIASES = {
     "float32": FP32,
     "float": FP32,
     "f4": FP32,
+    "int32": INT32,
+    "i4": INT32,
+    "uint8": UINT8,
+    "u1": UINT8,
 }
 
 
@@ -67,6 +74,10 @@ def numpy_dtype(code: int) -> np.dtype:
         return np.dtype(np.float16)
     if code == FP32:
         return np.dtype(np.float32)
+    if code == INT32:
+        return np.dtype(np.int32)
+    if code == UINT8:
+        return np.dtype(np.uint8)
     bf16 = bfloat16_numpy_dtype()
     if bf16 is None:
         from ckfmha.errors import InvalidArgumentError
@@ -79,4 +90,4 @@ def numpy_dtype(code: int) -> np.dtype:
 
 def typestr(code: int) -> str:
     """__cuda_array_interface__ typestr; bf16 has no letter there so it is a 2-byte void."""
-    return {FP16: "<f2", BF16: "<V2", FP32: "<f4"}[code]
+    return {FP16: "<f2", BF16: "<V2", FP32: "<f4", INT32: "<i4", UINT8: "|u1"}[code]

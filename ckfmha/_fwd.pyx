@@ -1,7 +1,8 @@
 # cython: language_level=3
 """ckfmha.fwd: forward attention on whatever arrays the caller has."""
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
+from libc.string cimport memset
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
@@ -12,10 +13,13 @@ from ckfmha import _dtypes
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import InvalidArgumentError
-from ckfmha.problem import layout_code, mask_code
+from ckfmha.problem import layout_code, mask_code, window_bounds
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16)
 _LSE_DTYPES = (_dtypes.FP32,)
+_F32 = (_dtypes.FP32,)
+_I32 = (_dtypes.INT32,)
+_U8 = (_dtypes.UINT8,)
 
 
 def _invalid(message: str) -> InvalidArgumentError:
@@ -49,9 +53,143 @@ cdef int _set_strides(int64_t* dst, tuple strides) except -1:
     return 0
 
 
-def fwd(q, k, v, *, causal=False, causal_alignment="top_left", scale=None, return_lse=False,
-        layout="bhsd", out=None, lse_out=None, kernel=None, stream=None, dtype=None):
-    """Fused multi-head attention forward: softmax(scale * q k^T [+ causal mask]) v.
+cdef int _set_mask(capi.ckfmha_fwd_problem* problem, causal, causal_alignment,
+                   window) except -1:
+    cdef int code = mask_code(bool(causal), causal_alignment, window)
+    problem.mask = <capi.ckfmha_mask>code
+    left, right = window_bounds(window)
+    problem.window_left = to_int32(left, "window left")
+    problem.window_right = to_int32(right, "window right")
+    return 0
+
+
+cdef class _Features:
+    """Optional inputs (bias, ALiBi, sink) and outputs (dropout bytes) of one launch.
+
+    Holds the views so staged copies and DLPack owners outlive the kernel.
+    """
+    cdef list views
+    cdef public object randval
+
+    def __cinit__(self):
+        self.views = []
+        self.randval = None
+
+    cdef ArrayView view(self, obj, handle, str name, int ndim, tuple allowed,
+                        bint writable=False):
+        cdef ArrayView view = as_view(obj, handle, None, name, ndim, allowed, writable)
+        self.views.append(view)
+        return view
+
+    cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                   str kind, like, handle, int dtype, int batch, int nhead_q, int seqlen_q,
+                   int seqlen_k, softcap, bias, alibi_slopes, sink, dropout_p, dropout_seed,
+                   dropout_offset, bint want_randval) except -1:
+        cdef ArrayView bv, av, sv, rv
+        problem.softcap = float(softcap)
+        if bias is not None and alibi_slopes is not None:
+            raise _invalid("pass bias or alibi_slopes, not both")
+        if bias is not None:
+            bv = self.view(bias, handle, "bias", 4, (dtype,))
+            target = (batch, nhead_q, seqlen_q, seqlen_k)
+            for axis, (got, want) in enumerate(zip(bv.shape, target)):
+                if got != want and got != 1:
+                    raise _invalid(f"bias shape {bv.shape} does not broadcast to {target}")
+            if bv.shape[3] != seqlen_k or (bv.strides[3] != 1 and seqlen_k > 1):
+                raise _invalid(f"bias must have a contiguous last axis of seqlen_k={seqlen_k}")
+            problem.bias = capi.CKFMHA_BIAS_ELEMENTWISE
+            for axis in range(3):
+                # A size-1 axis broadcasts: stride 0, whatever the producer reported.
+                problem.bias_stride[axis] = 0 if bv.shape[axis] == 1 else bv.strides[axis]
+            args.bias = <const void*>bv.ptr
+        if alibi_slopes is not None:
+            av = self.view(alibi_slopes, handle, "alibi_slopes", len(getattr(
+                alibi_slopes, "shape", (0,))), _F32)
+            if av.shape not in ((nhead_q,), (batch, nhead_q)) or av.strides[-1] != 1:
+                raise _invalid(f"alibi_slopes must be fp32 [{nhead_q}] or [{batch}, {nhead_q}] "
+                               f"with contiguous heads, got shape {av.shape}")
+            problem.bias = capi.CKFMHA_BIAS_ALIBI
+            problem.alibi_stride = av.strides[0] if len(av.shape) == 2 else 0
+            args.alibi_slopes = <const float*>av.ptr
+        if sink is not None:
+            sv = self.view(sink, handle, "sink", 1, _F32)
+            if sv.shape != (nhead_q,) or (sv.strides[0] != 1 and nhead_q > 1):
+                raise _invalid(f"sink must be contiguous fp32 [{nhead_q}], got {sv.shape}")
+            problem.has_sink = 1
+            args.sink = <const float*>sv.ptr
+        problem.dropout_p = float(dropout_p)
+        problem.dropout_seed = <uint64_t>(int(dropout_seed) & 0xFFFFFFFFFFFFFFFF)
+        problem.dropout_offset = <uint64_t>(int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
+        if want_randval:
+            shape = (batch, nhead_q, seqlen_q, seqlen_k)
+            self.randval = allocate(kind, like, shape, _dtypes.UINT8)
+            rv = self.view(self.randval, handle, "dropout_randval", 4, _U8, True)
+            problem.store_dropout_randval = 1
+            args.dropout_randval = <uint8_t*>rv.ptr
+        return 0
+
+
+cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle):
+    check(capi.ckfmha_fwd_problem_validate(problem))
+    cdef const char* c_kernel = NULL
+    kernel_bytes = b""
+    if kernel is not None:
+        kernel_bytes = str(kernel).encode("utf-8")
+        c_kernel = kernel_bytes
+    cdef uintptr_t c_stream = <uintptr_t>handle
+    cdef int status
+    with nogil:
+        status = capi.ckfmha_fwd_run(problem, args, c_kernel, <capi.ckfmha_stream_t>c_stream)
+    check(status)
+
+
+cdef tuple _results(str kind, handle, o_obj, out, lse_obj, lse_out, _Features features):
+    """(o[, lse][, randval]) converted back to the caller's array kind."""
+    results = [finish(kind, o_obj, handle) if out is None else out]
+    if lse_obj is not None:
+        results.append(finish(kind, lse_obj, handle) if lse_out is None else lse_out)
+    if features.randval is not None:
+        results.append(finish(kind, features.randval, handle))
+    return tuple(results)
+
+
+cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
+    """Views of q, k and v, which must share one fp16/bf16 dtype."""
+    cdef ArrayView qv = as_view(q, handle, dtype, "q", ndim, _INPUT_DTYPES)
+    cdef ArrayView kv = as_view(k, handle, dtype, "k", ndim, _INPUT_DTYPES)
+    cdef ArrayView vv = as_view(v, handle, dtype, "v", ndim, _INPUT_DTYPES)
+    if not qv.dtype == kv.dtype == vv.dtype:
+        raise _invalid(f"q, k and v must have one dtype, got {qv.dtype_name}, "
+                       f"{kv.dtype_name}, {vv.dtype_name}")
+    return qv, kv, vv
+
+
+cdef int _set_scalars(capi.ckfmha_fwd_problem* problem, causal, causal_alignment, window,
+                      scale, softcap, dropout_p) except -1:
+    _set_mask(problem, causal, causal_alignment, window)
+    if scale is not None:
+        problem.scale = float(scale)
+    problem.softcap = float(softcap)
+    problem.dropout_p = float(dropout_p)
+    check(capi.ckfmha_fwd_problem_validate(problem))
+    return 0
+
+
+cdef int _set_tensors(capi.ckfmha_fwd_args* args, ArrayView qv, ArrayView kv, ArrayView vv,
+                      ArrayView ov, ArrayView lv) except -1:
+    args.q = <const void*>qv.ptr
+    args.k = <const void*>kv.ptr
+    args.v = <const void*>vv.ptr
+    args.o = <void*>ov.ptr
+    args.lse = <float*>lv.ptr if lv is not None else NULL
+    return 0
+
+
+def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scale=None,
+        softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0, dropout_seed=0,
+        dropout_offset=0, return_dropout_randval=False, return_lse=False, layout="bhsd",
+        out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+    """Fused multi-head attention forward: softmax(mask(bias + cap(scale * q k^T))) v.
 
     q is [batch, nhead_q, seqlen_q, hdim] and k, v are [batch, nhead_k, seqlen_k,
     hdim / hdim_v] for layout "bhsd", or [batch, seqlen, heads, hdim] for "bshd";
@@ -60,26 +198,29 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", scale=None, retur
 
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
-    (copied to the GPU and back). The output is of q's kind and layout; with
-    ``return_lse`` the fp32 log-sum-exp [batch, nhead_q, seqlen_q] comes too.
+    (copied to the GPU and back). The output is of q's kind and layout.
 
-    ``causal_alignment``: "top_left" lets query i see keys j <= i;
-    "bottom_right" aligns the last query with the last key (j <= i + sk - sq).
-    ``kernel`` forces a registered kernel by name. ``stream`` is a CUDA stream
-    handle or stream object; by default the framework's current stream (torch,
-    CuPy) or the legacy default stream.
+    Masks: ``causal`` (``causal_alignment`` "top_left": key j visible to query i
+    iff j <= i; "bottom_right": iff j <= i + sk - sq) or ``window=(left, right)``
+    (keys i+off-left .. i+off+right, -1 unbounded, same alignments).
+    ``softcap`` > 0 caps logits as softcap*tanh(logit/softcap). ``bias`` is an
+    additive [b, hq, sq, sk] tensor (size-1 axes broadcast; q's dtype);
+    ``alibi_slopes`` fp32 [hq] or [b, hq] adds -slope*|i + sk - sq - j|.
+    ``sink`` fp32 [hq] adds exp(sink) to each softmax denominator. ``dropout_p``
+    drops probabilities with the documented Philox stream (seed, offset);
+    ``return_dropout_randval`` also returns its uint8 bytes [b, hq, sq, sk].
+
+    Returns o, then the fp32 LSE [b, hq, sq] with ``return_lse``, then the
+    random bytes with ``return_dropout_randval``. ``kernel`` forces a
+    registered kernel by name; ``stream`` is a CUDA stream handle or object
+    (default: torch's or CuPy's current stream, else the legacy stream).
     """
     cdef int c_layout = layout_code(layout)
-    cdef int c_mask = mask_code(bool(causal), causal_alignment)
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
 
-    cdef ArrayView qv = as_view(q, handle, dtype, "q", 4, _INPUT_DTYPES)
-    cdef ArrayView kv = as_view(k, handle, dtype, "k", 4, _INPUT_DTYPES)
-    cdef ArrayView vv = as_view(v, handle, dtype, "v", 4, _INPUT_DTYPES)
-    if not qv.dtype == kv.dtype == vv.dtype:
-        raise _invalid(f"q, k and v must have one dtype, got {qv.dtype_name}, "
-                       f"{kv.dtype_name}, {vv.dtype_name}")
+    cdef ArrayView qv, kv, vv
+    qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
     batch, nhead_q, seqlen_q, hdim_q = _bhsd(qv.shape, c_layout)
     k_batch, nhead_k, seqlen_k, k_hdim = _bhsd(kv.shape, c_layout)
     v_batch, v_heads, v_seqlen, hdim_v = _bhsd(vv.shape, c_layout)
@@ -91,17 +232,17 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", scale=None, retur
         raise _invalid(f"v has {v_heads} heads x {v_seqlen} keys but k has {nhead_k} x "
                        f"{seqlen_k} ({layout})")
 
-    # Built before any allocation so a bad size fails without touching the device.
+    # Built and checked before any allocation so a bad size fails without
+    # touching the device.
     cdef capi.ckfmha_fwd_problem problem
+    cdef capi.ckfmha_fwd_args args
+    memset(&args, 0, sizeof(args))
     check(capi.ckfmha_fwd_problem_init(
         &problem, <capi.ckfmha_dtype>qv.dtype, <capi.ckfmha_layout>c_layout,
         to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
         to_int32(seqlen_q, "seqlen_q"), to_int32(seqlen_k, "seqlen_k"),
         to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
-    problem.mask = <capi.ckfmha_mask>c_mask
-    if scale is not None:
-        problem.scale = float(scale)
-    check(capi.ckfmha_fwd_problem_validate(&problem))
+    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p)
 
     o_shape = _in_layout(batch, nhead_q, seqlen_q, hdim_v, c_layout)
     o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
@@ -117,36 +258,114 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", scale=None, retur
         lv = as_view(lse_obj, handle, None, "lse_out", 3, _LSE_DTYPES, True)
         if lv.shape != lse_shape:
             raise _invalid(f"lse_out must have shape {lse_shape}, got {lv.shape}")
-        if lv.strides != (nhead_q * seqlen_q, seqlen_q, 1) and batch * nhead_q * seqlen_q > 1:
-            raise _invalid(f"lse_out must be contiguous, got strides {lv.strides}")
+        if lv.strides[2] != 1 and seqlen_q > 1:
+            raise _invalid(f"lse_out rows must be contiguous, got strides {lv.strides}")
+        problem.lse_stride[0] = lv.strides[0]
+        problem.lse_stride[1] = lv.strides[1]
+
+    cdef _Features features = _Features()
+    features.apply(&problem, &args, kind, q, handle, qv.dtype, batch, nhead_q, seqlen_q,
+                   seqlen_k, softcap, bias, alibi_slopes, sink, dropout_p, dropout_seed,
+                   dropout_offset, return_dropout_randval)
 
     problem.store_lse = 1 if lv is not None else 0
     _set_strides(problem.q_stride, _bhs_strides(qv, c_layout))
     _set_strides(problem.k_stride, _bhs_strides(kv, c_layout))
     _set_strides(problem.v_stride, _bhs_strides(vv, c_layout))
     _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
-
-    cdef capi.ckfmha_fwd_args args
-    args.q = <const void*>qv.ptr
-    args.k = <const void*>kv.ptr
-    args.v = <const void*>vv.ptr
-    args.o = <void*>ov.ptr
-    args.lse = <float*>lv.ptr if lv is not None else NULL
-    cdef const char* c_kernel = NULL
-    kernel_bytes = b""
-    if kernel is not None:
-        kernel_bytes = str(kernel).encode("utf-8")
-        c_kernel = kernel_bytes
-    cdef uintptr_t c_stream = <uintptr_t>handle
-    cdef int status
-    with nogil:
-        status = capi.ckfmha_fwd_run(&problem, &args, c_kernel,
-                                     <capi.ckfmha_stream_t>c_stream)
-    check(status)
+    _set_tensors(&args, qv, kv, vv, ov, lv)
+    _run(&problem, &args, kernel, handle)
 
     # The views (and with them staged copies and DLPack owners) live until here,
     # past the launch; stream ordering keeps the memory valid for the kernel.
-    o_result = finish(kind, o_obj, handle) if out is None else out
-    if lse_obj is None:
-        return o_result
-    return o_result, (finish(kind, lse_obj, handle) if lse_out is None else lse_out)
+    results = _results(kind, handle, o_obj, out, lse_obj, lse_out, features)
+    return results[0] if len(results) == 1 else results
+
+
+cdef ArrayView _offsets(obj, handle, str name, int batch_plus_one):
+    cdef ArrayView view = as_view(obj, handle, None, name, 1, _I32)
+    if view.shape[0] < 2 or (batch_plus_one >= 0 and view.shape[0] != batch_plus_one):
+        raise _invalid(f"{name} must hold batch + 1 >= 2 int32 offsets, got shape {view.shape}")
+    if view.strides[0] != 1:
+        raise _invalid(f"{name} must be contiguous")
+    return view
+
+
+def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+               skip_min_seqlen_q=0, causal=False, causal_alignment="top_left", window=None,
+               scale=None, softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0,
+               dropout_seed=0, dropout_offset=0, return_dropout_randval=False,
+               return_lse=False, out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+    """Forward attention over a packed batch of variable-length sequences (group mode).
+
+    q is [total_q, nhead_q, hdim], k and v [total_k, nhead_k, hdim / hdim_v];
+    sequence b owns tokens cu_seqlens_q[b] .. cu_seqlens_q[b+1] (int32, batch + 1
+    offsets, device or host). max_seqlen_q/k must be at least the longest
+    sequence. Sequences shorter than ``skip_min_seqlen_q`` are skipped and their
+    outputs left as they were. Masks and features as in ``fwd``, with positions
+    local to each sequence (bias [batch, hq, max_sq, max_sk]). Returns o
+    [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
+    then the dropout bytes [batch, hq, max_sq, max_sk].
+    """
+    kind = array_kind(q)
+    handle = resolve_stream(stream, kind, q)
+    cdef ArrayView qv, kv, vv
+    qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
+    total_q, nhead_q, hdim_q = qv.shape
+    total_k, nhead_k, k_hdim = kv.shape
+    v_total, v_heads, hdim_v = vv.shape
+    if k_hdim != hdim_q:
+        raise _invalid(f"k head dim {k_hdim} differs from q head dim {hdim_q}")
+    if (v_total, v_heads) != (total_k, nhead_k):
+        raise _invalid(f"v is [{v_total}, {v_heads}, ...] but k is [{total_k}, {nhead_k}, ...]")
+    cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", -1)
+    batch = cqv.shape[0] - 1
+    cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", batch + 1)
+
+    cdef capi.ckfmha_fwd_problem problem
+    cdef capi.ckfmha_fwd_args args
+    memset(&args, 0, sizeof(args))
+    check(capi.ckfmha_fwd_problem_init(
+        &problem, <capi.ckfmha_dtype>qv.dtype, capi.CKFMHA_LAYOUT_BSHD,
+        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
+        to_int32(max_seqlen_q, "max_seqlen_q"), to_int32(max_seqlen_k, "max_seqlen_k"),
+        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    problem.mode = capi.CKFMHA_MODE_GROUP
+    problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
+    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p)
+
+    o_shape = (total_q, nhead_q, hdim_v)
+    o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
+    cdef ArrayView ov = as_view(o_obj, handle, None, "out", 3, (qv.dtype,), True)
+    if ov.shape != o_shape:
+        raise _invalid(f"out must have shape {o_shape}, got {ov.shape}")
+    lse_obj = None
+    cdef ArrayView lv = None
+    if return_lse or lse_out is not None:
+        lse_shape = (nhead_q, total_q)
+        lse_obj = allocate(kind, q, lse_shape, _dtypes.FP32) if lse_out is None else lse_out
+        lv = as_view(lse_obj, handle, None, "lse_out", 2, _LSE_DTYPES, True)
+        if lv.shape != lse_shape or (lv.strides[1] != 1 and total_q > 1):
+            raise _invalid(f"lse_out must be [{nhead_q}, {total_q}] with contiguous rows, "
+                           f"got shape {lv.shape} strides {lv.strides}")
+        problem.lse_stride[0] = 0
+        problem.lse_stride[1] = lv.strides[0]
+
+    cdef _Features features = _Features()
+    features.apply(&problem, &args, kind, q, handle, qv.dtype, batch, nhead_q,
+                   problem.seqlen_q, problem.seqlen_k, softcap, bias, alibi_slopes, sink,
+                   dropout_p, dropout_seed, dropout_offset, return_dropout_randval)
+
+    problem.store_lse = 1 if lv is not None else 0
+    # Tokens are rows; the batch stride is unused in group mode.
+    _set_strides(problem.q_stride, (0, qv.strides[1], qv.strides[0]))
+    _set_strides(problem.k_stride, (0, kv.strides[1], kv.strides[0]))
+    _set_strides(problem.v_stride, (0, vv.strides[1], vv.strides[0]))
+    _set_strides(problem.o_stride, (0, ov.strides[1], ov.strides[0]))
+    _set_tensors(&args, qv, kv, vv, ov, lv)
+    args.cu_seqlens_q = <const int32_t*>cqv.ptr
+    args.cu_seqlens_k = <const int32_t*>ckv.ptr
+    _run(&problem, &args, kernel, handle)
+
+    results = _results(kind, handle, o_obj, out, lse_obj, lse_out, features)
+    return results[0] if len(results) == 1 else results

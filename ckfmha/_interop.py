@@ -59,6 +59,8 @@ def allocate(kind: str, like: Any, shape: tuple[int, ...], dtype: int) -> Any:
             _dtypes.FP16: torch.float16,
             _dtypes.BF16: torch.bfloat16,
             _dtypes.FP32: torch.float32,
+            _dtypes.INT32: torch.int32,
+            _dtypes.UINT8: torch.uint8,
         }[dtype]
         return torch.empty(shape, dtype=torch_dtype, device=like.device)
     return DeviceArray(shape, _dtypes.NAMES[dtype])

@@ -17,6 +17,8 @@ from ckfmha._dlpack cimport (
     DLManagedTensorVersioned,
     DLTensor,
     kDLBfloat,
+    kDLInt,
+    kDLUInt,
     kDLCUDA,
     kDLFloat,
 )
@@ -292,7 +294,8 @@ cdef int _fill_tensor(DLTensor* tensor, DeviceArray array, int64_t* dims) except
     tensor.device.device_type = kDLCUDA
     tensor.device.device_id = array.device
     tensor.ndim = ndim
-    tensor.dtype.code = kDLBfloat if array._dtype == _dtypes.BF16 else kDLFloat
+    tensor.dtype.code = {_dtypes.BF16: kDLBfloat, _dtypes.INT32: kDLInt,
+                         _dtypes.UINT8: kDLUInt}.get(array._dtype, kDLFloat)
     tensor.dtype.bits = 8 * _dtypes.ITEMSIZE[array._dtype]
     tensor.dtype.lanes = 1
     tensor.shape = dims

@@ -7,6 +7,7 @@ cimport ckfmha as capi
 from ckfmha._status cimport check
 
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.problem import bias_code, mode_code, window_bounds
 
 _INT32_MIN = -(2 ** 31)
 _INT32_MAX = 2 ** 31 - 1
@@ -37,9 +38,20 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
         to_int32(problem.value_hdim, "hdim_v"),
     ))
     out.mask = <capi.ckfmha_mask>problem.mask_code
+    left, right = window_bounds(problem.window)
+    out.window_left = to_int32(left, "window left")
+    out.window_right = to_int32(right, "window right")
     out.store_lse = 1 if problem.lse else 0
     if problem.scale is not None:
         out.scale = float(problem.scale)
+    out.softcap = float(problem.softcap)
+    cdef int bias = bias_code(problem.bias)
+    cdef int mode = mode_code(problem.mode)
+    out.bias = <capi.ckfmha_bias>bias
+    out.has_sink = 1 if problem.sink else 0
+    out.dropout_p = float(problem.dropout_p)
+    out.mode = <capi.ckfmha_mode>mode
+    out.skip_min_seqlen_q = to_int32(problem.skip_min_seqlen_q, "skip_min_seqlen_q")
     return 0
 
 
@@ -59,7 +71,13 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "hdim_q": problem.hdim_q,
         "hdim_v": problem.hdim_v,
         "mask": <int>problem.mask,
+        "window": (problem.window_left, problem.window_right),
         "scale": problem.scale,
+        "softcap": problem.softcap,
+        "bias": <int>problem.bias,
+        "has_sink": problem.has_sink,
+        "dropout_p": problem.dropout_p,
+        "skip_min_seqlen_q": problem.skip_min_seqlen_q,
         "store_lse": problem.store_lse,
         "q_stride": _triple(problem.q_stride),
         "k_stride": _triple(problem.k_stride),

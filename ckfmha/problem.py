@@ -16,7 +16,13 @@ LAYOUTS = {"bhsd": 0, "bshd": 1}
 MASK_NONE = 0
 MASK_CAUSAL_TOP_LEFT = 1
 MASK_CAUSAL_BOTTOM_RIGHT = 2
+MASK_WINDOW_TOP_LEFT = 3
+MASK_WINDOW_BOTTOM_RIGHT = 4
 CAUSAL_ALIGNMENTS = {"top_left": MASK_CAUSAL_TOP_LEFT, "bottom_right": MASK_CAUSAL_BOTTOM_RIGHT}
+WINDOW_ALIGNMENTS = {"top_left": MASK_WINDOW_TOP_LEFT, "bottom_right": MASK_WINDOW_BOTTOM_RIGHT}
+# Values of the C enums ckfmha_bias and ckfmha_mode.
+BIASES = {"none": 0, "elementwise": 1, "alibi": 2}
+MODES = {"batch": 0, "group": 1}
 
 
 def layout_code(layout: str) -> int:
@@ -25,12 +31,46 @@ def layout_code(layout: str) -> int:
     return LAYOUTS[layout]
 
 
-def mask_code(causal: bool, causal_alignment: str) -> int:
+def mask_code(
+    causal: bool, causal_alignment: str, window: tuple[int, int] | None = None
+) -> int:
+    """The C mask for a causal flag or a (left, right) window; alignment applies to both."""
     if causal_alignment not in CAUSAL_ALIGNMENTS:
         raise InvalidArgumentError(
             f"causal_alignment must be 'top_left' or 'bottom_right', got {causal_alignment!r}", 1
         )
+    if window is not None:
+        if causal:
+            raise InvalidArgumentError(
+                "pass causal=True or window=(left, right), not both (causal is window (-1, 0))", 1
+            )
+        return WINDOW_ALIGNMENTS[causal_alignment]
     return CAUSAL_ALIGNMENTS[causal_alignment] if causal else MASK_NONE
+
+
+def window_bounds(window: tuple[int, int] | None) -> tuple[int, int]:
+    """(left, right) key counts, -1 meaning unbounded."""
+    if window is None:
+        return (-1, -1)
+    try:
+        left, right = (int(x) for x in window)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"window must be a (left, right) pair of ints, got {window!r}", 1
+        ) from None
+    return left, right
+
+
+def bias_code(bias: str) -> int:
+    if bias not in BIASES:
+        raise InvalidArgumentError(f"bias must be one of {', '.join(BIASES)}, got {bias!r}", 1)
+    return BIASES[bias]
+
+
+def mode_code(mode: str) -> int:
+    if mode not in MODES:
+        raise InvalidArgumentError(f"mode must be 'batch' or 'group', got {mode!r}", 1)
+    return MODES[mode]
 
 
 @dataclass(frozen=True)
@@ -56,6 +96,13 @@ class FwdProblem:
     lse: bool = False
     layout: Layout = "bhsd"
     scale: float | None = None
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    bias: str = "none"  # "none" | "elementwise" | "alibi"
+    sink: bool = False
+    dropout_p: float = 0.0
+    mode: str = "batch"  # "batch" | "group" (varlen; seqlens are then the longest sequence)
+    skip_min_seqlen_q: int = 0
 
     @property
     def kv_heads(self) -> int:
@@ -79,7 +126,7 @@ class FwdProblem:
 
     @property
     def mask_code(self) -> int:
-        return mask_code(self.causal, self.causal_alignment)
+        return mask_code(self.causal, self.causal_alignment, self.window)
 
     def flops(self) -> float:
         """FLOPs by the usual attention convention: 2 GEMMs, halved when causal."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +17,22 @@ def causal_mask(
     top_left: j <= i. bottom_right: j <= i + seqlen_k - seqlen_q, so the last query
     sees every key; with seqlen_q > seqlen_k the first rows see nothing.
     """
+    return window_mask(seqlen_q, seqlen_k, -1, 0, alignment)
+
+
+def window_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    left: int,
+    right: int,
+    alignment: Literal["top_left", "bottom_right"] = "top_left",
+) -> npt.NDArray[np.bool_]:
+    """[seqlen_q, seqlen_k] True where key j lies in query i's window.
+
+    With off = 0 (top_left) or seqlen_k - seqlen_q (bottom_right), key j is visible
+    iff (left < 0 or j >= i + off - left) and (right < 0 or j <= i + off + right);
+    causal is the window (-1, 0).
+    """
     if alignment not in ("top_left", "bottom_right"):
         raise ValueError(
             f"causal_alignment must be 'top_left' or 'bottom_right', got {alignment!r}"
@@ -23,7 +40,22 @@ def causal_mask(
     offset = 0 if alignment == "top_left" else seqlen_k - seqlen_q
     rows = np.arange(seqlen_q)[:, None]
     cols = np.arange(seqlen_k)[None, :]
-    return cols <= rows + offset
+    visible = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    if left >= 0:
+        visible &= cols >= rows + offset - left
+    if right >= 0:
+        visible &= cols <= rows + offset + right
+    return visible
+
+
+def alibi_bias(slopes: npt.ArrayLike, batch: int, seqlen_q: int,
+               seqlen_k: int) -> npt.NDArray[np.float64]:
+    """[b, h, sq, sk] ALiBi bias -slope * |i + sk - sq - j| from slopes [h] or [b, h]."""
+    s = np.asarray(slopes, dtype=np.float64)
+    s = np.broadcast_to(s if s.ndim == 2 else s[None, :], (batch, s.shape[-1]))
+    distance = np.abs(np.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q
+                      - np.arange(seqlen_k)[None, :])
+    return -s[:, :, None, None] * distance[None, None]
 
 
 def attention_reference(
@@ -33,22 +65,41 @@ def attention_reference(
     *,
     causal: bool = False,
     causal_alignment: Literal["top_left", "bottom_right"] = "top_left",
+    window: tuple[int, int] | None = None,
     scale: float | None = None,
+    softcap: float = 0.0,
+    bias: npt.ArrayLike | None = None,
+    alibi_slopes: npt.ArrayLike | None = None,
+    sink: npt.ArrayLike | None = None,
+    dropout_p: float = 0.0,
+    dropout_keep: npt.ArrayLike | None = None,
     layout: Literal["bhsd", "bshd"] = "bhsd",
+    v_col_major: bool = False,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """softmax(scale * q k^T, masked) v in float64; returns (o, lse).
+    """Attention in float64; returns (o, lse).
 
-    q [b, hq, sq, d], k [b, hk, sk, d], v [b, hk, sk, dv] (or bshd); hq must be a
-    multiple of hk, query head h reading kv head h // (hq // hk). o has q's
-    layout with head dim dv; lse is [b, hq, sq] (natural log of the row's sum of
-    exp(scaled scores)). A row with no visible key gets o = 0 and lse = -inf,
-    never NaN. Accepts any float dtype NumPy can cast (bf16 via ml_dtypes).
+    q [b, hq, sq, d], k [b, hk, sk, d], v [b, hk, sk, dv] (or bshd; with
+    v_col_major v is [b, hk, dv, sk]); hq must be a multiple of hk, query head h
+    reading kv head h // (hq // hk). Logits are scale * q.k, soft-capped as
+    softcap * tanh(logit / softcap) when softcap > 0, plus ``bias`` (broadcast to
+    [b, hq, sq, sk]) or ALiBi; masked logits (causal, or window (left, right)
+    with -1 unbounded) are -inf. ``sink`` [hq] adds exp(sink) to each softmax
+    denominator. ``dropout_keep`` (bool [b, hq, sq, sk]) zeroes dropped
+    probabilities and scales kept ones by 1/(1 - dropout_p); the LSE is that of
+    the undropped softmax. A row with no visible key (and no sink) gets o = 0
+    and lse = -inf, never NaN; with a sink, o = 0 and lse = sink.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if causal and window is not None:
+        raise ValueError("pass causal or window, not both")
     arrays = [np.asarray(x).astype(np.float64) for x in (q, k, v)]
     if any(x.ndim != 4 for x in arrays):
         raise ValueError("q, k and v must be 4-D")
+    if v_col_major:
+        arrays[2] = arrays[2].transpose(0, 1, 3, 2)
+        if layout == "bshd":
+            arrays[2] = arrays[2].transpose(0, 2, 1, 3)
     if layout == "bshd":
         arrays = [x.transpose(0, 2, 1, 3) for x in arrays]
     q64, k64, v64 = arrays
@@ -67,17 +118,123 @@ def attention_reference(
         scale = 1.0 / np.sqrt(hdim) if hdim else 1.0
 
     scores = np.einsum("bhqd,bhkd->bhqk", q64, k64) * scale
+    if softcap > 0:
+        scores = softcap * np.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + np.broadcast_to(np.asarray(bias, dtype=np.float64), scores.shape)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes, batch, seqlen_q, seqlen_k)
     if causal:
         scores = np.where(causal_mask(seqlen_q, seqlen_k, causal_alignment), scores, -np.inf)
+    elif window is not None:
+        left, right = window
+        visible_keys = window_mask(seqlen_q, seqlen_k, left, right, causal_alignment)
+        scores = np.where(visible_keys, scores, -np.inf)
+
     row_max = scores.max(axis=-1, keepdims=True, initial=-np.inf)
+    if sink is not None:
+        sink64 = np.asarray(sink, dtype=np.float64).reshape(1, nhead_q, 1, 1)
+        row_max = np.maximum(row_max, sink64)
     # A fully masked row has max -inf; shifting by 0 instead keeps exp() at exactly 0.
     shift = np.where(np.isfinite(row_max), row_max, 0.0)
     weights = np.exp(scores - shift)
     row_sum = weights.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        row_sum = row_sum + np.exp(sink64 - shift)
     visible = row_sum > 0
+    if dropout_keep is not None:
+        keep = np.broadcast_to(np.asarray(dropout_keep, dtype=bool), weights.shape)
+        weights = np.where(keep, weights / (1.0 - dropout_p), 0.0)
     out = np.einsum("bhqk,bhkd->bhqd", weights, v64) / np.where(visible, row_sum, 1.0)
     with np.errstate(divide="ignore"):
         lse = np.where(visible, np.log(np.where(visible, row_sum, 1.0)) + shift, -np.inf)
     if layout == "bshd":
         out = out.transpose(0, 2, 1, 3)
     return np.ascontiguousarray(out), lse[..., 0]
+
+
+def varlen_attention_reference(
+    q: npt.ArrayLike,
+    k: npt.ArrayLike,
+    v: npt.ArrayLike,
+    cu_seqlens_q: npt.ArrayLike,
+    cu_seqlens_k: npt.ArrayLike,
+    *,
+    skip_min_seqlen_q: int = 0,
+    bias: npt.ArrayLike | None = None,
+    dropout_keep: npt.ArrayLike | None = None,
+    **options: Any,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Group (varlen) mode: q [total_q, hq, d], k/v [total_k, hk, d] packed by offsets.
+
+    Each sequence is attended on its own with positions local to it; ``bias`` and
+    ``dropout_keep`` are [b, hq, max_sq, max_sk] indexed locally. Returns o
+    [total_q, hq, dv] and lse [hq, total_q]; sequences shorter than
+    skip_min_seqlen_q are skipped and keep NaN in both, so callers can check that
+    a kernel left them untouched.
+    """
+    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    cu_q = np.asarray(cu_seqlens_q, dtype=np.int64)
+    cu_k = np.asarray(cu_seqlens_k, dtype=np.int64)
+    out = np.full((q64.shape[0], q64.shape[1], v64.shape[2]), np.nan)
+    lse = np.full((q64.shape[1], q64.shape[0]), np.nan)
+    alibi = options.pop("alibi_slopes", None)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        if q1 - q0 < skip_min_seqlen_q or q1 == q0:
+            continue
+        seq_options = dict(options)
+        if bias is not None:
+            full = np.asarray(bias, dtype=np.float64)
+            seq_options["bias"] = full[b if full.shape[0] > 1 else 0, :, : q1 - q0, : k1 - k0]
+        if dropout_keep is not None:
+            seq_options["dropout_keep"] = np.asarray(dropout_keep)[b : b + 1, :, : q1 - q0,
+                                                                   : k1 - k0]
+        if alibi is not None:
+            slopes = np.asarray(alibi, dtype=np.float64)
+            seq_options["alibi_slopes"] = slopes[b] if slopes.ndim == 2 else slopes
+        o_b, lse_b = attention_reference(q64[None, q0:q1], k64[None, k0:k1], v64[None, k0:k1],
+                                         layout="bshd", **seq_options)
+        out[q0:q1] = o_b[0]
+        lse[:, q0:q1] = lse_b[0]
+    return out, lse
+
+
+_PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+_PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+_MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(counter: Sequence[npt.ArrayLike], key: tuple[int, int]) -> list[np.ndarray]:
+    """Philox4x32-10 on broadcastable uint32 counter words; returns the four output words."""
+    c = [np.asarray(x, dtype=np.uint64) & _MASK32 for x in counter]
+    k0, k1 = key[0] & _MASK32, key[1] & _MASK32
+    for _ in range(10):
+        p0 = c[0] * _PHILOX_M0
+        p1 = c[2] * _PHILOX_M1
+        hi0, lo0 = p0 >> 32, p0 & _MASK32
+        hi1, lo1 = p1 >> 32, p1 & _MASK32
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+        k0 = (k0 + _PHILOX_W0) & _MASK32
+        k1 = (k1 + _PHILOX_W1) & _MASK32
+    return [x.astype(np.uint32) for x in c]
+
+
+def philox_dropout_randval(seed: int, offset: int, batch: int, nhead_q: int, seqlen_q: int,
+                           seqlen_k: int) -> npt.NDArray[np.uint8]:
+    """The uint8 [b, hq, sq, sk] random bytes dropout uses (see ckfmha.h for the layout)."""
+    key = (seed & _MASK32, (seed >> 32) ^ (offset >> 32))
+    heads = np.arange(batch * nhead_q, dtype=np.uint64)[:, None, None]
+    rows = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
+    cols = np.arange(seqlen_k, dtype=np.uint64)[None, None, :]
+    words = philox4x32((cols // 16, rows, heads, np.uint64(offset & _MASK32)), key)
+    byte = (cols % 16).astype(np.uint64)
+    word_index = byte // 4
+    chosen = np.select([word_index == i for i in range(4)], words)
+    values = (chosen.astype(np.uint64) >> ((byte % 4) * 8)) & 0xFF
+    return values.astype(np.uint8).reshape(batch, nhead_q, seqlen_q, seqlen_k)
+
+
+def dropout_keep(randval: npt.ArrayLike, p: float) -> npt.NDArray[np.bool_]:
+    """Which probabilities survive: byte >= floor(p * 256)."""
+    return np.asarray(randval) >= np.uint8(min(255, int(p * 256)))

@@ -28,7 +28,18 @@ _DTYPE_ENUMS = {
 }
 _FAMILY_ENUMS = {"fwd": "CKFMHA_FAMILY_FWD"}
 _MODE_ENUMS = {"batch": "CKFMHA_MODE_BATCH", "group": "CKFMHA_MODE_GROUP"}
-_MASK_ENUMS = {"none": "CKFMHA_MASK_KIND_NONE", "causal": "CKFMHA_MASK_KIND_CAUSAL"}
+_MASK_ENUMS = {
+    "none": "CKFMHA_MASK_KIND_NONE",
+    "causal": "CKFMHA_MASK_KIND_CAUSAL",
+    "window": "CKFMHA_MASK_KIND_WINDOW",
+}
+_BIAS_ENUMS = {
+    "none": "CKFMHA_BIAS_NONE",
+    "elementwise": "CKFMHA_BIAS_ELEMENTWISE",
+    "alibi": "CKFMHA_BIAS_ALIBI",
+}
+_MASK_MODES = {"none": "kNone", "causal": "kCausal", "window": "kWindow"}
+_BIAS_MODES = {"none": "kNone", "elementwise": "kElementwise", "alibi": "kAlibi"}
 
 
 @dataclass(frozen=True)
@@ -66,18 +77,25 @@ def render_instance(config: KernelConfig) -> str:
     sig, alg = config.signature, config.algorithm
     template = PIPELINE_TEMPLATES[alg.pipeline]
     opening = f"using Traits = {template.traits}<"
-    indent = " " * len(opening)
-    causal = "true" if sig.mask == "causal" else "false"
-    lse = "true" if sig.lse else "false"
+    indent = " " * 4
+
+    def flag(value: bool) -> str:
+        return "true" if value else "false"
+
     return (
         f"{GENERATED_BANNER}\n"
         f'#include "{template.header}"\n'
         "\n"
         "namespace {\n"
-        f"{opening}{_CUTLASS_TYPES[sig.dtype]}, /*HeadDim=*/{sig.hdim_q}, "
-        f"/*BlockM=*/{alg.tile_m}, /*BlockN=*/{alg.tile_n},\n"
-        f"{indent}/*Warps=*/{alg.warps}, /*Stages=*/{alg.stages}, /*IsCausal=*/{causal}, "
-        f"/*HasLse=*/{lse}>;\n"
+        f"{opening}{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimQK=*/{sig.hdim_q}, "
+        f"/*HeadDimV=*/{sig.hdim_v},\n"
+        f"{indent}/*BlockM=*/{alg.tile_m}, /*BlockN=*/{alg.tile_n}, /*Warps=*/{alg.warps}, "
+        f"/*Stages=*/{alg.stages},\n"
+        f"{indent}ckfmha::kernel::MaskMode::{_MASK_MODES[sig.mask]}, "
+        f"ckfmha::kernel::BiasMode::{_BIAS_MODES[sig.bias]},\n"
+        f"{indent}/*HasLse=*/{flag(sig.lse)}, /*HasDropout=*/{flag(sig.dropout)}, "
+        f"/*HasSoftcap=*/{flag(sig.softcap)}, /*HasSink=*/{flag(sig.sink)},\n"
+        f"{indent}/*IsGroupMode=*/{flag(sig.mode == 'group')}>;\n"
         "}  // namespace\n"
         "\n"
         f'extern "C" int {config.symbol}(const void* problem, const void* args, '
@@ -120,7 +138,9 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
     return (
         f'    {{"{config.name}",\n'
         f"     {_FAMILY_ENUMS[sig.family]}, {_DTYPE_ENUMS[sig.dtype]}, {_MODE_ENUMS[sig.mode]}, "
-        f"{sig.hdim_q}, {sig.hdim_v}, {_MASK_ENUMS[sig.mask]}, /*has_lse=*/{int(sig.lse)},\n"
+        f"{sig.hdim_q}, {sig.hdim_v}, {_MASK_ENUMS[sig.mask]}, {_BIAS_ENUMS[sig.bias]},\n"
+        f"     /*has_lse=*/{int(sig.lse)}, /*has_dropout=*/{int(sig.dropout)}, "
+        f"/*has_softcap=*/{int(sig.softcap)}, /*has_sink=*/{int(sig.sink)},\n"
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from . import rules
 from .receipts import Receipt
 from .signature import Algorithm, FwdSignature, KernelConfig
-from .specs import ArchSpec, get_arch
+from .specs import ArchSpec, get_arch, hdim_label
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def candidates(
     """Every (signature, pipeline, algorithm) the receipt asks for on this arch."""
     for pipeline in arch.pipelines:
         for sig in receipt.signatures:
-            tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q)
+            tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
             if not tiles:
                 yield sig, pipeline, None
                 continue
@@ -66,10 +66,11 @@ def candidates(
 
 
 def _no_tile_reasons(sig: FwdSignature, pipeline: str, arch: ArchSpec) -> tuple[str, ...]:
-    hdims = ", ".join(str(h) for h in arch.hdims_for(sig.family, pipeline)) or "none"
+    pairs = arch.hdims_for(sig.family, pipeline)
+    hdims = ", ".join(hdim_label(q, v) for q, v in pairs) or "none"
     reason = (
-        f"head dim {sig.hdim_q} has no tile table for {sig.family}/{pipeline} on {arch.name}; "
-        f"head dims with tiles: {hdims}"
+        f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)} have no tile table for {sig.family}/"
+        f"{pipeline} on {arch.name}; head dims with tiles: {hdims}"
     )
     return (reason,)
 

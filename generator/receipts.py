@@ -6,12 +6,25 @@ import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from .pairwise import all_pairs
 from .signature import FwdSignature
 
 DTYPES = ("fp16", "bf16")
-HDIMS = (64, 128)
-MASKS = ("none", "causal")
+# (hdim_q, hdim_v) pairs every default set builds.
+HDIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+MASKS = ("none", "causal", "window")
+# Feature combinations are covered pairwise for these head dims.
+FEATURE_HDIMS = ((64, 64), (128, 128))
+FEATURE_FACTORS = {
+    "mode": ("batch", "group"),
+    "mask": MASKS,
+    "bias": ("none", "elementwise", "alibi"),
+    "dropout": (False, True),
+    "softcap": (False, True),
+    "sink": (False, True),
+}
 
 
 @dataclass(frozen=True)
@@ -23,14 +36,30 @@ class Receipt:
     all_tiles: bool
 
 
-def _fwd(dtype: str, hdim: int, mask: str, lse: bool = True) -> FwdSignature:
-    return FwdSignature(dtype=dtype, mode="batch", hdim_q=hdim, hdim_v=hdim, mask=mask, lse=lse)
+def _fwd(
+    dtype: str, hdims: tuple[int, int] | int, mask: str, lse: bool = True, **features: Any
+) -> FwdSignature:
+    hdim_q, hdim_v = (hdims, hdims) if isinstance(hdims, int) else hdims
+    features.setdefault("mode", "batch")
+    return FwdSignature(dtype=dtype, hdim_q=hdim_q, hdim_v=hdim_v, mask=mask, lse=lse, **features)
 
 
-def _default_signatures(lse_options: Iterable[bool]) -> tuple[FwdSignature, ...]:
+def _mask_signatures(lse_options: Iterable[bool]) -> tuple[FwdSignature, ...]:
     return tuple(
-        _fwd(dtype, hdim, mask, lse)
-        for dtype, hdim, mask, lse in itertools.product(DTYPES, HDIMS, MASKS, lse_options)
+        _fwd(dtype, hdims, mask, lse)
+        for dtype, hdims, mask, lse in itertools.product(DTYPES, HDIMS, MASKS, lse_options)
+    )
+
+
+def _feature_signatures() -> tuple[FwdSignature, ...]:
+    combos = [c for c in all_pairs(FEATURE_FACTORS)
+              if c["mode"] != "batch" or c["bias"] != "none" or c["dropout"] or c["softcap"]
+              or c["sink"]]
+    return tuple(
+        _fwd(dtype, hdims, combo["mask"], True, mode=combo["mode"], bias=combo["bias"],
+             dropout=combo["dropout"], softcap=combo["softcap"], sink=combo["sink"])
+        for dtype, hdims in itertools.product(DTYPES, FEATURE_HDIMS)
+        for combo in combos
     )
 
 
@@ -39,25 +68,30 @@ RECEIPTS: dict[str, Receipt] = {
     for receipt in (
         Receipt(
             name="ci",
-            description="four kernels per arch covering both dtypes, head dims and masks",
+            description="seven kernels per arch covering dtypes, head dims, masks and features",
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
                 _fwd("bf16", 64, "causal"),
                 _fwd("bf16", 128, "none"),
+                _fwd("bf16", 128, "window", mode="group", bias="elementwise"),
+                _fwd("fp16", 64, "causal", bias="alibi", dropout=True),
+                _fwd("bf16", (192, 128), "none", softcap=True, sink=True),
             ),
             all_tiles=False,
         ),
         Receipt(
             name="default",
-            description="{fp16,bf16} x hdim {64,128} x mask {none,causal}, with LSE, default tile",
-            signatures=_default_signatures((True,)),
+            description="{fp16,bf16} x head dims {32,64,96,128,192x128,256} x mask "
+            "{none,causal,window} with LSE, plus mode/bias/dropout/softcap/sink covered "
+            "pairwise at d64 and d128; default tiles",
+            signatures=_mask_signatures((True,)) + _feature_signatures(),
             all_tiles=False,
         ),
         Receipt(
             name="full",
             description="default plus no-LSE variants and every alternative tile",
-            signatures=_default_signatures((True, False)),
+            signatures=_mask_signatures((True, False)) + _feature_signatures(),
             all_tiles=True,
         ),
     )

@@ -9,17 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .signature import KernelConfig
-from .specs import ArchSpec
+from .specs import ArchSpec, hdim_label
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 SUPPORTED_FAMILIES = ("fwd",)
-SUPPORTED_MASKS = ("none", "causal")
+SUPPORTED_MASKS = ("none", "causal", "window")
+SUPPORTED_BIASES = ("none", "elementwise", "alibi")
 KNOWN_MODES = ("batch", "group")
 # Above this many accumulator registers per thread the compiler spills: the O accumulator and
 # the S/P tile both live in registers next to addressing and softmax state.
 MAX_ACCUMULATOR_REGISTERS = 192
-# cp.async and ldmatrix move 16 bytes (8 fp16/bf16 elements) per thread.
-VECTOR_ELEMENTS = 8
+# Shared-memory rows are swizzled in 32- or 64-element chunks (16-byte vectors within).
+HDIM_MULTIPLE = 32
+MAX_HDIM = 256
 # mma.sync m16n8k16: each warp owns 16 query rows; key tiles step in 16s.
 MMA_ROWS = 16
 
@@ -46,18 +48,25 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"{', '.join(arch.pipelines)}"
         )
     hdims = arch.hdims_for(sig.family, alg.pipeline)
-    if sig.hdim_q not in hdims:
-        listed = ", ".join(str(h) for h in hdims) or "none"
+    if (sig.hdim_q, sig.hdim_v) not in hdims:
+        listed = ", ".join(hdim_label(q, v) for q, v in hdims) or "none"
         reasons.append(
-            f"head dim {sig.hdim_q} has no tile table for {sig.family}/{alg.pipeline} on "
-            f"{arch.name}; head dims with tiles: {listed}"
+            f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)} have no tile table for "
+            f"{sig.family}/{alg.pipeline} on {arch.name}; head dims with tiles: {listed}"
         )
     for label, hdim in (("hdim_q", sig.hdim_q), ("hdim_v", sig.hdim_v)):
-        if hdim <= 0 or hdim % VECTOR_ELEMENTS:
+        if hdim <= 0 or hdim % HDIM_MULTIPLE or hdim > MAX_HDIM:
             reasons.append(
-                f"{label}={hdim} is not a positive multiple of {VECTOR_ELEMENTS}; rows are "
-                "loaded as 16-byte vectors, so head dims must be multiples of 8"
+                f"{label}={hdim} is not a multiple of {HDIM_MULTIPLE} in 32..{MAX_HDIM}; shared "
+                "memory rows are swizzled in 32- or 64-element chunks, so pad q/k/v to the next "
+                "supported head dim"
             )
+    if sig.bias not in SUPPORTED_BIASES:
+        reasons.append(f"bias {sig.bias!r} is unknown; supported: {', '.join(SUPPORTED_BIASES)}")
+    if sig.dtype == "fp32":
+        reasons.append(
+            "fp32 needs the SIMT pipeline, which is not implemented yet; supported: fp16, bf16"
+        )
     if sig.mask not in SUPPORTED_MASKS:
         reasons.append(f"mask {sig.mask!r} is unknown; supported: {', '.join(SUPPORTED_MASKS)}")
     if sig.mode not in KNOWN_MODES:
@@ -74,16 +83,6 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
     reasons: list[str] = []
-    if sig.hdim_q != sig.hdim_v:
-        reasons.append(
-            f"hdim_q={sig.hdim_q} differs from hdim_v={sig.hdim_v}; the {alg.pipeline} forward "
-            "template needs equal head dims"
-        )
-    if sig.mode == "group":
-        reasons.append(
-            f"mode 'group' (varlen) is not implemented by the {alg.pipeline} forward template "
-            "yet; supported: batch"
-        )
     if alg.tile_k != sig.hdim_q:
         reasons.append(
             f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
@@ -105,7 +104,8 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             "K and V (stages=1)"
         )
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
-    smem = (alg.tile_m * sig.hdim_q + alg.tile_n * sig.hdim_q + alg.tile_n * sig.hdim_v) * elem
+    # O is staged over Q's space, so the first term is the larger of the two tiles.
+    smem = (alg.tile_m * max(sig.hdim_q, sig.hdim_v) + alg.tile_n * (sig.hdim_q + sig.hdim_v)) * elem
     if smem > arch.max_dynamic_smem_per_block:
         reasons.append(
             f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + K {alg.tile_n}x"

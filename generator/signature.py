@@ -23,15 +23,28 @@ class FwdSignature:
     mode: str  # "batch" | "group" (varlen with cu_seqlens)
     hdim_q: int
     hdim_v: int
-    mask: str  # "none" | "causal"
+    mask: str  # "none" | "causal" | "window"
     lse: bool
     family: str = "fwd"
+    bias: str = "none"  # "none" | "elementwise" | "alibi"
+    dropout: bool = False
+    softcap: bool = False
+    sink: bool = False
 
     @property
     def name(self) -> str:
+        # Feature tokens appear only when on, so feature-free names stay short and stable.
+        bias = {"none": "", "elementwise": "_bias", "alibi": "_alibi"}.get(self.bias, self.bias)
         lse = "lse" if self.lse else "nolse"
+        extras = "".join(
+            token
+            for token, on in (("_drop", self.dropout), ("_softcap", self.softcap),
+                              ("_sink", self.sink))
+            if on
+        )
         return _checked(
-            f"{self.family}_{self.dtype}_{self.mode}_d{self.hdim_q}x{self.hdim_v}_{self.mask}_{lse}"
+            f"{self.family}_{self.dtype}_{self.mode}_d{self.hdim_q}x{self.hdim_v}_{self.mask}"
+            f"{bias}_{lse}{extras}"
         )
 
 

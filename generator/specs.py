@@ -37,8 +37,8 @@ class ArchSpec:
     max_threads_per_block: int
     dtypes: tuple[str, ...]
     pipelines: tuple[str, ...]
-    # tiles[family][pipeline][hdim]; the first tile of each list is the default.
-    tiles: Mapping[str, Mapping[str, Mapping[int, tuple[TileSpec, ...]]]]
+    # tiles[family][pipeline][(hdim_q, hdim_v)]; the first tile of each list is the default.
+    tiles: Mapping[str, Mapping[str, Mapping[tuple[int, int], tuple[TileSpec, ...]]]]
 
     @property
     def arch_number(self) -> int:
@@ -46,11 +46,25 @@ class ArchSpec:
         major, minor = self.compute_capability
         return 10 * major + minor
 
-    def tiles_for(self, family: str, pipeline: str, hdim: int) -> tuple[TileSpec, ...]:
-        return self.tiles.get(family, {}).get(pipeline, {}).get(hdim, ())
+    def tiles_for(
+        self, family: str, pipeline: str, hdim_q: int, hdim_v: int | None = None
+    ) -> tuple[TileSpec, ...]:
+        key = (hdim_q, hdim_q if hdim_v is None else hdim_v)
+        return self.tiles.get(family, {}).get(pipeline, {}).get(key, ())
 
-    def hdims_for(self, family: str, pipeline: str) -> tuple[int, ...]:
+    def hdims_for(self, family: str, pipeline: str) -> tuple[tuple[int, int], ...]:
+        """(hdim_q, hdim_v) pairs with a tile table."""
         return tuple(sorted(self.tiles.get(family, {}).get(pipeline, {})))
+
+
+def hdim_label(hdim_q: int, hdim_v: int) -> str:
+    """Tile-table key: "128" for equal head dims, "192x128" otherwise."""
+    return str(hdim_q) if hdim_q == hdim_v else f"{hdim_q}x{hdim_v}"
+
+
+def parse_hdim_label(label: str) -> tuple[int, int]:
+    q, _, v = label.partition("x")
+    return int(q), int(v or q)
 
 
 def find_specs_file() -> Path:
@@ -78,7 +92,7 @@ def _parse_arch(name: str, raw: Mapping[str, Any]) -> ArchSpec:
     tiles = {
         family: {
             pipeline: {
-                int(hdim): tuple(_parse_tile(t) for t in tile_list)
+                parse_hdim_label(hdim): tuple(_parse_tile(t) for t in tile_list)
                 for hdim, tile_list in by_hdim.items()
             }
             for pipeline, by_hdim in by_pipeline.items()

@@ -42,7 +42,13 @@ def problem_for(kernel: dict, **overrides) -> ckfmha.FwdProblem:
         "hdim_v": kernel["hdim_v"],
         "dtype": kernel["dtype"],
         "causal": kernel["mask"] == "causal",
+        "window": (16, 0) if kernel["mask"] == "window" else None,
         "lse": kernel["lse"],
+        "bias": kernel["bias"],
+        "dropout_p": 0.1 if kernel["dropout"] else 0.0,
+        "softcap": 30.0 if kernel["softcap"] else 0.0,
+        "sink": kernel["sink"],
+        "mode": kernel["mode"],
     }
     fields.update(overrides)
     return ckfmha.FwdProblem(**fields)
@@ -101,7 +107,8 @@ def test_registry_json_fields(kernels):
         assert KERNEL_FIELDS <= set(kernel)
         assert kernel["family"] == "fwd"
         assert kernel["dtype"] in ("fp16", "bf16")
-        assert kernel["mask"] in ("none", "causal")
+        assert kernel["mask"] in ("none", "causal", "window")
+        assert kernel["bias"] in ("none", "elementwise", "alibi")
         assert kernel["arch_name"].startswith(f"sm_{kernel['arch']}")
         assert kernel["arch_name"] in kernel["name"]
 
@@ -132,11 +139,9 @@ def test_select_serves_every_registered_signature(kernels):
     for kernel in kernels:
         name = dispatcher.select(problem_for(kernel), arch=kernel["arch"])
         chosen = next(k for k in kernels if k["name"] == name)
-        assert (chosen["dtype"], chosen["hdim_q"], chosen["mask"]) == (
-            kernel["dtype"],
-            kernel["hdim_q"],
-            kernel["mask"],
-        )
+        signature = ("dtype", "mode", "hdim_q", "hdim_v", "mask", "bias", "dropout", "softcap",
+                     "sink")
+        assert [chosen[f] for f in signature] == [kernel[f] for f in signature]
         assert kernel["arch_name"] in name
 
 

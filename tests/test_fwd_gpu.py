@@ -1,13 +1,15 @@
 """Forward kernels on the GPU against the float64 NumPy reference.
 
-Every registered forward kernel that runs on this device is forced by name
-and checked on fresh random inputs (never zeros) with the output poisoned
-with NaN first, so an unwritten element fails the test.
+Every registered forward kernel that runs on this device is forced by name and
+checked on cases built from its own features (mask kind, bias, dropout,
+soft-cap, sink, batch or group mode), with fresh random inputs (never zeros)
+and outputs poisoned with NaN first, so an unwritten element fails the test.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,35 +17,27 @@ import numpy as np
 import pytest
 
 import ckfmha
-from ckfmha.reference import attention_reference
+from ckfmha.reference import (
+    attention_reference,
+    dropout_keep,
+    philox_dropout_randval,
+    varlen_attention_reference,
+)
 
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 
-# bf16 keeps 8 mantissa bits, fp16 11: tolerances on |out - ref| relative to
-# the reference's norm, and on the LSE (fp32 arithmetic throughout).
+# bf16 keeps 8 mantissa bits, fp16 11: bounds on |out - ref| relative to the
+# reference's norm and elementwise; the LSE is computed in fp32 throughout.
 REL_L2_TOL = {"fp16": 2e-3, "bf16": 1.5e-2}
 MAX_ABS_TOL = {"fp16": 1e-2, "bf16": 6e-2}
-LSE_TOL = 1e-3
+LSE_TOL = 2e-3
 
-SEQLEN_PAIRS = [
-    (1, 1),
-    (1, 17),
-    (17, 1),
-    (17, 257),
-    (257, 17),
-    (257, 1000),
-    (1000, 257),
-    (1000, 1000),
-]
-
-
-def _device_kernels() -> list[dict[str, Any]]:
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels() if k["family"] == "fwd" and _runs_on(k, arch)]
+SEQLEN_PAIRS = [(1, 17), (17, 1), (257, 1000), (1000, 257), (300, 300), (1, 1)]
+WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
+VARLEN_Q = [0, 1, 17, 300, 129, 64]
+VARLEN_K = [5, 1, 40, 300, 0, 200]
 
 
 def _runs_on(kernel: dict[str, Any], arch: int) -> bool:
@@ -54,6 +48,13 @@ def _runs_on(kernel: dict[str, Any], arch: int) -> bool:
     return kernel["arch"] // 10 == arch // 10 and kernel["arch"] <= arch
 
 
+def _device_kernels() -> list[dict[str, Any]]:
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [k for k in ckfmha.Registry().kernels() if k["family"] == "fwd" and _runs_on(k, arch)]
+
+
 KERNELS = _device_kernels()
 KERNEL_IDS = [k["name"] for k in KERNELS]
 
@@ -62,89 +63,220 @@ def _torch_dtype(name: str) -> Any:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def _random(shape: tuple[int, ...], dtype: str, generator: Any) -> Any:
-    return torch.randn(shape, generator=generator, dtype=torch.float32).to(
-        device="cuda", dtype=_torch_dtype(dtype)
-    )
-
-
-def _as_f64(t: Any) -> np.ndarray:
+def _f64(t: Any) -> np.ndarray:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
-def _cases(kernel: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    causal = kernel["mask"] == "causal"
-    alignments = ["top_left", "bottom_right"] if causal else ["top_left"]
+class Inputs:
+    """Random tensors for one case, drawn from a seeded generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def normal(self, shape: tuple[int, ...], dtype: Any, scale: float = 1.0) -> Any:
+        t = torch.randn(shape, generator=self.generator, dtype=torch.float32) * scale
+        return t.to(device="cuda", dtype=dtype)
+
+    def uniform(self, shape: tuple[int, ...], low: float, high: float) -> Any:
+        t = torch.rand(shape, generator=self.generator, dtype=torch.float32)
+        return (low + (high - low) * t).to("cuda")
+
+    def integer(self, high: int) -> int:
+        return int(torch.randint(0, high, (1,), generator=self.generator))
+
+
+def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
+    alignment = ["top_left", "bottom_right"][index % 2]
+    if kernel["mask"] == "causal":
+        return {"causal": True, "causal_alignment": alignment}
+    if kernel["mask"] == "window":
+        return {"window": WINDOWS[index % len(WINDOWS)], "causal_alignment": alignment}
+    return {}
+
+
+def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
+                     sk: int, dtype: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if kernel["bias"] == "elementwise":
+        # Broadcast over the batch: a stride-0 axis must work.
+        options["bias"] = inputs.normal((1, hq, sq, sk), dtype).expand(b, hq, sq, sk)
+    elif kernel["bias"] == "alibi":
+        options["alibi_slopes"] = inputs.uniform((hq,), 0.01, 0.5)
+    if kernel["softcap"]:
+        options["softcap"] = 2.5
+    if kernel["sink"]:
+        options["sink"] = inputs.normal((hq,), torch.float32, 2.0)
+    if kernel["dropout"]:
+        options.update(dropout_p=0.3, dropout_seed=inputs.integer(2**62) + 2**40,
+                       dropout_offset=inputs.integer(2**40) + 2**33)
+    return options
+
+
+def _reference_options(options: dict[str, Any]) -> dict[str, Any]:
+    converted = {}
+    for key, value in options.items():
+        converted[key] = _f64(value) if hasattr(value, "detach") else value
+    return converted
+
+
+def _compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
+             ref_lse: np.ndarray, what: str) -> None:
+    dtype = kernel["dtype"]
+    o64, lse64 = _f64(got), _f64(got_lse)
+    rows = ~np.isnan(ref)  # NaN rows in the reference mark skipped sequences
+    assert np.array_equal(np.isnan(o64), ~rows), f"unwritten or overwritten outputs ({what})"
+    err = np.where(rows, o64 - np.nan_to_num(ref), 0.0)
+    rel = np.linalg.norm(err) / max(np.linalg.norm(np.nan_to_num(ref)), 1e-30)
+    assert rel < REL_L2_TOL[dtype], f"relative L2 error {rel:.3e} ({what})"
+    assert np.abs(err).max() < MAX_ABS_TOL[dtype], f"max abs error {np.abs(err).max():.3e} ({what})"
+    written = ~np.isnan(ref_lse)
+    assert np.array_equal(np.isnan(lse64), ~written), f"LSE rows unwritten ({what})"
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse64[written]), finite[written], err_msg=what)
+    np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=0, atol=LSE_TOL, err_msg=what)
+
+
+def _check_randval(randval: Any, options: dict[str, Any], b: int, hq: int, sq: int, sk: int,
+                   visible: np.ndarray) -> np.ndarray:
+    """The stored bytes must be the documented Philox stream wherever a kernel visited."""
+    expected = philox_dropout_randval(options["dropout_seed"], options["dropout_offset"], b, hq,
+                                      sq, sk)
+    got = randval.cpu().numpy()
+    np.testing.assert_array_equal(got[visible], expected[visible])
+    return dropout_keep(expected, options["dropout_p"])
+
+
+def _batch_cases(kernel: dict[str, Any]) -> Iterator[dict[str, Any]]:
     for i, (sq, sk) in enumerate(SEQLEN_PAIRS):
-        yield {
-            "sq": sq,
-            "sk": sk,
-            "batch": 2 if sq * sk < 500_000 else 1,
-            # Alternate MHA, GQA and MQA, and both memory layouts.
-            "heads": [(4, 4), (4, 2), (6, 1)][i % 3],
-            "layout": ["bhsd", "bshd"][i % 2],
-            "alignment": alignments[i % len(alignments)],
-        }
+        yield {"index": i, "sq": sq, "sk": sk, "batch": 2 if sq * sk < 200_000 else 1,
+               "heads": [(4, 4), (4, 2), (6, 1)][i % 3], "layout": ["bhsd", "bshd"][i % 2]}
 
 
-def _check(kernel: dict[str, Any], case: dict[str, Any], generator: Any) -> None:
-    dtype, d, dv = kernel["dtype"], kernel["hdim_q"], kernel["hdim_v"]
+def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs) -> None:
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
     (hq, hk), b, sq, sk = case["heads"], case["batch"], case["sq"], case["sk"]
     bshd = case["layout"] == "bshd"
 
     def shape(heads: int, seqlen: int, dim: int) -> tuple[int, ...]:
         return (b, seqlen, heads, dim) if bshd else (b, heads, seqlen, dim)
 
-    q = _random(shape(hq, sq, d), dtype, generator)
-    k = _random(shape(hk, sk, d), dtype, generator)
-    v = _random(shape(hk, sk, dv), dtype, generator)
-    out = torch.full(shape(hq, sq, dv), float("nan"), device="cuda", dtype=q.dtype)
+    q = inputs.normal(shape(hq, sq, d), dtype)
+    k = inputs.normal(shape(hk, sk, d), dtype)
+    v = inputs.normal(shape(hk, sk, dv), dtype)
+    out = torch.full(shape(hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-    causal = kernel["mask"] == "causal"
-    scale = 1.0 / math.sqrt(d) * (0.75 if case["sq"] % 2 else 1.0)
-
-    got, got_lse = ckfmha.fwd(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_alignment=case["alignment"],
-        scale=scale,
-        return_lse=True,
-        layout=case["layout"],
-        out=out,
-        lse_out=lse,
-        kernel=kernel["name"],
-    )
+    options = {**_mask_options(kernel, case["index"]),
+               **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}
+    scale = 1.0 / math.sqrt(d) * (0.75 if case["index"] % 2 else 1.0)
+    result = ckfmha.fwd(q, k, v, scale=scale, return_lse=True, layout=case["layout"], out=out,
+                        lse_out=lse, kernel=kernel["name"],
+                        return_dropout_randval=kernel["dropout"], **options)
     torch.cuda.synchronize()
+    got, got_lse = result[0], result[1]
     assert got.data_ptr() == out.data_ptr(), "out= must be written in place"
 
-    ref, ref_lse = attention_reference(
-        _as_f64(q),
-        _as_f64(k),
-        _as_f64(v),
-        causal=causal,
-        causal_alignment=case["alignment"],
-        scale=scale,
-        layout=case["layout"],
-    )
-    o64, lse64 = _as_f64(got), _as_f64(got_lse)
-    assert not np.isnan(o64).any(), "output has NaN: elements left unwritten"
-    assert not np.isnan(lse64).any(), "LSE has NaN: rows left unwritten"
-    err = o64 - ref
-    rel = np.linalg.norm(err) / max(np.linalg.norm(ref), 1e-30)
-    assert rel < REL_L2_TOL[dtype], f"relative L2 error {rel:.3e} ({case})"
-    assert np.abs(err).max() < MAX_ABS_TOL[dtype], f"max abs error {np.abs(err).max():.3e}"
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse64), finite)
-    np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=0, atol=LSE_TOL)
+    ref_options = _reference_options(options)
+    if kernel["dropout"]:
+        probs_visible = _visible(kernel, ref_options, b, hq, sq, sk)
+        keep = _check_randval(result[2], options, b, hq, sq, sk, probs_visible)
+        ref_options["dropout_keep"] = keep
+    for key in ("dropout_seed", "dropout_offset"):
+        ref_options.pop(key, None)
+    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), scale=scale,
+                                       layout=case["layout"], **ref_options)
+    _compare(kernel, got, got_lse, ref, ref_lse, f"{case} {sorted(options)}")
+
+
+def _visible(kernel: dict[str, Any], options: dict[str, Any], b: int, hq: int, sq: int,
+             sk: int) -> np.ndarray:
+    """[b, hq, sq, sk] positions a kernel must visit (not masked)."""
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    offset = sk - sq if options.get("causal_alignment") == "bottom_right" else 0
+    left, right = -1, -1
+    if options.get("causal"):
+        right = 0
+    elif "window" in options:
+        left, right = options["window"]
+    ok = np.ones((sq, sk), dtype=bool)
+    if left >= 0:
+        ok &= j >= i + offset - left
+    if right >= 0:
+        ok &= j <= i + offset + right
+    return np.broadcast_to(ok, (b, hq, sq, sk))
+
+
+def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    hq, hk = [(4, 2), (3, 3)][index % 2]
+    lens_q = np.roll(VARLEN_Q, index)
+    lens_k = lens_q if index % 2 else np.roll(VARLEN_K, index)
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    b = len(lens_q)
+    max_q, max_k = int(lens_q.max()), int(lens_k.max())
+    q = inputs.normal((int(cu_q[-1]), hq, d), dtype)
+    k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
+    v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
+    out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
+    options = {**_mask_options(kernel, index),
+               **_feature_options(kernel, inputs, b, hq, max_q, max_k, dtype)}
+    skip_min = 2 if index % 2 else 0
+    result = ckfmha.fwd_varlen(
+        q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
+        max_seqlen_q=max_q, max_seqlen_k=max_k, skip_min_seqlen_q=skip_min, return_lse=True,
+        out=out, lse_out=lse, kernel=kernel["name"],
+        return_dropout_randval=kernel["dropout"], **options)
+    torch.cuda.synchronize()
+    got, got_lse = result[0], result[1]
+    ref_options = _reference_options(options)
+    if kernel["dropout"]:
+        visited = np.zeros((b, hq, max_q, max_k), dtype=bool)
+        for seq, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
+            if n_q >= max(skip_min, 1):
+                visited[seq, :, :n_q, :n_k] = _visible(kernel, ref_options, 1, hq, n_q, n_k)[0]
+        ref_options["dropout_keep"] = _check_randval(result[2], options, b, hq, max_q, max_k,
+                                                     visited)
+    for key in ("dropout_seed", "dropout_offset"):
+        ref_options.pop(key, None)
+    ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
+                                              skip_min_seqlen_q=skip_min, **ref_options)
+    _compare(kernel, got, got_lse, ref, ref_lse, f"varlen {index} {sorted(options)}")
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
 def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
-    generator = torch.Generator().manual_seed(hash(kernel["name"]) % 2**31)
-    for case in _cases(kernel):
-        _check(kernel, case, generator)
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()))
+    if kernel["mode"] == "group":
+        for index in range(2):
+            _run_group_case(kernel, index, inputs)
+    else:
+        for case in _batch_cases(kernel):
+            _run_batch_case(kernel, case, inputs)
+
+
+@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
+def test_dropout_is_reproducible_and_seed_dependent() -> None:
+    kernels = [k for k in KERNELS if k["dropout"] and k["mode"] == "batch"]
+    if not kernels:
+        pytest.skip("no dropout kernel registered")
+    kernel = kernels[0]
+    dtype = _torch_dtype(kernel["dtype"])
+    q = torch.randn(1, 2, 64, kernel["hdim_q"], device="cuda", dtype=dtype)
+    v = torch.randn(1, 2, 64, kernel["hdim_v"], device="cuda", dtype=dtype)
+    extra = _feature_options({**kernel, "dropout": False}, Inputs(1), 1, 2, 64, 64, dtype)
+    extra.update(_mask_options(kernel, 0))
+
+    def run(seed: int) -> Any:
+        return ckfmha.fwd(q, q, v, dropout_p=0.5, dropout_seed=seed, kernel=kernel["name"],
+                          **extra)
+
+    first, again, other = run(7), run(7), run(8)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
 
 
 @pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
@@ -157,8 +289,8 @@ def test_automatic_selection_and_results_on_same_stream() -> None:
         out = ckfmha.fwd(q, k, v, causal=True)
     stream.synchronize()
     assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-    ref, _ = attention_reference(_as_f64(q), _as_f64(k), _as_f64(v), causal=True)
-    rel = np.linalg.norm(_as_f64(out) - ref) / np.linalg.norm(ref)
+    ref, _ = attention_reference(_f64(q), _f64(k), _f64(v), causal=True)
+    rel = np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref)
     assert rel < REL_L2_TOL["bf16"]
 
 
@@ -168,7 +300,8 @@ def test_numpy_inputs_are_staged() -> None:
     q, k, v = (rng.standard_normal((1, 2, n, 64)).astype(np.float16) for n in (33, 70, 70))
     out = ckfmha.fwd(q, k, v)
     assert isinstance(out, np.ndarray) and out.dtype == np.float16
-    ref, _ = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    ref, _ = attention_reference(q.astype(np.float64), k.astype(np.float64),
+                                 v.astype(np.float64))
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_L2_TOL["fp16"]
 
 

@@ -63,9 +63,10 @@ def test_specs_have_the_four_arches() -> None:
 
 def test_default_tiles_follow_arch_shared_memory() -> None:
     specs = load_specs()
-    first = {a: specs[a].tiles_for("fwd", "sm80_cpasync_mma", 128)[0] for a in ARCHES}
+    # 192x128 needs 176 KiB-class tiles at 128 rows: only the big-smem arches get them.
+    first = {a: specs[a].tiles_for("fwd", "sm80_cpasync_mma", 192, 128)[0] for a in ARCHES}
     assert (first["sm_80"].tile_m, first["sm_80"].tile_n) == (128, 64)
-    assert (first["sm_86"].tile_m, first["sm_86"].tile_n) == (128, 32)
+    assert (first["sm_86"].tile_m, first["sm_86"].tile_n) == (64, 64)
 
 
 def test_every_listed_tile_is_valid() -> None:
@@ -79,14 +80,48 @@ def test_every_listed_tile_is_valid() -> None:
 # ---- receipts and names ----
 
 
+def _feature_combos() -> list[dict[str, object]]:
+    from generator.pairwise import all_pairs
+    from generator.receipts import FEATURE_FACTORS
+
+    return [
+        c for c in all_pairs(FEATURE_FACTORS)
+        if c["mode"] != "batch" or c["bias"] != "none" or c["dropout"] or c["softcap"]
+        or c["sink"]
+    ]
+
+
+def _feature_tiles(arch: object) -> int:
+    tiles = arch.tiles["fwd"]["sm80_cpasync_mma"]  # type: ignore[attr-defined]
+    per_dtype = sum(len(tiles[(h, h)]) for h in (64, 128))
+    return len(_feature_combos()) * 2 * per_dtype
+
+
+def test_feature_layer_covers_every_pair() -> None:
+    from generator.pairwise import covers_all_pairs
+    from generator.receipts import FEATURE_FACTORS
+
+    combos = _feature_combos()
+    # The all-off combination lives in the mask layer; with it the pairs are all covered.
+    baseline = {"mode": "batch", "bias": "none", "dropout": False, "softcap": False,
+                "sink": False}
+    with_baseline = combos + [{**baseline, "mask": m} for m in FEATURE_FACTORS["mask"]]
+    assert covers_all_pairs(FEATURE_FACTORS, with_baseline)
+    assert len(combos) <= 14
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_receipt_sizes(arch: str) -> None:
     specs = load_specs()
     sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
-    assert sizes["ci"] == 4
-    assert sizes["default"] == 8
-    # default + no-LSE twins, each with both tiles of its head dim.
-    assert sizes["full"] == 8 * 2 * 2
+    assert sizes["ci"] == 7
+    # 2 dtypes x 6 head-dim pairs x 3 masks, plus the pairwise feature layer.
+    features = len(_feature_combos()) * 2 * 2
+    assert sizes["default"] == 36 + features
+    tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
+    alternatives = sum(len(t) for t in tiles.values())
+    # Mask-only kernels come with and without LSE, each with every listed tile.
+    assert sizes["full"] == 2 * 3 * 2 * alternatives + _feature_tiles(specs[arch])
 
 
 def test_names_unique_stable_and_valid() -> None:
@@ -111,7 +146,9 @@ def test_filter_selects_by_regex() -> None:
     selection = select(
         get_receipt("default"), load_specs()["sm_80"], compile_filter("bf16.*causal")
     )
-    assert len(selection.accepted) == 2
+    assert len(selection.accepted) == 6 + sum(
+        c["mask"] == "causal" for c in _feature_combos()
+    ) * 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -133,19 +170,21 @@ def test_valid_config_has_no_reasons() -> None:
     ("changes", "expected"),
     [
         ({"tile_m": 256, "tile_n": 256, "arch": "sm_86"}, r"shared memory 196608 bytes.*101376"),
-        ({"hdim_q": 72, "hdim_v": 72, "tile_k": 72}, r"head dim 72 has no tile table.*64, 128"),
-        ({"hdim_v": 64}, r"hdim_q=128 differs from hdim_v=64.*equal head dims"),
+        ({"hdim_q": 72, "hdim_v": 72, "tile_k": 72}, r"head dims 72 have no tile table.*64, 96"),
+        ({"hdim_q": 72, "hdim_v": 72, "tile_k": 72}, r"hdim_q=72 is not a multiple of 32"),
+        ({"hdim_v": 64}, r"head dims 128x64 have no tile table.*192x128"),
         ({"warps": 3}, r"tile_m=128 is not a positive multiple of 16\*warps=48"),
         ({"warps": 64}, r"warps=64 gives 2048 threads.*1 to 32 warps"),
         ({"dtype": "int4"}, r"dtype 'int4' is not supported on sm_80; supported: fp16, bf16"),
         ({"dtype": "fp32"}, r"dtype 'fp32' is not supported"),
-        ({"mode": "group"}, r"mode 'group' \(varlen\) is not implemented.*supported: batch"),
         ({"mode": "paged"}, r"mode 'paged' is unknown; supported: batch, group"),
-        ({"mask": "window"}, r"mask 'window' is unknown; supported: none, causal"),
+        ({"mask": "sliding"}, r"mask 'sliding' is unknown; supported: none, causal, window"),
+        ({"bias": "rel"}, r"bias 'rel' is unknown; supported: none, elementwise, alibi"),
+        ({"dtype": "fp32"}, r"fp32 needs the SIMT pipeline"),
         ({"tile_n": 40}, r"tile_n=40 is not a positive multiple of 16"),
         ({"stages": 2}, r"stages=2 is not supported.*stages=1"),
         ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
-        ({"hdim_q": 100, "hdim_v": 100, "tile_k": 100}, r"hdim_q=100 is not a positive multiple"),
+        ({"hdim_q": 100, "hdim_v": 100, "tile_k": 100}, r"hdim_q=100 is not a multiple of 32 in 32..256"),
         ({"pipeline": "sm90_tma_wgmma"}, r"pipeline 'sm90_tma_wgmma' is not available on sm_80"),
         ({"pipeline": "sm90_tma_wgmma"}, r"has no kernel template"),
         ({"tile_n": 256}, r"estimated 384 accumulator registers per thread.*exceeds 192"),
@@ -160,13 +199,13 @@ def test_rule_fires_with_reason(changes: dict[str, object], expected: str) -> No
 def test_rejections_are_reported_not_dropped() -> None:
     specs = load_specs()
     receipt = replace(
-        get_receipt("ci"), signatures=(FwdSignature("fp16", "batch", 96, 96, "none", True),)
+        get_receipt("ci"), signatures=(FwdSignature("fp16", "batch", 160, 160, "none", True),)
     )
     selection = select(receipt, specs["sm_80"])
     assert selection.accepted == []
     (rejection,) = selection.rejected
     assert rejection.algorithm is None
-    assert "head dim 96 has no tile table" in rejection.reasons[0]
+    assert "head dims 160 have no tile table" in rejection.reasons[0]
 
 
 # ---- CLI ----
@@ -176,14 +215,14 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    assert len(names) == 8
+    assert len(names) == 14
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 12
+    assert len(result.stdout.split()) == 21
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -205,18 +244,18 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("*.cu"))
-    assert len(instances) == 4
+    assert len(instances) == 7
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 4" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 7" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 4
+    assert len(manifest["kernels"]) == 7
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
 
 
@@ -253,10 +292,12 @@ def test_instance_matches_template() -> None:
         '#include "ckfmha/kernel/fwd_sm80_launch.cuh"\n'
         "\n"
         "namespace {\n"
-        "using Traits = ckfmha::kernel::FwdSm80Traits<cutlass::bfloat16_t, /*HeadDim=*/128, "
-        "/*BlockM=*/128, /*BlockN=*/64,\n"
-        "                                             /*Warps=*/4, /*Stages=*/1, "
-        "/*IsCausal=*/true, /*HasLse=*/true>;\n"
+        "using Traits = ckfmha::kernel::FwdSm80Traits<cutlass::bfloat16_t, /*HeadDimQK=*/128, "
+        "/*HeadDimV=*/128,\n"
+        "    /*BlockM=*/128, /*BlockN=*/64, /*Warps=*/4, /*Stages=*/1,\n"
+        "    ckfmha::kernel::MaskMode::kCausal, ckfmha::kernel::BiasMode::kNone,\n"
+        "    /*HasLse=*/true, /*HasDropout=*/false, /*HasSoftcap=*/false, /*HasSink=*/false,\n"
+        "    /*IsGroupMode=*/false>;\n"
         "}  // namespace\n"
         "\n"
         f'extern "C" int ckfmha_kernel_{config.name}(const void* problem, const void* args, '
@@ -270,7 +311,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 4 + 3
+    assert first.written == 7 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.

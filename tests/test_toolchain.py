@@ -92,7 +92,7 @@ def test_env_rejects_bad_jobs(jobs: str) -> None:
 
 def test_selection_from_env_config() -> None:
     selection = build.select_from_config(from_env({"CKFMHA_KERNELS": "ci"}))
-    assert len(selection.accepted) == 8  # 4 per default arch
+    assert len(selection.accepted) == 14  # 7 per default arch
 
 
 # ---- discovery ----
@@ -281,7 +281,11 @@ STAND_IN_LAUNCH_HEADER = """\
 #include "ckfmha/ckfmha.h"
 namespace cutlass { struct half_t { unsigned short x; }; struct bfloat16_t { unsigned short x; }; }
 namespace ckfmha::kernel {
-template <class T, int D, int M, int N, int W, int S, bool C, bool L> struct FwdSm80Traits {
+enum class MaskMode { kNone, kCausal, kWindow };
+enum class BiasMode { kNone, kElementwise, kAlibi };
+template <class T, int DQ, int DV, int M, int N, int W, int S, MaskMode Mask, BiasMode Bias,
+          bool Lse, bool Dropout, bool Softcap, bool Sink, bool Group>
+struct FwdSm80Traits {
   static constexpr int kThreads = W * 32;
 };
 template <class Traits> __global__ void stand_in_kernel(int* out) { if (out) *out = Traits::kThreads; }
@@ -302,7 +306,11 @@ class KernelEntry(ctypes.Structure):
         ("hdim_q", ctypes.c_int32),
         ("hdim_v", ctypes.c_int32),
         ("mask", ctypes.c_int),
+        ("bias", ctypes.c_int),
         ("has_lse", ctypes.c_int32),
+        ("has_dropout", ctypes.c_int32),
+        ("has_softcap", ctypes.c_int32),
+        ("has_sink", ctypes.c_int32),
         ("arch", ctypes.c_int32),
         ("arch_name", ctypes.c_char_p),
         ("pipeline", ctypes.c_char_p),
@@ -342,7 +350,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     (stand_in / "ckfmha" / "kernel" / "fwd_sm80_launch.cuh").write_text(STAND_IN_LAUNCH_HEADER)
     specs = load_specs()
     archs = ("sm_80", "sm_90a")
-    kernels = select_for_arches(get_receipt("ci"), archs, specs).accepted[::3]  # 3 kernels
+    kernels = select_for_arches(get_receipt("ci"), archs, specs).accepted[::5]  # 3 kernels
     work = tmp_path / "work"
     toolchain = CudaToolchain(
         build.arch_specs_for(archs),
@@ -362,7 +370,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (1, len(kernels))
+    assert (table.abi_version, table.count) == (2, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}

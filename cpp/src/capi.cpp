@@ -47,6 +47,30 @@ int resolve_arch(int arch, int* resolved) {
   return current_device_arch(resolved);
 }
 
+// Pointers each enabled feature needs, so a kernel never dereferences NULL.
+int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a) {
+  struct Need {
+    bool needed;
+    const void* ptr;
+    const char* message;
+  };
+  for (auto [needed, ptr, message] : {
+           Need{bool(p.store_lse), a.lse, "store_lse is set but lse is NULL"},
+           Need{p.bias == CKFMHA_BIAS_ELEMENTWISE, a.bias, "elementwise bias needs args.bias"},
+           Need{p.bias == CKFMHA_BIAS_ALIBI, a.alibi_slopes, "ALiBi needs args.alibi_slopes"},
+           Need{bool(p.has_sink), a.sink, "has_sink is set but args.sink is NULL"},
+           Need{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_q,
+                "group mode needs args.cu_seqlens_q (batch + 1 int32 offsets)"},
+           Need{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_k,
+                "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
+           Need{bool(p.store_dropout_randval), a.dropout_randval,
+                "store_dropout_randval is set but args.dropout_randval is NULL"},
+       }) {
+    if (needed && ptr == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, message);
+  }
+  return CKFMHA_SUCCESS;
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
@@ -95,6 +119,11 @@ int ckfmha_fwd_problem_init(ckfmha_fwd_problem* problem, ckfmha_dtype dtype, ckf
   problem->hdim_q = hdim_q;
   problem->hdim_v = hdim_v;
   problem->mask = CKFMHA_MASK_NONE;
+  problem->window_left = -1;
+  problem->window_right = -1;
+  problem->bias = CKFMHA_BIAS_NONE;
+  problem->lse_stride[0] = int64_t(nhead_q) * seqlen_q;
+  problem->lse_stride[1] = seqlen_q;
   problem->scale = hdim_q > 0 ? 1.f / std::sqrt(float(hdim_q)) : 1.f;
   auto fill = [layout](int64_t (&stride)[3], int64_t heads, int64_t seqlen, int64_t hdim) {
     bool bhsd = layout == CKFMHA_LAYOUT_BHSD;
@@ -187,9 +216,7 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
   if (args->q == nullptr || args->k == nullptr || args->v == nullptr || args->o == nullptr) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "q, k, v and o must all be device pointers");
   }
-  if (problem->store_lse && args->lse == nullptr) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "store_lse is set but lse is NULL");
-  }
+  if (int s = check_feature_pointers(*problem, *args)) return s;
   int device_arch = 0;
   if (int s = current_device_arch(&device_arch)) return s;
 

@@ -31,8 +31,32 @@ std::string check_vector_strides(const char* tensor, int64_t const (&stride)[3])
   return {};
 }
 
-ckfmha_mask_kind mask_kind_for(ckfmha_mask mask) {
-  return mask == CKFMHA_MASK_NONE ? CKFMHA_MASK_KIND_NONE : CKFMHA_MASK_KIND_CAUSAL;
+bool is_window(ckfmha_mask mask) {
+  return mask == CKFMHA_MASK_WINDOW_TOP_LEFT || mask == CKFMHA_MASK_WINDOW_BOTTOM_RIGHT;
+}
+
+bool is_causal(ckfmha_mask mask) {
+  return mask == CKFMHA_MASK_CAUSAL_TOP_LEFT || mask == CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT;
+}
+
+// A window kernel computes any mask with bounds (causal is left -1, right 0);
+// a causal kernel only causal ones; a no-mask kernel only unmasked problems.
+bool mask_fits(ckfmha_mask_kind kind, ckfmha_mask mask) {
+  switch (kind) {
+    case CKFMHA_MASK_KIND_NONE: return mask == CKFMHA_MASK_NONE;
+    case CKFMHA_MASK_KIND_CAUSAL: return is_causal(mask);
+    case CKFMHA_MASK_KIND_WINDOW: return mask != CKFMHA_MASK_NONE;
+  }
+  return false;
+}
+
+ckfmha_mask_kind preferred_mask_kind(ckfmha_mask mask) {
+  if (mask == CKFMHA_MASK_NONE) return CKFMHA_MASK_KIND_NONE;
+  return is_window(mask) ? CKFMHA_MASK_KIND_WINDOW : CKFMHA_MASK_KIND_CAUSAL;
+}
+
+bool wants_dropout(ckfmha_fwd_problem const& p) {
+  return p.dropout_p > 0.f || p.store_dropout_randval;
 }
 
 }  // namespace
@@ -59,10 +83,21 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
   } else if (k.hdim_q != p.hdim_q || k.hdim_v != p.hdim_v) {
     why << "head dims " << k.hdim_q << "x" << k.hdim_v << ", problem has " << p.hdim_q << "x"
         << p.hdim_v;
-  } else if (k.mask != mask_kind_for(p.mask)) {
+  } else if (!mask_fits(k.mask, p.mask)) {
     why << "mask " << mask_kind_name(k.mask) << ", problem needs " << mask_name(p.mask);
+  } else if (k.bias != p.bias) {
+    why << "bias " << bias_name(k.bias) << ", problem has " << bias_name(p.bias);
   } else if (p.store_lse && !k.has_lse) {
     why << "does not write LSE, problem asks for it";
+  } else if (bool(k.has_dropout) != wants_dropout(p)) {
+    why << (k.has_dropout ? "applies dropout, problem has none" : "no dropout, problem has p > 0");
+  } else if (bool(k.has_softcap) != (p.softcap > 0.f)) {
+    why << (k.has_softcap ? "soft-caps logits, problem has softcap 0"
+                          : "no logit soft-cap, problem has softcap > 0");
+  } else if (bool(k.has_sink) != bool(p.has_sink)) {
+    why << (k.has_sink ? "adds a sink, problem has none" : "no sink, problem has one");
+  } else if (p.v_col_major) {
+    why << "reads V row-major only (head dim contiguous); problem has V column-major";
   } else {
     for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},
                                 {"k", &p.k_stride},
@@ -77,15 +112,16 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
 Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
                      ckfmha_fwd_problem const& p, int device_arch) {
   Selection best;
-  // Preference among fitting kernels: SASS built for this exact arch, then an
-  // exact LSE match (no wasted stores), then the fewest padded query rows,
+  // Preference among fitting kernels: SASS built for this exact arch, then the
+  // narrowest mask kind (causal over window), then an exact LSE match, then the fewest padded query rows,
   // then generator order (the tile table lists its default first).
-  std::tuple<int, int, int64_t> best_score{};
+  std::tuple<int, int, int, int64_t> best_score{};
   for (auto const& k : kernels) {
     if (!reject_reason(k, p, device_arch).empty()) continue;
     int64_t padded_rows = (int64_t(p.seqlen_q) + k.tile_m - 1) / k.tile_m * k.tile_m - p.seqlen_q;
-    std::tuple<int, int, int64_t> score{k.arch == device_arch, bool(k.has_lse) == bool(p.store_lse),
-                                        -padded_rows};
+    std::tuple<int, int, int, int64_t> score{k.arch == device_arch,
+                                             k.mask == preferred_mask_kind(p.mask),
+                                             bool(k.has_lse) == bool(p.store_lse), -padded_rows};
     if (!best.found || score > best_score) {
       best.found = true;
       best.kernel = k;
@@ -109,7 +145,7 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   for (auto const& k : kernels) {
     bool same_signature = k.family == CKFMHA_FAMILY_FWD && arch_runs_on(k, device_arch) &&
                           k.dtype == p.dtype && k.mode == p.mode && k.hdim_q == p.hdim_q &&
-                          k.hdim_v == p.hdim_v && k.mask == mask_kind_for(p.mask);
+                          k.hdim_v == p.hdim_v && mask_fits(k.mask, p.mask) && k.bias == p.bias;
     if (same_signature) {
       msg << "Kernel " << k.name << " computes this signature but: "
           << reject_reason(k, p, device_arch) << ". ";
@@ -130,7 +166,8 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
       }
       msg << "};";
     }
-    msg << " masks none and causal (top-left/bottom-right), batch mode.";
+    msg << " fp16/bf16, row-major V; masks, bias, dropout, soft-cap, sink and group mode"
+           " as listed by ckfmha_registry_json.";
   }
   msg << " ckfmha_fwd_explain lists each kernel's reason.";
   best.why_none = msg.str();

@@ -21,6 +21,8 @@ const char* mask_name(ckfmha_mask mask) {
     case CKFMHA_MASK_NONE: return "none";
     case CKFMHA_MASK_CAUSAL_TOP_LEFT: return "causal_top_left";
     case CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT: return "causal_bottom_right";
+    case CKFMHA_MASK_WINDOW_TOP_LEFT: return "window_top_left";
+    case CKFMHA_MASK_WINDOW_BOTTOM_RIGHT: return "window_bottom_right";
   }
   return "unknown";
 }
@@ -29,6 +31,16 @@ const char* mask_kind_name(ckfmha_mask_kind kind) {
   switch (kind) {
     case CKFMHA_MASK_KIND_NONE: return "none";
     case CKFMHA_MASK_KIND_CAUSAL: return "causal";
+    case CKFMHA_MASK_KIND_WINDOW: return "window";
+  }
+  return "unknown";
+}
+
+const char* bias_name(ckfmha_bias bias) {
+  switch (bias) {
+    case CKFMHA_BIAS_NONE: return "none";
+    case CKFMHA_BIAS_ELEMENTWISE: return "elementwise";
+    case CKFMHA_BIAS_ALIBI: return "alibi";
   }
   return "unknown";
 }
@@ -78,10 +90,35 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
     msg << "mode " << int(p.mode) << " is not one of batch (0), group (1)";
     return msg.str();
   }
-  if (p.mask != CKFMHA_MASK_NONE && p.mask != CKFMHA_MASK_CAUSAL_TOP_LEFT &&
-      p.mask != CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT) {
+  if (p.mask < CKFMHA_MASK_NONE || p.mask > CKFMHA_MASK_WINDOW_BOTTOM_RIGHT) {
     msg << "mask " << int(p.mask)
-        << " is not one of none (0), causal_top_left (1), causal_bottom_right (2)";
+        << " is not one of none (0), causal_top_left (1), causal_bottom_right (2), "
+           "window_top_left (3), window_bottom_right (4)";
+    return msg.str();
+  }
+  if (p.window_left < -1 || p.window_right < -1) {
+    msg << "window (" << p.window_left << ", " << p.window_right
+        << ") is invalid: each bound is a key count >= 0, or -1 for unbounded";
+    return msg.str();
+  }
+  if (p.bias < CKFMHA_BIAS_NONE || p.bias > CKFMHA_BIAS_ALIBI) {
+    msg << "bias " << int(p.bias) << " is not one of none (0), elementwise (1), alibi (2)";
+    return msg.str();
+  }
+  if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap)) {
+    msg << "softcap is " << p.softcap << "; it must be finite and >= 0 (0 disables it)";
+    return msg.str();
+  }
+  if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) {
+    msg << "dropout_p is " << p.dropout_p << "; it must be in [0, 1)";
+    return msg.str();
+  }
+  if (p.skip_min_seqlen_q < 0) {
+    msg << "skip_min_seqlen_q is " << p.skip_min_seqlen_q << "; it must be >= 0";
+    return msg.str();
+  }
+  if (p.skip_min_seqlen_q > 0 && p.mode != CKFMHA_MODE_GROUP) {
+    msg << "skip_min_seqlen_q applies to group (varlen) mode only";
     return msg.str();
   }
   struct Positive {
@@ -117,6 +154,10 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
                               {"o", &p.o_stride}}) {
     if (auto error = check_strides(name, *stride); !error.empty()) return error;
   }
+  if (p.lse_stride[0] < 0 || p.lse_stride[1] < 0 || p.bias_stride[0] < 0 ||
+      p.bias_stride[1] < 0 || p.bias_stride[2] < 0 || p.alibi_stride < 0) {
+    return "lse, bias and alibi strides must be non-negative element counts";
+  }
   return {};
 }
 
@@ -125,7 +166,15 @@ std::string describe(ckfmha_fwd_problem const& p) {
   out << "fwd " << dtype_name(p.dtype) << " " << mode_name(p.mode) << " batch=" << p.batch
       << " nhead_q=" << p.nhead_q << " nhead_k=" << p.nhead_k << " seqlen_q=" << p.seqlen_q
       << " seqlen_k=" << p.seqlen_k << " hdim=" << p.hdim_q << "x" << p.hdim_v
-      << " mask=" << mask_name(p.mask) << " lse=" << (p.store_lse ? 1 : 0);
+      << " mask=" << mask_name(p.mask);
+  if (p.mask == CKFMHA_MASK_WINDOW_TOP_LEFT || p.mask == CKFMHA_MASK_WINDOW_BOTTOM_RIGHT) {
+    out << "(" << p.window_left << "," << p.window_right << ")";
+  }
+  out << " bias=" << bias_name(p.bias) << " lse=" << (p.store_lse ? 1 : 0);
+  if (p.dropout_p > 0.f || p.store_dropout_randval) out << " dropout=" << p.dropout_p;
+  if (p.softcap > 0.f) out << " softcap=" << p.softcap;
+  if (p.has_sink) out << " sink";
+  if (p.v_col_major) out << " v_col_major";
   return out.str();
 }
 

@@ -78,7 +78,11 @@ std::string Registry::to_json() const {
         << ", \"dtype\": " << json_string(dtype_name(e.dtype))
         << ", \"mode\": " << json_string(mode_name(e.mode)) << ", \"hdim_q\": " << e.hdim_q
         << ", \"hdim_v\": " << e.hdim_v << ", \"mask\": " << json_string(mask_kind_name(e.mask))
-        << ", \"lse\": " << (e.has_lse ? "true" : "false") << ", \"arch\": " << e.arch
+        << ", \"bias\": " << json_string(bias_name(e.bias))
+        << ", \"lse\": " << (e.has_lse ? "true" : "false")
+        << ", \"dropout\": " << (e.has_dropout ? "true" : "false")
+        << ", \"softcap\": " << (e.has_softcap ? "true" : "false")
+        << ", \"sink\": " << (e.has_sink ? "true" : "false") << ", \"arch\": " << e.arch
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k

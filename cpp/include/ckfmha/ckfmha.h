@@ -59,18 +59,33 @@ typedef enum ckfmha_mode {
   CKFMHA_MODE_GROUP = 1 /* varlen with cu_seqlens */
 } ckfmha_mode;
 
-/* Mask a problem asks for. */
+/* Mask a problem asks for. Causal masks are windows (left unbounded, right 0);
+ * window masks take window_left/window_right from the problem. "Top-left"
+ * aligns query 0 with key 0, "bottom-right" aligns the last query with the
+ * last key: with off = 0 or seqlen_k - seqlen_q, key j is visible to query i
+ * iff (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right). */
 typedef enum ckfmha_mask {
   CKFMHA_MASK_NONE = 0,
-  CKFMHA_MASK_CAUSAL_TOP_LEFT = 1,    /* key j visible to query i iff j <= i */
-  CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT = 2 /* iff j <= i + seqlen_k - seqlen_q */
+  CKFMHA_MASK_CAUSAL_TOP_LEFT = 1,
+  CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT = 2,
+  CKFMHA_MASK_WINDOW_TOP_LEFT = 3,
+  CKFMHA_MASK_WINDOW_BOTTOM_RIGHT = 4
 } ckfmha_mask;
 
-/* Mask a kernel is compiled for (one causal kernel serves both alignments). */
+/* Mask a kernel is compiled for: a causal kernel serves both causal
+ * alignments; a window kernel serves every mask except none. */
 typedef enum ckfmha_mask_kind {
   CKFMHA_MASK_KIND_NONE = 0,
-  CKFMHA_MASK_KIND_CAUSAL = 1
+  CKFMHA_MASK_KIND_CAUSAL = 1,
+  CKFMHA_MASK_KIND_WINDOW = 2
 } ckfmha_mask_kind;
+
+/* Additive logit bias. */
+typedef enum ckfmha_bias {
+  CKFMHA_BIAS_NONE = 0,
+  CKFMHA_BIAS_ELEMENTWISE = 1, /* bias tensor [batch, nhead_q, seqlen_q, seqlen_k] in the input dtype */
+  CKFMHA_BIAS_ALIBI = 2        /* -slope[b, h] * |i + seqlen_k - seqlen_q - j|, fp32 slopes */
+} ckfmha_bias;
 
 typedef enum ckfmha_layout {
   CKFMHA_LAYOUT_BHSD = 0, /* [batch, heads, seqlen, hdim] */
@@ -78,12 +93,24 @@ typedef enum ckfmha_layout {
 } ckfmha_layout;
 
 /*
- * Forward problem. Shapes: q [batch, nhead_q, seqlen_q, hdim_q],
- * k [batch, nhead_k, seqlen_k, hdim_q], v [batch, nhead_k, seqlen_k, hdim_v],
- * o [batch, nhead_q, seqlen_q, hdim_v], lse [batch, nhead_q, seqlen_q] fp32
- * contiguous. Each tensor's strides are given as (batch, head, seq) in
- * elements; the head-dim stride must be 1. nhead_q must be a multiple of
- * nhead_k (GQA/MQA).
+ * Forward problem.
+ *
+ * Batch mode: q [batch, nhead_q, seqlen_q, hdim_q], k [batch, nhead_k,
+ * seqlen_k, hdim_q], v [batch, nhead_k, seqlen_k, hdim_v], o [batch, nhead_q,
+ * seqlen_q, hdim_v]; each tensor's strides are (batch, head, seq) in elements
+ * and the head-dim stride is 1 (v_col_major: v's seq stride is 1 and
+ * v_stride[2] is its head-dim stride).
+ *
+ * Group mode (varlen): `batch` sequences packed along the token axis;
+ * cu_seqlens_q/k (int32, batch+1 entries, device memory) give each sequence's
+ * start, and seqlen_q/seqlen_k must be at least the longest sequence (the grid
+ * is sized from them). Batch strides are ignored; rows are tokens.
+ *
+ * The logits are scale * q.k, then optionally softcap * tanh(logits /
+ * softcap), plus bias; masked logits are -inf. A sink adds exp(sink[h]) to
+ * each row's softmax denominator without a value row. Dropout zeroes
+ * probabilities after the softmax (the LSE is of the undropped softmax) and
+ * scales kept ones by 1/(1-p).
  */
 typedef struct ckfmha_fwd_problem {
   ckfmha_dtype dtype;
@@ -91,25 +118,53 @@ typedef struct ckfmha_fwd_problem {
   int32_t batch;
   int32_t nhead_q;
   int32_t nhead_k;
-  int32_t seqlen_q;
-  int32_t seqlen_k;
+  int32_t seqlen_q; /* group mode: max over sequences */
+  int32_t seqlen_k; /* group mode: max over sequences */
   int32_t hdim_q;
   int32_t hdim_v;
   ckfmha_mask mask;
-  float scale; /* softmax scale applied to q.k */
+  int32_t window_left;  /* window masks only; -1 = unbounded */
+  int32_t window_right; /* window masks only; -1 = unbounded */
+  float scale;          /* softmax scale applied to q.k */
+  float softcap;        /* > 0 enables logit soft-capping */
+  ckfmha_bias bias;
+  int32_t has_sink;     /* sink logits, fp32 [nhead_q] */
+  float dropout_p;      /* in [0, 1); 0 disables dropout */
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  int32_t store_dropout_randval; /* write the uint8 random values (see ckfmha_fwd_args) */
+  int32_t skip_min_seqlen_q;     /* group mode: sequences shorter than this are skipped */
+  int32_t v_col_major;
   int32_t store_lse;
   int64_t q_stride[3];
   int64_t k_stride[3];
   int64_t v_stride[3];
   int64_t o_stride[3];
+  int64_t lse_stride[2];  /* (batch, head); rows contiguous. Group mode: batch ignored, rows are tokens */
+  int64_t bias_stride[3]; /* (batch, head, row); 0 broadcasts; columns contiguous */
+  int64_t alibi_stride;   /* batch stride of the slopes [batch, nhead_q]; 0 shares one row */
 } ckfmha_fwd_problem;
 
+/*
+ * Dropout random values: element (b, h, i, j) (i, j local to the sequence)
+ * is byte (j % 16) of Philox4x32-10 with key (seed_lo, seed_hi ^ offset_hi)
+ * and counter (j / 16, i, b * nhead_q + h, offset_lo), the four output words
+ * read as 16 little-endian bytes. The probability is dropped iff that byte is
+ * below floor(p * 256). dropout_randval, when stored, is uint8
+ * [batch, nhead_q, seqlen_q, seqlen_k] contiguous (group mode: the max lengths).
+ */
 typedef struct ckfmha_fwd_args {
   const void* q;
   const void* k;
   const void* v;
   void* o;
-  float* lse; /* required when store_lse, else ignored */
+  float* lse;                  /* required when store_lse */
+  const void* bias;            /* required for elementwise bias (input dtype) */
+  const float* alibi_slopes;   /* required for ALiBi */
+  const float* sink;           /* required when has_sink */
+  const int32_t* cu_seqlens_q; /* required in group mode */
+  const int32_t* cu_seqlens_k; /* required in group mode */
+  uint8_t* dropout_randval;    /* required when store_dropout_randval */
 } ckfmha_fwd_args;
 
 /* ---- errors and versions ---- */
@@ -118,8 +173,9 @@ CKFMHA_API const char* ckfmha_status_name(int status);
 CKFMHA_API int ckfmha_version(int* major, int* minor, int* patch);
 
 /* ---- problems ---- */
-/* Fills a problem with contiguous strides for the given layout, no mask,
- * scale 1/sqrt(hdim_q), no LSE. */
+/* Fills a batch-mode problem with contiguous strides for the given layout,
+ * no mask (window -1/-1), scale 1/sqrt(hdim_q), no LSE, bias, sink or
+ * dropout; lse_stride for a contiguous [batch, nhead_q, seqlen_q]. */
 CKFMHA_API int ckfmha_fwd_problem_init(ckfmha_fwd_problem* problem, ckfmha_dtype dtype,
                                        ckfmha_layout layout, int32_t batch, int32_t nhead_q,
                                        int32_t nhead_k, int32_t seqlen_q, int32_t seqlen_k,

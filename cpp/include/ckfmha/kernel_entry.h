@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 1
+#define CKFMHA_KERNEL_ABI_VERSION 2
 
 /* problem/args point at the family's structs (ckfmha_fwd_problem/_args for fwd). */
 typedef int (*ckfmha_launch_fn)(const void* problem, const void* args, ckfmha_stream_t stream);
@@ -30,7 +30,11 @@ typedef struct ckfmha_kernel_entry {
   int32_t hdim_q;
   int32_t hdim_v;
   ckfmha_mask_kind mask;
+  ckfmha_bias bias;
   int32_t has_lse;
+  int32_t has_dropout;
+  int32_t has_softcap;
+  int32_t has_sink;
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

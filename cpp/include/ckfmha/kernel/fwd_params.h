@@ -11,24 +11,43 @@ struct FwdParams {
   const void* k;
   const void* v;
   void* o;
-  float* lse;  // [batch, nhead_q, seqlen_q], written only when the kernel has LSE and it is non-null
+  float* lse;  // written only when the kernel has LSE and this is non-null
+  const void* bias;
+  const float* alibi_slopes;
+  const float* sink;
+  const int32_t* cu_seqlens_q;  // group mode: sequence starts, batch + 1 entries
+  const int32_t* cu_seqlens_k;
+  uint8_t* dropout_randval;     // optional [batch, nhead_q, seqlen_q, seqlen_k]
 
   int64_t q_batch_stride, q_head_stride, q_row_stride;
   int64_t k_batch_stride, k_head_stride, k_row_stride;
   int64_t v_batch_stride, v_head_stride, v_row_stride;
   int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+  int64_t bias_batch_stride, bias_head_stride, bias_row_stride;
+  int64_t alibi_batch_stride;
 
-  int32_t seqlen_q;
+  int32_t seqlen_q;  // batch mode: the length; group mode: the longest sequence
   int32_t seqlen_k;
   int32_t nhead_q;
   int32_t head_group;  // nhead_q / nhead_k: query heads sharing one K/V head
+  int32_t skip_min_seqlen_q;
 
-  float scale;       // softmax scale (natural-log domain, for the LSE)
-  float scale_log2;  // scale * log2(e): the kernel exponentiates with exp2
+  float scale;       // softmax scale (natural-log domain)
+  float scale_log2;  // scale * log2(e): plain kernels exponentiate raw scores with exp2
+  float softcap;            // cap; logits = cap * tanh(scale * s / cap)
+  float softcap_prescale;   // scale / cap
 
-  // Causal: key j is visible to query i iff j <= i + causal_offset
-  // (0 = top-left aligned, seqlen_k - seqlen_q = bottom-right aligned).
-  int32_t causal_offset;
+  // Visible keys for query i: [i + offset - left, i + offset + right], a
+  // negative bound meaning unbounded; offset = 0 or seqlen_k - seqlen_q.
+  int32_t window_left;
+  int32_t window_right;
+  int32_t bottom_right;
+
+  uint32_t dropout_threshold;  // drop iff random byte < threshold (floor(p * 256))
+  float dropout_rescale;       // 1 / (1 - p)
+  uint32_t philox_key0, philox_key1;
+  uint32_t philox_offset;
 };
 
 }  // namespace ckfmha::kernel

@@ -1,81 +1,122 @@
 // Forward attention on the sm80 tensor-core path (cp.async + ldmatrix +
-// mma.sync), one CTA per (query tile, head, batch).
+// mma.sync), one CTA per (query tile, head, batch or sequence).
 //
 // Per key tile, with K and V each single-buffered in shared memory:
-//   wait K -> start loading V -> S = Q K^T -> mask -> wait V -> start loading
-//   the next K -> online softmax -> O += P V
+//   wait K -> start loading V -> S = Q K^T -> logit transforms, mask -> wait V
+//   -> start loading the next K -> online softmax -> dropout -> O += P V
 // so each load runs under a GEMM or the softmax. Key tiles are visited from
-// the last to the first: the only tiles needing a mask (the ragged end of the
-// sequence, the causal diagonal) come first, where the branch is cheapest.
+// the last to the first: the ragged end of the sequence and the causal
+// diagonal, the tiles needing a mask, come first.
 #pragma once
 
-#include "ckfmha/kernel/causal_mask.cuh"
+#include "ckfmha/kernel/attention_mask.cuh"
 #include "ckfmha/kernel/fragment_layout.cuh"
 #include "ckfmha/kernel/fwd_params.h"
 #include "ckfmha/kernel/gemm_pieces.cuh"
+#include "ckfmha/kernel/logit_transform.cuh"
 #include "ckfmha/kernel/online_softmax.cuh"
+#include "ckfmha/kernel/philox_dropout.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
 
 namespace ckfmha::kernel {
 
+// Where this CTA's sequence lives: lengths and token offsets (group mode) or
+// the batch index (batch mode).
+struct SequenceSlice {
+  int seqlen_q, seqlen_k;
+  int64_t q_token0, k_token0;  // first token of the sequence (group mode), else 0
+  bool skip;
+};
+
+template <bool IsGroupMode>
+__device__ __forceinline__ SequenceSlice locate_sequence(FwdParams const& p, int batch) {
+  if constexpr (IsGroupMode) {
+    int q0 = p.cu_seqlens_q[batch], k0 = p.cu_seqlens_k[batch];
+    int sq = p.cu_seqlens_q[batch + 1] - q0, sk = p.cu_seqlens_k[batch + 1] - k0;
+    return {sq, sk, q0, k0, sq < p.skip_min_seqlen_q};
+  } else {
+    return {p.seqlen_q, p.seqlen_k, 0, 0, false};
+  }
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm80_kernel(__grid_constant__ const FwdParams p) {
   using namespace cute;
   using Element = typename Traits::Element;
-  using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
-  using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
+  using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimQK>>;
+  using TileO = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>;
+  using TileK = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimQK>>;
+  using TileV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>;
   using TileS = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
+  constexpr bool kGroup = Traits::kIsGroupMode;
+  using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
 
-  extern __shared__ __align__(128) char smem_bytes[];
   const int tid = threadIdx.x;
-  // Under a causal mask later query tiles see more keys: launching them first
-  // leaves the short tiles to fill the tail of the grid.
-  const int m_block = Traits::kIsCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int head_k = head / p.head_group;
+  // Under a causal mask later query tiles see more keys: launching them first
+  // leaves the short tiles to fill the tail of the grid.
+  const int m_block = Traits::kMask == MaskMode::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x)
+                                                          : int(blockIdx.x);
   const int m_begin = m_block * kBlockM;
+  const SequenceSlice seq = locate_sequence<kGroup>(p, batch);
+  // Group mode sizes the grid for the longest sequence; skipped sequences
+  // keep whatever their outputs held.
+  if (seq.skip || m_begin >= seq.seqlen_q) return;
 
-  auto const* q_base = static_cast<Element const*>(p.q) + batch * p.q_batch_stride +
-                       head * p.q_head_stride + m_begin * p.q_row_stride;
-  auto const* k_base =
-      static_cast<Element const*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  auto const* v_base =
-      static_cast<Element const*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
-  auto* o_base = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+  const int head_k = head / p.head_group;
+  const int64_t q_origin = kGroup ? seq.q_token0 * p.q_row_stride : batch * p.q_batch_stride;
+  const int64_t o_origin = kGroup ? seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
+  const int64_t k_origin = kGroup ? seq.k_token0 * p.k_row_stride : batch * p.k_batch_stride;
+  const int64_t v_origin = kGroup ? seq.k_token0 * p.v_row_stride : batch * p.v_batch_stride;
+
+  auto const* q_base = static_cast<Element const*>(p.q) + q_origin + head * p.q_head_stride +
+                       m_begin * p.q_row_stride;
+  auto const* k_base = static_cast<Element const*>(p.k) + k_origin + head_k * p.k_head_stride;
+  auto const* v_base = static_cast<Element const*>(p.v) + v_origin + head_k * p.v_head_stride;
+  auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
                  m_begin * p.o_row_stride;
 
-  auto key_tile = [](Element const* base, int64_t row_stride, int n_block) {
-    return make_tensor(make_gmem_ptr(base + int64_t(n_block) * kBlockN * row_stride), TileKV{},
+  Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(p.q_row_stride, _1{}));
+  Tensor gO = make_tensor(make_gmem_ptr(o_base), TileO{}, make_stride(p.o_row_stride, _1{}));
+  auto key_tile = [](Element const* base, int64_t row_stride, int n_block, auto tile_shape) {
+    return make_tensor(make_gmem_ptr(base + int64_t(n_block) * kBlockN * row_stride), tile_shape,
                        make_stride(row_stride, _1{}));
   };
-  Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(p.q_row_stride, _1{}));
-  Tensor gO = make_tensor(make_gmem_ptr(o_base), TileQ{}, make_stride(p.o_row_stride, _1{}));
 
-  auto* smem_q = reinterpret_cast<Element*>(smem_bytes);
-  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(sQ.data() + cosize(typename Traits::SmemLayoutQ{}),
-                          typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(sK.data() + cosize(typename Traits::SmemLayoutKV{}),
-                          typename Traits::SmemLayoutKV{});
+  extern __shared__ __align__(128) char smem_bytes[];
+  auto* smem = reinterpret_cast<Element*>(smem_bytes);
+  Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
+  Tensor sO = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutO{});
+  Tensor sK = make_tensor(make_smem_ptr(smem + Traits::kSmemQOBytes / int(sizeof(Element))),
+                          typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(sK.data() + cosize(typename Traits::SmemLayoutK{}),
+                          typename Traits::SmemLayoutV{});
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
 
   // ---- global -> shared
-  typename Traits::GmemLoad gmem_load;
-  auto load_thr = gmem_load.get_thread_slice(tid);
-  Tensor tQsQ = load_thr.partition_D(sQ);
-  Tensor tKsK = load_thr.partition_D(sK);
-  Tensor tVsV = load_thr.partition_D(sV);
-  Tensor tQcQ = load_thr.partition_S(make_identity_tensor(TileQ{}));
-  Tensor tKVc = load_thr.partition_S(make_identity_tensor(TileKV{}));
-  auto load_keys = [&](auto& smem_part, Element const* base, int64_t row_stride, int n_block) {
-    load_rows(gmem_load, load_thr.partition_S(key_tile(base, row_stride, n_block)), smem_part,
-              tKVc, p.seqlen_k - n_block * kBlockN);
+  typename Traits::RowsQK::Load qk_load;
+  typename Traits::RowsV::Load v_load;
+  auto qk_load_thr = qk_load.get_thread_slice(tid);
+  auto v_load_thr = v_load.get_thread_slice(tid);
+  Tensor tQsQ = qk_load_thr.partition_D(sQ);
+  Tensor tKsK = qk_load_thr.partition_D(sK);
+  Tensor tVsV = v_load_thr.partition_D(sV);
+  Tensor tQcQ = qk_load_thr.partition_S(make_identity_tensor(TileQ{}));
+  Tensor tKcK = qk_load_thr.partition_S(make_identity_tensor(TileK{}));
+  Tensor tVcV = v_load_thr.partition_S(make_identity_tensor(TileV{}));
+  auto load_k = [&](int n_block) {
+    load_rows(qk_load, qk_load_thr.partition_S(key_tile(k_base, p.k_row_stride, n_block, TileK{})),
+              tKsK, tKcK, seq.seqlen_k - n_block * kBlockN);
+  };
+  auto load_v = [&](int n_block) {
+    load_rows(v_load, v_load_thr.partition_S(key_tile(v_base, p.v_row_stride, n_block, TileV{})),
+              tVsV, tVcV, seq.seqlen_k - n_block * kBlockN);
   };
 
   // ---- shared -> registers and the MMAs
@@ -84,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tSrQ = mma_thr.partition_fragment_A(sQ);
   Tensor tSrK = mma_thr.partition_fragment_B(sK);
   Tensor tOrVt = mma_thr.partition_fragment_B(sVt);
-  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileO{});
 
   auto q_s2r = make_tiled_copy_A(typename Traits::SmemLoadAtom{}, tiled_mma);
   auto q_s2r_thr = q_s2r.get_thread_slice(tid);
@@ -104,50 +145,79 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor out = make_tensor(acc_o.data(), accum_as_rows_cols(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(out))::value;
 
-  AttentionMask<Traits::kIsCausal> mask{p.seqlen_k, p.causal_offset};
-  int n_blocks = ceil_div(p.seqlen_k, kBlockN);
-  if constexpr (Traits::kIsCausal) {
-    int visible_end = m_begin + kBlockM + p.causal_offset;  // one past the last visible key
-    n_blocks = visible_end <= 0 ? 0 : min(n_blocks, ceil_div(visible_end, kBlockN));
+  // ---- per-sequence features
+  const int offset = p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0;
+  AttentionMask<Traits::kMask> mask{seq.seqlen_k, offset, p.window_left, p.window_right};
+  Transform transform{};
+  if constexpr (Transform::kActive) {
+    transform.scale = p.scale;
+    transform.softcap = p.softcap;
+    transform.softcap_prescale = p.softcap_prescale;
+    transform.seqlen_q = seq.seqlen_q;
+    transform.seqlen_k = seq.seqlen_k;
+    if constexpr (Traits::kBias == BiasMode::kElementwise) {
+      transform.bias_rows = static_cast<Element const*>(p.bias) + batch * p.bias_batch_stride +
+                            head * p.bias_head_stride;
+      transform.bias_row_stride = p.bias_row_stride;
+    }
+    if constexpr (Traits::kBias == BiasMode::kAlibi) {
+      transform.alibi_slope = p.alibi_slopes[batch * p.alibi_batch_stride + head];
+    }
   }
+  PhiloxDropout dropout{};
+  if constexpr (Traits::kHasDropout) {
+    dropout = {p.philox_key0, p.philox_key1, p.philox_offset, p.dropout_threshold,
+               uint32_t(batch * p.nhead_q + head), nullptr, int64_t(p.seqlen_k), seq.seqlen_q,
+               seq.seqlen_k};
+    if (p.dropout_randval != nullptr) {
+      dropout.randval = p.dropout_randval +
+                        (int64_t(batch) * p.nhead_q + head) * p.seqlen_q * int64_t(p.seqlen_k);
+    }
+  }
+  // Transformed scores are already log2-domain logits.
+  const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;
 
-  load_rows(gmem_load, load_thr.partition_S(gQ), tQsQ, tQcQ, p.seqlen_q - m_begin);
-  if (n_blocks > 0) load_keys(tKsK, k_base, p.k_row_stride, n_blocks - 1);
+  int n_first, n_last;
+  mask.key_block_range(m_begin, kBlockM, kBlockN, &n_first, &n_last);
+
+  load_rows(qk_load, qk_load_thr.partition_S(gQ), tQsQ, tQcQ, seq.seqlen_q - m_begin);
+  if (n_last > n_first) load_k(n_last - 1);
   cp_async_fence();
 
   clear(acc_o);
   OnlineSoftmax<kRows> softmax;
   softmax.reset();
 
-  for (int step = 0; step < n_blocks; ++step) {
-    const int n_block = n_blocks - 1 - step;
+  for (int n_block = n_last - 1; n_block >= n_first; --n_block) {
     const int n_begin = n_block * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
     clear(acc_s);
 
     cp_async_wait<0>();
     __syncthreads();  // K tile landed; every warp is done with the previous V
-    load_keys(tVsV, v_base, p.v_row_stride, n_block);
+    load_v(n_block);
     cp_async_fence();
 
     gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, q_s2r, tSrK, tSrK_view, tSsK, k_s2r);
     Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
-    if (mask.tile_needs_mask(m_begin, n_begin, kBlockN)) {
+    if constexpr (Transform::kActive) transform.apply(scores, cS_rows_cols, m_begin, n_begin);
+    if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
       mask.apply(scores, cS_rows_cols, m_begin, n_begin);
     }
 
     cp_async_wait<0>();
     __syncthreads();  // V tile landed; every warp is done with this K
-    if (n_block > 0) {
-      load_keys(tKsK, k_base, p.k_row_stride, n_block - 1);
+    if (n_block > n_first) {
+      load_k(n_block - 1);
       cp_async_fence();
     }
 
-    if (step == 0) {
-      softmax.template update<true>(scores, out, p.scale_log2);
+    if (n_block == n_last - 1) {
+      softmax.template update<true>(scores, out, exp2_scale);
     } else {
-      softmax.template update<false>(scores, out, p.scale_log2);
+      softmax.template update<false>(scores, out, exp2_scale);
     }
+    if constexpr (Traits::kHasDropout) dropout.apply(scores, cS_rows_cols, m_begin, n_begin);
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accum_as_operand_a(probs.layout()));
     gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, v_s2r);
@@ -155,18 +225,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // ---- epilogue
   float lse[kRows];
-  softmax.finalize(out, p.scale, lse);
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float sink_log2 = Traits::kHasSink ? p.sink[head] * kLog2e : 0.f;
+  const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
+  softmax.template finalize<Traits::kHasSink>(out, exp2_scale, sink_log2, rescale, lse);
 
   if constexpr (Traits::kHasLse) {
     if (p.lse != nullptr) {
-      Tensor cO = mma_thr.partition_C(make_identity_tensor(TileQ{}));
+      Tensor cO = mma_thr.partition_C(make_identity_tensor(TileO{}));
       Tensor cO_rows_cols = make_tensor(cO.data(), accum_as_rows_cols(cO.layout()));
-      float* lse_out = p.lse + (int64_t(batch) * p.nhead_q + head) * p.seqlen_q;
+      float* lse_out = p.lse + (kGroup ? seq.q_token0 : batch * p.lse_batch_stride) +
+                       head * p.lse_head_stride;
       if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
           int row = m_begin + get<0>(cO_rows_cols(i, 0));
-          if (row < p.seqlen_q) lse_out[row] = lse[i];
+          if (row < seq.seqlen_q) lse_out[row] = lse[i];
         }
       }
     }
@@ -174,7 +248,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // Stage O through shared memory (over Q) so global stores are 16 bytes wide.
   Tensor rO = convert_fragment<Element>(acc_o);
-  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});
   auto o_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtom{}, tiled_mma);
   auto o_r2s_thr = o_r2s.get_thread_slice(tid);
   Tensor tOrO = o_r2s_thr.retile_S(rO);
@@ -184,10 +257,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   copy(o_r2s, tOrO, tOsO);
   __syncthreads();
 
-  typename Traits::GmemStore gmem_store;
-  auto store_thr = gmem_store.get_thread_slice(tid);
-  Tensor tOgO = store_thr.partition_D(gO);
-  store_rows(gmem_store, store_thr.partition_S(sO), tOgO, tQcQ, p.seqlen_q - m_begin);
+  typename Traits::RowsV::Store o_store;
+  auto o_store_thr = o_store.get_thread_slice(tid);
+  Tensor tOgO = o_store_thr.partition_D(gO);
+  Tensor tOcO = o_store_thr.partition_S(make_identity_tensor(TileO{}));
+  store_rows(o_store, o_store_thr.partition_S(sO), tOgO, tOcO, seq.seqlen_q - m_begin);
 }
 
 }  // namespace ckfmha::kernel

@@ -50,8 +50,11 @@ struct OnlineSoftmax {
       // instead keeps exp2 at 0 rather than NaN.
       float shift = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
       if constexpr (!FirstTile) {
-        float old_shift = row_max[i] == -INFINITY ? 0.f : row_max[i] * scale_log2;
-        float correction = exp2f(old_shift - shift);
+        // A row that saw nothing yet has zero accumulators; its correction
+        // must be 0, not exp2(0 - shift), which overflows for very negative
+        // logits (ALiBi, biases) and turns 0 * inf into NaN.
+        float correction =
+            row_max[i] == -INFINITY ? 0.f : exp2f(row_max[i] * scale_log2 - shift);
         row_sum[i] *= correction;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(out); ++j) out(i, j) *= correction;
@@ -68,17 +71,33 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises the output rows; returns per-row log-sum-exp in lse[] (natural
-  // log, including the scale). Rows with no visible key give 0 and -inf.
-  template <class Output>
-  __device__ __forceinline__ void finalize(Output& out, float scale, float (&lse)[Rows]) {
+  // Normalises the output rows and returns each row's log-sum-exp (natural
+  // log). max_to_log2 converts row_max to the log2 domain (the softmax scale
+  // times log2(e), or 1 when scores were already transformed). A sink adds
+  // exp(sink) to the denominator; without one, rows that saw no visible key
+  // give 0 and -inf, never NaN. `rescale` folds in dropout's 1/(1-p).
+  template <bool HasSink, class Output>
+  __device__ __forceinline__ void finalize(Output& out, float max_to_log2, float sink_log2,
+                                           float rescale, float (&lse)[Rows]) {
     using namespace cute;
+    constexpr float kLn2 = 0.6931471805599453f;
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
       float total = quad_sum(row_sum[i]);
-      bool empty = total == 0.f || total != total;
-      float inv = empty ? 0.f : 1.f / total;
-      lse[i] = empty ? -INFINITY : row_max[i] * scale + logf(total);
+      float max_log2 = row_max[i] == -INFINITY ? -INFINITY : row_max[i] * max_to_log2;
+      float inv;
+      if constexpr (HasSink) {
+        float top = fmaxf(max_log2, sink_log2);
+        float weight = max_log2 == -INFINITY ? 0.f : exp2f(max_log2 - top);
+        float denom = total * weight + exp2f(sink_log2 - top);
+        inv = weight / denom;
+        lse[i] = (top + log2f(denom)) * kLn2;
+      } else {
+        bool empty = total == 0.f || total != total;
+        inv = empty ? 0.f : 1.f / total;
+        lse[i] = empty ? -INFINITY : (max_log2 + log2f(total)) * kLn2;
+      }
+      inv *= rescale;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(out); ++j) out(i, j) *= inv;
     }

@@ -13,6 +13,7 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& problem);
 const char* dtype_name(ckfmha_dtype dtype);
 const char* mask_name(ckfmha_mask mask);
 const char* mask_kind_name(ckfmha_mask_kind kind);
+const char* bias_name(ckfmha_bias bias);
 const char* mode_name(ckfmha_mode mode);
 const char* family_name(ckfmha_family family);
 

@@ -1,0 +1,60 @@
+// Logit modifiers applied between S = Q K^T and the softmax: soft-capping and
+// additive biases. When any is on, scores are rewritten in the log2 domain
+// (t = log2(e) * logit) so the softmax can use exp2 with unit scale.
+#pragma once
+
+#include "ckfmha/kernel/fwd_features.h"
+#include "ckfmha/kernel/fwd_params.h"
+
+#include <cute/tensor.hpp>
+
+#include <cmath>
+
+namespace ckfmha::kernel {
+
+template <class Element, BiasMode Bias, bool HasSoftcap>
+struct LogitTransform {
+  static constexpr bool kActive = HasSoftcap || Bias != BiasMode::kNone;
+  static constexpr float kLog2e = 1.4426950408889634f;
+
+  float scale;
+  float softcap;
+  float softcap_prescale;
+  Element const* bias_rows;  // elementwise: this (batch, head)'s [seqlen_q, seqlen_k] plane
+  int64_t bias_row_stride;
+  float alibi_slope;
+  int seqlen_q;
+  int seqlen_k;
+
+  // scores/coords as in AttentionMask::apply; m_begin/n_begin: tile origin.
+  template <class Scores, class Coords>
+  __device__ __forceinline__ void apply(Scores& scores, Coords const& coords, int m_begin,
+                                        int n_begin) const {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(scores); ++i) {
+      int row = m_begin + get<0>(coords(i, 0));
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) {
+        int col = n_begin + get<1>(coords(i, j));
+        float logit;
+        if constexpr (HasSoftcap) {
+          logit = softcap * tanhf(scores(i, j) * softcap_prescale);
+        } else {
+          logit = scores(i, j) * scale;
+        }
+        if constexpr (Bias == BiasMode::kElementwise) {
+          // Rows/columns past the sequence are masked later; never read them.
+          if (row < seqlen_q && col < seqlen_k) {
+            logit += float(bias_rows[int64_t(row) * bias_row_stride + col]);
+          }
+        } else if constexpr (Bias == BiasMode::kAlibi) {
+          logit -= alibi_slope * fabsf(float(row + seqlen_k - seqlen_q - col));
+        }
+        scores(i, j) = logit * kLog2e;
+      }
+    }
+  }
+};
+
+}  // namespace ckfmha::kernel
