@@ -25,6 +25,22 @@ def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--causal-alignment", choices=("top_left", "bottom_right"), default="top_left"
     )
+    parser.add_argument(
+        "--window",
+        type=int,
+        nargs=2,
+        metavar=("LEFT", "RIGHT"),
+        default=None,
+        help="sliding window: keys i-LEFT .. i+RIGHT (-1 unbounded; --causal-alignment applies)",
+    )
+    parser.add_argument(
+        "--softcap", type=float, default=0.0, help="cap logits at softcap*tanh(x/softcap)"
+    )
+    parser.add_argument("--alibi", action="store_true", help="ALiBi bias with per-head slopes")
+    parser.add_argument("--sink", action="store_true", help="per-head attention-sink logits")
+    parser.add_argument(
+        "--dropout", type=float, default=0.0, metavar="P", help="dropout probability in [0, 1)"
+    )
     parser.add_argument("--lse", action="store_true", help="also store the log-sum-exp")
     parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
 
@@ -43,6 +59,11 @@ def problem_from_args(args: argparse.Namespace) -> FwdProblem:
         causal_alignment=args.causal_alignment,
         lse=args.lse,
         layout=args.layout,
+        window=None if args.window is None else (args.window[0], args.window[1]),
+        softcap=args.softcap,
+        bias="alibi" if args.alibi else "none",
+        sink=args.sink,
+        dropout_p=args.dropout,
     )
 
 

@@ -15,7 +15,7 @@ from ckfmha import _dtypes
 from ckfmha._fwd import fwd
 from ckfmha._registry import Dispatcher
 from ckfmha.problem import FwdProblem
-from ckfmha.reference import attention_reference
+from ckfmha.reference import attention_reference, dropout_keep
 
 # (max abs error, relative L2 error) allowed per dtype: bf16 keeps 8 mantissa bits.
 TOLERANCES = {"fp16": (2e-2, 1e-2), "bf16": (6e-2, 3e-2)}
@@ -72,6 +72,67 @@ def make_inputs(problem: FwdProblem, backend: str, seed: int) -> tuple[Any, Any,
     return arrays  # type: ignore[return-value]
 
 
+def alibi_slopes(nhead: int) -> np.ndarray:
+    """The ALiBi paper's geometric slopes 2^(-8 (h + 1) / nhead), fp32 [nhead]."""
+    return (2.0 ** (-8.0 * np.arange(1, nhead + 1) / nhead)).astype(np.float32)
+
+
+def make_features(problem: FwdProblem, seed: int) -> dict[str, Any]:
+    """The ``fwd`` keyword arguments for the problem's features, as host NumPy arrays.
+
+    ``on_backend`` moves the arrays to the backend; the host copies feed the reference.
+    """
+    features: dict[str, Any] = {
+        "causal": problem.causal,
+        "causal_alignment": problem.causal_alignment,
+        "window": problem.window,
+        "softcap": problem.softcap,
+        "dropout_p": problem.dropout_p,
+    }
+    if problem.scale is not None:
+        features["scale"] = problem.scale
+    if problem.bias == "alibi":
+        features["alibi_slopes"] = alibi_slopes(problem.nhead_q)
+    elif problem.bias != "none":
+        raise ValueError(f"run supports bias 'none' or 'alibi', not {problem.bias!r}")
+    if problem.sink:
+        rng = np.random.default_rng(seed + 1)
+        features["sink"] = rng.standard_normal(problem.nhead_q).astype(np.float32)
+    if problem.dropout_p > 0:
+        features["dropout_seed"] = seed
+        features["dropout_offset"] = 0
+    return features
+
+
+def on_backend(features: dict[str, Any], backend: str) -> dict[str, Any]:
+    """``features`` with its arrays on the backend (NumPy stays host and is staged)."""
+    moved = dict(features)
+    for name, value in features.items():
+        if not isinstance(value, np.ndarray) or backend == "numpy":
+            continue
+        if backend == "torch":
+            import torch
+
+            moved[name] = torch.from_numpy(value).cuda()
+        elif backend == "cupy":
+            import cupy
+
+            moved[name] = cupy.asarray(value)
+    return moved
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    """A host copy of a torch, CuPy or NumPy array, in its own dtype."""
+    module = type(array).__module__.split(".")[0]
+    if module == "torch":
+        return array.cpu().numpy()
+    if module == "cupy":
+        import cupy
+
+        return cupy.asnumpy(array)
+    return np.asarray(array)
+
+
 def to_float64(array: Any) -> np.ndarray:
     module = type(array).__module__.split(".")[0]
     if module == "torch":
@@ -122,23 +183,48 @@ def _reference_subset(problem: FwdProblem) -> tuple[int, int]:
     return batches, kv_heads
 
 
-def validate(problem: FwdProblem, q: Any, k: Any, v: Any, out: Any) -> tuple[float, float, str]:
-    """(max abs error, relative L2 error, what was compared) against the float64 reference."""
+def validate(
+    problem: FwdProblem,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    features: dict[str, Any] | None = None,
+    randval: Any = None,
+) -> tuple[float, float, str]:
+    """(max abs error, relative L2 error, what was compared) against the float64 reference.
+
+    ``features`` are the host ``fwd`` options (see ``make_features``); with dropout,
+    ``randval`` holds the random bytes the kernel stored and decides which
+    probabilities the reference keeps.
+    """
     batches, kv_heads = _reference_subset(problem)
     q_heads = kv_heads * (problem.nhead_q // problem.kv_heads)
     head_axis = 2 if problem.layout == "bshd" else 1
 
-    def subset(array: Any, heads: int) -> np.ndarray:
+    def subset(array: Any, heads: int, axis: int = head_axis) -> np.ndarray:
         host = to_float64(array)[:batches]
-        return np.take(host, np.arange(heads), axis=head_axis)
+        return np.take(host, np.arange(heads), axis=axis)
 
+    options = {
+        name: value
+        for name, value in (features or {}).items()
+        if name not in ("dropout_seed", "dropout_offset", "alibi_slopes", "sink")
+    }
+    options.setdefault("causal", problem.causal)
+    options.setdefault("causal_alignment", problem.causal_alignment)
+    for name in ("alibi_slopes", "sink"):
+        if features and name in features:
+            options[name] = np.asarray(features[name], dtype=np.float64)[:q_heads]
+    if randval is not None:
+        keep_bytes = to_numpy(randval)[:batches, :q_heads]
+        options["dropout_keep"] = dropout_keep(keep_bytes, problem.dropout_p)
     expected, _ = attention_reference(
         subset(q, q_heads),
         subset(k, kv_heads),
         subset(v, kv_heads),
-        causal=problem.causal,
-        causal_alignment=problem.causal_alignment,
         layout=problem.layout,
+        **options,
     )
     actual = subset(out, q_heads)
     max_abs = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
@@ -151,17 +237,19 @@ def run_command(args: argparse.Namespace, problem: FwdProblem) -> int:
     backend = choose_backend(args.backend, problem.dtype)
     kernel = args.kernel or Dispatcher().select(problem)
     q, k, v = make_inputs(problem, backend, args.seed)
+    features = make_features(problem, args.seed)
+    device_features = on_backend(features, backend)
 
-    def call() -> Any:
+    def call(return_randval: bool = False) -> Any:
         return fwd(
             q,
             k,
             v,
-            causal=problem.causal,
-            causal_alignment=problem.causal_alignment,
             return_lse=problem.lse,
+            return_dropout_randval=return_randval,
             layout=problem.layout,
             kernel=args.kernel,
+            **device_features,
         )
 
     seconds = time_calls(backend, call, args.warmup, max(1, args.iters))
@@ -173,9 +261,11 @@ def run_command(args: argparse.Namespace, problem: FwdProblem) -> int:
     print(f"TFLOPS:  {tflops:.2f}")
     if not args.validate:
         return 0
-    result = call()
-    out = result[0] if problem.lse else result
-    max_abs, rel_l2, compared = validate(problem, q, k, v, out)
+    with_randval = problem.dropout_p > 0
+    result = call(return_randval=with_randval)
+    out = result[0] if problem.lse or with_randval else result
+    randval = result[-1] if with_randval else None
+    max_abs, rel_l2, compared = validate(problem, q, k, v, out, features, randval)
     atol, rtol = TOLERANCES[problem.dtype]
     ok = max_abs <= atol and rel_l2 <= rtol
     print(

@@ -4,6 +4,8 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
+import numpy as np
+
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
 from ckfmha._problem cimport to_int32
@@ -83,10 +85,9 @@ cdef class _Features:
 
     cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
                    str kind, like, handle, int dtype, int batch, int nhead_q, int seqlen_q,
-                   int seqlen_k, softcap, bias, alibi_slopes, sink, dropout_p, dropout_seed,
-                   dropout_offset, bint want_randval) except -1:
+                   int seqlen_k, bias, alibi_slopes, sink, dropout_seed, dropout_offset,
+                   bint want_randval) except -1:
         cdef ArrayView bv, av, sv, rv
-        problem.softcap = float(softcap)
         if bias is not None and alibi_slopes is not None:
             raise _invalid("pass bias or alibi_slopes, not both")
         if bias is not None:
@@ -117,7 +118,6 @@ cdef class _Features:
                 raise _invalid(f"sink must be contiguous fp32 [{nhead_q}], got {sv.shape}")
             problem.has_sink = 1
             args.sink = <const float*>sv.ptr
-        problem.dropout_p = float(dropout_p)
         problem.dropout_seed = <uint64_t>(int(dropout_seed) & 0xFFFFFFFFFFFFFFFF)
         problem.dropout_offset = <uint64_t>(int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
         if want_randval:
@@ -188,13 +188,15 @@ cdef int _set_tensors(capi.ckfmha_fwd_args* args, ArrayView qv, ArrayView kv, Ar
 def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scale=None,
         softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0, dropout_seed=0,
         dropout_offset=0, return_dropout_randval=False, return_lse=False, layout="bhsd",
-        out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+        v_col_major=False, out=None, lse_out=None, kernel=None, stream=None, dtype=None):
     """Fused multi-head attention forward: softmax(mask(bias + cap(scale * q k^T))) v.
 
     q is [batch, nhead_q, seqlen_q, hdim] and k, v are [batch, nhead_k, seqlen_k,
     hdim / hdim_v] for layout "bhsd", or [batch, seqlen, heads, hdim] for "bshd";
     any strides work as long as the head dimension is contiguous, so permuted
-    views need no copy. nhead_q must be a multiple of nhead_k (GQA/MQA).
+    views need no copy. nhead_q must be a multiple of nhead_k (GQA/MQA). With
+    ``v_col_major`` v is [batch, nhead_k, hdim_v, seqlen_k] (keys contiguous)
+    in either layout.
 
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
@@ -223,7 +225,10 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
     batch, nhead_q, seqlen_q, hdim_q = _bhsd(qv.shape, c_layout)
     k_batch, nhead_k, seqlen_k, k_hdim = _bhsd(kv.shape, c_layout)
-    v_batch, v_heads, v_seqlen, hdim_v = _bhsd(vv.shape, c_layout)
+    if v_col_major:
+        v_batch, v_heads, hdim_v, v_seqlen = vv.shape
+    else:
+        v_batch, v_heads, v_seqlen, hdim_v = _bhsd(vv.shape, c_layout)
     if not batch == k_batch == v_batch:
         raise _invalid(f"batch sizes differ: q {batch}, k {k_batch}, v {v_batch} ({layout})")
     if k_hdim != hdim_q:
@@ -265,13 +270,18 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
 
     cdef _Features features = _Features()
     features.apply(&problem, &args, kind, q, handle, qv.dtype, batch, nhead_q, seqlen_q,
-                   seqlen_k, softcap, bias, alibi_slopes, sink, dropout_p, dropout_seed,
-                   dropout_offset, return_dropout_randval)
+                   seqlen_k, bias, alibi_slopes, sink, dropout_seed, dropout_offset,
+                   return_dropout_randval)
 
     problem.store_lse = 1 if lv is not None else 0
     _set_strides(problem.q_stride, _bhs_strides(qv, c_layout))
     _set_strides(problem.k_stride, _bhs_strides(kv, c_layout))
-    _set_strides(problem.v_stride, _bhs_strides(vv, c_layout))
+    if v_col_major:
+        # Keys are contiguous; the third stride is the head-dim one.
+        problem.v_col_major = 1
+        _set_strides(problem.v_stride, (vv.strides[0], vv.strides[1], vv.strides[2]))
+    else:
+        _set_strides(problem.v_stride, _bhs_strides(vv, c_layout))
     _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
     _set_tensors(&args, qv, kv, vv, ov, lv)
     _run(&problem, &args, kernel, handle)
@@ -282,12 +292,25 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     return results[0] if len(results) == 1 else results
 
 
-cdef ArrayView _offsets(obj, handle, str name, int batch_plus_one):
+def _offset_array(obj):
+    """Lists and tuples of offsets become int32 NumPy arrays (staged like any host array)."""
+    return np.asarray(obj, dtype=np.int32) if isinstance(obj, (list, tuple)) else obj
+
+
+cdef int _offset_count(obj, str name) except -1:
+    """batch + 1, read from the shape alone so nothing is staged before the problem checks."""
+    shape = tuple(getattr(obj, "shape", ()))
+    if len(shape) != 1 or int(shape[0]) < 2:
+        raise _invalid(f"{name} must be a 1-D array of batch + 1 >= 2 int32 offsets, "
+                       f"got shape {shape}")
+    return int(shape[0])
+
+
+cdef ArrayView _offsets(obj, handle, str name, int count):
     cdef ArrayView view = as_view(obj, handle, None, name, 1, _I32)
-    if view.shape[0] < 2 or (batch_plus_one >= 0 and view.shape[0] != batch_plus_one):
-        raise _invalid(f"{name} must hold batch + 1 >= 2 int32 offsets, got shape {view.shape}")
-    if view.strides[0] != 1:
-        raise _invalid(f"{name} must be contiguous")
+    if view.shape[0] != count:
+        raise _invalid(f"{name} must hold batch + 1 = {count} int32 offsets, "
+                       f"got shape {view.shape}")
     return view
 
 
@@ -295,7 +318,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
                skip_min_seqlen_q=0, causal=False, causal_alignment="top_left", window=None,
                scale=None, softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0,
                dropout_seed=0, dropout_offset=0, return_dropout_randval=False,
-               return_lse=False, out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+               return_lse=False, v_col_major=False, out=None, lse_out=None, kernel=None,
+               stream=None, dtype=None):
     """Forward attention over a packed batch of variable-length sequences (group mode).
 
     q is [total_q, nhead_q, hdim], k and v [total_k, nhead_k, hdim / hdim_v];
@@ -303,7 +327,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     offsets, device or host). max_seqlen_q/k must be at least the longest
     sequence. Sequences shorter than ``skip_min_seqlen_q`` are skipped and their
     outputs left as they were. Masks and features as in ``fwd``, with positions
-    local to each sequence (bias [batch, hq, max_sq, max_sk]). Returns o
+    local to each sequence (bias [batch, hq, max_sq, max_sk]); with
+    ``v_col_major`` v is [nhead_k, hdim_v, total_k] (tokens contiguous). Returns o
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
     then the dropout bytes [batch, hq, max_sq, max_sk].
     """
@@ -313,14 +338,21 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
     total_q, nhead_q, hdim_q = qv.shape
     total_k, nhead_k, k_hdim = kv.shape
-    v_total, v_heads, hdim_v = vv.shape
+    if v_col_major:
+        v_heads, hdim_v, v_total = vv.shape
+    else:
+        v_total, v_heads, hdim_v = vv.shape
     if k_hdim != hdim_q:
         raise _invalid(f"k head dim {k_hdim} differs from q head dim {hdim_q}")
     if (v_total, v_heads) != (total_k, nhead_k):
         raise _invalid(f"v is [{v_total}, {v_heads}, ...] but k is [{total_k}, {nhead_k}, ...]")
-    cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", -1)
-    batch = cqv.shape[0] - 1
-    cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", batch + 1)
+    cu_seqlens_q = _offset_array(cu_seqlens_q)
+    cu_seqlens_k = _offset_array(cu_seqlens_k)
+    cdef int count = _offset_count(cu_seqlens_q, "cu_seqlens_q")
+    if _offset_count(cu_seqlens_k, "cu_seqlens_k") != count:
+        raise _invalid(f"cu_seqlens_k must hold batch + 1 = {count} offsets like cu_seqlens_q, "
+                       f"got shape {tuple(cu_seqlens_k.shape)}")
+    batch = count - 1
 
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
@@ -333,6 +365,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     problem.mode = capi.CKFMHA_MODE_GROUP
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p)
+    cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", count)
+    cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", count)
 
     o_shape = (total_q, nhead_q, hdim_v)
     o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
@@ -353,14 +387,18 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
 
     cdef _Features features = _Features()
     features.apply(&problem, &args, kind, q, handle, qv.dtype, batch, nhead_q,
-                   problem.seqlen_q, problem.seqlen_k, softcap, bias, alibi_slopes, sink,
-                   dropout_p, dropout_seed, dropout_offset, return_dropout_randval)
+                   problem.seqlen_q, problem.seqlen_k, bias, alibi_slopes, sink,
+                   dropout_seed, dropout_offset, return_dropout_randval)
 
     problem.store_lse = 1 if lv is not None else 0
     # Tokens are rows; the batch stride is unused in group mode.
     _set_strides(problem.q_stride, (0, qv.strides[1], qv.strides[0]))
     _set_strides(problem.k_stride, (0, kv.strides[1], kv.strides[0]))
-    _set_strides(problem.v_stride, (0, vv.strides[1], vv.strides[0]))
+    if v_col_major:
+        problem.v_col_major = 1
+        _set_strides(problem.v_stride, (0, vv.strides[0], vv.strides[1]))
+    else:
+        _set_strides(problem.v_stride, (0, vv.strides[1], vv.strides[0]))
     _set_strides(problem.o_stride, (0, ov.strides[1], ov.strides[0]))
     _set_tensors(&args, qv, kv, vv, ov, lv)
     args.cu_seqlens_q = <const int32_t*>cqv.ptr

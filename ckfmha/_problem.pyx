@@ -52,11 +52,21 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     out.dropout_p = float(problem.dropout_p)
     out.mode = <capi.ckfmha_mode>mode
     out.skip_min_seqlen_q = to_int32(problem.skip_min_seqlen_q, "skip_min_seqlen_q")
+    if problem.v_col_major:
+        # Contiguous [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
+        out.v_col_major = 1
+        out.v_stride[2] = out.seqlen_k
+        out.v_stride[1] = <int64_t>out.hdim_v * out.seqlen_k
+        out.v_stride[0] = <int64_t>out.nhead_k * out.v_stride[1]
     return 0
 
 
 cdef tuple _triple(const int64_t* values):
     return (values[0], values[1], values[2])
+
+
+cdef tuple _pair(const int64_t* values):
+    return (values[0], values[1])
 
 
 cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
@@ -77,12 +87,19 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "bias": <int>problem.bias,
         "has_sink": problem.has_sink,
         "dropout_p": problem.dropout_p,
+        "dropout_seed": problem.dropout_seed,
+        "dropout_offset": problem.dropout_offset,
+        "store_dropout_randval": problem.store_dropout_randval,
         "skip_min_seqlen_q": problem.skip_min_seqlen_q,
+        "v_col_major": problem.v_col_major,
         "store_lse": problem.store_lse,
         "q_stride": _triple(problem.q_stride),
         "k_stride": _triple(problem.k_stride),
         "v_stride": _triple(problem.v_stride),
         "o_stride": _triple(problem.o_stride),
+        "lse_stride": _pair(problem.lse_stride),
+        "bias_stride": _triple(problem.bias_stride),
+        "alibi_stride": problem.alibi_stride,
     }
 
 

@@ -31,9 +31,7 @@ def layout_code(layout: str) -> int:
     return LAYOUTS[layout]
 
 
-def mask_code(
-    causal: bool, causal_alignment: str, window: tuple[int, int] | None = None
-) -> int:
+def mask_code(causal: bool, causal_alignment: str, window: tuple[int, int] | None = None) -> int:
     """The C mask for a causal flag or a (left, right) window; alignment applies to both."""
     if causal_alignment not in CAUSAL_ALIGNMENTS:
         raise InvalidArgumentError(
@@ -79,8 +77,11 @@ class FwdProblem:
 
     q is [batch, nhead_q, seqlen_q, hdim] (or bshd), k/v [batch, nhead_k,
     seqlen_k, hdim / hdim_v]. Unset nhead_k, seqlen_k and hdim_v default to
-    nhead_q, seqlen_q and hdim. Validation happens in the C library, so the
-    errors match those of ``fwd``.
+    nhead_q, seqlen_q and hdim. The feature fields say what ``fwd`` would be
+    asked for (``window`` (left, right) with -1 unbounded, ``bias`` "none",
+    "elementwise" or "alibi", ``sink``, ``dropout_p``, ``mode`` "batch" or
+    "group"), so selection and explanation work without arrays or a GPU.
+    Validation happens in the C library, so the errors match those of ``fwd``.
     """
 
     batch: int
@@ -103,6 +104,7 @@ class FwdProblem:
     dropout_p: float = 0.0
     mode: str = "batch"  # "batch" | "group" (varlen; seqlens are then the longest sequence)
     skip_min_seqlen_q: int = 0
+    v_col_major: bool = False  # v is [batch, nhead_k, hdim_v, seqlen_k]
 
     @property
     def kv_heads(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -48,13 +49,15 @@ def window_mask(
     return visible
 
 
-def alibi_bias(slopes: npt.ArrayLike, batch: int, seqlen_q: int,
-               seqlen_k: int) -> npt.NDArray[np.float64]:
+def alibi_bias(
+    slopes: npt.ArrayLike, batch: int, seqlen_q: int, seqlen_k: int
+) -> npt.NDArray[np.float64]:
     """[b, h, sq, sk] ALiBi bias -slope * |i + sk - sq - j| from slopes [h] or [b, h]."""
     s = np.asarray(slopes, dtype=np.float64)
     s = np.broadcast_to(s if s.ndim == 2 else s[None, :], (batch, s.shape[-1]))
-    distance = np.abs(np.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q
-                      - np.arange(seqlen_k)[None, :])
+    distance = np.abs(
+        np.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q - np.arange(seqlen_k)[None, :]
+    )
     return -s[:, :, None, None] * distance[None, None]
 
 
@@ -162,79 +165,118 @@ def varlen_attention_reference(
     *,
     skip_min_seqlen_q: int = 0,
     bias: npt.ArrayLike | None = None,
+    alibi_slopes: npt.ArrayLike | None = None,
     dropout_keep: npt.ArrayLike | None = None,
+    v_col_major: bool = False,
     **options: Any,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Group (varlen) mode: q [total_q, hq, d], k/v [total_k, hk, d] packed by offsets.
 
-    Each sequence is attended on its own with positions local to it; ``bias`` and
-    ``dropout_keep`` are [b, hq, max_sq, max_sk] indexed locally. Returns o
-    [total_q, hq, dv] and lse [hq, total_q]; sequences shorter than
-    skip_min_seqlen_q are skipped and keep NaN in both, so callers can check that
-    a kernel left them untouched.
+    Sequence b owns query tokens cu_seqlens_q[b] .. cu_seqlens_q[b+1] and key
+    tokens likewise; each is attended on its own with positions local to it.
+    ``bias`` (broadcastable to [b, hq, max_sq, max_sk]) and ``dropout_keep``
+    ([b, hq, max_sq, max_sk]) are indexed locally; ``alibi_slopes`` is [hq] or
+    [b, hq]; with ``v_col_major`` v is [hk, dv, total_k]. Other options as in
+    ``attention_reference`` (layout excepted). Returns o [total_q, hq, dv] and
+    lse [hq, total_q]; sequences shorter than skip_min_seqlen_q are skipped and
+    keep NaN in both, so callers can check that a kernel left them untouched.
     """
-    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    if "layout" in options:
+        raise ValueError("varlen_attention_reference is token-major; it takes no layout")
+    q64, k64, v64 = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    if q64.ndim != 3 or k64.ndim != 3 or v64.ndim != 3:
+        raise ValueError("q, k and v must be 3-D (tokens, heads, head dim)")
+    if v_col_major:
+        v64 = v64.transpose(2, 0, 1)
     cu_q = np.asarray(cu_seqlens_q, dtype=np.int64)
     cu_k = np.asarray(cu_seqlens_k, dtype=np.int64)
-    out = np.full((q64.shape[0], q64.shape[1], v64.shape[2]), np.nan)
-    lse = np.full((q64.shape[1], q64.shape[0]), np.nan)
-    alibi = options.pop("alibi_slopes", None)
-    for b in range(len(cu_q) - 1):
-        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-        if q1 - q0 < skip_min_seqlen_q or q1 == q0:
+    if cu_q.ndim != 1 or cu_q.shape != cu_k.shape or cu_q.size < 2:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must both hold batch + 1 offsets")
+    if np.any(np.diff(cu_q) < 0) or np.any(np.diff(cu_k) < 0):
+        raise ValueError("cu_seqlens must be non-decreasing")
+    total_q, nhead_q = q64.shape[:2]
+    out = np.full((total_q, nhead_q, v64.shape[2]), np.nan)
+    lse = np.full((nhead_q, total_q), np.nan)
+    bias64 = None
+    if bias is not None:
+        bias64 = np.asarray(bias, dtype=np.float64)
+        if bias64.ndim > 4:
+            raise ValueError(f"bias must have at most 4 axes, got shape {bias64.shape}")
+        bias64 = bias64.reshape((1,) * (4 - bias64.ndim) + bias64.shape)
+    slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float64)
+    keep = None if dropout_keep is None else np.asarray(dropout_keep, dtype=bool)
+    for b in range(cu_q.size - 1):
+        q0, q1, k0, k1 = (int(x) for x in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]))
+        seqlen_q, seqlen_k = q1 - q0, k1 - k0
+        if seqlen_q == 0 or seqlen_q < skip_min_seqlen_q:
             continue
-        seq_options = dict(options)
-        if bias is not None:
-            full = np.asarray(bias, dtype=np.float64)
-            seq_options["bias"] = full[b if full.shape[0] > 1 else 0, :, : q1 - q0, : k1 - k0]
-        if dropout_keep is not None:
-            seq_options["dropout_keep"] = np.asarray(dropout_keep)[b : b + 1, :, : q1 - q0,
-                                                                   : k1 - k0]
-        if alibi is not None:
-            slopes = np.asarray(alibi, dtype=np.float64)
-            seq_options["alibi_slopes"] = slopes[b] if slopes.ndim == 2 else slopes
-        o_b, lse_b = attention_reference(q64[None, q0:q1], k64[None, k0:k1], v64[None, k0:k1],
-                                         layout="bshd", **seq_options)
+        local = dict(options)
+        if bias64 is not None:
+            # A size-1 axis broadcasts; slicing it keeps it size 1.
+            local["bias"] = bias64[b if bias64.shape[0] > 1 else 0][None, :, :seqlen_q, :seqlen_k]
+        if slopes is not None:
+            local["alibi_slopes"] = slopes[b] if slopes.ndim == 2 else slopes
+        if keep is not None:
+            local["dropout_keep"] = keep[b : b + 1, :, :seqlen_q, :seqlen_k]
+        o_b, lse_b = attention_reference(
+            q64[None, q0:q1], k64[None, k0:k1], v64[None, k0:k1], layout="bshd", **local
+        )
         out[q0:q1] = o_b[0]
         lse[:, q0:q1] = lse_b[0]
     return out, lse
 
 
-_PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
-_PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
-_MASK32 = 0xFFFFFFFF
+_PHILOX_M0, _PHILOX_M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_PHILOX_W0, _PHILOX_W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_SHIFT32 = np.uint64(32)
 
 
-def philox4x32(counter: Sequence[npt.ArrayLike], key: tuple[int, int]) -> list[np.ndarray]:
-    """Philox4x32-10 on broadcastable uint32 counter words; returns the four output words."""
+def philox4x32(
+    counter: Sequence[npt.ArrayLike], key: tuple[int, int]
+) -> list[npt.NDArray[np.uint32]]:
+    """Philox4x32-10 of broadcastable uint32 counter words under a (k0, k1) key.
+
+    Returns the four output words. Products of two 32-bit words fit uint64, so
+    mulhilo32 is one uint64 multiply split into halves.
+    """
     c = [np.asarray(x, dtype=np.uint64) & _MASK32 for x in counter]
-    k0, k1 = key[0] & _MASK32, key[1] & _MASK32
+    c = list(np.broadcast_arrays(*c))
+    k0, k1 = np.uint64(key[0]) & _MASK32, np.uint64(key[1]) & _MASK32
     for _ in range(10):
         p0 = c[0] * _PHILOX_M0
         p1 = c[2] * _PHILOX_M1
-        hi0, lo0 = p0 >> 32, p0 & _MASK32
-        hi1, lo1 = p1 >> 32, p1 & _MASK32
+        hi0, lo0 = p0 >> _SHIFT32, p0 & _MASK32
+        hi1, lo1 = p1 >> _SHIFT32, p1 & _MASK32
         c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
         k0 = (k0 + _PHILOX_W0) & _MASK32
         k1 = (k1 + _PHILOX_W1) & _MASK32
     return [x.astype(np.uint32) for x in c]
 
 
-def philox_dropout_randval(seed: int, offset: int, batch: int, nhead_q: int, seqlen_q: int,
-                           seqlen_k: int) -> npt.NDArray[np.uint8]:
-    """The uint8 [b, hq, sq, sk] random bytes dropout uses (see ckfmha.h for the layout)."""
-    key = (seed & _MASK32, (seed >> 32) ^ (offset >> 32))
+def philox_dropout_randval(
+    seed: int, offset: int, batch: int, nhead_q: int, seqlen_q: int, seqlen_k: int
+) -> npt.NDArray[np.uint8]:
+    """The uint8 [b, hq, sq, sk] random bytes dropout uses, as ckfmha.h specifies.
+
+    Element (b, h, i, j) is byte j % 16 of Philox4x32-10 with key (seed_lo,
+    seed_hi ^ offset_hi) and counter (j // 16, i, b * nhead_q + h, offset_lo),
+    the four output words read as 16 little-endian bytes.
+    """
+    seed, offset = int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF
+    key = (seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32))
+    blocks = -(-seqlen_k // 16)
     heads = np.arange(batch * nhead_q, dtype=np.uint64)[:, None, None]
     rows = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
-    cols = np.arange(seqlen_k, dtype=np.uint64)[None, None, :]
-    words = philox4x32((cols // 16, rows, heads, np.uint64(offset & _MASK32)), key)
-    byte = (cols % 16).astype(np.uint64)
-    word_index = byte // 4
-    chosen = np.select([word_index == i for i in range(4)], words)
-    values = (chosen.astype(np.uint64) >> ((byte % 4) * 8)) & 0xFF
-    return values.astype(np.uint8).reshape(batch, nhead_q, seqlen_q, seqlen_k)
+    cols = np.arange(blocks, dtype=np.uint64)[None, None, :]
+    words = philox4x32((cols, rows, heads, offset & 0xFFFFFFFF), key)
+    little_endian = np.stack(words, axis=-1).astype("<u4")
+    values = little_endian.view(np.uint8).reshape(batch * nhead_q, seqlen_q, blocks * 16)
+    return np.ascontiguousarray(values[:, :, :seqlen_k]).reshape(batch, nhead_q, seqlen_q, seqlen_k)
 
 
 def dropout_keep(randval: npt.ArrayLike, p: float) -> npt.NDArray[np.bool_]:
-    """Which probabilities survive: byte >= floor(p * 256)."""
-    return np.asarray(randval) >= np.uint8(min(255, int(p * 256)))
+    """Which probabilities survive dropout with probability p: byte >= floor(p * 256)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    return np.asarray(randval, dtype=np.uint8) >= math.floor(p * 256)

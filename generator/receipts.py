@@ -51,13 +51,32 @@ def _mask_signatures(lse_options: Iterable[bool]) -> tuple[FwdSignature, ...]:
     )
 
 
-def _feature_signatures() -> tuple[FwdSignature, ...]:
-    combos = [c for c in all_pairs(FEATURE_FACTORS)
-              if c["mode"] != "batch" or c["bias"] != "none" or c["dropout"] or c["softcap"]
-              or c["sink"]]
+def _group_signatures() -> tuple[FwdSignature, ...]:
+    """Plain varlen kernels: the common serving case needs no feature beyond the mask."""
     return tuple(
-        _fwd(dtype, hdims, combo["mask"], True, mode=combo["mode"], bias=combo["bias"],
-             dropout=combo["dropout"], softcap=combo["softcap"], sink=combo["sink"])
+        _fwd(dtype, hdims, mask, True, mode="group")
+        for dtype, hdims, mask in itertools.product(DTYPES, FEATURE_HDIMS, MASKS)
+    )
+
+
+def _feature_signatures() -> tuple[FwdSignature, ...]:
+    combos = [
+        c
+        for c in all_pairs(FEATURE_FACTORS)
+        if c["mode"] != "batch" or c["bias"] != "none" or c["dropout"] or c["softcap"] or c["sink"]
+    ]
+    return tuple(
+        _fwd(
+            dtype,
+            hdims,
+            combo["mask"],
+            True,
+            mode=combo["mode"],
+            bias=combo["bias"],
+            dropout=combo["dropout"],
+            softcap=combo["softcap"],
+            sink=combo["sink"],
+        )
         for dtype, hdims in itertools.product(DTYPES, FEATURE_HDIMS)
         for combo in combos
     )
@@ -83,15 +102,17 @@ RECEIPTS: dict[str, Receipt] = {
         Receipt(
             name="default",
             description="{fp16,bf16} x head dims {32,64,96,128,192x128,256} x mask "
-            "{none,causal,window} with LSE, plus mode/bias/dropout/softcap/sink covered "
+            "{none,causal,window} with LSE, plain group mode at d64/d128, plus "
+            "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; default tiles",
-            signatures=_mask_signatures((True,)) + _feature_signatures(),
+            signatures=_mask_signatures((True,)) + _group_signatures() + _feature_signatures(),
             all_tiles=False,
         ),
         Receipt(
             name="full",
             description="default plus no-LSE variants and every alternative tile",
-            signatures=_mask_signatures((True, False)) + _feature_signatures(),
+            signatures=_mask_signatures((True, False)) + _group_signatures()
+            + _feature_signatures(),
             all_tiles=True,
         ),
     )

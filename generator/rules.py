@@ -105,7 +105,9 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         )
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
     # O is staged over Q's space, so the first term is the larger of the two tiles.
-    smem = (alg.tile_m * max(sig.hdim_q, sig.hdim_v) + alg.tile_n * (sig.hdim_q + sig.hdim_v)) * elem
+    smem = (
+        alg.tile_m * max(sig.hdim_q, sig.hdim_v) + alg.tile_n * (sig.hdim_q + sig.hdim_v)
+    ) * elem
     if smem > arch.max_dynamic_smem_per_block:
         reasons.append(
             f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + K {alg.tile_n}x"

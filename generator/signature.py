@@ -38,8 +38,11 @@ class FwdSignature:
         lse = "lse" if self.lse else "nolse"
         extras = "".join(
             token
-            for token, on in (("_drop", self.dropout), ("_softcap", self.softcap),
-                              ("_sink", self.sink))
+            for token, on in (
+                ("_drop", self.dropout),
+                ("_softcap", self.softcap),
+                ("_sink", self.sink),
+            )
             if on
         )
         return _checked(

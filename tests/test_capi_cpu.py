@@ -139,8 +139,17 @@ def test_select_serves_every_registered_signature(kernels):
     for kernel in kernels:
         name = dispatcher.select(problem_for(kernel), arch=kernel["arch"])
         chosen = next(k for k in kernels if k["name"] == name)
-        signature = ("dtype", "mode", "hdim_q", "hdim_v", "mask", "bias", "dropout", "softcap",
-                     "sink")
+        signature = (
+            "dtype",
+            "mode",
+            "hdim_q",
+            "hdim_v",
+            "mask",
+            "bias",
+            "dropout",
+            "softcap",
+            "sink",
+        )
         assert [chosen[f] for f in signature] == [kernel[f] for f in signature]
         assert kernel["arch_name"] in name
 
@@ -248,6 +257,81 @@ def test_problem_struct_bshd_and_mask():
     assert c["q_stride"] == (16 * 4 * 128, 128, 4 * 128)
     assert c["v_stride"] == (16 * 4 * 64, 64, 4 * 64)
     assert problem.flops() == pytest.approx(2 * 2 * 4 * 16 * 16 * (128 + 64) / 2)
+
+
+# ---- feature fields (window, soft-cap, bias, sink, dropout, group mode) ----
+
+
+def small_problem(**fields) -> ckfmha.FwdProblem:
+    return ckfmha.FwdProblem(batch=2, nhead_q=4, nhead_k=2, seqlen_q=16, seqlen_k=24, hdim=64,
+                             **fields)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"dropout_p": 1.0}, "dropout_p"),
+        ({"dropout_p": -0.1}, "dropout_p"),
+        ({"dropout_p": math.nan}, "dropout_p"),
+        ({"softcap": -1.0}, "softcap"),
+        ({"softcap": math.inf}, "softcap"),
+        ({"window": (-2, 0)}, "window"),
+        ({"window": (0, -5)}, "window"),
+        ({"window": (1, 2, 3)}, "window"),
+        ({"window": (1, 1), "causal": True}, "not both"),
+        ({"skip_min_seqlen_q": 4}, "group"),
+        ({"skip_min_seqlen_q": -1, "mode": "group"}, "skip_min_seqlen_q"),
+        ({"bias": "relative"}, "bias"),
+        ({"mode": "paged"}, "mode"),
+    ],
+)
+def test_invalid_feature_fields(fields, message):
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        small_problem(**fields).validate()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"window": (-1, -1)},
+        {"window": (0, 0), "causal_alignment": "bottom_right"},
+        {"window": (128, -1)},
+        {"softcap": 0.0},
+        {"softcap": 50.0},
+        {"dropout_p": 0.0},
+        {"dropout_p": 0.999},
+        {"bias": "elementwise"},
+        {"bias": "alibi", "sink": True},
+        {"mode": "group", "skip_min_seqlen_q": 8},
+        {"v_col_major": True},
+    ],
+)
+def test_valid_feature_fields(fields):
+    small_problem(**fields).validate()
+
+
+def test_problem_struct_features():
+    c = small_problem(
+        window=(8, 0), causal_alignment="bottom_right", softcap=30.0, bias="alibi", sink=True,
+        dropout_p=0.25, mode="group", skip_min_seqlen_q=3, hdim_v=32, v_col_major=True,
+    ).to_c_dict()  # fmt: skip
+    assert c["mask"] == 4 and c["window"] == (8, 0)
+    assert (c["softcap"], c["bias"], c["has_sink"], c["dropout_p"]) == (30.0, 2, 1, 0.25)
+    assert (c["mode"], c["skip_min_seqlen_q"], c["hdim_v"], c["v_col_major"]) == (1, 3, 32, 1)
+    # Column-major V [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
+    assert c["v_stride"] == (2 * 32 * 24, 32 * 24, 24)
+    assert small_problem(window=(3, 2)).to_c_dict()["mask"] == 3
+    plain = small_problem(lse=True).to_c_dict()
+    assert plain["mask"] == 0 and plain["window"] == (-1, -1) and plain["bias"] == 0
+    assert (plain["has_sink"], plain["dropout_p"], plain["v_col_major"]) == (0, 0.0, 0)
+    assert plain["lse_stride"] == (4 * 16, 16) and plain["bias_stride"] == (0, 0, 0)
+
+
+def test_explain_describes_features(kernels):
+    kernel = kernels[0]
+    problem = problem_for(kernel, window=(4, 4), causal=False, softcap=5.0, sink=True)
+    text = ckfmha.Dispatcher().explain(problem, arch=kernel["arch"])
+    assert kernel["name"] in text
 
 
 # ---- arrays without a device ----
@@ -417,6 +501,92 @@ def test_fwd_bshd_shapes_are_read_by_layout():
         ckfmha.fwd(q, k, v, layout="bshd")
 
 
+_Q = (1, 2, 8, 64)
+
+
+def _fwd_features(**kwargs):
+    """fwd on device pointers with an explicit out, so nothing is allocated before checks."""
+    q = _ptr(_Q)
+    return ckfmha.fwd(q, q, q, out=_ptr(_Q, address=0x800000), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dropout_p": 1.0}, "dropout_p is 1"),
+        ({"dropout_p": -0.5}, "dropout_p"),
+        ({"softcap": -1.0}, "softcap"),
+        ({"window": (-2, 4)}, "window"),
+        ({"window": "wide"}, "window"),
+        ({"window": (1, 1), "causal": True}, "not both"),
+        ({"window": (1, 1), "causal_alignment": "center"}, "causal_alignment"),
+        ({"bias": _ptr((1, 2, 8, 9))}, "broadcast"),
+        ({"bias": _ptr((1, 3, 8, 8))}, "broadcast"),
+        ({"bias": _ptr((2, 2, 8, 8))}, "broadcast"),
+        ({"bias": _ptr((2, 8, 8))}, "4-D"),
+        ({"bias": _ptr((1, 2, 8, 8), "bf16")}, "bias must be fp16"),
+        ({"bias": _ptr((1, 1, 1, 8)), "alibi_slopes": _ptr((2,), "fp32")}, "not both"),
+        ({"alibi_slopes": _ptr((3,), "fp32")}, "alibi_slopes must be fp32"),
+        ({"alibi_slopes": _ptr((2, 2), "fp32")}, "alibi_slopes must be fp32"),
+        ({"alibi_slopes": _ptr((2,))}, "alibi_slopes must be fp32"),
+        ({"alibi_slopes": np.ones(2)}, "alibi_slopes: NumPy dtype float64 is not fp32"),
+        ({"sink": _ptr((4,), "fp32")}, "sink must be contiguous fp32"),
+        ({"sink": _ptr((2,), "bf16")}, "sink must be fp32"),
+        ({"sink": _ptr((1, 2), "fp32")}, "1-D"),
+        ({"v_col_major": True}, "keys"),
+    ],
+)
+def test_fwd_feature_argument_errors(kwargs, message):
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        _fwd_features(**kwargs)
+
+
+def _varlen(q_shape=(10, 2, 64), kv_shape=(12, 2, 64), cu_q=None, cu_k=None, **kwargs):
+    # Device offsets, so no host array is staged before the checks under test.
+    cu_q = _ptr((3,), "int32", address=0x900000) if cu_q is None else cu_q
+    cu_k = _ptr((3,), "int32", address=0xA00000) if cu_k is None else cu_k
+    q, k, v = _ptr(q_shape), _ptr(kv_shape, address=0x500000), _ptr(kv_shape, address=0x600000)
+    out = _ptr(q_shape[:2] + (kwargs.pop("hdim_v", kv_shape[2]),), address=0x800000)
+    kwargs.setdefault("max_seqlen_q", 6)
+    kwargs.setdefault("max_seqlen_k", 7)
+    return ckfmha.fwd_varlen(q, k, v, cu_q, cu_k, out=out, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cu_q": np.array([0, 4, 10], np.int64)}, "int32"),
+        ({"cu_q": np.array([0], np.int32)}, "batch \\+ 1 >= 2"),
+        ({"cu_q": [0, 4, 10, 12]}, "cu_seqlens_k must hold batch \\+ 1 = 4"),
+        ({"cu_k": np.array([0, 12], np.int32)}, "cu_seqlens_k must hold"),
+        ({"cu_k": _ptr((3,), "fp32")}, "cu_seqlens_k must be int32"),
+        ({"cu_q": np.zeros((2, 3), np.int32)}, "1-D"),
+        ({"cu_q": 5}, "1-D"),
+        ({"q_shape": (10, 2, 2, 64)}, "3-D"),
+        ({"kv_shape": (12, 2, 32)}, "head dim"),
+        ({"max_seqlen_q": 0}, "seqlen_q"),
+        ({"max_seqlen_q": 2**31}, "int32"),
+        ({"skip_min_seqlen_q": -1}, "skip_min_seqlen_q"),
+        ({"dropout_p": 2.0}, "dropout_p"),
+        ({"softcap": -3.0}, "softcap"),
+        ({"window": (-3, 0)}, "window"),
+        ({"bias": _ptr((2, 2, 6, 6))}, "broadcast"),
+    ],
+)
+def test_fwd_varlen_argument_errors(kwargs, message):
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        _varlen(**kwargs)
+
+
+def test_group_mode_without_offsets_fails_at_run():
+    # NULL offsets pass every Python check (they are well-formed arrays); the C run rejects them.
+    null = ckfmha.device_ptr(0, (3,), "int32")
+    with pytest.raises(errors.InvalidArgumentError, match="cu_seqlens_q"):
+        _varlen(cu_q=null, cu_k=null)
+    with pytest.raises(errors.InvalidArgumentError, match="cu_seqlens_k"):
+        _varlen(cu_q=_ptr((3,), "int32", address=0x900000), cu_k=null)
+
+
 # ---- no device ----
 
 
@@ -449,6 +619,33 @@ def test_fwd_device_pointers_without_gpu_raise_no_device():
         ckfmha.fwd(q, q, q)
     with pytest.raises(errors.NoDeviceError):
         ckfmha.fwd(q, q, q, out=_ptr((1, 2, 16, 64), address=0x800000))
+
+
+@no_gpu
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"window": (-1, -1)},
+        {"window": (4, 0), "causal_alignment": "bottom_right", "softcap": 20.0},
+        {"bias": _ptr((1, 1, 1, 8)), "dropout_p": 0.1, "dropout_seed": 2**64 - 1},
+        {"alibi_slopes": _ptr((1, 2), "fp32"), "sink": _ptr((2,), "fp32")},
+        {"v_col_major": True, "scale": 0.5},
+    ],
+)
+def test_well_formed_features_reach_the_device(kwargs):
+    q = _ptr(_Q)
+    v = _ptr((1, 2, 64, 8)) if kwargs.get("v_col_major") else q
+    with pytest.raises(errors.NoDeviceError):
+        ckfmha.fwd(q, q, v, out=_ptr(_Q, address=0x800000), **kwargs)
+
+
+@no_gpu
+def test_well_formed_varlen_reaches_the_device():
+    offsets = _ptr((3,), "int32", address=0x900000)
+    with pytest.raises(errors.NoDeviceError):
+        _varlen(cu_q=offsets, cu_k=offsets, skip_min_seqlen_q=2, window=(3, 3))
+    with pytest.raises(errors.NoDeviceError):
+        _varlen(cu_q=offsets, cu_k=offsets, kv_shape=(12, 1, 64), alibi_slopes=_ptr((2,), "fp32"))
 
 
 @no_gpu
@@ -486,6 +683,64 @@ def test_cli_explain(capsys, kernels):
     assert cli_main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("selected: ") and kernel["name"] in out
+
+
+def test_cli_feature_flags_build_the_problem():
+    from ckfmha.__main__ import _parser, problem_from_args
+
+    argv = ["explain", "--heads", "8", "--kv-heads", "2", "--seqlen", "64", "--hdim", "64"]
+    argv += ["--window", "16", "-1", "--causal-alignment", "bottom_right", "--softcap", "30"]
+    argv += ["--alibi", "--sink", "--dropout", "0.125"]
+    problem = problem_from_args(_parser().parse_args(argv))
+    assert problem.window == (16, -1) and problem.causal_alignment == "bottom_right"
+    assert (problem.softcap, problem.bias, problem.sink, problem.dropout_p) == (
+        30.0, "alibi", True, 0.125,
+    )  # fmt: skip
+    assert problem.to_c_dict()["mask"] == 4
+    plain = problem_from_args(_parser().parse_args(argv[:9]))
+    assert (plain.window, plain.softcap, plain.bias, plain.sink, plain.dropout_p) == (
+        None, 0.0, "none", False, 0.0,
+    )  # fmt: skip
+
+
+def test_cli_explain_with_features(capsys, kernels):
+    kernel = kernels[0]
+    argv = ["explain", "--heads", "4", "--seqlen", "64", "--hdim", str(kernel["hdim_q"])]
+    argv += ["--dtype", kernel["dtype"], "--arch", kernel["arch_name"]]
+    argv += ["--window", "8", "0", "--softcap", "10", "--sink", "--dropout", "0.1"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("selected: ") and kernel["name"] in out
+    assert cli_main(argv + ["--dropout", "1.5"]) == 2
+    assert "dropout_p" in capsys.readouterr().err
+
+
+def test_cli_validation_uses_features_and_stored_randval():
+    from ckfmha._bench import make_features, validate
+    from ckfmha.reference import attention_reference, dropout_keep, philox_dropout_randval
+
+    problem = ckfmha.FwdProblem(
+        batch=2, nhead_q=4, nhead_k=2, seqlen_q=9, seqlen_k=12, hdim=16, window=(3, 2),
+        causal_alignment="bottom_right", softcap=5.0, bias="alibi", sink=True, dropout_p=0.3,
+        layout="bshd",
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 9, 4, 16)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 12, 2, 16)).astype(np.float16) for _ in range(2))
+    features = make_features(problem, seed=11)
+    assert features["alibi_slopes"].dtype == np.float32 and features["sink"].shape == (4,)
+    assert features["dropout_seed"] == 11 and features["window"] == (3, 2)
+    randval = philox_dropout_randval(11, 0, 2, 4, 9, 12)
+    expected, _ = attention_reference(
+        q, k, v, layout="bshd", window=(3, 2), causal_alignment="bottom_right", softcap=5.0,
+        alibi_slopes=features["alibi_slopes"], sink=features["sink"], dropout_p=0.3,
+        dropout_keep=dropout_keep(randval, 0.3),
+    )  # fmt: skip
+    max_abs, rel_l2, _ = validate(problem, q, k, v, expected, features, randval)
+    assert max_abs == 0.0 and rel_l2 == 0.0
+    # Another stream's bytes drop other probabilities, which validation notices.
+    other = philox_dropout_randval(12, 0, 2, 4, 9, 12)
+    assert validate(problem, q, k, v, expected, features, other)[0] > 1e-3
 
 
 @no_gpu

@@ -24,15 +24,39 @@ cimport ckfmha
 
 def probe():
     cdef int major = 0, minor = 0, patch = 0, count = 0
-    cdef int version_status, count_status, init_status
+    cdef int version_status, count_status, init_status, features_status, dropout_status
     cdef ckfmha.ckfmha_fwd_problem problem
+    cdef ckfmha.ckfmha_fwd_args args
     with nogil:
         version_status = ckfmha.ckfmha_version(&major, &minor, &patch)
         count_status = ckfmha.ckfmha_registry_count(&count)
         init_status = ckfmha.ckfmha_fwd_problem_init(
             &problem, ckfmha.CKFMHA_DTYPE_BF16, ckfmha.CKFMHA_LAYOUT_BSHD, 2, 8, 2, 64, 128, 64, 64)
+        problem.mode = ckfmha.CKFMHA_MODE_GROUP
+        problem.skip_min_seqlen_q = 4
+        problem.mask = ckfmha.CKFMHA_MASK_WINDOW_BOTTOM_RIGHT
+        problem.window_left = 32
+        problem.window_right = -1
+        problem.softcap = 30.0
+        problem.bias = ckfmha.CKFMHA_BIAS_ALIBI
+        problem.alibi_stride = 0
+        problem.has_sink = 1
+        problem.dropout_p = 0.1
+        problem.dropout_seed = 0xFFFFFFFFFFFFFFFF
+        problem.dropout_offset = 7
+        problem.store_dropout_randval = 1
+        features_status = ckfmha.ckfmha_fwd_problem_validate(&problem)
+        problem.dropout_p = 1.5
+        dropout_status = ckfmha.ckfmha_fwd_problem_validate(&problem)
+        args.alibi_slopes = NULL
+        args.sink = NULL
+        args.cu_seqlens_q = NULL
+        args.cu_seqlens_k = NULL
+        args.dropout_randval = NULL
     return {
-        "statuses": [version_status, count_status, init_status],
+        "statuses": [version_status, count_status, init_status, features_status],
+        "dropout_status": dropout_status,
+        "invalid": ckfmha.CKFMHA_ERROR_INVALID_ARGUMENT,
         "success": ckfmha.CKFMHA_SUCCESS,
         "version": [major, minor, patch],
         "header": [ckfmha.CKFMHA_VERSION_MAJOR, ckfmha.CKFMHA_VERSION_MINOR,
@@ -92,7 +116,8 @@ def test_cimport_ckfmha_from_another_extension(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
-    assert result["statuses"] == [result["success"]] * 3
+    assert result["statuses"] == [result["success"]] * 4
+    assert result["dropout_status"] == result["invalid"]
     assert result["version"] == result["header"] == list(ckfmha.version())
     assert result["count"] == len(ckfmha.Registry()) > 0
     # bshd: (batch, head, seq) strides of [2, 64, 8, 64].

@@ -85,9 +85,9 @@ def _feature_combos() -> list[dict[str, object]]:
     from generator.receipts import FEATURE_FACTORS
 
     return [
-        c for c in all_pairs(FEATURE_FACTORS)
-        if c["mode"] != "batch" or c["bias"] != "none" or c["dropout"] or c["softcap"]
-        or c["sink"]
+        c
+        for c in all_pairs(FEATURE_FACTORS)
+        if c["mode"] != "batch" or c["bias"] != "none" or c["dropout"] or c["softcap"] or c["sink"]
     ]
 
 
@@ -103,11 +103,48 @@ def test_feature_layer_covers_every_pair() -> None:
 
     combos = _feature_combos()
     # The all-off combination lives in the mask layer; with it the pairs are all covered.
-    baseline = {"mode": "batch", "bias": "none", "dropout": False, "softcap": False,
-                "sink": False}
+    baseline = {"mode": "batch", "bias": "none", "dropout": False, "softcap": False, "sink": False}
     with_baseline = combos + [{**baseline, "mask": m} for m in FEATURE_FACTORS["mask"]]
     assert covers_all_pairs(FEATURE_FACTORS, with_baseline)
     assert len(combos) <= 14
+
+
+def test_all_pairs_is_deterministic_and_covering() -> None:
+    from generator.pairwise import all_pairs, covers_all_pairs
+
+    factors = {"a": (0, 1, 2), "b": ("x", "y"), "c": (False, True), "d": (1, 2, 3)}
+    combos = all_pairs(factors)
+    assert covers_all_pairs(factors, combos)
+    assert combos == all_pairs(factors)
+    # Far fewer than the 36-way cross product; at least |a| x |d| = 9 are needed.
+    assert 9 <= len(combos) <= 12
+    assert not covers_all_pairs(factors, combos[:-1])
+
+
+def test_feature_tokens_appear_only_when_on() -> None:
+    config = _config(
+        "sm_90a", dtype="bf16", mode="group", hdim_q=192, hdim_v=128, tile_k=192, mask="window",
+        bias="alibi", dropout=True, softcap=True, sink=True,
+    )  # fmt: skip
+    assert config.name == (
+        "fwd_bf16_group_d192x128_window_alibi_lse_drop_softcap_sink"
+        "__sm_90a_sm80_cpasync_mma_m128n64k192_w4s1"
+    )
+    assert _config(bias="elementwise").name.startswith("fwd_fp16_batch_d128x128_causal_bias_lse__")
+
+
+def test_ci_names_are_stable() -> None:
+    names = [c.name for c in select(get_receipt("ci"), load_specs()["sm_80"]).accepted]
+    tail = "__sm_80_sm80_cpasync_mma_"
+    assert names == [
+        f"fwd_fp16_batch_d64x64_none_lse{tail}m128n64k64_w4s1",
+        f"fwd_fp16_batch_d128x128_causal_lse{tail}m128n32k128_w4s1",
+        f"fwd_bf16_batch_d64x64_causal_lse{tail}m128n64k64_w4s1",
+        f"fwd_bf16_batch_d128x128_none_lse{tail}m128n32k128_w4s1",
+        f"fwd_bf16_group_d128x128_window_bias_lse{tail}m128n32k128_w4s1",
+        f"fwd_fp16_batch_d64x64_causal_alibi_lse_drop{tail}m128n64k64_w4s1",
+        f"fwd_bf16_batch_d192x128_none_lse_softcap_sink{tail}m128n64k192_w4s1",
+    ]
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -115,13 +152,15 @@ def test_receipt_sizes(arch: str) -> None:
     specs = load_specs()
     sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
     assert sizes["ci"] == 7
-    # 2 dtypes x 6 head-dim pairs x 3 masks, plus the pairwise feature layer.
+    # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
+    # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
-    assert sizes["default"] == 36 + features
+    assert sizes["default"] == 36 + 12 + features
     tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     alternatives = sum(len(t) for t in tiles.values())
     # Mask-only kernels come with and without LSE, each with every listed tile.
-    assert sizes["full"] == 2 * 3 * 2 * alternatives + _feature_tiles(specs[arch])
+    group_tiles = _feature_tiles(specs[arch]) // len(_feature_combos()) * 3
+    assert sizes["full"] == 2 * 3 * 2 * alternatives + group_tiles + _feature_tiles(specs[arch])
 
 
 def test_names_unique_stable_and_valid() -> None:
@@ -146,9 +185,9 @@ def test_filter_selects_by_regex() -> None:
     selection = select(
         get_receipt("default"), load_specs()["sm_80"], compile_filter("bf16.*causal")
     )
-    assert len(selection.accepted) == 6 + sum(
-        c["mask"] == "causal" for c in _feature_combos()
-    ) * 2
+    # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
+    causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
+    assert len(selection.accepted) == 6 + 2 + causal_features * 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -184,7 +223,10 @@ def test_valid_config_has_no_reasons() -> None:
         ({"tile_n": 40}, r"tile_n=40 is not a positive multiple of 16"),
         ({"stages": 2}, r"stages=2 is not supported.*stages=1"),
         ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
-        ({"hdim_q": 100, "hdim_v": 100, "tile_k": 100}, r"hdim_q=100 is not a multiple of 32 in 32..256"),
+        (
+            {"hdim_q": 100, "hdim_v": 100, "tile_k": 100},
+            r"hdim_q=100 is not a multiple of 32 in 32..256",
+        ),
         ({"pipeline": "sm90_tma_wgmma"}, r"pipeline 'sm90_tma_wgmma' is not available on sm_80"),
         ({"pipeline": "sm90_tma_wgmma"}, r"has no kernel template"),
         ({"tile_n": 256}, r"estimated 384 accumulator registers per thread.*exceeds 192"),
@@ -307,6 +349,25 @@ def test_instance_matches_template() -> None:
     )
 
 
+def test_feature_instance_passes_every_template_argument() -> None:
+    config = _config(
+        "sm_90a", dtype="bf16", mode="group", hdim_q=192, hdim_v=128, tile_k=192, mask="window",
+        bias="alibi", dropout=True, softcap=True, sink=True,
+    )  # fmt: skip
+    text = emit.render_instance(config)
+    assert (
+        "using Traits = ckfmha::kernel::FwdSm80Traits<cutlass::bfloat16_t, /*HeadDimQK=*/192, "
+        "/*HeadDimV=*/128,\n"
+        "    /*BlockM=*/128, /*BlockN=*/64, /*Warps=*/4, /*Stages=*/1,\n"
+        "    ckfmha::kernel::MaskMode::kWindow, ckfmha::kernel::BiasMode::kAlibi,\n"
+        "    /*HasLse=*/true, /*HasDropout=*/true, /*HasSoftcap=*/true, /*HasSink=*/true,\n"
+        "    /*IsGroupMode=*/true>;\n"
+    ) in text
+    assert f'extern "C" int {config.symbol}(const void* problem, const void* args, ' in text
+    elementwise = emit.render_instance(_config(bias="elementwise", mask="none"))
+    assert "MaskMode::kNone, ckfmha::kernel::BiasMode::kElementwise," in elementwise
+
+
 def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
@@ -341,3 +402,61 @@ def test_ci_table_and_header_compile(tmp_path: Path) -> None:
     _syntax_check(tmp_path, files.table)
     # The dispatch header is plain C as well, so C consumers can include it.
     _syntax_check(tmp_path, files.header, "-x", "c", "-std=c11")
+
+
+TABLE_DUMP = """\
+#include <cstdio>
+#include "ckfmha_kernels.h"
+extern "C" const ckfmha_kernel_table* ckfmha_builtin_kernel_table(void);
+int main() {
+  const ckfmha_kernel_table* t = ckfmha_builtin_kernel_table();
+  std::printf("%d %d\\n", t->abi_version, t->count);
+  for (int i = 0; i < t->count; ++i) {
+    const ckfmha_kernel_entry& e = t->entries[i];
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n", e.name,
+                e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias, e.has_lse,
+                e.has_dropout, e.has_softcap, e.has_sink, e.arch, e.arch_name, e.pipeline,
+                e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
+                e.launch(nullptr, nullptr, nullptr));
+  }
+}
+"""
+
+
+@needs_gxx
+def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
+    """Builds the ci table against kernel_entry.h and reads every field back."""
+    specs = load_specs()
+    configs = select_for_arches(get_receipt("ci"), ("sm_80", "sm_90a"), specs).accepted
+    files = emit.emit(tmp_path, configs, [], specs)
+    stubs = "".join(
+        f'extern "C" int {c.symbol}(const void*, const void*, ckfmha_stream_t) {{ return {i}; }}\n'
+        for i, c in enumerate(configs)
+    )
+    (tmp_path / "stubs.cpp").write_text(f'#include "ckfmha_kernels.h"\n{stubs}')
+    (tmp_path / "dump.cpp").write_text(TABLE_DUMP)
+    program = tmp_path / "dump"
+    command = ["g++", "-std=c++17", "-Wall", "-Werror", f"-I{ROOT / 'cpp' / 'include'}"]
+    command += [f"-I{tmp_path}", str(files.table), str(tmp_path / "stubs.cpp")]
+    command += [str(tmp_path / "dump.cpp"), "-o", str(program)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = subprocess.run(
+        [str(program)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert lines[0] == f"2 {len(configs)}"
+    enums = {
+        "mode": {"batch": 0, "group": 1},
+        "mask": {"none": 0, "causal": 1, "window": 2},
+        "bias": {"none": 0, "elementwise": 1, "alibi": 2},
+        "dtype": {"fp16": 0, "bf16": 1},
+    }
+    for i, (line, config) in enumerate(zip(lines[1:], configs)):
+        sig, alg = config.signature, config.algorithm
+        expected = [
+            config.name, 0, enums["dtype"][sig.dtype], enums["mode"][sig.mode], sig.hdim_q,
+            sig.hdim_v, enums["mask"][sig.mask], enums["bias"][sig.bias], int(sig.lse),
+            int(sig.dropout), int(sig.softcap), int(sig.sink), specs[alg.arch].arch_number,
+            alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
+        ]  # fmt: skip
+        assert line.split() == [str(v) for v in expected]

@@ -288,7 +288,9 @@ template <class T, int DQ, int DV, int M, int N, int W, int S, MaskMode Mask, Bi
 struct FwdSm80Traits {
   static constexpr int kThreads = W * 32;
 };
-template <class Traits> __global__ void stand_in_kernel(int* out) { if (out) *out = Traits::kThreads; }
+template <class Traits> __global__ void stand_in_kernel(int* out) {
+  if (out) *out = Traits::kThreads;
+}
 template <class Traits> int launch_fwd_sm80(const void*, const void*, ckfmha_stream_t stream) {
   stand_in_kernel<Traits><<<1, Traits::kThreads, 0, stream>>>(nullptr);
   return Traits::kThreads;

@@ -131,11 +131,10 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   if (best.found) return best;
 
   // Summarise what exists for this device so the message says what is supported.
-  std::map<std::string, std::set<std::string>> head_dims_by_dtype;
+  std::map<std::string, std::set<std::pair<int, int>>> head_dims_by_dtype;
   for (auto const& k : kernels) {
     if (k.family != CKFMHA_FAMILY_FWD || !arch_runs_on(k, device_arch)) continue;
-    head_dims_by_dtype[dtype_name(k.dtype)].insert(std::to_string(k.hdim_q) + "x" +
-                                                   std::to_string(k.hdim_v));
+    head_dims_by_dtype[dtype_name(k.dtype)].insert({k.hdim_q, k.hdim_v});
   }
   std::ostringstream msg;
   msg << "no compiled forward kernel fits " << describe(p) << " on " << arch_label(device_arch)
@@ -160,8 +159,8 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
     for (auto const& [dtype, dims] : head_dims_by_dtype) {
       msg << " " << dtype << " head dims {";
       bool first = true;
-      for (auto const& d : dims) {
-        msg << (first ? "" : ", ") << d;
+      for (auto const& [hdim_q, hdim_v] : dims) {
+        msg << (first ? "" : ", ") << hdim_q << "x" << hdim_v;
         first = false;
       }
       msg << "};";
