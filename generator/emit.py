@@ -95,7 +95,9 @@ def render_instance(config: KernelConfig) -> str:
         f"ckfmha::kernel::BiasMode::{_BIAS_MODES[sig.bias]},\n"
         f"{indent}/*HasLse=*/{flag(sig.lse)}, /*HasDropout=*/{flag(sig.dropout)}, "
         f"/*HasSoftcap=*/{flag(sig.softcap)}, /*HasSink=*/{flag(sig.sink)},\n"
-        f"{indent}/*IsGroupMode=*/{flag(sig.mode == 'group')}>;\n"
+        f"{indent}/*IsGroupMode=*/{flag(sig.mode == 'group')}"
+        # The traits default VColMajor to false, so row-major instances omit it.
+        f"{', /*VColMajor=*/true' if sig.v_col_major else ''}>;\n"
         "}  // namespace\n"
         "\n"
         f'extern "C" int {config.symbol}(const void* problem, const void* args, '
@@ -140,7 +142,8 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f"     {_FAMILY_ENUMS[sig.family]}, {_DTYPE_ENUMS[sig.dtype]}, {_MODE_ENUMS[sig.mode]}, "
         f"{sig.hdim_q}, {sig.hdim_v}, {_MASK_ENUMS[sig.mask]}, {_BIAS_ENUMS[sig.bias]},\n"
         f"     /*has_lse=*/{int(sig.lse)}, /*has_dropout=*/{int(sig.dropout)}, "
-        f"/*has_softcap=*/{int(sig.softcap)}, /*has_sink=*/{int(sig.sink)},\n"
+        f"/*has_softcap=*/{int(sig.softcap)}, /*has_sink=*/{int(sig.sink)}, "
+        f"/*v_col_major=*/{int(sig.v_col_major)},\n"
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"

@@ -59,6 +59,14 @@ def _group_signatures() -> tuple[FwdSignature, ...]:
     )
 
 
+def _v_col_major_signatures() -> tuple[FwdSignature, ...]:
+    """V stored keys-contiguous (a transposed KV cache), with and without a causal mask."""
+    return tuple(
+        _fwd(dtype, hdims, mask, True, v_col_major=True)
+        for dtype, hdims, mask in itertools.product(DTYPES, FEATURE_HDIMS, ("none", "causal"))
+    )
+
+
 def _feature_signatures() -> tuple[FwdSignature, ...]:
     combos = [
         c
@@ -102,17 +110,18 @@ RECEIPTS: dict[str, Receipt] = {
         Receipt(
             name="default",
             description="{fp16,bf16} x head dims {32,64,96,128,192x128,256} x mask "
-            "{none,causal,window} with LSE, plain group mode at d64/d128, plus "
+            "{none,causal,window} with LSE, plain group mode and column-major V at d64/d128, plus "
             "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; default tiles",
-            signatures=_mask_signatures((True,)) + _group_signatures() + _feature_signatures(),
+            signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
+            + _feature_signatures(),
             all_tiles=False,
         ),
         Receipt(
             name="full",
             description="default plus no-LSE variants and every alternative tile",
             signatures=_mask_signatures((True, False)) + _group_signatures()
-            + _feature_signatures(),
+            + _v_col_major_signatures() + _feature_signatures(),
             all_tiles=True,
         ),
     )

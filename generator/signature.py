@@ -30,6 +30,7 @@ class FwdSignature:
     dropout: bool = False
     softcap: bool = False
     sink: bool = False
+    v_col_major: bool = False  # V stored [.., hdim_v, seqlen_k]
 
     @property
     def name(self) -> str:
@@ -42,6 +43,7 @@ class FwdSignature:
                 ("_drop", self.dropout),
                 ("_softcap", self.softcap),
                 ("_sink", self.sink),
+                ("_vcol", self.v_col_major),
             )
             if on
         )

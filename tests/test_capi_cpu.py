@@ -49,6 +49,7 @@ def problem_for(kernel: dict, **overrides) -> ckfmha.FwdProblem:
         "softcap": 30.0 if kernel["softcap"] else 0.0,
         "sink": kernel["sink"],
         "mode": kernel["mode"],
+        "v_col_major": kernel["v_col_major"],
     }
     fields.update(overrides)
     return ckfmha.FwdProblem(**fields)
@@ -149,6 +150,7 @@ def test_select_serves_every_registered_signature(kernels):
             "dropout",
             "softcap",
             "sink",
+            "v_col_major",
         )
         assert [chosen[f] for f in signature] == [kernel[f] for f in signature]
         assert kernel["arch_name"] in name

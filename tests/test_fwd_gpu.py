@@ -35,6 +35,8 @@ MAX_ABS_TOL = {"fp16": 1e-2, "bf16": 6e-2}
 LSE_TOL = 2e-3
 
 SEQLEN_PAIRS = [(1, 17), (17, 1), (257, 1000), (1000, 257), (300, 300), (1, 1)]
+# Column-major V loads keys as 16-byte vectors: key counts are multiples of 8.
+VCOL_SEQLEN_PAIRS = [(1, 16), (17, 8), (257, 1000), (1000, 256), (300, 304), (1, 8)]
 WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 VARLEN_Q = [0, 1, 17, 300, 129, 64]
 VARLEN_K = [5, 1, 40, 300, 0, 200]
@@ -147,7 +149,8 @@ def _check_randval(randval: Any, options: dict[str, Any], b: int, hq: int, sq: i
 
 
 def _batch_cases(kernel: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for i, (sq, sk) in enumerate(SEQLEN_PAIRS):
+    pairs = VCOL_SEQLEN_PAIRS if kernel["v_col_major"] else SEQLEN_PAIRS
+    for i, (sq, sk) in enumerate(pairs):
         yield {"index": i, "sq": sq, "sk": sk, "batch": 2 if sq * sk < 200_000 else 1,
                "heads": [(4, 4), (4, 2), (6, 1)][i % 3], "layout": ["bhsd", "bshd"][i % 2]}
 
@@ -163,14 +166,16 @@ def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs
 
     q = inputs.normal(shape(hq, sq, d), dtype)
     k = inputs.normal(shape(hk, sk, d), dtype)
-    v = inputs.normal(shape(hk, sk, dv), dtype)
+    v_col_major = kernel["v_col_major"]
+    # Column-major V is [b, hk, dv, sk] whatever the layout of q and k.
+    v = inputs.normal((b, hk, dv, sk) if v_col_major else shape(hk, sk, dv), dtype)
     out = torch.full(shape(hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
     options = {**_mask_options(kernel, case["index"]),
                **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}
     scale = 1.0 / math.sqrt(d) * (0.75 if case["index"] % 2 else 1.0)
     result = ckfmha.fwd(q, k, v, scale=scale, return_lse=True, layout=case["layout"], out=out,
-                        lse_out=lse, kernel=kernel["name"],
+                        lse_out=lse, kernel=kernel["name"], v_col_major=v_col_major,
                         return_dropout_randval=kernel["dropout"], **options)
     torch.cuda.synchronize()
     got, got_lse = result[0], result[1]
@@ -184,7 +189,8 @@ def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
     ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), scale=scale,
-                                       layout=case["layout"], **ref_options)
+                                       layout=case["layout"], v_col_major=v_col_major,
+                                       **ref_options)
     _compare(kernel, got, got_lse, ref, ref_lse, f"{case} {sorted(options)}")
 
 

@@ -155,12 +155,16 @@ def test_receipt_sizes(arch: str) -> None:
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
-    assert sizes["default"] == 36 + 12 + features
+    # Column-major V: 2 dtypes x d64/d128 x masks none/causal.
+    assert sizes["default"] == 36 + 12 + 8 + features
     tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     alternatives = sum(len(t) for t in tiles.values())
     # Mask-only kernels come with and without LSE, each with every listed tile.
     group_tiles = _feature_tiles(specs[arch]) // len(_feature_combos()) * 3
-    assert sizes["full"] == 2 * 3 * 2 * alternatives + group_tiles + _feature_tiles(specs[arch])
+    vcol_tiles = group_tiles * 2 // 3
+    assert sizes["full"] == (
+        2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch])
+    )
 
 
 def test_names_unique_stable_and_valid() -> None:
@@ -187,7 +191,8 @@ def test_filter_selects_by_regex() -> None:
     )
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
-    assert len(selection.accepted) == 6 + 2 + causal_features * 2
+    # ... and the causal column-major-V kernels at d64/d128.
+    assert len(selection.accepted) == 6 + 2 + 2 + causal_features * 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -413,9 +418,10 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n", e.name,
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n", e.name,
                 e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias, e.has_lse,
-                e.has_dropout, e.has_softcap, e.has_sink, e.arch, e.arch_name, e.pipeline,
+                e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major, e.arch, e.arch_name,
+                e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr));
   }
@@ -444,7 +450,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"2 {len(configs)}"
+    assert lines[0] == f"3 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "mask": {"none": 0, "causal": 1, "window": 2},
@@ -456,7 +462,8 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
         expected = [
             config.name, 0, enums["dtype"][sig.dtype], enums["mode"][sig.mode], sig.hdim_q,
             sig.hdim_v, enums["mask"][sig.mask], enums["bias"][sig.bias], int(sig.lse),
-            int(sig.dropout), int(sig.softcap), int(sig.sink), specs[alg.arch].arch_number,
+            int(sig.dropout), int(sig.softcap), int(sig.sink), int(sig.v_col_major),
+            specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]

@@ -284,7 +284,7 @@ namespace ckfmha::kernel {
 enum class MaskMode { kNone, kCausal, kWindow };
 enum class BiasMode { kNone, kElementwise, kAlibi };
 template <class T, int DQ, int DV, int M, int N, int W, int S, MaskMode Mask, BiasMode Bias,
-          bool Lse, bool Dropout, bool Softcap, bool Sink, bool Group>
+          bool Lse, bool Dropout, bool Softcap, bool Sink, bool Group, bool VColMajor = false>
 struct FwdSm80Traits {
   static constexpr int kThreads = W * 32;
 };
@@ -313,6 +313,7 @@ class KernelEntry(ctypes.Structure):
         ("has_dropout", ctypes.c_int32),
         ("has_softcap", ctypes.c_int32),
         ("has_sink", ctypes.c_int32),
+        ("v_col_major", ctypes.c_int32),
         ("arch", ctypes.c_int32),
         ("arch_name", ctypes.c_char_p),
         ("pipeline", ctypes.c_char_p),
@@ -372,7 +373,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (2, len(kernels))
+    assert (table.abi_version, table.count) == (3, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}

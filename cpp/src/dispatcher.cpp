@@ -96,8 +96,12 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
                           : "no logit soft-cap, problem has softcap > 0");
   } else if (bool(k.has_sink) != bool(p.has_sink)) {
     why << (k.has_sink ? "adds a sink, problem has none" : "no sink, problem has one");
-  } else if (p.v_col_major) {
-    why << "reads V row-major only (head dim contiguous); problem has V column-major";
+  } else if (bool(k.v_col_major) != bool(p.v_col_major)) {
+    why << (k.v_col_major ? "reads V column-major, problem has V row-major"
+                          : "reads V row-major (head dim contiguous), problem has V column-major");
+  } else if (p.v_col_major && p.seqlen_k % kVectorElems != 0) {
+    why << "column-major V loads keys as 16-byte vectors: seqlen_k " << p.seqlen_k
+        << " must be a multiple of " << kVectorElems;
   } else {
     for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},
                                 {"k", &p.k_stride},
@@ -165,7 +169,7 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
       }
       msg << "};";
     }
-    msg << " fp16/bf16, row-major V; masks, bias, dropout, soft-cap, sink and group mode"
+    msg << " fp16/bf16; masks, bias, dropout, soft-cap, sink, group mode and V layouts"
            " as listed by ckfmha_registry_json.";
   }
   msg << " ckfmha_fwd_explain lists each kernel's reason.";

@@ -82,7 +82,8 @@ std::string Registry::to_json() const {
         << ", \"lse\": " << (e.has_lse ? "true" : "false")
         << ", \"dropout\": " << (e.has_dropout ? "true" : "false")
         << ", \"softcap\": " << (e.has_softcap ? "true" : "false")
-        << ", \"sink\": " << (e.has_sink ? "true" : "false") << ", \"arch\": " << e.arch
+        << ", \"sink\": " << (e.has_sink ? "true" : "false")
+        << ", \"v_col_major\": " << (e.v_col_major ? "true" : "false") << ", \"arch\": " << e.arch
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 2
+#define CKFMHA_KERNEL_ABI_VERSION 3
 
 /* problem/args point at the family's structs (ckfmha_fwd_problem/_args for fwd). */
 typedef int (*ckfmha_launch_fn)(const void* problem, const void* args, ckfmha_stream_t stream);
@@ -35,6 +35,7 @@ typedef struct ckfmha_kernel_entry {
   int32_t has_dropout;
   int32_t has_softcap;
   int32_t has_sink;
+  int32_t v_col_major; /* V stored [.., hdim_v, seqlen_k] (keys contiguous) */
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sV = make_tensor(sK.data() + cosize(typename Traits::SmemLayoutK{}),
                           typename Traits::SmemLayoutV{});
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
+  using TileVt = Shape<Int<Traits::kHeadDimV>, Int<kBlockN>>;
 
   // ---- global -> shared
   typename Traits::RowsQK::Load qk_load;
@@ -114,9 +115,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     load_rows(qk_load, qk_load_thr.partition_S(key_tile(k_base, p.k_row_stride, n_block, TileK{})),
               tKsK, tKcK, seq.seqlen_k - n_block * kBlockN);
   };
+  typename Traits::RowsVt::Load vt_load;
+  auto vt_load_thr = vt_load.get_thread_slice(tid);
   auto load_v = [&](int n_block) {
-    load_rows(v_load, v_load_thr.partition_S(key_tile(v_base, p.v_row_stride, n_block, TileV{})),
-              tVsV, tVcV, seq.seqlen_k - n_block * kBlockN);
+    if constexpr (Traits::kVColMajor) {
+      // Rows are head-dim channels (v_row_stride is then the head-dim
+      // stride); this tile's keys start n_block * kBlockN columns in.
+      Tensor gVt = make_tensor(make_gmem_ptr(v_base + int64_t(n_block) * kBlockN), TileVt{},
+                               make_stride(p.v_row_stride, _1{}));
+      Tensor tVtsVt = vt_load_thr.partition_D(sVt);
+      load_cols(vt_load, vt_load_thr.partition_S(gVt), tVtsVt,
+                vt_load_thr.partition_S(make_identity_tensor(TileVt{})),
+                seq.seqlen_k - n_block * kBlockN);
+    } else {
+      load_rows(v_load,
+                v_load_thr.partition_S(key_tile(v_base, p.v_row_stride, n_block, TileV{})),
+                tVsV, tVcV, seq.seqlen_k - n_block * kBlockN);
+    }
   };
 
   // ---- shared -> registers and the MMAs
@@ -135,7 +150,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto k_s2r_thr = k_s2r.get_thread_slice(tid);
   Tensor tSsK = k_s2r_thr.partition_S(sK);
   Tensor tSrK_view = k_s2r_thr.retile_D(tSrK);
-  auto v_s2r = make_tiled_copy_B(typename Traits::SmemLoadAtomTransposed{}, tiled_mma);
+  auto v_s2r = make_tiled_copy_B(typename Traits::SmemLoadAtomVt{}, tiled_mma);
   auto v_s2r_thr = v_s2r.get_thread_slice(tid);
   Tensor tOsVt = v_s2r_thr.partition_S(sVt);
   Tensor tOrVt_view = v_s2r_thr.retile_D(tOrVt);

@@ -47,7 +47,7 @@ struct SmemRows {
 
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
-          bool HasSink, bool IsGroupMode>
+          bool HasSink, bool IsGroupMode, bool VColMajor = false>
 struct FwdSm80Traits {
   using Element = Element_;
 
@@ -65,6 +65,7 @@ struct FwdSm80Traits {
   static constexpr bool kHasSoftcap = HasSoftcap;
   static constexpr bool kHasSink = HasSink;
   static constexpr bool kIsGroupMode = IsGroupMode;
+  static constexpr bool kVColMajor = VColMajor;
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -89,10 +90,16 @@ struct FwdSm80Traits {
   using SmemLayoutK = typename RowsQK::template Layout<BlockN>;
   using SmemLayoutV = typename RowsV::template Layout<BlockN>;
   using SmemLayoutO = typename RowsV::template Layout<BlockM>;
-  // V seen as (HeadDimV, BlockN) over the same bytes: the B operand of O += P V.
-  using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutV{}, cute::make_layout(cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>>{},
-                                       cute::GenRowMajor{})));
+  // Column-major V arrives as (HeadDimV, BlockN) rows of keys: it is stored
+  // that way, swizzled along the keys, and read with plain ldmatrix.
+  using RowsVt = SmemRows<Element, BlockN, kThreads>;
+  // V^T as (HeadDimV, BlockN), the B operand of O += P V: a transposed view of
+  // row-major V, or the stored layout of column-major V.
+  using SmemLayoutVt = std::conditional_t<
+      VColMajor, typename RowsVt::template Layout<HeadDimV>,
+      decltype(cute::composition(
+          SmemLayoutV{}, cute::make_layout(cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>>{},
+                                           cute::GenRowMajor{})))>;
 
   // O is staged over Q's space once the main loop is done.
   static constexpr int kSmemQOBytes =
@@ -100,11 +107,15 @@ struct FwdSm80Traits {
                                   ? int(cute::cosize_v<SmemLayoutQ>)
                                   : int(cute::cosize_v<SmemLayoutO>));
   static constexpr int kSmemKBytes = int(cute::cosize_v<SmemLayoutK>) * int(sizeof(Element));
-  static constexpr int kSmemVBytes = int(cute::cosize_v<SmemLayoutV>) * int(sizeof(Element));
+  static constexpr int kSmemVBytes =
+      int(VColMajor ? cute::cosize_v<SmemLayoutVt> : cute::cosize_v<SmemLayoutV>) *
+      int(sizeof(Element));
   static constexpr int kSmemBytes = kSmemQOBytes + kSmemKBytes + kSmemVBytes;
 
   using SmemLoadAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   using SmemLoadAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  // ldmatrix flavour for the V^T operand: transposing unless V is column-major.
+  using SmemLoadAtomVt = std::conditional_t<VColMajor, SmemLoadAtom, SmemLoadAtomTransposed>;
   using SmemStoreAtom = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
 };
 

@@ -25,6 +25,26 @@ __device__ __forceinline__ void load_rows(TiledCopy const& tiled_copy, Src const
   }
 }
 
+// Column-predicated variant for tiles whose columns are keys (column-major
+// V). Callers guarantee the key count is a multiple of the 16-byte vector, so
+// each vector is wholly inside or wholly outside the sequence.
+template <class TiledCopy, class Src, class Dst, class Coords>
+__device__ __forceinline__ void load_cols(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
+                                          Coords const& coords, int cols_left) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(src); ++k) {
+      if (get<1>(coords(0, m, k)) < cols_left) {
+        copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      } else {
+        clear(dst(_, m, k));
+      }
+    }
+  }
+}
+
 template <class TiledCopy, class Src, class Dst, class Coords>
 __device__ __forceinline__ void store_rows(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
                                            Coords const& coords, int rows_left) {
