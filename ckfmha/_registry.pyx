@@ -25,6 +25,43 @@ cdef str _decode(const char* text):
     return text.decode("utf-8", "replace")
 
 
+# Fills buf with text of unknown length, reporting the size it needs.
+ctypedef int (*TextSource)(void* context, char* buf, size_t size, size_t* needed) noexcept nogil
+
+
+cdef str _read_text(TextSource source, void* context, str what):
+    """Calls ``source`` with a buffer, growing it to the reported size until the text fits."""
+    cdef size_t needed = 1 << 16
+    cdef char* buf = NULL
+    cdef int status
+    for _ in range(MAX_TRIES):
+        buf = <char*>malloc(needed)
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            status = source(context, buf, needed, &needed)
+            if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
+                check(status)
+                return _decode(buf)
+        finally:
+            free(buf)
+    raise BufferTooSmallError(f"{what} kept growing", 5)
+
+
+cdef int _registry_json(void* context, char* buf, size_t size, size_t* needed) noexcept nogil:
+    return capi.ckfmha_registry_json(buf, size, needed)
+
+
+cdef struct ExplainRequest:
+    const capi.ckfmha_fwd_problem* problem
+    int arch
+
+
+cdef int _explanation(void* context, char* buf, size_t size, size_t* needed) noexcept nogil:
+    cdef ExplainRequest* request = <ExplainRequest*>context
+    return capi.ckfmha_fwd_explain(request.problem, request.arch, buf, size, needed)
+
+
 cdef class Registry:
     """Every kernel the process can launch: the library's built-in set plus loaded modules.
 
@@ -53,21 +90,7 @@ cdef class Registry:
 
     def to_json(self) -> str:
         """JSON array with one object per kernel (signature and algorithm fields)."""
-        cdef size_t needed = 1 << 16
-        cdef char* buf = NULL
-        cdef int status
-        for _ in range(MAX_TRIES):
-            buf = <char*>malloc(needed)
-            if buf == NULL:
-                raise MemoryError()
-            try:
-                status = capi.ckfmha_registry_json(buf, needed, &needed)
-                if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
-                    check(status)
-                    return _decode(buf)
-            finally:
-                free(buf)
-        raise BufferTooSmallError("registry JSON kept growing", 5)
+        return _read_text(_registry_json, NULL, "registry JSON")
 
     def kernels(self) -> list:
         return json.loads(self.to_json())
@@ -115,23 +138,11 @@ cdef class Dispatcher:
     def explain(self, problem=None, *, arch=None, **fields) -> str:
         """Kernel-by-kernel account of which fit ``problem`` and why the rest do not."""
         cdef capi.ckfmha_fwd_problem c_problem
-        cdef size_t needed = 1 << 16
-        cdef char* buf = NULL
-        cdef int status
         fill_fwd_problem(_as_problem(problem, fields), &c_problem)
-        cdef int c_arch = parse_arch(arch)
-        for _ in range(MAX_TRIES):
-            buf = <char*>malloc(needed)
-            if buf == NULL:
-                raise MemoryError()
-            try:
-                status = capi.ckfmha_fwd_explain(&c_problem, c_arch, buf, needed, &needed)
-                if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
-                    check(status)
-                    return _decode(buf)
-            finally:
-                free(buf)
-        raise BufferTooSmallError("explanation kept growing", 5)
+        cdef ExplainRequest request
+        request.problem = &c_problem
+        request.arch = parse_arch(arch)
+        return _read_text(_explanation, &request, "explanation")
 
     def __repr__(self) -> str:
         return "<ckfmha.Dispatcher>"
