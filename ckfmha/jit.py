@@ -42,6 +42,7 @@ class GeneratorModules:
     emit: ModuleType
     enumerate: ModuleType
     receipts: ModuleType
+    rules: ModuleType
     signature: ModuleType
     specs: ModuleType
     toolchain: ModuleType
@@ -65,7 +66,7 @@ def _generator_package() -> str:
 
 def generator_modules() -> GeneratorModules:
     package = _generator_package()
-    names = ("build", "emit", "enumerate", "receipts", "signature", "specs", "toolchain")
+    names = ("build", "emit", "enumerate", "receipts", "rules", "signature", "specs", "toolchain")
     return GeneratorModules(
         **{name: importlib.import_module(f"{package}.{name}") for name in names}
     )

@@ -73,6 +73,15 @@ def instance_file_name(config: KernelConfig) -> str:
     return f"{config.name}.cu"
 
 
+def _trailing_defaults(v_col_major: bool, ctas_per_sm: int) -> str:
+    """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1), written out only as far
+    as a non-default value needs, so plain instances keep their short text."""
+    v_flag = "true" if v_col_major else "false"
+    if ctas_per_sm != 1:
+        return f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}"
+    return ", /*VColMajor=*/true" if v_col_major else ""
+
+
 def render_instance(config: KernelConfig) -> str:
     sig, alg = config.signature, config.algorithm
     template = PIPELINE_TEMPLATES[alg.pipeline]
@@ -96,8 +105,7 @@ def render_instance(config: KernelConfig) -> str:
         f"{indent}/*HasLse=*/{flag(sig.lse)}, /*HasDropout=*/{flag(sig.dropout)}, "
         f"/*HasSoftcap=*/{flag(sig.softcap)}, /*HasSink=*/{flag(sig.sink)},\n"
         f"{indent}/*IsGroupMode=*/{flag(sig.mode == 'group')}"
-        # The traits default VColMajor to false, so row-major instances omit it.
-        f"{', /*VColMajor=*/true' if sig.v_col_major else ''}>;\n"
+        f"{_trailing_defaults(sig.v_col_major, alg.ctas_per_sm)}>;\n"
         "}  // namespace\n"
         "\n"
         f'extern "C" int {config.symbol}(const void* problem, const void* args, '

@@ -61,6 +61,7 @@ def candidates(
                         tile_k=sig.hdim_q,
                         warps=tile.warps,
                         stages=tile.stages,
+                        ctas_per_sm=tile.ctas_per_sm,
                     ),
                 )
 

@@ -19,11 +19,15 @@ KNOWN_MODES = ("batch", "group")
 # Above this many accumulator registers per thread the compiler spills: the O accumulator and
 # the S/P tile both live in registers next to addressing and softmax state.
 MAX_ACCUMULATOR_REGISTERS = 192
+# Registers besides the accumulators: MMA operand fragments, tile addresses, softmax state.
+NON_ACCUMULATOR_REGISTERS = 32
 # Shared-memory rows are swizzled in 32- or 64-element chunks (16-byte vectors within).
 HDIM_MULTIPLE = 32
 MAX_HDIM = 256
 # mma.sync m16n8k16: each warp owns 16 query rows; key tiles step in 16s.
 MMA_ROWS = 16
+# K/V shared-memory stages of the sm80 template: single- or double-buffered.
+SM80_STAGES = (1, 2)
 
 Rule = Callable[[KernelConfig, ArchSpec], list[str]]
 
@@ -103,21 +107,29 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"tile_n={alg.tile_n} is not a positive multiple of {MMA_ROWS}; key tiles feed "
             "16-wide MMA steps"
         )
-    if alg.stages != 1:
+    if alg.stages not in SM80_STAGES:
         reasons.append(
-            f"stages={alg.stages} is not supported; the {alg.pipeline} template single-buffers "
-            "K and V (stages=1)"
+            f"stages={alg.stages} is not supported; the {alg.pipeline} template buffers K and V "
+            f"in {' or '.join(map(str, SM80_STAGES))} shared-memory stages"
         )
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
     # O is staged over Q's space, so the first term is the larger of the two tiles.
     smem = (
-        alg.tile_m * max(sig.hdim_q, sig.hdim_v) + alg.tile_n * (sig.hdim_q + sig.hdim_v)
+        alg.tile_m * max(sig.hdim_q, sig.hdim_v)
+        + alg.stages * alg.tile_n * (sig.hdim_q + sig.hdim_v)
     ) * elem
     if smem > arch.max_dynamic_smem_per_block:
         reasons.append(
-            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + K {alg.tile_n}x"
-            f"{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}, {elem} B each) exceeds {arch.name}'s "
-            f"limit of {arch.max_dynamic_smem_per_block} bytes per block"
+            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + {alg.stages} x (K "
+            f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}), {elem} B each) exceeds "
+            f"{arch.name}'s limit of {arch.max_dynamic_smem_per_block} bytes per block"
+        )
+    if alg.ctas_per_sm < 1:
+        reasons.append(f"ctas_per_sm={alg.ctas_per_sm} must be at least 1")
+    elif smem * alg.ctas_per_sm > arch.max_dynamic_smem_per_block:
+        reasons.append(
+            f"ctas_per_sm={alg.ctas_per_sm} needs {smem * alg.ctas_per_sm} bytes of shared "
+            f"memory per SM ({smem} per CTA); {arch.name} offers {arch.max_dynamic_smem_per_block}"
         )
     if alg.warps > 0:
         acc = (alg.tile_m * sig.hdim_v + alg.tile_m * alg.tile_n) // (alg.warps * 32)
@@ -127,6 +139,16 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
                 f"+ S {alg.tile_m}x{alg.tile_n} over {alg.warps * 32} threads) exceeds "
                 f"{MAX_ACCUMULATOR_REGISTERS}; use a smaller tile or more warps"
             )
+        if alg.ctas_per_sm >= 1:
+            # ptxas allocates registers in units of 8 per thread.
+            budget = arch.registers_per_sm // (alg.warps * 32 * alg.ctas_per_sm) // 8 * 8
+            budget = min(budget, arch.max_registers_per_thread)
+            if acc + NON_ACCUMULATOR_REGISTERS > budget:
+                reasons.append(
+                    f"ctas_per_sm={alg.ctas_per_sm} caps registers at {budget} per thread, "
+                    f"under the {acc} accumulators + {NON_ACCUMULATOR_REGISTERS} for operands, "
+                    "addresses and softmax state; lower ctas_per_sm or shrink the tile"
+                )
     return reasons
 
 

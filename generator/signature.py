@@ -64,12 +64,17 @@ class Algorithm:
     tile_k: int
     warps: int
     stages: int
+    # CTAs per SM the kernel's register budget must allow (__launch_bounds__'s
+    # second argument): ptxas caps registers per thread at 64K / (threads * this).
+    ctas_per_sm: int = 1
 
     @property
     def name(self) -> str:
+        # The occupancy token appears only when set, so existing names stay stable.
+        occupancy = f"c{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         return _checked(
             f"{self.arch}_{self.pipeline}_m{self.tile_m}n{self.tile_n}k{self.tile_k}"
-            f"_w{self.warps}s{self.stages}"
+            f"_w{self.warps}s{self.stages}{occupancy}"
         )
 
 

@@ -24,6 +24,7 @@ class TileSpec:
     tile_n: int
     warps: int
     stages: int
+    ctas_per_sm: int = 1
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def _parse_tile(raw: Mapping[str, Any]) -> TileSpec:
         tile_n=int(raw["tile_n"]),
         warps=int(raw["warps"]),
         stages=int(raw["stages"]),
+        ctas_per_sm=int(raw.get("ctas_per_sm", 1)),
     )
 
 

@@ -226,7 +226,13 @@ def test_valid_config_has_no_reasons() -> None:
         ({"bias": "rel"}, r"bias 'rel' is unknown; supported: none, elementwise, alibi"),
         ({"dtype": "fp32"}, r"fp32 needs the SIMT pipeline"),
         ({"tile_n": 40}, r"tile_n=40 is not a positive multiple of 16"),
-        ({"stages": 2}, r"stages=2 is not supported.*stages=1"),
+        ({"stages": 3}, r"stages=3 is not supported.*in 1 or 2 shared-memory stages"),
+        ({"stages": 2, "tile_m": 256, "tile_n": 128, "arch": "sm_86"},
+         r"shared memory 196608 bytes \(Q 256x128 \+ 2 x \(K 128x128"),
+        ({"ctas_per_sm": 3}, r"ctas_per_sm=3 caps registers at 168 per thread, under the 192"),
+        ({"ctas_per_sm": 0}, r"ctas_per_sm=0 must be at least 1"),
+        ({"ctas_per_sm": 4, "tile_m": 64, "tile_n": 32, "arch": "sm_86"},
+         r"ctas_per_sm=4 needs 131072 bytes of shared memory per SM"),
         ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
         (
             {"hdim_q": 100, "hdim_v": 100, "tile_k": 100},
@@ -371,6 +377,29 @@ def test_feature_instance_passes_every_template_argument() -> None:
     assert f'extern "C" int {config.symbol}(const void* problem, const void* args, ' in text
     elementwise = emit.render_instance(_config(bias="elementwise", mask="none"))
     assert "MaskMode::kNone, ckfmha::kernel::BiasMode::kElementwise," in elementwise
+
+
+def test_occupancy_and_stages_reach_name_and_traits() -> None:
+    config = _config("sm_90a", stages=2, ctas_per_sm=2, tile_n=32)
+    assert config.algorithm.name.endswith("_m128n32k128_w4s2c2")
+    assert _config("sm_90a").algorithm.name.endswith("_w4s1"), "default occupancy adds no token"
+    text = emit.render_instance(config)
+    assert "/*Warps=*/4, /*Stages=*/2," in text
+    assert "/*IsGroupMode=*/false, /*VColMajor=*/false, /*MinCtasPerSm=*/2>;" in text
+    column_major = emit.render_instance(_config("sm_90a", v_col_major=True, ctas_per_sm=2))
+    assert "/*VColMajor=*/true, /*MinCtasPerSm=*/2>;" in column_major
+
+
+def test_tile_table_occupancy_is_parsed(tmp_path: Path) -> None:
+    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs["arches"]["sm_90a"]["tiles"]["fwd"]["sm80_cpasync_mma"]["64"] = [
+        {"tile_m": 64, "tile_n": 64, "warps": 4, "stages": 2, "ctas_per_sm": 3}
+    ]
+    custom = tmp_path / "arch_specs.json"
+    custom.write_text(json.dumps(specs))
+    (tile,) = load_specs(custom)["sm_90a"].tiles_for("fwd", "sm80_cpasync_mma", 64)
+    assert (tile.stages, tile.ctas_per_sm) == (2, 3)
+    assert load_specs()["sm_90a"].tiles_for("fwd", "sm80_cpasync_mma", 64)[0].ctas_per_sm == 1
 
 
 def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:

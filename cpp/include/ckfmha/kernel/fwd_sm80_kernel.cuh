@@ -1,10 +1,13 @@
 // Forward attention on the sm80 tensor-core path (cp.async + ldmatrix +
 // mma.sync), one CTA per (query tile, head, batch or sequence).
 //
-// Per key tile, with K and V each single-buffered in shared memory:
+// Per key tile, with K and V each single-buffered in shared memory (Stages 1):
 //   wait K -> start loading V -> S = Q K^T -> logit transforms, mask -> wait V
 //   -> start loading the next K -> online softmax -> dropout -> O += P V
-// so each load runs under a GEMM or the softmax. Key tiles are visited from
+// so each load runs under a GEMM or the softmax. With two stages:
+//   wait K, V -> start loading the next K and V into the other stage -> S, mask,
+//   softmax, dropout, O += P V
+// so a tile's loads have the whole previous tile to land. Key tiles are visited from
 // the last to the first: the ragged end of the sequence and the causal
 // diagonal, the tiles needing a mask, come first.
 #pragma once
@@ -19,6 +22,8 @@
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
+
+#include <type_traits>
 
 namespace ckfmha::kernel {
 
@@ -41,8 +46,15 @@ __device__ __forceinline__ SequenceSlice locate_sequence(FwdParams const& p, int
   }
 }
 
+// The same partition of a tile held in another shared-memory stage; stages
+// are laid out back to back, so only the base pointer moves.
+template <class Partition>
+__device__ __forceinline__ auto in_stage(Partition const& part, int stage, int stage_elems) {
+  return cute::make_tensor(part.data() + stage * stage_elems, part.layout());
+}
+
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     fwd_sm80_kernel(__grid_constant__ const FwdParams p) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -84,9 +96,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(p.q_row_stride, _1{}));
   Tensor gO = make_tensor(make_gmem_ptr(o_base), TileO{}, make_stride(p.o_row_stride, _1{}));
-  auto key_tile = [](Element const* base, int64_t row_stride, int n_block, auto tile_shape) {
-    return make_tensor(make_gmem_ptr(base + int64_t(n_block) * kBlockN * row_stride), tile_shape,
-                       make_stride(row_stride, _1{}));
+  auto key_tile = [](Element const* base, int64_t row_stride, auto tile_shape) {
+    return make_tensor(make_gmem_ptr(base), tile_shape, make_stride(row_stride, _1{}));
+  };
+  // A thread's slice of key tile n: its slice of tile 0 moved n tiles down, so
+  // the per-row address arithmetic is done once, not once per tile.
+  auto key_tile_slice = [](auto const& tile0_slice, int64_t row_stride, int n_block) {
+    return make_tensor(tile0_slice.data() + int64_t(n_block) * kBlockN * row_stride,
+                       tile0_slice.layout());
   };
 
   extern __shared__ __align__(128) char smem_bytes[];
@@ -95,7 +112,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sO = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutO{});
   Tensor sK = make_tensor(make_smem_ptr(smem + Traits::kSmemQOBytes / int(sizeof(Element))),
                           typename Traits::SmemLayoutK{});
-  Tensor sV = make_tensor(sK.data() + cosize(typename Traits::SmemLayoutK{}),
+  Tensor sV = make_tensor(sK.data() + Traits::kStages * Traits::kSmemKElems,
                           typename Traits::SmemLayoutV{});
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   using TileVt = Shape<Int<Traits::kHeadDimV>, Int<kBlockN>>;
@@ -111,26 +128,42 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tQcQ = qk_load_thr.partition_S(make_identity_tensor(TileQ{}));
   Tensor tKcK = qk_load_thr.partition_S(make_identity_tensor(TileK{}));
   Tensor tVcV = v_load_thr.partition_S(make_identity_tensor(TileV{}));
-  auto load_k = [&](int n_block) {
-    load_rows(qk_load, qk_load_thr.partition_S(key_tile(k_base, p.k_row_stride, n_block, TileK{})),
-              tKsK, tKcK, seq.seqlen_k - n_block * kBlockN);
+  constexpr int kKElems = Traits::kSmemKElems;
+  constexpr int kVElems = Traits::kSmemVElems;
+  Tensor tKgK0 = qk_load_thr.partition_S(key_tile(k_base, p.k_row_stride, TileK{}));
+  Tensor tVgV0 = v_load_thr.partition_S(key_tile(v_base, p.v_row_stride, TileV{}));
+  // Ragged: the tile may reach past seqlen_k, so rows are predicated. Only the
+  // last key tile can, and it is the first one visited: every load issued
+  // inside the main loop is for a whole tile and skips the predicates.
+  auto load_k = [&](int n_block, int stage, auto ragged) {
+    Tensor src = key_tile_slice(tKgK0, p.k_row_stride, n_block);
+    Tensor dst = in_stage(tKsK, stage, kKElems);
+    if constexpr (decltype(ragged)::value) {
+      load_rows(qk_load, src, dst, tKcK, seq.seqlen_k - n_block * kBlockN);
+    } else {
+      copy(qk_load, src, dst);
+    }
   };
   typename Traits::RowsVt::Load vt_load;
   auto vt_load_thr = vt_load.get_thread_slice(tid);
-  auto load_v = [&](int n_block) {
+  auto load_v = [&](int n_block, int stage, auto ragged) {
     if constexpr (Traits::kVColMajor) {
       // Rows are head-dim channels (v_row_stride is then the head-dim
       // stride); this tile's keys start n_block * kBlockN columns in.
       Tensor gVt = make_tensor(make_gmem_ptr(v_base + int64_t(n_block) * kBlockN), TileVt{},
                                make_stride(p.v_row_stride, _1{}));
-      Tensor tVtsVt = vt_load_thr.partition_D(sVt);
+      Tensor tVtsVt = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
       load_cols(vt_load, vt_load_thr.partition_S(gVt), tVtsVt,
                 vt_load_thr.partition_S(make_identity_tensor(TileVt{})),
                 seq.seqlen_k - n_block * kBlockN);
     } else {
-      load_rows(v_load,
-                v_load_thr.partition_S(key_tile(v_base, p.v_row_stride, n_block, TileV{})),
-                tVsV, tVcV, seq.seqlen_k - n_block * kBlockN);
+      Tensor dst = in_stage(tVsV, stage, kVElems);
+      Tensor src = key_tile_slice(tVgV0, p.v_row_stride, n_block);
+      if constexpr (decltype(ragged)::value) {
+        load_rows(v_load, src, dst, tVcV, seq.seqlen_k - n_block * kBlockN);
+      } else {
+        copy(v_load, src, dst);
+      }
     }
   };
 
@@ -196,35 +229,56 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   mask.key_block_range(m_begin, kBlockM, kBlockN, &n_first, &n_last);
 
   load_rows(qk_load, qk_load_thr.partition_S(gQ), tQsQ, tQcQ, seq.seqlen_q - m_begin);
-  if (n_last > n_first) load_k(n_last - 1);
+  if (n_last > n_first) {
+    load_k(n_last - 1, 0, std::true_type{});
+    if constexpr (Traits::kDoubleBuffered) load_v(n_last - 1, 0, std::true_type{});
+  }
   cp_async_fence();
 
   clear(acc_o);
   OnlineSoftmax<kRows> softmax;
   softmax.reset();
 
-  for (int n_block = n_last - 1; n_block >= n_first; --n_block) {
+  // One key tile; NeedsMask is a compile-time switch so the tiles inside
+  // every bound (most of them) carry no per-element mask selects: ptxas
+  // if-converts a run-time branch around the mask into predicated code.
+  auto process_tile = [&](int n_block, auto needs_mask) {
+    constexpr bool kNeedsMask = decltype(needs_mask)::value;
     const int n_begin = n_block * kBlockN;
+    // Tiles alternate between the two stages, the first one in stage 0.
+    const int stage = Traits::kDoubleBuffered ? (n_last - 1 - n_block) & 1 : 0;
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
     clear(acc_s);
 
     cp_async_wait<0>();
-    __syncthreads();  // K tile landed; every warp is done with the previous V
-    load_v(n_block);
-    cp_async_fence();
-
-    gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, q_s2r, tSrK, tSrK_view, tSsK, k_s2r);
-    Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
-    if constexpr (Transform::kActive) transform.apply(scores, cS_rows_cols, m_begin, n_begin);
-    if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
-      mask.apply(scores, cS_rows_cols, m_begin, n_begin);
+    // Double-buffered: this tile's K and V landed, and every warp is done with
+    // the other stage, so the next tile may load into it now. Single-buffered:
+    // K landed and every warp is done with the previous V.
+    __syncthreads();
+    if constexpr (Traits::kDoubleBuffered) {
+      if (n_block > n_first) {
+        load_k(n_block - 1, stage ^ 1, std::false_type{});
+        load_v(n_block - 1, stage ^ 1, std::false_type{});
+        cp_async_fence();
+      }
+    } else {
+      load_v(n_block, 0, needs_mask);  // the tile itself: ragged only if masked
+      cp_async_fence();
     }
 
-    cp_async_wait<0>();
-    __syncthreads();  // V tile landed; every warp is done with this K
-    if (n_block > n_first) {
-      load_k(n_block - 1);
-      cp_async_fence();
+    gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, q_s2r, tSrK, tSrK_view,
+                   in_stage(tSsK, stage, kKElems), k_s2r);
+    Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
+    if constexpr (Transform::kActive) transform.apply(scores, cS_rows_cols, m_begin, n_begin);
+    if constexpr (kNeedsMask) mask.apply(scores, cS_rows_cols, m_begin, n_begin);
+
+    if constexpr (!Traits::kDoubleBuffered) {
+      cp_async_wait<0>();
+      __syncthreads();  // V tile landed; every warp is done with this K
+      if (n_block > n_first) {
+        load_k(n_block - 1, 0, std::false_type{});
+        cp_async_fence();
+      }
     }
 
     if (n_block == n_last - 1) {
@@ -235,7 +289,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kHasDropout) dropout.apply(scores, cS_rows_cols, m_begin, n_begin);
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accum_as_operand_a(probs.layout()));
-    gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, v_s2r);
+    gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, in_stage(tOsVt, stage, kVElems),
+                   v_s2r);
+  };
+
+  auto tile_needs_mask = [&](int n_block) {
+    return mask.tile_needs_mask(m_begin, n_block * kBlockN, kBlockM, kBlockN);
+  };
+  // Walking backwards, the tiles that cross the end of the keys or the causal
+  // diagonal come first, then tiles inside every bound; only a window's left
+  // bound makes the last tiles need the mask again.
+  int n_block = n_last - 1;
+  for (; n_block >= n_first && tile_needs_mask(n_block); --n_block) {
+    process_tile(n_block, std::true_type{});
+  }
+  for (; n_block >= n_first && !tile_needs_mask(n_block); --n_block) {
+    process_tile(n_block, std::false_type{});
+  }
+  if constexpr (Traits::kMask == MaskMode::kWindow) {
+    for (; n_block >= n_first; --n_block) process_tile(n_block, std::true_type{});
   }
 
   // ---- epilogue

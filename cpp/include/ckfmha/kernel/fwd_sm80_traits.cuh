@@ -47,7 +47,7 @@ struct SmemRows {
 
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
-          bool HasSink, bool IsGroupMode, bool VColMajor = false>
+          bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1>
 struct FwdSm80Traits {
   using Element = Element_;
 
@@ -66,11 +66,18 @@ struct FwdSm80Traits {
   static constexpr bool kHasSink = HasSink;
   static constexpr bool kIsGroupMode = IsGroupMode;
   static constexpr bool kVColMajor = VColMajor;
+  // __launch_bounds__ occupancy: ptxas then caps registers per thread at
+  // 64K / (kThreads * kMinCtasPerSm), trading spills for resident warps.
+  static constexpr int kMinCtasPerSm = MinCtasPerSm;
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
                 "the sm80 tensor-core path takes fp16 or bf16 operands");
-  static_assert(Stages == 1, "K and V are single-buffered; the next tile loads under the softmax");
+  // 1: K and V single-buffered, the next K loading under the softmax and V
+  // under S = QK^T. 2: both double-buffered, the next tile's K and V loading
+  // under the whole of this tile's work (one barrier per tile instead of two).
+  static_assert(Stages == 1 || Stages == 2, "K/V shared-memory stages are 1 or 2");
+  static constexpr bool kDoubleBuffered = Stages == 2;
   static_assert(BlockM % (16 * Warps) == 0, "each warp owns whole 16-row MMA slices");
   static_assert(BlockN % 16 == 0, "key tiles are consumed 16 columns at a time");
 
@@ -106,11 +113,12 @@ struct FwdSm80Traits {
       int(sizeof(Element)) * (cute::cosize_v<SmemLayoutQ> > cute::cosize_v<SmemLayoutO>
                                   ? int(cute::cosize_v<SmemLayoutQ>)
                                   : int(cute::cosize_v<SmemLayoutO>));
-  static constexpr int kSmemKBytes = int(cute::cosize_v<SmemLayoutK>) * int(sizeof(Element));
-  static constexpr int kSmemVBytes =
-      int(VColMajor ? cute::cosize_v<SmemLayoutVt> : cute::cosize_v<SmemLayoutV>) *
-      int(sizeof(Element));
-  static constexpr int kSmemBytes = kSmemQOBytes + kSmemKBytes + kSmemVBytes;
+  // One stage each; stage s of K (V) starts s * kSmemKElems (kSmemVElems) in.
+  static constexpr int kSmemKElems = int(cute::cosize_v<SmemLayoutK>);
+  static constexpr int kSmemVElems =
+      int(VColMajor ? cute::cosize_v<SmemLayoutVt> : cute::cosize_v<SmemLayoutV>);
+  static constexpr int kSmemBytes =
+      kSmemQOBytes + Stages * (kSmemKElems + kSmemVElems) * int(sizeof(Element));
 
   using SmemLoadAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   using SmemLoadAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
