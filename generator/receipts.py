@@ -60,10 +60,13 @@ def _group_signatures() -> tuple[FwdSignature, ...]:
 
 
 def _v_col_major_signatures() -> tuple[FwdSignature, ...]:
-    """V stored keys-contiguous (a transposed KV cache), with and without a causal mask."""
+    """V stored keys-contiguous (a transposed KV cache), with and without a causal mask, for
+    padded batches and packed varlen ones."""
     return tuple(
-        _fwd(dtype, hdims, mask, True, v_col_major=True)
-        for dtype, hdims, mask in itertools.product(DTYPES, FEATURE_HDIMS, ("none", "causal"))
+        _fwd(dtype, hdims, mask, True, mode=mode, v_col_major=True)
+        for mode, dtype, hdims, mask in itertools.product(
+            ("batch", "group"), DTYPES, FEATURE_HDIMS, ("none", "causal")
+        )
     )
 
 
@@ -95,7 +98,7 @@ RECEIPTS: dict[str, Receipt] = {
     for receipt in (
         Receipt(
             name="ci",
-            description="seven kernels per arch covering dtypes, head dims, masks and features",
+            description="eight kernels per arch covering dtypes, head dims, masks and features",
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
@@ -104,13 +107,15 @@ RECEIPTS: dict[str, Receipt] = {
                 _fwd("bf16", 128, "window", mode="group", bias="elementwise"),
                 _fwd("fp16", 64, "causal", bias="alibi", dropout=True),
                 _fwd("bf16", (192, 128), "none", softcap=True, sink=True),
+                _fwd("fp16", 64, "causal", mode="group", v_col_major=True),
             ),
             all_tiles=False,
         ),
         Receipt(
             name="default",
             description="{fp16,bf16} x head dims {32,64,96,128,192x128,256} x mask "
-            "{none,causal,window} with LSE, plain group mode and column-major V at d64/d128, plus "
+            "{none,causal,window} with LSE, plain group mode and column-major V (batch and group) "
+            "at d64/d128, plus "
             "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; default tiles",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()

@@ -67,11 +67,6 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             )
     if sig.bias not in SUPPORTED_BIASES:
         reasons.append(f"bias {sig.bias!r} is unknown; supported: {', '.join(SUPPORTED_BIASES)}")
-    if sig.v_col_major and sig.mode != "batch":
-        reasons.append(
-            "column-major V is supported in batch mode only: packed varlen tokens would need "
-            "every sequence offset to be a multiple of 8 keys"
-        )
     if sig.dtype == "fp32":
         reasons.append(
             "fp32 needs the SIMT pipeline, which is not implemented yet; supported: fp16, bf16"

@@ -156,6 +156,24 @@ def test_select_serves_every_registered_signature(kernels):
         assert kernel["arch_name"] in name
 
 
+def test_column_major_v_takes_any_key_count(kernels):
+    column_major = [k for k in kernels if k["v_col_major"]]
+    if not column_major:
+        pytest.skip("library built without column-major V kernels")
+    dispatcher = ckfmha.Dispatcher()
+    for kernel in column_major:
+        for seqlen_k in (17, 1, 256):
+            problem = problem_for(kernel, seqlen_k=seqlen_k)
+            # Contiguous [b, hk, dv, seqlen_k]: an odd key count makes the head-dim stride
+            # odd too; the kernel then loads V element by element.
+            assert problem.to_c_dict()["v_stride"][2] == seqlen_k
+            name = dispatcher.select(problem, arch=kernel["arch"])
+            chosen = next(k for k in kernels if k["name"] == name)
+            assert chosen["v_col_major"] and chosen["mode"] == kernel["mode"]
+            text = dispatcher.explain(problem, arch=kernel["arch"])
+            assert f"selected  {name}" in text and "16-byte" not in text
+
+
 def test_select_for_hopper_picks_sm90a(kernels):
     hopper = [k for k in kernels if k["arch"] == 90]
     if not hopper:
@@ -639,6 +657,22 @@ def test_well_formed_features_reach_the_device(kwargs):
     v = _ptr((1, 2, 64, 8)) if kwargs.get("v_col_major") else q
     with pytest.raises(errors.NoDeviceError):
         ckfmha.fwd(q, q, v, out=_ptr(_Q, address=0x800000), **kwargs)
+
+
+@no_gpu
+def test_column_major_v_with_odd_keys_reaches_the_device():
+    q, k = _ptr(_Q), _ptr((1, 2, 17, 64), address=0x500000)
+    # 17 keys, seen from the second of 24 stored per channel: an unaligned base.
+    v = ckfmha.device_ptr(0x600002, (1, 2, 64, 17), "fp16", strides=(2 * 64 * 24, 64 * 24, 24, 1))
+    with pytest.raises(errors.NoDeviceError):
+        ckfmha.fwd(q, k, v, out=_ptr(_Q, address=0x800000), v_col_major=True)
+    # Group mode: 13 packed keys per channel, V [nhead_k, hdim_v, total_k].
+    offsets = _ptr((3,), "int32", address=0x900000)
+    q, k = _ptr((10, 2, 64)), _ptr((13, 2, 64), address=0x500000)
+    v = ckfmha.device_ptr(0x600002, (2, 64, 13), "fp16")
+    with pytest.raises(errors.NoDeviceError):
+        ckfmha.fwd_varlen(q, k, v, offsets, offsets, max_seqlen_q=6, max_seqlen_k=7,
+                          v_col_major=True, out=_ptr((10, 2, 64), address=0x800000))
 
 
 @no_gpu

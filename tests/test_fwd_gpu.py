@@ -9,6 +9,10 @@ and outputs poisoned with NaN first, so an unwritten element fails the test.
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -35,8 +39,9 @@ MAX_ABS_TOL = {"fp16": 1e-2, "bf16": 6e-2}
 LSE_TOL = 2e-3
 
 SEQLEN_PAIRS = [(1, 17), (17, 1), (257, 1000), (1000, 257), (300, 300), (1, 1)]
-# Column-major V loads keys as 16-byte vectors: key counts are multiples of 8.
-VCOL_SEQLEN_PAIRS = [(1, 16), (17, 8), (257, 1000), (1000, 256), (300, 304), (1, 8)]
+# Column-major V takes the same odd key counts, plus key counts that fill whole
+# 16-byte vectors; VCOL_STORAGE then varies how V sits in memory.
+VCOL_SEQLEN_PAIRS = SEQLEN_PAIRS + [(200, 256), (33, 64)]
 WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 VARLEN_Q = [0, 1, 17, 300, 129, 64]
 VARLEN_K = [5, 1, 40, 300, 0, 200]
@@ -148,11 +153,32 @@ def _check_randval(randval: Any, options: dict[str, Any], b: int, hq: int, sq: i
     return dropout_keep(expected, options["dropout_p"])
 
 
+def _keys_contiguous(inputs: Inputs, lead: tuple[int, ...], sk: int, storage: str,
+                     dtype: Any) -> Any:
+    """Column-major V [*lead, sk] stored as ``storage`` says.
+
+    "contiguous": the head-dim stride is sk, so 16-byte key vectors are aligned
+    only when sk is a multiple of 8. "padded": rows padded to a multiple of 8
+    keys plus one vector, so vectors are aligned and the last one straddles
+    the end whenever sk is not a multiple of 8. "shifted": the padded rows seen
+    from their second key, so the base is never 16-byte aligned.
+    """
+    if storage == "contiguous":
+        return inputs.normal(lead + (sk,), dtype)
+    rows = inputs.normal(lead + ((sk + 7) // 8 * 8 + 8,), dtype)
+    start = 1 if storage == "shifted" else 0
+    return rows[..., start : start + sk]
+
+
+VCOL_STORAGE = ["contiguous", "padded", "shifted"]
+
+
 def _batch_cases(kernel: dict[str, Any]) -> Iterator[dict[str, Any]]:
     pairs = VCOL_SEQLEN_PAIRS if kernel["v_col_major"] else SEQLEN_PAIRS
     for i, (sq, sk) in enumerate(pairs):
         yield {"index": i, "sq": sq, "sk": sk, "batch": 2 if sq * sk < 200_000 else 1,
-               "heads": [(4, 4), (4, 2), (6, 1)][i % 3], "layout": ["bhsd", "bshd"][i % 2]}
+               "heads": [(4, 4), (4, 2), (6, 1)][i % 3], "layout": ["bhsd", "bshd"][i % 2],
+               "v_storage": VCOL_STORAGE[i % 3]}
 
 
 def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs) -> None:
@@ -168,7 +194,10 @@ def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs
     k = inputs.normal(shape(hk, sk, d), dtype)
     v_col_major = kernel["v_col_major"]
     # Column-major V is [b, hk, dv, sk] whatever the layout of q and k.
-    v = inputs.normal((b, hk, dv, sk) if v_col_major else shape(hk, sk, dv), dtype)
+    if v_col_major:
+        v = _keys_contiguous(inputs, (b, hk, dv), sk, case["v_storage"], dtype)
+    else:
+        v = inputs.normal(shape(hk, sk, dv), dtype)
     out = torch.full(shape(hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
     options = {**_mask_options(kernel, case["index"]),
@@ -225,7 +254,14 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
     max_q, max_k = int(lens_q.max()), int(lens_k.max())
     q = inputs.normal((int(cu_q[-1]), hq, d), dtype)
     k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
-    v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
+    v_col_major = kernel["v_col_major"]
+    if v_col_major:
+        # [hk, dv, total_k]: sequences start at arbitrary keys, so each CTA
+        # finds its own vectors aligned or not; padded rows make some aligned.
+        storage = "contiguous" if index % 2 else "padded"
+        v = _keys_contiguous(inputs, (hk, dv), int(cu_k[-1]), storage, dtype)
+    else:
+        v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
     out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
     options = {**_mask_options(kernel, index),
@@ -234,7 +270,7 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
     result = ckfmha.fwd_varlen(
         q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
         max_seqlen_q=max_q, max_seqlen_k=max_k, skip_min_seqlen_q=skip_min, return_lse=True,
-        out=out, lse_out=lse, kernel=kernel["name"],
+        out=out, lse_out=lse, kernel=kernel["name"], v_col_major=v_col_major,
         return_dropout_randval=kernel["dropout"], **options)
     torch.cuda.synchronize()
     got, got_lse = result[0], result[1]
@@ -249,7 +285,8 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
     ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
-                                              skip_min_seqlen_q=skip_min, **ref_options)
+                                              skip_min_seqlen_q=skip_min,
+                                              v_col_major=v_col_major, **ref_options)
     _compare(kernel, got, got_lse, ref, ref_lse, f"varlen {index} {sorted(options)}")
 
 
@@ -257,11 +294,36 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
 def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()))
     if kernel["mode"] == "group":
-        for index in range(2):
+        # A third offset pattern gives column-major V long sequences starting
+        # on 16-byte boundaries (the vector path) beside misaligned ones.
+        for index in range(3 if kernel["v_col_major"] else 2):
             _run_group_case(kernel, index, inputs)
     else:
         for case in _batch_cases(kernel):
             _run_batch_case(kernel, case, inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
+@pytest.mark.skipif(not any(k["v_col_major"] for k in KERNELS), reason="no column-major V kernel")
+def test_column_major_v_reads_no_key_past_the_end() -> None:
+    # memcheck sees reads past an allocation, not past a sequence: without torch's
+    # caching allocator each V is its own allocation, so a key read past the end of
+    # a contiguous V's last channel (the last packed sequence, in group mode) is
+    # reported; the odd sizes put that end inside a 16-byte vector.
+    first_of: dict[tuple[str, str], str] = {}
+    for kernel in KERNELS:
+        if kernel["v_col_major"]:
+            first_of.setdefault((kernel["mode"], kernel["dtype"]), kernel["name"])
+    names = list(first_of.values())
+    command = [
+        "compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "99",
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+        "-k", "test_kernel_matches_reference and (" + " or ".join(names) + ")",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
 
 @pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")

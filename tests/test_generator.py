@@ -144,6 +144,7 @@ def test_ci_names_are_stable() -> None:
         f"fwd_bf16_group_d128x128_window_bias_lse{tail}m128n32k128_w4s1",
         f"fwd_fp16_batch_d64x64_causal_alibi_lse_drop{tail}m128n64k64_w4s1",
         f"fwd_bf16_batch_d192x128_none_lse_softcap_sink{tail}m128n64k192_w4s1",
+        f"fwd_fp16_group_d64x64_causal_lse_vcol{tail}m128n64k64_w4s1",
     ]
 
 
@@ -151,17 +152,17 @@ def test_ci_names_are_stable() -> None:
 def test_receipt_sizes(arch: str) -> None:
     specs = load_specs()
     sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
-    assert sizes["ci"] == 7
+    assert sizes["ci"] == 8
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
-    # Column-major V: 2 dtypes x d64/d128 x masks none/causal.
-    assert sizes["default"] == 36 + 12 + 8 + features
+    # Column-major V: batch and group mode x 2 dtypes x d64/d128 x masks none/causal.
+    assert sizes["default"] == 36 + 12 + 16 + features
     tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     alternatives = sum(len(t) for t in tiles.values())
     # Mask-only kernels come with and without LSE, each with every listed tile.
     group_tiles = _feature_tiles(specs[arch]) // len(_feature_combos()) * 3
-    vcol_tiles = group_tiles * 2 // 3
+    vcol_tiles = group_tiles * 2 // 3 * 2
     assert sizes["full"] == (
         2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch])
     )
@@ -191,8 +192,8 @@ def test_filter_selects_by_regex() -> None:
     )
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
-    # ... and the causal column-major-V kernels at d64/d128.
-    assert len(selection.accepted) == 6 + 2 + 2 + causal_features * 2
+    # ... and the causal column-major-V kernels at d64/d128 in batch and group mode.
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -208,6 +209,14 @@ def test_unknown_receipt_names_known_sets() -> None:
 
 def test_valid_config_has_no_reasons() -> None:
     assert _reasons() == ""
+
+
+@pytest.mark.parametrize("mode", ["batch", "group"])
+def test_column_major_v_is_valid_in_either_mode(mode: str) -> None:
+    # Misaligned sequence starts and odd key counts take the kernel's element-wise path.
+    assert _reasons(mode=mode, v_col_major=True) == ""
+    text = emit.render_instance(_config(mode=mode, v_col_major=True))
+    assert f"/*IsGroupMode=*/{str(mode == 'group').lower()}, /*VColMajor=*/true>;" in text
 
 
 @pytest.mark.parametrize(
@@ -268,14 +277,14 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    assert len(names) == 14
+    assert len(names) == 16
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 21
+    assert len(result.stdout.split()) == 24
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -297,18 +306,18 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("*.cu"))
-    assert len(instances) == 7
+    assert len(instances) == 8
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 7" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 8" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 7
+    assert len(manifest["kernels"]) == 8
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
 
 
@@ -406,7 +415,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 7 + 3
+    assert first.written == 8 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <utility>
 
 using namespace ckfmha::runtime;
 
@@ -71,7 +72,9 @@ int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a
   return CKFMHA_SUCCESS;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool aligned_to(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
 
 }  // namespace
 
@@ -236,10 +239,17 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
     if (!chosen.found) return fail(CKFMHA_ERROR_UNSUPPORTED, chosen.why_none);
     kernel = chosen.kernel;
   }
-  for (const void* ptr : {args->q, args->k, args->v, static_cast<const void*>(args->o)}) {
-    if (!aligned16(ptr)) {
+  // Column-major V kernels fall back to element loads when V's base is not
+  // 16-byte aligned (a view starting at any key): V needs only aligned elements.
+  const uintptr_t v_alignment = problem->v_col_major ? 2 : 16;
+  for (auto [ptr, bytes] : {std::pair<const void*, uintptr_t>{args->q, 16},
+                            {args->k, 16},
+                            {args->v, v_alignment},
+                            {args->o, 16}}) {
+    if (!aligned_to(ptr, bytes)) {
       return fail(CKFMHA_ERROR_UNSUPPORTED,
-                  "q, k, v and o must be 16-byte aligned (the kernels load 16-byte vectors)");
+                  "q, k, o and row-major v must be 16-byte aligned (the kernels load 16-byte "
+                  "vectors); column-major v must be aligned to its elements");
     }
   }
   return from_launch_result(kernel.launch(problem, args, stream), kernel.name);

@@ -99,7 +99,9 @@ typedef enum ckfmha_layout {
  * seqlen_k, hdim_q], v [batch, nhead_k, seqlen_k, hdim_v], o [batch, nhead_q,
  * seqlen_q, hdim_v]; each tensor's strides are (batch, head, seq) in elements
  * and the head-dim stride is 1 (v_col_major: v's seq stride is 1 and
- * v_stride[2] is its head-dim stride).
+ * v_stride[2] is its head-dim stride). Pointers must be 16-byte aligned and
+ * strides multiples of 8 elements, except for column-major v, which may start
+ * at any element and have any strides (misaligned keys are loaded one by one).
  *
  * Group mode (varlen): `batch` sequences packed along the token axis;
  * cu_seqlens_q/k (int32, batch+1 entries, device memory) give each sequence's

@@ -23,6 +23,7 @@
 
 #include <cute/tensor.hpp>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace ckfmha::kernel {
@@ -85,7 +86,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   const int64_t q_origin = kGroup ? seq.q_token0 * p.q_row_stride : batch * p.q_batch_stride;
   const int64_t o_origin = kGroup ? seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
   const int64_t k_origin = kGroup ? seq.k_token0 * p.k_row_stride : batch * p.k_batch_stride;
-  const int64_t v_origin = kGroup ? seq.k_token0 * p.v_row_stride : batch * p.v_batch_stride;
+  // Column-major V keeps tokens contiguous: its token stride is 1.
+  const int64_t v_token_stride = Traits::kVColMajor ? 1 : p.v_row_stride;
+  const int64_t v_origin = kGroup ? seq.k_token0 * v_token_stride : batch * p.v_batch_stride;
 
   auto const* q_base = static_cast<Element const*>(p.q) + q_origin + head * p.q_head_stride +
                        m_begin * p.q_row_stride;
@@ -146,6 +149,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   };
   typename Traits::RowsVt::Load vt_load;
   auto vt_load_thr = vt_load.get_thread_slice(tid);
+  // Column-major V tiles start at multiples of kBlockN keys and each thread's
+  // vectors at multiples of the vector width, so one check of this CTA's base
+  // and the head-dim stride says whether every cp.async source is 16-byte
+  // aligned (a sequence start, a view or an odd stride can break it).
+  constexpr int kVtVec = Traits::RowsVt::kVecElems;
+  const bool v_vectors_aligned = Traits::kVColMajor &&
+                                 reinterpret_cast<uintptr_t>(v_base) % 16 == 0 &&
+                                 p.v_row_stride % kVtVec == 0;
   auto load_v = [&](int n_block, int stage, auto ragged) {
     if constexpr (Traits::kVColMajor) {
       // Rows are head-dim channels (v_row_stride is then the head-dim
@@ -155,7 +166,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       Tensor tVtsVt = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
       load_cols(vt_load, vt_load_thr.partition_S(gVt), tVtsVt,
                 vt_load_thr.partition_S(make_identity_tensor(TileVt{})),
-                seq.seqlen_k - n_block * kBlockN);
+                seq.seqlen_k - n_block * kBlockN, v_vectors_aligned);
     } else {
       Tensor dst = in_stage(tVsV, stage, kVElems);
       Tensor src = key_tile_slice(tVgV0, p.v_row_stride, n_block);

@@ -1,6 +1,7 @@
-// Row-predicated global <-> shared tile copies. Only whole rows can fall
-// outside a sequence (the head dim is never padded), so one predicate per row
-// suffices; rows past the end are zero-filled so the MMAs read defined values.
+// Predicated global <-> shared tile copies. Row-major tiles can only lose
+// whole rows past a sequence's end (the head dim is never padded), so one
+// predicate per row suffices; out-of-sequence elements are zero-filled so the
+// MMAs read defined values.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,20 +27,37 @@ __device__ __forceinline__ void load_rows(TiledCopy const& tiled_copy, Src const
 }
 
 // Column-predicated variant for tiles whose columns are keys (column-major
-// V). Callers guarantee the key count is a multiple of the 16-byte vector, so
-// each vector is wholly inside or wholly outside the sequence.
+// V), where a sequence may end inside a 16-byte vector and, in group mode or
+// for odd strides, vectors may not be 16-byte aligned at all.
+// `vectors_aligned` (uniform over the CTA, so the branch never diverges on it)
+// says every vector's global address is 16-byte aligned: whole vectors inside
+// the sequence then go through cp.async and only the one straddling the end
+// is read element by element. Otherwise every element is a predicated scalar
+// load. Keys past the end are zero-filled and never read: they belong to the
+// next packed sequence or lie past the allocation. The scalar path's shared
+// stores are plain and synchronous, so the barrier that publishes the cp.async
+// data (issued after cp_async_wait) publishes them too.
 template <class TiledCopy, class Src, class Dst, class Coords>
 __device__ __forceinline__ void load_cols(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
-                                          Coords const& coords, int cols_left) {
+                                          Coords const& coords, int cols_left,
+                                          bool vectors_aligned) {
   using namespace cute;
+  using Element = typename Dst::value_type;
+  constexpr int kVec = decltype(size<0>(src))::value;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
     CUTE_UNROLL
     for (int k = 0; k < size<2>(src); ++k) {
-      if (get<1>(coords(0, m, k)) < cols_left) {
+      const int keys_in_seq = cols_left - get<1>(coords(0, m, k));
+      if (vectors_aligned && keys_in_seq >= kVec) {
         copy(tiled_copy, src(_, m, k), dst(_, m, k));
       } else {
-        clear(dst(_, m, k));
+        CUTE_UNROLL
+        for (int i = 0; i < kVec; ++i) {
+          Element value(0.f);
+          if (i < keys_in_seq) value = src(i, m, k);
+          dst(i, m, k) = value;
+        }
       }
     }
   }
