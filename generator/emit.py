@@ -57,6 +57,11 @@ PIPELINE_TEMPLATES: dict[str, PipelineTemplate] = {
         traits="ckfmha::kernel::FwdSm80Traits",
         launcher="ckfmha::kernel::launch_fwd_sm80",
     ),
+    "sm90_tma_wgmma": PipelineTemplate(
+        header="ckfmha/kernel/fwd_sm90_launch.cuh",
+        traits="ckfmha::kernel::FwdSm90Traits",
+        launcher="ckfmha::kernel::launch_fwd_sm90",
+    ),
 }
 
 

@@ -147,9 +147,88 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
-# A pipeline added later (e.g. sm90 TMA + wgmma) brings its own template limits here.
+# The Hopper template: a producer warpgroup (TMA) and two consumer warpgroups of 64 rows each.
+SM90_TILE_M = 128
+SM90_WARPS = 12
+SM90_DTYPES = ("fp16", "bf16")
+# Largest N of one wgmma instruction.
+SM90_MAX_TILE_N = 256
+
+
+def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the sm90 forward template (TMA + wgmma, warp-specialized)."""
+    sig, alg = config.signature, config.algorithm
+    reasons: list[str] = []
+    if sig.dtype not in SM90_DTYPES:
+        reasons.append(
+            f"dtype {sig.dtype!r} is not supported by {alg.pipeline}; wgmma here takes "
+            f"{', '.join(SM90_DTYPES)}"
+        )
+    if sig.mode != "batch":
+        reasons.append(
+            f"mode {sig.mode!r} is not implemented by {alg.pipeline} yet (its TMA descriptors "
+            "address whole batches); group mode runs on sm80_cpasync_mma"
+        )
+    unsupported = [
+        name
+        for name, on in (
+            (f"bias {sig.bias!r}", sig.bias != "none"),
+            ("dropout", sig.dropout),
+            ("softcap", sig.softcap),
+            ("sink", sig.sink),
+            ("column-major V", sig.v_col_major),
+        )
+        if on
+    ]
+    if unsupported:
+        reasons.append(
+            f"{', '.join(unsupported)} not implemented by {alg.pipeline} yet; it covers masks, "
+            "LSE and GQA, and sm80_cpasync_mma covers the rest"
+        )
+    if alg.tile_k != sig.hdim_q:
+        reasons.append(
+            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
+            "keeps the whole head dim resident"
+        )
+    if alg.tile_m != SM90_TILE_M or alg.warps != SM90_WARPS:
+        reasons.append(
+            f"tile_m={alg.tile_m}, warps={alg.warps}: the {alg.pipeline} template is "
+            f"tile_m={SM90_TILE_M} with {SM90_WARPS} warps (a TMA producer warpgroup and two "
+            "consumer warpgroups of 64 rows)"
+        )
+    if alg.tile_n <= 0 or alg.tile_n % MMA_ROWS or alg.tile_n > SM90_MAX_TILE_N:
+        reasons.append(
+            f"tile_n={alg.tile_n} must be a multiple of {MMA_ROWS} up to {SM90_MAX_TILE_N} "
+            "(one wgmma spans the key tile)"
+        )
+    if alg.stages < 2:
+        reasons.append(f"stages={alg.stages}: the TMA ring needs at least 2 K/V stages")
+    if alg.ctas_per_sm != 1:
+        reasons.append(f"ctas_per_sm={alg.ctas_per_sm}: one warp-specialized CTA fills an SM")
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    smem = (
+        alg.tile_m * sig.hdim_q + alg.stages * alg.tile_n * (sig.hdim_q + sig.hdim_v)
+    ) * elem + 1024  # the base is rounded up to 1024 bytes for the swizzled tiles
+    if smem > arch.max_dynamic_smem_per_block:
+        reasons.append(
+            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + {alg.stages} x (K "
+            f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}), {elem} B each, + 1 KiB "
+            f"alignment) exceeds {arch.name}'s limit of {arch.max_dynamic_smem_per_block} bytes"
+        )
+    # Consumers hold the O and S accumulators of their 64 rows after setmaxnreg 240.
+    acc = (64 * sig.hdim_v + 64 * alg.tile_n) // 128
+    if acc > MAX_ACCUMULATOR_REGISTERS:
+        reasons.append(
+            f"estimated {acc} accumulator registers per consumer thread (O 64x{sig.hdim_v} + S "
+            f"64x{alg.tile_n} per warpgroup) exceeds {MAX_ACCUMULATOR_REGISTERS}; use a smaller "
+            "tile_n"
+        )
+    return reasons
+
+
 PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
     "sm80_cpasync_mma": (_sm80_template_rules,),
+    "sm90_tma_wgmma": (_sm90_template_rules,),
 }
 
 

@@ -74,7 +74,19 @@ def test_every_listed_tile_is_valid() -> None:
     specs = load_specs()
     for arch in ARCHES:
         selection = select(get_receipt("full"), specs[arch])
-        assert selection.rejected == [], [r.reasons for r in selection.rejected]
+        # The sm80 template takes every signature of the full set.
+        sm80 = [r for r in selection.rejected if r.pipeline == "sm80_cpasync_mma"]
+        assert sm80 == [], [r.reasons for r in sm80]
+        # Templates with fewer features reject some signatures, but each listed tile must
+        # build for at least one.
+        built = {(c.algorithm.pipeline, c.signature.hdim_q, c.signature.hdim_v, c.algorithm.tile_m,
+                  c.algorithm.tile_n, c.algorithm.warps, c.algorithm.stages)
+                 for c in selection.accepted}
+        for pipeline, by_hdim in specs[arch].tiles["fwd"].items():
+            for (hdim_q, hdim_v), tiles in by_hdim.items():
+                for t in tiles:
+                    key = (pipeline, hdim_q, hdim_v, t.tile_m, t.tile_n, t.warps, t.stages)
+                    assert key in built, f"{arch}: no kernel builds with {key}"
 
 
 # ---- receipts and names ----
@@ -152,12 +164,15 @@ def test_ci_names_are_stable() -> None:
 def test_receipt_sizes(arch: str) -> None:
     specs = load_specs()
     sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
-    assert sizes["ci"] == 8
+    # sm_90a adds the Hopper template for the plain batch-mode signatures at d64/d128/d256:
+    # 4 of ci, fp16/bf16 x 3 head dims x 3 masks of default, and those with and without LSE.
+    hopper = {"ci": 4, "default": 18, "full": 36} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
+    assert sizes["ci"] == 8 + hopper["ci"]
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
     # Column-major V: batch and group mode x 2 dtypes x d64/d128 x masks none/causal.
-    assert sizes["default"] == 36 + 12 + 16 + features
+    assert sizes["default"] == 36 + 12 + 16 + features + hopper["default"]
     tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     alternatives = sum(len(t) for t in tiles.values())
     # Mask-only kernels come with and without LSE, each with every listed tile.
@@ -165,6 +180,7 @@ def test_receipt_sizes(arch: str) -> None:
     vcol_tiles = group_tiles * 2 // 3 * 2
     assert sizes["full"] == (
         2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch])
+        + hopper["full"]
     )
 
 
@@ -248,7 +264,7 @@ def test_column_major_v_is_valid_in_either_mode(mode: str) -> None:
             r"hdim_q=100 is not a multiple of 32 in 32..256",
         ),
         ({"pipeline": "sm90_tma_wgmma"}, r"pipeline 'sm90_tma_wgmma' is not available on sm_80"),
-        ({"pipeline": "sm90_tma_wgmma"}, r"has no kernel template"),
+        ({"pipeline": "sm100_tcgen05"}, r"has no kernel template"),
         ({"tile_n": 256}, r"estimated 384 accumulator registers per thread.*exceeds 192"),
         ({"family": "bwd"}, r"family 'bwd' is not implemented; supported: fwd"),
     ],
@@ -277,7 +293,7 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    assert len(names) == 16
+    assert len(names) == 8 + 8 + 4  # sm_80, sm_90a and the Hopper template on sm_90a
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
@@ -306,18 +322,19 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("*.cu"))
-    assert len(instances) == 8
+    assert len(instances) == 12
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 8" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 12" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
+    assert '/*arch=*/90, "sm_90a", "sm90_tma_wgmma"' in table
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 8
+    assert len(manifest["kernels"]) == 12
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
 
 
@@ -409,6 +426,57 @@ def test_tile_table_occupancy_is_parsed(tmp_path: Path) -> None:
     (tile,) = load_specs(custom)["sm_90a"].tiles_for("fwd", "sm80_cpasync_mma", 64)
     assert (tile.stages, tile.ctas_per_sm) == (2, 3)
     assert load_specs()["sm_90a"].tiles_for("fwd", "sm80_cpasync_mma", 64)[0].ctas_per_sm == 1
+
+
+def _sm90(**changes: object) -> str:
+    defaults: dict[str, object] = {
+        "dtype": "bf16", "mask": "causal", "pipeline": "sm90_tma_wgmma", "tile_m": 128,
+        "tile_n": 128, "warps": 12, "stages": 2,
+    }
+    return _reasons("sm_90a", **{**defaults, **changes})
+
+
+def test_sm90_template_accepts_plain_attention() -> None:
+    assert _sm90() == ""
+    assert _sm90(mask="window", lse=False) == ""
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"mode": "group"}, r"mode 'group' is not implemented by sm90_tma_wgmma yet"),
+        ({"bias": "alibi", "dropout": True}, r"bias 'alibi', dropout not implemented by sm90"),
+        ({"v_col_major": True}, r"column-major V not implemented by sm90_tma_wgmma"),
+        ({"tile_m": 64}, r"tile_m=64, warps=12: the sm90_tma_wgmma template is tile_m=128"),
+        ({"warps": 8}, r"template is tile_m=128 with 12 warps"),
+        ({"stages": 1}, r"stages=1: the TMA ring needs at least 2"),
+        ({"tile_n": 272}, r"tile_n=272 must be a multiple of 16 up to 256"),
+        ({"ctas_per_sm": 2}, r"one warp-specialized CTA fills an SM"),
+        ({"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "stages": 3},
+         r"shared memory 459776 bytes \(Q 128x256 \+ 3 x \(K 128x256 .* exceeds sm_90a's"),
+        ({"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 256},
+         r"estimated 256 accumulator registers per consumer thread"),
+        ({"pipeline": "sm90_tma_wgmma", "tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
+    ],
+)
+def test_sm90_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
+    assert re.search(expected, _sm90(**changes)), _sm90(**changes)
+
+
+def test_sm90_pipeline_exists_only_on_hopper() -> None:
+    assert re.search(r"pipeline 'sm90_tma_wgmma' is not available on sm_80",
+                     _reasons("sm_80", pipeline="sm90_tma_wgmma", warps=12, stages=2))
+    names = [c.name for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted]
+    hopper = [n for n in names if "_sm90_tma_wgmma_" in n]
+    # fp16/bf16 x d64/d128/d256 x none/causal/window, batch mode, LSE.
+    assert len(hopper) == 18
+    assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
+    instance = emit.render_instance(
+        next(c for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted
+             if c.name == hopper[0]))
+    assert '#include "ckfmha/kernel/fwd_sm90_launch.cuh"' in instance
+    assert "ckfmha::kernel::FwdSm90Traits<cutlass::half_t, /*HeadDimQK=*/64," in instance
+    assert "launch_fwd_sm90<Traits>(problem, args, stream)" in instance
 
 
 def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:

@@ -55,6 +55,14 @@ ckfmha_mask_kind preferred_mask_kind(ckfmha_mask mask) {
   return is_window(mask) ? CKFMHA_MASK_KIND_WINDOW : CKFMHA_MASK_KIND_CAUSAL;
 }
 
+// Higher is faster where both fit; an unknown pipeline ranks lowest.
+int pipeline_rank(const char* pipeline) {
+  std::string_view name = pipeline ? pipeline : "";
+  if (name == "sm90_tma_wgmma") return 2;
+  if (name == "sm80_cpasync_mma") return 1;
+  return 0;
+}
+
 bool wants_dropout(ckfmha_fwd_problem const& p) {
   return p.dropout_p > 0.f || p.store_dropout_randval;
 }
@@ -118,15 +126,16 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
                      ckfmha_fwd_problem const& p, int device_arch) {
   Selection best;
   // Preference among fitting kernels: SASS built for this exact arch, then the
-  // narrowest mask kind (causal over window), then an exact LSE match, then the fewest padded query rows,
-  // then generator order (the tile table lists its default first).
-  std::tuple<int, int, int, int64_t> best_score{};
+  // faster pipeline (Hopper's TMA + wgmma over mma.sync), then the narrowest
+  // mask kind (causal over window), then an exact LSE match, then the fewest
+  // padded query rows, then generator order (the tile table lists its default first).
+  std::tuple<int, int, int, int, int64_t> best_score{};
   for (auto const& k : kernels) {
     if (!reject_reason(k, p, device_arch).empty()) continue;
     int64_t padded_rows = (int64_t(p.seqlen_q) + k.tile_m - 1) / k.tile_m * k.tile_m - p.seqlen_q;
-    std::tuple<int, int, int, int64_t> score{k.arch == device_arch,
-                                             k.mask == preferred_mask_kind(p.mask),
-                                             bool(k.has_lse) == bool(p.store_lse), -padded_rows};
+    std::tuple<int, int, int, int, int64_t> score{
+        k.arch == device_arch, pipeline_rank(k.pipeline), k.mask == preferred_mask_kind(p.mask),
+        bool(k.has_lse) == bool(p.store_lse), -padded_rows};
     if (!best.found || score > best_score) {
       best.found = true;
       best.kernel = k;

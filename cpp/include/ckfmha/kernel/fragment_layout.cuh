@@ -31,6 +31,30 @@ __device__ __forceinline__ constexpr auto accum_as_operand_a(Layout const& acc) 
                      get<1>(acc), get<1>(n_split));
 }
 
+// wgmma (m64nNk16) accumulators: ((2,2,N/8), M, N) per thread, the modes of
+// the first being a pair of neighbouring columns, rows r and r+8, and 8-column
+// chunks. As with mma.sync, a row is spread over the four lanes of a quad.
+template <class Layout>
+__device__ __forceinline__ constexpr auto gmma_accum_as_rows_cols(Layout const& acc) {
+  using namespace cute;
+  auto values = get<0>(acc);
+  return make_layout(make_layout(get<1>(values), get<1>(acc)),
+                     make_layout(get<0>(values), get<2>(values), get<2>(acc)));
+}
+
+// ((2,2,N/8), M, 1) -> ((2,2,2), M, N/16): two neighbouring 8-column chunks of
+// the S accumulator are one 16-deep A fragment of the register-sourced wgmma
+// that computes P V, so P stays in registers.
+template <class Layout>
+__device__ __forceinline__ constexpr auto gmma_accum_as_operand_a(Layout const& acc) {
+  using namespace cute;
+  static_assert(size<2>(Layout{}) == 1, "one wgmma spans the whole key tile");
+  auto values = get<0>(acc);
+  auto chunks = logical_divide(get<2>(values), Int<2>{});
+  return make_layout(make_layout(get<0>(values), get<1>(values), get<0>(chunks)), get<1>(acc),
+                     get<1>(chunks));
+}
+
 // Element-wise conversion of a compact register fragment, keeping its layout
 // (the converter packs pairs into single cvt instructions).
 template <class To, class Engine, class Layout>

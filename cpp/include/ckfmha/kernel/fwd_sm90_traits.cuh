@@ -1,0 +1,140 @@
+// Compile-time configuration of the Hopper forward kernel (TMA + wgmma,
+// warp-specialized): one producer warpgroup streams Q, K and V with the
+// tensor-memory accelerator into a ring of shared-memory stages; two consumer
+// warpgroups own 64 query rows each and run both products on the tensor cores.
+#pragma once
+
+#include "ckfmha/kernel/fwd_features.h"
+#include "ckfmha/kernel/fwd_sm80_traits.cuh"  // SmemRows: the O staging layout
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include <type_traits>
+
+namespace ckfmha::kernel {
+
+// The widest GMMA swizzle whose atom (8 rows x 128/64/32 bytes) divides a
+// row of `Cols` 16-bit elements.
+template <class Element, int Cols>
+using GmmaRowMajorAtom = std::conditional_t<
+    Cols % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<Cols % 32 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                       cute::GMMA::Layout_K_SW32_Atom<Element>>>;
+
+// The parameter list is every forward pipeline's, so the generator writes all
+// instances alike; features this template does not implement yet are
+// rejected by the generator's rules and asserted here.
+template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
+          int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
+          bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1>
+struct FwdSm90Traits {
+  using Element = Element_;
+  static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasSink &&
+                    !IsGroupMode && !VColMajor,
+                "the sm90 template covers plain batch-mode attention with masks and LSE");
+  static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
+
+  static constexpr int kHeadDimQK = HeadDimQK;
+  static constexpr int kHeadDimV = HeadDimV;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // a wgmma covers 64 rows
+  static_assert(BlockM == kBlockM && Warps == 4 * (1 + kConsumerWarpgroups),
+                "tiles are 128 query rows over a producer and two consumer warpgroups");
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kStages = Stages;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = 128 + kConsumerThreads;  // producer warpgroup first
+  static constexpr MaskMode kMask = Mask;
+  static constexpr bool kHasLse = HasLse;
+  // Register split after setmaxnreg: the producer only issues TMA copies.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  static_assert(std::is_same_v<Element, cutlass::half_t> ||
+                    std::is_same_v<Element, cutlass::bfloat16_t>,
+                "wgmma takes fp16 or bf16 operands here");
+  static_assert(HeadDimQK % 16 == 0 && HeadDimV % 16 == 0, "wgmma K steps are 16 deep");
+  static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N is a multiple of 16 up to 256");
+  static_assert(Stages >= 2, "the K/V ring needs two stages to overlap loads with math");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536,
+                "the register split must fit the SM's register file");
+
+  using TileShapeQK = cute::Shape<cute::Int<kBlockM>, cute::Int<BlockN>, cute::Int<HeadDimQK>>;
+  using TileShapePV = cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>, cute::Int<BlockN>>;
+  // Warpgroups stack along M; S = Q K^T reads both operands from shared
+  // memory, O += P V takes P from registers and V (head dim contiguous, i.e.
+  // MN-major as the B operand) from shared memory.
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<BlockN>, cute::Int<HeadDimQK>>>(),
+      AtomLayout{}));
+  using TiledMmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<HeadDimV>, cute::Int<BlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, HeadDimQK>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, HeadDimQK>{},
+      cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimQK>, cute::Int<Stages>>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, HeadDimV>{},
+      cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimV>, cute::Int<Stages>>{}));
+  // V^T (HeadDimV, BlockN, Stages): the same bytes seen as the PV product's B.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutV{},
+      cute::make_ordered_layout(
+          cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
+          cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // O is staged over Q's bytes (both consumers are done with Q by then) in
+  // the sm80 path's swizzled rows, so global stores are 16 bytes wide.
+  using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
+  using SmemLayoutO = typename RowsO::template Layout<kBlockM>;
+  using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
+
+  // Global views the TMA descriptors are built from: (rows, head dim, heads,
+  // batch) with 64-bit strides and a unit head-dim stride.
+  using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using GmemTensor = decltype(cute::make_tensor(
+      cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
+      cute::Shape<int, int, int, int>{}, GmemStride{}));
+  using TmaQ = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>>{}, cute::_1{}));
+  using TmaK = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutK{}),
+      cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimQK>>{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutV{}),
+      cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimV>>{}, cute::_1{}));
+
+  static constexpr int kTmaBytesQ = kBlockM * HeadDimQK * int(sizeof(Element));
+  static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(Element));
+  static constexpr int kTmaBytesV = BlockN * HeadDimV * int(sizeof(Element));
+
+  struct SharedStorage {
+    // Swizzled GMMA/TMA tiles need 1024-byte alignment.
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
+    uint64_t q_full;
+    uint64_t k_full[Stages];
+    uint64_t v_full[Stages];
+    uint64_t kv_empty[Stages];
+  };
+  static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>,
+                "O is staged in Q's shared memory");
+  // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
+  // kernel round its base up to 1024.
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+};
+
+}  // namespace ckfmha::kernel
