@@ -25,13 +25,13 @@ MAX_HDIM = 256
 # mma.sync m16n8k16: each warp owns 16 query rows; key tiles step in 16s.
 MMA_ROWS = 16
 # SIMT template: 128 threads as 16 row groups x 8 lanes; a row's 8 lanes own keys 8 apart, two
-# per 16-key dropout block, so key tiles step in 16s. K and P rows are padded so that 8 lanes
+# per 16-key dropout block, so key tiles step in 16s. Q, K and P rows are padded so that 8 lanes
 # reading 8 rows (or 32 lanes writing 4 rows) hit distinct banks.
 SIMT_WARPS = 4
 SIMT_ROW_GROUPS = 16
 SIMT_LANES = 8
 SIMT_KEY_MULTIPLE = 16
-SIMT_K_PAD = 4
+SIMT_QK_PAD = 4
 SIMT_P_PAD = 8
 
 Rule = Callable[[KernelConfig, ArchSpec], list[str]]
@@ -175,8 +175,8 @@ def _simt_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     smem = simt_smem_bytes(sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, elem)
     if smem > arch.max_dynamic_smem_per_block:
         reasons.append(
-            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q}, K {alg.tile_n}x"
-            f"{sig.hdim_q}+{SIMT_K_PAD}, V {alg.tile_n}x{sig.hdim_v}, P {alg.tile_m}x"
+            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q}+{SIMT_QK_PAD}, K "
+            f"{alg.tile_n}x{sig.hdim_q}+{SIMT_QK_PAD}, V {alg.tile_n}x{sig.hdim_v}, P {alg.tile_m}x"
             f"{alg.tile_n}+{SIMT_P_PAD}, {elem} B each) exceeds {arch.name}'s limit of "
             f"{arch.max_dynamic_smem_per_block} bytes per block; use a smaller tile"
         )
@@ -196,11 +196,11 @@ def _simt_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 
 
 def simt_smem_bytes(hdim_q: int, hdim_v: int, tile_m: int, tile_n: int, elem: int = 4) -> int:
-    """Shared memory of the SIMT template: Q, padded K, V and the padded P tile; must match
+    """Shared memory of the SIMT template: padded Q and K, V and the padded P tile; must match
     FwdSimtTraits::kSmemBytes."""
     return (
-        tile_m * hdim_q
-        + tile_n * (hdim_q + SIMT_K_PAD)
+        tile_m * (hdim_q + SIMT_QK_PAD)
+        + tile_n * (hdim_q + SIMT_QK_PAD)
         + tile_n * hdim_v
         + tile_m * (tile_n + SIMT_P_PAD)
     ) * elem

@@ -56,12 +56,13 @@ struct FwdSimtTraits {
                 "global rows load as 8 lanes x 16 bytes; output columns as 8 lanes x 4 floats");
 
   // Row pitches in floats. Eight lanes read eight different K rows at once
-  // (one 16-byte vector each): a pitch of 4 mod 32 puts them in distinct
-  // banks. All 32 lanes of a warp write P for 4 rows x 8 keys: a pitch of
-  // 8 mod 32 separates the rows. Q, V and P are read as broadcasts or one
-  // contiguous 128-byte row per 8 lanes, so they need no padding. Pitches
-  // stay multiples of 4 floats for the 16-byte cp.async stores.
-  static constexpr int kPitchQ = HeadDimQK;
+  // (one 16-byte vector each) and a warp's four row groups read four Q rows:
+  // a pitch of 4 mod 32 puts them in distinct banks. All 32 lanes of a warp
+  // write P for 4 rows x 8 keys: a pitch of 8 mod 32 separates the rows (and
+  // the four P rows a warp reads back). V is read as one contiguous 128-byte
+  // row per 8 lanes and needs no padding. Pitches stay multiples of 4 floats
+  // for the 16-byte cp.async stores.
+  static constexpr int kPitchQ = HeadDimQK + 4;
   static constexpr int kPitchK = HeadDimQK + 4;
   static constexpr int kPitchV = HeadDimV;
   static constexpr int kPitchP = BlockN + 8;
