@@ -92,7 +92,7 @@ def test_env_rejects_bad_jobs(jobs: str) -> None:
 
 def test_selection_from_env_config() -> None:
     selection = build.select_from_config(from_env({"CKFMHA_KERNELS": "ci"}))
-    assert len(selection.accepted) == 14  # 7 per default arch
+    assert len(selection.accepted) == 16  # 8 per default arch
 
 
 # ---- discovery ----
@@ -351,9 +351,16 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     stand_in = tmp_path / "stand_in"
     (stand_in / "ckfmha" / "kernel").mkdir(parents=True)
     (stand_in / "ckfmha" / "kernel" / "fwd_sm80_launch.cuh").write_text(STAND_IN_LAUNCH_HEADER)
+    (stand_in / "ckfmha" / "kernel" / "fwd_simt_launch.cuh").write_text(
+        STAND_IN_LAUNCH_HEADER.replace("FwdSm80Traits", "FwdSimtTraits").replace(
+            "launch_fwd_sm80", "launch_fwd_simt"
+        )
+    )
     specs = load_specs()
     archs = ("sm_80", "sm_90a")
-    kernels = select_for_arches(get_receipt("ci"), archs, specs).accepted[::5]  # 3 kernels
+    # 4 kernels, the last the sm_90a fp32 (SIMT) one.
+    kernels = select_for_arches(get_receipt("ci"), archs, specs).accepted[::5]
+    assert kernels[-1].algorithm.pipeline == "simt_fma"
     work = tmp_path / "work"
     toolchain = CudaToolchain(
         build.arch_specs_for(archs),
