@@ -20,7 +20,7 @@ def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seqlen-k", type=int, default=None, help="key length (default: seqlen)")
     parser.add_argument("--hdim", type=int, required=True)
     parser.add_argument("--hdim-v", type=int, default=None)
-    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
+    parser.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="bf16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument(
         "--causal-alignment", choices=("top_left", "bottom_right"), default="top_left"

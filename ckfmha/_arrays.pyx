@@ -147,8 +147,8 @@ cdef ArrayView _from_host(host, override, str name, allowed):
             if allowed is not None and _dtypes.BF16 not in allowed:
                 names = " or ".join(_dtypes.NAMES[c] for c in allowed)
                 raise _invalid(f"{name}: NumPy dtype {host.dtype} is not {names}") from None
-            raise _invalid(f"{name}: NumPy dtype {host.dtype} is not fp16/bf16 (bf16 needs "
-                           "ml_dtypes, or pass uint16 bits with dtype='bf16')") from None
+            raise _invalid(f"{name}: NumPy dtype {host.dtype} is not fp16, bf16 or fp32 (bf16 "
+                           "needs ml_dtypes, or pass uint16 bits with dtype='bf16')") from None
     if host.dtype.itemsize != _dtypes.ITEMSIZE[code]:
         raise _invalid(f"{name}: NumPy dtype {host.dtype} cannot hold {_dtypes.NAMES[code]}")
     # Checked before staging: a wrong dtype should not cost a device copy.

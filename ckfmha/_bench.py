@@ -17,8 +17,9 @@ from ckfmha._registry import Dispatcher
 from ckfmha.problem import FwdProblem
 from ckfmha.reference import attention_reference, dropout_keep
 
-# (max abs error, relative L2 error) allowed per dtype: bf16 keeps 8 mantissa bits.
-TOLERANCES = {"fp16": (2e-2, 1e-2), "bf16": (6e-2, 3e-2)}
+# (max abs error, relative L2 error) allowed per dtype: bf16 keeps 8 mantissa bits; fp32
+# kernels use plain fp32 FFMAs.
+TOLERANCES = {"fp16": (2e-2, 1e-2), "bf16": (6e-2, 3e-2), "fp32": (1e-4, 1e-5)}
 # The float64 reference materialises [heads, sq, sk] scores; keep it near this size.
 REFERENCE_BYTES = 1 << 28
 
@@ -37,7 +38,7 @@ def choose_backend(requested: str, dtype: str) -> str:
     if _torch_cuda():
         return "torch"
     # CuPy has no bfloat16 dtype.
-    if dtype == "fp16" and importlib.util.find_spec("cupy") is not None:
+    if dtype in ("fp16", "fp32") and importlib.util.find_spec("cupy") is not None:
         return "cupy"
     return "numpy"
 
@@ -58,7 +59,9 @@ def make_inputs(problem: FwdProblem, backend: str, seed: int) -> tuple[Any, Any,
         import torch
 
         generator = torch.Generator(device="cuda").manual_seed(seed)
-        dtype = torch.float16 if problem.dtype == "fp16" else torch.bfloat16
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[
+            problem.dtype
+        ]
         return tuple(  # type: ignore[return-value]
             torch.randn(s, generator=generator, device="cuda", dtype=dtype) for s in shapes
         )

@@ -54,7 +54,7 @@ def dtype_code(dtype: Any) -> int:
         from ckfmha.errors import InvalidArgumentError
 
         raise InvalidArgumentError(
-            f"unsupported dtype {dtype!r}: ckfmha takes fp16 or bf16 (and fp32 for LSE)", 1
+            f"unsupported dtype {dtype!r}: ckfmha takes fp16, bf16 or fp32", 1
         )
     return _ALIASES[key]
 

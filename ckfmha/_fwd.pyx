@@ -17,7 +17,7 @@ from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
-_INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16)
+_INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
 _LSE_DTYPES = (_dtypes.FP32,)
 _F32 = (_dtypes.FP32,)
 _I32 = (_dtypes.INT32,)
@@ -154,7 +154,7 @@ cdef tuple _results(str kind, handle, o_obj, out, lse_obj, lse_out, _Features fe
 
 
 cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
-    """Views of q, k and v, which must share one fp16/bf16 dtype."""
+    """Views of q, k and v, which must share one fp16, bf16 or fp32 dtype."""
     cdef ArrayView qv = as_view(q, handle, dtype, "q", ndim, _INPUT_DTYPES)
     cdef ArrayView kv = as_view(k, handle, dtype, "k", ndim, _INPUT_DTYPES)
     cdef ArrayView vv = as_view(v, handle, dtype, "v", ndim, _INPUT_DTYPES)
@@ -196,7 +196,9 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     any strides work as long as the head dimension is contiguous, so permuted
     views need no copy. nhead_q must be a multiple of nhead_k (GQA/MQA). With
     ``v_col_major`` v is [batch, nhead_k, hdim_v, seqlen_k] (keys contiguous)
-    in either layout.
+    in either layout. q, k and v share one dtype: fp16, bf16, or fp32 (computed
+    with fp32 FMAs on CUDA cores, no tf32; slower than the tensor-core kernels).
+    The output has q's dtype.
 
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays

@@ -20,7 +20,7 @@ BUILTIN_TABLE_SYMBOL = "ckfmha_builtin_kernel_table"
 MODULE_TABLE_SYMBOL = "ckfmha_module_kernel_table"
 
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+_CUTLASS_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "fp32": "float"}
 _DTYPE_ENUMS = {
     "fp16": "CKFMHA_DTYPE_FP16",
     "bf16": "CKFMHA_DTYPE_BF16",
@@ -61,6 +61,11 @@ PIPELINE_TEMPLATES: dict[str, PipelineTemplate] = {
         header="ckfmha/kernel/fwd_sm90_launch.cuh",
         traits="ckfmha::kernel::FwdSm90Traits",
         launcher="ckfmha::kernel::launch_fwd_sm90",
+    ),
+    "simt_fma": PipelineTemplate(
+        header="ckfmha/kernel/fwd_simt_launch.cuh",
+        traits="ckfmha::kernel::FwdSimtTraits",
+        launcher="ckfmha::kernel::launch_fwd_simt",
     ),
 }
 

@@ -42,9 +42,12 @@ class Selection:
 def candidates(
     receipt: Receipt, arch: ArchSpec
 ) -> Iterable[tuple[FwdSignature, str, Algorithm | None]]:
-    """Every (signature, pipeline, algorithm) the receipt asks for on this arch."""
+    """Every (signature, pipeline, algorithm) the receipt asks for on this arch; a signature
+    meets only the pipelines that take its dtype (all of them if none does)."""
     for pipeline in arch.pipelines:
         for sig in receipt.signatures:
+            if pipeline not in rules.pipelines_for_dtype(sig.dtype, arch.pipelines):
+                continue
             tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
             if not tiles:
                 yield sig, pipeline, None

@@ -93,12 +93,36 @@ def _feature_signatures() -> tuple[FwdSignature, ...]:
     )
 
 
+def _fp32_signatures(full: bool) -> tuple[FwdSignature, ...]:
+    """fp32 runs on the SIMT template, far slower than the tensor-core kernels, so the default
+    set holds the common head dims and a few feature combinations; `full` every head dim."""
+    hdims = HDIMS if full else FEATURE_HDIMS
+    lse_options = (True, False) if full else (True,)
+    masks = tuple(
+        _fwd("fp32", h, mask, lse)
+        for h, mask, lse in itertools.product(hdims, MASKS, lse_options)
+    )
+    extras = (
+        _fwd("fp32", 64, "causal", mode="group"),
+        _fwd("fp32", 128, "causal", mode="group"),
+        _fwd("fp32", 64, "none", bias="elementwise", softcap=True),
+        _fwd("fp32", 128, "causal", dropout=True),
+        _fwd("fp32", 128, "window", mode="group", bias="alibi", dropout=True, softcap=True,
+             sink=True),
+        _fwd("fp32", 64, "window", mode="group", bias="elementwise", dropout=True, sink=True),
+    )
+    if not full:
+        extras += (_fwd("fp32", (192, 128), "none"), _fwd("fp32", 256, "window"))
+    return masks + extras
+
+
 RECEIPTS: dict[str, Receipt] = {
     receipt.name: receipt
     for receipt in (
         Receipt(
             name="ci",
-            description="eight kernels per arch covering dtypes, head dims, masks and features",
+            description="nine kernels per arch covering dtypes (one fp32), head dims, masks and "
+            "features",
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
@@ -108,6 +132,7 @@ RECEIPTS: dict[str, Receipt] = {
                 _fwd("fp16", 64, "causal", bias="alibi", dropout=True),
                 _fwd("bf16", (192, 128), "none", softcap=True, sink=True),
                 _fwd("fp16", 64, "causal", mode="group", v_col_major=True),
+                _fwd("fp32", 64, "window", mode="group", bias="alibi", dropout=True, sink=True),
             ),
             all_tiles=False,
         ),
@@ -117,16 +142,18 @@ RECEIPTS: dict[str, Receipt] = {
             "{none,causal,window} with LSE, plain group mode and column-major V (batch and group) "
             "at d64/d128, plus "
             "mode/bias/dropout/softcap/sink covered "
-            "pairwise at d64 and d128; default tiles",
+            "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
+            "feature combinations; default tiles",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
-            + _feature_signatures(),
+            + _feature_signatures() + _fp32_signatures(full=False),
             all_tiles=False,
         ),
         Receipt(
             name="full",
-            description="default plus no-LSE variants and every alternative tile",
+            description="default plus no-LSE variants, fp32 at every head dim and every "
+            "alternative tile",
             signatures=_mask_signatures((True, False)) + _group_signatures()
-            + _v_col_major_signatures() + _feature_signatures(),
+            + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True),
             all_tiles=True,
         ),
     )

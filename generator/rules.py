@@ -6,7 +6,7 @@ users (`python -m generator --explain`, the manifest) who must decide what to ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .signature import KernelConfig
 from .specs import ArchSpec, hdim_label
@@ -28,6 +28,15 @@ MAX_HDIM = 256
 MMA_ROWS = 16
 # K/V shared-memory stages of the sm80 template: single- or double-buffered.
 SM80_STAGES = (1, 2)
+# SIMT template: 128 threads as 16 row groups x 8 lanes; a row's 8 lanes own keys 8 apart, two
+# per 16-key dropout block, so key tiles step in 16s. Q, K and P rows are padded so that 8 lanes
+# reading 8 rows (or 32 lanes writing 4 rows) hit distinct banks.
+SIMT_WARPS = 4
+SIMT_ROW_GROUPS = 16
+SIMT_LANES = 8
+SIMT_KEY_MULTIPLE = 16
+SIMT_QK_PAD = 4
+SIMT_P_PAD = 8
 
 Rule = Callable[[KernelConfig, ArchSpec], list[str]]
 
@@ -67,10 +76,6 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             )
     if sig.bias not in SUPPORTED_BIASES:
         reasons.append(f"bias {sig.bias!r} is unknown; supported: {', '.join(SUPPORTED_BIASES)}")
-    if sig.dtype == "fp32":
-        reasons.append(
-            "fp32 needs the SIMT pipeline, which is not implemented yet; supported: fp16, bf16"
-        )
     if sig.mask not in SUPPORTED_MASKS:
         reasons.append(f"mask {sig.mask!r} is unknown; supported: {', '.join(SUPPORTED_MASKS)}")
     if sig.mode not in KNOWN_MODES:
@@ -86,7 +91,7 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
-    reasons: list[str] = []
+    reasons = _dtype_reasons(config)
     if alg.tile_k != sig.hdim_q:
         reasons.append(
             f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
@@ -150,7 +155,6 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 # The Hopper template: a producer warpgroup (TMA) and two consumer warpgroups of 64 rows each.
 SM90_TILE_M = 128
 SM90_WARPS = 12
-SM90_DTYPES = ("fp16", "bf16")
 # Largest N of one wgmma instruction.
 SM90_MAX_TILE_N = 256
 
@@ -158,12 +162,7 @@ SM90_MAX_TILE_N = 256
 def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm90 forward template (TMA + wgmma, warp-specialized)."""
     sig, alg = config.signature, config.algorithm
-    reasons: list[str] = []
-    if sig.dtype not in SM90_DTYPES:
-        reasons.append(
-            f"dtype {sig.dtype!r} is not supported by {alg.pipeline}; wgmma here takes "
-            f"{', '.join(SM90_DTYPES)}"
-        )
+    reasons = _dtype_reasons(config)
     if sig.mode != "batch":
         reasons.append(
             f"mode {sig.mode!r} is not implemented by {alg.pipeline} yet (its TMA descriptors "
@@ -226,10 +225,111 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
+def _simt_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the fp32 SIMT forward template (plain FFMA, K/V single-buffered)."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _dtype_reasons(config)
+    if alg.tile_k != sig.hdim_q:
+        reasons.append(
+            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
+            "keeps the whole head dim resident"
+        )
+    if alg.warps != SIMT_WARPS:
+        reasons.append(
+            f"warps={alg.warps} is not supported; the {alg.pipeline} template maps exactly "
+            f"{SIMT_WARPS * 32} threads to {SIMT_ROW_GROUPS} row groups x {SIMT_LANES} lanes "
+            f"(warps={SIMT_WARPS})"
+        )
+    if alg.tile_m <= 0 or alg.tile_m % SIMT_ROW_GROUPS:
+        reasons.append(
+            f"tile_m={alg.tile_m} is not a positive multiple of {SIMT_ROW_GROUPS}; each of the "
+            f"{SIMT_ROW_GROUPS} row groups owns every {SIMT_ROW_GROUPS}th query row"
+        )
+    if alg.tile_n <= 0 or alg.tile_n % SIMT_KEY_MULTIPLE:
+        reasons.append(
+            f"tile_n={alg.tile_n} is not a positive multiple of {SIMT_KEY_MULTIPLE}; each of "
+            f"the {SIMT_LANES} lanes of a row owns key pairs 8 apart inside one 16-key dropout "
+            "block"
+        )
+    if alg.stages != 1:
+        reasons.append(
+            f"stages={alg.stages} is not supported; the {alg.pipeline} template single-buffers "
+            "K and V (stages=1)"
+        )
+    if sig.v_col_major:
+        reasons.append(
+            f"column-major V is not implemented for {alg.pipeline} (fp32); store V row-major "
+            "(head dim contiguous)"
+        )
+    elem = ELEMENT_BYTES.get(sig.dtype, 4)
+    smem = simt_smem_bytes(sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, elem)
+    if smem > arch.max_dynamic_smem_per_block:
+        reasons.append(
+            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q}+{SIMT_QK_PAD}, K "
+            f"{alg.tile_n}x{sig.hdim_q}+{SIMT_QK_PAD}, V {alg.tile_n}x{sig.hdim_v}, P {alg.tile_m}x"
+            f"{alg.tile_n}+{SIMT_P_PAD}, {elem} B each) exceeds {arch.name}'s limit of "
+            f"{arch.max_dynamic_smem_per_block} bytes per block; use a smaller tile"
+        )
+    if alg.warps > 0 and alg.tile_m > 0 and alg.tile_n > 0:
+        threads = alg.warps * 32
+        acc = (alg.tile_m * sig.hdim_v + alg.tile_m * alg.tile_n) // threads
+        # One 4-wide operand vector per owned row (Q) and per owned key (K) per k-step.
+        operands = 4 * (alg.tile_m // SIMT_ROW_GROUPS) + 4 * (alg.tile_n // SIMT_LANES)
+        if acc + operands > MAX_ACCUMULATOR_REGISTERS:
+            reasons.append(
+                f"estimated {acc + operands} registers per thread for accumulators and operands "
+                f"(O {alg.tile_m}x{sig.hdim_v} + S {alg.tile_m}x{alg.tile_n} over {threads} "
+                f"threads, plus {operands} for Q/K vectors) exceeds "
+                f"{MAX_ACCUMULATOR_REGISTERS}; use a smaller tile_n or tile_m"
+            )
+    return reasons
+
+
+def simt_smem_bytes(hdim_q: int, hdim_v: int, tile_m: int, tile_n: int, elem: int = 4) -> int:
+    """Shared memory of the SIMT template: padded Q and K, V and the padded P tile; must match
+    FwdSimtTraits::kSmemBytes."""
+    return (
+        tile_m * (hdim_q + SIMT_QK_PAD)
+        + tile_n * (hdim_q + SIMT_QK_PAD)
+        + tile_n * hdim_v
+        + tile_m * (tile_n + SIMT_P_PAD)
+    ) * elem
+
+
 PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
     "sm80_cpasync_mma": (_sm80_template_rules,),
     "sm90_tma_wgmma": (_sm90_template_rules,),
+    "simt_fma": (_simt_template_rules,),
 }
+# Element types each template computes in; enumeration pairs a signature only with the
+# pipelines that take its dtype, so --explain is not flooded with dtype mismatches.
+PIPELINE_DTYPES: dict[str, tuple[str, ...]] = {
+    "sm80_cpasync_mma": ("fp16", "bf16"),
+    "sm90_tma_wgmma": ("fp16", "bf16"),
+    "simt_fma": ("fp32",),
+}
+
+
+def pipelines_for_dtype(dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]:
+    """The pipelines among `pipelines` that take `dtype`; all of them when none does, so the
+    rejections still say why."""
+    taking = tuple(p for p in pipelines if dtype in PIPELINE_DTYPES.get(p, ()))
+    return taking or tuple(pipelines)
+
+
+def _dtype_reasons(config: KernelConfig) -> list[str]:
+    pipeline, dtype = config.algorithm.pipeline, config.signature.dtype
+    takes = PIPELINE_DTYPES.get(pipeline, ())
+    if dtype in takes:
+        return []
+    others = [
+        f"{p} takes {', '.join(d)}" for p, d in PIPELINE_DTYPES.items() if p != pipeline
+    ]
+    reason = (
+        f"dtype {dtype!r} does not run on the {pipeline} template, which takes "
+        f"{', '.join(takes) or 'nothing'}; {'; '.join(others)}"
+    )
+    return [reason]
 
 
 def check(config: KernelConfig, arch: ArchSpec) -> list[str]:

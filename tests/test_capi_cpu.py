@@ -107,7 +107,7 @@ def test_registry_json_fields(kernels):
     for kernel in kernels:
         assert KERNEL_FIELDS <= set(kernel)
         assert kernel["family"] == "fwd"
-        assert kernel["dtype"] in ("fp16", "bf16")
+        assert kernel["dtype"] in ("fp16", "bf16", "fp32")
         assert kernel["mask"] in ("none", "causal", "window")
         assert kernel["bias"] in ("none", "elementwise", "alibi")
         assert kernel["arch_name"].startswith(f"sm_{kernel['arch']}")
@@ -630,6 +630,21 @@ def test_fwd_numpy_without_gpu_raises_no_device():
     q = np.zeros((1, 2, 16, 64), np.float16)
     with pytest.raises(errors.NoDeviceError):
         ckfmha.fwd(q, q, q)
+
+
+@no_gpu
+def test_fwd_fp32_inputs_reach_the_device():
+    # fp32 q/k/v pass the argument checks (fp32 bias included); only the missing device stops
+    # them.
+    q = _ptr((1, 2, 16, 64), "fp32")
+    with pytest.raises(errors.NoDeviceError):
+        ckfmha.fwd(q, q, q, out=_ptr((1, 2, 16, 64), "fp32", address=0x800000),
+                   bias=_ptr((1, 2, 16, 16), "fp32", address=0x900000))
+    with pytest.raises(errors.NoDeviceError):
+        ckfmha.fwd(np.zeros((1, 2, 16, 64), np.float32), np.zeros((1, 2, 16, 64), np.float32),
+                   np.zeros((1, 2, 16, 64), np.float32))
+    with pytest.raises(errors.InvalidArgumentError, match="fp16, bf16 or fp32"):
+        ckfmha.fwd(q, q, q, dtype="float64")
 
 
 @no_gpu

@@ -157,6 +157,7 @@ def test_ci_names_are_stable() -> None:
         f"fwd_fp16_batch_d64x64_causal_alibi_lse_drop{tail}m128n64k64_w4s1",
         f"fwd_bf16_batch_d192x128_none_lse_softcap_sink{tail}m128n64k192_w4s1",
         f"fwd_fp16_group_d64x64_causal_lse_vcol{tail}m128n64k64_w4s1",
+        "fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_80_simt_fma_m64n64k64_w4s1",
     ]
 
 
@@ -167,19 +168,24 @@ def test_receipt_sizes(arch: str) -> None:
     # sm_90a adds the Hopper template for the plain batch-mode signatures at d64/d128/d256:
     # 4 of ci, fp16/bf16 x 3 head dims x 3 masks of default, and those with and without LSE.
     hopper = {"ci": 4, "default": 18, "full": 36} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
-    assert sizes["ci"] == 8 + hopper["ci"]
+    assert sizes["ci"] == 9 + hopper["ci"]
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
-    # Column-major V: batch and group mode x 2 dtypes x d64/d128 x masks none/causal.
-    assert sizes["default"] == 36 + 12 + 16 + features + hopper["default"]
+    # Column-major V: batch and group mode x 2 dtypes x d64/d128 x masks none/causal. fp32:
+    # d64/d128 x 3 masks, six feature/group combinations, d192x128 and d256.
+    assert sizes["default"] == 36 + 12 + 16 + features + 6 + 6 + 2 + hopper["default"]
     tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     alternatives = sum(len(t) for t in tiles.values())
     # Mask-only kernels come with and without LSE, each with every listed tile.
     group_tiles = _feature_tiles(specs[arch]) // len(_feature_combos()) * 3
     vcol_tiles = group_tiles * 2 // 3 * 2
+    simt = specs[arch].tiles["fwd"]["simt_fma"]
+    # fp32: every head dim x 3 masks x LSE on/off, plus the six combinations at d64/d128.
+    fp32 = 3 * 2 * sum(len(t) for t in simt.values())
+    fp32 += 3 * len(simt[(64, 64)]) + 3 * len(simt[(128, 128)])
     assert sizes["full"] == (
-        2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch])
+        2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch]) + fp32
         + hopper["full"]
     )
 
@@ -244,12 +250,20 @@ def test_column_major_v_is_valid_in_either_mode(mode: str) -> None:
         ({"hdim_v": 64}, r"head dims 128x64 have no tile table.*192x128"),
         ({"warps": 3}, r"tile_m=128 is not a positive multiple of 16\*warps=48"),
         ({"warps": 64}, r"warps=64 gives 2048 threads.*1 to 32 warps"),
-        ({"dtype": "int4"}, r"dtype 'int4' is not supported on sm_80; supported: fp16, bf16"),
-        ({"dtype": "fp32"}, r"dtype 'fp32' is not supported"),
+        (
+            {"dtype": "int4"},
+            r"dtype 'int4' is not supported on sm_80; supported: fp16, bf16, fp32",
+        ),
+        (
+            {"dtype": "fp32"},
+            (
+                r"dtype 'fp32' does not run on the sm80_cpasync_mma template, which takes "
+                r"fp16, bf16; sm90_tma_wgmma takes fp16, bf16; simt_fma takes fp32"
+            ),
+        ),
         ({"mode": "paged"}, r"mode 'paged' is unknown; supported: batch, group"),
         ({"mask": "sliding"}, r"mask 'sliding' is unknown; supported: none, causal, window"),
         ({"bias": "rel"}, r"bias 'rel' is unknown; supported: none, elementwise, alibi"),
-        ({"dtype": "fp32"}, r"fp32 needs the SIMT pipeline"),
         ({"tile_n": 40}, r"tile_n=40 is not a positive multiple of 16"),
         ({"stages": 3}, r"stages=3 is not supported.*in 1 or 2 shared-memory stages"),
         ({"stages": 2, "tile_m": 256, "tile_n": 128, "arch": "sm_86"},
@@ -286,6 +300,122 @@ def test_rejections_are_reported_not_dropped() -> None:
     assert "head dims 160 have no tile table" in rejection.reasons[0]
 
 
+def _simt_config(arch: str = "sm_90a", **changes: object) -> KernelConfig:
+    base: dict[str, object] = {
+        "dtype": "fp32", "pipeline": "simt_fma", "tile_m": 64, "tile_n": 64, "warps": 4,
+    }  # fmt: skip
+    return _config(arch, **{**base, **changes})
+
+
+def _simt_reasons(arch: str = "sm_90a", **changes: object) -> str:
+    return "\n".join(rules.check(_simt_config(arch, **changes), load_specs()[arch]))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_fp32_runs_on_the_simt_pipeline_everywhere(arch: str) -> None:
+    spec = load_specs()[arch]
+    assert "fp32" in spec.dtypes and "simt_fma" in spec.pipelines
+    hdims = {(32, 32), (64, 64), (96, 96), (128, 128), (192, 128), (256, 256)}
+    assert set(spec.hdims_for("fwd", "simt_fma")) == hdims
+    for hdim_q, hdim_v in hdims:
+        tile = spec.tiles_for("fwd", "simt_fma", hdim_q, hdim_v)[0]
+        config = _simt_config(
+            arch, hdim_q=hdim_q, hdim_v=hdim_v, tile_k=hdim_q, tile_m=tile.tile_m,
+            tile_n=tile.tile_n, mode="group", mask="window", bias="alibi", dropout=True,
+            softcap=True, sink=True,
+        )  # fmt: skip
+        assert rules.check(config, spec) == []
+
+
+def test_valid_simt_config_has_no_reasons() -> None:
+    assert _simt_reasons() == ""
+    assert _simt_reasons(hdim_q=256, hdim_v=256, tile_k=256, tile_n=32) == ""
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"dtype": "bf16"},
+            (
+                r"dtype 'bf16' does not run on the simt_fma template, which takes fp32; "
+                r"sm80_cpasync_mma takes fp16, bf16"
+            ),
+        ),
+        ({"warps": 8}, r"warps=8 is not supported.*128 threads to 16 row groups x 8 lanes"),
+        ({"tile_m": 40}, r"tile_m=40 is not a positive multiple of 16"),
+        ({"tile_n": 24}, r"tile_n=24 is not a positive multiple of 16.*16-key dropout block"),
+        ({"stages": 2}, r"stages=2 is not supported.*stages=1"),
+        ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
+        ({"v_col_major": True}, r"column-major V is not implemented for simt_fma \(fp32\)"),
+        (
+            {"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 32, "arch": "sm_86"},
+            r"shared memory 142848 bytes .* exceeds sm_86's limit of 101376",
+        ),
+        (
+            {"hdim_q": 256, "hdim_v": 256, "tile_k": 256},
+            r"estimated 208 registers per thread .* exceeds 192; use a smaller tile_n",
+        ),
+    ],
+)
+def test_simt_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
+    arch = str(changes.pop("arch", "sm_90a"))
+    reasons = _simt_reasons(arch, **changes)
+    assert re.search(expected, reasons), reasons
+
+
+def test_simt_shared_memory_matches_the_traits_formula() -> None:
+    # Q 64x(128+4) + K 64x(128+4) + V 64x128 + P 64x(64+8) floats (FwdSimtTraits::kSmemBytes).
+    assert rules.simt_smem_bytes(128, 128, 64, 64) == 4 * (8448 + 8448 + 8192 + 4608)
+
+
+def test_signatures_meet_only_pipelines_taking_their_dtype() -> None:
+    assert rules.pipelines_for_dtype("fp32", ("sm80_cpasync_mma", "simt_fma")) == ("simt_fma",)
+    assert rules.pipelines_for_dtype("bf16", ("sm80_cpasync_mma", "simt_fma")) == (
+        "sm80_cpasync_mma",
+    )
+    # No pipeline takes it: keep them all so the rejection says why.
+    assert rules.pipelines_for_dtype("fp8", ("sm80_cpasync_mma", "simt_fma")) == (
+        "sm80_cpasync_mma",
+        "simt_fma",
+    )
+    selection = select(get_receipt("default"), load_specs()["sm_90a"])
+    # Only the Hopper template rejects anything (features it lacks), never for the dtype.
+    assert {r.pipeline for r in selection.rejected} == {"sm90_tma_wgmma"}
+    assert not any("dtype" in reason for r in selection.rejected for reason in r.reasons)
+    pipelines = {c.signature.dtype: set() for c in selection.accepted}
+    for c in selection.accepted:
+        pipelines[c.signature.dtype].add(c.algorithm.pipeline)
+    assert pipelines == {
+        "fp16": {"sm80_cpasync_mma", "sm90_tma_wgmma"},
+        "bf16": {"sm80_cpasync_mma", "sm90_tma_wgmma"},
+        "fp32": {"simt_fma"},
+    }  # fmt: skip
+
+
+def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) -> None:
+    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs["arches"]["sm_86"]["pipelines"] = ["sm80_cpasync_mma"]
+    custom = tmp_path / "arch_specs.json"
+    custom.write_text(json.dumps(specs))
+    result = _run_cli(
+        "--specs", str(custom), "--kernels", "ci", "--arch", "sm_86", "--explain", "--list"
+    )
+    assert result.returncode == 0, result.stderr
+    # Only the fp32 kernel is rejected, once, and the reason names the pipeline to use.
+    assert result.stdout.count("rejected ") == 1
+    assert "rejected fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_86_sm80" in (
+        result.stdout
+    )
+    assert "simt_fma takes fp32" in result.stdout
+
+
+def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
+    result = _run_cli("--kernels", "full", "--arch", "sm_80;sm_86", "--explain")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "no candidate was rejected\n"
+
+
 # ---- CLI ----
 
 
@@ -293,14 +423,14 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    assert len(names) == 8 + 8 + 4  # sm_80, sm_90a and the Hopper template on sm_90a
+    assert len(names) == 9 + 9 + 4  # sm_80, sm_90a and the Hopper template on sm_90a
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 24
+    assert len(result.stdout.split()) == 27
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -322,19 +452,21 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("*.cu"))
-    assert len(instances) == 12
+    assert len(instances) == 13
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 12" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 13" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
     assert '/*arch=*/90, "sm_90a", "sm90_tma_wgmma"' in table
+    assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
+    assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 12
+    assert len(manifest["kernels"]) == 13
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
 
 
@@ -479,11 +611,36 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     assert "launch_fwd_sm90<Traits>(problem, args, stream)" in instance
 
 
+def test_fp32_instance_uses_the_simt_template() -> None:
+    config = _simt_config(mode="group", mask="window", bias="alibi", dropout=True, sink=True)
+    assert config.name == (
+        "fwd_fp32_group_d128x128_window_alibi_lse_drop_sink__sm_90a_simt_fma_m64n64k128_w4s1"
+    )
+    assert emit.render_instance(config) == (
+        "// Generated by the ckfmha generator (python -m generator). Do not edit.\n"
+        '#include "ckfmha/kernel/fwd_simt_launch.cuh"\n'
+        "\n"
+        "namespace {\n"
+        "using Traits = ckfmha::kernel::FwdSimtTraits<float, /*HeadDimQK=*/128, "
+        "/*HeadDimV=*/128,\n"
+        "    /*BlockM=*/64, /*BlockN=*/64, /*Warps=*/4, /*Stages=*/1,\n"
+        "    ckfmha::kernel::MaskMode::kWindow, ckfmha::kernel::BiasMode::kAlibi,\n"
+        "    /*HasLse=*/true, /*HasDropout=*/true, /*HasSoftcap=*/false, /*HasSink=*/true,\n"
+        "    /*IsGroupMode=*/true>;\n"
+        "}  // namespace\n"
+        "\n"
+        f'extern "C" int ckfmha_kernel_{config.name}(const void* problem, const void* args, '
+        "ckfmha_stream_t stream) {\n"
+        "  return ckfmha::kernel::launch_fwd_simt<Traits>(problem, args, stream);\n"
+        "}\n"
+    )
+
+
 def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 8 + 3
+    assert first.written == 9 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -561,7 +718,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
         "mode": {"batch": 0, "group": 1},
         "mask": {"none": 0, "causal": 1, "window": 2},
         "bias": {"none": 0, "elementwise": 1, "alibi": 2},
-        "dtype": {"fp16": 0, "bf16": 1},
+        "dtype": {"fp16": 0, "bf16": 1, "fp32": 2},
     }
     for i, (line, config) in enumerate(zip(lines[1:], configs)):
         sig, alg = config.signature, config.algorithm

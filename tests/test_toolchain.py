@@ -351,9 +351,23 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     stand_in = tmp_path / "stand_in"
     (stand_in / "ckfmha" / "kernel").mkdir(parents=True)
     (stand_in / "ckfmha" / "kernel" / "fwd_sm80_launch.cuh").write_text(STAND_IN_LAUNCH_HEADER)
+    (stand_in / "ckfmha" / "kernel" / "fwd_sm90_launch.cuh").write_text(
+        STAND_IN_LAUNCH_HEADER.replace("FwdSm80Traits", "FwdSm90Traits").replace(
+            "launch_fwd_sm80", "launch_fwd_sm90"
+        )
+    )
+    (stand_in / "ckfmha" / "kernel" / "fwd_simt_launch.cuh").write_text(
+        STAND_IN_LAUNCH_HEADER.replace("FwdSm80Traits", "FwdSimtTraits").replace(
+            "launch_fwd_sm80", "launch_fwd_simt"
+        )
+    )
     specs = load_specs()
     archs = ("sm_80", "sm_90a")
-    kernels = select_for_arches(get_receipt("ci"), archs, specs).accepted[::6]  # 3 kernels
+    selection = select_for_arches(get_receipt("ci"), archs, specs).accepted
+    # The first ci kernel of each arch and pipeline: both sm_80 templates, all three on sm_90a.
+    firsts = {(c.algorithm.arch, c.algorithm.pipeline): c for c in reversed(selection)}
+    kernels = [c for c in selection if firsts[(c.algorithm.arch, c.algorithm.pipeline)] is c]
+    assert len(kernels) == 5
     work = tmp_path / "work"
     toolchain = CudaToolchain(
         build.arch_specs_for(archs),

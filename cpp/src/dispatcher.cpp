@@ -12,19 +12,22 @@ namespace ckfmha::runtime {
 
 namespace {
 
-// sm80-path kernels move 16-byte vectors: every row, head and batch start
-// must sit on a multiple of 8 half-precision elements.
-constexpr int64_t kVectorElems = 8;
+// Every kernel moves 16-byte vectors: each row, head and batch start must
+// sit on a multiple of 16 bytes, i.e. 8 fp16/bf16 or 4 fp32 elements.
+constexpr int64_t kVectorBytes = 16;
+
+int64_t vector_elems(ckfmha_dtype dtype) { return kVectorBytes / element_bytes(dtype); }
 
 std::string arch_label(int arch) { return "sm_" + std::to_string(arch); }
 
-std::string check_vector_strides(const char* tensor, int64_t const (&stride)[3]) {
+std::string check_vector_strides(const char* tensor, int64_t const (&stride)[3],
+                                 int64_t vector) {
   static const char* kAxis[3] = {"batch", "head", "seq"};
   for (int i = 0; i < 3; ++i) {
-    if (stride[i] % kVectorElems != 0) {
+    if (stride[i] % vector != 0) {
       std::ostringstream msg;
       msg << tensor << " " << kAxis[i] << " stride " << stride[i] << " is not a multiple of "
-          << kVectorElems << " elements (16-byte vector loads)";
+          << vector << " elements (16-byte vector loads)";
       return msg.str();
     }
   }
@@ -116,7 +119,10 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
       // 16-byte vectors and otherwise load them element by element, so any
       // seqlen_k, stride and sequence offset works.
       if (p.v_col_major && stride == &p.v_stride) continue;
-      if (auto error = check_vector_strides(name, *stride); !error.empty()) return error;
+      if (auto error = check_vector_strides(name, *stride, vector_elems(p.dtype));
+          !error.empty()) {
+        return error;
+      }
     }
   }
   return why.str();
@@ -179,7 +185,7 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
       }
       msg << "};";
     }
-    msg << " fp16/bf16; masks, bias, dropout, soft-cap, sink, group mode and V layouts"
+    msg << " masks, bias, dropout, soft-cap, sink, group mode and V layouts"
            " as listed by ckfmha_registry_json.";
   }
   msg << " ckfmha_fwd_explain lists each kernel's reason.";

@@ -16,6 +16,8 @@ const char* dtype_name(ckfmha_dtype dtype) {
   return "unknown";
 }
 
+int element_bytes(ckfmha_dtype dtype) { return dtype == CKFMHA_DTYPE_FP32 ? 4 : 2; }
+
 const char* mask_name(ckfmha_mask mask) {
   switch (mask) {
     case CKFMHA_MASK_NONE: return "none";

@@ -19,6 +19,7 @@
 #include "ckfmha/kernel/logit_transform.cuh"
 #include "ckfmha/kernel/online_softmax.cuh"
 #include "ckfmha/kernel/philox_dropout.cuh"
+#include "ckfmha/kernel/sequence_slice.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
@@ -27,25 +28,6 @@
 #include <type_traits>
 
 namespace ckfmha::kernel {
-
-// Where this CTA's sequence lives: lengths and token offsets (group mode) or
-// the batch index (batch mode).
-struct SequenceSlice {
-  int seqlen_q, seqlen_k;
-  int64_t q_token0, k_token0;  // first token of the sequence (group mode), else 0
-  bool skip;
-};
-
-template <bool IsGroupMode>
-__device__ __forceinline__ SequenceSlice locate_sequence(FwdParams const& p, int batch) {
-  if constexpr (IsGroupMode) {
-    int q0 = p.cu_seqlens_q[batch], k0 = p.cu_seqlens_k[batch];
-    int sq = p.cu_seqlens_q[batch + 1] - q0, sk = p.cu_seqlens_k[batch + 1] - k0;
-    return {sq, sk, q0, k0, sq < p.skip_min_seqlen_q};
-  } else {
-    return {p.seqlen_q, p.seqlen_k, 0, 0, false};
-  }
-}
 
 // The same partition of a tile held in another shared-memory stage; stages
 // are laid out back to back, so only the base pointer moves.

@@ -7,84 +7,14 @@
 #pragma once
 
 #include "ckfmha/ckfmha.h"
-#include "ckfmha/kernel/fwd_params.h"
+#include "ckfmha/kernel/fwd_params_from_problem.h"
 #include "ckfmha/kernel/fwd_sm80_kernel.cuh"
 #include "ckfmha/kernel/fwd_sm80_traits.cuh"
 #include "ckfmha/kernel_entry.h"
 
 #include <cuda_runtime.h>
 
-#include <cmath>
-
 namespace ckfmha::kernel {
-
-inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_args const& args) {
-  FwdParams p{};
-  p.q = args.q;
-  p.k = args.k;
-  p.v = args.v;
-  p.o = args.o;
-  p.lse = problem.store_lse ? args.lse : nullptr;
-  p.bias = args.bias;
-  p.alibi_slopes = args.alibi_slopes;
-  p.sink = args.sink;
-  p.cu_seqlens_q = args.cu_seqlens_q;
-  p.cu_seqlens_k = args.cu_seqlens_k;
-  p.dropout_randval = problem.store_dropout_randval ? args.dropout_randval : nullptr;
-  p.q_batch_stride = problem.q_stride[0];
-  p.q_head_stride = problem.q_stride[1];
-  p.q_row_stride = problem.q_stride[2];
-  p.k_batch_stride = problem.k_stride[0];
-  p.k_head_stride = problem.k_stride[1];
-  p.k_row_stride = problem.k_stride[2];
-  p.v_batch_stride = problem.v_stride[0];
-  p.v_head_stride = problem.v_stride[1];
-  p.v_row_stride = problem.v_stride[2];
-  p.o_batch_stride = problem.o_stride[0];
-  p.o_head_stride = problem.o_stride[1];
-  p.o_row_stride = problem.o_stride[2];
-  p.lse_batch_stride = problem.lse_stride[0];
-  p.lse_head_stride = problem.lse_stride[1];
-  p.bias_batch_stride = problem.bias_stride[0];
-  p.bias_head_stride = problem.bias_stride[1];
-  p.bias_row_stride = problem.bias_stride[2];
-  p.alibi_batch_stride = problem.alibi_stride;
-  p.seqlen_q = problem.seqlen_q;
-  p.seqlen_k = problem.seqlen_k;
-  p.nhead_q = problem.nhead_q;
-  p.head_group = problem.nhead_q / problem.nhead_k;
-  p.skip_min_seqlen_q = problem.skip_min_seqlen_q;
-  p.scale = problem.scale;
-  p.scale_log2 = problem.scale * float(M_LOG2E);
-  p.softcap = problem.softcap;
-  p.softcap_prescale = problem.softcap > 0.f ? problem.scale / problem.softcap : 0.f;
-
-  switch (problem.mask) {
-    case CKFMHA_MASK_CAUSAL_TOP_LEFT:
-    case CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT:
-      p.window_left = -1;
-      p.window_right = 0;
-      break;
-    case CKFMHA_MASK_WINDOW_TOP_LEFT:
-    case CKFMHA_MASK_WINDOW_BOTTOM_RIGHT:
-      p.window_left = problem.window_left;
-      p.window_right = problem.window_right;
-      break;
-    default:
-      p.window_left = -1;
-      p.window_right = -1;
-  }
-  p.bottom_right = problem.mask == CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT ||
-                   problem.mask == CKFMHA_MASK_WINDOW_BOTTOM_RIGHT;
-
-  // p < 1 is checked by the runtime; floor(p * 256) <= 255 then.
-  p.dropout_threshold = uint32_t(problem.dropout_p * 256.f);
-  p.dropout_rescale = problem.dropout_p > 0.f ? 1.f / (1.f - problem.dropout_p) : 1.f;
-  p.philox_key0 = uint32_t(problem.dropout_seed);
-  p.philox_key1 = uint32_t(problem.dropout_seed >> 32) ^ uint32_t(problem.dropout_offset >> 32);
-  p.philox_offset = uint32_t(problem.dropout_offset);
-  return p;
-}
 
 template <class Traits>
 int launch_fwd_sm80(void const* problem, void const* args, ckfmha_stream_t stream) {

@@ -1,8 +1,10 @@
 // Online (streaming) softmax state for the rows a thread owns.
 //
-// Each row of a 16x8 accumulator atom is spread over the 4 lanes of a quad, so
-// row reductions finish with two xor-shuffles. The running sum stays
-// per-thread until the end: only the final normalisation needs the quad total.
+// A row is spread over a group of LaneGroup consecutive lanes, so row
+// reductions finish with log2(LaneGroup) xor-shuffles: 4 for a row of a 16x8
+// mma.sync accumulator atom (a quad), 8 on the SIMT path. The running sum
+// stays per-thread until the end: only the final normalisation needs the
+// group total.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,17 +13,27 @@
 
 namespace ckfmha::kernel {
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+template <int LaneGroup>
+__device__ __forceinline__ float lane_group_max(float x) {
+  static_assert(LaneGroup >= 1 && LaneGroup <= 32 && (LaneGroup & (LaneGroup - 1)) == 0);
+  CUTE_UNROLL
+  for (int lane_mask = 1; lane_mask < LaneGroup; lane_mask <<= 1) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, lane_mask));
+  }
+  return x;
 }
 
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffff, x, 1);
-  return x + __shfl_xor_sync(0xffffffff, x, 2);
+template <int LaneGroup>
+__device__ __forceinline__ float lane_group_sum(float x) {
+  static_assert(LaneGroup >= 1 && LaneGroup <= 32 && (LaneGroup & (LaneGroup - 1)) == 0);
+  CUTE_UNROLL
+  for (int lane_mask = 1; lane_mask < LaneGroup; lane_mask <<= 1) {
+    x += __shfl_xor_sync(0xffffffff, x, lane_mask);
+  }
+  return x;
 }
 
-template <int Rows>
+template <int Rows, int LaneGroup = 4>
 struct OnlineSoftmax {
   float row_max[Rows];  // in raw score units (before the softmax scale)
   float row_sum[Rows];  // this thread's share of sum(exp(scale * (s - row_max)))
@@ -45,7 +57,7 @@ struct OnlineSoftmax {
       float tile_max = row_max[i];
       CUTE_UNROLL
       for (int j = 0; j < size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
-      tile_max = quad_max(tile_max);
+      tile_max = lane_group_max<LaneGroup>(tile_max);
       // A row that has seen only masked keys keeps max -inf; subtracting 0
       // instead keeps exp2 at 0 rather than NaN.
       float shift = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
@@ -83,7 +95,7 @@ struct OnlineSoftmax {
     constexpr float kLn2 = 0.6931471805599453f;
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
-      float total = quad_sum(row_sum[i]);
+      float total = lane_group_sum<LaneGroup>(row_sum[i]);
       float max_log2 = row_max[i] == -INFINITY ? -INFINITY : row_max[i] * max_to_log2;
       float inv;
       if constexpr (HasSink) {

@@ -48,23 +48,24 @@ struct PhiloxDropout {
   int seqlen_q, seqlen_k;
 
   // probs/coords: (rows, cols) views. The columns a thread holds come in
-  // groups of four inside one 16-column Philox block (two 8-wide MMA atoms),
-  // so one generator call serves four elements.
-  template <class Probs, class Coords>
+  // groups of ColumnGroup consecutive fragment columns inside one 16-column
+  // Philox block, so one generator call serves a group: four on the mma.sync
+  // path (two 8-wide MMA atoms), two on the SIMT path (keys 8 apart).
+  template <int ColumnGroup = 4, class Probs, class Coords>
   __device__ __forceinline__ void apply(Probs& probs, Coords const& coords, int m_begin,
                                         int n_begin) const {
     using namespace cute;
-    static_assert(decltype(size<1>(probs))::value % 4 == 0);
+    static_assert(decltype(size<1>(probs))::value % ColumnGroup == 0);
     CUTE_UNROLL
     for (int i = 0; i < size<0>(probs); ++i) {
       int row = m_begin + get<0>(coords(i, 0));
       CUTE_UNROLL
-      for (int j0 = 0; j0 < size<1>(probs); j0 += 4) {
+      for (int j0 = 0; j0 < size<1>(probs); j0 += ColumnGroup) {
         int block = (n_begin + get<1>(coords(i, j0))) / 16;
         uint4 words = Philox4x32::generate(
             make_uint4(uint32_t(block), uint32_t(row), head_index, offset), key0, key1);
         CUTE_UNROLL
-        for (int j = j0; j < j0 + 4; ++j) {
+        for (int j = j0; j < j0 + ColumnGroup; ++j) {
           int col = n_begin + get<1>(coords(i, j));
           uint32_t byte = random_byte(words, col & 15);
           if (randval != nullptr && row < seqlen_q && col < seqlen_k) {

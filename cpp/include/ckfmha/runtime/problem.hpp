@@ -11,6 +11,8 @@ namespace ckfmha::runtime {
 std::string check_fwd_problem(ckfmha_fwd_problem const& problem);
 
 const char* dtype_name(ckfmha_dtype dtype);
+// Bytes per q/k/v/o element (2 for fp16/bf16, 4 for fp32).
+int element_bytes(ckfmha_dtype dtype);
 const char* mask_name(ckfmha_mask mask);
 const char* mask_kind_name(ckfmha_mask_kind kind);
 const char* bias_name(ckfmha_bias bias);

@@ -1,0 +1,30 @@
+// Shared by every forward pipeline, so batch and group (varlen) mode resolve
+// sequences identically whatever the kernel's thread mapping.
+#pragma once
+
+#include "ckfmha/kernel/fwd_params.h"
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+// Where this CTA's sequence lives: lengths and token offsets (group mode) or
+// the batch index (batch mode).
+struct SequenceSlice {
+  int seqlen_q, seqlen_k;
+  int64_t q_token0, k_token0;  // first token of the sequence (group mode), else 0
+  bool skip;
+};
+
+template <bool IsGroupMode>
+__device__ __forceinline__ SequenceSlice locate_sequence(FwdParams const& p, int batch) {
+  if constexpr (IsGroupMode) {
+    int q0 = p.cu_seqlens_q[batch], k0 = p.cu_seqlens_k[batch];
+    int sq = p.cu_seqlens_q[batch + 1] - q0, sk = p.cu_seqlens_k[batch + 1] - k0;
+    return {sq, sk, q0, k0, sq < p.skip_min_seqlen_q};
+  } else {
+    return {p.seqlen_q, p.seqlen_k, 0, 0, false};
+  }
+}
+
+}  // namespace ckfmha::kernel
