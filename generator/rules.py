@@ -155,8 +155,9 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 # The Hopper template: a producer warpgroup (TMA) and two consumer warpgroups of 64 rows each.
 SM90_TILE_M = 128
 SM90_WARPS = 12
-# Largest N of one wgmma instruction.
-SM90_MAX_TILE_N = 256
+# N extents CuTe's wgmma selector covers with one instruction (its extended shapes are off by
+# default); the S tile must be a single wgmma so that P can be reused in registers as A.
+SM90_SINGLE_WGMMA_N = (16, 32, 64, 96, 128, 192, 256)
 
 
 def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -195,10 +196,10 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"tile_m={SM90_TILE_M} with {SM90_WARPS} warps (a TMA producer warpgroup and two "
             "consumer warpgroups of 64 rows)"
         )
-    if alg.tile_n <= 0 or alg.tile_n % MMA_ROWS or alg.tile_n > SM90_MAX_TILE_N:
+    if alg.tile_n not in SM90_SINGLE_WGMMA_N:
         reasons.append(
-            f"tile_n={alg.tile_n} must be a multiple of {MMA_ROWS} up to {SM90_MAX_TILE_N} "
-            "(one wgmma spans the key tile)"
+            f"tile_n={alg.tile_n} must be one wgmma's N: "
+            f"{', '.join(map(str, SM90_SINGLE_WGMMA_N))} (P is reused in registers as its A)"
         )
     if alg.stages < 2:
         reasons.append(f"stages={alg.stages}: the TMA ring needs at least 2 K/V stages")

@@ -92,7 +92,7 @@ def test_env_rejects_bad_jobs(jobs: str) -> None:
 
 def test_selection_from_env_config() -> None:
     selection = build.select_from_config(from_env({"CKFMHA_KERNELS": "ci"}))
-    assert len(selection.accepted) == 16  # 8 per default arch
+    assert len(selection.accepted) == 9 + 9 + 4  # sm_80, sm_90a, and sm_90a's Hopper kernels
 
 
 # ---- discovery ----
