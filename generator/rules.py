@@ -91,12 +91,7 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
-    reasons = _dtype_reasons(config)
-    if alg.tile_k != sig.hdim_q:
-        reasons.append(
-            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
-            "keeps the whole head dim resident"
-        )
+    reasons = _template_basics(config)
     if alg.warps > 0 and (alg.tile_m <= 0 or alg.tile_m % (MMA_ROWS * alg.warps)):
         reasons.append(
             f"tile_m={alg.tile_m} is not a positive multiple of 16*warps={MMA_ROWS * alg.warps}; "
@@ -163,7 +158,7 @@ SM90_SINGLE_WGMMA_N = (16, 32, 64, 96, 128, 192, 256)
 def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm90 forward template (TMA + wgmma, warp-specialized)."""
     sig, alg = config.signature, config.algorithm
-    reasons = _dtype_reasons(config)
+    reasons = _template_basics(config)
     if sig.mode != "batch":
         reasons.append(
             f"mode {sig.mode!r} is not implemented by {alg.pipeline} yet (its TMA descriptors "
@@ -184,11 +179,6 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         reasons.append(
             f"{', '.join(unsupported)} not implemented by {alg.pipeline} yet; it covers masks, "
             "LSE and GQA, and sm80_cpasync_mma covers the rest"
-        )
-    if alg.tile_k != sig.hdim_q:
-        reasons.append(
-            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
-            "keeps the whole head dim resident"
         )
     if alg.tile_m != SM90_TILE_M or alg.warps != SM90_WARPS:
         reasons.append(
@@ -229,12 +219,7 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 def _simt_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the fp32 SIMT forward template (plain FFMA, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
-    reasons = _dtype_reasons(config)
-    if alg.tile_k != sig.hdim_q:
-        reasons.append(
-            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
-            "keeps the whole head dim resident"
-        )
+    reasons = _template_basics(config)
     if alg.warps != SIMT_WARPS:
         reasons.append(
             f"warps={alg.warps} is not supported; the {alg.pipeline} template maps exactly "
@@ -316,6 +301,19 @@ def pipelines_for_dtype(dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]
     rejections still say why."""
     taking = tuple(p for p in pipelines if dtype in PIPELINE_DTYPES.get(p, ()))
     return taking or tuple(pipelines)
+
+
+def _template_basics(config: KernelConfig) -> list[str]:
+    """What every template requires: a dtype it computes in, and tile_k equal to hdim_q (each
+    keeps the whole head dim resident in shared memory)."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _dtype_reasons(config)
+    if alg.tile_k != sig.hdim_q:
+        reasons.append(
+            f"tile_k={alg.tile_k} must equal hdim_q={sig.hdim_q}; the {alg.pipeline} template "
+            "keeps the whole head dim resident"
+        )
+    return reasons
 
 
 def _dtype_reasons(config: KernelConfig) -> list[str]:

@@ -189,31 +189,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // ---- per-sequence features
   const int offset = p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0;
   AttentionMask<Traits::kMask> mask{seq.seqlen_k, offset, p.window_left, p.window_right};
-  Transform transform{};
-  if constexpr (Transform::kActive) {
-    transform.scale = p.scale;
-    transform.softcap = p.softcap;
-    transform.softcap_prescale = p.softcap_prescale;
-    transform.seqlen_q = seq.seqlen_q;
-    transform.seqlen_k = seq.seqlen_k;
-    if constexpr (Traits::kBias == BiasMode::kElementwise) {
-      transform.bias_rows = static_cast<Element const*>(p.bias) + batch * p.bias_batch_stride +
-                            head * p.bias_head_stride;
-      transform.bias_row_stride = p.bias_row_stride;
-    }
-    if constexpr (Traits::kBias == BiasMode::kAlibi) {
-      transform.alibi_slope = p.alibi_slopes[batch * p.alibi_batch_stride + head];
-    }
-  }
+  const Transform transform =
+      Transform::for_sequence(p, seq.seqlen_q, seq.seqlen_k, batch, head);
   PhiloxDropout dropout{};
   if constexpr (Traits::kHasDropout) {
-    dropout = {p.philox_key0, p.philox_key1, p.philox_offset, p.dropout_threshold,
-               uint32_t(batch * p.nhead_q + head), nullptr, int64_t(p.seqlen_k), seq.seqlen_q,
-               seq.seqlen_k};
-    if (p.dropout_randval != nullptr) {
-      dropout.randval = p.dropout_randval +
-                        (int64_t(batch) * p.nhead_q + head) * p.seqlen_q * int64_t(p.seqlen_k);
-    }
+    dropout = PhiloxDropout::for_sequence(p, seq.seqlen_q, seq.seqlen_k, batch, head);
   }
   // Transformed scores are already log2-domain logits.
   const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;

@@ -1,15 +1,14 @@
 // Host-side launcher for one Hopper forward instance: builds the TMA
 // descriptors for this problem's tensors and launches fwd_sm90_kernel.
-// Return convention as for every launcher: 0, or -cudaError_t.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/fwd_launch_common.cuh"
 #include "ckfmha/kernel/fwd_params_from_problem.h"
 #include "ckfmha/kernel/fwd_sm90_kernel.cuh"
 #include "ckfmha/kernel/fwd_sm90_traits.cuh"
 #include "ckfmha/kernel_entry.h"
 
-#include <cuda_runtime.h>
 
 namespace ckfmha::kernel {
 
@@ -49,15 +48,8 @@ int launch_fwd_sm90(void const* problem, void const* args, ckfmha_stream_t strea
                     take<0, 2>(typename Traits::SmemLayoutV{}),
                     Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{}, _1{}),
   };
-  dim3 grid((pr.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, pr.nhead_q, pr.batch);
-  auto* kernel = &fwd_sm90_kernel<Traits>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return -int(err);
-  kernel<<<grid, Traits::kThreads, kSmem, reinterpret_cast<cudaStream_t>(stream)>>>(params);
-  err = cudaGetLastError();
-  return err == cudaSuccess ? 0 : -int(err);
+  return launch_kernel(&fwd_sm90_kernel<Traits>, fwd_grid(pr, Traits::kBlockM), Traits::kThreads,
+                       Traits::kSmemBytes, stream, params);
 }
 
 }  // namespace ckfmha::kernel

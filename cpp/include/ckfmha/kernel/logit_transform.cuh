@@ -26,6 +26,30 @@ struct LogitTransform {
   int seqlen_q;
   int seqlen_k;
 
+  // This (batch, head)'s transform for one sequence; every forward kernel
+  // builds it the same way.
+  __device__ __forceinline__ static LogitTransform for_sequence(FwdParams const& p,
+                                                                 int seqlen_q, int seqlen_k,
+                                                                 int batch, int head) {
+    LogitTransform t{};
+    if constexpr (kActive) {
+      t.scale = p.scale;
+      t.softcap = p.softcap;
+      t.softcap_prescale = p.softcap_prescale;
+      t.seqlen_q = seqlen_q;
+      t.seqlen_k = seqlen_k;
+      if constexpr (Bias == BiasMode::kElementwise) {
+        t.bias_rows = static_cast<Element const*>(p.bias) + batch * p.bias_batch_stride +
+                      head * p.bias_head_stride;
+        t.bias_row_stride = p.bias_row_stride;
+      }
+      if constexpr (Bias == BiasMode::kAlibi) {
+        t.alibi_slope = p.alibi_slopes[batch * p.alibi_batch_stride + head];
+      }
+    }
+    return t;
+  }
+
   // scores/coords as in AttentionMask::apply; m_begin/n_begin: tile origin.
   template <class Scores, class Coords>
   __device__ __forceinline__ void apply(Scores& scores, Coords const& coords, int m_begin,

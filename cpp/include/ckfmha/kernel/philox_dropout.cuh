@@ -7,6 +7,8 @@
 // offset_lo); the four output words are read as 16 little-endian bytes.
 #pragma once
 
+#include "ckfmha/kernel/fwd_params.h"
+
 #include <cute/tensor.hpp>
 
 #include <cstdint>
@@ -46,6 +48,21 @@ struct PhiloxDropout {
   uint8_t* randval;     // optional: this (b, h)'s [seqlen_q, seqlen_k] plane, row stride ld
   int64_t randval_ld;
   int seqlen_q, seqlen_k;
+
+  // This (batch, head)'s stream for one sequence; random bytes, if asked
+  // for, land in the [batch, nhead_q, seqlen_q, seqlen_k] plane of the
+  // launch's padded sizes whatever the sequence's own lengths.
+  __device__ __forceinline__ static PhiloxDropout for_sequence(FwdParams const& p, int seq_q,
+                                                                int seq_k, int batch, int head) {
+    PhiloxDropout d{p.philox_key0, p.philox_key1, p.philox_offset, p.dropout_threshold,
+                    uint32_t(batch * p.nhead_q + head), nullptr, int64_t(p.seqlen_k), seq_q,
+                    seq_k};
+    if (p.dropout_randval != nullptr) {
+      d.randval = p.dropout_randval +
+                  (int64_t(batch) * p.nhead_q + head) * p.seqlen_q * int64_t(p.seqlen_k);
+    }
+    return d;
+  }
 
   // probs/coords: (rows, cols) views. The columns a thread holds come in
   // groups of ColumnGroup consecutive fragment columns inside one 16-column
