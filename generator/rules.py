@@ -242,6 +242,11 @@ def _simt_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"stages={alg.stages} is not supported; the {alg.pipeline} template single-buffers "
             "K and V (stages=1)"
         )
+    if alg.ctas_per_sm != 1:
+        reasons.append(
+            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the {alg.pipeline} template has "
+            "no occupancy parameter (ctas_per_sm=1)"
+        )
     if sig.v_col_major:
         reasons.append(
             f"column-major V is not implemented for {alg.pipeline} (fp32); store V row-major "

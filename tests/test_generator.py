@@ -346,6 +346,7 @@ def test_valid_simt_config_has_no_reasons() -> None:
         ({"tile_m": 40}, r"tile_m=40 is not a positive multiple of 16"),
         ({"tile_n": 24}, r"tile_n=24 is not a positive multiple of 16.*16-key dropout block"),
         ({"stages": 2}, r"stages=2 is not supported.*stages=1"),
+        ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported; the simt_fma template has no"),
         ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
         ({"v_col_major": True}, r"column-major V is not implemented for simt_fma \(fp32\)"),
         (
