@@ -33,6 +33,14 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
 
     ctypedef enum ckfmha_family:
         CKFMHA_FAMILY_FWD
+        CKFMHA_FAMILY_FWD_SPLITKV
+        CKFMHA_FAMILY_FWD_SPLITKV_COMBINE
+        CKFMHA_FAMILY_FWD_PAGEDKV
+        CKFMHA_FAMILY_FWD_APPENDKV
+        CKFMHA_FAMILY_BATCH_PREFILL
+        CKFMHA_FAMILY_BWD_DOT_DO_O
+        CKFMHA_FAMILY_BWD_DQ_DK_DV
+        CKFMHA_FAMILY_BWD_CONVERT_DQ
 
     ctypedef enum ckfmha_mode:
         CKFMHA_MODE_BATCH

@@ -58,6 +58,14 @@ const char* mode_name(ckfmha_mode mode) {
 const char* family_name(ckfmha_family family) {
   switch (family) {
     case CKFMHA_FAMILY_FWD: return "fwd";
+    case CKFMHA_FAMILY_FWD_SPLITKV: return "fwd_splitkv";
+    case CKFMHA_FAMILY_FWD_SPLITKV_COMBINE: return "fwd_splitkv_combine";
+    case CKFMHA_FAMILY_FWD_PAGEDKV: return "fwd_pagedkv";
+    case CKFMHA_FAMILY_FWD_APPENDKV: return "fwd_appendkv";
+    case CKFMHA_FAMILY_BATCH_PREFILL: return "batch_prefill";
+    case CKFMHA_FAMILY_BWD_DOT_DO_O: return "bwd_dot_do_o";
+    case CKFMHA_FAMILY_BWD_DQ_DK_DV: return "bwd_dq_dk_dv";
+    case CKFMHA_FAMILY_BWD_CONVERT_DQ: return "bwd_convert_dq";
   }
   return "unknown";
 }

@@ -50,8 +50,18 @@ typedef enum ckfmha_dtype {
   CKFMHA_DTYPE_FP32 = 2
 } ckfmha_dtype;
 
+/* Kernel families. A plan may chain several: split-KV runs fwd_splitkv then
+ * fwd_splitkv_combine; backward runs bwd_dot_do_o, bwd_dq_dk_dv, bwd_convert_dq. */
 typedef enum ckfmha_family {
-  CKFMHA_FAMILY_FWD = 0
+  CKFMHA_FAMILY_FWD = 0,
+  CKFMHA_FAMILY_FWD_SPLITKV = 1,
+  CKFMHA_FAMILY_FWD_SPLITKV_COMBINE = 2,
+  CKFMHA_FAMILY_FWD_PAGEDKV = 3,
+  CKFMHA_FAMILY_FWD_APPENDKV = 4,
+  CKFMHA_FAMILY_BATCH_PREFILL = 5,
+  CKFMHA_FAMILY_BWD_DOT_DO_O = 6,
+  CKFMHA_FAMILY_BWD_DQ_DK_DV = 7,
+  CKFMHA_FAMILY_BWD_CONVERT_DQ = 8
 } ckfmha_family;
 
 typedef enum ckfmha_mode {
