@@ -98,6 +98,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int64_t lse_stride[2]
         int64_t bias_stride[3]
         int64_t alibi_stride
+        int64_t total_q
+        int64_t total_k
 
     ctypedef struct ckfmha_fwd_args:
         const void* q

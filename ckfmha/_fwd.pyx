@@ -365,6 +365,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
         to_int32(max_seqlen_q, "max_seqlen_q"), to_int32(max_seqlen_k, "max_seqlen_k"),
         to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
     problem.mode = capi.CKFMHA_MODE_GROUP
+    problem.total_q = total_q
+    problem.total_k = total_k
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p)
     cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", count)

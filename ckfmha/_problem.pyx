@@ -52,6 +52,13 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     out.dropout_p = float(problem.dropout_p)
     out.mode = <capi.ckfmha_mode>mode
     out.skip_min_seqlen_q = to_int32(problem.skip_min_seqlen_q, "skip_min_seqlen_q")
+    if mode == capi.CKFMHA_MODE_GROUP:
+        # Unless given, the packed tensors are taken at their largest: every
+        # sequence at the longest length.
+        out.total_q = (<int64_t>out.batch * out.seqlen_q if problem.total_q is None
+                       else problem.total_q)
+        out.total_k = (<int64_t>out.batch * out.seqlen_k if problem.total_k is None
+                       else problem.total_k)
     if problem.v_col_major:
         # Contiguous [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
         out.v_col_major = 1
@@ -100,6 +107,8 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "lse_stride": _pair(problem.lse_stride),
         "bias_stride": _triple(problem.bias_stride),
         "alibi_stride": problem.alibi_stride,
+        "total_q": problem.total_q,
+        "total_k": problem.total_k,
     }
 
 

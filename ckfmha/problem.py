@@ -80,7 +80,10 @@ class FwdProblem:
     nhead_q, seqlen_q and hdim. The feature fields say what ``fwd`` would be
     asked for (``window`` (left, right) with -1 unbounded, ``bias`` "none",
     "elementwise" or "alibi", ``sink``, ``dropout_p``, ``mode`` "batch" or
-    "group"), so selection and explanation work without arrays or a GPU.
+    "group"), so selection and explanation work without arrays or a GPU. In group
+    mode ``total_q``/``total_k`` are the packed tensors' token counts (None: ``batch``
+    sequences of the longest length; 0: not known, which rules out the kernels that
+    need them).
     Validation happens in the C library, so the errors match those of ``fwd``.
     """
 
@@ -105,6 +108,8 @@ class FwdProblem:
     mode: str = "batch"  # "batch" | "group" (varlen; seqlens are then the longest sequence)
     skip_min_seqlen_q: int = 0
     v_col_major: bool = False  # v is [batch, nhead_k, hdim_v, seqlen_k]
+    total_q: int | None = None  # group mode: tokens in the packed q
+    total_k: int | None = None  # group mode: tokens in the packed k/v
 
     @property
     def kv_heads(self) -> int:

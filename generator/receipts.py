@@ -126,7 +126,7 @@ RECEIPTS: dict[str, Receipt] = {
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
-                _fwd("bf16", 64, "causal"),
+                _fwd("bf16", 64, "causal", mode="group"),
                 _fwd("bf16", 128, "none"),
                 _fwd("bf16", 128, "window", mode="group", bias="elementwise"),
                 _fwd("fp16", 64, "causal", bias="alibi", dropout=True),

@@ -159,11 +159,6 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm90 forward template (TMA + wgmma, warp-specialized)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
-    if sig.mode != "batch":
-        reasons.append(
-            f"mode {sig.mode!r} is not implemented by {alg.pipeline} yet (its TMA descriptors "
-            "address whole batches); group mode runs on sm80_cpasync_mma"
-        )
     unsupported = [
         name
         for name, on in (

@@ -182,6 +182,29 @@ def test_select_for_hopper_picks_sm90a(kernels):
         assert "sm_90a" in ckfmha.Dispatcher().select(problem_for(hopper[0]), arch=spelling)
 
 
+def test_hopper_group_mode_needs_packed_token_counts(kernels):
+    hopper_group = [
+        k for k in kernels if k["pipeline"] == "sm90_tma_wgmma" and k["mode"] == "group"
+    ]
+    if not hopper_group:
+        pytest.skip("library built without sm90 group-mode kernels")
+    kernel = hopper_group[0]
+    dispatcher = ckfmha.Dispatcher()
+    # Token counts given (or taken at their largest): the Hopper kernel is preferred.
+    assert dispatcher.select(problem_for(kernel), arch=kernel["arch"]) == kernel["name"]
+    given = problem_for(kernel, total_q=300, total_k=500)
+    assert dispatcher.select(given, arch=kernel["arch"]) == kernel["name"]
+    assert given.to_c_dict()["total_q"] == 300 and given.to_c_dict()["total_k"] == 500
+    # Unknown counts rule it out with the reason; another kernel may still serve.
+    unknown = problem_for(kernel, total_q=0, total_k=0)
+    text = dispatcher.explain(unknown, arch=kernel["arch"])
+    assert f"rejected  {kernel['name']}: group mode on sm90_tma_wgmma needs total_q" in text
+    too_many = problem_for(kernel, total_q=2**31, total_k=10)
+    assert "coordinate range" in dispatcher.explain(too_many, arch=kernel["arch"])
+    with pytest.raises(ckfmha.InvalidArgumentError, match="total_q"):
+        problem_for(kernel, total_q=-1).validate()
+
+
 def test_select_accepts_keyword_fields(kernels):
     kernel = kernels[0]
     problem = problem_for(kernel)

@@ -308,6 +308,50 @@ def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
             _run_batch_case(kernel, case, inputs)
 
 
+# Persistent kernels launch one CTA per SM and walk the tiles; the cases above
+# have fewer tiles than an H100 has SMs, so these give each CTA several tiles
+# (and, in group mode, many tiles without rows or keys to skip).
+PERSISTENT_KERNELS = [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma"]
+
+
+@pytest.mark.parametrize("kernel", PERSISTENT_KERNELS, ids=[k["name"] for k in PERSISTENT_KERNELS])
+def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    hq, hk = 8, 2
+    options = _mask_options(kernel, 1)
+    if kernel["mode"] == "batch":
+        b, sq, sk = 4, 1500, 1390  # 12 query tiles x 8 heads x 4 = 384 tiles
+        q = inputs.normal((b, hq, sq, d), dtype)
+        k = inputs.normal((b, hk, sk, d), dtype)
+        v = inputs.normal((b, hk, sk, dv), dtype)
+        out = torch.full((b, hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
+        lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
+        ckfmha.fwd(q, k, v, return_lse=True, out=out, lse_out=lse, kernel=kernel["name"],
+                   **options)
+        torch.cuda.synchronize()
+        ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+    else:
+        lens_q = np.array([inputs.integer(700) for _ in range(24)] + [0, 700])
+        lens_k = np.array([inputs.integer(700) for _ in range(24)] + [300, 0])
+        cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+        cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+        q = inputs.normal((int(cu_q[-1]), hq, d), dtype)
+        k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
+        v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
+        out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=dtype)
+        lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
+        ckfmha.fwd_varlen(q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
+                          max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()),
+                          return_lse=True, out=out, lse_out=lse, kernel=kernel["name"],
+                          **options)
+        torch.cuda.synchronize()
+        ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
+                                                  **options)
+    _compare(kernel, out, lse, ref, ref_lse, f"persistent {kernel['mode']} {sorted(options)}")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
 @pytest.mark.skipif(not any(k["v_col_major"] for k in KERNELS), reason="no column-major V kernel")

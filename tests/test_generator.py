@@ -151,7 +151,7 @@ def test_ci_names_are_stable() -> None:
     assert names == [
         f"fwd_fp16_batch_d64x64_none_lse{tail}m128n64k64_w4s1",
         f"fwd_fp16_batch_d128x128_causal_lse{tail}m128n32k128_w4s1",
-        f"fwd_bf16_batch_d64x64_causal_lse{tail}m128n64k64_w4s1",
+        f"fwd_bf16_group_d64x64_causal_lse{tail}m128n64k64_w4s1",
         f"fwd_bf16_batch_d128x128_none_lse{tail}m128n32k128_w4s1",
         f"fwd_bf16_group_d128x128_window_bias_lse{tail}m128n32k128_w4s1",
         f"fwd_fp16_batch_d64x64_causal_alibi_lse_drop{tail}m128n64k64_w4s1",
@@ -165,9 +165,10 @@ def test_ci_names_are_stable() -> None:
 def test_receipt_sizes(arch: str) -> None:
     specs = load_specs()
     sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
-    # sm_90a adds the Hopper template for the plain batch-mode signatures at d64/d128/d256:
-    # 4 of ci, fp16/bf16 x 3 head dims x 3 masks of default, and those with and without LSE.
-    hopper = {"ci": 4, "default": 18, "full": 36} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
+    # sm_90a adds the Hopper template for the plain signatures: 4 of ci; of default, fp16/bf16 x
+    # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
+    # the signatures without LSE.
+    hopper = {"ci": 4, "default": 42, "full": 84} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
     assert sizes["ci"] == 9 + hopper["ci"]
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
@@ -572,12 +573,12 @@ def _sm90(**changes: object) -> str:
 def test_sm90_template_accepts_plain_attention() -> None:
     assert _sm90() == ""
     assert _sm90(mask="window", lse=False) == ""
+    assert _sm90(mode="group") == ""
 
 
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"mode": "group"}, r"mode 'group' is not implemented by sm90_tma_wgmma yet"),
         ({"bias": "alibi", "dropout": True}, r"bias 'alibi', dropout not implemented by sm90"),
         ({"v_col_major": True}, r"column-major V not implemented by sm90_tma_wgmma"),
         ({"tile_m": 64}, r"tile_m=64, warps=12: the sm90_tma_wgmma template is tile_m=128"),
@@ -602,8 +603,8 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
                      _reasons("sm_80", pipeline="sm90_tma_wgmma", warps=12, stages=2))
     names = [c.name for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted]
     hopper = [n for n in names if "_sm90_tma_wgmma_" in n]
-    # fp16/bf16 x d64/d128/d256 x none/causal/window, batch mode, LSE.
-    assert len(hopper) == 18
+    # fp16/bf16 x none/causal/window x (batch mode at 5 head dims + group mode at 2), LSE.
+    assert len(hopper) == 42
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
     instance = emit.render_instance(
         next(c for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted

@@ -164,6 +164,11 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
                               {"o", &p.o_stride}}) {
     if (auto error = check_strides(name, *stride); !error.empty()) return error;
   }
+  if (p.total_q < 0 || p.total_k < 0) {
+    msg << "total_q (" << p.total_q << ") and total_k (" << p.total_k
+        << ") must be >= 0 (0: not given)";
+    return msg.str();
+  }
   if (p.lse_stride[0] < 0 || p.lse_stride[1] < 0 || p.bias_stride[0] < 0 ||
       p.bias_stride[1] < 0 || p.bias_stride[2] < 0 || p.alibi_stride < 0) {
     return "lse, bias and alibi strides must be non-negative element counts";

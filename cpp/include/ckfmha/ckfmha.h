@@ -116,7 +116,8 @@ typedef enum ckfmha_layout {
  * Group mode (varlen): `batch` sequences packed along the token axis;
  * cu_seqlens_q/k (int32, batch+1 entries, device memory) give each sequence's
  * start, and seqlen_q/seqlen_k must be at least the longest sequence (the grid
- * is sized from them). Batch strides are ignored; rows are tokens.
+ * is sized from them). Batch strides are ignored; rows are tokens. total_q and
+ * total_k, the packed tensors' token counts, let the Hopper template run it.
  *
  * The logits are scale * q.k, then optionally softcap * tanh(logits /
  * softcap), plus bias; masked logits are -inf. A sink adds exp(sink[h]) to
@@ -155,6 +156,11 @@ typedef struct ckfmha_fwd_problem {
   int64_t lse_stride[2];  /* (batch, head); rows contiguous. Group mode: batch ignored, rows are tokens */
   int64_t bias_stride[3]; /* (batch, head, row); 0 broadcasts; columns contiguous */
   int64_t alibi_stride;   /* batch stride of the slopes [batch, nhead_q]; 0 shares one row */
+  /* Group mode: tokens in the packed q/o and k/v tensors (0 = not given).
+   * Kernels that address the packed tensors with TMA descriptors (the sm90
+   * template) need them; without them the dispatcher picks another kernel. */
+  int64_t total_q;
+  int64_t total_k;
 } ckfmha_fwd_problem;
 
 /*

@@ -1,11 +1,14 @@
-// Forward attention on Hopper: TMA loads and wgmma, warp-specialized. One CTA
-// per (128-row query tile, head, batch):
-//   producer warpgroup: one thread issues TMA copies of Q once, then K and V
-//     of each key tile into a ring of stages; a stage is reused when both
-//     consumer warpgroups have released it (kv_empty).
+// Forward attention on Hopper: TMA loads and wgmma, warp-specialized and
+// persistent. Each CTA walks query tiles (128 rows of one head and sequence)
+// unit by unit in PersistentTileOrder (causal: pairs of tiles of equal total work):
+//   producer warpgroup: one thread issues TMA copies of each tile's Q and of
+//     its K and V tiles into a ring of stages; a stage is reused when both
+//     consumer warpgroups have released it (kv_empty), Q when both are done
+//     with it (q_empty), so the next tile's loads overlap this tile's tail.
 //   consumer warpgroups (64 query rows each): wait K -> S = Q K^T (wgmma,
 //     both operands in shared memory) -> mask -> online softmax -> wait V ->
-//     O += P V (wgmma, P from registers) -> release the stage.
+//     O += P V (wgmma, P from registers) -> release the stage; then the
+//     epilogue of the tile.
 // While one consumer warpgroup runs its softmax the other can keep the tensor
 // cores busy; the producer keeps the next stages in flight under both.
 // Key tiles are visited from the last to the first, as on the sm80 path: the
@@ -16,6 +19,8 @@
 #include "ckfmha/kernel/fragment_layout.cuh"
 #include "ckfmha/kernel/fwd_params.h"
 #include "ckfmha/kernel/online_softmax.cuh"
+#include "ckfmha/kernel/persistent_tile_order.cuh"
+#include "ckfmha/kernel/sequence_slice.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
@@ -27,16 +32,69 @@
 namespace ckfmha::kernel {
 
 template <class Traits>
+using Sm90TileOrder = PersistentTileOrder<Traits::kMask == MaskMode::kCausal>;
+
+template <class Traits>
 struct FwdSm90Params {
   FwdParams p;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
+  typename Traits::TmaO tma_o;
+  Sm90TileOrder<Traits> order;
+  // Rows of the TMA views: the padded lengths in batch mode, the packed
+  // token counts in group mode (whose views have one "batch").
+  int tma_rows_q;
+  int tma_rows_k;
 };
 
 // Named barrier 0 is __syncthreads; the consumers use their own so the
 // producer warpgroup never has to join.
 constexpr uint32_t kConsumerBarrierId = 1;
+constexpr uint32_t kFirstTurnBarrierId = 2;  // and 3: one per consumer warpgroup
+
+// Ping-pong between the two consumer warpgroups: each issues its wgmmas only
+// in its turn and then hands the turn to the other, so the tensor cores
+// alternate between them and one warpgroup's softmax runs under the other's
+// products instead of both reaching the softmax at once.
+template <int ConsumerThreads>
+struct ConsumerTurns {
+  int warpgroup;  // 0 or 1 among the consumers
+
+  // Warpgroup 0 goes first.
+  __device__ __forceinline__ void start() const {
+    if (warpgroup == 1) hand_over();
+  }
+  __device__ __forceinline__ void wait_turn() const {
+    cutlass::arch::NamedBarrier::sync(ConsumerThreads, kFirstTurnBarrierId + warpgroup);
+  }
+  __device__ __forceinline__ void hand_over() const {
+    cutlass::arch::NamedBarrier::arrive(ConsumerThreads, kFirstTurnBarrierId + 1 - warpgroup);
+  }
+};
+
+// What one query tile needs, computed alike by the producer and consumers so
+// that both walk the same tiles and barrier phases.
+template <class Traits>
+struct Sm90TileWork {
+  QueryTile tile;
+  SequenceSlice seq;
+  int m_begin;
+  AttentionMask<Traits::kMask> mask;
+  int n_first, n_last;
+
+  __device__ __forceinline__ Sm90TileWork(FwdParams const& p, QueryTile t)
+      : tile(t), seq(locate_sequence<Traits::kIsGroupMode>(p, t.batch)),
+        m_begin(t.m_block * Traits::kBlockM),
+        mask{seq.seqlen_k, p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0, p.window_left,
+             p.window_right} {
+    mask.key_block_range(m_begin, Traits::kBlockM, Traits::kBlockN, &n_first, &n_last);
+  }
+  // Group mode sizes the tile grid for the longest sequence; skipped
+  // sequences keep whatever their outputs held.
+  __device__ __forceinline__ bool has_rows() const { return !seq.skip && m_begin < seq.seqlen_q; }
+  __device__ __forceinline__ int n_tiles() const { return n_last - n_first; }
+};
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -45,42 +103,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using Element = typename Traits::Element;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using Storage = typename Traits::SharedStorage;
+  using Work = Sm90TileWork<Traits>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
+  constexpr bool kGroup = Traits::kIsGroupMode;
   FwdParams const& p = params.p;
-
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  // Later causal query tiles see more keys: launching them first leaves the
-  // short ones for the tail of the grid.
-  const int m_block = Traits::kMask == MaskMode::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x)
-                                                          : int(blockIdx.x);
-  const int m_begin = m_block * kBlockM;
-  const int head_k = head / p.head_group;
 
   extern __shared__ char smem_raw[];
   auto* storage = reinterpret_cast<Storage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& bar = storage->bar;
   Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutV{});
   Tensor sVt = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutVt{});
 
-  const int offset = p.bottom_right ? p.seqlen_k - p.seqlen_q : 0;
-  AttentionMask<Traits::kMask> mask{p.seqlen_k, offset, p.window_left, p.window_right};
-  int n_first, n_last;
-  mask.key_block_range(m_begin, kBlockM, kBlockN, &n_first, &n_last);
-  const int n_tiles = n_last - n_first;
-
   const int warp = int(threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
-    Barrier::init(&storage->q_full, 1);
+    Barrier::init(&bar.q_full, 1);
+    Barrier::init(&bar.q_empty, Traits::kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&storage->k_full[s], 1);
-      Barrier::init(&storage->v_full[s], 1);
-      Barrier::init(&storage->kv_empty[s], Traits::kConsumerThreads);
+      Barrier::init(&bar.k_full[s], 1);
+      Barrier::init(&bar.v_full[s], 1);
+      Barrier::init(&bar.kv_empty[s], Traits::kConsumerThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -89,43 +136,68 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warp < 4) {
     // ---- producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (warp != 0 || lane != 0 || n_tiles == 0) return;
+    if (warp != 0 || lane != 0) return;
     // Coordinate tensors over the shapes the descriptors were encoded with.
-    const int batches = int(gridDim.z);
+    const int views = kGroup ? 1 : params.order.num_batches;
     const int nhead_k = p.nhead_q / p.head_group;
     Tensor mQ = params.tma_q.get_tma_tensor(
-        make_shape(p.seqlen_q, int(Traits::kHeadDimQK), p.nhead_q, batches));
+        make_shape(params.tma_rows_q, int(Traits::kHeadDimQK), p.nhead_q, views));
     Tensor mK = params.tma_k.get_tma_tensor(
-        make_shape(p.seqlen_k, int(Traits::kHeadDimQK), nhead_k, batches));
+        make_shape(params.tma_rows_k, int(Traits::kHeadDimQK), nhead_k, views));
     Tensor mV = params.tma_v.get_tma_tensor(
-        make_shape(p.seqlen_k, int(Traits::kHeadDimV), nhead_k, batches));
-    Tensor gQ = local_tile(mQ(_, _, head, batch),
-                           Shape<Int<kBlockM>, Int<Traits::kHeadDimQK>>{}, make_coord(m_block, 0));
-    Tensor gK = local_tile(mK(_, _, head_k, batch),
-                           Shape<Int<kBlockN>, Int<Traits::kHeadDimQK>>{}, make_coord(_, 0));
-    Tensor gV = local_tile(mV(_, _, head_k, batch),
-                           Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{}, make_coord(_, 0));
-    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
-                                      group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{},
-                                      group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{},
-                                      group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+        make_shape(params.tma_rows_k, int(Traits::kHeadDimV), nhead_k, views));
+    int kv_count = 0;  // K/V tiles loaded so far: the ring's stage and phase
+    int q_count = 0;   // Q tiles loaded so far: q_full/q_empty's phase
+    for_each_tile(params.order, [&](QueryTile query_tile) {
+      const Work work(p, query_tile);
+      if (!work.has_rows()) return;
+      const int head = work.tile.head;
+      const int head_k = head / p.head_group;
+      const int view = kGroup ? 0 : work.tile.batch;
+      // A sequence's rows start at its first token in group mode; rows past
+      // its end belong to the next sequence and are masked or not stored.
+      Tensor gQ = local_tile(
+          domain_offset(make_coord(int(work.seq.q_token0), 0), mQ(_, _, head, view)),
+          Shape<Int<kBlockM>, Int<Traits::kHeadDimQK>>{}, make_coord(work.tile.m_block, 0));
+      Tensor gK = local_tile(
+          domain_offset(make_coord(int(work.seq.k_token0), 0), mK(_, _, head_k, view)),
+          Shape<Int<kBlockN>, Int<Traits::kHeadDimQK>>{}, make_coord(_, 0));
+      Tensor gV = local_tile(
+          domain_offset(make_coord(int(work.seq.k_token0), 0), mV(_, _, head_k, view)),
+          Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{}, make_coord(_, 0));
+      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
+                                        group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{},
+                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{},
+                                        group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-    Barrier::arrive_and_expect_tx(&storage->q_full, Traits::kTmaBytesQ);
-    copy(params.tma_q.with(storage->q_full), tQgQ, tQsQ);
-    for (int i = 0; i < n_tiles; ++i) {
-      const int stage = i % kStages;
-      const uint32_t phase = (i / kStages) & 1;
-      const int n_block = n_last - 1 - i;
-      // The first pass over the ring finds every stage free: waiting on the
-      // parity before the barrier's initial phase returns at once.
-      Barrier::wait(&storage->kv_empty[stage], phase ^ 1);
-      Barrier::arrive_and_expect_tx(&storage->k_full[stage], Traits::kTmaBytesK);
-      copy(params.tma_k.with(storage->k_full[stage]), tKgK(_, n_block), tKsK(_, stage));
-      Barrier::arrive_and_expect_tx(&storage->v_full[stage], Traits::kTmaBytesV);
-      copy(params.tma_v.with(storage->v_full[stage]), tVgV(_, n_block), tVsV(_, stage));
-    }
+      // Q is loaded even for a tile without visible keys: every tile with
+      // rows takes one turn of q_full/q_empty, so both sides agree on phases.
+      auto load_q = [&](auto const& src, auto&& dst) {
+        Barrier::wait(&bar.q_empty, (q_count & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(&bar.q_full, Traits::kTmaBytesQ);
+        copy(params.tma_q.with(bar.q_full), src, dst);
+        ++q_count;
+      };
+      const int n_tiles = work.n_tiles();
+      if (n_tiles == 0) load_q(tQgQ, tQsQ);
+      for (int i = 0; i < n_tiles; ++i, ++kv_count) {
+        const int stage = kv_count % kStages;
+        const uint32_t phase = (kv_count / kStages) & 1;
+        const int n_block = work.n_last - 1 - i;
+        // The first pass over the ring finds every stage free: waiting on the
+        // parity before the barrier's initial phase returns at once.
+        Barrier::wait(&bar.kv_empty[stage], phase ^ 1);
+        Barrier::arrive_and_expect_tx(&bar.k_full[stage], Traits::kTmaBytesK);
+        copy(params.tma_k.with(bar.k_full[stage]), tKgK(_, n_block), tKsK(_, stage));
+        // The first K tile goes out before Q, which may still wait for the
+        // previous tile's consumers.
+        if (i == 0) load_q(tQgQ, tQsQ);
+        Barrier::arrive_and_expect_tx(&bar.v_full[stage], Traits::kTmaBytesV);
+        copy(params.tma_v.with(bar.v_full[stage]), tVgV(_, n_block), tVsV(_, stage));
+      }
+    });
     return;
   }
 
@@ -145,105 +217,160 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor out = make_tensor(acc_o.data(), gmma_accum_as_rows_cols(acc_o.layout()));
   Tensor cS = thr_qk.partition_C(make_identity_tensor(TileS{}));
   Tensor cS_rows_cols = make_tensor(cS.data(), gmma_accum_as_rows_cols(cS.layout()));
+  Tensor cO = thr_pv.partition_C(make_identity_tensor(TileO{}));
+  Tensor cO_rows_cols = make_tensor(cO.data(), gmma_accum_as_rows_cols(cO.layout()));
   constexpr int kRows = decltype(size<0>(out))::value;
+  Tensor sO = make_tensor(make_smem_ptr(Traits::o_staging(storage)), typename Traits::SmemLayoutO{});
+  auto o_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomO{}, mma_pv);
+  auto o_r2s_thr = o_r2s.get_thread_slice(tid);
+  typename Traits::RowsO::Store o_store;
+  auto o_store_thr = o_store.get_thread_slice(tid);
 
-  clear(acc_o);
-  OnlineSoftmax<kRows> softmax;
-  softmax.reset();
-  if (n_tiles > 0) Barrier::wait(&storage->q_full, 0);
+  const ConsumerTurns<Traits::kConsumerThreads> turns{tid / 128};
+  turns.start();
 
-  auto process_tile = [&](int i, auto needs_mask) {
-    const int stage = i % kStages;
-    const uint32_t phase = (i / kStages) & 1;
-    const int n_block = n_last - 1 - i;
-    Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+  int kv_count = 0;  // same counters as the producer's
+  int q_count = 0;
+  for_each_tile(params.order, [&](QueryTile query_tile) {
+    const Work work(p, query_tile);
+    if (!work.has_rows()) return;
+    const int head = work.tile.head;
+    const int batch = work.tile.batch;
+    const int m_begin = work.m_begin;
+    const int n_last = work.n_last;
+    const int n_tiles = work.n_tiles();
+    auto const& mask = work.mask;
 
-    Barrier::wait(&storage->k_full[stage], phase);
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-    warpgroup_fence_operand(acc_s);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tSrQ); ++k) {
-      gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k, stage), acc_s);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
+    clear(acc_o);
+    OnlineSoftmax<kRows> softmax;
+    softmax.reset();
+    Barrier::wait(&bar.q_full, q_count & 1);
+
+    auto process_tile = [&](int i, auto needs_mask) {
+      const int ring = kv_count + i;
+      const int stage = ring % kStages;
+      const uint32_t phase = (ring / kStages) & 1;
+      const int n_block = n_last - 1 - i;
+      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+
+      Barrier::wait(&bar.k_full[stage], phase);
+      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+      warpgroup_fence_operand(acc_s);
+      turns.wait_turn();
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tSrQ); ++k) {
+        gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k, stage), acc_s);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      turns.hand_over();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+
+      Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+      if constexpr (decltype(needs_mask)::value) {
+        mask.apply(scores, cS_rows_cols, m_begin, n_block * kBlockN);
+      }
+      if (i == 0) {
+        softmax.template update<true>(scores, out, p.scale_log2);
+      } else {
+        softmax.template update<false>(scores, out, p.scale_log2);
+      }
+      Tensor probs = convert_fragment<Element>(acc_s);
+      Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
+
+      Barrier::wait(&bar.v_full[stage], phase);
+      warpgroup_fence_operand(acc_o);
+      turns.wait_turn();
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrP); ++k) {
+        gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc_o);
+      }
+      warpgroup_commit_batch();
+      turns.hand_over();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&bar.kv_empty[stage]);
+    };
+
+    auto tile_needs_mask = [&](int i) {
+      return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
+    };
+    // Same order as the sm80 path: masked tiles at the end of the keys and on
+    // the diagonal, then unmasked ones, then (windows only) the left edge.
+    int i = 0;
+    for (; i < n_tiles && tile_needs_mask(i); ++i) process_tile(i, std::true_type{});
+    for (; i < n_tiles && !tile_needs_mask(i); ++i) process_tile(i, std::false_type{});
+    if constexpr (Traits::kMask == MaskMode::kWindow) {
+      for (; i < n_tiles; ++i) process_tile(i, std::true_type{});
     }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_s);
+    kv_count += n_tiles;
+    // Q is free once this warpgroup's last S product is done, unless O is
+    // staged over it.
+    if constexpr (!Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
 
-    Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
-    if constexpr (decltype(needs_mask)::value) {
-      mask.apply(scores, cS_rows_cols, m_begin, n_block * kBlockN);
-    }
-    if (i == 0) {
-      softmax.template update<true>(scores, out, p.scale_log2);
-    } else {
-      softmax.template update<false>(scores, out, p.scale_log2);
-    }
-    Tensor probs = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
+    // ---- epilogue
+    float lse[kRows];
+    softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
 
-    Barrier::wait(&storage->v_full[stage], phase);
-    warpgroup_fence_operand(acc_o);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOrP); ++k) {
-      gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc_o);
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    Barrier::arrive(&storage->kv_empty[stage]);
-  };
-
-  auto tile_needs_mask = [&](int i) {
-    return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
-  };
-  // Same order as the sm80 path: masked tiles at the end of the keys and on
-  // the diagonal, then unmasked ones, then (windows only) the left edge.
-  int i = 0;
-  for (; i < n_tiles && tile_needs_mask(i); ++i) process_tile(i, std::true_type{});
-  for (; i < n_tiles && !tile_needs_mask(i); ++i) process_tile(i, std::false_type{});
-  if constexpr (Traits::kMask == MaskMode::kWindow) {
-    for (; i < n_tiles; ++i) process_tile(i, std::true_type{});
-  }
-
-  // ---- epilogue
-  float lse[kRows];
-  softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
-
-  if constexpr (Traits::kHasLse) {
-    if (p.lse != nullptr) {
-      Tensor cO = thr_pv.partition_C(make_identity_tensor(TileO{}));
-      Tensor cO_rows_cols = make_tensor(cO.data(), gmma_accum_as_rows_cols(cO.layout()));
-      float* lse_out = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-      if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          int row = m_begin + get<0>(cO_rows_cols(r, 0));
-          if (row < p.seqlen_q) lse_out[row] = lse[r];
+    if constexpr (Traits::kHasLse) {
+      if (p.lse != nullptr) {
+        float* lse_out = p.lse + (kGroup ? work.seq.q_token0 : batch * p.lse_batch_stride) +
+                         head * p.lse_head_stride;
+        if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            int row = m_begin + get<0>(cO_rows_cols(r, 0));
+            if (row < work.seq.seqlen_q) lse_out[row] = lse[r];
+          }
         }
       }
     }
+
+    // Both consumer warpgroups must be done with the staging buffer: Q's
+    // last reads, or the previous tile's O stores.
+    if constexpr (Traits::kTmaStoreO) {
+      if (tid == 0) tma_store_wait<0>();
+    }
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
+    Tensor rO = convert_fragment<Element>(acc_o);
+    copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
+    if constexpr (Traits::kTmaStoreO) {
+      // The TMA engine reads shared memory through the async proxy.
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
+      if (tid == 0) {
+        Tensor mO = params.tma_o.get_tma_tensor(make_shape(
+            params.tma_rows_q, int(Traits::kHeadDimV), p.nhead_q, params.order.num_batches));
+        Tensor gO = local_tile(mO(_, _, head, batch), TileO{}, make_coord(work.tile.m_block, 0));
+        auto [tOgO, tOsO] = tma_partition(params.tma_o, Int<0>{}, Layout<_1>{},
+                                          group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+        copy(params.tma_o, tOsO, tOgO);
+        tma_store_arrive();
+        // O over Q: the next Q may land only once the store has read it.
+        if constexpr (Traits::kStageOInQ) tma_store_wait<0>();
+      }
+    } else {
+      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
+      const int64_t o_origin =
+          kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
+      auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
+                     m_begin * p.o_row_stride;
+      Tensor gO = make_tensor(make_gmem_ptr(o_base), TileO{}, make_stride(p.o_row_stride, _1{}));
+      Tensor tOgO = o_store_thr.partition_D(gO);
+      store_rows(o_store, o_store_thr.partition_S(sO), tOgO,
+                 o_store_thr.partition_S(make_identity_tensor(TileO{})),
+                 work.seq.seqlen_q - m_begin);
+    }
+    if constexpr (Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
+    ++q_count;
+  });
+  // Shared memory must outlive the last store's reads.
+  if constexpr (Traits::kTmaStoreO) {
+    if (tid == 0) tma_store_wait<0>();
   }
-
-  // Both consumer warpgroups must be done reading Q before O overwrites it.
-  cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
-  Tensor sO = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutO{});
-  Tensor rO = convert_fragment<Element>(acc_o);
-  auto o_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomO{}, mma_pv);
-  auto o_r2s_thr = o_r2s.get_thread_slice(tid);
-  copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
-  cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
-
-  auto* o_base = static_cast<Element*>(p.o) + batch * p.o_batch_stride +
-                 head * p.o_head_stride + m_begin * p.o_row_stride;
-  Tensor gO = make_tensor(make_gmem_ptr(o_base), TileO{}, make_stride(p.o_row_stride, _1{}));
-  typename Traits::RowsO::Store o_store;
-  auto o_store_thr = o_store.get_thread_slice(tid);
-  Tensor tOgO = o_store_thr.partition_D(gO);
-  store_rows(o_store, o_store_thr.partition_S(sO), tOgO,
-             o_store_thr.partition_S(make_identity_tensor(TileO{})), p.seqlen_q - m_begin);
 }
 
 }  // namespace ckfmha::kernel

@@ -1,7 +1,8 @@
 // Compile-time configuration of the Hopper forward kernel (TMA + wgmma,
-// warp-specialized): one producer warpgroup streams Q, K and V with the
-// tensor-memory accelerator into a ring of shared-memory stages; two consumer
-// warpgroups own 64 query rows each and run both products on the tensor cores.
+// warp-specialized, persistent): one producer warpgroup streams Q, K and V
+// with the tensor-memory accelerator into a ring of shared-memory stages; two
+// consumer warpgroups own 64 query rows each and run both products on the
+// tensor cores.
 #pragma once
 
 #include "ckfmha/kernel/fwd_features.h"
@@ -33,9 +34,8 @@ template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, i
           bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1>
 struct FwdSm90Traits {
   using Element = Element_;
-  static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasSink &&
-                    !IsGroupMode && !VColMajor,
-                "the sm90 template covers plain batch-mode attention with masks and LSE");
+  static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasSink && !VColMajor,
+                "the sm90 template covers plain attention with masks and LSE");
   static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
 
   static constexpr int kHeadDimQK = HeadDimQK;
@@ -50,6 +50,7 @@ struct FwdSm90Traits {
   static constexpr int kThreads = 128 + kConsumerThreads;  // producer warpgroup first
   static constexpr MaskMode kMask = Mask;
   static constexpr bool kHasLse = HasLse;
+  static constexpr bool kIsGroupMode = IsGroupMode;
   // Register split after setmaxnreg: the producer only issues TMA copies.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
@@ -94,10 +95,18 @@ struct FwdSm90Traits {
       cute::make_ordered_layout(
           cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
           cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // O is staged over Q's bytes (both consumers are done with Q by then) in
-  // the sm80 path's swizzled rows, so global stores are 16 bytes wide.
+  // O is staged in shared memory. Batch mode writes it out with one TMA store
+  // (asynchronous: the next tile starts while it drains; rows past seqlen_q
+  // fall outside the tensor and are clipped). Group mode cannot clip at a
+  // sequence's end that way, so its threads store rows themselves, from the
+  // sm80 path's swizzled rows so that stores are 16 bytes wide.
+  static constexpr bool kTmaStoreO = !IsGroupMode;
   using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
-  using SmemLayoutO = typename RowsO::template Layout<kBlockM>;
+  using SmemLayoutOTma = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, HeadDimV>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>>{}));
+  using SmemLayoutO =
+      std::conditional_t<kTmaStoreO, SmemLayoutOTma, typename RowsO::template Layout<kBlockM>>;
   using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
 
   // Global views the TMA descriptors are built from: (rows, head dim, heads,
@@ -115,26 +124,59 @@ struct FwdSm90Traits {
   using TmaV = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutV{}),
       cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimV>>{}, cute::_1{}));
+  using GmemTensorOut = decltype(cute::make_tensor(
+      cute::make_gmem_ptr(static_cast<Element*>(nullptr)), cute::Shape<int, int, int, int>{},
+      GmemStride{}));
+  // Group mode never uses it; it keeps one parameter struct for both modes.
+  using TmaO = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOTma{}, cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>>{}, cute::_1{}));
 
   static constexpr int kTmaBytesQ = kBlockM * HeadDimQK * int(sizeof(Element));
   static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(Element));
   static constexpr int kTmaBytesV = BlockN * HeadDimV * int(sizeof(Element));
 
-  struct SharedStorage {
-    // Swizzled GMMA/TMA tiles need 1024-byte alignment.
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
+  struct Barriers {
     uint64_t q_full;
+    uint64_t q_empty;  // both consumer warpgroups are done with Q (and O staged over it)
     uint64_t k_full[Stages];
     uint64_t v_full[Stages];
     uint64_t kv_empty[Stages];
   };
+  // Swizzled GMMA/TMA tiles need 1024-byte alignment.
+  struct StorageStagingOInQ {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
+    Barriers bar;
+  };
+  struct StorageStagingOApart {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>> o;
+    Barriers bar;
+  };
   static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>,
-                "O is staged in Q's shared memory");
+                "O can be staged in Q's shared memory");
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
+  static constexpr int kSmemLimit = 227 * 1024;
+  // With O staged apart, the producer loads the next tile's Q while the
+  // consumers still write this tile's O; where that does not fit (d256), O
+  // goes through Q's bytes and the next Q waits for the stores.
+  static constexpr bool kStageOInQ = int(sizeof(StorageStagingOApart)) + 1024 > kSmemLimit;
+  using SharedStorage =
+      std::conditional_t<kStageOInQ, StorageStagingOInQ, StorageStagingOApart>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and barriers must fit shared memory");
+
+  __device__ static Element* o_staging(SharedStorage* storage) {
+    if constexpr (kStageOInQ) {
+      return storage->q.data();
+    } else {
+      return storage->o.data();
+    }
+  }
 };
 
 }  // namespace ckfmha::kernel
