@@ -52,6 +52,7 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     out.dropout_p = float(problem.dropout_p)
     out.mode = <capi.ckfmha_mode>mode
     out.skip_min_seqlen_q = to_int32(problem.skip_min_seqlen_q, "skip_min_seqlen_q")
+    out.num_splits = to_int32(problem.num_splits, "num_splits")
     if problem.v_col_major:
         # Contiguous [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
         out.v_col_major = 1
@@ -100,6 +101,7 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "lse_stride": _pair(problem.lse_stride),
         "bias_stride": _triple(problem.bias_stride),
         "alibi_stride": problem.alibi_stride,
+        "num_splits": problem.num_splits,
     }
 
 

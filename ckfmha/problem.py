@@ -105,6 +105,7 @@ class FwdProblem:
     mode: str = "batch"  # "batch" | "group" (varlen; seqlens are then the longest sequence)
     skip_min_seqlen_q: int = 0
     v_col_major: bool = False  # v is [batch, nhead_k, hdim_v, seqlen_k]
+    num_splits: int = 0  # 0: the dispatcher decides; 1: one stage; n > 1: split-KV with n splits
 
     @property
     def kv_heads(self) -> int:
