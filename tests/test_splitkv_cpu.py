@@ -155,6 +155,24 @@ def _workspace(splits: int, batch: int, heads: int, seqlen_q: int, hdim_v: int) 
     return (lse_bytes + 255) // 256 * 256 + lse_bytes * hdim_v
 
 
+def _resident(arch: int, tile_m: int, tile_n: int, warps: int, stages: int, hdim: int) -> int:
+    """CTAs per SM as the runtime estimates them: shared memory (+1 KiB reserved), threads,
+    and 255 registers per thread."""
+    smem_per_sm = 228 * 1024 if arch >= 90 else 164 * 1024 if arch in (80, 87) else 100 * 1024
+    threads_per_sm = 1536 if arch in (86, 89) else 2048
+    smem = 2 * (tile_m * hdim + stages * tile_n * 2 * hdim) + 1024
+    return max(1, min(smem_per_sm // smem, threads_per_sm // (32 * warps),
+                      65536 // (32 * warps * 256)))
+
+
+def _wave_model_splits(ctas: int, key_tiles: int, slots: int) -> int:
+    """The documented wave model: the smallest S minimising waves x (tiles per split + 1)."""
+    def time(s: int) -> int:
+        return -(-ctas * s // slots) * (-(-key_tiles // s) + 1)
+
+    return min(range(1, min(max(key_tiles // 2, 1), 128) + 1), key=lambda s: (time(s), s))
+
+
 def test_decode_problem_gets_a_split_plan(split_kernel: dict) -> None:
     dispatcher = ckfmha.Dispatcher()
     arch = split_kernel["arch"]
@@ -166,11 +184,11 @@ def test_decode_problem_gets_a_split_plan(split_kernel: dict) -> None:
     split, combine, splits, size, sms = plan.groups()
     assert f"selected  {split}" in text and f"selected  {combine}" in text
     assert dispatcher.select(problem, arch=arch) == split
-    # 4 packed rows per K/V head: the 16-row tile, 16 CTAs (2 x 8 heads); about 4 CTAs per SM
-    # wanted, at most 128 splits and at least 2 of the 64 key tiles each.
+    # 4 packed rows per K/V head: the 16-row tile, 16 CTAs (2 x 8 heads).
     assert split.endswith(f"m16n64k{split_kernel['hdim_q']}_w1s2")
-    expected_splits = min(-(-4 * int(sms) // 16), 4096 // 64 // 2, 128)
-    assert int(splits) == expected_splits
+    expected_splits = _wave_model_splits(16, 4096 // 64, int(sms) * _resident(
+        split_kernel["arch"], 16, 64, 1, 2, split_kernel["hdim_q"]))
+    assert int(splits) == expected_splits > 1
     assert dispatcher.workspace_size(problem, arch=arch) == int(size) == _workspace(
         expected_splits, 2, 32, 1, split_kernel["hdim_v"])
 

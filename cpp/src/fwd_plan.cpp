@@ -13,11 +13,13 @@ namespace ckfmha::runtime {
 
 namespace {
 
-// Automatic split count: aim for about this many CTAs per SM (two waves of
-// two resident CTAs), never fewer than kMinKeyTilesPerSplit key tiles per
-// split (shorter splits cost more in partial traffic than they win), and at
-// most kAutoMaxSplits (the combine reads every split's LSE per row).
-constexpr int64_t kTargetCtasPerSm = 4;
+// Automatic split count, a wave model: with `slots` CTAs resident on the GPU
+// at once, S splits of `ctas` query-tile CTAs take about
+//   ceil(ctas * S / slots) waves x (ceil(key_tiles / S) + 1) tile times,
+// the +1 standing for a CTA's prologue and partial write. The smallest S
+// minimising that wins, never with fewer than kMinKeyTilesPerSplit key tiles
+// per split (shorter splits cost more in partial traffic than they win) nor
+// more than kAutoMaxSplits (the combine reads every split's LSE per row).
 constexpr int64_t kMinKeyTilesPerSplit = 2;
 constexpr int64_t kAutoMaxSplits = 128;
 // Decode-shaped: one K/V head's packed query rows (heads sharing it times the
@@ -58,7 +60,10 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
   bool found = false;
   std::tuple<int, int64_t, int> best{};
   for (auto const& k : kernels) {
-    if (!reject_reason(k, p, device_arch, CKFMHA_FAMILY_FWD_SPLITKV).empty()) continue;
+    if (!same_shape(k, p, CKFMHA_FAMILY_FWD_SPLITKV) ||
+        !reject_reason(k, p, device_arch, CKFMHA_FAMILY_FWD_SPLITKV).empty()) {
+      continue;
+    }
     int64_t tile_fit = k.tile_m >= rows ? -int64_t(k.tile_m) : int64_t(k.tile_m) - (1 << 20);
     std::tuple<int, int64_t, int> score{k.arch == device_arch, tile_fit,
                                         mask_kind_preferred(k.mask, p.mask)};
@@ -75,7 +80,10 @@ bool find_combine(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pr
                   int device_arch, ckfmha_kernel_entry* out) {
   bool found = false;
   for (auto const& k : kernels) {
-    if (!combine_reject_reason(k, p, device_arch).empty()) continue;
+    if (k.family != CKFMHA_FAMILY_FWD_SPLITKV_COMBINE || k.hdim_v != p.hdim_v ||
+        !combine_reject_reason(k, p, device_arch).empty()) {
+      continue;
+    }
     if (!found || (k.arch == device_arch && out->arch != device_arch)) *out = k;
     found = true;
   }
@@ -173,8 +181,9 @@ FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_
   if (!find_combine(kernels, p, context.device_arch, &combine)) {
     return not_found(why_no_split(kernels, p, context.device_arch, true));
   }
-  int splits = p.num_splits > 0 ? p.num_splits
-                                : heuristic_num_splits(p, k.tile_m, k.tile_n, context.num_sms);
+  int splits = p.num_splits > 0
+                   ? p.num_splits
+                   : heuristic_num_splits(p, k, context.device_arch, context.num_sms);
   return split_plan(k, combine, p, splits,
                     "split kernel forced by name, num_splits=" + std::to_string(splits) +
                         (p.num_splits > 0 ? " as asked" : " by the heuristic"));
@@ -191,14 +200,40 @@ int reference_sm_count(int arch) {
   }
 }
 
-int heuristic_num_splits(ckfmha_fwd_problem const& p, int tile_m, int tile_n, int num_sms) {
-  const int64_t ctas = ceil_div(packed_rows(p), tile_m) * p.nhead_k * p.batch;
-  const int64_t target = kTargetCtasPerSm * std::max(num_sms, 1);
-  if (ctas >= target) return 1;
-  const int64_t key_tiles = ceil_div(p.seqlen_k, tile_n);
-  int64_t splits = ceil_div(target, ctas);
-  splits = std::min(splits, std::max<int64_t>(1, key_tiles / kMinKeyTilesPerSplit));
-  return int(std::clamp<int64_t>(splits, 1, kAutoMaxSplits));
+int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
+  // Shared memory per SM and resident threads per SM of each arch.
+  const int64_t smem_per_sm = device_arch >= 90                       ? 228 * 1024
+                              : device_arch == 80 || device_arch == 87 ? 164 * 1024
+                                                                       : 100 * 1024;
+  const int64_t threads_per_sm = device_arch == 86 || device_arch == 89 ? 1536 : 2048;
+  const int64_t threads = int64_t(k.warps) * 32;
+  const int64_t elem = 2;  // split-KV runs fp16/bf16
+  // As the sm80 template lays it out: Q (O staged over it) and the K/V stages,
+  // plus the 1 KiB the hardware reserves per CTA.
+  const int64_t smem = elem * (int64_t(k.tile_m) * std::max(k.hdim_q, k.hdim_v) +
+                               int64_t(k.stages) * k.tile_n * (k.hdim_q + k.hdim_v)) +
+                       1024;
+  const int64_t by_registers = 65536 / (threads * 256);
+  int64_t resident = std::min({smem_per_sm / smem, threads_per_sm / threads, by_registers});
+  return int(std::max<int64_t>(resident, 1));
+}
+
+int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& split,
+                         int device_arch, int num_sms) {
+  const int64_t ctas = ceil_div(packed_rows(p), split.tile_m) * p.nhead_k * p.batch;
+  const int64_t slots = int64_t(std::max(num_sms, 1)) * resident_ctas_per_sm(split, device_arch);
+  const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
+  const int64_t max_splits =
+      std::clamp<int64_t>(key_tiles / kMinKeyTilesPerSplit, 1, kAutoMaxSplits);
+  int64_t best = 1, best_time = INT64_MAX;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t time = ceil_div(ctas * s, slots) * (ceil_div(key_tiles, s) + 1);
+    if (time < best_time) {
+      best = s;
+      best_time = time;
+    }
+  }
+  return int(best);
 }
 
 FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
@@ -229,7 +264,7 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
   } else if (!context.workspace_available) {
     stay = "no workspace given (a split-KV plan needs ckfmha_fwd_workspace_size bytes)";
   } else {
-    const int splits = heuristic_num_splits(p, split.tile_m, split.tile_n, context.num_sms);
+    const int splits = heuristic_num_splits(p, split, context.device_arch, context.num_sms);
     const bool decode = packed_rows(p) <= kDecodePackedRows;
     const int64_t one_stage_ctas =
         one.found ? ceil_div(p.seqlen_q, one.kernel.tile_m) * p.nhead_q * p.batch : 0;
@@ -245,9 +280,9 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
       } else {
         why << "no one-stage kernel fits";
       }
-      why << "; num_splits=" << splits << " by the heuristic (about " << kTargetCtasPerSm
-          << " CTAs per SM, >= " << kMinKeyTilesPerSplit << " key tiles per split, <= "
-          << kAutoMaxSplits << ")";
+      why << "; num_splits=" << splits << " by the wave model ("
+          << resident_ctas_per_sm(split, arch) << " resident CTAs per SM, >= "
+          << kMinKeyTilesPerSplit << " key tiles per split, <= " << kAutoMaxSplits << ")";
       return split_plan(split, combine, p, splits, why.str());
     }
     why << "the one-stage grid of " << one_stage_ctas << " CTAs fills " << context.num_sms

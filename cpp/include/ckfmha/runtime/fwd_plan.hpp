@@ -39,9 +39,14 @@ struct PlanContext {
 FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
                  ckfmha_fwd_problem const& problem, PlanContext const& context);
 
-// The split count the dispatcher chooses for a split kernel with this tile
-// when the problem leaves num_splits at 0 (see fwd_plan.cpp).
-int heuristic_num_splits(ckfmha_fwd_problem const& problem, int tile_m, int tile_n, int num_sms);
+// The split count the dispatcher chooses for `split` (a fwd_splitkv kernel)
+// when the problem leaves num_splits at 0 (the wave model in fwd_plan.cpp).
+int heuristic_num_splits(ckfmha_fwd_problem const& problem, ckfmha_kernel_entry const& split,
+                         int device_arch, int num_sms);
+
+// CTAs of `split` one SM holds at once, estimated from its shared memory,
+// threads and a worst-case 255 registers per thread.
+int resident_ctas_per_sm(ckfmha_kernel_entry const& split, int device_arch);
 
 // The SM count assumed for `arch` when no device of that arch is present.
 int reference_sm_count(int arch);
