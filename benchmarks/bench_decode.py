@@ -69,7 +69,7 @@ def run_shape(b: int, sk: int, sq: int, args: argparse.Namespace) -> dict[str, A
             outputs[name] = fn()
             ms = median_ms(fn, args.warmup, args.iters, args.repeats)
             row[f"{name}_ms"], row[f"{name}_gbps"] = ms, nbytes / ms / 1e6
-        except RuntimeError as exc:  # a backend refusing this shape
+        except (RuntimeError, ckfmha.CkfmhaError) as exc:  # a backend refusing this shape
             row[f"{name}_ms"] = row[f"{name}_gbps"] = None
             print(f"  {name} unavailable: {str(exc).splitlines()[0]}")
     for peer in ("torch_cudnn", "torch_flash"):
