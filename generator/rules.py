@@ -35,8 +35,8 @@ HDIM_MULTIPLE = 32
 MAX_HDIM = 256
 # mma.sync m16n8k16: each warp owns 16 query rows; key tiles step in 16s.
 MMA_ROWS = 16
-# K/V shared-memory stages of the sm80 template: single-, double- or triple-buffered.
-SM80_STAGES = (1, 2, 3)
+# K/V shared-memory stages of the sm80 template: single- or double-buffered.
+SM80_STAGES = (1, 2)
 # SIMT template: 128 threads as 16 row groups x 8 lanes; a row's 8 lanes own keys 8 apart, two
 # per 16-key dropout block, so key tiles step in 16s. Q, K and P rows are padded so that 8 lanes
 # reading 8 rows (or 32 lanes writing 4 rows) hit distinct banks.
@@ -103,7 +103,7 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 
 
 def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
-    """Limits of the sm80 forward template (cp.async + mma.sync, K/V in 1 to 3 stages)."""
+    """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
     if sig.family == "fwd_splitkv":

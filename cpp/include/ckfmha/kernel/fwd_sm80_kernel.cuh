@@ -7,8 +7,7 @@
 // so each load runs under a GEMM or the softmax. With two stages:
 //   wait K, V -> start loading the next K and V into the other stage -> S, mask,
 //   softmax, dropout, O += P V
-// so a tile's loads have the whole previous tile to land; with three, the loads
-// run two tiles ahead. Key tiles are visited from
+// so a tile's loads have the whole previous tile to land. Key tiles are visited from
 // the last to the first: the ragged end of the sequence and the causal
 // diagonal, the tiles needing a mask, come first.
 //
@@ -230,17 +229,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     if constexpr (Traits::kDoubleBuffered) load_v(n_last - 1, 0, std::true_type{});
   }
   cp_async_fence();
-  // Stages > 2: the ring starts full. Only the sequence's last tile is ragged,
-  // and that is n_last - 1 at most, so these loads skip the predicates. Every
-  // stage commits a group, empty or not, so group counts stay fixed per tile.
-  CUTE_UNROLL
-  for (int s = 1; s < Traits::kStages - 1; ++s) {
-    if (n_last - 1 - s >= n_first) {
-      load_k(n_last - 1 - s, s, std::false_type{});
-      load_v(n_last - 1 - s, s, std::false_type{});
-    }
-    cp_async_fence();
-  }
 
   clear(acc_o);
   OnlineSoftmax<kRows> softmax;
@@ -252,27 +240,22 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   auto process_tile = [&](int n_block, auto needs_mask) {
     constexpr bool kNeedsMask = decltype(needs_mask)::value;
     const int n_begin = n_block * kBlockN;
-    // Tiles go round the stages, the first one in stage 0.
-    constexpr int kStages = Traits::kStages;
-    const int stage = kStages == 1 ? 0 : (n_last - 1 - n_block) % kStages;
+    // Tiles alternate between the two stages, the first one in stage 0.
+    const int stage = Traits::kDoubleBuffered ? (n_last - 1 - n_block) & 1 : 0;
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
     clear(acc_s);
 
-    // Multi-stage: the loads of the kStages - 2 tiles after this one may stay
-    // in flight.
-    cp_async_wait<(kStages >= 2 ? kStages - 2 : 0)>();
-    // Multi-stage: this tile's K and V landed, and every warp is done with
-    // the previous tile's stage, so the tile kStages - 1 ahead may load into it
-    // now. Single-buffered: K landed and every warp is done with the previous V.
+    cp_async_wait<0>();
+    // Double-buffered: this tile's K and V landed, and every warp is done with
+    // the other stage, so the next tile may load into it now. Single-buffered:
+    // K landed and every warp is done with the previous V.
     __syncthreads();
     if constexpr (Traits::kDoubleBuffered) {
-      const int ahead = n_block - (kStages - 1);
-      const int ahead_stage = (stage + kStages - 1) % kStages;
-      if (ahead >= n_first) {
-        load_k(ahead, ahead_stage, std::false_type{});
-        load_v(ahead, ahead_stage, std::false_type{});
+      if (n_block > n_first) {
+        load_k(n_block - 1, stage ^ 1, std::false_type{});
+        load_v(n_block - 1, stage ^ 1, std::false_type{});
+        cp_async_fence();
       }
-      if (kStages > 2 || ahead >= n_first) cp_async_fence();
     } else {
       load_v(n_block, 0, needs_mask);  // the tile itself: ragged only if masked
       cp_async_fence();

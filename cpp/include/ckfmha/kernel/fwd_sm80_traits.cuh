@@ -82,10 +82,8 @@ struct FwdSm80Traits {
   // 1: K and V single-buffered, the next K loading under the softmax and V
   // under S = QK^T. 2: both double-buffered, the next tile's K and V loading
   // under the whole of this tile's work (one barrier per tile instead of two).
-  // 3: a ring of three, two tiles in flight under each tile's work (memory-bound
-  // decode wants the bytes in flight more than the shared memory).
-  static_assert(Stages >= 1 && Stages <= 3, "K/V shared-memory stages are 1, 2 or 3");
-  static constexpr bool kDoubleBuffered = Stages >= 2;
+  static_assert(Stages == 1 || Stages == 2, "K/V shared-memory stages are 1 or 2");
+  static constexpr bool kDoubleBuffered = Stages == 2;
   static_assert(BlockM % (16 * Warps) == 0, "each warp owns whole 16-row MMA slices");
   static_assert(BlockN % 16 == 0, "key tiles are consumed 16 columns at a time");
 
