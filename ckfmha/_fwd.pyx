@@ -354,7 +354,7 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     local to each sequence (bias [batch, hq, max_sq, max_sk]); with
     ``v_col_major`` v is [nhead_k, hdim_v, total_k] (tokens contiguous). Returns o
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
-    then the dropout bytes [batch, hq, max_sq, max_sk].
+    then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``.
     """
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
