@@ -100,6 +100,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int64_t alibi_stride
         int64_t total_q
         int64_t total_k
+        int32_t num_splits
 
     ctypedef struct ckfmha_fwd_args:
         const void* q
@@ -113,6 +114,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const int32_t* cu_seqlens_q
         const int32_t* cu_seqlens_k
         uint8_t* dropout_randval
+        void* workspace
+        size_t workspace_bytes
 
     # errors and versions
     const char* ckfmha_last_error()
@@ -148,5 +151,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
                           size_t buf_len)
     int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf,
                            size_t buf_len, size_t* needed)
+    int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
+                                  const char* kernel_name, size_t* bytes)
     int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
                        const char* kernel_name, ckfmha_stream_t stream)

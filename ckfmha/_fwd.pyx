@@ -129,13 +129,29 @@ cdef class _Features:
         return 0
 
 
-cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle):
+cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle,
+                 str kind, like):
     check(capi.ckfmha_fwd_problem_validate(problem))
     cdef const char* c_kernel = NULL
     kernel_bytes = b""
     if kernel is not None:
         kernel_bytes = str(kernel).encode("utf-8")
         c_kernel = kernel_bytes
+    # Two-stage (split-KV) plans need scratch memory: allocated like the outputs
+    # (torch's caching allocator for torch inputs, else ckfmha device memory),
+    # and held here until the launches are queued; stream order keeps it valid.
+    # A failed size query (no device, no plan) is left to the run to report, after
+    # its argument checks, so errors come in the same order as without a workspace.
+    cdef size_t workspace_bytes = 0
+    cdef int size_status = capi.ckfmha_fwd_workspace_size(problem, -1, c_kernel,
+                                                          &workspace_bytes)
+    cdef ArrayView wv = None
+    workspace = None
+    if size_status == capi.CKFMHA_SUCCESS and workspace_bytes > 0:
+        workspace = allocate(kind, like, (workspace_bytes,), _dtypes.UINT8)
+        wv = as_view(workspace, handle, None, "workspace", 1, _U8, True)
+        args.workspace = <void*>wv.ptr
+        args.workspace_bytes = workspace_bytes
     cdef uintptr_t c_stream = <uintptr_t>handle
     cdef int status
     with nogil:
@@ -165,8 +181,9 @@ cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
 
 
 cdef int _set_scalars(capi.ckfmha_fwd_problem* problem, causal, causal_alignment, window,
-                      scale, softcap, dropout_p) except -1:
+                      scale, softcap, dropout_p, num_splits) except -1:
     _set_mask(problem, causal, causal_alignment, window)
+    problem.num_splits = to_int32(num_splits, "num_splits")
     if scale is not None:
         problem.scale = float(scale)
     problem.softcap = float(softcap)
@@ -188,7 +205,8 @@ cdef int _set_tensors(capi.ckfmha_fwd_args* args, ArrayView qv, ArrayView kv, Ar
 def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scale=None,
         softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0, dropout_seed=0,
         dropout_offset=0, return_dropout_randval=False, return_lse=False, layout="bhsd",
-        v_col_major=False, out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+        v_col_major=False, num_splits=0, out=None, lse_out=None, kernel=None, stream=None,
+        dtype=None):
     """Fused multi-head attention forward: softmax(mask(bias + cap(scale * q k^T))) v.
 
     q is [batch, nhead_q, seqlen_q, hdim] and k, v are [batch, nhead_k, seqlen_k,
@@ -215,7 +233,10 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     ``return_dropout_randval`` also returns its uint8 bytes [b, hq, sq, sk].
 
     Returns o, then the fp32 LSE [b, hq, sq] with ``return_lse``, then the
-    random bytes with ``return_dropout_randval``. ``kernel`` forces a
+    random bytes with ``return_dropout_randval``. ``num_splits`` 0 lets the
+    dispatcher choose a split-KV plan (decode shapes, grids too small for the
+    GPU), 1 forces one stage, n > 1 splits the keys n ways; the plan's
+    workspace is allocated here. ``kernel`` forces a
     registered kernel by name; ``stream`` is a CUDA stream handle or object
     (default: torch's or CuPy's current stream, else the legacy stream).
     """
@@ -249,7 +270,8 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
         to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
         to_int32(seqlen_q, "seqlen_q"), to_int32(seqlen_k, "seqlen_k"),
         to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
-    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p)
+    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
+                 num_splits)
 
     o_shape = _in_layout(batch, nhead_q, seqlen_q, hdim_v, c_layout)
     o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
@@ -286,7 +308,7 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
         _set_strides(problem.v_stride, _bhs_strides(vv, c_layout))
     _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
     _set_tensors(&args, qv, kv, vv, ov, lv)
-    _run(&problem, &args, kernel, handle)
+    _run(&problem, &args, kernel, handle, kind, q)
 
     # The views (and with them staged copies and DLPack owners) live until here,
     # past the launch; stream ordering keeps the memory valid for the kernel.
@@ -320,8 +342,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
                skip_min_seqlen_q=0, causal=False, causal_alignment="top_left", window=None,
                scale=None, softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0,
                dropout_seed=0, dropout_offset=0, return_dropout_randval=False,
-               return_lse=False, v_col_major=False, out=None, lse_out=None, kernel=None,
-               stream=None, dtype=None):
+               return_lse=False, v_col_major=False, num_splits=0, out=None, lse_out=None,
+               kernel=None, stream=None, dtype=None):
     """Forward attention over a packed batch of variable-length sequences (group mode).
 
     q is [total_q, nhead_q, hdim], k and v [total_k, nhead_k, hdim / hdim_v];
@@ -332,7 +354,7 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     local to each sequence (bias [batch, hq, max_sq, max_sk]); with
     ``v_col_major`` v is [nhead_k, hdim_v, total_k] (tokens contiguous). Returns o
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
-    then the dropout bytes [batch, hq, max_sq, max_sk].
+    then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``.
     """
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
@@ -368,7 +390,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     problem.total_q = total_q
     problem.total_k = total_k
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
-    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p)
+    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
+                 num_splits)
     cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", count)
     cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", count)
 
@@ -407,7 +430,7 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     _set_tensors(&args, qv, kv, vv, ov, lv)
     args.cu_seqlens_q = <const int32_t*>cqv.ptr
     args.cu_seqlens_k = <const int32_t*>ckv.ptr
-    _run(&problem, &args, kernel, handle)
+    _run(&problem, &args, kernel, handle, kind, q)
 
     results = _results(kind, handle, o_obj, out, lse_obj, lse_out, features)
     return results[0] if len(results) == 1 else results

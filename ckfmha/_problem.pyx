@@ -59,6 +59,7 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
                        else problem.total_q)
         out.total_k = (<int64_t>out.batch * out.seqlen_k if problem.total_k is None
                        else problem.total_k)
+    out.num_splits = to_int32(problem.num_splits, "num_splits")
     if problem.v_col_major:
         # Contiguous [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
         out.v_col_major = 1
@@ -109,6 +110,7 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "alibi_stride": problem.alibi_stride,
         "total_q": problem.total_q,
         "total_k": problem.total_k,
+        "num_splits": problem.num_splits,
     }
 
 

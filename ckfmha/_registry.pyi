@@ -20,3 +20,6 @@ class Dispatcher:
     def explain(
         self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
     ) -> str: ...
+    def workspace_size(
+        self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
+    ) -> int: ...

@@ -144,5 +144,16 @@ cdef class Dispatcher:
         request.arch = parse_arch(arch)
         return _read_text(_explanation, &request, "explanation")
 
+    def workspace_size(self, problem=None, *, arch=None, **fields) -> int:
+        """Bytes of workspace the plan for ``problem`` needs (0 for one-stage plans).
+
+        ``fwd`` allocates it by itself; this is for callers managing their own memory.
+        """
+        cdef capi.ckfmha_fwd_problem c_problem
+        cdef size_t size = 0
+        fill_fwd_problem(_as_problem(problem, fields), &c_problem)
+        check(capi.ckfmha_fwd_workspace_size(&c_problem, parse_arch(arch), NULL, &size))
+        return size
+
     def __repr__(self) -> str:
         return "<ckfmha.Dispatcher>"

@@ -110,6 +110,7 @@ class FwdProblem:
     v_col_major: bool = False  # v is [batch, nhead_k, hdim_v, seqlen_k]
     total_q: int | None = None  # group mode: tokens in the packed q
     total_k: int | None = None  # group mode: tokens in the packed k/v
+    num_splits: int = 0  # 0: the dispatcher decides; 1: one stage; n > 1: split-KV with n splits
 
     @property
     def kv_heads(self) -> int:

@@ -26,7 +26,11 @@ _DTYPE_ENUMS = {
     "bf16": "CKFMHA_DTYPE_BF16",
     "fp32": "CKFMHA_DTYPE_FP32",
 }
-_FAMILY_ENUMS = {"fwd": "CKFMHA_FAMILY_FWD"}
+_FAMILY_ENUMS = {
+    "fwd": "CKFMHA_FAMILY_FWD",
+    "fwd_splitkv": "CKFMHA_FAMILY_FWD_SPLITKV",
+    "fwd_splitkv_combine": "CKFMHA_FAMILY_FWD_SPLITKV_COMBINE",
+}
 _MODE_ENUMS = {"batch": "CKFMHA_MODE_BATCH", "group": "CKFMHA_MODE_GROUP"}
 _MASK_ENUMS = {
     "none": "CKFMHA_MASK_KIND_NONE",
@@ -70,6 +74,26 @@ PIPELINE_TEMPLATES: dict[str, PipelineTemplate] = {
 }
 
 
+# Families other than fwd whose template differs from their pipeline's forward one.
+FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
+    ("fwd_splitkv", "sm80_cpasync_mma"): PipelineTemplate(
+        header="ckfmha/kernel/fwd_splitkv_sm80_launch.cuh",
+        traits="ckfmha::kernel::FwdSm80Traits",
+        launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
+    ),
+    ("fwd_splitkv_combine", "splitkv_combine"): PipelineTemplate(
+        header="ckfmha/kernel/fwd_splitkv_combine_launch.cuh",
+        traits="ckfmha::kernel::FwdSplitKvCombineTraits",
+        launcher="ckfmha::kernel::launch_fwd_splitkv_combine",
+    ),
+}
+
+
+def template_for(config: KernelConfig) -> PipelineTemplate:
+    key = (config.signature.family, config.algorithm.pipeline)
+    return FAMILY_TEMPLATES.get(key) or PIPELINE_TEMPLATES[config.algorithm.pipeline]
+
+
 @dataclass(frozen=True)
 class EmittedFiles:
     instances: tuple[Path, ...]  # in the order of the configs given
@@ -83,31 +107,58 @@ def instance_file_name(config: KernelConfig) -> str:
     return f"{config.name}.cu"
 
 
-def _trailing_defaults(v_col_major: bool, ctas_per_sm: int) -> str:
-    """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1), written out only as far
-    as a non-default value needs, so plain instances keep their short text."""
+def _trailing_defaults(v_col_major: bool, ctas_per_sm: int, split_kv: bool = False) -> str:
+    """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1, SplitKv=false), written out
+    only as far as a non-default value needs, so plain instances keep their short text."""
     v_flag = "true" if v_col_major else "false"
+    if split_kv:
+        return f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, /*SplitKv=*/true"
     if ctas_per_sm != 1:
         return f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}"
     return ", /*VColMajor=*/true" if v_col_major else ""
 
 
-def render_instance(config: KernelConfig) -> str:
-    sig, alg = config.signature, config.algorithm
-    template = PIPELINE_TEMPLATES[alg.pipeline]
-    opening = f"using Traits = {template.traits}<"
-    indent = " " * 4
-
-    def flag(value: bool) -> str:
-        return "true" if value else "false"
-
+def _instance_text(config: KernelConfig, traits_args: str) -> str:
+    """An instance file: the traits alias and the extern "C" launcher of the kernel table."""
+    template = template_for(config)
     return (
         f"{GENERATED_BANNER}\n"
         f'#include "{template.header}"\n'
         "\n"
         "namespace {\n"
-        f"{opening}{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimQK=*/{sig.hdim_q}, "
-        f"/*HeadDimV=*/{sig.hdim_v},\n"
+        f"using Traits = {template.traits}<{traits_args}>;\n"
+        "}  // namespace\n"
+        "\n"
+        f'extern "C" int {config.symbol}(const void* problem, const void* args, '
+        "ckfmha_stream_t stream) {\n"
+        f"  return {template.launcher}<Traits>(problem, args, stream);\n"
+        "}\n"
+    )
+
+
+def _render_combine_instance(config: KernelConfig) -> str:
+    sig, alg = config.signature, config.algorithm
+    group = "true" if sig.mode == "group" else "false"
+    return _instance_text(
+        config,
+        f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimV=*/{sig.hdim_v}, /*Warps=*/{alg.warps}, "
+        f"/*IsGroupMode=*/{group}",
+    )
+
+
+def render_instance(config: KernelConfig) -> str:
+    sig, alg = config.signature, config.algorithm
+    if sig.family == "fwd_splitkv_combine":
+        return _render_combine_instance(config)
+    indent = " " * 4
+
+    def flag(value: bool) -> str:
+        return "true" if value else "false"
+
+    split_kv = sig.family == "fwd_splitkv"
+    return _instance_text(
+        config,
+        f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimQK=*/{sig.hdim_q}, /*HeadDimV=*/{sig.hdim_v},\n"
         f"{indent}/*BlockM=*/{alg.tile_m}, /*BlockN=*/{alg.tile_n}, /*Warps=*/{alg.warps}, "
         f"/*Stages=*/{alg.stages},\n"
         f"{indent}ckfmha::kernel::MaskMode::{_MASK_MODES[sig.mask]}, "
@@ -115,13 +166,7 @@ def render_instance(config: KernelConfig) -> str:
         f"{indent}/*HasLse=*/{flag(sig.lse)}, /*HasDropout=*/{flag(sig.dropout)}, "
         f"/*HasSoftcap=*/{flag(sig.softcap)}, /*HasSink=*/{flag(sig.sink)},\n"
         f"{indent}/*IsGroupMode=*/{flag(sig.mode == 'group')}"
-        f"{_trailing_defaults(sig.v_col_major, alg.ctas_per_sm)}>;\n"
-        "}  // namespace\n"
-        "\n"
-        f'extern "C" int {config.symbol}(const void* problem, const void* args, '
-        "ckfmha_stream_t stream) {\n"
-        f"  return {template.launcher}<Traits>(problem, args, stream);\n"
-        "}\n"
+        f"{_trailing_defaults(sig.v_col_major, alg.ctas_per_sm, split_kv)}",
     )
 
 

@@ -11,6 +11,10 @@ from .receipts import Receipt
 from .signature import Algorithm, FwdSignature, KernelConfig
 from .specs import ArchSpec, get_arch, hdim_label
 
+# Families whose tiles the dispatcher picks per problem shape (split-KV: the smallest tile_m
+# holding the packed GQA rows), so every listed tile is built, not only the default.
+SHAPE_CHOSEN_TILE_FAMILIES = ("fwd_splitkv",)
+
 
 @dataclass(frozen=True)
 class Rejection:
@@ -43,16 +47,20 @@ def candidates(
     receipt: Receipt, arch: ArchSpec
 ) -> Iterable[tuple[FwdSignature, str, Algorithm | None]]:
     """Every (signature, pipeline, algorithm) the receipt asks for on this arch; a signature
-    meets only the pipelines that take its dtype (all of them if none does)."""
+    meets only the pipelines that take its dtype (all of them if none does) and implement its
+    family."""
     for pipeline in arch.pipelines:
         for sig in receipt.signatures:
             if pipeline not in rules.pipelines_for_dtype(sig.dtype, arch.pipelines):
+                continue
+            if pipeline not in rules.pipelines_for_family(sig.family, arch.pipelines):
                 continue
             tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
             if not tiles:
                 yield sig, pipeline, None
                 continue
-            for tile in tiles if receipt.all_tiles else tiles[:1]:
+            every_tile = receipt.all_tiles or sig.family in SHAPE_CHOSEN_TILE_FAMILIES
+            for tile in tiles if every_tile else tiles[:1]:
                 yield (
                     sig,
                     pipeline,

@@ -93,6 +93,34 @@ def _feature_signatures() -> tuple[FwdSignature, ...]:
     )
 
 
+# Split-KV (and its decode path) covers the serving head dims.
+SPLITKV_HDIMS = (64, 128)
+
+
+def _splitkv(dtype: str, hdim: int, mask: str, mode: str = "batch") -> FwdSignature:
+    return _fwd(dtype, hdim, mask, True, mode=mode, family="fwd_splitkv")
+
+
+def _combine(dtype: str, hdim: int, mode: str = "batch") -> FwdSignature:
+    """Combine kernels merge partials only: keyed by dtype, mode and hdim_v."""
+    return _fwd(dtype, hdim, "none", True, mode=mode, family="fwd_splitkv_combine")
+
+
+def _splitkv_signatures() -> tuple[FwdSignature, ...]:
+    """Both stages of the split-KV plan for every dtype, serving head dim, mask and mode."""
+    splits = tuple(
+        _splitkv(dtype, hdim, mask, mode)
+        for dtype, hdim, mask, mode in itertools.product(
+            DTYPES, SPLITKV_HDIMS, MASKS, ("batch", "group")
+        )
+    )
+    combines = tuple(
+        _combine(dtype, hdim, mode)
+        for dtype, hdim, mode in itertools.product(DTYPES, SPLITKV_HDIMS, ("batch", "group"))
+    )
+    return splits + combines
+
+
 def _fp32_signatures(full: bool) -> tuple[FwdSignature, ...]:
     """fp32 runs on the SIMT template, far slower than the tensor-core kernels, so the default
     set holds the common head dims and a few feature combinations; `full` every head dim."""
@@ -121,8 +149,9 @@ RECEIPTS: dict[str, Receipt] = {
     for receipt in (
         Receipt(
             name="ci",
-            description="nine kernels per arch covering dtypes (one fp32), head dims, masks and "
-            "features",
+            description="nine forward kernels per arch covering dtypes (one fp32), head dims, "
+            "masks and features, plus one split-KV plan (bf16 d128 window, group mode: both "
+            "split tiles and the combine stage)",
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
@@ -133,6 +162,8 @@ RECEIPTS: dict[str, Receipt] = {
                 _fwd("bf16", (192, 128), "none", softcap=True, sink=True),
                 _fwd("fp16", 64, "causal", mode="group", v_col_major=True),
                 _fwd("fp32", 64, "window", mode="group", bias="alibi", dropout=True, sink=True),
+                _splitkv("bf16", 128, "window", mode="group"),
+                _combine("bf16", 128, mode="group"),
             ),
             all_tiles=False,
         ),
@@ -143,9 +174,10 @@ RECEIPTS: dict[str, Receipt] = {
             "at d64/d128, plus "
             "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
-            "feature combinations; default tiles",
+            "feature combinations; split-KV and its combine stage for {fp16,bf16} x d{64,128} x "
+            "masks x {batch,group}; default tiles (split-KV: every tile)",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
-            + _feature_signatures() + _fp32_signatures(full=False),
+            + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures(),
             all_tiles=False,
         ),
         Receipt(
@@ -153,7 +185,8 @@ RECEIPTS: dict[str, Receipt] = {
             description="default plus no-LSE variants, fp32 at every head dim and every "
             "alternative tile",
             signatures=_mask_signatures((True, False)) + _group_signatures()
-            + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True),
+            + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
+            + _splitkv_signatures(),
             all_tiles=True,
         ),
     )

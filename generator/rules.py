@@ -12,7 +12,16 @@ from .signature import KernelConfig
 from .specs import ArchSpec, hdim_label
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-SUPPORTED_FAMILIES = ("fwd",)
+SUPPORTED_FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine")
+# The templates that implement each family: split-KV is a variant of the sm80 template, and its
+# combine stage a small CUDA-core kernel of its own.
+FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
+    "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
+    "fwd_splitkv": ("sm80_cpasync_mma",),
+    "fwd_splitkv_combine": ("splitkv_combine",),
+}
+# Combine: each thread merges one 16-byte fp32 vector (4 columns) of a row.
+COMBINE_COLUMNS_PER_THREAD = 4
 SUPPORTED_MASKS = ("none", "causal", "window")
 SUPPORTED_BIASES = ("none", "elementwise", "alibi")
 KNOWN_MODES = ("batch", "group")
@@ -47,6 +56,11 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     if sig.family not in SUPPORTED_FAMILIES:
         reasons.append(
             f"family {sig.family!r} is not implemented; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    elif alg.pipeline not in FAMILY_PIPELINES[sig.family]:
+        reasons.append(
+            f"family {sig.family!r} has no {alg.pipeline!r} template; it runs on "
+            f"{', '.join(FAMILY_PIPELINES[sig.family])}"
         )
     if alg.arch != arch.name:
         reasons.append(f"config targets arch {alg.arch!r} but is checked against {arch.name!r}")
@@ -92,6 +106,8 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
+    if sig.family == "fwd_splitkv":
+        reasons.extend(_splitkv_feature_reasons(config))
     if alg.warps > 0 and (alg.tile_m <= 0 or alg.tile_m % (MMA_ROWS * alg.warps)):
         reasons.append(
             f"tile_m={alg.tile_m} is not a positive multiple of 16*warps={MMA_ROWS * alg.warps}; "
@@ -144,6 +160,77 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
                     f"under the {acc} accumulators + {NON_ACCUMULATOR_REGISTERS} for operands, "
                     "addresses and softmax state; lower ctas_per_sm or shrink the tile"
                 )
+    return reasons
+
+
+def _splitkv_feature_reasons(config: KernelConfig) -> list[str]:
+    """What the split-KV variant of the sm80 template leaves out: per-split partials are merged
+    by LSE alone, so features that need the head of a packed row (bias, dropout) or a term added
+    once per row (sink) are not in it, nor is column-major V (not built for it yet)."""
+    sig = config.signature
+    unsupported = [
+        name
+        for name, on in (
+            (f"bias {sig.bias!r}", sig.bias != "none"),
+            ("dropout", sig.dropout),
+            ("sink", sig.sink),
+            ("column-major V", sig.v_col_major),
+        )
+        if on
+    ]
+    if not unsupported:
+        return []
+    reason = (
+        f"{', '.join(unsupported)} not implemented by fwd_splitkv; it covers masks, soft-cap, "
+        "LSE, GQA and group mode, and the one-stage fwd kernels cover the rest"
+    )
+    return [reason]
+
+
+def _combine_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the split-KV combine kernel: whole rows per CTA, one 16-byte fp32 vector per
+    thread, and nothing to compute but the merge (mask, bias and features belong to the split
+    stage)."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _template_basics(config)
+    if sig.hdim_q != sig.hdim_v:
+        reasons.append(
+            f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)}: combine kernels are keyed by hdim_v "
+            "alone, so their signature has hdim_q == hdim_v"
+        )
+    extras = [
+        name
+        for name, on in (
+            (f"mask {sig.mask!r}", sig.mask != "none"),
+            (f"bias {sig.bias!r}", sig.bias != "none"),
+            ("dropout", sig.dropout),
+            ("softcap", sig.softcap),
+            ("sink", sig.sink),
+            ("column-major V", sig.v_col_major),
+            ("no LSE", not sig.lse),
+        )
+        if on
+    ]
+    if extras:
+        reasons.append(
+            f"{', '.join(extras)}: a combine kernel only merges partials (mask 'none', no "
+            "features, LSE written when asked); the split stage computes the rest"
+        )
+    if alg.tile_n != COMBINE_COLUMNS_PER_THREAD:
+        reasons.append(
+            f"tile_n={alg.tile_n} must be {COMBINE_COLUMNS_PER_THREAD}: each thread merges one "
+            "16-byte fp32 vector of a row"
+        )
+    if alg.warps > 0 and alg.tile_m * sig.hdim_v != alg.warps * 32 * alg.tile_n:
+        reasons.append(
+            f"tile_m={alg.tile_m} rows x hdim_v={sig.hdim_v} must equal warps*32*tile_n="
+            f"{alg.warps * 32 * alg.tile_n} columns: each CTA merges whole rows"
+        )
+    if alg.stages != 1 or alg.ctas_per_sm != 1:
+        reasons.append(
+            f"stages={alg.stages}, ctas_per_sm={alg.ctas_per_sm}: the combine kernel has no "
+            "pipeline stages or occupancy parameter (both 1)"
+        )
     return reasons
 
 
@@ -286,6 +373,7 @@ PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
     "sm80_cpasync_mma": (_sm80_template_rules,),
     "sm90_tma_wgmma": (_sm90_template_rules,),
     "simt_fma": (_simt_template_rules,),
+    "splitkv_combine": (_combine_template_rules,),
 }
 # Element types each template computes in; enumeration pairs a signature only with the
 # pipelines that take its dtype, so --explain is not flooded with dtype mismatches.
@@ -293,6 +381,7 @@ PIPELINE_DTYPES: dict[str, tuple[str, ...]] = {
     "sm80_cpasync_mma": ("fp16", "bf16"),
     "sm90_tma_wgmma": ("fp16", "bf16"),
     "simt_fma": ("fp32",),
+    "splitkv_combine": ("fp16", "bf16"),
 }
 
 
@@ -301,6 +390,14 @@ def pipelines_for_dtype(dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]
     rejections still say why."""
     taking = tuple(p for p in pipelines if dtype in PIPELINE_DTYPES.get(p, ()))
     return taking or tuple(pipelines)
+
+
+def pipelines_for_family(family: str, pipelines: Sequence[str]) -> tuple[str, ...]:
+    """The pipelines among `pipelines` that implement `family`; all of them for an unknown
+    family, so the rejections still say why."""
+    if family not in FAMILY_PIPELINES:
+        return tuple(pipelines)
+    return tuple(p for p in pipelines if p in FAMILY_PIPELINES[family])
 
 
 def _template_basics(config: KernelConfig) -> list[str]:

@@ -157,7 +157,10 @@ def test_ci_names_are_stable() -> None:
         f"fwd_fp16_batch_d64x64_causal_alibi_lse_drop{tail}m128n64k64_w4s1",
         f"fwd_bf16_batch_d192x128_none_lse_softcap_sink{tail}m128n64k192_w4s1",
         f"fwd_fp16_group_d64x64_causal_lse_vcol{tail}m128n64k64_w4s1",
+        f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m16n64k128_w1s2",
+        f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m64n64k128_w4s2",
         "fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_80_simt_fma_m64n64k64_w4s1",
+        "fwd_splitkv_combine_bf16_group_d128x128_none_lse__sm_80_splitkv_combine_m4n4k128_w4s1",
     ]
 
 
@@ -169,13 +172,18 @@ def test_receipt_sizes(arch: str) -> None:
     # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
     # the signatures without LSE.
     hopper = {"ci": 4, "default": 42, "full": 84} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
-    assert sizes["ci"] == 9 + hopper["ci"]
+    # Split-KV: both tiles of one split signature and its combine stage in ci; 2 dtypes x
+    # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
+    split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
+    assert sizes["ci"] == 9 + hopper["ci"] + split["ci"]
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
     # Column-major V: batch and group mode x 2 dtypes x d64/d128 x masks none/causal. fp32:
     # d64/d128 x 3 masks, six feature/group combinations, d192x128 and d256.
-    assert sizes["default"] == 36 + 12 + 16 + features + 6 + 6 + 2 + hopper["default"]
+    assert sizes["default"] == (
+        36 + 12 + 16 + features + 6 + 6 + 2 + hopper["default"] + split["default"]
+    )
     tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     alternatives = sum(len(t) for t in tiles.values())
     # Mask-only kernels come with and without LSE, each with every listed tile.
@@ -187,7 +195,7 @@ def test_receipt_sizes(arch: str) -> None:
     fp32 += 3 * len(simt[(64, 64)]) + 3 * len(simt[(128, 128)])
     assert sizes["full"] == (
         2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch]) + fp32
-        + hopper["full"]
+        + hopper["full"] + split["full"]
     )
 
 
@@ -216,7 +224,8 @@ def test_filter_selects_by_regex() -> None:
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
     # ... and the causal column-major-V kernels at d64/d128 in batch and group mode.
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2
+    # ... and the causal split-KV kernels: d64/d128 x batch/group x 2 tiles.
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -389,8 +398,8 @@ def test_signatures_meet_only_pipelines_taking_their_dtype() -> None:
     for c in selection.accepted:
         pipelines[c.signature.dtype].add(c.algorithm.pipeline)
     assert pipelines == {
-        "fp16": {"sm80_cpasync_mma", "sm90_tma_wgmma"},
-        "bf16": {"sm80_cpasync_mma", "sm90_tma_wgmma"},
+        "fp16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine"},
+        "bf16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine"},
         "fp32": {"simt_fma"},
     }  # fmt: skip
 
@@ -425,14 +434,15 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    assert len(names) == 9 + 9 + 4  # sm_80, sm_90a and the Hopper template on sm_90a
+    # sm_80, sm_90a (each with a 3-kernel split-KV plan) and the Hopper template on sm_90a
+    assert len(names) == 12 + 12 + 4
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 27
+    assert len(result.stdout.split()) == 36
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -454,13 +464,13 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("*.cu"))
-    assert len(instances) == 13
+    assert len(instances) == 16
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 13" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 16" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -468,7 +478,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 13
+    assert len(manifest["kernels"]) == 16
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
 
 
@@ -643,7 +653,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 9 + 3
+    assert first.written == 12 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -722,11 +732,12 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
         "mask": {"none": 0, "causal": 1, "window": 2},
         "bias": {"none": 0, "elementwise": 1, "alibi": 2},
         "dtype": {"fp16": 0, "bf16": 1, "fp32": 2},
+        "family": {"fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2},
     }
     for i, (line, config) in enumerate(zip(lines[1:], configs)):
         sig, alg = config.signature, config.algorithm
         expected = [
-            config.name, 0, enums["dtype"][sig.dtype], enums["mode"][sig.mode], sig.hdim_q,
+            config.name, enums["family"][sig.family], enums["dtype"][sig.dtype], enums["mode"][sig.mode], sig.hdim_q,
             sig.hdim_v, enums["mask"][sig.mask], enums["bias"][sig.bias], int(sig.lse),
             int(sig.dropout), int(sig.softcap), int(sig.sink), int(sig.v_col_major),
             specs[alg.arch].arch_number,

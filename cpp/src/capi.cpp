@@ -4,6 +4,7 @@
 
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/dispatcher.hpp"
+#include "ckfmha/runtime/fwd_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
 #include "ckfmha/runtime/status.hpp"
@@ -68,6 +69,50 @@ int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a
                 "store_dropout_randval is set but args.dropout_randval is NULL"},
        }) {
     if (needed && ptr == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, message);
+  }
+  return CKFMHA_SUCCESS;
+}
+
+// The arch plans are made for and its SM count: the current device's when it
+// has that arch, else the arch's reference part (documented in ckfmha.h).
+int plan_context(int arch, PlanContext* context) {
+  if (int s = resolve_arch(arch, &context->device_arch)) return s;
+  int count = 0, device_arch_now = 0;
+  context->num_sms = reference_sm_count(context->device_arch);
+  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
+      current_device_arch(&device_arch_now) == CKFMHA_SUCCESS &&
+      device_arch_now == context->device_arch) {
+    if (int s = current_device_sm_count(&context->num_sms)) return s;
+  }
+  return CKFMHA_SUCCESS;
+}
+
+// A kernel forced by name (NULL: none) joins the plan context.
+int find_forced(const char* kernel_name, ckfmha_kernel_entry* forced, PlanContext* context) {
+  if (kernel_name == nullptr) return CKFMHA_SUCCESS;
+  if (!Registry::instance().find(kernel_name, forced)) {
+    return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
+  }
+  context->forced = forced;
+  return CKFMHA_SUCCESS;
+}
+
+// A split-KV plan's workspace must exist, be large enough and hold float4s.
+int check_workspace(FwdPlan const& plan, ckfmha_fwd_args const& args) {
+  if (!plan.split) return CKFMHA_SUCCESS;
+  std::string need = std::to_string(plan.workspace_bytes) + " bytes (num_splits=" +
+                     std::to_string(plan.num_splits) + "; ckfmha_fwd_workspace_size says how many)";
+  if (args.workspace == nullptr) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "the split-KV plan needs args.workspace of " + need);
+  }
+  if (args.workspace_bytes < plan.workspace_bytes) {
+    return fail(CKFMHA_ERROR_BUFFER_TOO_SMALL,
+                "args.workspace_bytes is " + std::to_string(args.workspace_bytes) +
+                    "; the split-KV plan needs " + need);
+  }
+  if (reinterpret_cast<uintptr_t>(args.workspace) % 16 != 0) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args.workspace must be 16-byte aligned");
   }
   return CKFMHA_SUCCESS;
 }
@@ -196,20 +241,34 @@ int ckfmha_registry_load_module(const char* path, int* added) { return load_modu
 int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_buf,
                       size_t buf_len) {
   if (int s = checked_problem(problem)) return s;
-  int device_arch = 0;
-  if (int s = resolve_arch(arch, &device_arch)) return s;
-  Selection chosen = select_fwd(Registry::instance().entries(), *problem, device_arch);
-  if (!chosen.found) return fail(CKFMHA_ERROR_UNSUPPORTED, chosen.why_none);
-  return copy_out(chosen.kernel.name, name_buf, buf_len, nullptr);
+  PlanContext context;
+  if (int s = plan_context(arch, &context)) return s;
+  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  return copy_out(plan.kernel.name, name_buf, buf_len, nullptr);
 }
 
 int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, size_t buf_len,
                        size_t* needed) {
   if (int s = checked_problem(problem)) return s;
-  int device_arch = 0;
-  if (int s = resolve_arch(arch, &device_arch)) return s;
-  return copy_out(explain_fwd(Registry::instance().entries(), *problem, device_arch), buf,
+  PlanContext context;
+  if (int s = plan_context(arch, &context)) return s;
+  return copy_out(explain_fwd_plan(Registry::instance().entries(), *problem, context), buf,
                   buf_len, needed);
+}
+
+int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
+                              const char* kernel_name, size_t* bytes) {
+  if (int s = checked_problem(problem)) return s;
+  if (int s = require(bytes != nullptr, "bytes is NULL")) return s;
+  PlanContext context;
+  if (int s = plan_context(arch, &context)) return s;
+  ckfmha_kernel_entry forced{};
+  if (int s = find_forced(kernel_name, &forced, &context)) return s;
+  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  *bytes = plan.workspace_bytes;
+  return succeed();
 }
 
 int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
@@ -220,25 +279,14 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "q, k, v and o must all be device pointers");
   }
   if (int s = check_feature_pointers(*problem, *args)) return s;
-  int device_arch = 0;
-  if (int s = current_device_arch(&device_arch)) return s;
-
-  auto kernels = Registry::instance().entries();
-  ckfmha_kernel_entry kernel{};
-  if (kernel_name != nullptr) {
-    if (!Registry::instance().find(kernel_name, &kernel)) {
-      return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
-    }
-    std::string why = reject_reason(kernel, *problem, device_arch);
-    if (!why.empty()) {
-      return fail(CKFMHA_ERROR_UNSUPPORTED,
-                  std::string("kernel ") + kernel_name + " cannot run this problem: " + why);
-    }
-  } else {
-    Selection chosen = select_fwd(kernels, *problem, device_arch);
-    if (!chosen.found) return fail(CKFMHA_ERROR_UNSUPPORTED, chosen.why_none);
-    kernel = chosen.kernel;
-  }
+  PlanContext context;
+  if (int s = plan_context(-1, &context)) return s;
+  context.workspace_available = args->workspace != nullptr;
+  ckfmha_kernel_entry forced{};
+  if (int s = find_forced(kernel_name, &forced, &context)) return s;
+  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  if (int s = check_workspace(plan, *args)) return s;
   // Column-major V kernels fall back to element loads when V's base is not
   // 16-byte aligned (a view starting at any key): V needs only aligned elements.
   const uintptr_t v_alignment = problem->v_col_major ? 2 : 16;
@@ -252,7 +300,16 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
                   "vectors); column-major v must be aligned to its elements");
     }
   }
-  return from_launch_result(kernel.launch(problem, args, stream), kernel.name);
+  if (!plan.split) {
+    return from_launch_result(plan.kernel.launch(problem, args, stream), plan.kernel.name);
+  }
+  // Both stages read the resolved split count from the problem.
+  ckfmha_fwd_problem staged = *problem;
+  staged.num_splits = plan.num_splits;
+  if (int s = from_launch_result(plan.kernel.launch(&staged, args, stream), plan.kernel.name)) {
+    return s;
+  }
+  return from_launch_result(plan.combine.launch(&staged, args, stream), plan.combine.name);
 }
 
 }  // extern "C"

@@ -63,4 +63,12 @@ int current_device_arch(int* arch) {
   return device_arch(device, arch);
 }
 
+int current_device_sm_count(int* count) {
+  int device = 0;
+  if (int status = current_device(&device); status != CKFMHA_SUCCESS) return status;
+  cudaError_t err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return cuda_failure(err, "cudaDeviceGetAttribute(SM count)");
+  return succeed();
+}
+
 }  // namespace ckfmha::runtime

@@ -98,11 +98,20 @@ bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch) {
   return kernel.arch / 10 == device_arch / 10 && kernel.arch <= device_arch;
 }
 
+bool same_shape(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const& p, ckfmha_family family) {
+  return k.family == family && k.dtype == p.dtype && k.mode == p.mode && k.hdim_q == p.hdim_q &&
+         k.hdim_v == p.hdim_v;
+}
+
+bool mask_kind_preferred(ckfmha_mask_kind kind, ckfmha_mask mask) {
+  return kind == preferred_mask_kind(mask);
+}
+
 std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const& p,
-                          int device_arch) {
+                          int device_arch, ckfmha_family family) {
   std::ostringstream why;
-  if (k.family != CKFMHA_FAMILY_FWD) {
-    why << "family " << family_name(k.family) << ", problem needs fwd";
+  if (k.family != family) {
+    why << "family " << family_name(k.family) << ", problem needs " << family_name(family);
   } else if (!arch_runs_on(k, device_arch)) {
     why << "built for " << k.arch_name << ", which does not run on " << arch_label(device_arch);
   } else if (k.dtype != p.dtype) {
@@ -157,7 +166,9 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   // padded query rows, then generator order (the tile table lists its default first).
   std::tuple<int, int, int, int, int64_t> best_score{};
   for (auto const& k : kernels) {
-    if (!reject_reason(k, p, device_arch).empty()) continue;
+    if (!same_shape(k, p, CKFMHA_FAMILY_FWD) || !reject_reason(k, p, device_arch).empty()) {
+      continue;
+    }
     int64_t padded_rows = (int64_t(p.seqlen_q) + k.tile_m - 1) / k.tile_m * k.tile_m - p.seqlen_q;
     std::tuple<int, int, int, int, int64_t> score{
         k.arch == device_arch, pipeline_rank(k.pipeline), k.mask == preferred_mask_kind(p.mask),
@@ -219,6 +230,8 @@ std::string explain_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   out << "problem: " << describe(p) << " on " << arch_label(device_arch) << "\n";
   Selection chosen = select_fwd(kernels, p, device_arch);
   for (auto const& k : kernels) {
+    // Other families are explained with the plans that use them.
+    if (k.family != CKFMHA_FAMILY_FWD) continue;
     std::string why = reject_reason(k, p, device_arch);
     if (why.empty()) {
       bool selected = chosen.found && std::string(chosen.kernel.name) == k.name;

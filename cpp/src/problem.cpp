@@ -1,5 +1,7 @@
 #include "ckfmha/runtime/problem.hpp"
 
+#include "ckfmha/runtime/fwd_plan.hpp"
+
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -127,6 +129,11 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
     msg << "skip_min_seqlen_q is " << p.skip_min_seqlen_q << "; it must be >= 0";
     return msg.str();
   }
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits) {
+    msg << "num_splits is " << p.num_splits
+        << "; it must be 0 (automatic), 1 (one stage) or 2.." << kMaxSplits << " (split-KV)";
+    return msg.str();
+  }
   if (p.skip_min_seqlen_q > 0 && p.mode != CKFMHA_MODE_GROUP) {
     msg << "skip_min_seqlen_q applies to group (varlen) mode only";
     return msg.str();
@@ -190,6 +197,7 @@ std::string describe(ckfmha_fwd_problem const& p) {
   if (p.softcap > 0.f) out << " softcap=" << p.softcap;
   if (p.has_sink) out << " sink";
   if (p.v_col_major) out << " v_col_major";
+  if (p.num_splits > 0) out << " num_splits=" << p.num_splits;
   return out.str();
 }
 

@@ -161,6 +161,10 @@ typedef struct ckfmha_fwd_problem {
    * template) need them; without them the dispatcher picks another kernel. */
   int64_t total_q;
   int64_t total_k;
+  /* Split-KV: 0 lets the dispatcher choose (a two-stage split-KV plan where it
+   * pays and args.workspace is given, see ckfmha_fwd_workspace_size); 1 forces
+   * the one-stage forward; n > 1 forces a split-KV plan with n key splits. */
+  int32_t num_splits;
 } ckfmha_fwd_problem;
 
 /*
@@ -183,6 +187,11 @@ typedef struct ckfmha_fwd_args {
   const int32_t* cu_seqlens_q; /* required in group mode */
   const int32_t* cu_seqlens_k; /* required in group mode */
   uint8_t* dropout_randval;    /* required when store_dropout_randval */
+  /* Scratch for two-stage plans (split-KV partials), device memory of at least
+   * ckfmha_fwd_workspace_size bytes, 16-byte aligned, used only during the
+   * call's kernels on its stream. NULL: automatic plans stay one-stage. */
+  void* workspace;
+  size_t workspace_bytes;
 } ckfmha_fwd_args;
 
 /* ---- errors and versions ---- */
@@ -224,14 +233,26 @@ CKFMHA_API int ckfmha_registry_json(char* buf, size_t buf_len, size_t* needed);
 CKFMHA_API int ckfmha_registry_load_module(const char* path, int* added);
 
 /* ---- dispatch ---- */
-/* arch < 0 means the current device's arch. Writes the chosen kernel's name. */
+/* arch < 0 means the current device's arch. Writes the chosen kernel's name
+ * (for a split-KV plan, its first stage, the fwd_splitkv kernel). */
 CKFMHA_API int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_buf,
                                  size_t buf_len);
 /* Text explaining, kernel by kernel, why each does or does not fit. */
 CKFMHA_API int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf,
                                   size_t buf_len, size_t* needed);
+/* Bytes of args.workspace the plan for `problem` needs on `arch` (< 0: the
+ * current device); 0 when the plan is one-stage. The plan, and with it this
+ * size, depends on the device's SM count: ask for the device you run on.
+ * With no device present, the SM count of the arch's reference part is used
+ * (sm_80: 108, sm_86: 84, sm_89: 128, sm_90: 132). kernel_name: as for
+ * ckfmha_fwd_run (NULL: automatic), so the size matches the plan run makes. */
+CKFMHA_API int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
+                                         const char* kernel_name, size_t* bytes);
 /* Selects a kernel for the current device and launches it on `stream`.
- * kernel_name may be NULL (automatic) or force a registered kernel. */
+ * kernel_name may be NULL (automatic) or force a registered kernel (a
+ * fwd_splitkv kernel forces a split-KV plan, its combine stage chosen
+ * automatically). A split-KV plan launches fwd_splitkv then
+ * fwd_splitkv_combine on `stream`, using args.workspace. */
 CKFMHA_API int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
                               const char* kernel_name, ckfmha_stream_t stream);
 

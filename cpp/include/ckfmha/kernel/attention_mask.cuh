@@ -54,13 +54,21 @@ struct AttentionMask {
   template <class Scores, class Coords>
   __device__ __forceinline__ void apply(Scores& scores, Coords const& coords, int m_begin,
                                         int n_begin) const {
+    apply_rows(scores, coords, [m_begin](int tile_row) { return m_begin + tile_row; }, n_begin);
+  }
+
+  // As apply, with `query_of(tile_row)` giving each tile row's query position
+  // (split-KV packs several heads' rows into one tile, so rows repeat positions).
+  template <class Scores, class Coords, class QueryOf>
+  __device__ __forceinline__ void apply_rows(Scores& scores, Coords const& coords,
+                                             QueryOf const& query_of, int n_begin) const {
     using namespace cute;
     bool bounded_left = has_left();
     bool bounded_right = has_right();
     int reach_right = Mode == MaskMode::kCausal ? 0 : right;
     CUTE_UNROLL
     for (int i = 0; i < size<0>(scores); ++i) {
-      int row = m_begin + get<0>(coords(i, 0));
+      int row = query_of(get<0>(coords(i, 0)));
       int col_end = min(seqlen_k, bounded_right ? row + offset + reach_right + 1 : seqlen_k);
       int col_begin = bounded_left ? row + offset - left : 0;
       CUTE_UNROLL

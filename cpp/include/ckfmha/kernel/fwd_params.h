@@ -48,6 +48,13 @@ struct FwdParams {
   float dropout_rescale;       // 1 / (1 - p)
   uint32_t philox_key0, philox_key1;
   uint32_t philox_offset;
+
+  // Split-KV plans only (fwd_splitkv writes, fwd_splitkv_combine reads): fp32
+  // partial results in the caller's workspace, see splitkv_workspace.h.
+  float* partial_o;
+  float* partial_lse;
+  int32_t num_splits;
+  int32_t batch;
 };
 
 }  // namespace ckfmha::kernel

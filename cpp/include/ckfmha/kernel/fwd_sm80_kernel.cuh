@@ -10,6 +10,11 @@
 // so a tile's loads have the whole previous tile to land. Key tiles are visited from
 // the last to the first: the ragged end of the sequence and the causal
 // diagonal, the tiles needing a mask, come first.
+//
+// With Traits::kSplitKv the same body is the fwd_splitkv kernel: a CTA per
+// (query tile, split, K/V head, batch), GQA heads packed into the tile rows,
+// keys limited to the split's range and fp32 partials written to the
+// workspace instead of O and LSE (splitkv_rows.cuh).
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
@@ -20,6 +25,7 @@
 #include "ckfmha/kernel/online_softmax.cuh"
 #include "ckfmha/kernel/philox_dropout.cuh"
 #include "ckfmha/kernel/sequence_slice.cuh"
+#include "ckfmha/kernel/splitkv_rows.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
@@ -51,20 +57,28 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   constexpr bool kGroup = Traits::kIsGroupMode;
   using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
 
+  constexpr bool kSplit = Traits::kSplitKv;
   const int tid = threadIdx.x;
+  // Split-KV: blockIdx.y is a K/V head (its query heads are packed into the
+  // rows) and blockIdx.x = split * query tiles + query tile.
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
+  const int m_blocks = kSplit ? int(gridDim.x) / p.num_splits : int(gridDim.x);
+  const int split = kSplit ? int(blockIdx.x) / m_blocks : 0;
   // Under a causal mask later query tiles see more keys: launching them first
   // leaves the short tiles to fill the tail of the grid.
-  const int m_block = Traits::kMask == MaskMode::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x)
-                                                          : int(blockIdx.x);
+  const int m_block = kSplit ? int(blockIdx.x) % m_blocks
+                      : Traits::kMask == MaskMode::kCausal ? m_blocks - 1 - int(blockIdx.x)
+                                                           : int(blockIdx.x);
   const int m_begin = m_block * kBlockM;
   const SequenceSlice seq = locate_sequence<kGroup>(p, batch);
+  const int group = kSplit ? p.head_group : 1;
+  const PackedRows rows{m_begin, group, head * group};
   // Group mode sizes the grid for the longest sequence; skipped sequences
   // keep whatever their outputs held.
-  if (seq.skip || m_begin >= seq.seqlen_q) return;
+  if (seq.skip || m_begin >= seq.seqlen_q * group) return;
 
-  const int head_k = head / p.head_group;
+  const int head_k = kSplit ? head : head / p.head_group;
   const int64_t q_origin = kGroup ? seq.q_token0 * p.q_row_stride : batch * p.q_batch_stride;
   const int64_t o_origin = kGroup ? seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
   const int64_t k_origin = kGroup ? seq.k_token0 * p.k_row_stride : batch * p.k_batch_stride;
@@ -72,8 +86,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   const int64_t v_token_stride = Traits::kVColMajor ? 1 : p.v_row_stride;
   const int64_t v_origin = kGroup ? seq.k_token0 * v_token_stride : batch * p.v_batch_stride;
 
-  auto const* q_base = static_cast<Element const*>(p.q) + q_origin + head * p.q_head_stride +
-                       m_begin * p.q_row_stride;
+  auto const* q_seq = static_cast<Element const*>(p.q) + q_origin;
+  auto const* q_base = q_seq + head * p.q_head_stride + m_begin * p.q_row_stride;
   auto const* k_base = static_cast<Element const*>(p.k) + k_origin + head_k * p.k_head_stride;
   auto const* v_base = static_cast<Element const*>(p.v) + v_origin + head_k * p.v_head_stride;
   auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
@@ -198,10 +212,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // Transformed scores are already log2-domain logits.
   const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;
 
+  // Query positions the tile's rows cover: mask bounds per tile use these.
+  const int q_first = kSplit ? rows.first_query() : m_begin;
+  // (Packed tiles past the last query hold padding rows: leave them out.)
+  const int q_count = kSplit ? min(rows.query_count(kBlockM), seq.seqlen_q - q_first) : kBlockM;
   int n_first, n_last;
-  mask.key_block_range(m_begin, kBlockM, kBlockN, &n_first, &n_last);
-
-  load_rows(qk_load, qk_load_thr.partition_S(gQ), tQsQ, tQcQ, seq.seqlen_q - m_begin);
+  mask.key_block_range(q_first, q_count, kBlockN, &n_first, &n_last);
+  if constexpr (kSplit) {
+    clip_to_split(split, p.num_splits, seq.seqlen_k, kBlockN, &n_first, &n_last);
+    load_packed_rows(tQsQ, tQcQ, rows, q_seq, p.q_head_stride, p.q_row_stride, seq.seqlen_q);
+  } else {
+    load_rows(qk_load, qk_load_thr.partition_S(gQ), tQsQ, tQcQ, seq.seqlen_q - m_begin);
+  }
   if (n_last > n_first) {
     load_k(n_last - 1, 0, std::true_type{});
     if constexpr (Traits::kDoubleBuffered) load_v(n_last - 1, 0, std::true_type{});
@@ -243,7 +265,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
                    in_stage(tSsK, stage, kKElems), k_s2r);
     Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
     if constexpr (Transform::kActive) transform.apply(scores, cS_rows_cols, m_begin, n_begin);
-    if constexpr (kNeedsMask) mask.apply(scores, cS_rows_cols, m_begin, n_begin);
+    if constexpr (kNeedsMask && kSplit) {
+      mask.apply_rows(scores, cS_rows_cols, [&](int r) { return rows.query(r); }, n_begin);
+    } else if constexpr (kNeedsMask) {
+      mask.apply(scores, cS_rows_cols, m_begin, n_begin);
+    }
 
     if constexpr (!Traits::kDoubleBuffered) {
       cp_async_wait<0>();
@@ -267,7 +293,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   };
 
   auto tile_needs_mask = [&](int n_block) {
-    return mask.tile_needs_mask(m_begin, n_block * kBlockN, kBlockM, kBlockN);
+    return mask.tile_needs_mask(q_first, n_block * kBlockN, q_count, kBlockN);
   };
   // Walking backwards, the tiles that cross the end of the keys or the causal
   // diagonal come first, then tiles inside every bound; only a window's left
@@ -290,38 +316,46 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
   softmax.template finalize<Traits::kHasSink>(out, exp2_scale, sink_log2, rescale, lse);
 
-  if constexpr (Traits::kHasLse) {
-    if (p.lse != nullptr) {
-      Tensor cO = mma_thr.partition_C(make_identity_tensor(TileO{}));
-      Tensor cO_rows_cols = make_tensor(cO.data(), accum_as_rows_cols(cO.layout()));
-      float* lse_out = p.lse + (kGroup ? seq.q_token0 : batch * p.lse_batch_stride) +
-                       head * p.lse_head_stride;
-      if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
-        CUTE_UNROLL
-        for (int i = 0; i < kRows; ++i) {
-          int row = m_begin + get<0>(cO_rows_cols(i, 0));
-          if (row < seq.seqlen_q) lse_out[row] = lse[i];
+  if constexpr (kSplit) {
+    Tensor cO = mma_thr.partition_C(make_identity_tensor(TileO{}));
+    Tensor cO_rows_cols = make_tensor(cO.data(), accum_as_rows_cols(cO.layout()));
+    store_split_partials<Traits::kHeadDimV>(p, out, cO_rows_cols, lse, rows, split, batch,
+                                            seq.seqlen_q);
+    cp_async_wait<0>();  // with no visible key the Q load may still be in flight
+  } else {
+    if constexpr (Traits::kHasLse) {
+      if (p.lse != nullptr) {
+        Tensor cO = mma_thr.partition_C(make_identity_tensor(TileO{}));
+        Tensor cO_rows_cols = make_tensor(cO.data(), accum_as_rows_cols(cO.layout()));
+        float* lse_out = p.lse + (kGroup ? seq.q_token0 : batch * p.lse_batch_stride) +
+                         head * p.lse_head_stride;
+        if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
+          CUTE_UNROLL
+          for (int i = 0; i < kRows; ++i) {
+            int row = m_begin + get<0>(cO_rows_cols(i, 0));
+            if (row < seq.seqlen_q) lse_out[row] = lse[i];
+          }
         }
       }
     }
+
+    // Stage O through shared memory (over Q) so global stores are 16 bytes wide.
+    Tensor rO = convert_fragment<Element>(acc_o);
+    auto o_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtom{}, tiled_mma);
+    auto o_r2s_thr = o_r2s.get_thread_slice(tid);
+    Tensor tOrO = o_r2s_thr.retile_S(rO);
+    Tensor tOsO = o_r2s_thr.partition_D(sO);
+    cp_async_wait<0>();  // with no visible key the Q load may still be in flight
+    __syncthreads();
+    copy(o_r2s, tOrO, tOsO);
+    __syncthreads();
+
+    typename Traits::RowsV::Store o_store;
+    auto o_store_thr = o_store.get_thread_slice(tid);
+    Tensor tOgO = o_store_thr.partition_D(gO);
+    Tensor tOcO = o_store_thr.partition_S(make_identity_tensor(TileO{}));
+    store_rows(o_store, o_store_thr.partition_S(sO), tOgO, tOcO, seq.seqlen_q - m_begin);
   }
-
-  // Stage O through shared memory (over Q) so global stores are 16 bytes wide.
-  Tensor rO = convert_fragment<Element>(acc_o);
-  auto o_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtom{}, tiled_mma);
-  auto o_r2s_thr = o_r2s.get_thread_slice(tid);
-  Tensor tOrO = o_r2s_thr.retile_S(rO);
-  Tensor tOsO = o_r2s_thr.partition_D(sO);
-  cp_async_wait<0>();  // with no visible key the Q load may still be in flight
-  __syncthreads();
-  copy(o_r2s, tOrO, tOsO);
-  __syncthreads();
-
-  typename Traits::RowsV::Store o_store;
-  auto o_store_thr = o_store.get_thread_slice(tid);
-  Tensor tOgO = o_store_thr.partition_D(gO);
-  Tensor tOcO = o_store_thr.partition_S(make_identity_tensor(TileO{}));
-  store_rows(o_store, o_store_thr.partition_S(sO), tOgO, tOcO, seq.seqlen_q - m_begin);
 }
 
 }  // namespace ckfmha::kernel

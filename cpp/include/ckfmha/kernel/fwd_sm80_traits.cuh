@@ -47,7 +47,8 @@ struct SmemRows {
 
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
-          bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1>
+          bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1,
+          bool SplitKv = false>
 struct FwdSm80Traits {
   using Element = Element_;
 
@@ -69,6 +70,11 @@ struct FwdSm80Traits {
   // __launch_bounds__ occupancy: ptxas then caps registers per thread at
   // 64K / (kThreads * kMinCtasPerSm), trading spills for resident warps.
   static constexpr int kMinCtasPerSm = MinCtasPerSm;
+  // The fwd_splitkv variant (splitkv_rows.cuh): GQA heads packed into the
+  // tile rows, a key range per split, fp32 partials to the workspace.
+  static constexpr bool kSplitKv = SplitKv;
+  static_assert(!SplitKv || (Bias == BiasMode::kNone && !HasDropout && !HasSink && !VColMajor),
+                "split-KV kernels take masks, soft-cap, LSE, GQA and group mode only");
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,

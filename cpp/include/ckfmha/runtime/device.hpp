@@ -11,5 +11,7 @@ int current_device(int* device);
 int device_arch(int device, int* arch);
 // Arch of the current device, or a NO_DEVICE status.
 int current_device_arch(int* arch);
+// Streaming multiprocessors of the current device.
+int current_device_sm_count(int* count);
 
 }  // namespace ckfmha::runtime

@@ -15,8 +15,18 @@ namespace ckfmha::runtime {
 bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch);
 
 // Empty when `kernel` can run `problem` on `device_arch`, else why not.
+// `family` is the stage asked for: a fwd_splitkv kernel computes the same
+// signature as a fwd one, in the first stage of a split-KV plan.
 std::string reject_reason(ckfmha_kernel_entry const& kernel, ckfmha_fwd_problem const& problem,
-                          int device_arch);
+                          int device_arch, ckfmha_family family = CKFMHA_FAMILY_FWD);
+
+// Family, dtype, mode and head dims match: a cheap test that skips building a
+// reject reason for most of a large registry on every call.
+bool same_shape(ckfmha_kernel_entry const& kernel, ckfmha_fwd_problem const& problem,
+                ckfmha_family family);
+
+// A fwd kernel's preference among those that fit: the narrowest mask kind.
+bool mask_kind_preferred(ckfmha_mask_kind kind, ckfmha_mask mask);
 
 struct Selection {
   bool found = false;

@@ -1,0 +1,59 @@
+// Forward plans: one stage (a fwd kernel) or two (fwd_splitkv, then
+// fwd_splitkv_combine merging its fp32 partials), with the split count and
+// the workspace the second kind needs.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel_entry.h"
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ckfmha::runtime {
+
+// Upper bound on the split count, asked for or chosen.
+constexpr int kMaxSplits = 256;
+
+struct FwdPlan {
+  bool found = false;
+  bool split = false;
+  ckfmha_kernel_entry kernel{};   // the one-stage kernel, or the split stage
+  ckfmha_kernel_entry combine{};  // split plans only
+  int num_splits = 1;             // split plans: the resolved count (>= 1)
+  size_t workspace_bytes = 0;
+  std::string why;  // found: why this plan; else what is missing
+};
+
+// What the planner knows beyond the problem.
+struct PlanContext {
+  int device_arch = 0;
+  int num_sms = 0;
+  // Whether the caller gives a workspace. Without one an automatic plan stays
+  // one-stage (so callers that never heard of workspaces keep working).
+  bool workspace_available = true;
+  // A kernel the caller forces by name, or nullptr.
+  ckfmha_kernel_entry const* forced = nullptr;
+};
+
+FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
+                 ckfmha_fwd_problem const& problem, PlanContext const& context);
+
+// The split count the dispatcher chooses for `split` (a fwd_splitkv kernel)
+// when the problem leaves num_splits at 0 (the wave model in fwd_plan.cpp).
+int heuristic_num_splits(ckfmha_fwd_problem const& problem, ckfmha_kernel_entry const& split,
+                         int device_arch, int num_sms);
+
+// CTAs of `split` one SM holds at once, estimated from its shared memory,
+// threads and a worst-case 255 registers per thread.
+int resident_ctas_per_sm(ckfmha_kernel_entry const& split, int device_arch);
+
+// The SM count assumed for `arch` when no device of that arch is present.
+int reference_sm_count(int arch);
+
+// explain_fwd's one-stage listing plus the plan and every split-KV kernel's
+// fit or rejection.
+std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
+                             ckfmha_fwd_problem const& problem, PlanContext const& context);
+
+}  // namespace ckfmha::runtime

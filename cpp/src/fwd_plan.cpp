@@ -1,0 +1,332 @@
+#include "ckfmha/runtime/fwd_plan.hpp"
+
+#include "ckfmha/kernel/splitkv_workspace.h"
+#include "ckfmha/runtime/dispatcher.hpp"
+#include "ckfmha/runtime/problem.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <tuple>
+
+namespace ckfmha::runtime {
+
+namespace {
+
+// Automatic split count, a wave model: with `slots` CTAs resident on the GPU
+// at once, S splits of `ctas` query-tile CTAs take about
+//   ceil(ctas * S / slots) waves x (ceil(key_tiles / S) + 1) tile times,
+// the +1 standing for a CTA's prologue and partial write. The smallest S
+// minimising that wins, never with fewer than kMinKeyTilesPerSplit key tiles
+// per split (shorter splits cost more in partial traffic than they win) nor
+// more than kAutoMaxSplits (the combine reads every split's LSE per row).
+constexpr int64_t kMinKeyTilesPerSplit = 2;
+constexpr int64_t kAutoMaxSplits = 128;
+// Decode-shaped: one K/V head's packed query rows (heads sharing it times the
+// query positions) fit one 64-row tile, so the split-KV kernel reads each K/V
+// tile once per group where one-stage kernels read it once per query head
+// into mostly padded 128-row tiles.
+constexpr int64_t kDecodePackedRows = 64;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t packed_rows(ckfmha_fwd_problem const& p) {
+  return int64_t(p.seqlen_q) * (p.nhead_q / p.nhead_k);
+}
+
+std::string combine_reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const& p,
+                                  int device_arch) {
+  std::ostringstream why;
+  if (k.family != CKFMHA_FAMILY_FWD_SPLITKV_COMBINE) {
+    why << "family " << family_name(k.family) << ", the stage needs fwd_splitkv_combine";
+  } else if (!arch_runs_on(k, device_arch)) {
+    why << "built for " << k.arch_name << ", which does not run on sm_" << device_arch;
+  } else if (k.dtype != p.dtype) {
+    why << "dtype " << dtype_name(k.dtype) << ", problem is " << dtype_name(p.dtype);
+  } else if (k.mode != p.mode) {
+    why << "mode " << mode_name(k.mode) << ", problem is " << mode_name(p.mode);
+  } else if (k.hdim_v != p.hdim_v) {
+    why << "hdim_v " << k.hdim_v << ", problem has " << p.hdim_v;
+  }
+  return why.str();
+}
+
+// Among the fitting split kernels: SASS for this exact arch, then the smallest
+// tile_m holding the packed rows (else the largest tile), then the narrowest
+// mask kind, then generator order.
+bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
+                       ckfmha_fwd_problem const& p, int device_arch, ckfmha_kernel_entry* out) {
+  const int64_t rows = packed_rows(p);
+  bool found = false;
+  std::tuple<int, int64_t, int> best{};
+  for (auto const& k : kernels) {
+    if (!same_shape(k, p, CKFMHA_FAMILY_FWD_SPLITKV) ||
+        !reject_reason(k, p, device_arch, CKFMHA_FAMILY_FWD_SPLITKV).empty()) {
+      continue;
+    }
+    int64_t tile_fit = k.tile_m >= rows ? -int64_t(k.tile_m) : int64_t(k.tile_m) - (1 << 20);
+    std::tuple<int, int64_t, int> score{k.arch == device_arch, tile_fit,
+                                        mask_kind_preferred(k.mask, p.mask)};
+    if (!found || score > best) {
+      found = true;
+      best = score;
+      *out = k;
+    }
+  }
+  return found;
+}
+
+bool find_combine(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                  int device_arch, ckfmha_kernel_entry* out) {
+  bool found = false;
+  for (auto const& k : kernels) {
+    if (k.family != CKFMHA_FAMILY_FWD_SPLITKV_COMBINE || k.hdim_v != p.hdim_v ||
+        !combine_reject_reason(k, p, device_arch).empty()) {
+      continue;
+    }
+    if (!found || (k.arch == device_arch && out->arch != device_arch)) *out = k;
+    found = true;
+  }
+  return found;
+}
+
+// Why no split-KV plan exists: the first reasons of the split kernels of this
+// dtype, or that none is registered.
+std::string why_no_split(std::vector<ckfmha_kernel_entry> const& kernels,
+                         ckfmha_fwd_problem const& p, int device_arch, bool have_split) {
+  std::ostringstream why;
+  if (have_split) {
+    why << "no fwd_splitkv_combine kernel fits (" << dtype_name(p.dtype) << " "
+        << mode_name(p.mode) << " hdim_v=" << p.hdim_v << ")";
+    return why.str();
+  }
+  why << "no fwd_splitkv kernel fits";
+  // Kernels of the problem's dtype, mode and head dims first: their reasons
+  // name the feature that is missing.
+  int shown = 0;
+  for (bool same_shape : {true, false}) {
+    for (auto const& k : kernels) {
+      if (k.family != CKFMHA_FAMILY_FWD_SPLITKV || !arch_runs_on(k, device_arch)) continue;
+      bool matches = k.dtype == p.dtype && k.mode == p.mode && k.hdim_q == p.hdim_q &&
+                     k.hdim_v == p.hdim_v;
+      if (matches != same_shape || shown == 3) continue;
+      why << (shown++ == 0 ? ": " : "; ") << k.name << ": "
+          << reject_reason(k, p, device_arch, CKFMHA_FAMILY_FWD_SPLITKV);
+    }
+  }
+  if (shown == 0) {
+    why << ": none is registered for sm_" << device_arch
+        << " (split-KV covers fp16/bf16, head dims 64 and 128, masks, soft-cap, LSE, GQA and "
+           "group mode)";
+  }
+  return why.str();
+}
+
+FwdPlan one_stage(ckfmha_kernel_entry const& kernel, std::string why) {
+  FwdPlan plan;
+  plan.found = true;
+  plan.kernel = kernel;
+  plan.why = std::move(why);
+  return plan;
+}
+
+FwdPlan not_found(std::string why) {
+  FwdPlan plan;
+  plan.why = std::move(why);
+  return plan;
+}
+
+FwdPlan split_plan(ckfmha_kernel_entry const& split, ckfmha_kernel_entry const& combine,
+                   ckfmha_fwd_problem const& p, int num_splits, std::string why) {
+  const int64_t m_blocks = ceil_div(packed_rows(p), split.tile_m);
+  if (m_blocks * num_splits > INT32_MAX) {
+    std::ostringstream msg;
+    msg << "a split-KV grid of " << m_blocks << " query tiles x " << num_splits
+        << " splits exceeds 2^31 - 1 CTAs; ask for fewer splits";
+    return not_found(msg.str());
+  }
+  FwdPlan plan;
+  plan.found = true;
+  plan.split = true;
+  plan.kernel = split;
+  plan.combine = combine;
+  plan.num_splits = num_splits;
+  plan.workspace_bytes = size_t(kernel::splitkv_workspace(p, num_splits).bytes);
+  plan.why = std::move(why);
+  return plan;
+}
+
+FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                    PlanContext const& context) {
+  ckfmha_kernel_entry const& k = *context.forced;
+  const std::string name = k.name;
+  if (k.family == CKFMHA_FAMILY_FWD) {
+    if (p.num_splits > 1) {
+      return not_found("kernel " + name + " is a one-stage fwd kernel, but num_splits=" +
+                       std::to_string(p.num_splits) +
+                       " asks for a split-KV plan; force a fwd_splitkv kernel or set num_splits "
+                       "to 0 or 1");
+    }
+    std::string why = reject_reason(k, p, context.device_arch);
+    if (!why.empty()) return not_found("kernel " + name + " cannot run this problem: " + why);
+    return one_stage(k, "kernel forced by name");
+  }
+  if (k.family != CKFMHA_FAMILY_FWD_SPLITKV) {
+    return not_found("kernel " + name + " is a " + family_name(k.family) +
+                     " kernel; force a fwd or fwd_splitkv kernel");
+  }
+  std::string why = reject_reason(k, p, context.device_arch, CKFMHA_FAMILY_FWD_SPLITKV);
+  if (!why.empty()) return not_found("kernel " + name + " cannot run this problem: " + why);
+  ckfmha_kernel_entry combine{};
+  if (!find_combine(kernels, p, context.device_arch, &combine)) {
+    return not_found(why_no_split(kernels, p, context.device_arch, true));
+  }
+  int splits = p.num_splits > 0
+                   ? p.num_splits
+                   : heuristic_num_splits(p, k, context.device_arch, context.num_sms);
+  return split_plan(k, combine, p, splits,
+                    "split kernel forced by name, num_splits=" + std::to_string(splits) +
+                        (p.num_splits > 0 ? " as asked" : " by the heuristic"));
+}
+
+}  // namespace
+
+int reference_sm_count(int arch) {
+  switch (arch) {
+    case 86: return 84;    // RTX A6000 class
+    case 89: return 128;   // RTX 4090 class
+    case 90: return 132;   // H100 SXM
+    default: return 108;   // A100
+  }
+}
+
+int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
+  // Shared memory per SM and resident threads per SM of each arch.
+  const int64_t smem_per_sm = device_arch >= 90                       ? 228 * 1024
+                              : device_arch == 80 || device_arch == 87 ? 164 * 1024
+                                                                       : 100 * 1024;
+  const int64_t threads_per_sm = device_arch == 86 || device_arch == 89 ? 1536 : 2048;
+  const int64_t threads = int64_t(k.warps) * 32;
+  const int64_t elem = 2;  // split-KV runs fp16/bf16
+  // As the sm80 template lays it out: Q (O staged over it) and the K/V stages,
+  // plus the 1 KiB the hardware reserves per CTA.
+  const int64_t smem = elem * (int64_t(k.tile_m) * std::max(k.hdim_q, k.hdim_v) +
+                               int64_t(k.stages) * k.tile_n * (k.hdim_q + k.hdim_v)) +
+                       1024;
+  const int64_t by_registers = 65536 / (threads * 256);
+  int64_t resident = std::min({smem_per_sm / smem, threads_per_sm / threads, by_registers});
+  return int(std::max<int64_t>(resident, 1));
+}
+
+int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& split,
+                         int device_arch, int num_sms) {
+  const int64_t ctas = ceil_div(packed_rows(p), split.tile_m) * p.nhead_k * p.batch;
+  const int64_t slots = int64_t(std::max(num_sms, 1)) * resident_ctas_per_sm(split, device_arch);
+  const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
+  const int64_t max_splits =
+      std::clamp<int64_t>(key_tiles / kMinKeyTilesPerSplit, 1, kAutoMaxSplits);
+  int64_t best = 1, best_time = INT64_MAX;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t time = ceil_div(ctas * s, slots) * (ceil_div(key_tiles, s) + 1);
+    if (time < best_time) {
+      best = s;
+      best_time = time;
+    }
+  }
+  return int(best);
+}
+
+FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                 PlanContext const& context) {
+  if (context.forced != nullptr) return plan_forced(kernels, p, context);
+  const int arch = context.device_arch;
+  Selection one = select_fwd(kernels, p, arch);
+  if (p.num_splits == 1) {
+    if (!one.found) return not_found(one.why_none);
+    return one_stage(one.kernel, "num_splits=1 asks for one stage");
+  }
+  ckfmha_kernel_entry split{}, combine{};
+  const bool have_split = find_split_kernel(kernels, p, arch, &split);
+  const bool have_combine = have_split && find_combine(kernels, p, arch, &combine);
+  if (p.num_splits > 1) {
+    if (!have_combine) {
+      return not_found("num_splits=" + std::to_string(p.num_splits) +
+                       " asks for a split-KV plan, but " +
+                       why_no_split(kernels, p, arch, have_split));
+    }
+    return split_plan(split, combine, p, p.num_splits,
+                      "num_splits=" + std::to_string(p.num_splits) + " as asked");
+  }
+
+  std::string stay;  // why an automatic plan stays one-stage
+  if (!have_combine) {
+    stay = why_no_split(kernels, p, arch, have_split);
+  } else if (!context.workspace_available) {
+    stay = "no workspace given (a split-KV plan needs ckfmha_fwd_workspace_size bytes)";
+  } else {
+    const int splits = heuristic_num_splits(p, split, context.device_arch, context.num_sms);
+    const bool decode = packed_rows(p) <= kDecodePackedRows;
+    const int64_t one_stage_ctas =
+        one.found ? ceil_div(p.seqlen_q, one.kernel.tile_m) * p.nhead_q * p.batch : 0;
+    const bool underfilled = splits > 1 && one_stage_ctas < context.num_sms;
+    std::ostringstream why;
+    if (decode || underfilled || !one.found) {
+      if (decode) {
+        why << "decode-shaped: " << packed_rows(p) << " packed query rows per K/V head (<= "
+            << kDecodePackedRows << ") share one tile and one read of K/V";
+      } else if (underfilled) {
+        why << "the one-stage grid of " << one_stage_ctas << " CTAs leaves SMs of "
+            << context.num_sms << " idle";
+      } else {
+        why << "no one-stage kernel fits";
+      }
+      why << "; num_splits=" << splits << " by the wave model ("
+          << resident_ctas_per_sm(split, arch) << " resident CTAs per SM, >= "
+          << kMinKeyTilesPerSplit << " key tiles per split, <= " << kAutoMaxSplits << ")";
+      return split_plan(split, combine, p, splits, why.str());
+    }
+    why << "the one-stage grid of " << one_stage_ctas << " CTAs fills " << context.num_sms
+        << " SMs and " << packed_rows(p) << " packed rows per K/V head are not decode-shaped";
+    stay = why.str();
+  }
+  if (!one.found) return not_found(one.why_none + " Split-KV: " + stay + ".");
+  return one_stage(one.kernel, stay);
+}
+
+std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
+                             ckfmha_fwd_problem const& p, PlanContext const& context) {
+  std::ostringstream out;
+  out << explain_fwd(kernels, p, context.device_arch);
+  FwdPlan plan = plan_fwd(kernels, p, context);
+  for (auto const& k : kernels) {
+    std::string why;
+    if (k.family == CKFMHA_FAMILY_FWD_SPLITKV) {
+      why = reject_reason(k, p, context.device_arch, CKFMHA_FAMILY_FWD_SPLITKV);
+    } else if (k.family == CKFMHA_FAMILY_FWD_SPLITKV_COMBINE) {
+      why = combine_reject_reason(k, p, context.device_arch);
+    } else {
+      continue;
+    }
+    bool selected = plan.found && plan.split &&
+                    (std::string(plan.kernel.name) == k.name ||
+                     std::string(plan.combine.name) == k.name);
+    if (why.empty()) {
+      out << (selected ? "  selected  " : "  fits      ") << k.name << "\n";
+    } else {
+      out << "  rejected  " << k.name << ": " << why << "\n";
+    }
+  }
+  out << "plan: ";
+  if (!plan.found) {
+    out << "none: " << plan.why << "\n";
+  } else if (plan.split) {
+    out << "split-KV, " << plan.kernel.name << " then " << plan.combine.name
+        << ", num_splits=" << plan.num_splits << ", workspace " << plan.workspace_bytes
+        << " bytes (" << context.num_sms << " SMs): " << plan.why << "\n";
+  } else {
+    out << "one-stage, " << plan.kernel.name << ": " << plan.why << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ckfmha::runtime
