@@ -20,3 +20,19 @@ class Dispatcher:
     def explain(
         self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
     ) -> str: ...
+    def select_bwd(
+        self,
+        problem: FwdProblem | None = None,
+        *,
+        arch: int | str | None = None,
+        deterministic: bool = False,
+        **fields: Any,
+    ) -> tuple[str, str, str]: ...
+    def explain_bwd(
+        self,
+        problem: FwdProblem | None = None,
+        *,
+        arch: int | str | None = None,
+        deterministic: bool = False,
+        **fields: Any,
+    ) -> str: ...

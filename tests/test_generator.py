@@ -76,17 +76,26 @@ def test_every_listed_tile_is_valid() -> None:
         selection = select(get_receipt("full"), specs[arch])
         # The sm80 template takes every signature of the full set.
         sm80 = [r for r in selection.rejected if r.pipeline == "sm80_cpasync_mma"]
-        assert sm80 == [], [r.reasons for r in sm80]
+        # Backward head dims whose tiles do not fit an arch's shared memory have no table
+        # there (d256 on the 99 KiB arches): the only sm80 rejections allowed.
+        missing_table = [
+            r for r in sm80
+            if r.algorithm is None and r.signature.family == "bwd_dq_dk_dv"
+            and (r.signature.hdim_q, r.signature.hdim_v)
+            not in specs[arch].hdims_for("bwd_dq_dk_dv", "sm80_cpasync_mma")
+        ]  # fmt: skip
+        assert [r for r in sm80 if r not in missing_table] == [], [r.reasons for r in sm80]
         # Templates with fewer features reject some signatures, but each listed tile must
         # build for at least one.
         built = {(c.algorithm.pipeline, c.signature.hdim_q, c.signature.hdim_v, c.algorithm.tile_m,
                   c.algorithm.tile_n, c.algorithm.warps, c.algorithm.stages)
                  for c in selection.accepted}
-        for pipeline, by_hdim in specs[arch].tiles["fwd"].items():
-            for (hdim_q, hdim_v), tiles in by_hdim.items():
-                for t in tiles:
-                    key = (pipeline, hdim_q, hdim_v, t.tile_m, t.tile_n, t.warps, t.stages)
-                    assert key in built, f"{arch}: no kernel builds with {key}"
+        for family in ("fwd", "bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"):
+            for pipeline, by_hdim in specs[arch].tiles[family].items():
+                for (hdim_q, hdim_v), tiles in by_hdim.items():
+                    for t in tiles:
+                        key = (pipeline, hdim_q, hdim_v, t.tile_m, t.tile_n, t.warps, t.stages)
+                        assert key in built, f"{arch}: no {family} kernel builds with {key}"
 
 
 # ---- receipts and names ----
@@ -157,6 +166,12 @@ def test_ci_names_are_stable() -> None:
         f"fwd_fp16_batch_d64x64_causal_alibi_lse_drop{tail}m128n64k64_w4s1",
         f"fwd_bf16_batch_d192x128_none_lse_softcap_sink{tail}m128n64k192_w4s1",
         f"fwd_fp16_group_d64x64_causal_lse_vcol{tail}m128n64k64_w4s1",
+        f"bwd_dot_do_o_bf16_batch_d128{tail}m64k128_w4s1",
+        f"bwd_dq_dk_dv_bf16_batch_d128x128_causal{tail}m64n128k128_w8s2",
+        f"bwd_convert_dq_bf16_batch_d128{tail}m64k128_w4s1",
+        f"bwd_dot_do_o_fp16_group_d64{tail}m64k64_w4s1",
+        f"bwd_dq_dk_dv_fp16_group_d64x64_window{tail}m128n128k64_w8s2",
+        f"bwd_convert_dq_fp16_group_d64{tail}m64k64_w4s1",
         "fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_80_simt_fma_m64n64k64_w4s1",
     ]
 
@@ -168,7 +183,11 @@ def test_receipt_sizes(arch: str) -> None:
     # sm_90a adds the Hopper template for the plain batch-mode signatures at d64/d128/d256:
     # 4 of ci, fp16/bf16 x 3 head dims x 3 masks of default, and those with and without LSE.
     hopper = {"ci": 4, "default": 18, "full": 36} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
-    assert sizes["ci"] == 9 + hopper["ci"]
+    # Two backward plans of three stages each.
+    assert sizes["ci"] == 9 + hopper["ci"] + 6
+    bwd_default, bwd_full = _bwd_sizes(specs[arch])
+    sizes = {name: size - (bwd_full if name == "full" else bwd_default if name == "default" else 6)
+             for name, size in sizes.items()}  # fmt: skip
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
@@ -188,6 +207,28 @@ def test_receipt_sizes(arch: str) -> None:
         2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch]) + fp32
         + hopper["full"]
     )
+
+
+def _bwd_sizes(arch: object) -> tuple[int, int]:
+    """Backward kernels of the default and full sets on an arch, from its tile tables: every
+    mask x mode at d64/d128 and none/causal in batch mode at the other head dims (for head
+    dims with a table), plus one row-wise kernel per (dtype, mode, head dim) they need."""
+    tables = arch.tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]  # type: ignore[attr-defined]
+    main = [((64, 64), 6), ((128, 128), 6)]
+    main += [(h, 2) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
+    default = sum(2 * n for h, n in main if h in tables)
+    full = sum(2 * n * len(tables[h]) for h, n in main if h in tables)
+    # dot_do_o over hdim_v: d64/d128 x 2 modes + 32/96/256 batch; convert_dq over hdim_q:
+    # d64/d128 x 2 modes + 32/96/192/256 batch; x 2 dtypes.
+    rowwise = 2 * (4 + 3) + 2 * (4 + 4)
+    return default + rowwise, full + rowwise
+
+
+def test_bwd_plans_share_their_rowwise_stages() -> None:
+    receipt = get_receipt("default")
+    names = [s.name for s in receipt.signatures]
+    assert len(names) == len(set(names))
+    assert "bwd_dot_do_o_bf16_batch_d128" in names and "bwd_convert_dq_fp16_batch_d192" in names
 
 
 def test_names_unique_stable_and_valid() -> None:
@@ -214,8 +255,9 @@ def test_filter_selects_by_regex() -> None:
     )
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
-    # ... and the causal column-major-V kernels at d64/d128 in batch and group mode.
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2
+    # ... and the causal column-major-V kernels at d64/d128 in batch and group mode, and the
+    # causal backward kernels: 6 head dims in batch mode, d64/d128 in group mode.
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 6 + 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -424,14 +466,15 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    assert len(names) == 9 + 9 + 4  # sm_80, sm_90a and the Hopper template on sm_90a
+    # sm_80, sm_90a and the Hopper template on sm_90a, plus two backward plans per arch
+    assert len(names) == 9 + 9 + 4 + 2 * 6
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 27
+    assert len(result.stdout.split()) == 3 * (9 + 6)
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -452,14 +495,15 @@ def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
 def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    instances = sorted(tmp_path.glob("*.cu"))
+    instances = sorted(tmp_path.glob("fwd_*.cu"))
     assert len(instances) == 13
+    assert len(list(tmp_path.glob("bwd_*.cu"))) == 6
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 13" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 19" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -467,8 +511,8 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 13
-    assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
+    assert len(manifest["kernels"]) == 19
+    assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 
 def test_cli_table_symbol(tmp_path: Path) -> None:
@@ -642,7 +686,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 9 + 3
+    assert first.written == 9 + 6 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -683,9 +727,10 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n", e.name,
-                e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias, e.has_lse,
-                e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major, e.arch, e.arch_name,
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+                e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
+                e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
+                e.has_dbias, e.arch, e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr));
@@ -715,9 +760,10 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"3 {len(configs)}"
+    assert lines[0] == f"4 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
+        "family": {"fwd": 0, "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7, "bwd_convert_dq": 8},
         "mask": {"none": 0, "causal": 1, "window": 2},
         "bias": {"none": 0, "elementwise": 1, "alibi": 2},
         "dtype": {"fp16": 0, "bf16": 1, "fp32": 2},
@@ -725,9 +771,10 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     for i, (line, config) in enumerate(zip(lines[1:], configs)):
         sig, alg = config.signature, config.algorithm
         expected = [
-            config.name, 0, enums["dtype"][sig.dtype], enums["mode"][sig.mode], sig.hdim_q,
-            sig.hdim_v, enums["mask"][sig.mask], enums["bias"][sig.bias], int(sig.lse),
-            int(sig.dropout), int(sig.softcap), int(sig.sink), int(sig.v_col_major),
+            config.name, enums["family"][sig.family], enums["dtype"][sig.dtype],
+            enums["mode"][sig.mode], sig.hdim_q, sig.hdim_v, enums["mask"][sig.mask],
+            enums["bias"][sig.bias], int(sig.lse), int(sig.dropout), int(sig.softcap),
+            int(sig.sink), int(sig.v_col_major), int(getattr(sig, "dbias", False)),
             specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip

@@ -26,11 +26,12 @@ struct LogitTransform {
   int seqlen_q;
   int seqlen_k;
 
-  // This (batch, head)'s transform for one sequence; every forward kernel
-  // builds it the same way.
-  __device__ __forceinline__ static LogitTransform for_sequence(FwdParams const& p,
-                                                                 int seqlen_q, int seqlen_k,
-                                                                 int batch, int head) {
+  // This (batch, head)'s transform for one sequence; every kernel builds it
+  // the same way. Params: FwdParams or BwdParams.
+  template <class Params>
+  __device__ __forceinline__ static LogitTransform for_sequence(Params const& p, int seqlen_q,
+                                                                 int seqlen_k, int batch,
+                                                                 int head) {
     LogitTransform t{};
     if constexpr (kActive) {
       t.scale = p.scale;
