@@ -15,7 +15,7 @@ import pytest
 from generator import emit, rules
 from generator.enumerate import select, select_for_arches
 from generator.receipts import RECEIPTS, compile_filter, get_receipt
-from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
 from generator.specs import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -779,3 +779,96 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]
+
+
+# ---- backward families ----
+
+
+def _bwd_config(arch: str = "sm_90a", **changes: object) -> KernelConfig:
+    """A valid bwd_dq_dk_dv config (bf16 d128 causal, 64x128, 8 warps, 2 stages)."""
+    sig = BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 128, 128, "causal")
+    alg = Algorithm(arch, "sm80_cpasync_mma", tile_m=64, tile_n=128, tile_k=128, warps=8, stages=2)
+    sig_fields = {k: v for k, v in changes.items() if hasattr(sig, k) and k != "name"}
+    alg_fields = {k: v for k, v in changes.items() if k not in sig_fields}
+    return KernelConfig(replace(sig, **sig_fields), replace(alg, **alg_fields))
+
+
+def _bwd_reasons(arch: str = "sm_90a", **changes: object) -> str:
+    return "\n".join(rules.check(_bwd_config(arch, **changes), load_specs()[arch]))
+
+
+def test_valid_bwd_config_has_no_reasons() -> None:
+    assert _bwd_reasons() == ""
+    assert _bwd_reasons("sm_80") == ""
+    rowwise = KernelConfig(
+        BwdSignature("bwd_dot_do_o", "fp16", "group", 96, 96),
+        Algorithm("sm_86", "sm80_cpasync_mma", tile_m=64, tile_n=0, tile_k=96, warps=4, stages=1),
+    )
+    assert rules.check(rowwise, load_specs()["sm_86"]) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"tile_n": 48}, r"tile_n=48 is not a positive multiple of 32"),
+        ({"stages": 3}, r"stages=3 is not supported; .* Q and dO in 1 or 2"),
+        ({"tile_m": 128, "tile_n": 128},
+         r"shared memory 262144 bytes \(2 x \(Q 128x128 \+ dO 128x128\)"),
+        ({"tile_m": 128, "tile_n": 128, "stages": 1},
+         r"estimated 256 accumulator registers per thread"),
+        ({"warps": 3}, r"no grid of 3 warps tiles S = Q K\^T"),
+        ({"dropout": True, "softcap": True},
+         r"dropout, softcap not implemented by the sm80_cpasync_mma backward yet"),
+        ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
+        ({"pipeline": "sm90_tma_wgmma"}, r"has no bwd_dq_dk_dv template; bwd_dq_dk_dv runs on"),
+        ({"tile_m": 32, "tile_n": 32, "warps": 8},
+         r"no grid of 8 warps tiles S = Q K\^T and dP = dO V\^T \(32x32\)"),
+    ],
+)
+def test_bwd_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
+    assert re.search(expected, _bwd_reasons(**changes)), _bwd_reasons(**changes)
+
+
+def test_bwd_smem_formula_matches_the_traits() -> None:
+    # BwdSm80Traits::kSmemBytes: Q and dO stages, then K, V, P and dS (bf16).
+    assert rules.bwd_sm80_smem_bytes(128, 128, 64, 128, 2) == 2 * (
+        2 * 64 * 256 + 128 * 256 + 2 * 64 * 128
+    )
+
+
+def test_squarest_warp_grid_matches_flash_attention_layouts() -> None:
+    # FlashAttention-2's d128 backward (64x128, 8 warps): S/dP 2x4, dQ 2x4; d64 (128x128)
+    # dK/dV 4x2; perimeter ties keep the first (fewest warps along M).
+    assert rules.squarest_warps_m(64, 128, 8) == 2
+    assert rules.squarest_warps_m(128, 64, 8) == 4
+    assert rules.squarest_warps_m(128, 128, 8) == 2
+    assert rules.squarest_warps_m(32, 32, 8) == 0
+
+
+def test_bwd_instances_render_their_templates() -> None:
+    config = _bwd_config(mode="group", mask="window")
+    assert config.name == (
+        "bwd_dq_dk_dv_bf16_group_d128x128_window__sm_90a_sm80_cpasync_mma_m64n128k128_w8s2"
+    )
+    text = emit.render_instance(config)
+    assert '#include "ckfmha/kernel/bwd_sm80_launch.cuh"' in text
+    assert "ckfmha::kernel::BwdSm80Traits<cutlass::bfloat16_t, /*HeadDimQK=*/128" in text
+    assert "/*BlockM=*/64, /*BlockN=*/128, /*Warps=*/8, /*Stages=*/2" in text
+    assert "ckfmha::kernel::MaskMode::kWindow, ckfmha::kernel::BiasMode::kNone" in text
+    assert "/*HasDbias=*/false, /*IsGroupMode=*/true>;" in text
+    assert "launch_bwd_dq_dk_dv_sm80<Traits>(problem, args, stream)" in text
+    rowwise = KernelConfig(
+        BwdSignature("bwd_convert_dq", "fp16", "batch", 192, 192),
+        Algorithm("sm_80", "sm80_cpasync_mma", tile_m=64, tile_n=0, tile_k=192, warps=4, stages=1),
+    )
+    assert rowwise.name == "bwd_convert_dq_fp16_batch_d192__sm_80_sm80_cpasync_mma_m64k192_w4s1"
+    text = emit.render_instance(rowwise)
+    assert "BwdRowwiseTraits<cutlass::half_t, /*HeadDim=*/192, /*BlockM=*/64" in text
+    assert "launch_bwd_convert_dq<Traits>" in text
+
+
+def test_bwd_feature_tokens_appear_only_when_on() -> None:
+    sig = BwdSignature("bwd_dq_dk_dv", "fp16", "batch", 64, 64, "none", bias="elementwise",
+                       dropout=True, softcap=True, dbias=True)  # fmt: skip
+    assert sig.name == "bwd_dq_dk_dv_fp16_batch_d64x64_none_bias_drop_softcap_dbias"
+    assert not sig.lse and not sig.sink and not sig.v_col_major

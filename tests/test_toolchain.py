@@ -92,7 +92,8 @@ def test_env_rejects_bad_jobs(jobs: str) -> None:
 
 def test_selection_from_env_config() -> None:
     selection = build.select_from_config(from_env({"CKFMHA_KERNELS": "ci"}))
-    assert len(selection.accepted) == 9 + 9 + 4  # sm_80, sm_90a, and sm_90a's Hopper kernels
+    # sm_80, sm_90a, sm_90a's Hopper kernels, and two backward plans of three stages per arch
+    assert len(selection.accepted) == 9 + 9 + 4 + 2 * 6
 
 
 # ---- discovery ----
@@ -314,6 +315,7 @@ class KernelEntry(ctypes.Structure):
         ("has_softcap", ctypes.c_int32),
         ("has_sink", ctypes.c_int32),
         ("v_col_major", ctypes.c_int32),
+        ("has_dbias", ctypes.c_int32),
         ("arch", ctypes.c_int32),
         ("arch_name", ctypes.c_char_p),
         ("pipeline", ctypes.c_char_p),
@@ -387,7 +389,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (3, len(kernels))
+    assert (table.abi_version, table.count) == (4, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}
