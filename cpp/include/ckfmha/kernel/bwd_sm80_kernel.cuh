@@ -222,13 +222,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     const int m_count = m_last - m_first;
     const int iters = m_count * group;
 
-    // Query tile `it` of this key tile: head head_begin + it / m_count, rows
-    // starting at (m_first + it % m_count) * kBlockM.
-    auto tile_head = [&](int it) { return it / m_count; };
-    auto tile_row = [&](int it) { return (m_first + it % m_count) * kBlockM; };
-    auto load_q_do = [&](int it, int stage) {
-      const int h = tile_head(it);
-      const int m_begin = tile_row(it);
+    // Query tiles are visited head by head (head_begin + h), each over the row
+    // blocks [m_first, m_last); (h, m_block) advance together with a flat
+    // counter `it` (whose parity picks the stage), never by division.
+    auto load_q_do = [&](int h, int m_block, int stage) {
+      const int m_begin = m_block * kBlockM;
       Tensor src_q = make_tensor(
           tQgQ0.data() + (int64_t(h) * p.q_head_stride + int64_t(m_begin) * p.q_row_stride),
           tQgQ0.layout());
@@ -237,8 +235,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
           tdOgdO0.layout());
       Tensor dst_q = in_stage(tQsQ, stage, kQElems);
       Tensor dst_do = in_stage(tdOsdO, stage, kdOElems);
-      load_rows(qk_load, src_q, dst_q, tQcQ, seq.seqlen_q - m_begin);
-      load_rows(v_load, src_do, dst_do, tdOcdO, seq.seqlen_q - m_begin);
+      const int rows_left = seq.seqlen_q - m_begin;
+      if (rows_left >= kBlockM) {  // uniform over the CTA: whole tiles skip the predicates
+        copy(qk_load, src_q, dst_q);
+        copy(v_load, src_do, dst_do);
+      } else {
+        load_rows(qk_load, src_q, dst_q, tQcQ, rows_left);
+        load_rows(v_load, src_do, dst_do, tdOcdO, rows_left);
+      }
     };
 
     // The previous key tile staged dK and dV over K and V.
@@ -251,20 +255,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       load_rows(qk_load, qk_load_thr.partition_S(gK), tKsK, tKcK, seq.seqlen_k - n_begin);
       load_rows(v_load, v_load_thr.partition_S(gV), tVsV, tVcV, seq.seqlen_k - n_begin);
     }
-    if (iters > 0) load_q_do(0, 0);
+    if (iters > 0) load_q_do(0, m_first, 0);
     cp_async_fence();
     clear(acc_dk);
     clear(acc_dv);
 
-    auto process_tile = [&](int it, auto needs_mask) __attribute__((always_inline)) {
+    // Tile `it` is (h, m_block); (next_h, next_m) is the one after it, if any.
+    auto process_tile = [&](int it, int h, int m_block, int next_h, int next_m,
+                            auto needs_mask) __attribute__((always_inline)) {
       constexpr bool kNeedsMask = decltype(needs_mask)::value;
-      const int h = tile_head(it);
-      const int m_begin = tile_row(it);
+      const int m_begin = m_block * kBlockM;
       const int stage = kDoubleBuffered ? (it & 1) : 0;
       if constexpr (!kDoubleBuffered) {
         if (it > 0) {
           __syncthreads();  // every warp is done with the previous Q, dO, P and dS
-          load_q_do(it, 0);
+          load_q_do(h, m_block, 0);
           cp_async_fence();
         }
       }
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       __syncthreads();
       if constexpr (kDoubleBuffered) {
         if (it + 1 < iters) {
-          load_q_do(it + 1, stage ^ 1);
+          load_q_do(next_h, next_m, stage ^ 1);
           cp_async_fence();
         }
       }
@@ -381,14 +386,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       }
     };
 
-    for (int it = 0; it < iters; ++it) {
-      const bool needs_mask =
-          mask.tile_needs_mask(tile_row(it), n_begin, kBlockM, kBlockN);
-      if (needs_mask) {
-        process_tile(it, std::true_type{});
-      } else {
-        process_tile(it, std::false_type{});
+    for (int it = 0, h = 0, m_block = m_first; it < iters; ++it) {
+      int next_h = h, next_m = m_block + 1;
+      if (next_m == m_last) {
+        next_m = m_first;
+        ++next_h;
       }
+      if (mask.tile_needs_mask(m_block * kBlockM, n_begin, kBlockM, kBlockN)) {
+        process_tile(it, h, m_block, next_h, next_m, std::true_type{});
+      } else {
+        process_tile(it, h, m_block, next_h, next_m, std::false_type{});
+      }
+      h = next_h;
+      m_block = next_m;
     }
 
     // ---- epilogue: dK (scaled) and dV through shared memory, over K and V
