@@ -151,6 +151,20 @@ def _bwd_signatures() -> tuple[BwdSignature, ...]:
             DTYPES, [h for h in HDIMS if h not in FEATURE_HDIMS], ("none", "causal")
         )
     ]
+    # Features (recomputed logits and the forward's dropout stream) at d64/d128: each bias
+    # kind, soft-cap and dropout, alone and together, over the masks and both modes.
+    feature_combos = (
+        ("causal", "batch", {"bias": "alibi"}),
+        ("none", "batch", {"bias": "elementwise", "softcap": True}),
+        ("window", "batch", {"dropout": True}),
+        ("causal", "group", {"bias": "alibi", "dropout": True, "softcap": True}),
+    )
+    plans += [
+        _bwd_plan(dtype, hdims, mask, mode, **features)
+        for dtype, hdims, (mask, mode, features) in itertools.product(
+            DTYPES, FEATURE_HDIMS, feature_combos
+        )
+    ]
     # Plans share their row-wise stages; each signature appears once.
     return tuple(dict.fromkeys(sig for plan in plans for sig in plan))
 
@@ -186,7 +200,8 @@ RECEIPTS: dict[str, Receipt] = {
             "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
             "feature combinations; backward plans for {fp16,bf16} x every mask x {batch,group} at "
-            "d64/d128 and no mask or causal at the other head dims; default tiles",
+            "d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
+            "and no mask or causal at the other head dims; default tiles",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
             + _feature_signatures() + _fp32_signatures(full=False) + _bwd_signatures(),
             all_tiles=False,

@@ -317,7 +317,10 @@ BWD_SM80_STAGES = (1, 2)
 # P and dS rows are swizzled in 32- or 64-element chunks like head-dim rows.
 BWD_KEY_TILE_MULTIPLE = 32
 # Features the backward template does not compute yet, with the reason shown to users.
-BWD_UNSUPPORTED_FEATURES = "the sm80 backward covers masks, GQA/MQA and group mode so far"
+BWD_UNSUPPORTED_FEATURES = (
+    "the sm80 backward covers masks, GQA/MQA, group mode, biases (without their gradient), "
+    "soft-cap and dropout"
+)
 
 
 def bwd_sm80_smem_bytes(
@@ -339,19 +342,9 @@ def _sm80_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 backward template (bwd_dq_dk_dv: one CTA per key tile)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
-    unsupported = [
-        name
-        for name, on in (
-            (f"bias {sig.bias!r}", sig.bias != "none"),
-            ("dropout", sig.dropout),
-            ("softcap", sig.softcap),
-            ("dbias", getattr(sig, "dbias", False)),
-        )
-        if on
-    ]
-    if unsupported:
+    if getattr(sig, "dbias", False):
         reasons.append(
-            f"{', '.join(unsupported)} not implemented by the {alg.pipeline} backward yet; "
+            f"dbias is not implemented by the {alg.pipeline} backward yet; "
             f"{BWD_UNSUPPORTED_FEATURES}"
         )
     threads = alg.warps * 32

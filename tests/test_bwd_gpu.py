@@ -18,7 +18,12 @@ import numpy as np
 import pytest
 
 import ckfmha
-from ckfmha.reference import attention_reference, varlen_attention_reference
+from ckfmha.reference import (
+    attention_reference,
+    dropout_keep,
+    philox_dropout_randval,
+    varlen_attention_reference,
+)
 from ckfmha.reference_bwd import (
     attention_backward_reference,
     varlen_attention_backward_reference,
@@ -89,6 +94,36 @@ def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
     return {}
 
 
+def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
+                     sk: int, dtype: Any) -> dict[str, Any]:  # fmt: skip
+    """Bias, ALiBi, soft-cap and dropout as the kernel computes them (the forward's values)."""
+    options: dict[str, Any] = {}
+    if kernel["bias"] == "elementwise":
+        # Broadcast over the batch: a stride-0 axis must work.
+        options["bias"] = inputs.normal((1, hq, sq, sk), dtype).expand(b, hq, sq, sk)
+    elif kernel["bias"] == "alibi":
+        slopes = torch.rand((hq,), generator=inputs.generator) * 0.5 + 0.01
+        options["alibi_slopes"] = slopes.to("cuda")
+    if kernel["softcap"]:
+        options["softcap"] = 2.5
+    if kernel["dropout"]:
+        seed = int(torch.randint(0, 2**62, (1,), generator=inputs.generator)) + 2**40
+        offset = int(torch.randint(0, 2**40, (1,), generator=inputs.generator)) + 2**33
+        options.update(dropout_p=0.3, dropout_seed=seed, dropout_offset=offset)
+    return options
+
+
+def _reference_options(options: dict[str, Any], b: int, hq: int, sq: int,
+                       sk: int) -> dict[str, Any]:  # fmt: skip
+    """The reference's spelling: arrays on the host, the dropout stream as a keep mask."""
+    converted = {k: (_f64(v) if hasattr(v, "detach") else v) for k, v in options.items()}
+    if "dropout_seed" in converted:
+        randval = philox_dropout_randval(converted.pop("dropout_seed"),
+                                         converted.pop("dropout_offset"), b, hq, sq, sk)
+        converted["dropout_keep"] = dropout_keep(randval, converted["dropout_p"])  # fmt: skip
+    return converted
+
+
 def _poisoned_like(t: Any) -> Any:
     return torch.full_like(t, float("nan"))
 
@@ -134,15 +169,17 @@ def _run_batch_case(kernel: dict[str, Any], index: int, sq: int, sk: int, inputs
     v = inputs.normal(shape(hk, sk, dv), dtype)
     do = inputs.normal(shape(hq, sq, dv), dtype)
     scale = 1.0 / math.sqrt(d) * (0.75 if index % 2 else 1.0)
-    options = {**_mask_options(kernel, index), "scale": scale}
-    o, lse = _forward_outputs(q, k, v, dtype, layout=layout, **options)
+    options = {**_mask_options(kernel, index), "scale": scale,
+               **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}  # fmt: skip
+    ref_options = _reference_options(options, b, hq, sq, sk)
+    o, lse = _forward_outputs(q, k, v, dtype, layout=layout, **ref_options)
     dq, dk, dv_ = (_poisoned_like(t) for t in (q, k, v))
     got = ckfmha.bwd(do, q, k, v, o, lse, layout=layout, dq_out=dq, dk_out=dk, dv_out=dv_,
                      kernel=kernel["name"], deterministic=deterministic, **options)
     torch.cuda.synchronize()
     assert got[0].data_ptr() == dq.data_ptr(), "dq_out= must be written in place"
     ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), layout=layout,
-                                       **options)  # fmt: skip
+                                       **ref_options)  # fmt: skip
     what = f"{kernel['name']} case {index} sq={sq} sk={sk} h={hq}/{hk} {layout} {options}"
     _compare(kernel["dtype"], got[0], ref.dq, "dq " + what)
     _compare(kernel["dtype"], got[1], ref.dk, "dk " + what)
@@ -166,8 +203,10 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs,
     k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
     v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
     do = inputs.normal((int(cu_q[-1]), hq, dv), dtype)
-    options = _mask_options(kernel, index)
-    out, lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k, **options)
+    options = {**_mask_options(kernel, index),
+               **_feature_options(kernel, inputs, len(lens_q), hq, max_q, max_k, dtype)}
+    ref_options = _reference_options(options, len(lens_q), hq, max_q, max_k)
+    out, lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k, **ref_options)
     o = torch.from_numpy(np.nan_to_num(out)).to(device="cuda", dtype=dtype)
     lse_t = torch.from_numpy(lse).to(device="cuda", dtype=torch.float32)
     dq, dk, dv_ = (_poisoned_like(t) for t in (q, k, v))
@@ -178,7 +217,7 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs,
     )  # fmt: skip
     torch.cuda.synchronize()
     ref = varlen_attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), cu_q, cu_k,
-                                              **options)  # fmt: skip
+                                              **ref_options)  # fmt: skip
     what = f"{kernel['name']} varlen {index} {options}"
     _compare(kernel["dtype"], got[0], ref.dq, "dq " + what)
     _compare(kernel["dtype"], got[1], ref.dk, "dk " + what)
@@ -206,7 +245,7 @@ def _first(**wanted: Any) -> dict[str, Any]:
 @pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
 @pytest.mark.parametrize("mode", ["batch", "group"])
 def test_deterministic_mode_is_bit_identical_across_runs(mode: str) -> None:
-    kernel = _first(mode=mode)
+    kernel = _first(mode=mode, bias="none", dropout=False, softcap=False)
     dtype = _torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     inputs = Inputs(11)
@@ -253,7 +292,7 @@ def _has_fwd(kernel: dict[str, Any]) -> bool:
 
 @pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
 def test_fast_and_deterministic_modes_agree() -> None:
-    kernel = _first(mode="batch")
+    kernel = _first(mode="batch", bias="none", dropout=False, softcap=False)
     dtype = _torch_dtype(kernel["dtype"])
     inputs = Inputs(12)
     q = inputs.normal((1, 2, 600, kernel["hdim_q"]), dtype)
@@ -271,7 +310,7 @@ def test_fast_and_deterministic_modes_agree() -> None:
 
 @pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
 def test_automatic_selection_numpy_inputs() -> None:
-    kernel = _first(mode="batch", mask="none")
+    kernel = _first(mode="batch", mask="none", bias="none", dropout=False, softcap=False)
     rng = np.random.default_rng()
     np_dtype = np.float16
     if kernel["dtype"] != "fp16":
@@ -297,7 +336,8 @@ def test_unsupported_backward_names_the_missing_stage() -> None:
 
 def _autograd_kernel() -> dict[str, Any]:
     for kernel in KERNELS:
-        if kernel["mode"] == "batch" and kernel["mask"] == "causal" and _has_fwd(kernel):
+        plain = kernel["bias"] == "none" and not kernel["dropout"] and not kernel["softcap"]
+        if kernel["mode"] == "batch" and kernel["mask"] == "causal" and plain and _has_fwd(kernel):
             return kernel
     pytest.skip("no causal batch-mode backward kernel with a matching forward kernel")
 

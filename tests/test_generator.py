@@ -214,7 +214,8 @@ def _bwd_sizes(arch: object) -> tuple[int, int]:
     mask x mode at d64/d128 and none/causal in batch mode at the other head dims (for head
     dims with a table), plus one row-wise kernel per (dtype, mode, head dim) they need."""
     tables = arch.tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]  # type: ignore[attr-defined]
-    main = [((64, 64), 6), ((128, 128), 6)]
+    # Masks x modes at d64/d128, plus four feature combinations there.
+    main = [((64, 64), 6 + 4), ((128, 128), 6 + 4)]
     main += [(h, 2) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
     default = sum(2 * n for h, n in main if h in tables)
     full = sum(2 * n * len(tables[h]) for h, n in main if h in tables)
@@ -256,8 +257,9 @@ def test_filter_selects_by_regex() -> None:
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
     # ... and the causal column-major-V kernels at d64/d128 in batch and group mode, and the
-    # causal backward kernels: 6 head dims in batch mode, d64/d128 in group mode.
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 6 + 2
+    # causal backward kernels: 6 head dims in batch mode, d64/d128 in group mode, and the
+    # causal feature combinations (ALiBi in batch mode, all features in group mode).
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 6 + 2 + 4
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -817,8 +819,8 @@ def test_valid_bwd_config_has_no_reasons() -> None:
         ({"tile_m": 128, "tile_n": 128, "stages": 1},
          r"estimated 256 accumulator registers per thread"),
         ({"warps": 3}, r"no grid of 3 warps tiles S = Q K\^T"),
-        ({"dropout": True, "softcap": True},
-         r"dropout, softcap not implemented by the sm80_cpasync_mma backward yet"),
+        ({"bias": "elementwise", "dbias": True},
+         r"dbias is not implemented by the sm80_cpasync_mma backward yet"),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
         ({"pipeline": "sm90_tma_wgmma"}, r"has no bwd_dq_dk_dv template; bwd_dq_dk_dv runs on"),
         ({"tile_m": 32, "tile_n": 32, "warps": 8},

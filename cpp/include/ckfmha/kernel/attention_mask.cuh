@@ -72,6 +72,16 @@ struct AttentionMask {
     return cut;
   }
 
+  // Is key `col` visible to query `row` (both local to the sequence)? The
+  // element-wise form of apply(), for loops that handle one score at a time.
+  __device__ __forceinline__ bool visible(int row, int col) const {
+    int reach_right = Mode == MaskMode::kCausal ? 0 : right;
+    bool ok = col < seqlen_k;
+    if (has_right()) ok = ok && col <= row + offset + reach_right;
+    if (has_left()) ok = ok && col >= row + offset - left;
+    return ok;
+  }
+
   // scores: (rows, cols) view of the S accumulator; coords: same view of the
   // identity tensor giving each element's (row, col) within the tile.
   template <class Scores, class Coords>

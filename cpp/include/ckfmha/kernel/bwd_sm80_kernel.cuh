@@ -13,6 +13,9 @@
 // atomics (fast mode), or, deterministic, into this CTA's own slice in
 // program order (the CTA then walks key tiles split, split + splits, ...).
 // With two stages the next query tile's Q and dO load under this one's work.
+// Soft-capping, biases (elementwise, ALiBi) and dropout recompute the
+// forward's logits and Philox stream per score; dS then carries the soft-cap's
+// derivative and dP the dropout mask.
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
@@ -21,6 +24,7 @@
 #include "ckfmha/kernel/gemm_pieces.cuh"
 #include "ckfmha/kernel/logit_transform.cuh"
 #include "ckfmha/kernel/online_softmax.cuh"
+#include "ckfmha/kernel/philox_dropout.cuh"
 #include "ckfmha/kernel/sequence_slice.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
@@ -56,6 +60,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   constexpr bool kGroup = Traits::kIsGroupMode;
   constexpr bool kDoubleBuffered = Traits::kStages == 2;
   using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
+  // Kernels with logit transforms or dropout compute P one score at a time.
+  constexpr bool kPerElement = Transform::kActive || Traits::kHasDropout;
 
   const int tid = threadIdx.x;
   const int head_k = blockIdx.y;
@@ -314,27 +320,73 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrQ_view, in_stage(tSsQ, stage, kQElems), sdp_a,
                      tSrK, tSrK_view, tSsK, sdp_b);
       Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
-      if constexpr (kNeedsMask) mask.apply(scores, cS_rows_cols, m_begin, n_begin);
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) {
+      // Set bit (i * cols + j): the forward kept element (i, j) (dropout only).
+      uint64_t kept_bits = ~uint64_t(0);
+      if constexpr (!kPerElement) {
+        if constexpr (kNeedsMask) mask.apply(scores, cS_rows_cols, m_begin, n_begin);
         CUTE_UNROLL
-        for (int j = 0; j < size<1>(scores); ++j) {
-          scores(i, j) = exp2f(scores(i, j) * exp2_scale - lse_log2[i]);
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < size<1>(scores); ++j) {
+            scores(i, j) = exp2f(scores(i, j) * exp2_scale - lse_log2[i]);
+          }
         }
+        // P goes to shared memory while the tensor cores compute dP.
+        Tensor rP = convert_fragment<Element>(acc_s);
+        copy(s_r2s, s_r2s_thr.retile_S(rP), tPsP);
+      } else {
+        // Logit transforms and dropout, one score at a time: shared memory
+        // gets the dropped, rescaled P (the forward's weights of V), and the
+        // registers keep P times the soft-cap's derivative for dS.
+        const int head = head_begin + h;
+        const Transform transform =
+            Transform::for_sequence(p, seq.seqlen_q, seq.seqlen_k, batch, head);
+        if constexpr (Traits::kHasDropout) {
+          // Keys of one thread sit 8 * (warps along N) apart, so each column
+          // pair needs its own Philox block (ColumnGroup 2).
+          kept_bits = PhiloxDropout::for_backward(p, seq.seqlen_q, seq.seqlen_k, batch, head)
+                          .template keep_bits<2>(cS_rows_cols, m_begin, n_begin);
+        }
+        const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
+        Tensor rP = make_tensor<Element>(acc_s.layout());
+        Tensor probs = make_tensor(rP.data(), accum_as_rows_cols(rP.layout()));
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          const int row = m_begin + get<0>(cS_rows_cols(i, 0));
+          CUTE_UNROLL
+          for (int j = 0; j < size<1>(scores); ++j) {
+            const int col = n_begin + get<1>(cS_rows_cols(i, j));
+            float cap_grad = 1.f;
+            float logit = Transform::kActive ? transform.logit_log2(scores(i, j), row, col, cap_grad)
+                                             : scores(i, j) * exp2_scale;
+            bool visible = !kNeedsMask || mask.visible(row, col);
+            float prob = visible ? exp2f(logit - lse_log2[i]) : 0.f;
+            bool kept = (kept_bits >> (i * size<1>(scores) + j)) & 1;
+            probs(i, j) = Element(kept ? prob * rescale : 0.f);
+            scores(i, j) = prob * cap_grad;
+          }
+        }
+        copy(s_r2s, s_r2s_thr.retile_S(rP), tPsP);
       }
-      // P goes to shared memory while the tensor cores compute dP.
-      Tensor rP = convert_fragment<Element>(acc_s);
-      copy(s_r2s, s_r2s_thr.retile_S(rP), tPsP);
 
       Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});
       clear(acc_dp);
       gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrdO_view, in_stage(tdPsdO, stage, kdOElems),
                      sdp_a, tdPrV, tdPrV_view, tdPsV, sdp_b);
       Tensor dps = make_tensor(acc_dp.data(), accum_as_rows_cols(acc_dp.layout()));
+      // dS = P (dP - D), dP taken through the forward's dropout; with a
+      // soft-cap `scores` holds P (1 - tanh^2), the chain rule's last factor.
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
-        for (int j = 0; j < size<1>(dps); ++j) dps(i, j) = scores(i, j) * (dps(i, j) - delta[i]);
+        for (int j = 0; j < size<1>(dps); ++j) {
+          float dp = dps(i, j);
+          if constexpr (Traits::kHasDropout) {
+            bool kept = (kept_bits >> (i * size<1>(dps) + j)) & 1;
+            dp = kept ? dp * p.dropout_rescale : 0.f;
+          }
+          dps(i, j) = scores(i, j) * (dp - delta[i]);
+        }
       }
       Tensor rdS = convert_fragment<Element>(acc_dp);
       copy(s_r2s, s_r2s_thr.retile_S(rdS), tdSsdS);
