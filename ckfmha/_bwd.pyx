@@ -154,7 +154,8 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
 
     q, k, v, o and the fp32 ``lse`` [batch, nhead_q, seqlen_q] are the forward's inputs and
     outputs (``ckfmha.fwd(..., return_lse=True)``); ``do`` is shaped like o. Masks, scale,
-    soft-cap, bias and dropout (p, seed, offset) must be the ones the forward used. Layouts,
+    soft-cap, ``bias``/``alibi_slopes`` and dropout (p, seed, offset) must be the ones the
+    forward used; they are recomputed, and no bias gradient is returned. Layouts,
     array kinds and strides as in ``fwd``; dq, dk and dv have the shapes of q, k and v (with
     GQA/MQA, dk and dv sum over the query heads that share a K/V head) and q's kind.
 

@@ -38,6 +38,7 @@ torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 # reference's norm, and on the largest error relative to the largest reference value.
 REL_L2_TOL = {"fp16": 4e-3, "bf16": 3e-2}
 MAX_REL_TOL = {"fp16": 2e-2, "bf16": 1e-1}
+ZERO_TOL = {"fp16": 1.5e-2, "bf16": 1e-1}
 
 SEQLEN_PAIRS = [(1, 17), (17, 1), (100, 257), (257, 100), (128, 128), (1, 1)]
 WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
@@ -134,10 +135,12 @@ def _compare(dtype: str, got: Any, ref: np.ndarray, what: str) -> None:
     ref_norm = np.linalg.norm(ref)
     err = g - ref
     rel = np.linalg.norm(err) / max(ref_norm, 1e-30)
-    if ref_norm == 0.0:
-        # Exact zeros in the reference (a row that sees one key: dS = P (dP - D) = 0) come
-        # out as fp32 rounding residue of dP - D.
-        assert np.abs(g).max() < 1e-4, f"{what} must be zero, got max {np.abs(g).max():.3e}"
+    if ref_norm < 1e-9:
+        # (Near-)zeros in the reference: a row that sees one key has dS = P (dP - D) = 0,
+        # which the kernels get as the rounding residue of dP - D (D comes from O in the
+        # input dtype, which dropout's 1/(1-p) makes inexact).
+        worst = np.abs(g).max()
+        assert worst < ZERO_TOL[dtype], f"{what} must be ~0, got max {worst:.3e}"
         return
     assert rel < REL_L2_TOL[dtype], f"{what}: relative L2 error {rel:.3e}"
     worst = np.abs(err).max() / max(np.abs(ref).max(), 1e-30)
