@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds ckfmha in place for the local GPU, runs the GPU tests, a memcheck
-# pass, the CLI and C examples, and the forward benchmark; logs go to LOG_DIR.
+# pass, the CLI and C examples, and the forward and backward benchmarks; logs
+# go to LOG_DIR.
 #
 #   benchmarks/gpu_suite.sh LOG_DIR [COMMIT]
 set -uo pipefail
@@ -42,6 +43,8 @@ tail -3 "$log/memcheck.log"
 echo "== benchmark"
 python3 benchmarks/bench_fwd.py --commit "$commit" --out "$log" 2>&1 | tee "$log/bench.log" &&
   python3 benchmarks/bench_fwd_features.py --commit "$commit" --out "$log" 2>&1 |
-  tee "$log/bench_features.log" ||
+  tee "$log/bench_features.log" &&
+  python3 benchmarks/bench_bwd.py --commit "$commit" --out "$log" --deterministic 2>&1 |
+  tee "$log/bench_bwd.log" ||
   status=1
 exit $status

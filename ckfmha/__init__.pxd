@@ -117,6 +117,58 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         void* workspace
         size_t workspace_bytes
 
+    ctypedef struct ckfmha_bwd_problem:
+        ckfmha_dtype dtype
+        ckfmha_mode mode
+        int32_t batch
+        int32_t nhead_q
+        int32_t nhead_k
+        int32_t seqlen_q
+        int32_t seqlen_k
+        int32_t hdim_q
+        int32_t hdim_v
+        ckfmha_mask mask
+        int32_t window_left
+        int32_t window_right
+        float scale
+        float softcap
+        ckfmha_bias bias
+        int32_t store_dbias
+        float dropout_p
+        uint64_t dropout_seed
+        uint64_t dropout_offset
+        int32_t deterministic
+        int64_t q_stride[3]
+        int64_t k_stride[3]
+        int64_t v_stride[3]
+        int64_t o_stride[3]
+        int64_t do_stride[3]
+        int64_t dq_stride[3]
+        int64_t dk_stride[3]
+        int64_t dv_stride[3]
+        int64_t lse_stride[2]
+        int64_t bias_stride[3]
+        int64_t dbias_stride[3]
+        int64_t alibi_stride
+
+    ctypedef struct ckfmha_bwd_args:
+        const void* q
+        const void* k
+        const void* v
+        const void* o
+        const float* lse
+        const void* do_
+        void* dq
+        void* dk
+        void* dv
+        const void* bias
+        void* dbias
+        const float* alibi_slopes
+        const int32_t* cu_seqlens_q
+        const int32_t* cu_seqlens_k
+        void* workspace
+        size_t workspace_bytes
+
     # errors and versions
     const char* ckfmha_last_error()
     const char* ckfmha_status_name(int status)
@@ -154,4 +206,18 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
                                   const char* kernel_name, size_t* bytes)
     int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
+                       const char* kernel_name, ckfmha_stream_t stream)
+
+    # backward
+    int ckfmha_bwd_problem_init(ckfmha_bwd_problem* problem, ckfmha_dtype dtype,
+                                ckfmha_layout layout, int32_t batch, int32_t nhead_q,
+                                int32_t nhead_k, int32_t seqlen_q, int32_t seqlen_k,
+                                int32_t hdim_q, int32_t hdim_v)
+    int ckfmha_bwd_problem_validate(const ckfmha_bwd_problem* problem)
+    int ckfmha_bwd_workspace_size(const ckfmha_bwd_problem* problem, size_t* bytes)
+    int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_buf,
+                          size_t buf_len)
+    int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf,
+                           size_t buf_len, size_t* needed)
+    int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                        const char* kernel_name, ckfmha_stream_t stream)

@@ -4,6 +4,9 @@ Quick start::
 
     import ckfmha
     o = ckfmha.fwd(q, k, v, causal=True)          # torch / CuPy / JAX / NumPy arrays
+    o, lse = ckfmha.fwd(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = ckfmha.bwd(do, q, k, v, o, lse, causal=True)
+    o = ckfmha.torch.attention(q, k, v, causal=True)  # torch.autograd (import ckfmha.torch)
     ckfmha.Dispatcher().explain(batch=2, nhead_q=16, seqlen_q=4096, hdim=128, arch=90)
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from ckfmha._bwd import bwd, bwd_varlen
 from ckfmha._device import current_device, device_arch, device_count, header_version, version
 from ckfmha._fwd import fwd, fwd_varlen
 from ckfmha._memory import DeviceArray, device_ptr, empty, from_host, synchronize
@@ -66,6 +70,8 @@ __all__ = [
     "Registry",
     "UnsupportedError",
     "__version__",
+    "bwd",
+    "bwd_varlen",
     "current_device",
     "device_arch",
     "device_count",

@@ -126,3 +126,28 @@ def validate(problem) -> None:
     cdef capi.ckfmha_fwd_problem c_problem
     fill_fwd_problem(problem, &c_problem)
     check(capi.ckfmha_fwd_problem_validate(&c_problem))
+
+
+cdef int fill_bwd_problem(object problem, bint deterministic,
+                          capi.ckfmha_bwd_problem* out) except -1:
+    """The backward problem of a FwdProblem: its shapes and features, contiguous gradients."""
+    cdef capi.ckfmha_fwd_problem forward
+    fill_fwd_problem(problem, &forward)
+    if forward.v_col_major:
+        raise InvalidArgumentError("the backward takes row-major V (v_col_major=False)", 1)
+    if forward.has_sink:
+        raise InvalidArgumentError("the backward does not take sinks", 1)
+    check(capi.ckfmha_bwd_problem_init(
+        out, forward.dtype, <capi.ckfmha_layout>problem.layout_code, forward.batch,
+        forward.nhead_q, forward.nhead_k, forward.seqlen_q, forward.seqlen_k, forward.hdim_q,
+        forward.hdim_v))
+    out.mode = forward.mode
+    out.mask = forward.mask
+    out.window_left = forward.window_left
+    out.window_right = forward.window_right
+    out.scale = forward.scale
+    out.softcap = forward.softcap
+    out.bias = forward.bias
+    out.dropout_p = forward.dropout_p
+    out.deterministic = 1 if deterministic else 0
+    return 0

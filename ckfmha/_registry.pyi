@@ -23,3 +23,19 @@ class Dispatcher:
     def workspace_size(
         self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
     ) -> int: ...
+    def select_bwd(
+        self,
+        problem: FwdProblem | None = None,
+        *,
+        arch: int | str | None = None,
+        deterministic: bool = False,
+        **fields: Any,
+    ) -> tuple[str, str, str]: ...
+    def explain_bwd(
+        self,
+        problem: FwdProblem | None = None,
+        *,
+        arch: int | str | None = None,
+        deterministic: bool = False,
+        **fields: Any,
+    ) -> str: ...

@@ -7,7 +7,7 @@ import os
 from libc.stdlib cimport free, malloc
 
 cimport ckfmha as capi
-from ckfmha._problem cimport fill_fwd_problem
+from ckfmha._problem cimport fill_bwd_problem, fill_fwd_problem
 from ckfmha._status cimport check
 
 from ckfmha._arch import parse_arch
@@ -60,6 +60,16 @@ cdef struct ExplainRequest:
 cdef int _explanation(void* context, char* buf, size_t size, size_t* needed) noexcept nogil:
     cdef ExplainRequest* request = <ExplainRequest*>context
     return capi.ckfmha_fwd_explain(request.problem, request.arch, buf, size, needed)
+
+
+cdef struct BwdExplainRequest:
+    const capi.ckfmha_bwd_problem* problem
+    int arch
+
+
+cdef int _bwd_explanation(void* context, char* buf, size_t size, size_t* needed) noexcept nogil:
+    cdef BwdExplainRequest* request = <BwdExplainRequest*>context
+    return capi.ckfmha_bwd_explain(request.problem, request.arch, buf, size, needed)
 
 
 cdef class Registry:
@@ -154,6 +164,25 @@ cdef class Dispatcher:
         fill_fwd_problem(_as_problem(problem, fields), &c_problem)
         check(capi.ckfmha_fwd_workspace_size(&c_problem, parse_arch(arch), NULL, &size))
         return size
+
+    def select_bwd(self, problem=None, *, arch=None, deterministic=False, **fields) -> tuple:
+        """(bwd_dot_do_o, bwd_dq_dk_dv, bwd_convert_dq) kernel names ``bwd`` would launch for
+        the gradients of ``problem`` (a FwdProblem, or its fields)."""
+        cdef capi.ckfmha_bwd_problem c_problem
+        cdef char buf[3 * NAME_CAPACITY]
+        fill_bwd_problem(_as_problem(problem, fields), deterministic, &c_problem)
+        check(capi.ckfmha_bwd_select(&c_problem, parse_arch(arch), buf, 3 * NAME_CAPACITY))
+        return tuple(_decode(buf).split())
+
+    def explain_bwd(self, problem=None, *, arch=None, deterministic=False, **fields) -> str:
+        """Stage-by-stage account of the backward plan for ``problem`` and why kernels do not
+        fit."""
+        cdef capi.ckfmha_bwd_problem c_problem
+        fill_bwd_problem(_as_problem(problem, fields), deterministic, &c_problem)
+        cdef BwdExplainRequest request
+        request.problem = &c_problem
+        request.arch = parse_arch(arch)
+        return _read_text(_bwd_explanation, &request, "explanation")
 
     def __repr__(self) -> str:
         return "<ckfmha.Dispatcher>"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from . import rules
 from .receipts import Receipt
-from .signature import Algorithm, FwdSignature, KernelConfig
+from .signature import Algorithm, KernelConfig, Signature
 from .specs import ArchSpec, get_arch, hdim_label
 
 # Families whose tiles the dispatcher picks per problem shape (split-KV: the smallest tile_m
@@ -20,7 +20,7 @@ SHAPE_CHOSEN_TILE_FAMILIES = ("fwd_splitkv",)
 class Rejection:
     """A candidate that will not be built; `algorithm` is None when no tile exists at all."""
 
-    signature: FwdSignature
+    signature: Signature
     arch: str
     pipeline: str
     algorithm: Algorithm | None
@@ -45,15 +45,13 @@ class Selection:
 
 def candidates(
     receipt: Receipt, arch: ArchSpec
-) -> Iterable[tuple[FwdSignature, str, Algorithm | None]]:
+) -> Iterable[tuple[Signature, str, Algorithm | None]]:
     """Every (signature, pipeline, algorithm) the receipt asks for on this arch; a signature
-    meets only the pipelines that take its dtype (all of them if none does) and implement its
-    family."""
+    meets only the pipelines that take its dtype and have a template for its family (all of
+    them if none does, so the rejections say why)."""
     for pipeline in arch.pipelines:
         for sig in receipt.signatures:
-            if pipeline not in rules.pipelines_for_dtype(sig.dtype, arch.pipelines):
-                continue
-            if pipeline not in rules.pipelines_for_family(sig.family, arch.pipelines):
+            if pipeline not in rules.pipelines_for_family(sig.family, sig.dtype, arch.pipelines):
                 continue
             tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
             if not tiles:
@@ -77,7 +75,7 @@ def candidates(
                 )
 
 
-def _no_tile_reasons(sig: FwdSignature, pipeline: str, arch: ArchSpec) -> tuple[str, ...]:
+def _no_tile_reasons(sig: Signature, pipeline: str, arch: ArchSpec) -> tuple[str, ...]:
     pairs = arch.hdims_for(sig.family, pipeline)
     hdims = ", ".join(hdim_label(q, v) for q, v in pairs) or "none"
     reason = (

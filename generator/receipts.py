@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .pairwise import all_pairs
-from .signature import FwdSignature
+from .signature import (
+    BWD_CONVERT_DQ,
+    BWD_DOT_DO_O,
+    BWD_DQ_DK_DV,
+    BwdSignature,
+    FwdSignature,
+    Signature,
+)
 
 DTYPES = ("fp16", "bf16")
 # (hdim_q, hdim_v) pairs every default set builds.
@@ -31,7 +38,7 @@ FEATURE_FACTORS = {
 class Receipt:
     name: str
     description: str
-    signatures: tuple[FwdSignature, ...]
+    signatures: tuple[Signature, ...]
     # False: only each table's default (first) tile; True: every tile listed for the hdim.
     all_tiles: bool
 
@@ -144,6 +151,52 @@ def _fp32_signatures(full: bool) -> tuple[FwdSignature, ...]:
     return masks + extras
 
 
+def _bwd_plan(
+    dtype: str, hdims: tuple[int, int] | int, mask: str, mode: str = "batch", **features: Any
+) -> tuple[BwdSignature, ...]:
+    """The three stages one backward problem runs: D = rowsum(dO * O) over hdim_v, the main
+    stage, and the dQ conversion over hdim_q."""
+    hdim_q, hdim_v = (hdims, hdims) if isinstance(hdims, int) else hdims
+    return (
+        BwdSignature(BWD_DOT_DO_O, dtype, mode, hdim_v, hdim_v),
+        BwdSignature(BWD_DQ_DK_DV, dtype, mode, hdim_q, hdim_v, mask, **features),
+        BwdSignature(BWD_CONVERT_DQ, dtype, mode, hdim_q, hdim_q),
+    )
+
+
+def _bwd_signatures() -> tuple[BwdSignature, ...]:
+    """Backward plans: every mask in batch and group mode at d64/d128, no mask and causal in
+    batch mode at the other head dims (where a tile fits the arch)."""
+    plans = [
+        _bwd_plan(dtype, hdims, mask, mode)
+        for dtype, hdims, mask, mode in itertools.product(
+            DTYPES, FEATURE_HDIMS, MASKS, ("batch", "group")
+        )
+    ]
+    plans += [
+        _bwd_plan(dtype, hdims, mask)
+        for dtype, hdims, mask in itertools.product(
+            DTYPES, [h for h in HDIMS if h not in FEATURE_HDIMS], ("none", "causal")
+        )
+    ]
+    # Features (recomputed logits and the forward's dropout stream) at d64/d128: each bias
+    # kind, soft-cap and dropout, alone and together, over the masks and both modes.
+    feature_combos = (
+        ("causal", "batch", {"bias": "alibi"}),
+        ("none", "batch", {"bias": "elementwise", "softcap": True}),
+        ("window", "batch", {"dropout": True}),
+        ("causal", "group", {"bias": "alibi", "dropout": True, "softcap": True}),
+    )
+    plans += [
+        _bwd_plan(dtype, hdims, mask, mode, **features)
+        for dtype, hdims, (mask, mode, features) in itertools.product(
+            DTYPES, FEATURE_HDIMS, feature_combos
+        )
+    ]
+    # Plans share their row-wise stages; each signature appears once.
+    return tuple(dict.fromkeys(sig for plan in plans for sig in plan))
+
+
 RECEIPTS: dict[str, Receipt] = {
     receipt.name: receipt
     for receipt in (
@@ -151,7 +204,8 @@ RECEIPTS: dict[str, Receipt] = {
             name="ci",
             description="nine forward kernels per arch covering dtypes (one fp32), head dims, "
             "masks and features, plus one split-KV plan (bf16 d128 window, group mode: both "
-            "split tiles and the combine stage)",
+            "split tiles and the combine stage) and two backward plans (bf16 d128 causal, fp16 "
+            "d64 window in group mode)",
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
@@ -164,6 +218,8 @@ RECEIPTS: dict[str, Receipt] = {
                 _fwd("fp32", 64, "window", mode="group", bias="alibi", dropout=True, sink=True),
                 _splitkv("bf16", 128, "window", mode="group"),
                 _combine("bf16", 128, mode="group"),
+                *_bwd_plan("bf16", 128, "causal"),
+                *_bwd_plan("fp16", 64, "window", mode="group"),
             ),
             all_tiles=False,
         ),
@@ -175,9 +231,12 @@ RECEIPTS: dict[str, Receipt] = {
             "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
             "feature combinations; split-KV and its combine stage for {fp16,bf16} x d{64,128} x "
-            "masks x {batch,group}; default tiles (split-KV: every tile)",
+            "masks x {batch,group}; backward plans for {fp16,bf16} x every mask x {batch,group} "
+            "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
+            "and no mask or causal at the other head dims; default tiles (split-KV: every tile)",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
-            + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures(),
+            + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
+            + _bwd_signatures(),
             all_tiles=False,
         ),
         Receipt(
@@ -186,7 +245,7 @@ RECEIPTS: dict[str, Receipt] = {
             "alternative tile",
             signatures=_mask_signatures((True, False)) + _group_signatures()
             + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
-            + _splitkv_signatures(),
+            + _splitkv_signatures() + _bwd_signatures(),
             all_tiles=True,
         ),
     )

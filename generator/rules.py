@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .signature import KernelConfig
+from .signature import BWD_DQ_DK_DV, BWD_FAMILIES, BWD_ROWWISE_FAMILIES, KernelConfig
 from .specs import ArchSpec, hdim_label
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-SUPPORTED_FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine")
+SUPPORTED_FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", *BWD_FAMILIES)
 # The templates that implement each family: split-KV is a variant of the sm80 template, and its
-# combine stage a small CUDA-core kernel of its own.
+# combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
+# row-wise stages are plain 16-byte vector passes that every arch runs).
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
     "fwd_splitkv": ("sm80_cpasync_mma",),
     "fwd_splitkv_combine": ("splitkv_combine",),
+    **{family: ("sm80_cpasync_mma",) for family in BWD_FAMILIES},
 }
 # Combine: each thread merges one 16-byte fp32 vector (4 columns) of a row.
 COMBINE_COLUMNS_PER_THREAD = 4
@@ -369,8 +371,161 @@ def simt_smem_bytes(hdim_q: int, hdim_v: int, tile_m: int, tile_n: int, elem: in
     ) * elem
 
 
+def squarest_warps_m(m: int, n: int, warps: int) -> int:
+    """Warps along M of the warp grid whose warp tiles of an m x n product are the most nearly
+    square (fewest shared-memory operand bytes per MMA), each warp owning whole 16 x 16 steps;
+    0 when no grid fits. Must match squarest_warps_m in bwd_sm80_traits.cuh."""
+    best, best_perimeter = 0, 0
+    for wm in range(1, warps + 1):
+        if warps % wm:
+            continue
+        wn = warps // wm
+        if m % (MMA_ROWS * wm) or n % (MMA_ROWS * wn):
+            continue
+        perimeter = m // wm + n // wn
+        if best == 0 or perimeter < best_perimeter:
+            best, best_perimeter = wm, perimeter
+    return best
+
+
+# bwd_dq_dk_dv keeps dK and dV (BlockN x head dims) and S, dP (BlockM x BlockN) in registers.
+BWD_MAX_ACCUMULATOR_REGISTERS = 192
+# Q/dO shared-memory stages of the sm80 backward template.
+BWD_SM80_STAGES = (1, 2)
+# P and dS rows are swizzled in 32- or 64-element chunks like head-dim rows.
+BWD_KEY_TILE_MULTIPLE = 32
+# Features the backward template does not compute yet, with the reason shown to users.
+BWD_UNSUPPORTED_FEATURES = (
+    "the sm80 backward covers masks, GQA/MQA, group mode, biases (without their gradient), "
+    "soft-cap and dropout"
+)
+
+
+def bwd_sm80_smem_bytes(
+    hdim_q: int, hdim_v: int, tile_m: int, tile_n: int, stages: int, elem: int = 2
+) -> int:
+    """Q and dO stages, K, V, P and dS tiles; must match BwdSm80Traits::kSmemBytes."""
+    return (
+        stages * tile_m * (hdim_q + hdim_v) + tile_n * (hdim_q + hdim_v) + 2 * tile_m * tile_n
+    ) * elem
+
+
+def _load_rows(hdim: int, threads: int, elem: int) -> int:
+    """Rows one pass of the 16-byte global->shared loads covers (SmemRows in the traits)."""
+    chunk = 64 if hdim % 64 == 0 else 32
+    return threads // (chunk * elem // 16)
+
+
+def _sm80_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the sm80 backward template (bwd_dq_dk_dv: one CTA per key tile)."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _template_basics(config)
+    if getattr(sig, "dbias", False):
+        reasons.append(
+            f"dbias is not implemented by the {alg.pipeline} backward yet; "
+            f"{BWD_UNSUPPORTED_FEATURES}"
+        )
+    threads = alg.warps * 32
+    if alg.warps <= 0:
+        return reasons
+    products = (
+        ("S = Q K^T and dP = dO V^T", alg.tile_m, alg.tile_n),
+        ("dK += dS^T Q", alg.tile_n, sig.hdim_q),
+        ("dV += P^T dO", alg.tile_n, sig.hdim_v),
+        ("dQ = dS K", alg.tile_m, sig.hdim_q),
+    )
+    for what, m, n in products:
+        if m <= 0 or n <= 0 or squarest_warps_m(m, n, alg.warps) == 0:
+            reasons.append(
+                f"no grid of {alg.warps} warps tiles {what} ({m}x{n}) in whole 16x16 MMA steps; "
+                "use tile sizes that are multiples of 16 * warps along some split"
+            )
+    if alg.tile_n <= 0 or alg.tile_n % BWD_KEY_TILE_MULTIPLE:
+        reasons.append(
+            f"tile_n={alg.tile_n} is not a positive multiple of {BWD_KEY_TILE_MULTIPLE}; P and "
+            "dS rows are swizzled in 32- or 64-element chunks"
+        )
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    for label, hdim in (("hdim_q", sig.hdim_q), ("hdim_v", sig.hdim_v)):
+        rows = _load_rows(hdim, threads, elem)
+        if rows > 0 and (alg.tile_m % rows or alg.tile_n % rows):
+            reasons.append(
+                f"tile_m={alg.tile_m} and tile_n={alg.tile_n} must be multiples of {rows}: one "
+                f"pass of {threads} threads' 16-byte loads covers {rows} rows of {label}={hdim}"
+            )
+    if alg.stages not in BWD_SM80_STAGES:
+        reasons.append(
+            f"stages={alg.stages} is not supported; the {alg.pipeline} backward buffers Q and dO "
+            f"in {' or '.join(map(str, BWD_SM80_STAGES))} shared-memory stages"
+        )
+    smem = bwd_sm80_smem_bytes(sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, alg.stages, elem)
+    if smem > arch.max_dynamic_smem_per_block:
+        reasons.append(
+            f"shared memory {smem} bytes ({alg.stages} x (Q {alg.tile_m}x{sig.hdim_q} + dO "
+            f"{alg.tile_m}x{sig.hdim_v}) + K {alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x"
+            f"{sig.hdim_v} + P and dS {alg.tile_m}x{alg.tile_n}, {elem} B each) exceeds "
+            f"{arch.name}'s limit of {arch.max_dynamic_smem_per_block} bytes per block"
+        )
+    acc = (alg.tile_n * (sig.hdim_q + sig.hdim_v) + 2 * alg.tile_m * alg.tile_n) // threads
+    if acc > BWD_MAX_ACCUMULATOR_REGISTERS:
+        reasons.append(
+            f"estimated {acc} accumulator registers per thread (dK, dV {alg.tile_n}x"
+            f"({sig.hdim_q}+{sig.hdim_v}) + S, dP 2x{alg.tile_m}x{alg.tile_n} over {threads} "
+            f"threads) exceeds {BWD_MAX_ACCUMULATOR_REGISTERS}; use a smaller tile or more warps"
+        )
+    if alg.ctas_per_sm != 1:
+        reasons.append(
+            f"ctas_per_sm={alg.ctas_per_sm} is not supported by the {alg.pipeline} backward "
+            "(ctas_per_sm=1)"
+        )
+    return reasons
+
+
+# Row-wise stages: rows of BlockM per CTA, a row's 16-byte vectors spread over 2 to 8 lanes.
+ROWWISE_MIN_VECTORS = 2
+
+
+def _rowwise_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the row-wise backward stages (bwd_dot_do_o, bwd_convert_dq)."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _template_basics(config)
+    if sig.hdim_q != sig.hdim_v:
+        reasons.append(
+            f"{sig.family} passes over one head dim; its signature carries it twice, got "
+            f"{sig.hdim_q}x{sig.hdim_v}"
+        )
+    if alg.tile_n != 0 or alg.stages != 1 or alg.ctas_per_sm != 1:
+        reasons.append(
+            f"{sig.family} has no key tile, stages or occupancy knob: tile_n=0, stages=1, "
+            f"ctas_per_sm=1 (got {alg.tile_n}, {alg.stages}, {alg.ctas_per_sm})"
+        )
+    if alg.warps > 0 and alg.tile_m > 0:
+        vectors = sig.hdim_q * ELEMENT_BYTES.get(sig.dtype, 2) // 16
+        lanes = 8 if vectors % 8 == 0 else 4 if vectors % 4 == 0 else 2
+        rows_per_pass = alg.warps * 32 // lanes
+        if alg.tile_m % rows_per_pass:
+            reasons.append(
+                f"tile_m={alg.tile_m} is not a multiple of {rows_per_pass}: {alg.warps * 32} "
+                f"threads cover {rows_per_pass} rows of {lanes} lanes per pass, and a pass must "
+                "hold whole warps for the row reduction's shuffles"
+            )
+    else:
+        reasons.append(f"tile_m={alg.tile_m} and warps={alg.warps} must be positive")
+    return reasons
+
+
+def _sm80_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """The sm80 path's templates: forward, the backward main stage, the row-wise stages."""
+    family = config.signature.family
+    if family == BWD_DQ_DK_DV:
+        return _sm80_bwd_rules(config, arch)
+    if family in BWD_ROWWISE_FAMILIES:
+        return _rowwise_rules(config, arch)
+    return _sm80_template_rules(config, arch)
+
+
 PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
-    "sm80_cpasync_mma": (_sm80_template_rules,),
+    "sm80_cpasync_mma": (_sm80_rules,),
     "sm90_tma_wgmma": (_sm90_template_rules,),
     "simt_fma": (_simt_template_rules,),
     "splitkv_combine": (_combine_template_rules,),
@@ -392,12 +547,12 @@ def pipelines_for_dtype(dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]
     return taking or tuple(pipelines)
 
 
-def pipelines_for_family(family: str, pipelines: Sequence[str]) -> tuple[str, ...]:
-    """The pipelines among `pipelines` that implement `family`; all of them for an unknown
-    family, so the rejections still say why."""
-    if family not in FAMILY_PIPELINES:
-        return tuple(pipelines)
-    return tuple(p for p in pipelines if p in FAMILY_PIPELINES[family])
+def pipelines_for_family(family: str, dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]:
+    """The pipelines among `pipelines` that take `dtype` and template `family`; all of them
+    when none does."""
+    templated = FAMILY_PIPELINES.get(family, tuple(pipelines))
+    taking = tuple(p for p in pipelines_for_dtype(dtype, pipelines) if p in templated)
+    return taking or tuple(pipelines)
 
 
 def _template_basics(config: KernelConfig) -> list[str]:
@@ -432,11 +587,15 @@ def check(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Reasons `config` cannot be built for `arch`; an empty list means it is valid."""
     reasons = _arch_rules(config, arch)
     pipeline = config.algorithm.pipeline
+    family = config.signature.family
     if pipeline not in PIPELINE_RULES:
         reasons.append(
             f"pipeline {pipeline!r} has no kernel template; templates exist for: "
             f"{', '.join(PIPELINE_RULES)}"
         )
+    elif family in FAMILY_PIPELINES and pipeline not in FAMILY_PIPELINES[family]:
+        # _arch_rules said why; this template's own rules do not apply to the family.
+        return reasons
     for rule in PIPELINE_RULES.get(pipeline, ()):
         reasons.extend(rule(config, arch))
     return reasons

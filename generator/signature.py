@@ -53,6 +53,77 @@ class FwdSignature:
         )
 
 
+# The three stages of the backward plan.
+BWD_DOT_DO_O = "bwd_dot_do_o"
+BWD_DQ_DK_DV = "bwd_dq_dk_dv"
+BWD_CONVERT_DQ = "bwd_convert_dq"
+BWD_FAMILIES = (BWD_DOT_DO_O, BWD_DQ_DK_DV, BWD_CONVERT_DQ)
+# Stages that pass over rows only: D = rowsum(dO * O) (head dim hdim_v) and the dQ conversion
+# (head dim hdim_q). Their signatures carry that one head dim in both fields.
+BWD_ROWWISE_FAMILIES = (BWD_DOT_DO_O, BWD_CONVERT_DQ)
+
+
+@dataclass(frozen=True, order=True)
+class BwdSignature:
+    """What a backward-stage kernel computes.
+
+    bwd_dq_dk_dv carries the forward's features (mask, bias, dropout, soft-cap) and whether it
+    writes dbias; the row-wise stages (bwd_dot_do_o, bwd_convert_dq) only dtype, mode and the
+    one head dim they pass over (hdim_q == hdim_v). Determinism is a run-time switch, not part
+    of the signature: one kernel serves both modes.
+    """
+
+    family: str  # one of BWD_FAMILIES
+    dtype: str
+    mode: str  # "batch" | "group"
+    hdim_q: int
+    hdim_v: int
+    mask: str = "none"  # "none" | "causal" | "window"
+    bias: str = "none"  # "none" | "elementwise" | "alibi"
+    dropout: bool = False
+    softcap: bool = False
+    dbias: bool = False
+
+    # Forward-only features, so code that reads any signature finds them (always off).
+    @property
+    def lse(self) -> bool:
+        return False
+
+    @property
+    def sink(self) -> bool:
+        return False
+
+    @property
+    def v_col_major(self) -> bool:
+        return False
+
+    @property
+    def is_rowwise(self) -> bool:
+        return self.family in BWD_ROWWISE_FAMILIES
+
+    @property
+    def name(self) -> str:
+        if self.is_rowwise:
+            return _checked(f"{self.family}_{self.dtype}_{self.mode}_d{self.hdim_q}")
+        bias = {"none": "", "elementwise": "_bias", "alibi": "_alibi"}.get(self.bias, self.bias)
+        extras = "".join(
+            token
+            for token, on in (
+                ("_drop", self.dropout),
+                ("_softcap", self.softcap),
+                ("_dbias", self.dbias),
+            )
+            if on
+        )
+        return _checked(
+            f"{self.family}_{self.dtype}_{self.mode}_d{self.hdim_q}x{self.hdim_v}_{self.mask}"
+            f"{bias}{extras}"
+        )
+
+
+Signature = FwdSignature | BwdSignature
+
+
 @dataclass(frozen=True, order=True)
 class Algorithm:
     """How a kernel computes: target arch, pipeline and tiling."""
@@ -70,17 +141,19 @@ class Algorithm:
 
     @property
     def name(self) -> str:
-        # The occupancy token appears only when set, so existing names stay stable.
+        # The occupancy token appears only when set, so existing names stay stable. Row-wise
+        # backward stages have no key tile (tile_n = 0) and say so by leaving it out.
         occupancy = f"c{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
+        key_tile = f"n{self.tile_n}" if self.tile_n else ""
         return _checked(
-            f"{self.arch}_{self.pipeline}_m{self.tile_m}n{self.tile_n}k{self.tile_k}"
+            f"{self.arch}_{self.pipeline}_m{self.tile_m}{key_tile}k{self.tile_k}"
             f"_w{self.warps}s{self.stages}{occupancy}"
         )
 
 
 @dataclass(frozen=True, order=True)
 class KernelConfig:
-    signature: FwdSignature
+    signature: Signature
     algorithm: Algorithm
 
     @property

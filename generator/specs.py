@@ -18,7 +18,8 @@ class SpecsError(ValueError):
 
 @dataclass(frozen=True)
 class TileSpec:
-    """One tile choice from the table; tile_k is implied by the head dim."""
+    """One tile choice from the table; tile_k is implied by the head dim. Row-wise backward
+    stages have no key tile: their entries omit tile_n (0) and stages (1)."""
 
     tile_m: int
     tile_n: int
@@ -83,9 +84,9 @@ def find_specs_file() -> Path:
 def _parse_tile(raw: Mapping[str, Any]) -> TileSpec:
     return TileSpec(
         tile_m=int(raw["tile_m"]),
-        tile_n=int(raw["tile_n"]),
+        tile_n=int(raw.get("tile_n", 0)),
         warps=int(raw["warps"]),
-        stages=int(raw["stages"]),
+        stages=int(raw.get("stages", 1)),
         ctas_per_sm=int(raw.get("ctas_per_sm", 1)),
     )
 

@@ -27,9 +27,23 @@ KERNEL_FIELDS = {
 }  # fmt: skip
 
 
+BWD_FAMILIES = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
+
+
 @pytest.fixture(scope="module")
-def kernels() -> list[dict]:
+def all_kernels() -> list[dict]:
     return ckfmha.Registry().kernels()
+
+
+@pytest.fixture(scope="module")
+def kernels(all_kernels) -> list[dict]:
+    """The forward kernels (the backward stages have their own tests below)."""
+    return [k for k in all_kernels if k["family"] == "fwd"]
+
+
+@pytest.fixture(scope="module")
+def bwd_kernels(all_kernels) -> list[dict]:
+    return [k for k in all_kernels if k["family"] == "bwd_dq_dk_dv"]
 
 
 def problem_for(kernel: dict, **overrides) -> ckfmha.FwdProblem:
@@ -92,7 +106,8 @@ def test_success_raises_nothing():
 # ---- registry ----
 
 
-def test_registry_lists_kernels(kernels):
+def test_registry_lists_kernels(all_kernels):
+    kernels = all_kernels
     registry = ckfmha.Registry()
     names = registry.names()
     assert len(registry) == len(names) > 0
@@ -102,11 +117,12 @@ def test_registry_lists_kernels(kernels):
     assert list(registry) == names
 
 
-def test_registry_json_fields(kernels):
-    assert json.loads(ckfmha.Registry().to_json()) == kernels
-    for kernel in kernels:
+def test_registry_json_fields(all_kernels):
+    assert json.loads(ckfmha.Registry().to_json()) == all_kernels
+    for kernel in all_kernels:
         assert KERNEL_FIELDS <= set(kernel)
-        assert kernel["family"] in ("fwd", "fwd_splitkv", "fwd_splitkv_combine")
+        assert kernel["family"] in ("fwd", "fwd_splitkv", "fwd_splitkv_combine", *BWD_FAMILIES)
+        assert kernel["dbias"] is False
         assert kernel["dtype"] in ("fp16", "bf16", "fp32")
         assert kernel["mask"] in ("none", "causal", "window")
         assert kernel["bias"] in ("none", "elementwise", "alibi")
@@ -743,7 +759,8 @@ def test_get_include_and_library_dir():
     assert os.path.isfile(os.path.join(ckfmha.get_library_dir(), "libckfmha.so"))
 
 
-def test_cli_list(capsys, kernels):
+def test_cli_list(capsys, all_kernels):
+    kernels = all_kernels
     assert cli_main(["list"]) == 0
     assert capsys.readouterr().out.split() == [k["name"] for k in kernels]
     assert cli_main(["list", "--json"]) == 0

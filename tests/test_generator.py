@@ -15,7 +15,7 @@ import pytest
 from generator import emit, rules
 from generator.enumerate import select, select_for_arches
 from generator.receipts import RECEIPTS, compile_filter, get_receipt
-from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
 from generator.specs import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,17 +76,26 @@ def test_every_listed_tile_is_valid() -> None:
         selection = select(get_receipt("full"), specs[arch])
         # The sm80 template takes every signature of the full set.
         sm80 = [r for r in selection.rejected if r.pipeline == "sm80_cpasync_mma"]
-        assert sm80 == [], [r.reasons for r in sm80]
+        # Backward head dims whose tiles do not fit an arch's shared memory have no table
+        # there (d256 on the 99 KiB arches): the only sm80 rejections allowed.
+        missing_table = [
+            r for r in sm80
+            if r.algorithm is None and r.signature.family == "bwd_dq_dk_dv"
+            and (r.signature.hdim_q, r.signature.hdim_v)
+            not in specs[arch].hdims_for("bwd_dq_dk_dv", "sm80_cpasync_mma")
+        ]  # fmt: skip
+        assert [r for r in sm80 if r not in missing_table] == [], [r.reasons for r in sm80]
         # Templates with fewer features reject some signatures, but each listed tile must
         # build for at least one.
         built = {(c.algorithm.pipeline, c.signature.hdim_q, c.signature.hdim_v, c.algorithm.tile_m,
                   c.algorithm.tile_n, c.algorithm.warps, c.algorithm.stages)
                  for c in selection.accepted}
-        for pipeline, by_hdim in specs[arch].tiles["fwd"].items():
-            for (hdim_q, hdim_v), tiles in by_hdim.items():
-                for t in tiles:
-                    key = (pipeline, hdim_q, hdim_v, t.tile_m, t.tile_n, t.warps, t.stages)
-                    assert key in built, f"{arch}: no kernel builds with {key}"
+        for family in ("fwd", "bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"):
+            for pipeline, by_hdim in specs[arch].tiles[family].items():
+                for (hdim_q, hdim_v), tiles in by_hdim.items():
+                    for t in tiles:
+                        key = (pipeline, hdim_q, hdim_v, t.tile_m, t.tile_n, t.warps, t.stages)
+                        assert key in built, f"{arch}: no {family} kernel builds with {key}"
 
 
 # ---- receipts and names ----
@@ -159,6 +168,12 @@ def test_ci_names_are_stable() -> None:
         f"fwd_fp16_group_d64x64_causal_lse_vcol{tail}m128n64k64_w4s1",
         f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m16n64k128_w1s2",
         f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m64n64k128_w4s2",
+        f"bwd_dot_do_o_bf16_batch_d128{tail}m64k128_w4s1",
+        f"bwd_dq_dk_dv_bf16_batch_d128x128_causal{tail}m64n128k128_w8s2",
+        f"bwd_convert_dq_bf16_batch_d128{tail}m64k128_w4s1",
+        f"bwd_dot_do_o_fp16_group_d64{tail}m64k64_w4s1",
+        f"bwd_dq_dk_dv_fp16_group_d64x64_window{tail}m128n128k64_w8s2",
+        f"bwd_convert_dq_fp16_group_d64{tail}m64k64_w4s1",
         "fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_80_simt_fma_m64n64k64_w4s1",
         "fwd_splitkv_combine_bf16_group_d128x128_none_lse__sm_80_splitkv_combine_m4n4k128_w4s1",
     ]
@@ -175,7 +190,11 @@ def test_receipt_sizes(arch: str) -> None:
     # Split-KV: both tiles of one split signature and its combine stage in ci; 2 dtypes x
     # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
     split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
-    assert sizes["ci"] == 9 + hopper["ci"] + split["ci"]
+    # Two backward plans of three stages each in ci.
+    assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6
+    bwd_default, bwd_full = _bwd_sizes(specs[arch])
+    sizes = {name: size - (bwd_full if name == "full" else bwd_default if name == "default" else 6)
+             for name, size in sizes.items()}  # fmt: skip
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
@@ -197,6 +216,29 @@ def test_receipt_sizes(arch: str) -> None:
         2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch]) + fp32
         + hopper["full"] + split["full"]
     )
+
+
+def _bwd_sizes(arch: object) -> tuple[int, int]:
+    """Backward kernels of the default and full sets on an arch, from its tile tables: every
+    mask x mode at d64/d128 and none/causal in batch mode at the other head dims (for head
+    dims with a table), plus one row-wise kernel per (dtype, mode, head dim) they need."""
+    tables = arch.tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]  # type: ignore[attr-defined]
+    # Masks x modes at d64/d128, plus four feature combinations there.
+    main = [((64, 64), 6 + 4), ((128, 128), 6 + 4)]
+    main += [(h, 2) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
+    default = sum(2 * n for h, n in main if h in tables)
+    full = sum(2 * n * len(tables[h]) for h, n in main if h in tables)
+    # dot_do_o over hdim_v: d64/d128 x 2 modes + 32/96/256 batch; convert_dq over hdim_q:
+    # d64/d128 x 2 modes + 32/96/192/256 batch; x 2 dtypes.
+    rowwise = 2 * (4 + 3) + 2 * (4 + 4)
+    return default + rowwise, full + rowwise
+
+
+def test_bwd_plans_share_their_rowwise_stages() -> None:
+    receipt = get_receipt("default")
+    names = [s.name for s in receipt.signatures]
+    assert len(names) == len(set(names))
+    assert "bwd_dot_do_o_bf16_batch_d128" in names and "bwd_convert_dq_fp16_batch_d192" in names
 
 
 def test_names_unique_stable_and_valid() -> None:
@@ -223,9 +265,11 @@ def test_filter_selects_by_regex() -> None:
     )
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
-    # ... and the causal column-major-V kernels at d64/d128 in batch and group mode.
-    # ... and the causal split-KV kernels: d64/d128 x batch/group x 2 tiles.
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8
+    # ... and the causal column-major-V kernels at d64/d128 in batch and group mode, the causal
+    # split-KV kernels (d64/d128 x batch/group x 2 tiles), and the causal backward kernels: 6
+    # head dims in batch mode, d64/d128 in group mode, and the causal feature combinations
+    # (ALiBi in batch mode, all features in group mode).
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 6 + 2 + 4
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -413,8 +457,10 @@ def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) ->
         "--specs", str(custom), "--kernels", "ci", "--arch", "sm_86", "--explain", "--list"
     )
     assert result.returncode == 0, result.stderr
-    # Only the fp32 kernel is rejected, once, and the reason names the pipeline to use.
-    assert result.stdout.count("rejected ") == 1
+    # Only the fp32 kernel and the split-KV combine stage (its pipeline is gone too) are
+    # rejected, once each, and the reasons name the pipelines to use.
+    assert result.stdout.count("rejected ") == 2
+    assert "no tile table for fwd_splitkv_combine/sm80_cpasync_mma on sm_86" in result.stdout
     assert "rejected fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_86_sm80" in (
         result.stdout
     )
@@ -434,15 +480,16 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    # sm_80, sm_90a (each with a 3-kernel split-KV plan) and the Hopper template on sm_90a
-    assert len(names) == 12 + 12 + 4
+    # sm_80, sm_90a (each with a 3-kernel split-KV plan and two backward plans) and the Hopper
+    # template on sm_90a
+    assert len(names) == 12 + 12 + 4 + 2 * 6
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 36
+    assert len(result.stdout.split()) == 3 * (12 + 6)
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -463,14 +510,15 @@ def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
 def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    instances = sorted(tmp_path.glob("*.cu"))
+    instances = sorted(tmp_path.glob("fwd_*.cu"))
     assert len(instances) == 16
+    assert len(list(tmp_path.glob("bwd_*.cu"))) == 6
     text = instances[0].read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 16" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 22" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -478,8 +526,8 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 16
-    assert {k["source"] for k in manifest["kernels"]} == {p.name for p in instances}
+    assert len(manifest["kernels"]) == 22
+    assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 
 def test_cli_table_symbol(tmp_path: Path) -> None:
@@ -653,7 +701,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 12 + 3
+    assert first.written == 12 + 6 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -694,9 +742,10 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n", e.name,
-                e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias, e.has_lse,
-                e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major, e.arch, e.arch_name,
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+                e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
+                e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
+                e.has_dbias, e.arch, e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr));
@@ -726,21 +775,118 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"3 {len(configs)}"
+    assert lines[0] == f"4 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
+        "family": {
+            "fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2,
+            "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7, "bwd_convert_dq": 8,
+        },
         "mask": {"none": 0, "causal": 1, "window": 2},
         "bias": {"none": 0, "elementwise": 1, "alibi": 2},
         "dtype": {"fp16": 0, "bf16": 1, "fp32": 2},
-        "family": {"fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2},
     }
     for i, (line, config) in enumerate(zip(lines[1:], configs)):
         sig, alg = config.signature, config.algorithm
         expected = [
-            config.name, enums["family"][sig.family], enums["dtype"][sig.dtype], enums["mode"][sig.mode], sig.hdim_q,
-            sig.hdim_v, enums["mask"][sig.mask], enums["bias"][sig.bias], int(sig.lse),
-            int(sig.dropout), int(sig.softcap), int(sig.sink), int(sig.v_col_major),
+            config.name, enums["family"][sig.family], enums["dtype"][sig.dtype],
+            enums["mode"][sig.mode], sig.hdim_q, sig.hdim_v, enums["mask"][sig.mask],
+            enums["bias"][sig.bias], int(sig.lse), int(sig.dropout), int(sig.softcap),
+            int(sig.sink), int(sig.v_col_major), int(getattr(sig, "dbias", False)),
             specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]
+
+
+# ---- backward families ----
+
+
+def _bwd_config(arch: str = "sm_90a", **changes: object) -> KernelConfig:
+    """A valid bwd_dq_dk_dv config (bf16 d128 causal, 64x128, 8 warps, 2 stages)."""
+    sig = BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 128, 128, "causal")
+    alg = Algorithm(arch, "sm80_cpasync_mma", tile_m=64, tile_n=128, tile_k=128, warps=8, stages=2)
+    sig_fields = {k: v for k, v in changes.items() if hasattr(sig, k) and k != "name"}
+    alg_fields = {k: v for k, v in changes.items() if k not in sig_fields}
+    return KernelConfig(replace(sig, **sig_fields), replace(alg, **alg_fields))
+
+
+def _bwd_reasons(arch: str = "sm_90a", **changes: object) -> str:
+    return "\n".join(rules.check(_bwd_config(arch, **changes), load_specs()[arch]))
+
+
+def test_valid_bwd_config_has_no_reasons() -> None:
+    assert _bwd_reasons() == ""
+    assert _bwd_reasons("sm_80") == ""
+    rowwise = KernelConfig(
+        BwdSignature("bwd_dot_do_o", "fp16", "group", 96, 96),
+        Algorithm("sm_86", "sm80_cpasync_mma", tile_m=64, tile_n=0, tile_k=96, warps=4, stages=1),
+    )
+    assert rules.check(rowwise, load_specs()["sm_86"]) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"tile_n": 48}, r"tile_n=48 is not a positive multiple of 32"),
+        ({"stages": 3}, r"stages=3 is not supported; .* Q and dO in 1 or 2"),
+        ({"tile_m": 128, "tile_n": 128},
+         r"shared memory 262144 bytes \(2 x \(Q 128x128 \+ dO 128x128\)"),
+        ({"tile_m": 128, "tile_n": 128, "stages": 1},
+         r"estimated 256 accumulator registers per thread"),
+        ({"warps": 3}, r"no grid of 3 warps tiles S = Q K\^T"),
+        ({"bias": "elementwise", "dbias": True},
+         r"dbias is not implemented by the sm80_cpasync_mma backward yet"),
+        ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
+        ({"pipeline": "sm90_tma_wgmma"}, r"family 'bwd_dq_dk_dv' has no 'sm90_tma_wgmma' template; it runs on"),
+        ({"tile_m": 32, "tile_n": 32, "warps": 8},
+         r"no grid of 8 warps tiles S = Q K\^T and dP = dO V\^T \(32x32\)"),
+    ],
+)
+def test_bwd_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
+    assert re.search(expected, _bwd_reasons(**changes)), _bwd_reasons(**changes)
+
+
+def test_bwd_smem_formula_matches_the_traits() -> None:
+    # BwdSm80Traits::kSmemBytes: Q and dO stages, then K, V, P and dS (bf16).
+    assert rules.bwd_sm80_smem_bytes(128, 128, 64, 128, 2) == 2 * (
+        2 * 64 * 256 + 128 * 256 + 2 * 64 * 128
+    )
+
+
+def test_squarest_warp_grid_matches_flash_attention_layouts() -> None:
+    # FlashAttention-2's d128 backward (64x128, 8 warps): S/dP 2x4, dQ 2x4; d64 (128x128)
+    # dK/dV 4x2; perimeter ties keep the first (fewest warps along M).
+    assert rules.squarest_warps_m(64, 128, 8) == 2
+    assert rules.squarest_warps_m(128, 64, 8) == 4
+    assert rules.squarest_warps_m(128, 128, 8) == 2
+    assert rules.squarest_warps_m(32, 32, 8) == 0
+
+
+def test_bwd_instances_render_their_templates() -> None:
+    config = _bwd_config(mode="group", mask="window")
+    assert config.name == (
+        "bwd_dq_dk_dv_bf16_group_d128x128_window__sm_90a_sm80_cpasync_mma_m64n128k128_w8s2"
+    )
+    text = emit.render_instance(config)
+    assert '#include "ckfmha/kernel/bwd_sm80_launch.cuh"' in text
+    assert "ckfmha::kernel::BwdSm80Traits<cutlass::bfloat16_t, /*HeadDimQK=*/128" in text
+    assert "/*BlockM=*/64, /*BlockN=*/128, /*Warps=*/8, /*Stages=*/2" in text
+    assert "ckfmha::kernel::MaskMode::kWindow, ckfmha::kernel::BiasMode::kNone" in text
+    assert "/*HasDbias=*/false, /*IsGroupMode=*/true>;" in text
+    assert "launch_bwd_dq_dk_dv_sm80<Traits>(problem, args, stream)" in text
+    rowwise = KernelConfig(
+        BwdSignature("bwd_convert_dq", "fp16", "batch", 192, 192),
+        Algorithm("sm_80", "sm80_cpasync_mma", tile_m=64, tile_n=0, tile_k=192, warps=4, stages=1),
+    )
+    assert rowwise.name == "bwd_convert_dq_fp16_batch_d192__sm_80_sm80_cpasync_mma_m64k192_w4s1"
+    text = emit.render_instance(rowwise)
+    assert "BwdRowwiseTraits<cutlass::half_t, /*HeadDim=*/192, /*BlockM=*/64" in text
+    assert "launch_bwd_convert_dq<Traits>" in text
+
+
+def test_bwd_feature_tokens_appear_only_when_on() -> None:
+    sig = BwdSignature("bwd_dq_dk_dv", "fp16", "batch", 64, 64, "none", bias="elementwise",
+                       dropout=True, softcap=True, dbias=True)  # fmt: skip
+    assert sig.name == "bwd_dq_dk_dv_fp16_batch_d64x64_none_bias_drop_softcap_dbias"
+    assert not sig.lse and not sig.sink and not sig.v_col_major

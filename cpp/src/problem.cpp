@@ -183,6 +183,70 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
   return {};
 }
 
+ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
+  ckfmha_fwd_problem f{};
+  f.dtype = b.dtype;
+  f.mode = b.mode;
+  f.batch = b.batch;
+  f.nhead_q = b.nhead_q;
+  f.nhead_k = b.nhead_k;
+  f.seqlen_q = b.seqlen_q;
+  f.seqlen_k = b.seqlen_k;
+  f.hdim_q = b.hdim_q;
+  f.hdim_v = b.hdim_v;
+  f.mask = b.mask;
+  f.window_left = b.window_left;
+  f.window_right = b.window_right;
+  f.scale = b.scale;
+  f.softcap = b.softcap;
+  f.bias = b.bias;
+  f.dropout_p = b.dropout_p;
+  f.dropout_seed = b.dropout_seed;
+  f.dropout_offset = b.dropout_offset;
+  f.store_lse = 1;
+  for (int i = 0; i < 3; ++i) {
+    f.q_stride[i] = b.q_stride[i];
+    f.k_stride[i] = b.k_stride[i];
+    f.v_stride[i] = b.v_stride[i];
+    f.o_stride[i] = b.o_stride[i];
+    f.bias_stride[i] = b.bias_stride[i];
+  }
+  f.lse_stride[0] = b.lse_stride[0];
+  f.lse_stride[1] = b.lse_stride[1];
+  f.alibi_stride = b.alibi_stride;
+  return f;
+}
+
+std::string check_bwd_problem(ckfmha_bwd_problem const& p) {
+  if (std::string error = check_fwd_problem(forward_of(p)); !error.empty()) return error;
+  for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"do", &p.do_stride},
+                              {"dq", &p.dq_stride},
+                              {"dk", &p.dk_stride},
+                              {"dv", &p.dv_stride},
+                              {"dbias", &p.dbias_stride}}) {
+    if (auto error = check_strides(name, *stride); !error.empty()) return error;
+  }
+  if (p.store_dbias && p.bias != CKFMHA_BIAS_ELEMENTWISE) {
+    return "store_dbias needs an elementwise bias (bias = CKFMHA_BIAS_ELEMENTWISE); ALiBi has "
+           "no gradient";
+  }
+  if (p.deterministic != 0 && p.deterministic != 1) {
+    return "deterministic must be 0 (fast, fp32 atomics) or 1 (bit-identical across runs)";
+  }
+  return {};
+}
+
+std::string describe(ckfmha_bwd_problem const& p) {
+  std::string forward = describe(forward_of(p));
+  // "fwd ... lse=1" -> "bwd ...": the backward always reads the LSE.
+  std::string text = "bwd" + forward.substr(3);
+  auto lse = text.find(" lse=1");
+  if (lse != std::string::npos) text.erase(lse, 6);
+  if (p.store_dbias) text += " dbias";
+  if (p.deterministic) text += " deterministic";
+  return text;
+}
+
 std::string describe(ckfmha_fwd_problem const& p) {
   std::ostringstream out;
   out << "fwd " << dtype_name(p.dtype) << " " << mode_name(p.mode) << " batch=" << p.batch

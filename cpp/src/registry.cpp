@@ -83,7 +83,8 @@ std::string Registry::to_json() const {
         << ", \"dropout\": " << (e.has_dropout ? "true" : "false")
         << ", \"softcap\": " << (e.has_softcap ? "true" : "false")
         << ", \"sink\": " << (e.has_sink ? "true" : "false")
-        << ", \"v_col_major\": " << (e.v_col_major ? "true" : "false") << ", \"arch\": " << e.arch
+        << ", \"v_col_major\": " << (e.v_col_major ? "true" : "false")
+        << ", \"dbias\": " << (e.has_dbias ? "true" : "false") << ", \"arch\": " << e.arch
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k

@@ -194,6 +194,90 @@ typedef struct ckfmha_fwd_args {
   size_t workspace_bytes;
 } ckfmha_fwd_args;
 
+/*
+ * Backward problem: gradients of sum(dO * O) for the forward problem with the
+ * same fields. Runs as a plan of three kernels on one stream:
+ *   bwd_dot_do_o   D = rowsum(dO * O) in fp32, and zeroes the dQ accumulator;
+ *   bwd_dq_dk_dv   one CTA per key tile (and KV head) recomputes P from the
+ *                  forward's LSE, accumulates dK and dV over the query tiles of
+ *                  every query head of its group (GQA/MQA sums in registers)
+ *                  and adds dS K to an fp32 dQ accumulator;
+ *   bwd_convert_dq dQ = scale * accumulator, in the output dtype.
+ *
+ * Tensors as in the forward problem: q, k, v, o and lse as the forward saw
+ * them (lse in natural log, fp32), do shaped like o, dq like q, dk like k and
+ * dv like v; each with (batch, head, seq) strides and a contiguous head dim.
+ * Group mode as in the forward: tokens are rows and cu_seqlens_q/k give the
+ * sequences; seqlen_q/seqlen_k are the longest ones.
+ *
+ * Workspace: ckfmha_bwd_workspace_size() says how many bytes the plan needs;
+ * the caller allocates them (16-byte aligned device memory, contents
+ * irrelevant) and passes them in args, so no allocation ever happens inside a
+ * call. The workspace holds D ([batch, nhead_q, seqlen_q] fp32) and the dQ
+ * accumulator ([splits, batch, nhead_q, seqlen_q, hdim_q] fp32).
+ *
+ * deterministic = 0 (fast): dQ partials are added with fp32 atomics, so the
+ * order of the additions, and the last bits of dQ, can differ between runs.
+ * deterministic = 1: the key tiles of each (batch, KV head) are dealt to
+ * `splits` CTAs round-robin; each adds its partials to its own dQ slice in a
+ * fixed order without atomics and the convert stage sums the slices in
+ * order, so dq, dk and dv are bit-identical across runs on one GPU model.
+ * splits = min(ceil(seqlen_k / 128), max(1, ceil(264 / (batch * nhead_k)))).
+ */
+typedef struct ckfmha_bwd_problem {
+  ckfmha_dtype dtype;
+  ckfmha_mode mode;
+  int32_t batch;
+  int32_t nhead_q;
+  int32_t nhead_k;
+  int32_t seqlen_q; /* group mode: max over sequences */
+  int32_t seqlen_k; /* group mode: max over sequences */
+  int32_t hdim_q;
+  int32_t hdim_v;
+  ckfmha_mask mask;
+  int32_t window_left;  /* window masks only; -1 = unbounded */
+  int32_t window_right; /* window masks only; -1 = unbounded */
+  float scale;
+  float softcap;        /* > 0: logits were soft-capped in the forward */
+  ckfmha_bias bias;     /* elementwise biases may also ask for dbias */
+  int32_t store_dbias;  /* write dbias (elementwise bias only) */
+  float dropout_p;      /* the forward's dropout: same p, seed and offset */
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  int32_t deterministic;
+  int64_t q_stride[3];
+  int64_t k_stride[3];
+  int64_t v_stride[3];
+  int64_t o_stride[3];
+  int64_t do_stride[3];
+  int64_t dq_stride[3];
+  int64_t dk_stride[3];
+  int64_t dv_stride[3];
+  int64_t lse_stride[2];    /* (batch, head); rows contiguous. Group mode: batch ignored */
+  int64_t bias_stride[3];   /* (batch, head, row); 0 broadcasts; columns contiguous */
+  int64_t dbias_stride[3];  /* (batch, head, row) of dbias [batch, nhead_q, seqlen_q, seqlen_k] */
+  int64_t alibi_stride;
+} ckfmha_bwd_problem;
+
+typedef struct ckfmha_bwd_args {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const float* lse;
+  const void* do_;  /* dO, shaped like o */
+  void* dq;
+  void* dk;
+  void* dv;
+  const void* bias;          /* required for elementwise bias */
+  void* dbias;               /* required when store_dbias */
+  const float* alibi_slopes; /* required for ALiBi */
+  const int32_t* cu_seqlens_q; /* required in group mode */
+  const int32_t* cu_seqlens_k; /* required in group mode */
+  void* workspace;           /* ckfmha_bwd_workspace_size() bytes, 16-byte aligned */
+  size_t workspace_bytes;
+} ckfmha_bwd_args;
+
 /* ---- errors and versions ---- */
 CKFMHA_API const char* ckfmha_last_error(void);
 CKFMHA_API const char* ckfmha_status_name(int status);
@@ -254,6 +338,28 @@ CKFMHA_API int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int 
  * automatically). A split-KV plan launches fwd_splitkv then
  * fwd_splitkv_combine on `stream`, using args.workspace. */
 CKFMHA_API int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
+                              const char* kernel_name, ckfmha_stream_t stream);
+
+/* ---- backward ---- */
+/* Fills a batch-mode backward problem like ckfmha_fwd_problem_init (do, dq,
+ * dk and dv contiguous in the same layout as o, q, k and v), fast mode. */
+CKFMHA_API int ckfmha_bwd_problem_init(ckfmha_bwd_problem* problem, ckfmha_dtype dtype,
+                                       ckfmha_layout layout, int32_t batch, int32_t nhead_q,
+                                       int32_t nhead_k, int32_t seqlen_q, int32_t seqlen_k,
+                                       int32_t hdim_q, int32_t hdim_v);
+CKFMHA_API int ckfmha_bwd_problem_validate(const ckfmha_bwd_problem* problem);
+/* Bytes of device workspace ckfmha_bwd_run needs for this problem. */
+CKFMHA_API int ckfmha_bwd_workspace_size(const ckfmha_bwd_problem* problem, size_t* bytes);
+/* Writes the plan's three kernel names, each followed by '\n'
+ * (bwd_dot_do_o, bwd_dq_dk_dv, bwd_convert_dq). arch < 0: current device. */
+CKFMHA_API int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_buf,
+                                 size_t buf_len);
+/* Text explaining, stage by stage and kernel by kernel, why each fits or not. */
+CKFMHA_API int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf,
+                                  size_t buf_len, size_t* needed);
+/* Runs the three stages on `stream`. kernel_name may be NULL (automatic) or
+ * force the bwd_dq_dk_dv kernel by name; the other stages are chosen to match. */
+CKFMHA_API int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                               const char* kernel_name, ckfmha_stream_t stream);
 
 #ifdef __cplusplus

@@ -16,9 +16,10 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 3
+#define CKFMHA_KERNEL_ABI_VERSION 4
 
-/* problem/args point at the family's structs (ckfmha_fwd_problem/_args for fwd). */
+/* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,
+ * ckfmha_bwd_problem/_args for the three backward stages. */
 typedef int (*ckfmha_launch_fn)(const void* problem, const void* args, ckfmha_stream_t stream);
 
 typedef struct ckfmha_kernel_entry {
@@ -27,7 +28,7 @@ typedef struct ckfmha_kernel_entry {
   ckfmha_family family;
   ckfmha_dtype dtype;
   ckfmha_mode mode;
-  int32_t hdim_q;
+  int32_t hdim_q; /* row-wise backward stages: the one head dim they pass over, in both */
   int32_t hdim_v;
   ckfmha_mask_kind mask;
   ckfmha_bias bias;
@@ -36,6 +37,7 @@ typedef struct ckfmha_kernel_entry {
   int32_t has_softcap;
   int32_t has_sink;
   int32_t v_col_major; /* V stored [.., hdim_v, seqlen_k] (keys contiguous) */
+  int32_t has_dbias;   /* backward: writes the elementwise bias gradient */
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

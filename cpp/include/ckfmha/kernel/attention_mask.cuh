@@ -40,6 +40,29 @@ struct AttentionMask {
     *last = max(lo, hi);
   }
 
+  // The inverse for the backward: query blocks [first, last) holding a row
+  // that sees any key of [n_begin, n_begin + block_n) (keys past seqlen_k
+  // excluded); blocks outside contribute nothing to this key tile.
+  __device__ __forceinline__ void query_block_range(int n_begin, int block_n, int block_m,
+                                                    int seqlen_q, int* first, int* last) const {
+    int lo = 0;
+    int hi = (seqlen_q + block_m - 1) / block_m;
+    if (has_right()) {
+      // Row i reaches keys up to i + offset + right: it needs i >= n_begin - offset - right.
+      int reach = Mode == MaskMode::kCausal ? 0 : right;
+      int start = n_begin - offset - reach;
+      lo = start <= 0 ? 0 : start / block_m;
+    }
+    if (has_left()) {
+      // Row i starts at key i + offset - left: it needs i <= n_end - 1 - offset + left.
+      int n_end = min(n_begin + block_n, seqlen_k);
+      int stop = n_end - 1 - offset + left;  // last row, inclusive
+      hi = stop < 0 ? 0 : min(hi, stop / block_m + 1);
+    }
+    *first = lo;
+    *last = max(lo, hi);
+  }
+
   // Does this tile straddle an edge? Uniform across the CTA: a cheap branch.
   __device__ __forceinline__ bool tile_needs_mask(int m_begin, int n_begin, int block_m,
                                                   int block_n) const {
@@ -47,6 +70,16 @@ struct AttentionMask {
     if (has_right()) cut = cut || n_begin + block_n - 1 > m_begin + offset + right;
     if (has_left()) cut = cut || n_begin < m_begin + block_m - 1 + offset - left;
     return cut;
+  }
+
+  // Is key `col` visible to query `row` (both local to the sequence)? The
+  // element-wise form of apply(), for loops that handle one score at a time.
+  __device__ __forceinline__ bool visible(int row, int col) const {
+    int reach_right = Mode == MaskMode::kCausal ? 0 : right;
+    bool ok = col < seqlen_k;
+    if (has_right()) ok = ok && col <= row + offset + reach_right;
+    if (has_left()) ok = ok && col >= row + offset - left;
+    return ok;
   }
 
   // scores: (rows, cols) view of the S accumulator; coords: same view of the

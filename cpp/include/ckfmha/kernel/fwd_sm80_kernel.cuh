@@ -35,13 +35,6 @@
 
 namespace ckfmha::kernel {
 
-// The same partition of a tile held in another shared-memory stage; stages
-// are laid out back to back, so only the base pointer moves.
-template <class Partition>
-__device__ __forceinline__ auto in_stage(Partition const& part, int stage, int stage_elems) {
-  return cute::make_tensor(part.data() + stage * stage_elems, part.layout());
-}
-
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     fwd_sm80_kernel(__grid_constant__ const FwdParams p) {

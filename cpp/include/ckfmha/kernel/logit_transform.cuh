@@ -26,11 +26,12 @@ struct LogitTransform {
   int seqlen_q;
   int seqlen_k;
 
-  // This (batch, head)'s transform for one sequence; every forward kernel
-  // builds it the same way.
-  __device__ __forceinline__ static LogitTransform for_sequence(FwdParams const& p,
-                                                                 int seqlen_q, int seqlen_k,
-                                                                 int batch, int head) {
+  // This (batch, head)'s transform for one sequence; every kernel builds it
+  // the same way. Params: FwdParams or BwdParams.
+  template <class Params>
+  __device__ __forceinline__ static LogitTransform for_sequence(Params const& p, int seqlen_q,
+                                                                 int seqlen_k, int batch,
+                                                                 int head) {
     LogitTransform t{};
     if constexpr (kActive) {
       t.scale = p.scale;
@@ -50,6 +51,30 @@ struct LogitTransform {
     return t;
   }
 
+  // One raw score s = q.k at (row, col) of the sequence: the log2-domain
+  // logit. cap_grad gets d(logit)/d(scale * s) of the soft-cap, 1 - tanh^2
+  // (1 without one), which the backward's chain rule needs.
+  __device__ __forceinline__ float logit_log2(float s, int row, int col, float& cap_grad) const {
+    float logit;
+    if constexpr (HasSoftcap) {
+      float capped = tanhf(s * softcap_prescale);
+      cap_grad = 1.f - capped * capped;
+      logit = softcap * capped;
+    } else {
+      cap_grad = 1.f;
+      logit = s * scale;
+    }
+    if constexpr (Bias == BiasMode::kElementwise) {
+      // Rows/columns past the sequence are masked later; never read them.
+      if (row < seqlen_q && col < seqlen_k) {
+        logit += float(bias_rows[int64_t(row) * bias_row_stride + col]);
+      }
+    } else if constexpr (Bias == BiasMode::kAlibi) {
+      logit -= alibi_slope * fabsf(float(row + seqlen_k - seqlen_q - col));
+    }
+    return logit * kLog2e;
+  }
+
   // scores/coords as in AttentionMask::apply; m_begin/n_begin: tile origin.
   template <class Scores, class Coords>
   __device__ __forceinline__ void apply(Scores& scores, Coords const& coords, int m_begin,
@@ -60,22 +85,8 @@ struct LogitTransform {
       int row = m_begin + get<0>(coords(i, 0));
       CUTE_UNROLL
       for (int j = 0; j < size<1>(scores); ++j) {
-        int col = n_begin + get<1>(coords(i, j));
-        float logit;
-        if constexpr (HasSoftcap) {
-          logit = softcap * tanhf(scores(i, j) * softcap_prescale);
-        } else {
-          logit = scores(i, j) * scale;
-        }
-        if constexpr (Bias == BiasMode::kElementwise) {
-          // Rows/columns past the sequence are masked later; never read them.
-          if (row < seqlen_q && col < seqlen_k) {
-            logit += float(bias_rows[int64_t(row) * bias_row_stride + col]);
-          }
-        } else if constexpr (Bias == BiasMode::kAlibi) {
-          logit -= alibi_slope * fabsf(float(row + seqlen_k - seqlen_q - col));
-        }
-        scores(i, j) = logit * kLog2e;
+        float cap_grad;
+        scores(i, j) = logit_log2(scores(i, j), row, n_begin + get<1>(coords(i, j)), cap_grad);
       }
     }
   }

@@ -7,6 +7,7 @@
 // offset_lo); the four output words are read as 16 little-endian bytes.
 #pragma once
 
+#include "ckfmha/kernel/bwd_params.h"
 #include "ckfmha/kernel/fwd_params.h"
 
 #include <cute/tensor.hpp>
@@ -62,6 +63,42 @@ struct PhiloxDropout {
                   (int64_t(batch) * p.nhead_q + head) * p.seqlen_q * int64_t(p.seqlen_k);
     }
     return d;
+  }
+
+  // The forward's stream again, for the backward (which never stores bytes).
+  __device__ __forceinline__ static PhiloxDropout for_backward(BwdParams const& p, int seq_q,
+                                                                int seq_k, int batch, int head) {
+    return PhiloxDropout{p.philox_key0, p.philox_key1, p.philox_offset, p.dropout_threshold,
+                         uint32_t(batch * p.nhead_q + head), nullptr, int64_t(p.seqlen_k),
+                         seq_q, seq_k};
+  }
+
+  // Which elements of a (rows, cols) fragment the forward kept: bit i * cols + j
+  // set for element (i, j). One Philox call per ColumnGroup columns, as in apply().
+  template <int ColumnGroup = 4, class Coords>
+  __device__ __forceinline__ uint64_t keep_bits(Coords const& coords, int m_begin,
+                                                int n_begin) const {
+    using namespace cute;
+    constexpr int kRows = decltype(size<0>(coords))::value;
+    constexpr int kCols = decltype(size<1>(coords))::value;
+    static_assert(kRows * kCols <= 64 && kCols % ColumnGroup == 0);
+    uint64_t bits = 0;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      int row = m_begin + get<0>(coords(i, 0));
+      CUTE_UNROLL
+      for (int j0 = 0; j0 < kCols; j0 += ColumnGroup) {
+        int block = (n_begin + get<1>(coords(i, j0))) / 16;
+        uint4 words = Philox4x32::generate(
+            make_uint4(uint32_t(block), uint32_t(row), head_index, offset), key0, key1);
+        CUTE_UNROLL
+        for (int j = j0; j < j0 + ColumnGroup; ++j) {
+          int col = n_begin + get<1>(coords(i, j));
+          if (random_byte(words, col & 15) >= threshold) bits |= uint64_t(1) << (i * kCols + j);
+        }
+      }
+    }
+    return bits;
   }
 
   // probs/coords: (rows, cols) views. The columns a thread holds come in

@@ -1,5 +1,6 @@
-// Shared by every forward pipeline, so batch and group (varlen) mode resolve
-// sequences identically whatever the kernel's thread mapping.
+// Shared by every pipeline and by the backward stages, so batch and group
+// (varlen) mode resolve sequences identically whatever the kernel's thread
+// mapping.
 #pragma once
 
 #include "ckfmha/kernel/fwd_params.h"
@@ -16,8 +17,9 @@ struct SequenceSlice {
   bool skip;
 };
 
-template <bool IsGroupMode>
-__device__ __forceinline__ SequenceSlice locate_sequence(FwdParams const& p, int batch) {
+// Params: FwdParams or BwdParams (cu_seqlens_q/k, seqlen_q/k, skip_min_seqlen_q).
+template <bool IsGroupMode, class Params>
+__device__ __forceinline__ SequenceSlice locate_sequence(Params const& p, int batch) {
   if constexpr (IsGroupMode) {
     int q0 = p.cu_seqlens_q[batch], k0 = p.cu_seqlens_k[batch];
     int sq = p.cu_seqlens_q[batch + 1] - q0, sk = p.cu_seqlens_k[batch + 1] - k0;

@@ -8,6 +8,13 @@
 
 namespace ckfmha::kernel {
 
+// The same partition of a tile held in another shared-memory stage; stages
+// are laid out back to back, so only the base pointer moves.
+template <class Partition>
+__device__ __forceinline__ auto in_stage(Partition const& part, int stage, int stage_elems) {
+  return cute::make_tensor(part.data() + stage * stage_elems, part.layout());
+}
+
 // src/dst: (CPY, CPY_ROWS, CPY_COLS) partitions; coords: the same partition of
 // an identity tensor over the tile; rows_left: valid rows in this tile.
 template <class TiledCopy, class Src, class Dst, class Coords>

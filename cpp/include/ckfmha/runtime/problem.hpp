@@ -22,4 +22,11 @@ const char* family_name(ckfmha_family family);
 // One-line human description used in error messages and explanations.
 std::string describe(ckfmha_fwd_problem const& problem);
 
+// The forward problem a backward problem differentiates (its shared fields,
+// store_lse set): the backward reuses the forward's checks on them.
+ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& problem);
+// Empty when valid, else a message naming the bad field and what is allowed.
+std::string check_bwd_problem(ckfmha_bwd_problem const& problem);
+std::string describe(ckfmha_bwd_problem const& problem);
+
 }  // namespace ckfmha::runtime

@@ -1,0 +1,315 @@
+# cython: language_level=3
+"""ckfmha.bwd: attention gradients on whatever arrays the caller has."""
+
+from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
+from libc.string cimport memset
+
+cimport ckfmha as capi
+from ckfmha._arrays cimport ArrayView
+from ckfmha._fwd cimport (
+    _bhs_strides,
+    _bhsd,
+    _in_layout,
+    _offset_count,
+    _offsets,
+    _qkv_views,
+    _set_strides,
+)
+from ckfmha._problem cimport to_int32
+from ckfmha._status cimport check
+
+import numpy as np
+
+from ckfmha import _dtypes
+from ckfmha._arrays import as_view
+from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha.errors import InvalidArgumentError
+from ckfmha.problem import layout_code, mask_code, window_bounds
+
+_F32 = (_dtypes.FP32,)
+
+
+def _invalid(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message, 1)
+
+
+cdef class _Launch:
+    """One backward launch: the C structs plus every view and buffer the kernels touch, kept
+    alive until the launch is queued (stream order keeps the memory valid after that)."""
+    cdef capi.ckfmha_bwd_problem problem
+    cdef capi.ckfmha_bwd_args args
+    cdef list views
+    cdef object workspace
+
+    def __cinit__(self):
+        memset(&self.problem, 0, sizeof(self.problem))
+        memset(&self.args, 0, sizeof(self.args))
+        self.views = []
+        self.workspace = None
+
+    cdef ArrayView view(self, obj, handle, dtype, str name, int ndim, tuple allowed,
+                        bint writable=False):
+        cdef ArrayView view = as_view(obj, handle, dtype, name, ndim, allowed, writable)
+        self.views.append(view)
+        return view
+
+    cdef int scalars(self, causal, causal_alignment, window, scale, softcap, dropout_p,
+                     dropout_seed, dropout_offset, deterministic) except -1:
+        cdef int code = mask_code(bool(causal), causal_alignment, window)
+        self.problem.mask = <capi.ckfmha_mask>code
+        left, right = window_bounds(window)
+        self.problem.window_left = to_int32(left, "window left")
+        self.problem.window_right = to_int32(right, "window right")
+        if scale is not None:
+            self.problem.scale = float(scale)
+        self.problem.softcap = float(softcap)
+        self.problem.dropout_p = float(dropout_p)
+        self.problem.dropout_seed = <uint64_t>(int(dropout_seed) & 0xFFFFFFFFFFFFFFFF)
+        self.problem.dropout_offset = <uint64_t>(int(dropout_offset) & 0xFFFFFFFFFFFFFFFF)
+        self.problem.deterministic = 1 if deterministic else 0
+        return 0
+
+    cdef int biases(self, bias, alibi_slopes, handle, int dtype, int batch, int nhead_q,
+                    int seqlen_q, int seqlen_k) except -1:
+        cdef ArrayView bv, av
+        if bias is not None and alibi_slopes is not None:
+            raise _invalid("pass bias or alibi_slopes, not both")
+        if bias is not None:
+            bv = self.view(bias, handle, None, "bias", 4, (dtype,))
+            target = (batch, nhead_q, seqlen_q, seqlen_k)
+            for got, want in zip(bv.shape, target):
+                if got != want and got != 1:
+                    raise _invalid(f"bias shape {bv.shape} does not broadcast to {target}")
+            if bv.shape[3] != seqlen_k or (bv.strides[3] != 1 and seqlen_k > 1):
+                raise _invalid(f"bias must have a contiguous last axis of seqlen_k={seqlen_k}")
+            self.problem.bias = capi.CKFMHA_BIAS_ELEMENTWISE
+            for axis in range(3):
+                self.problem.bias_stride[axis] = 0 if bv.shape[axis] == 1 else bv.strides[axis]
+            self.args.bias = <const void*>bv.ptr
+        if alibi_slopes is not None:
+            av = self.view(alibi_slopes, handle, None, "alibi_slopes",
+                           len(getattr(alibi_slopes, "shape", (0,))), _F32)
+            if av.shape not in ((nhead_q,), (batch, nhead_q)) or av.strides[-1] != 1:
+                raise _invalid(f"alibi_slopes must be fp32 [{nhead_q}] or [{batch}, {nhead_q}] "
+                               f"with contiguous heads, got shape {av.shape}")
+            self.problem.bias = capi.CKFMHA_BIAS_ALIBI
+            self.problem.alibi_stride = av.strides[0] if len(av.shape) == 2 else 0
+            self.args.alibi_slopes = <const float*>av.ptr
+        return 0
+
+    cdef int tensors(self, ArrayView qv, ArrayView kv, ArrayView vv, ArrayView ov,
+                     ArrayView lv, ArrayView dov, ArrayView dqv, ArrayView dkv,
+                     ArrayView dvv) except -1:
+        self.args.q = <const void*>qv.ptr
+        self.args.k = <const void*>kv.ptr
+        self.args.v = <const void*>vv.ptr
+        self.args.o = <const void*>ov.ptr
+        self.args.lse = <const float*>lv.ptr
+        self.args.do_ = <const void*>dov.ptr
+        self.args.dq = <void*>dqv.ptr
+        self.args.dk = <void*>dkv.ptr
+        self.args.dv = <void*>dvv.ptr
+        return 0
+
+    cdef int run(self, str kind, like, handle, kernel) except -1:
+        check(capi.ckfmha_bwd_problem_validate(&self.problem))
+        cdef size_t workspace_bytes = 0
+        check(capi.ckfmha_bwd_workspace_size(&self.problem, &workspace_bytes))
+        # The caller's framework allocates the workspace (torch's caching allocator, or a
+        # DeviceArray), so the C library never allocates on the stream.
+        self.workspace = allocate(kind, like, (max(1, (workspace_bytes + 3) // 4),),
+                                  _dtypes.FP32)
+        cdef ArrayView wv = self.view(self.workspace, handle, None, "workspace", 1, _F32, True)
+        self.args.workspace = <void*>wv.ptr
+        self.args.workspace_bytes = workspace_bytes
+        cdef const char* c_kernel = NULL
+        kernel_bytes = b""
+        if kernel is not None:
+            kernel_bytes = str(kernel).encode("utf-8")
+            c_kernel = kernel_bytes
+        cdef uintptr_t c_stream = <uintptr_t>handle
+        cdef int status
+        with nogil:
+            status = capi.ckfmha_bwd_run(&self.problem, &self.args, c_kernel,
+                                         <capi.ckfmha_stream_t>c_stream)
+        check(status)
+        return 0
+
+
+cdef ArrayView _output(_Launch launch, str kind, like, out, handle, tuple shape, int dtype,
+                       str name, list keep):
+    obj = allocate(kind, like, shape, dtype) if out is None else out
+    keep.append(obj)
+    cdef ArrayView view = launch.view(obj, handle, None, name, len(shape), (dtype,), True)
+    if view.shape != shape:
+        raise _invalid(f"{name} must have shape {shape}, got {view.shape}")
+    return view
+
+
+def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", window=None,
+        scale=None, softcap=0.0, bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0,
+        dropout_offset=0, deterministic=False, layout="bhsd", dq_out=None, dk_out=None,
+        dv_out=None, kernel=None, stream=None, dtype=None):
+    """Gradients of attention: (dq, dk, dv) for upstream gradient ``do``.
+
+    q, k, v, o and the fp32 ``lse`` [batch, nhead_q, seqlen_q] are the forward's inputs and
+    outputs (``ckfmha.fwd(..., return_lse=True)``); ``do`` is shaped like o. Masks, scale,
+    soft-cap, ``bias``/``alibi_slopes`` and dropout (p, seed, offset) must be the ones the
+    forward used; they are recomputed, and no bias gradient is returned. Layouts,
+    array kinds and strides as in ``fwd``; dq, dk and dv have the shapes of q, k and v (with
+    GQA/MQA, dk and dv sum over the query heads that share a K/V head) and q's kind.
+
+    ``deterministic`` makes dq bit-identical across runs (no fp32 atomics; see ckfmha.h);
+    the default adds dQ partials atomically, which is faster. ``kernel`` forces the
+    bwd_dq_dk_dv kernel by name; the other two stages are chosen to match. The workspace
+    (ckfmha_bwd_workspace_size bytes) is allocated like the outputs, by q's framework.
+    """
+    cdef int c_layout = layout_code(layout)
+    kind = array_kind(q)
+    handle = resolve_stream(stream, kind, q)
+    cdef _Launch launch = _Launch()
+    cdef ArrayView qv, kv, vv
+    qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
+    launch.views.extend((qv, kv, vv))
+    batch, nhead_q, seqlen_q, hdim_q = _bhsd(qv.shape, c_layout)
+    k_batch, nhead_k, seqlen_k, k_hdim = _bhsd(kv.shape, c_layout)
+    v_batch, v_heads, v_seqlen, hdim_v = _bhsd(vv.shape, c_layout)
+    if not batch == k_batch == v_batch:
+        raise _invalid(f"batch sizes differ: q {batch}, k {k_batch}, v {v_batch} ({layout})")
+    if k_hdim != hdim_q:
+        raise _invalid(f"k head dim {k_hdim} differs from q head dim {hdim_q}")
+    if (v_heads, v_seqlen) != (nhead_k, seqlen_k):
+        raise _invalid(f"v has {v_heads} heads x {v_seqlen} keys but k has {nhead_k} x "
+                       f"{seqlen_k} ({layout})")
+    o_shape = _in_layout(batch, nhead_q, seqlen_q, hdim_v, c_layout)
+    cdef ArrayView ov = launch.view(o, handle, dtype, "o", 4, (qv.dtype,))
+    cdef ArrayView dov = launch.view(do, handle, dtype, "do", 4, (qv.dtype,))
+    for name, view in (("o", ov), ("do", dov)):
+        if view.shape != o_shape:
+            raise _invalid(f"{name} must have shape {o_shape} ({layout}), got {view.shape}")
+    cdef ArrayView lv = launch.view(lse, handle, None, "lse", 3, _F32)
+    if lv.shape != (batch, nhead_q, seqlen_q) or (lv.strides[2] != 1 and seqlen_q > 1):
+        raise _invalid(f"lse must be fp32 [{batch}, {nhead_q}, {seqlen_q}] with contiguous "
+                       f"rows, got shape {lv.shape} strides {lv.strides}")
+
+    check(capi.ckfmha_bwd_problem_init(
+        &launch.problem, <capi.ckfmha_dtype>qv.dtype, <capi.ckfmha_layout>c_layout,
+        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
+        to_int32(seqlen_q, "seqlen_q"), to_int32(seqlen_k, "seqlen_k"),
+        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    launch.scalars(causal, causal_alignment, window, scale, softcap, dropout_p, dropout_seed,
+                   dropout_offset, deterministic)
+    launch.biases(bias, alibi_slopes, handle, qv.dtype, batch, nhead_q, seqlen_q, seqlen_k)
+    check(capi.ckfmha_bwd_problem_validate(&launch.problem))
+
+    keep = []
+    cdef ArrayView dqv = _output(launch, kind, q, dq_out, handle, qv.shape, qv.dtype, "dq_out",
+                                 keep)
+    cdef ArrayView dkv = _output(launch, kind, q, dk_out, handle, kv.shape, qv.dtype, "dk_out",
+                                 keep)
+    cdef ArrayView dvv = _output(launch, kind, q, dv_out, handle, vv.shape, qv.dtype, "dv_out",
+                                 keep)
+    _set_strides(launch.problem.q_stride, _bhs_strides(qv, c_layout))
+    _set_strides(launch.problem.k_stride, _bhs_strides(kv, c_layout))
+    _set_strides(launch.problem.v_stride, _bhs_strides(vv, c_layout))
+    _set_strides(launch.problem.o_stride, _bhs_strides(ov, c_layout))
+    _set_strides(launch.problem.do_stride, _bhs_strides(dov, c_layout))
+    _set_strides(launch.problem.dq_stride, _bhs_strides(dqv, c_layout))
+    _set_strides(launch.problem.dk_stride, _bhs_strides(dkv, c_layout))
+    _set_strides(launch.problem.dv_stride, _bhs_strides(dvv, c_layout))
+    launch.problem.lse_stride[0] = lv.strides[0]
+    launch.problem.lse_stride[1] = lv.strides[1]
+    launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
+    launch.run(kind, q, handle, kernel)
+    outs = (dq_out, dk_out, dv_out)
+    return tuple(finish(kind, obj, handle) if given is None else given
+                 for obj, given in zip(keep, outs))
+
+
+def _offset_array(obj):
+    return np.asarray(obj, dtype=np.int32) if isinstance(obj, (list, tuple)) else obj
+
+
+def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+               causal=False, causal_alignment="top_left", window=None, scale=None, softcap=0.0,
+               bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
+               deterministic=False, dq_out=None, dk_out=None, dv_out=None, kernel=None,
+               stream=None, dtype=None):
+    """Gradients over a packed batch of variable-length sequences (group mode).
+
+    Arrays as ``fwd_varlen`` takes and returns them: q [total_q, nhead_q, hdim], k and v
+    [total_k, nhead_k, hdim / hdim_v], o and ``do`` [total_q, nhead_q, hdim_v] and the fp32
+    ``lse`` [nhead_q, total_q]; offsets and features as in ``fwd_varlen``. Returns (dq, dk,
+    dv) shaped like q, k and v; keys of a sequence with no queries get zero gradients.
+    """
+    kind = array_kind(q)
+    handle = resolve_stream(stream, kind, q)
+    cdef _Launch launch = _Launch()
+    cdef ArrayView qv, kv, vv
+    qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
+    launch.views.extend((qv, kv, vv))
+    total_q, nhead_q, hdim_q = qv.shape
+    total_k, nhead_k, k_hdim = kv.shape
+    v_total, v_heads, hdim_v = vv.shape
+    if k_hdim != hdim_q:
+        raise _invalid(f"k head dim {k_hdim} differs from q head dim {hdim_q}")
+    if (v_total, v_heads) != (total_k, nhead_k):
+        raise _invalid(f"v is [{v_total}, {v_heads}, ...] but k is [{total_k}, {nhead_k}, ...]")
+    o_shape = (total_q, nhead_q, hdim_v)
+    cdef ArrayView ov = launch.view(o, handle, dtype, "o", 3, (qv.dtype,))
+    cdef ArrayView dov = launch.view(do, handle, dtype, "do", 3, (qv.dtype,))
+    for name, view in (("o", ov), ("do", dov)):
+        if view.shape != o_shape:
+            raise _invalid(f"{name} must have shape {o_shape}, got {view.shape}")
+    cdef ArrayView lv = launch.view(lse, handle, None, "lse", 2, _F32)
+    if lv.shape != (nhead_q, total_q) or (lv.strides[1] != 1 and total_q > 1):
+        raise _invalid(f"lse must be fp32 [{nhead_q}, {total_q}] with contiguous rows, got "
+                       f"shape {lv.shape} strides {lv.strides}")
+    cu_seqlens_q = _offset_array(cu_seqlens_q)
+    cu_seqlens_k = _offset_array(cu_seqlens_k)
+    cdef int count = _offset_count(cu_seqlens_q, "cu_seqlens_q")
+    if _offset_count(cu_seqlens_k, "cu_seqlens_k") != count:
+        raise _invalid(f"cu_seqlens_k must hold batch + 1 = {count} offsets like cu_seqlens_q, "
+                       f"got shape {tuple(cu_seqlens_k.shape)}")
+    batch = count - 1
+
+    check(capi.ckfmha_bwd_problem_init(
+        &launch.problem, <capi.ckfmha_dtype>qv.dtype, capi.CKFMHA_LAYOUT_BSHD,
+        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
+        to_int32(max_seqlen_q, "max_seqlen_q"), to_int32(max_seqlen_k, "max_seqlen_k"),
+        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    launch.problem.mode = capi.CKFMHA_MODE_GROUP
+    launch.scalars(causal, causal_alignment, window, scale, softcap, dropout_p, dropout_seed,
+                   dropout_offset, deterministic)
+    launch.biases(bias, alibi_slopes, handle, qv.dtype, batch, nhead_q, launch.problem.seqlen_q,
+                  launch.problem.seqlen_k)
+    check(capi.ckfmha_bwd_problem_validate(&launch.problem))
+    cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", count)
+    cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", count)
+    launch.views.extend((cqv, ckv))
+
+    keep = []
+    cdef ArrayView dqv = _output(launch, kind, q, dq_out, handle, qv.shape, qv.dtype, "dq_out",
+                                 keep)
+    cdef ArrayView dkv = _output(launch, kind, q, dk_out, handle, kv.shape, qv.dtype, "dk_out",
+                                 keep)
+    cdef ArrayView dvv = _output(launch, kind, q, dv_out, handle, vv.shape, qv.dtype, "dv_out",
+                                 keep)
+    # Tokens are rows; the batch stride is unused in group mode.
+    _set_strides(launch.problem.q_stride, (0, qv.strides[1], qv.strides[0]))
+    _set_strides(launch.problem.k_stride, (0, kv.strides[1], kv.strides[0]))
+    _set_strides(launch.problem.v_stride, (0, vv.strides[1], vv.strides[0]))
+    _set_strides(launch.problem.o_stride, (0, ov.strides[1], ov.strides[0]))
+    _set_strides(launch.problem.do_stride, (0, dov.strides[1], dov.strides[0]))
+    _set_strides(launch.problem.dq_stride, (0, dqv.strides[1], dqv.strides[0]))
+    _set_strides(launch.problem.dk_stride, (0, dkv.strides[1], dkv.strides[0]))
+    _set_strides(launch.problem.dv_stride, (0, dvv.strides[1], dvv.strides[0]))
+    launch.problem.lse_stride[0] = 0
+    launch.problem.lse_stride[1] = lv.strides[0]
+    launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
+    launch.args.cu_seqlens_q = <const int32_t*>cqv.ptr
+    launch.args.cu_seqlens_k = <const int32_t*>ckv.ptr
+    launch.run(kind, q, handle, kernel)
+    outs = (dq_out, dk_out, dv_out)
+    return tuple(finish(kind, obj, handle) if given is None else given
+                 for obj, given in zip(keep, outs))

@@ -1,0 +1,15 @@
+# cython: language_level=3
+# Array-shape helpers of the forward runner that the backward runner shares.
+
+cimport ckfmha as capi
+from libc.stdint cimport int64_t
+
+from ckfmha._arrays cimport ArrayView
+
+cdef tuple _bhsd(tuple shape, int layout)
+cdef tuple _bhs_strides(ArrayView view, int layout)
+cdef tuple _in_layout(int batch, int heads, int seqlen, int hdim, int layout)
+cdef int _set_strides(int64_t* dst, tuple strides) except -1
+cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim)
+cdef int _offset_count(obj, str name) except -1
+cdef ArrayView _offsets(obj, handle, str name, int count)

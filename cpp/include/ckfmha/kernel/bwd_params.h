@@ -1,0 +1,69 @@
+// Device-side parameters of the three backward stages, built by the launchers
+// from a ckfmha_bwd_problem. Offsets are 64-bit: batch*stride alone can pass 2^31.
+#pragma once
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+struct BwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  const void* bias;
+  void* dbias;
+  const float* alibi_slopes;
+  const int32_t* cu_seqlens_q;  // group mode: sequence starts, batch + 1 entries
+  const int32_t* cu_seqlens_k;
+  // Workspace. Both are indexed by (batch or sequence, query head, local row)
+  // with rows padded to seqlen_q (the longest sequence in group mode).
+  float* delta;     // D = rowsum(dO * O): [batch, nhead_q, seqlen_q]
+  float* dq_accum;  // [dq_splits, batch, nhead_q, seqlen_q, hdim_q], unscaled dS K
+
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int64_t do_batch_stride, do_head_stride, do_row_stride;
+  int64_t dq_batch_stride, dq_head_stride, dq_row_stride;
+  int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
+  int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+  int64_t bias_batch_stride, bias_head_stride, bias_row_stride;
+  int64_t dbias_batch_stride, dbias_head_stride, dbias_row_stride;
+  int64_t alibi_batch_stride;
+  int64_t dq_accum_split_stride;  // elements between dQ slices (deterministic mode)
+
+  int32_t batch;
+  int32_t seqlen_q;  // batch mode: the length; group mode: the longest sequence
+  int32_t seqlen_k;
+  int32_t nhead_q;
+  int32_t head_group;  // nhead_q / nhead_k: query heads sharing one K/V head
+  int32_t hdim_q;
+  int32_t hdim_v;
+  int32_t skip_min_seqlen_q;  // always 0: the backward visits every sequence
+  int32_t dq_splits;          // 1 in fast mode
+  int32_t deterministic;
+
+  float scale;
+  float scale_log2;
+  float softcap;
+  float softcap_prescale;
+
+  int32_t window_left;
+  int32_t window_right;
+  int32_t bottom_right;
+
+  uint32_t dropout_threshold;
+  float dropout_rescale;
+  uint32_t philox_key0, philox_key1;
+  uint32_t philox_offset;
+};
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,245 @@
+"""The backward's C API, dispatcher and Python layer on a machine without a GPU.
+
+Expectations about kernels come from whatever kernel set the library was built with.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckfmha
+from ckfmha import errors
+
+no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour without a GPU")
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+STAGES = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
+
+
+@pytest.fixture(scope="module")
+def bwd_kernels() -> list[dict]:
+    return [k for k in ckfmha.Registry().kernels() if k["family"] == "bwd_dq_dk_dv"]
+
+
+def _problem_fields(kernel: dict, **overrides) -> dict:
+    fields = {
+        "batch": 2,
+        "nhead_q": 8,
+        "nhead_k": 2,
+        "seqlen_q": 300,
+        "seqlen_k": 257,
+        "hdim": kernel["hdim_q"],
+        "hdim_v": kernel["hdim_v"],
+        "dtype": kernel["dtype"],
+        "mode": kernel["mode"],
+        "causal": kernel["mask"] == "causal",
+        "window": (16, 0) if kernel["mask"] == "window" else None,
+    }
+    fields.update(overrides)
+    return fields
+
+
+def test_every_registered_backward_kernel_has_a_plan(bwd_kernels):
+    if not bwd_kernels:
+        pytest.skip("library built without backward kernels")
+    dispatcher = ckfmha.Dispatcher()
+    by_name = {k["name"]: k for k in ckfmha.Registry().kernels()}
+    for kernel in bwd_kernels:
+        fields = _problem_fields(kernel)
+        plan = dispatcher.select_bwd(arch=kernel["arch_name"], **fields)
+        assert len(plan) == 3
+        assert [by_name[name]["family"] for name in plan] == list(STAGES)
+        main = by_name[plan[1]]
+        assert (main["dtype"], main["mode"], main["hdim_q"], main["hdim_v"]) == (
+            kernel["dtype"], kernel["mode"], kernel["hdim_q"], kernel["hdim_v"]
+        )  # fmt: skip
+        # Row-wise stages pass over hdim_v (D = rowsum(dO * O)) and hdim_q (dQ).
+        assert by_name[plan[0]]["hdim_q"] == kernel["hdim_v"]
+        assert by_name[plan[2]]["hdim_q"] == kernel["hdim_q"]
+        # The deterministic switch is a run-time mode: the same kernels serve it.
+        assert dispatcher.select_bwd(arch=kernel["arch_name"], deterministic=True, **fields) == plan
+
+
+def test_explain_bwd_lists_each_stage(bwd_kernels):
+    if not bwd_kernels:
+        pytest.skip("library built without backward kernels")
+    kernel = bwd_kernels[0]
+    text = ckfmha.Dispatcher().explain_bwd(arch=kernel["arch_name"], **_problem_fields(kernel))
+    assert text.startswith("problem: bwd ")
+    for stage in STAGES:
+        assert f"stage {stage}:" in text
+    assert text.count("selected") == 3
+    assert "rejected" not in text or "problem has" in text or "problem is" in text
+
+
+def test_unsupported_backward_says_what_exists(bwd_kernels):
+    if not bwd_kernels:
+        pytest.skip("library built without backward kernels")
+    kernel = bwd_kernels[0]
+    with pytest.raises(errors.UnsupportedError, match=r"no compiled bwd_dq_dk_dv kernel fits"):
+        ckfmha.Dispatcher().select_bwd(arch=kernel["arch_name"],
+                                       **_problem_fields(kernel, hdim=72, hdim_v=72))  # fmt: skip
+    with pytest.raises(errors.UnsupportedError, match="Available on"):
+        ckfmha.Dispatcher().select_bwd(arch=kernel["arch_name"],
+                                       **_problem_fields(kernel, hdim=72, hdim_v=72))  # fmt: skip
+
+
+def test_backward_rejects_forward_only_features():
+    with pytest.raises(errors.InvalidArgumentError, match="sinks"):
+        ckfmha.Dispatcher().select_bwd(arch=90, batch=1, nhead_q=2, seqlen_q=8, hdim=64,
+                                       sink=True)  # fmt: skip
+    with pytest.raises(errors.InvalidArgumentError, match="row-major V"):
+        ckfmha.Dispatcher().select_bwd(arch=90, batch=1, nhead_q=2, seqlen_q=8, hdim=64,
+                                       v_col_major=True)  # fmt: skip
+
+
+def test_invalid_backward_problem_is_an_argument_error():
+    with pytest.raises(errors.InvalidArgumentError, match="multiple of nhead_k"):
+        ckfmha.Dispatcher().select_bwd(arch=90, batch=1, nhead_q=3, nhead_k=2, seqlen_q=8, hdim=64)
+
+
+def _ptr(shape, dtype="fp16"):
+    """A device pointer view that is never dereferenced: argument checks need no GPU."""
+    return ckfmha.device_ptr(0x7F000000, shape, dtype)
+
+
+BASE = {"do": _ptr((1, 2, 16, 64)), "q": _ptr((1, 2, 16, 64)), "k": _ptr((1, 2, 16, 64)),
+        "v": _ptr((1, 2, 16, 64)), "o": _ptr((1, 2, 16, 64)), "lse": _ptr((1, 2, 16), "fp32")}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"o": _ptr((1, 2, 15, 64))}, r"o must have shape \(1, 2, 16, 64\)"),
+        ({"do": _ptr((1, 2, 16, 32))}, r"do must have shape"),
+        ({"lse": _ptr((1, 2, 15), "fp32")}, r"lse must be fp32 \[1, 2, 16\]"),
+        ({"lse": _ptr((1, 2, 16), "fp16")}, r"lse must be fp32"),
+        ({"o": _ptr((1, 2, 16, 64), "bf16")}, r"o must be fp16"),
+        ({"k": _ptr((1, 2, 16, 32))}, r"k head dim 32 differs"),
+        ({"v": _ptr((1, 2, 17, 64))}, r"v has 2 heads x 17 keys"),
+    ],
+)
+def test_bwd_argument_errors(change, message):
+    arrays = {**BASE, **change}
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        ckfmha.bwd(arrays["do"], arrays["q"], arrays["k"], arrays["v"], arrays["o"],
+                   arrays["lse"])  # fmt: skip
+
+
+def test_bwd_problem_errors_come_before_any_device_work():
+    with pytest.raises(errors.InvalidArgumentError, match="causal=True or window"):
+        ckfmha.bwd(*BASE.values(), causal=True, window=(1, 1))
+    with pytest.raises(errors.InvalidArgumentError, match="dropout_p"):
+        ckfmha.bwd(*BASE.values(), dropout_p=1.0)
+    with pytest.raises(errors.InvalidArgumentError, match="dq_out must have shape"):
+        ckfmha.bwd(*BASE.values(), dq_out=_ptr((1, 2, 16, 32)))
+
+
+def test_bwd_varlen_argument_errors():
+    q = _ptr((10, 2, 64))
+    lse = _ptr((2, 10), "fp32")
+    cu = ckfmha.device_ptr(0x7F000000, (3,), "int32")
+    cu_short = ckfmha.device_ptr(0x7F000000, (2,), "int32")
+    with pytest.raises(errors.InvalidArgumentError, match="cu_seqlens_k must hold"):
+        ckfmha.bwd_varlen(q, q, q, q, q, lse, cu, cu_short, max_seqlen_q=6, max_seqlen_k=10)
+    with pytest.raises(errors.InvalidArgumentError, match=r"lse must be fp32 \[2, 10\]"):
+        ckfmha.bwd_varlen(q, q, q, q, q, _ptr((10, 2), "fp32"), cu, cu, max_seqlen_q=6,
+                          max_seqlen_k=10)  # fmt: skip
+
+
+@no_gpu
+def test_bwd_without_gpu_raises_no_device():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 16, 64)).astype(np.float16)
+    lse = np.zeros((1, 2, 16), np.float32)
+    with pytest.raises(errors.NoDeviceError):
+        ckfmha.bwd(q, q, q, q, q, lse, causal=True)
+
+
+C_PROBE = r"""
+#include <ckfmha/ckfmha.h>
+#include <stdio.h>
+#include <string.h>
+
+static void report(const char* what, int status) {
+  printf("%s %d %s\n", what, status, status ? ckfmha_last_error() : "");
+}
+
+int main(void) {
+  ckfmha_bwd_problem p;
+  report("init", ckfmha_bwd_problem_init(&p, CKFMHA_DTYPE_BF16, CKFMHA_LAYOUT_BSHD, 2, 8, 2,
+                                         300, 257, 128, 128));
+  printf("strides %lld %lld %lld %lld\n", (long long)p.do_stride[2], (long long)p.dq_stride[2],
+         (long long)p.dk_stride[2], (long long)p.lse_stride[1]);
+  size_t fast = 0, exact = 0;
+  report("size_fast", ckfmha_bwd_workspace_size(&p, &fast));
+  p.deterministic = 1;
+  report("size_exact", ckfmha_bwd_workspace_size(&p, &exact));
+  printf("bytes %zu %zu\n", fast, exact);
+  p.deterministic = 2;
+  report("bad_deterministic", ckfmha_bwd_problem_validate(&p));
+  p.deterministic = 0;
+  p.store_dbias = 1;
+  report("dbias_without_bias", ckfmha_bwd_problem_validate(&p));
+  p.store_dbias = 0;
+  p.dk_stride[1] = -1;
+  report("negative_stride", ckfmha_bwd_problem_validate(&p));
+  p.dk_stride[1] = 128;
+  report("run_null_args", ckfmha_bwd_run(&p, NULL, NULL, NULL));
+  ckfmha_bwd_args a;
+  memset(&a, 0, sizeof a);
+  static char dummy[64] __attribute__((aligned(16)));
+  a.q = a.k = a.v = a.o = a.do_ = dummy;
+  a.dq = a.dk = a.dv = dummy;
+  report("run_no_lse", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  a.lse = (const float*)dummy;
+  report("run_no_workspace", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  a.workspace = dummy;
+  a.workspace_bytes = 64;
+  report("run_small_workspace", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  p.hdim_q = p.hdim_v = 72;
+  char names[1024];
+  report("select_unsupported", ckfmha_bwd_select(&p, 90, names, sizeof names));
+  return 0;
+}
+"""
+
+
+@needs_cc
+def test_c_api_checks_and_workspace_size(tmp_path: Path):
+    source = tmp_path / "probe.c"
+    source.write_text(textwrap.dedent(C_PROBE))
+    lib = ckfmha.get_library_dir()
+    program = tmp_path / "probe"
+    subprocess.run(["cc", str(source), f"-I{ckfmha.get_include()[-1]}", f"-L{lib}", "-lckfmha",
+                    f"-Wl,-rpath,{lib}", "-o", str(program)], check=True)  # fmt: skip
+    out = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+    assert lines["init"].startswith("0")
+    # BSHD: row strides are heads * head dim; the LSE is [batch, heads, rows] (head stride).
+    assert lines["strides"] == f"{8 * 128} {8 * 128} {2 * 128} 300"
+    fast, exact = (int(x) for x in lines["bytes"].split())
+    rows = 2 * 8 * 300
+
+    def round_up(n: int) -> int:
+        return (n + 255) // 256 * 256
+
+    # D, then the dQ accumulator: one slice in fast mode, `splits` when deterministic.
+    assert fast == round_up(4 * rows) + round_up(4 * rows * 128)
+    splits = min(math.ceil(257 / 128), max(1, math.ceil(264 / (2 * 2))))
+    assert exact == round_up(4 * rows) + round_up(4 * rows * 128 * splits)
+    assert lines["bad_deterministic"].startswith("1 deterministic must be 0")
+    assert lines["dbias_without_bias"].startswith("1 store_dbias needs an elementwise bias")
+    assert lines["negative_stride"].startswith("1 dk head stride is -1")
+    assert lines["run_null_args"].startswith("1 args is NULL")
+    assert lines["run_no_lse"].startswith("1 lse is NULL")
+    assert lines["run_no_workspace"].startswith("1 workspace is NULL")
+    assert lines["run_small_workspace"].startswith("1 workspace of 64 bytes is too small")
+    assert lines["select_unsupported"].startswith("2 no compiled bwd_dq_dk_dv kernel fits bwd")

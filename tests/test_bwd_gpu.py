@@ -1,0 +1,375 @@
+"""Backward kernels on the GPU against the float64 NumPy gradients.
+
+Every registered bwd_dq_dk_dv kernel that runs on this device is forced by name and checked
+on cases built from its features (mask kind, batch or group mode), with fresh random inputs,
+odd sizes (seqlen 1, 17, 100: not tile multiples), GQA/MQA, both layouts and zero-length
+sequences, and outputs poisoned with NaN first so an unwritten element fails. The forward's
+O and LSE come from the float64 reference (rounded to the kernel's dtype), so a backward
+error is never a forward one.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ckfmha
+from ckfmha.reference import (
+    attention_reference,
+    dropout_keep,
+    philox_dropout_randval,
+    varlen_attention_reference,
+)
+from ckfmha.reference_bwd import (
+    attention_backward_reference,
+    varlen_attention_backward_reference,
+)
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
+
+# Gradients pass through two more rounded products than the forward (P and dS are rounded
+# to the input dtype before dV, dK and dQ): bounds on |got - ref| relative to the
+# reference's norm, and on the largest error relative to the largest reference value.
+REL_L2_TOL = {"fp16": 4e-3, "bf16": 3e-2}
+MAX_REL_TOL = {"fp16": 2e-2, "bf16": 1e-1}
+ZERO_TOL = {"fp16": 1.5e-2, "bf16": 1e-1}
+
+SEQLEN_PAIRS = [(1, 17), (17, 1), (100, 257), (257, 100), (128, 128), (1, 1)]
+WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
+VARLEN_Q = [0, 1, 17, 300, 129, 64]
+VARLEN_K = [5, 1, 40, 300, 0, 200]
+
+
+def _runs_on(kernel: dict[str, Any], arch: int) -> bool:
+    if kernel["arch_name"].endswith("a"):
+        return kernel["arch"] == arch
+    return kernel["arch"] // 10 == arch // 10 and kernel["arch"] <= arch
+
+
+def _device_kernels() -> list[dict[str, Any]]:
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [
+        k
+        for k in ckfmha.Registry().kernels()
+        if k["family"] == "bwd_dq_dk_dv" and _runs_on(k, arch)
+    ]
+
+
+KERNELS = _device_kernels()
+KERNEL_IDS = [k["name"] for k in KERNELS]
+
+
+def _torch_dtype(name: str) -> Any:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _f64(t: Any) -> np.ndarray:
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+class Inputs:
+    """Random tensors for one case, drawn from a seeded generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def normal(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        t = torch.randn(shape, generator=self.generator, dtype=torch.float32)
+        return t.to(device="cuda", dtype=dtype)
+
+
+def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
+    alignment = ["top_left", "bottom_right"][index % 2]
+    if kernel["mask"] == "causal":
+        return {"causal": True, "causal_alignment": alignment}
+    if kernel["mask"] == "window":
+        return {"window": WINDOWS[index % len(WINDOWS)], "causal_alignment": alignment}
+    return {}
+
+
+def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
+                     sk: int, dtype: Any) -> dict[str, Any]:  # fmt: skip
+    """Bias, ALiBi, soft-cap and dropout as the kernel computes them (the forward's values)."""
+    options: dict[str, Any] = {}
+    if kernel["bias"] == "elementwise":
+        # Broadcast over the batch: a stride-0 axis must work.
+        options["bias"] = inputs.normal((1, hq, sq, sk), dtype).expand(b, hq, sq, sk)
+    elif kernel["bias"] == "alibi":
+        slopes = torch.rand((hq,), generator=inputs.generator) * 0.5 + 0.01
+        options["alibi_slopes"] = slopes.to("cuda")
+    if kernel["softcap"]:
+        options["softcap"] = 2.5
+    if kernel["dropout"]:
+        seed = int(torch.randint(0, 2**62, (1,), generator=inputs.generator)) + 2**40
+        offset = int(torch.randint(0, 2**40, (1,), generator=inputs.generator)) + 2**33
+        options.update(dropout_p=0.3, dropout_seed=seed, dropout_offset=offset)
+    return options
+
+
+def _reference_options(options: dict[str, Any], b: int, hq: int, sq: int,
+                       sk: int) -> dict[str, Any]:  # fmt: skip
+    """The reference's spelling: arrays on the host, the dropout stream as a keep mask."""
+    converted = {k: (_f64(v) if hasattr(v, "detach") else v) for k, v in options.items()}
+    if "dropout_seed" in converted:
+        randval = philox_dropout_randval(converted.pop("dropout_seed"),
+                                         converted.pop("dropout_offset"), b, hq, sq, sk)
+        converted["dropout_keep"] = dropout_keep(randval, converted["dropout_p"])  # fmt: skip
+    return converted
+
+
+def _poisoned_like(t: Any) -> Any:
+    return torch.full_like(t, float("nan"))
+
+
+def _compare(dtype: str, got: Any, ref: np.ndarray, what: str) -> None:
+    g = _f64(got)
+    assert not np.isnan(g).any(), f"unwritten (NaN) elements in {what}"
+    ref_norm = np.linalg.norm(ref)
+    err = g - ref
+    rel = np.linalg.norm(err) / max(ref_norm, 1e-30)
+    if ref_norm < 1e-9:
+        # (Near-)zeros in the reference: a row that sees one key has dS = P (dP - D) = 0,
+        # which the kernels get as the rounding residue of dP - D (D comes from O in the
+        # input dtype, which dropout's 1/(1-p) makes inexact).
+        worst = np.abs(g).max()
+        assert worst < ZERO_TOL[dtype], f"{what} must be ~0, got max {worst:.3e}"
+        return
+    assert rel < REL_L2_TOL[dtype], f"{what}: relative L2 error {rel:.3e}"
+    worst = np.abs(err).max() / max(np.abs(ref).max(), 1e-30)
+    assert worst < MAX_REL_TOL[dtype], f"{what}: max error {worst:.3e} of max |ref|"
+
+
+def _forward_outputs(q, k, v, dtype, **options):
+    """The forward's O (rounded to dtype) and LSE (fp32) from the float64 reference."""
+    out, lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+    o = torch.from_numpy(out).to(device="cuda", dtype=dtype)
+    # bshd inputs give an LSE view with strided rows; the kernels read contiguous rows.
+    lse = np.ascontiguousarray(lse)
+    return o, torch.from_numpy(lse).to(device="cuda", dtype=torch.float32)
+
+
+def _run_batch_case(kernel: dict[str, Any], index: int, sq: int, sk: int, inputs: Inputs,
+                    deterministic: bool) -> None:  # fmt: skip
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    hq, hk = [(4, 4), (4, 2), (6, 1)][index % 3]
+    layout = ["bhsd", "bshd"][index % 2]
+    b = 2 if sq * sk < 100_000 else 1
+
+    def shape(heads: int, seqlen: int, dim: int) -> tuple[int, ...]:
+        return (b, seqlen, heads, dim) if layout == "bshd" else (b, heads, seqlen, dim)
+
+    q = inputs.normal(shape(hq, sq, d), dtype)
+    k = inputs.normal(shape(hk, sk, d), dtype)
+    v = inputs.normal(shape(hk, sk, dv), dtype)
+    do = inputs.normal(shape(hq, sq, dv), dtype)
+    scale = 1.0 / math.sqrt(d) * (0.75 if index % 2 else 1.0)
+    options = {**_mask_options(kernel, index), "scale": scale,
+               **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}  # fmt: skip
+    ref_options = _reference_options(options, b, hq, sq, sk)
+    o, lse = _forward_outputs(q, k, v, dtype, layout=layout, **ref_options)
+    dq, dk, dv_ = (_poisoned_like(t) for t in (q, k, v))
+    got = ckfmha.bwd(do, q, k, v, o, lse, layout=layout, dq_out=dq, dk_out=dk, dv_out=dv_,
+                     kernel=kernel["name"], deterministic=deterministic, **options)
+    torch.cuda.synchronize()
+    assert got[0].data_ptr() == dq.data_ptr(), "dq_out= must be written in place"
+    ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), layout=layout,
+                                       **ref_options)  # fmt: skip
+    what = f"{kernel['name']} case {index} sq={sq} sk={sk} h={hq}/{hk} {layout} {options}"
+    _compare(kernel["dtype"], got[0], ref.dq, "dq " + what)
+    _compare(kernel["dtype"], got[1], ref.dk, "dk " + what)
+    _compare(kernel["dtype"], got[2], ref.dv, "dv " + what)
+
+
+def _offsets(lengths) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs,
+                    deterministic: bool) -> None:  # fmt: skip
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    hq, hk = [(4, 2), (3, 3)][index % 2]
+    lens_q = np.roll(VARLEN_Q, index)
+    lens_k = lens_q if index % 2 else np.roll(VARLEN_K, index)
+    cu_q, cu_k = _offsets(lens_q), _offsets(lens_k)
+    max_q, max_k = int(lens_q.max()), int(lens_k.max())
+    q = inputs.normal((int(cu_q[-1]), hq, d), dtype)
+    k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
+    v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
+    do = inputs.normal((int(cu_q[-1]), hq, dv), dtype)
+    options = {**_mask_options(kernel, index),
+               **_feature_options(kernel, inputs, len(lens_q), hq, max_q, max_k, dtype)}
+    ref_options = _reference_options(options, len(lens_q), hq, max_q, max_k)
+    out, lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k, **ref_options)
+    o = torch.from_numpy(np.nan_to_num(out)).to(device="cuda", dtype=dtype)
+    lse_t = torch.from_numpy(lse).to(device="cuda", dtype=torch.float32)
+    dq, dk, dv_ = (_poisoned_like(t) for t in (q, k, v))
+    got = ckfmha.bwd_varlen(
+        do, q, k, v, o, lse_t, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
+        max_seqlen_q=max_q, max_seqlen_k=max_k, dq_out=dq, dk_out=dk, dv_out=dv_,
+        kernel=kernel["name"], deterministic=deterministic, **options,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    ref = varlen_attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), cu_q, cu_k,
+                                              **ref_options)  # fmt: skip
+    what = f"{kernel['name']} varlen {index} {options}"
+    _compare(kernel["dtype"], got[0], ref.dq, "dq " + what)
+    _compare(kernel["dtype"], got[1], ref.dk, "dk " + what)
+    _compare(kernel["dtype"], got[2], ref.dv, "dv " + what)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
+def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()))
+    if kernel["mode"] == "group":
+        for index in range(2):
+            _run_group_case(kernel, index, inputs, deterministic=index % 2 == 1)
+    else:
+        for index, (sq, sk) in enumerate(SEQLEN_PAIRS):
+            _run_batch_case(kernel, index, sq, sk, inputs, deterministic=index % 3 == 2)
+
+
+def _first(**wanted: Any) -> dict[str, Any]:
+    for kernel in KERNELS:
+        if all(kernel[key] == value for key, value in wanted.items()):
+            return kernel
+    pytest.skip(f"no backward kernel with {wanted}")
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+@pytest.mark.parametrize("mode", ["batch", "group"])
+def test_deterministic_mode_is_bit_identical_across_runs(mode: str) -> None:
+    kernel = _first(mode=mode, bias="none", dropout=False, softcap=False)
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    inputs = Inputs(11)
+    options = _mask_options(kernel, 1)
+    # Long enough that several key tiles add to every dQ row from different CTAs.
+    if mode == "batch":
+        b, hq, hk, s = 2, 4, 2, 1000
+        q, do = inputs.normal((b, hq, s, d), dtype), inputs.normal((b, hq, s, dv), dtype)
+        k, v = inputs.normal((b, hk, s, d), dtype), inputs.normal((b, hk, s, dv), dtype)
+        o, lse = _forward_outputs(q, k, v, dtype, **options)
+
+        def run() -> tuple[Any, ...]:
+            return ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], deterministic=True,
+                              **options)  # fmt: skip
+    else:
+        lens = np.array([700, 0, 1000, 33])
+        cu = torch.from_numpy(_offsets(lens)).cuda()
+        hq, hk, total = 4, 2, int(lens.sum())
+        q, do = inputs.normal((total, hq, d), dtype), inputs.normal((total, hq, dv), dtype)
+        k, v = inputs.normal((total, hk, d), dtype), inputs.normal((total, hk, dv), dtype)
+        out, lse_np = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu.cpu().numpy(),
+                                                 cu.cpu().numpy(), **options)  # fmt: skip
+        o = torch.from_numpy(np.nan_to_num(out)).to(device="cuda", dtype=dtype)
+        lse = torch.from_numpy(lse_np).to(device="cuda", dtype=torch.float32)
+
+        def run() -> tuple[Any, ...]:
+            return ckfmha.bwd_varlen(do, q, k, v, o, lse, cu, cu, max_seqlen_q=1000,
+                                     max_seqlen_k=1000, kernel=kernel["name"],
+                                     deterministic=True, **options)  # fmt: skip
+
+    first, second = run(), run()
+    for a, b_ in zip(first, second):
+        assert torch.equal(a, b_), "deterministic mode must give bit-identical gradients"
+
+
+def _has_fwd(kernel: dict[str, Any]) -> bool:
+    try:
+        ckfmha.Dispatcher().select(batch=1, nhead_q=1, seqlen_q=64, hdim=kernel["hdim_q"],
+                                   hdim_v=kernel["hdim_v"], dtype=kernel["dtype"], lse=True)
+    except ckfmha.CkfmhaError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_fast_and_deterministic_modes_agree() -> None:
+    kernel = _first(mode="batch", bias="none", dropout=False, softcap=False)
+    dtype = _torch_dtype(kernel["dtype"])
+    inputs = Inputs(12)
+    q = inputs.normal((1, 2, 600, kernel["hdim_q"]), dtype)
+    k = inputs.normal((1, 2, 600, kernel["hdim_q"]), dtype)
+    v = inputs.normal((1, 2, 600, kernel["hdim_v"]), dtype)
+    do = inputs.normal((1, 2, 600, kernel["hdim_v"]), dtype)
+    options = _mask_options(kernel, 0)
+    o, lse = _forward_outputs(q, k, v, dtype, **options)
+    fast = ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], **options)
+    exact = ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], deterministic=True, **options)
+    # dK and dV never use atomics; dQ differs only by the order of fp32 additions.
+    assert torch.equal(fast[1], exact[1]) and torch.equal(fast[2], exact[2])
+    assert torch.allclose(fast[0].float(), exact[0].float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_automatic_selection_numpy_inputs() -> None:
+    kernel = _first(mode="batch", mask="none", bias="none", dropout=False, softcap=False)
+    rng = np.random.default_rng()
+    np_dtype = np.float16
+    if kernel["dtype"] != "fp16":
+        pytest.skip("NumPy has no bf16")
+    d = kernel["hdim_q"]
+    q, k, v, do = (rng.standard_normal((1, 2, n, d)).astype(np_dtype) for n in (33, 70, 70, 33))
+    out, lse = attention_reference(q.astype(np.float64), k.astype(np.float64),
+                                   v.astype(np.float64))  # fmt: skip
+    dq, dk, dv = ckfmha.bwd(do, q, k, v, out.astype(np_dtype), lse.astype(np.float32))
+    assert dv.shape == v.shape
+    assert isinstance(dq, np.ndarray) and dq.dtype == np_dtype and dk.shape == k.shape
+    ref = attention_backward_reference(q, k, v, do)
+    _compare("fp16", torch.from_numpy(dq), ref.dq, "dq numpy")
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_unsupported_backward_names_the_missing_stage() -> None:
+    q = torch.randn(1, 2, 16, 72, device="cuda", dtype=torch.float16)
+    lse = torch.zeros(1, 2, 16, device="cuda")
+    with pytest.raises(ckfmha.UnsupportedError, match="bwd_dq_dk_dv"):
+        ckfmha.bwd(q, q, q, q, q, lse)
+
+
+def _autograd_kernel() -> dict[str, Any]:
+    for kernel in KERNELS:
+        plain = kernel["bias"] == "none" and not kernel["dropout"] and not kernel["softcap"]
+        if kernel["mode"] == "batch" and kernel["mask"] == "causal" and plain and _has_fwd(kernel):
+            return kernel
+    pytest.skip("no causal batch-mode backward kernel with a matching forward kernel")
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_torch_autograd_matches_reference_gradients() -> None:
+    import ckfmha.torch
+
+    kernel = _autograd_kernel()
+    dtype = _torch_dtype(kernel["dtype"])
+    d = kernel["hdim_q"]
+    inputs = Inputs(13)
+    q = inputs.normal((2, 4, 130, d), dtype).requires_grad_()
+    k = inputs.normal((2, 2, 150, d), dtype).requires_grad_()
+    v = inputs.normal((2, 2, 150, kernel["hdim_v"]), dtype).requires_grad_()
+    out = ckfmha.torch.attention(q, k, v, causal=True, causal_alignment="bottom_right")
+    weights = inputs.normal(tuple(out.shape), dtype)
+    (out.float() * weights.float()).sum().backward()
+    ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(weights), causal=True,
+                                       causal_alignment="bottom_right")  # fmt: skip
+    _compare(kernel["dtype"], q.grad, ref.dq, "autograd dq")
+    _compare(kernel["dtype"], k.grad, ref.dk, "autograd dk")
+    _compare(kernel["dtype"], v.grad, ref.dv, "autograd dv")
+    # The same gradients as torch's own attention in float32 (a gradcheck-style comparison).
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    kr, vr = (t.repeat_interleave(2, dim=1) for t in (kf, vf))
+    mask = torch.ones(130, 150, dtype=torch.bool, device="cuda").tril(diagonal=150 - 130)
+    expected = torch.nn.functional.scaled_dot_product_attention(qf, kr, vr, attn_mask=mask)
+    (expected * weights.float()).sum().backward()
+    for got, want in ((q.grad, qf.grad), (k.grad, kf.grad), (v.grad, vf.grad)):
+        rel = (got.float() - want).norm() / want.norm()
+        assert rel < REL_L2_TOL[kernel["dtype"]], f"relative error {rel:.3e} against torch"
