@@ -255,3 +255,20 @@ def test_explain_lists_every_split_and_combine_kernel(split_kernel: dict) -> Non
     for kernel in ckfmha.Registry().kernels():
         if kernel["family"] in ("fwd_splitkv", "fwd_splitkv_combine"):
             assert kernel["name"] in text
+
+
+def test_repeated_plans_follow_the_problem(split_kernel: dict) -> None:
+    # Plans are remembered per problem: asking again, alternating between
+    # problems, must give each problem its own answer.
+    dispatcher = ckfmha.Dispatcher()
+    arch = split_kernel["arch"]
+    sizes = {splits: _workspace(splits, 2, 32, 5, split_kernel["hdim_v"]) for splits in (2, 7)}
+    for _ in range(3):
+        for splits, expected in sizes.items():
+            problem = _problem(split_kernel, seqlen_q=5, num_splits=splits)
+            assert dispatcher.workspace_size(problem, arch=arch) == expected
+    with pytest.raises(errors.UnsupportedError):
+        dispatcher.workspace_size(_problem(split_kernel, hdim=96), arch=arch)
+    assert dispatcher.workspace_size(
+        _problem(split_kernel, seqlen_q=5, num_splits=2), arch=arch
+    ) == sizes[2]

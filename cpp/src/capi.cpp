@@ -311,7 +311,7 @@ int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
   if (int s = plan_context(arch, &context)) return s;
   ckfmha_kernel_entry forced{};
   if (int s = find_forced(kernel_name, &forced, &context)) return s;
-  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  FwdPlan const& plan = cached_plan_fwd(Registry::instance().entries(), *problem, context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   *bytes = plan.workspace_bytes;
   return succeed();
@@ -330,7 +330,8 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
   context.workspace_available = args->workspace != nullptr;
   ckfmha_kernel_entry forced{};
   if (int s = find_forced(kernel_name, &forced, &context)) return s;
-  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  // A copy: the cache's entry may be replaced by a plan made while launching.
+  const FwdPlan plan = cached_plan_fwd(Registry::instance().entries(), *problem, context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   if (int s = check_workspace(plan, *args)) return s;
   // Column-major V kernels fall back to element loads when V's base is not

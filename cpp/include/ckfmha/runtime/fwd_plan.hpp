@@ -39,6 +39,11 @@ struct PlanContext {
 FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
                  ckfmha_fwd_problem const& problem, PlanContext const& context);
 
+// plan_fwd, remembered per thread for the last few (problem, context) keys.
+// The reference stays valid until this thread plans again.
+FwdPlan const& cached_plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
+                               ckfmha_fwd_problem const& problem, PlanContext const& context);
+
 // The split count the dispatcher chooses for `split` (a fwd_splitkv kernel)
 // when the problem leaves num_splits at 0 (the wave model in fwd_plan.cpp).
 int heuristic_num_splits(ckfmha_fwd_problem const& problem, ckfmha_kernel_entry const& split,
