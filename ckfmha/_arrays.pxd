@@ -12,7 +12,8 @@ cdef class ArrayView:
     # In elements, whatever unit the source protocol used.
     cdef readonly tuple strides
     cdef readonly int dtype
-    # "numpy" (staged to the device), "device" (DeviceArray), "dlpack", or "cai".
+    # "numpy" (staged to the device), "device" (DeviceArray), "torch" (read
+    # directly), "dlpack", or "cai".
     cdef readonly str protocol
     cdef readonly object source
     # Whatever must outlive the kernel: a staged copy, the DLPack producer...

@@ -78,6 +78,8 @@ def as_view(obj, stream=0, dtype=None, str name="array", int ndim=4, allowed=Non
             raise _invalid(f"{name}: a NumPy output cannot be written by the GPU; "
                            "pass device memory as out=, or let fwd allocate it")
         view = _from_host(obj, override, name, allowed)
+    elif _is_torch_cuda(obj) and _torch_on_stream(obj, stream):
+        view = _from_torch(obj, name)
     elif isinstance(obj, int):
         raise _invalid(f"{name}: a raw device pointer needs its shape and dtype: wrap it as "
                        "ckfmha.device_ptr(ptr, shape, dtype, strides)")
@@ -163,6 +165,38 @@ cdef ArrayView _from_host(host, override, str name, allowed):
     view.dtype = code
     view.protocol = "numpy"
     view._keepalive = staged
+    return view
+
+
+# torch tensors that the kernel reads or writes on torch's current stream are
+# read through their attributes: torch's __dlpack__ builds stream and event
+# objects in Python on every call, tens of microseconds over q, k, v and the
+# output, which short kernels cannot hide. A tensor used on another stream
+# takes the DLPack path, whose contract orders that stream after the tensor's
+# pending work.
+cdef bint _is_torch_cuda(obj):
+    return type(obj).__module__.startswith("torch") and getattr(obj, "is_cuda", False) is True
+
+
+cdef bint _torch_on_stream(obj, stream):
+    from ckfmha._torch_fast import current_stream_handle
+
+    return same_stream(current_stream_handle(obj.device), stream)
+
+
+cdef ArrayView _from_torch(obj, str name):
+    from ckfmha._torch_fast import DTYPE_CODES
+
+    cdef ArrayView view = ArrayView.__new__(ArrayView)
+    code = DTYPE_CODES.get(obj.dtype)
+    if code is None:
+        raise _invalid(f"{name}: torch dtype {obj.dtype} is not fp16, bf16 or fp32")
+    view.dtype = code
+    view.shape = tuple(obj.shape)
+    view.strides = tuple(obj.stride())
+    view.ptr = <uintptr_t>obj.data_ptr()
+    view.protocol = "torch"
+    view._keepalive = obj
     return view
 
 

@@ -36,9 +36,9 @@ def array_kind(array: Any) -> str:
 def default_stream(kind: str, array: Any) -> int:
     """The stream the framework of ``array`` is currently issuing work on."""
     if kind == "torch":
-        import torch
+        from ckfmha._torch_fast import current_stream_handle
 
-        return int(torch.cuda.current_stream(array.device).cuda_stream)
+        return current_stream_handle(array.device)
     if kind == "cupy":
         import cupy
 

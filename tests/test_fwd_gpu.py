@@ -412,6 +412,39 @@ def test_automatic_selection_and_results_on_same_stream() -> None:
 
 
 @pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
+def test_torch_tensors_on_the_launch_stream_are_read_directly() -> None:
+    from ckfmha._arrays import as_view
+
+    t = torch.randn(2, 3, 40, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    current = torch.cuda.current_stream().cuda_stream
+    view = as_view(t, current, None, "q", 4)
+    assert view.protocol == "torch"
+    assert (view.ptr, view.shape, view.strides) == (t.data_ptr(), tuple(t.shape), t.stride())
+    assert view.dtype_name == "bf16"
+    # Another stream must be ordered after the tensor's pending work: DLPack does that.
+    side = torch.cuda.Stream()
+    assert as_view(t, side.cuda_stream, None, "q", 4).protocol == "dlpack"
+    with pytest.raises(ckfmha.InvalidArgumentError, match="q: torch dtype torch.float64"):
+        as_view(t.double(), current, None, "q", 4)
+
+
+@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
+def test_inputs_written_on_torch_stream_are_read_on_an_explicit_other_stream() -> None:
+    q = torch.randn(1, 4, 2000, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 4, 2000, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    expected = ckfmha.fwd(q, k, v)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    torch.cuda._sleep(20_000_000)  # the writes below land long after the call returns
+    q2, k2, v2 = q * 1.0, k * 1.0, v * 1.0
+    out = ckfmha.fwd(q2, k2, v2, stream=side)
+    side.synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
 def test_numpy_inputs_are_staged() -> None:
     rng = np.random.default_rng()
     q, k, v = (rng.standard_normal((1, 2, n, 64)).astype(np.float16) for n in (33, 70, 70))

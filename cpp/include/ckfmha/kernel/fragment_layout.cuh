@@ -55,16 +55,25 @@ __device__ __forceinline__ constexpr auto gmma_accum_as_operand_a(Layout const& 
                      get<1>(chunks));
 }
 
-// Element-wise conversion of a compact register fragment, keeping its layout
-// (the converter packs pairs into single cvt instructions).
-template <class To, class Engine, class Layout>
-__device__ __forceinline__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
-  using From = typename Engine::value_type;
+// Element-wise conversion of a compact register fragment into another of the
+// same size (the converter packs pairs into single cvt instructions).
+template <class SrcEngine, class SrcLayout, class DstEngine, class DstLayout>
+__device__ __forceinline__ void convert_fragment_into(cute::Tensor<SrcEngine, SrcLayout> const& src,
+                                                      cute::Tensor<DstEngine, DstLayout>& dst) {
+  using From = typename SrcEngine::value_type;
+  using To = typename DstEngine::value_type;
   constexpr int kSize = decltype(cute::size(src))::value;
-  auto dst = cute::make_tensor<To>(src.layout());
+  static_assert(decltype(cute::size(dst))::value == kSize);
   cutlass::NumericArrayConverter<To, From, kSize> convert;
   *reinterpret_cast<cutlass::Array<To, kSize>*>(dst.data()) =
       convert(*reinterpret_cast<cutlass::Array<From, kSize> const*>(src.data()));
+}
+
+// The same, into a new fragment with the source's layout.
+template <class To, class Engine, class Layout>
+__device__ __forceinline__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
+  auto dst = cute::make_tensor<To>(src.layout());
+  convert_fragment_into(src, dst);
   return dst;
 }
 

@@ -2,15 +2,18 @@
 // persistent. Each CTA walks query tiles (128 rows of one head and sequence)
 // unit by unit in PersistentTileOrder (causal: pairs of tiles of equal total work):
 //   producer warpgroup: one thread issues TMA copies of each tile's Q and of
-//     its K and V tiles into a ring of stages; a stage is reused when both
-//     consumer warpgroups have released it (kv_empty), Q when both are done
-//     with it (q_empty), so the next tile's loads overlap this tile's tail.
-//   consumer warpgroups (64 query rows each): wait K -> S = Q K^T (wgmma,
-//     both operands in shared memory) -> mask -> online softmax -> wait V ->
-//     O += P V (wgmma, P from registers) -> release the stage; then the
-//     epilogue of the tile.
-// While one consumer warpgroup runs its softmax the other can keep the tensor
-// cores busy; the producer keeps the next stages in flight under both.
+//     its K and V tiles into a ring of stages, in the order the consumers
+//     read them (K0, K1, V0, K2, V1, ...); a stage's K or V is reused when
+//     both consumer warpgroups have released it, Q when both are done with
+//     it (q_empty), so the next tile's loads overlap this tile's tail.
+//   consumer warpgroups (64 query rows each), software-pipelined by one key
+//     tile: in one turn a warpgroup issues S_i = Q K_i^T and O += P_{i-1}
+//     V_{i-1} (wgmma; P from registers), then runs the mask and online
+//     softmax of S_i while its own P V product and the other warpgroup's
+//     products keep the tensor cores busy; O is rescaled for S_i's new
+//     maxima once that P V product has landed.
+// The two consumer warpgroups take turns issuing (ping-pong), so their
+// softmaxes interleave instead of meeting.
 // Key tiles are visited from the last to the first, as on the sm80 path: the
 // tiles crossing the end of the keys or the causal diagonal come first.
 #pragma once
@@ -73,6 +76,13 @@ struct ConsumerTurns {
   }
 };
 
+// Where the ring's i-th K/V tile of all loaded so far lives, and the parity
+// of its barriers' current phase.
+struct RingSlot {
+  int stage;
+  uint32_t phase;
+};
+
 // What one query tile needs, computed alike by the producer and consumers so
 // that both walk the same tiles and barrier phases.
 template <class Traits>
@@ -127,7 +137,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&bar.k_full[s], 1);
       Barrier::init(&bar.v_full[s], 1);
-      Barrier::init(&bar.kv_empty[s], Traits::kConsumerThreads);
+      Barrier::init(&bar.k_empty[s], Traits::kConsumerThreads);
+      Barrier::init(&bar.v_empty[s], Traits::kConsumerThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -180,23 +191,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         copy(params.tma_q.with(bar.q_full), src, dst);
         ++q_count;
       };
+      // The first pass over the ring finds every stage free: waiting on the
+      // parity before a barrier's initial phase returns at once.
+      // Structured bindings cannot be captured before C++20: the partitions
+      // are passed in.
+      auto load_k = [&](int i, auto const& src, auto&& dst) {
+        const int ring = kv_count + i;
+        const int stage = ring % kStages;
+        Barrier::wait(&bar.k_empty[stage], ((ring / kStages) & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(&bar.k_full[stage], Traits::kTmaBytesK);
+        copy(params.tma_k.with(bar.k_full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
+      };
+      auto load_v = [&](int i, auto const& src, auto&& dst) {
+        const int ring = kv_count + i;
+        const int stage = ring % kStages;
+        Barrier::wait(&bar.v_empty[stage], ((ring / kStages) & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(&bar.v_full[stage], Traits::kTmaBytesV);
+        copy(params.tma_v.with(bar.v_full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
+      };
       const int n_tiles = work.n_tiles();
       if (n_tiles == 0) load_q(tQgQ, tQsQ);
-      for (int i = 0; i < n_tiles; ++i, ++kv_count) {
-        const int stage = kv_count % kStages;
-        const uint32_t phase = (kv_count / kStages) & 1;
-        const int n_block = work.n_last - 1 - i;
-        // The first pass over the ring finds every stage free: waiting on the
-        // parity before the barrier's initial phase returns at once.
-        Barrier::wait(&bar.kv_empty[stage], phase ^ 1);
-        Barrier::arrive_and_expect_tx(&bar.k_full[stage], Traits::kTmaBytesK);
-        copy(params.tma_k.with(bar.k_full[stage]), tKgK(_, n_block), tKsK(_, stage));
+      for (int i = 0; i < n_tiles; ++i) {
+        load_k(i, tKgK, tKsK);
         // The first K tile goes out before Q, which may still wait for the
         // previous tile's consumers.
         if (i == 0) load_q(tQgQ, tQsQ);
-        Barrier::arrive_and_expect_tx(&bar.v_full[stage], Traits::kTmaBytesV);
-        copy(params.tma_v.with(bar.v_full[stage]), tVgV(_, n_block), tVsV(_, stage));
+        // V trails K by one tile, as the consumers' products do.
+        if (i > 0) load_v(i - 1, tVgV, tVsV);
       }
+      if (n_tiles > 0) load_v(n_tiles - 1, tVgV, tVsV);
+      kv_count += n_tiles;
     });
     return;
   }
@@ -246,70 +270,119 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     softmax.reset();
     Barrier::wait(&bar.q_full, q_count & 1);
 
-    auto process_tile = [&](int i, auto needs_mask) {
+    // P of the key tile whose P V product is issued next.
+    Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
+    Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
+    auto ring_slot = [&](int i) {
       const int ring = kv_count + i;
-      const int stage = ring % kStages;
-      const uint32_t phase = (ring / kStages) & 1;
-      const int n_block = n_last - 1 - i;
-      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
-
-      Barrier::wait(&bar.k_full[stage], phase);
+      return RingSlot{ring % kStages, uint32_t((ring / kStages) & 1)};
+    };
+    auto issue_s = [&](auto& acc_s, int stage) {
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-      warpgroup_fence_operand(acc_s);
-      turns.wait_turn();
-      warpgroup_arrive();
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tSrQ); ++k) {
         gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k, stage), acc_s);
         mma_qk.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
-      turns.hand_over();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
-
-      Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
-      if constexpr (decltype(needs_mask)::value) {
-        mask.apply(scores, cS_rows_cols, m_begin, n_block * kBlockN);
-      }
-      if (i == 0) {
-        softmax.template update<true>(scores, out, p.scale_log2);
-      } else {
-        softmax.template update<false>(scores, out, p.scale_log2);
-      }
-      Tensor probs = convert_fragment<Element>(acc_s);
-      Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
-
-      Barrier::wait(&bar.v_full[stage], phase);
-      warpgroup_fence_operand(acc_o);
-      turns.wait_turn();
-      warpgroup_arrive();
+    };
+    auto issue_pv = [&](int stage) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOrP); ++k) {
         gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc_o);
       }
       warpgroup_commit_batch();
+    };
+    auto softmax_scores = [&](auto& acc_s, int i, auto needs_mask, auto first) {
+      Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+      if constexpr (decltype(needs_mask)::value) {
+        mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
+      }
+      return softmax.template update_scores<decltype(first)::value>(scores, p.scale_log2);
+    };
+
+    // Key tile 0: S alone (there is no P yet).
+    auto first_tile = [&](auto needs_mask) {
+      const RingSlot slot = ring_slot(0);
+      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
+      warpgroup_fence_operand(acc_s);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_s(acc_s, slot.stage);
+      turns.hand_over();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      Barrier::arrive(&bar.k_empty[slot.stage]);
+      softmax_scores(acc_s, 0, needs_mask, std::true_type{});
+      convert_fragment_into(acc_s, probs);
+    };
+    // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
+    // softmax runs while the P V product accumulates.
+    auto next_tile = [&](int i, auto needs_mask) {
+      const RingSlot slot = ring_slot(i);
+      const RingSlot prev = ring_slot(i - 1);
+      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+      // Both operands are waited for before the turn, which must not be held
+      // while a load is late.
+      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
+      Barrier::wait(&bar.v_full[prev.stage], prev.phase);
+      warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_o);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_s(acc_s, slot.stage);
+      issue_pv(prev.stage);
+      turns.hand_over();
+      warpgroup_wait<1>();  // S_i; the P V product may still run
+      warpgroup_fence_operand(acc_s);
+      Barrier::arrive(&bar.k_empty[slot.stage]);
+      const auto correction = softmax_scores(acc_s, i, needs_mask, std::false_type{});
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&bar.v_empty[prev.stage]);
+      softmax.rescale(out, correction);
+      convert_fragment_into(acc_s, probs);
+    };
+    // The last tile's P V, alone.
+    auto last_product = [&]() {
+      const RingSlot slot = ring_slot(n_tiles - 1);
+      Barrier::wait(&bar.v_full[slot.stage], slot.phase);
+      warpgroup_fence_operand(acc_o);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_pv(slot.stage);
       turns.hand_over();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
-      Barrier::arrive(&bar.kv_empty[stage]);
+      Barrier::arrive(&bar.v_empty[slot.stage]);
     };
 
     auto tile_needs_mask = [&](int i) {
       return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
     };
-    // Same order as the sm80 path: masked tiles at the end of the keys and on
-    // the diagonal, then unmasked ones, then (windows only) the left edge.
-    int i = 0;
-    for (; i < n_tiles && tile_needs_mask(i); ++i) process_tile(i, std::true_type{});
-    for (; i < n_tiles && !tile_needs_mask(i); ++i) process_tile(i, std::false_type{});
-    if constexpr (Traits::kMask == MaskMode::kWindow) {
-      for (; i < n_tiles; ++i) process_tile(i, std::true_type{});
+    if (n_tiles > 0) {
+      if (tile_needs_mask(0)) {
+        first_tile(std::true_type{});
+      } else {
+        first_tile(std::false_type{});
+      }
+      // Same order as the sm80 path: masked tiles at the end of the keys and
+      // on the diagonal, then unmasked ones, then (windows only) the left edge.
+      int i = 1;
+      for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
+      for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
+      if constexpr (Traits::kMask == MaskMode::kWindow) {
+        for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
+      }
+      // Q is free once this warpgroup's last S product is done, unless O is
+      // staged over it.
+      if constexpr (!Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
+      last_product();
+    } else if constexpr (!Traits::kStageOInQ) {
+      Barrier::arrive(&bar.q_empty);
     }
     kv_count += n_tiles;
-    // Q is free once this warpgroup's last S product is done, unless O is
-    // staged over it.
-    if constexpr (!Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
 
     // ---- epilogue
     float lse[kRows];

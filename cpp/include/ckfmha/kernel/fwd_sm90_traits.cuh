@@ -140,7 +140,10 @@ struct FwdSm90Traits {
     uint64_t q_empty;  // both consumer warpgroups are done with Q (and O staged over it)
     uint64_t k_full[Stages];
     uint64_t v_full[Stages];
-    uint64_t kv_empty[Stages];
+    // K and V are released apart: a stage's K is done once its S product is,
+    // while its V is still read by the P V product issued a turn later.
+    uint64_t k_empty[Stages];
+    uint64_t v_empty[Stages];
   };
   // Swizzled GMMA/TMA tiles need 1024-byte alignment.
   struct StorageStagingOInQ {

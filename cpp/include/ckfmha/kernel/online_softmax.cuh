@@ -38,6 +38,11 @@ struct OnlineSoftmax {
   float row_max[Rows];  // in raw score units (before the softmax scale)
   float row_sum[Rows];  // this thread's share of sum(exp(scale * (s - row_max)))
 
+  // Per-row factors for the output accumulator after a maximum moved.
+  struct Corrections {
+    float row[Rows];
+  };
+
   __device__ __forceinline__ void reset() {
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
@@ -50,8 +55,19 @@ struct OnlineSoftmax {
   // rescales the output accumulator rows for the new running maximum.
   template <bool FirstTile, class Scores, class Output>
   __device__ __forceinline__ void update(Scores& scores, Output& out, float scale_log2) {
+    const Corrections correction = update_scores<FirstTile>(scores, scale_log2);
+    if constexpr (!FirstTile) rescale(out, correction);
+  }
+
+  // The score half of update: the output rows' corrections are returned for
+  // the caller to apply once nothing else writes the accumulator (on Hopper
+  // the previous tile's P V product may still be accumulating into it).
+  // A first tile's corrections are left unset: there is nothing to rescale.
+  template <bool FirstTile, class Scores>
+  __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
+    Corrections correction{};
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
       float tile_max = row_max[i];
@@ -65,11 +81,9 @@ struct OnlineSoftmax {
         // A row that saw nothing yet has zero accumulators; its correction
         // must be 0, not exp2(0 - shift), which overflows for very negative
         // logits (ALiBi, biases) and turns 0 * inf into NaN.
-        float correction =
+        correction.row[i] =
             row_max[i] == -INFINITY ? 0.f : exp2f(row_max[i] * scale_log2 - shift);
-        row_sum[i] *= correction;
-        CUTE_UNROLL
-        for (int j = 0; j < size<1>(out); ++j) out(i, j) *= correction;
+        row_sum[i] *= correction.row[i];
       }
       row_max[i] = tile_max;
       float sum = 0.f;
@@ -80,6 +94,17 @@ struct OnlineSoftmax {
         sum += p;
       }
       row_sum[i] += sum;
+    }
+    return correction;
+  }
+
+  template <class Output>
+  __device__ __forceinline__ void rescale(Output& out, Corrections const& correction) const {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(out); ++j) out(i, j) *= correction.row[i];
     }
   }
 
