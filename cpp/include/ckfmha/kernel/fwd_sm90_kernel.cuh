@@ -55,6 +55,7 @@ struct FwdSm90Params {
 // producer warpgroup never has to join.
 constexpr uint32_t kConsumerBarrierId = 1;
 constexpr uint32_t kFirstTurnBarrierId = 2;  // and 3: one per consumer warpgroup
+constexpr uint32_t kFirstEpilogueBarrierId = 4;  // and 5: one per consumer warpgroup
 
 // Ping-pong between the two consumer warpgroups: each issues its wgmmas only
 // in its turn and then hands the turn to the other, so the tensor cores
@@ -402,30 +403,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
 
-    // Both consumer warpgroups must be done with the staging buffer: Q's
-    // last reads, or the previous tile's O stores.
-    if constexpr (Traits::kTmaStoreO) {
-      if (tid == 0) tma_store_wait<0>();
-    }
-    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
     Tensor rO = convert_fragment<Element>(acc_o);
-    copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
     if constexpr (Traits::kTmaStoreO) {
+      // This warpgroup writes and stores its own rows; it waits only for its
+      // previous store to have read them, and, where O is staged over Q, for
+      // both warpgroups' S products to be done with Q.
+      const int warpgroup = tid / 128;
+      const bool leader = tid % 128 == 0;
+      if (leader) tma_store_wait<0>();
+      if constexpr (Traits::kStageOInQ) {
+        cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
+      } else {
+        cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
+      }
+      copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
       // The TMA engine reads shared memory through the async proxy.
       cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
-      if (tid == 0) {
+      cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
+      if (leader) {
+        constexpr int kHalf = Traits::kRowsPerWarpgroup;
+        Tensor sO_half =
+            make_tensor(make_smem_ptr(Traits::o_staging(storage) + warpgroup * kHalf * Traits::kHeadDimV),
+                        typename Traits::SmemLayoutOHalfTma{});
         Tensor mO = params.tma_o.get_tma_tensor(make_shape(
             params.tma_rows_q, int(Traits::kHeadDimV), p.nhead_q, params.order.num_batches));
-        Tensor gO = local_tile(mO(_, _, head, batch), TileO{}, make_coord(work.tile.m_block, 0));
+        Tensor gO = local_tile(mO(_, _, head, batch), Shape<Int<kHalf>, Int<Traits::kHeadDimV>>{},
+                               make_coord(work.tile.m_block * (kBlockM / kHalf) + warpgroup, 0));
         auto [tOgO, tOsO] = tma_partition(params.tma_o, Int<0>{}, Layout<_1>{},
-                                          group_modes<0, 2>(sO), group_modes<0, 2>(gO));
+                                          group_modes<0, 2>(sO_half), group_modes<0, 2>(gO));
         copy(params.tma_o, tOsO, tOgO);
         tma_store_arrive();
         // O over Q: the next Q may land only once the store has read it.
         if constexpr (Traits::kStageOInQ) tma_store_wait<0>();
       }
     } else {
+      // Both consumer warpgroups must be done with the staging buffer: Q's
+      // last reads, or the previous tile's O stores.
+      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
+      copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
       const int64_t o_origin =
           kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
@@ -440,9 +455,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
     ++q_count;
   });
-  // Shared memory must outlive the last store's reads.
+  // Shared memory must outlive the last stores' reads.
   if constexpr (Traits::kTmaStoreO) {
-    if (tid == 0) tma_store_wait<0>();
+    if (tid % 128 == 0) tma_store_wait<0>();
   }
 }
 

@@ -95,16 +95,24 @@ struct FwdSm90Traits {
       cute::make_ordered_layout(
           cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
           cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // O is staged in shared memory. Batch mode writes it out with one TMA store
-  // (asynchronous: the next tile starts while it drains; rows past seqlen_q
-  // fall outside the tensor and are clipped). Group mode cannot clip at a
+  // O is staged in shared memory. Batch mode writes it out with TMA stores
+  // (asynchronous: the next tile starts while they drain; rows past seqlen_q
+  // fall outside the tensor and are clipped), one per consumer warpgroup for
+  // its own 64 rows, so one warpgroup's epilogue runs under the other's last
+  // products. Atoms are tiled along the head dim first, which makes each
+  // warpgroup's rows one contiguous half. Group mode cannot clip at a
   // sequence's end that way, so its threads store rows themselves, from the
   // sm80 path's swizzled rows so that stores are 16 bytes wide.
   static constexpr bool kTmaStoreO = !IsGroupMode;
+  static constexpr int kRowsPerWarpgroup = 64;
   using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
   using SmemLayoutOTma = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, HeadDimV>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>>{}));
+      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>>{}, cute::Step<cute::_2, cute::_1>{}));
+  using SmemLayoutOHalfTma = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, HeadDimV>{},
+      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<HeadDimV>>{},
+      cute::Step<cute::_2, cute::_1>{}));
   using SmemLayoutO =
       std::conditional_t<kTmaStoreO, SmemLayoutOTma, typename RowsO::template Layout<kBlockM>>;
   using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
@@ -129,7 +137,8 @@ struct FwdSm90Traits {
       GmemStride{}));
   // Group mode never uses it; it keeps one parameter struct for both modes.
   using TmaO = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOTma{}, cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>>{}, cute::_1{}));
+      cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOHalfTma{},
+      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<HeadDimV>>{}, cute::_1{}));
 
   static constexpr int kTmaBytesQ = kBlockM * HeadDimQK * int(sizeof(Element));
   static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(Element));
