@@ -21,6 +21,7 @@
 #include "ckfmha/kernel/attention_mask.cuh"
 #include "ckfmha/kernel/fragment_layout.cuh"
 #include "ckfmha/kernel/fwd_params.h"
+#include "ckfmha/kernel/fwd_sm90_traits.cuh"  // Sm90OutputPath
 #include "ckfmha/kernel/online_softmax.cuh"
 #include "ckfmha/kernel/persistent_tile_order.cuh"
 #include "ckfmha/kernel/sequence_slice.cuh"
@@ -376,11 +377,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (Traits::kMask == MaskMode::kWindow) {
         for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
       }
-      // Q is free once this warpgroup's last S product is done, unless O is
-      // staged over it.
-      if constexpr (!Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
+      // Q is free once this warpgroup's last S product is done.
+      Barrier::arrive(&bar.q_empty);
       last_product();
-    } else if constexpr (!Traits::kStageOInQ) {
+    } else {
       Barrier::arrive(&bar.q_empty);
     }
     kv_count += n_tiles;
@@ -404,27 +404,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     Tensor rO = convert_fragment<Element>(acc_o);
-    if constexpr (Traits::kTmaStoreO) {
+    const int64_t o_origin =
+        kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
+    auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
+                   m_begin * p.o_row_stride;
+    if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
       // This warpgroup writes and stores its own rows; it waits only for its
-      // previous store to have read them, and, where O is staged over Q, for
-      // both warpgroups' S products to be done with Q.
+      // previous store to have read them.
       const int warpgroup = tid / 128;
       const bool leader = tid % 128 == 0;
       if (leader) tma_store_wait<0>();
-      if constexpr (Traits::kStageOInQ) {
-        cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
-      } else {
-        cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
-      }
+      cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
       copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
       // The TMA engine reads shared memory through the async proxy.
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
       if (leader) {
         constexpr int kHalf = Traits::kRowsPerWarpgroup;
-        Tensor sO_half =
-            make_tensor(make_smem_ptr(Traits::o_staging(storage) + warpgroup * kHalf * Traits::kHeadDimV),
-                        typename Traits::SmemLayoutOHalfTma{});
+        Tensor sO_half = make_tensor(
+            make_smem_ptr(Traits::o_staging(storage) + warpgroup * kHalf * Traits::kHeadDimV),
+            typename Traits::SmemLayoutOHalfTma{});
         Tensor mO = params.tma_o.get_tma_tensor(make_shape(
             params.tma_rows_q, int(Traits::kHeadDimV), p.nhead_q, params.order.num_batches));
         Tensor gO = local_tile(mO(_, _, head, batch), Shape<Int<kHalf>, Int<Traits::kHeadDimV>>{},
@@ -433,30 +432,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                           group_modes<0, 2>(sO_half), group_modes<0, 2>(gO));
         copy(params.tma_o, tOsO, tOgO);
         tma_store_arrive();
-        // O over Q: the next Q may land only once the store has read it.
-        if constexpr (Traits::kStageOInQ) tma_store_wait<0>();
       }
-    } else {
-      // Both consumer warpgroups must be done with the staging buffer: Q's
-      // last reads, or the previous tile's O stores.
+    } else if constexpr (Traits::kOutputPath == Sm90OutputPath::kSmemRows) {
+      // Both consumer warpgroups must be done with the staging buffer (the
+      // previous tile's row stores) before it is rewritten.
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
       copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumerBarrierId);
-      const int64_t o_origin =
-          kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
-      auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
-                     m_begin * p.o_row_stride;
       Tensor gO = make_tensor(make_gmem_ptr(o_base), TileO{}, make_stride(p.o_row_stride, _1{}));
       Tensor tOgO = o_store_thr.partition_D(gO);
       store_rows(o_store, o_store_thr.partition_S(sO), tOgO,
                  o_store_thr.partition_S(make_identity_tensor(TileO{})),
                  work.seq.seqlen_q - m_begin);
+    } else {
+      Tensor rO_rows_cols = make_tensor(rO.data(), gmma_accum_as_rows_cols(rO.layout()));
+      store_fragment_rows(rO_rows_cols, cO_rows_cols, o_base, p.o_row_stride,
+                          work.seq.seqlen_q - m_begin);
     }
-    if constexpr (Traits::kStageOInQ) Barrier::arrive(&bar.q_empty);
     ++q_count;
   });
   // Shared memory must outlive the last stores' reads.
-  if constexpr (Traits::kTmaStoreO) {
+  if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
     if (tid % 128 == 0) tma_store_wait<0>();
   }
 }

@@ -26,6 +26,8 @@ using GmmaRowMajorAtom = std::conditional_t<
     std::conditional_t<Cols % 32 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
                        cute::GMMA::Layout_K_SW32_Atom<Element>>>;
 
+enum class Sm90OutputPath { kTmaStore, kSmemRows, kRegisters };
+
 // The parameter list is every forward pipeline's, so the generator writes all
 // instances alike; features this template does not implement yet are
 // rejected by the generator's rules and asserted here.
@@ -95,15 +97,18 @@ struct FwdSm90Traits {
       cute::make_ordered_layout(
           cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
           cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // O is staged in shared memory. Batch mode writes it out with TMA stores
-  // (asynchronous: the next tile starts while they drain; rows past seqlen_q
-  // fall outside the tensor and are clipped), one per consumer warpgroup for
-  // its own 64 rows, so one warpgroup's epilogue runs under the other's last
-  // products. Atoms are tiled along the head dim first, which makes each
-  // warpgroup's rows one contiguous half. Group mode cannot clip at a
-  // sequence's end that way, so its threads store rows themselves, from the
-  // sm80 path's swizzled rows so that stores are 16 bytes wide.
-  static constexpr bool kTmaStoreO = !IsGroupMode;
+  // How O leaves the CTA. Where shared memory has room for it apart from Q
+  // and the K/V ring, O is staged there: batch mode writes it out with TMA
+  // stores (asynchronous: the next tile starts while they drain; rows past
+  // seqlen_q fall outside the tensor and are clipped), one per consumer
+  // warpgroup for its own 64 rows, so one warpgroup's epilogue runs under the
+  // other's last products (atoms are tiled along the head dim first, which
+  // makes each warpgroup's rows one contiguous half). Group mode cannot clip
+  // at a sequence's end that way, so its threads store rows themselves, from
+  // the sm80 path's swizzled rows so that stores are 16 bytes wide. Where O
+  // does not fit (d256), threads store their accumulators straight from
+  // registers rather than staging O over Q, which would hold the next tile's
+  // Q load back until the stores had drained.
   static constexpr int kRowsPerWarpgroup = 64;
   using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
   using SmemLayoutOTma = decltype(cute::tile_to_shape(
@@ -114,7 +119,7 @@ struct FwdSm90Traits {
       cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<HeadDimV>>{},
       cute::Step<cute::_2, cute::_1>{}));
   using SmemLayoutO =
-      std::conditional_t<kTmaStoreO, SmemLayoutOTma, typename RowsO::template Layout<kBlockM>>;
+      std::conditional_t<!IsGroupMode, SmemLayoutOTma, typename RowsO::template Layout<kBlockM>>;
   using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
 
   // Global views the TMA descriptors are built from: (rows, head dim, heads,
@@ -135,7 +140,7 @@ struct FwdSm90Traits {
   using GmemTensorOut = decltype(cute::make_tensor(
       cute::make_gmem_ptr(static_cast<Element*>(nullptr)), cute::Shape<int, int, int, int>{},
       GmemStride{}));
-  // Group mode never uses it; it keeps one parameter struct for both modes.
+  // Only the TMA-store output path uses it; it keeps one parameter struct for all.
   using TmaO = decltype(cute::make_tma_copy(
       cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOHalfTma{},
       cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<HeadDimV>>{}, cute::_1{}));
@@ -146,7 +151,7 @@ struct FwdSm90Traits {
 
   struct Barriers {
     uint64_t q_full;
-    uint64_t q_empty;  // both consumer warpgroups are done with Q (and O staged over it)
+    uint64_t q_empty;  // both consumer warpgroups are done with Q
     uint64_t k_full[Stages];
     uint64_t v_full[Stages];
     // K and V are released apart: a stage's K is done once its S product is,
@@ -155,38 +160,36 @@ struct FwdSm90Traits {
     uint64_t v_empty[Stages];
   };
   // Swizzled GMMA/TMA tiles need 1024-byte alignment.
-  struct StorageStagingOInQ {
+  struct StorageWithoutO {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
     Barriers bar;
   };
-  struct StorageStagingOApart {
+  struct StorageWithO {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>> o;
     Barriers bar;
   };
-  static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>,
-                "O can be staged in Q's shared memory");
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
   static constexpr int kSmemLimit = 227 * 1024;
-  // With O staged apart, the producer loads the next tile's Q while the
-  // consumers still write this tile's O; where that does not fit (d256), O
-  // goes through Q's bytes and the next Q waits for the stores.
-  static constexpr bool kStageOInQ = int(sizeof(StorageStagingOApart)) + 1024 > kSmemLimit;
-  using SharedStorage =
-      std::conditional_t<kStageOInQ, StorageStagingOInQ, StorageStagingOApart>;
+  static constexpr bool kStagesO = int(sizeof(StorageWithO)) + 1024 <= kSmemLimit;
+  static constexpr Sm90OutputPath kOutputPath =
+      !kStagesO ? Sm90OutputPath::kRegisters
+                : (IsGroupMode ? Sm90OutputPath::kSmemRows : Sm90OutputPath::kTmaStore);
+  using SharedStorage = std::conditional_t<kStagesO, StorageWithO, StorageWithoutO>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and barriers must fit shared memory");
 
+  // The O staging buffer; null on the register path, which never reads it.
   __device__ static Element* o_staging(SharedStorage* storage) {
-    if constexpr (kStageOInQ) {
-      return storage->q.data();
-    } else {
+    if constexpr (kStagesO) {
       return storage->o.data();
+    } else {
+      return nullptr;
     }
   }
 };

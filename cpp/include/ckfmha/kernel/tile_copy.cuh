@@ -83,4 +83,31 @@ __device__ __forceinline__ void store_rows(TiledCopy const& tiled_copy, Src cons
   }
 }
 
+// Stores a register fragment seen as (rows, cols) straight to global memory,
+// two neighbouring columns (one 32-bit word) at a time, skipping rows at or
+// past rows_left. For outputs with no shared memory to be staged in: the
+// stores are narrower than staged ones, but nothing waits for shared memory.
+template <class Element, class Values, class Coords>
+__device__ __forceinline__ void store_fragment_rows(Values const& values, Coords const& coords,
+                                                    Element* base, int64_t row_stride,
+                                                    int rows_left) {
+  using namespace cute;
+  using Pair = cutlass::AlignedArray<Element, 2>;
+  static_assert(decltype(size<1>(values))::value % 2 == 0, "columns come in neighbouring pairs");
+  CUTE_UNROLL
+  for (int i = 0; i < size<0>(values); ++i) {
+    const int row = get<0>(coords(i, 0));
+    if (row < rows_left) {
+      Element* dst = base + row * row_stride;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(values); j += 2) {
+        Pair pair;
+        pair[0] = values(i, j);
+        pair[1] = values(i, j + 1);
+        *reinterpret_cast<Pair*>(dst + get<1>(coords(i, j))) = pair;
+      }
+    }
+  }
+}
+
 }  // namespace ckfmha::kernel
