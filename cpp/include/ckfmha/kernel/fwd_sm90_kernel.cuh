@@ -246,9 +246,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor cO = thr_pv.partition_C(make_identity_tensor(TileO{}));
   Tensor cO_rows_cols = make_tensor(cO.data(), gmma_accum_as_rows_cols(cO.layout()));
   constexpr int kRows = decltype(size<0>(out))::value;
-  Tensor sO = make_tensor(make_smem_ptr(Traits::o_staging(storage)), typename Traits::SmemLayoutO{});
+  Tensor sO = make_tensor(make_smem_ptr(Traits::o_staging(storage)),
+                          typename Traits::SmemLayoutORows{});
   auto o_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomO{}, mma_pv);
   auto o_r2s_thr = o_r2s.get_thread_slice(tid);
+  typename Traits::TiledMmaPVChunk mma_o_chunk;
+  auto o_chunk_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomO{}, mma_o_chunk);
+  auto o_chunk_r2s_thr = o_chunk_r2s.get_thread_slice(tid);
   typename Traits::RowsO::Store o_store;
   auto o_store_thr = o_store.get_thread_slice(tid);
 
@@ -409,29 +413,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
                    m_begin * p.o_row_stride;
     if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
-      // This warpgroup writes and stores its own rows; it waits only for its
-      // previous store to have read them.
+      // This warpgroup writes and stores its own rows, a column chunk at a
+      // time; it waits only for its previous store to have read its buffer.
+      constexpr int kHalf = Traits::kRowsPerWarpgroup;
+      constexpr int kChunk = Traits::kOChunkCols;
       const int warpgroup = tid / 128;
       const bool leader = tid % 128 == 0;
-      if (leader) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
-      copy(o_r2s, o_r2s_thr.retile_S(rO), o_r2s_thr.partition_D(sO));
-      // The TMA engine reads shared memory through the async proxy.
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
-      if (leader) {
-        constexpr int kHalf = Traits::kRowsPerWarpgroup;
-        Tensor sO_half = make_tensor(
-            make_smem_ptr(Traits::o_staging(storage) + warpgroup * kHalf * Traits::kHeadDimV),
-            typename Traits::SmemLayoutOHalfTma{});
-        Tensor mO = params.tma_o.get_tma_tensor(make_shape(
-            params.tma_rows_q, int(Traits::kHeadDimV), p.nhead_q, params.order.num_batches));
-        Tensor gO = local_tile(mO(_, _, head, batch), Shape<Int<kHalf>, Int<Traits::kHeadDimV>>{},
-                               make_coord(work.tile.m_block * (kBlockM / kHalf) + warpgroup, 0));
-        auto [tOgO, tOsO] = tma_partition(params.tma_o, Int<0>{}, Layout<_1>{},
-                                          group_modes<0, 2>(sO_half), group_modes<0, 2>(gO));
-        copy(params.tma_o, tOsO, tOgO);
-        tma_store_arrive();
+      Tensor sO_chunks = make_tensor(make_smem_ptr(Traits::o_staging(storage)),
+                                     typename Traits::SmemLayoutOChunks{});
+      Tensor sO_chunk = make_tensor(
+          make_smem_ptr(Traits::o_staging(storage) + warpgroup * kHalf * kChunk),
+          typename Traits::SmemLayoutOChunk{});
+      Tensor tOsO_chunks = o_chunk_r2s_thr.partition_D(sO_chunks);
+      // A chunk's registers are contiguous in rO: four per 8-column block.
+      auto chunk_layout =
+          partition_fragment_C(mma_o_chunk, Shape<Int<kBlockM>, Int<kChunk>>{}).layout();
+      CUTE_UNROLL
+      for (int chunk = 0; chunk < Traits::kHeadDimV / kChunk; ++chunk) {
+        if (leader) tma_store_wait<0>();
+        cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
+        Tensor rO_chunk = make_tensor(rO.data() + chunk * (kChunk / 2), chunk_layout);
+        copy(o_chunk_r2s, o_chunk_r2s_thr.retile_S(rO_chunk), tOsO_chunks);
+        // The TMA engine reads shared memory through the async proxy.
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
+        if (leader) {
+          Tensor mO = params.tma_o.get_tma_tensor(make_shape(
+              params.tma_rows_q, int(Traits::kHeadDimV), p.nhead_q, params.order.num_batches));
+          Tensor gO = local_tile(mO(_, _, head, batch), Shape<Int<kHalf>, Int<kChunk>>{},
+                                 make_coord(work.tile.m_block * (kBlockM / kHalf) + warpgroup, chunk));
+          auto [tOgO, tOsO] = tma_partition(params.tma_o, Int<0>{}, Layout<_1>{},
+                                            group_modes<0, 2>(sO_chunk), group_modes<0, 2>(gO));
+          copy(params.tma_o, tOsO, tOgO);
+          tma_store_arrive();
+        }
       }
     } else if constexpr (Traits::kOutputPath == Sm90OutputPath::kSmemRows) {
       // Both consumer warpgroups must be done with the staging buffer (the

@@ -97,29 +97,42 @@ struct FwdSm90Traits {
       cute::make_ordered_layout(
           cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
           cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // How O leaves the CTA. Where shared memory has room for it apart from Q
-  // and the K/V ring, O is staged there: batch mode writes it out with TMA
-  // stores (asynchronous: the next tile starts while they drain; rows past
-  // seqlen_q fall outside the tensor and are clipped), one per consumer
-  // warpgroup for its own 64 rows, so one warpgroup's epilogue runs under the
-  // other's last products (atoms are tiled along the head dim first, which
-  // makes each warpgroup's rows one contiguous half). Group mode cannot clip
-  // at a sequence's end that way, so its threads store rows themselves, from
-  // the sm80 path's swizzled rows so that stores are 16 bytes wide. Where O
-  // does not fit (d256), threads store their accumulators straight from
-  // registers rather than staging O over Q, which would hold the next tile's
-  // Q load back until the stores had drained.
+  // How O leaves the CTA. Batch mode stages it in shared memory and writes
+  // it out with TMA stores (asynchronous: the next tile starts while they
+  // drain; rows past seqlen_q fall outside the tensor and are clipped). Each
+  // consumer warpgroup stores its own 64 rows, so one warpgroup's epilogue
+  // runs under the other's last products, through a buffer of its own of at
+  // most 128 columns: d256 goes out in two column chunks, which keeps its
+  // buffers (32 KiB) beside Q and the K/V ring, where a whole O tile would
+  // not fit. Group mode cannot clip at a sequence's end that way, so its
+  // threads store rows themselves, from the sm80 path's swizzled rows so that
+  // stores are 16 bytes wide; where that staging does not fit (d256), from
+  // registers. O is never staged over Q: the next tile's Q load would wait
+  // for the stores to drain.
   static constexpr int kRowsPerWarpgroup = 64;
-  using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
-  using SmemLayoutOTma = decltype(cute::tile_to_shape(
-      GmmaRowMajorAtom<Element, HeadDimV>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>>{}, cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutOHalfTma = decltype(cute::tile_to_shape(
-      GmmaRowMajorAtom<Element, HeadDimV>{},
-      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<HeadDimV>>{},
+  static constexpr int kOChunkCols = HeadDimV > 128 ? 128 : HeadDimV;
+  static_assert(HeadDimV % kOChunkCols == 0, "O leaves in whole column chunks");
+  // One warpgroup's buffer, and both seen as one (128, chunk) tile: atoms
+  // are tiled along the columns first, so each 64-row half is contiguous.
+  using SmemLayoutOChunk = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, kOChunkCols>{},
+      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<kOChunkCols>>{},
       cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutO =
-      std::conditional_t<!IsGroupMode, SmemLayoutOTma, typename RowsO::template Layout<kBlockM>>;
+  using SmemLayoutOChunks = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, kOChunkCols>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<kOChunkCols>>{}, cute::Step<cute::_2, cute::_1>{}));
+  // The P V product cut to one column chunk: the same accumulator layout
+  // over fewer 8-column blocks, which partitions a chunk's registers.
+  using TiledMmaPVChunk = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kOChunkCols>, cute::Int<BlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+  using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
+  using SmemLayoutORows = typename RowsO::template Layout<kBlockM>;
+  static constexpr int kOStagingElements =
+      IsGroupMode ? int(cute::cosize_v<SmemLayoutORows>)
+                  : kConsumerWarpgroups * int(cute::cosize_v<SmemLayoutOChunk>);
   using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
 
   // Global views the TMA descriptors are built from: (rows, head dim, heads,
@@ -142,8 +155,8 @@ struct FwdSm90Traits {
       GmemStride{}));
   // Only the TMA-store output path uses it; it keeps one parameter struct for all.
   using TmaO = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOHalfTma{},
-      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<HeadDimV>>{}, cute::_1{}));
+      cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOChunk{},
+      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<kOChunkCols>>{}, cute::_1{}));
 
   static constexpr int kTmaBytesQ = kBlockM * HeadDimQK * int(sizeof(Element));
   static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(Element));
@@ -170,7 +183,7 @@ struct FwdSm90Traits {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>> o;
+    alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
     Barriers bar;
   };
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
