@@ -84,7 +84,9 @@ class Case:
     def __init__(self, kernel: dict[str, Any], index: int, case: tuple[Any, ...]) -> None:
         b, s_new, hk, group, capacity, page_size, layout, fraction, s_q = case
         self.kernel, self.layout = kernel, layout
-        self.generator = torch.Generator().manual_seed(secrets.randbits(62))
+        # Fresh inputs every run; the seed is part of every failure message.
+        self.seed = secrets.randbits(62)
+        self.generator = torch.Generator().manual_seed(self.seed)
         dtype = self.dtype = _torch_dtype(kernel["dtype"])
         d, dv = kernel["hdim_q"], kernel["hdim_v"]
         self.paged = bool(kernel["paged_kv"])
@@ -219,7 +221,7 @@ def test_append_matches_reference(kernel: dict[str, Any], index: int) -> None:
     ref = case.reference(k_before, v_before, case.lengths.numpy(),
                          q=case.q if case.rope else None)
     assert not ref.overflow and int(overflow.item()) == 0
-    what = f"{kernel['name']} case {index}"
+    what = f"{kernel['name']} case {index} seed {case.seed}"
     _check_cache(case, k_before, k_cache, ref.k_cache, what + " K", exact=not case.rope)
     _check_cache(case, v_before, v_cache, ref.v_cache, what + " V", exact=True)
     if case.rope:
@@ -244,8 +246,10 @@ def test_device_lengths_past_capacity_are_skipped_and_flagged(kernel: dict[str, 
     ref = case.reference(k_before, v_before, lengths.numpy())
     assert ref.overflow
     tol = 0 if not case.rope else TOLERANCE[kernel["dtype"]]
-    np.testing.assert_allclose(_f64(case.bshd(k_cache)), ref.k_cache, rtol=tol, atol=tol)
-    np.testing.assert_array_equal(_f64(case.bshd(v_cache)), ref.v_cache)
+    what = f"seed {case.seed}"
+    np.testing.assert_allclose(_f64(case.bshd(k_cache)), ref.k_cache, rtol=tol, atol=tol,
+                               err_msg=what)
+    np.testing.assert_array_equal(_f64(case.bshd(v_cache)), ref.v_cache, err_msg=what)
     # Host-visible lengths are refused before anything runs.
     with pytest.raises(ckfmha.InvalidArgumentError, match="sequence 0: cache_seqlens"):
         case.run(k_cache, v_cache, lengths.numpy())
@@ -258,14 +262,16 @@ def test_bad_page_numbers_are_skipped_and_flagged(kernel: dict[str, Any]) -> Non
     case.block_table[1, :] = -1
     case.block_table[0, -1] = case.k_cache64.shape[0]  # one past the last page
     k_cache, v_cache = case.caches(poison=False)
-    k_before = k_cache.clone()
+    k_before, v_before = k_cache.clone(), v_cache.clone()
     overflow = torch.zeros(1, dtype=torch.int32, device="cuda")
     case.run(k_cache, v_cache, case.lengths.cuda(), overflow=overflow)
     torch.cuda.synchronize()
-    ref = case.reference(k_before, v_cache, case.lengths.numpy())
+    ref = case.reference(k_before, v_before, case.lengths.numpy())
     assert ref.overflow and int(overflow.item()) == 1
     tol = 0 if not case.rope else TOLERANCE[kernel["dtype"]]
-    np.testing.assert_allclose(_f64(k_cache), ref.k_cache, rtol=tol, atol=tol)
+    what = f"seed {case.seed}"
+    np.testing.assert_allclose(_f64(k_cache), ref.k_cache, rtol=tol, atol=tol, err_msg=what)
+    np.testing.assert_array_equal(_f64(v_cache), ref.v_cache, err_msg=what)
 
 
 @pytest.mark.parametrize("kernel", KERNELS[:1], ids=_ids(KERNELS[:1]))
