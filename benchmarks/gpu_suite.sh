@@ -47,4 +47,6 @@ python3 benchmarks/bench_fwd.py --commit "$commit" --out "$log" 2>&1 | tee "$log
   python3 benchmarks/bench_bwd.py --commit "$commit" --out "$log" --deterministic 2>&1 |
   tee "$log/bench_bwd.log" ||
   status=1
+python3 benchmarks/bench_appendkv.py --commit "$commit" --out "$log" 2>&1 |
+  tee "$log/bench_appendkv.log" || status=1
 exit $status

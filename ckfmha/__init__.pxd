@@ -221,3 +221,65 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
                            size_t buf_len, size_t* needed)
     int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                        const char* kernel_name, ckfmha_stream_t stream)
+
+    # appending to a KV cache (family fwd_appendkv)
+    ctypedef enum ckfmha_rope:
+        CKFMHA_ROPE_NONE
+        CKFMHA_ROPE_INTERLEAVED
+        CKFMHA_ROPE_HALF_ROTATED
+
+    ctypedef struct ckfmha_appendkv_problem:
+        ckfmha_dtype dtype
+        int32_t batch
+        int32_t nhead_k
+        int32_t seqlen_new
+        int32_t hdim_k
+        int32_t hdim_v
+        int32_t max_seqlen_cache
+        int32_t paged_kv
+        int32_t page_size
+        int32_t num_pages
+        int32_t max_pages_per_seq
+        int64_t block_table_stride
+        ckfmha_rope rope
+        int32_t rotary_dim
+        ckfmha_dtype rope_dtype
+        int32_t rope_max_pos
+        int64_t cos_stride
+        int64_t sin_stride
+        int32_t rotate_q
+        int32_t nhead_q
+        int32_t seqlen_q
+        int64_t k_new_stride[3]
+        int64_t v_new_stride[3]
+        int64_t k_cache_stride[3]
+        int64_t v_cache_stride[3]
+        int64_t q_stride[3]
+        int64_t q_out_stride[3]
+
+    ctypedef struct ckfmha_appendkv_args:
+        const void* k_new
+        const void* v_new
+        void* k_cache
+        void* v_cache
+        const int32_t* cache_seqlens
+        const int32_t* cache_seqlens_host
+        const int32_t* block_table
+        const void* cos
+        const void* sin
+        const void* q
+        void* q_out
+        int32_t* overflow
+
+    int ckfmha_appendkv_problem_init(ckfmha_appendkv_problem* problem, ckfmha_dtype dtype,
+                                     ckfmha_layout cache_layout, int32_t batch, int32_t nhead_k,
+                                     int32_t seqlen_new, int32_t max_seqlen_cache,
+                                     int32_t hdim_k, int32_t hdim_v)
+    int ckfmha_appendkv_problem_validate(const ckfmha_appendkv_problem* problem)
+    int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, char* name_buf,
+                               size_t buf_len)
+    int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch, char* buf,
+                                size_t buf_len, size_t* needed)
+    int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem,
+                            const ckfmha_appendkv_args* args, const char* kernel_name,
+                            ckfmha_stream_t stream)

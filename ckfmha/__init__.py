@@ -8,12 +8,14 @@ Quick start::
     dq, dk, dv = ckfmha.bwd(do, q, k, v, o, lse, causal=True)
     o = ckfmha.torch.attention(q, k, v, causal=True)  # torch.autograd (import ckfmha.torch)
     ckfmha.Dispatcher().explain(batch=2, nhead_q=16, seqlen_q=4096, hdim=128, arch=90)
+    q = ckfmha.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, cos=cos, sin=sin, q=q)
 """
 
 from __future__ import annotations
 
 import os
 
+from ckfmha._appendkv import append_kv, explain_append_kv, select_append_kv
 from ckfmha._bwd import bwd, bwd_varlen
 from ckfmha._device import current_device, device_arch, device_count, header_version, version
 from ckfmha._fwd import fwd, fwd_varlen
@@ -70,6 +72,7 @@ __all__ = [
     "Registry",
     "UnsupportedError",
     "__version__",
+    "append_kv",
     "bwd",
     "bwd_varlen",
     "current_device",
@@ -77,6 +80,7 @@ __all__ = [
     "device_count",
     "device_ptr",
     "empty",
+    "explain_append_kv",
     "from_host",
     "fwd",
     "fwd_varlen",
@@ -84,6 +88,7 @@ __all__ = [
     "get_library_dir",
     "header_version",
     "last_error",
+    "select_append_kv",
     "status_name",
     "synchronize",
     "version",

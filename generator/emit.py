@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .enumerate import Rejection
 from .signature import (
+    APPENDKV,
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
@@ -39,6 +40,7 @@ _FAMILY_ENUMS = {
     BWD_DOT_DO_O: "CKFMHA_FAMILY_BWD_DOT_DO_O",
     BWD_DQ_DK_DV: "CKFMHA_FAMILY_BWD_DQ_DK_DV",
     BWD_CONVERT_DQ: "CKFMHA_FAMILY_BWD_CONVERT_DQ",
+    APPENDKV: "CKFMHA_FAMILY_FWD_APPENDKV",
 }
 _MODE_ENUMS = {"batch": "CKFMHA_MODE_BATCH", "group": "CKFMHA_MODE_GROUP"}
 _MASK_ENUMS = {
@@ -51,6 +53,12 @@ _BIAS_ENUMS = {
     "elementwise": "CKFMHA_BIAS_ELEMENTWISE",
     "alibi": "CKFMHA_BIAS_ALIBI",
 }
+_ROPE_ENUMS = {
+    "none": "CKFMHA_ROPE_NONE",
+    "interleaved": "CKFMHA_ROPE_INTERLEAVED",
+    "half_rotated": "CKFMHA_ROPE_HALF_ROTATED",
+}
+_ROPE_MODES = {"none": "kNone", "interleaved": "kInterleaved", "half_rotated": "kHalfRotated"}
 _MASK_MODES = {"none": "kNone", "causal": "kCausal", "window": "kWindow"}
 _BIAS_MODES = {"none": "kNone", "elementwise": "kElementwise", "alibi": "kAlibi"}
 
@@ -110,6 +118,11 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         header="ckfmha/kernel/bwd_sm80_launch.cuh",
         traits="ckfmha::kernel::BwdRowwiseTraits",
         launcher="ckfmha::kernel::launch_bwd_convert_dq",
+    ),
+    (APPENDKV, "appendkv"): PipelineTemplate(
+        header="ckfmha/kernel/fwd_appendkv_launch.cuh",
+        traits="ckfmha::kernel::FwdAppendKvTraits",
+        launcher="ckfmha::kernel::launch_fwd_appendkv",
     ),
 }
 
@@ -198,8 +211,21 @@ def _render_combine_instance(config: KernelConfig) -> str:
     )
 
 
+def _render_appendkv_instance(config: KernelConfig) -> str:
+    sig, alg = config.signature, config.algorithm
+    indent = " " * 4
+    return _instance_text(
+        config,
+        f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimK=*/{sig.hdim_q}, /*HeadDimV=*/{sig.hdim_v},\n"
+        f"{indent}ckfmha::kernel::RopeMode::{_ROPE_MODES[sig.rope]}, /*Paged=*/{_flag(sig.paged)}, "
+        f"/*TokensPerCta=*/{alg.tile_m}, /*Warps=*/{alg.warps}",
+    )
+
+
 def render_instance(config: KernelConfig) -> str:
     sig, alg = config.signature, config.algorithm
+    if sig.family == APPENDKV:
+        return _render_appendkv_instance(config)
     if sig.family in BWD_FAMILIES:
         return _render_bwd_instance(config)
     if sig.family == "fwd_splitkv_combine":
@@ -257,6 +283,8 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f"     /*has_lse=*/{int(sig.lse)}, /*has_dropout=*/{int(sig.dropout)}, "
         f"/*has_softcap=*/{int(sig.softcap)}, /*has_sink=*/{int(sig.sink)}, "
         f"/*v_col_major=*/{int(sig.v_col_major)}, /*has_dbias=*/{int(getattr(sig, 'dbias', 0))},\n"
+        f"     {_ROPE_ENUMS[getattr(sig, 'rope', 'none')]}, "
+        f"/*paged_kv=*/{int(getattr(sig, 'paged', False))},\n"
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"

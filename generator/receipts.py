@@ -13,6 +13,8 @@ from .signature import (
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
+    ROPE_MODES,
+    AppendKvSignature,
     BwdSignature,
     FwdSignature,
     Signature,
@@ -197,6 +199,25 @@ def _bwd_signatures() -> tuple[BwdSignature, ...]:
     return tuple(dict.fromkeys(sig for plan in plans for sig in plan))
 
 
+# Appending to a KV cache: every RoPE mode, contiguous and paged caches.
+APPENDKV_HDIMS = (32, 64, 96, 128, 256)
+APPENDKV_FP32_HDIMS = (64, 128)
+
+
+def _appendkv(dtype: str, hdim: int, rope: str = "none", paged: bool = False) -> AppendKvSignature:
+    return AppendKvSignature(dtype=dtype, hdim_q=hdim, hdim_v=hdim, rope=rope, paged=paged)
+
+
+def _appendkv_signatures() -> tuple[AppendKvSignature, ...]:
+    """fp16/bf16 at every serving head dim and fp32 at d64/d128, x RoPE modes x cache kinds."""
+    shapes = [(dtype, hdim) for dtype in DTYPES for hdim in APPENDKV_HDIMS]
+    shapes += [("fp32", hdim) for hdim in APPENDKV_FP32_HDIMS]
+    return tuple(
+        _appendkv(dtype, hdim, rope, paged)
+        for (dtype, hdim), rope, paged in itertools.product(shapes, ROPE_MODES, (False, True))
+    )
+
+
 RECEIPTS: dict[str, Receipt] = {
     receipt.name: receipt
     for receipt in (
@@ -204,8 +225,9 @@ RECEIPTS: dict[str, Receipt] = {
             name="ci",
             description="nine forward kernels per arch covering dtypes (one fp32), head dims, "
             "masks and features, plus one split-KV plan (bf16 d128 window, group mode: both "
-            "split tiles and the combine stage) and two backward plans (bf16 d128 causal, fp16 "
-            "d64 window in group mode)",
+            "split tiles and the combine stage), two backward plans (bf16 d128 causal, fp16 "
+            "d64 window in group mode) and two KV-cache appends (bf16 d128 half-rotated RoPE "
+            "into pages, fp16 d64 interleaved RoPE into a contiguous cache)",
             signatures=(
                 _fwd("fp16", 64, "none"),
                 _fwd("fp16", 128, "causal"),
@@ -220,6 +242,8 @@ RECEIPTS: dict[str, Receipt] = {
                 _combine("bf16", 128, mode="group"),
                 *_bwd_plan("bf16", 128, "causal"),
                 *_bwd_plan("fp16", 64, "window", mode="group"),
+                _appendkv("bf16", 128, "half_rotated", paged=True),
+                _appendkv("fp16", 64, "interleaved"),
             ),
             all_tiles=False,
         ),
@@ -233,10 +257,12 @@ RECEIPTS: dict[str, Receipt] = {
             "feature combinations; split-KV and its combine stage for {fp16,bf16} x d{64,128} x "
             "masks x {batch,group}; backward plans for {fp16,bf16} x every mask x {batch,group} "
             "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
-            "and no mask or causal at the other head dims; default tiles (split-KV: every tile)",
+            "and no mask or causal at the other head dims; KV-cache appends for {fp16,bf16} x "
+            "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "
+            "{contiguous,paged}; default tiles (split-KV: every tile)",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
             + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
-            + _bwd_signatures(),
+            + _bwd_signatures() + _appendkv_signatures(),
             all_tiles=False,
         ),
         Receipt(
@@ -245,7 +271,7 @@ RECEIPTS: dict[str, Receipt] = {
             "alternative tile",
             signatures=_mask_signatures((True, False)) + _group_signatures()
             + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
-            + _splitkv_signatures() + _bwd_signatures(),
+            + _splitkv_signatures() + _bwd_signatures() + _appendkv_signatures(),
             all_tiles=True,
         ),
     )

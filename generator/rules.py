@@ -8,19 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .signature import BWD_DQ_DK_DV, BWD_FAMILIES, BWD_ROWWISE_FAMILIES, KernelConfig
+from .signature import (
+    APPENDKV,
+    BWD_DQ_DK_DV,
+    BWD_FAMILIES,
+    BWD_ROWWISE_FAMILIES,
+    ROPE_MODES,
+    KernelConfig,
+)
 from .specs import ArchSpec, hdim_label
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-SUPPORTED_FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", *BWD_FAMILIES)
+SUPPORTED_FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", *BWD_FAMILIES, APPENDKV)
 # The templates that implement each family: split-KV is a variant of the sm80 template, and its
 # combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
-# row-wise stages are plain 16-byte vector passes that every arch runs).
+# row-wise stages are plain 16-byte vector passes that every arch runs); appending to a KV
+# cache is a memory-bound copy kernel of its own.
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
     "fwd_splitkv": ("sm80_cpasync_mma",),
     "fwd_splitkv_combine": ("splitkv_combine",),
     **{family: ("sm80_cpasync_mma",) for family in BWD_FAMILIES},
+    APPENDKV: ("appendkv",),
 }
 # Combine: each thread merges one 16-byte fp32 vector (4 columns) of a row.
 COMBINE_COLUMNS_PER_THREAD = 4
@@ -232,6 +241,42 @@ def _combine_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         reasons.append(
             f"stages={alg.stages}, ctas_per_sm={alg.ctas_per_sm}: the combine kernel has no "
             "pipeline stages or occupancy parameter (both 1)"
+        )
+    return reasons
+
+
+# Append kernel: each thread keeps this many 16-byte vectors (and half-rotated partners) in
+# registers between its loads and its stores.
+APPENDKV_MAX_VECTORS_PER_THREAD = 16
+
+
+def _appendkv_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the append kernel: tile_m tokens of one head per CTA, 16-byte vectors, all of
+    a thread's vectors loaded before any is stored."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _template_basics(config)
+    rope = getattr(sig, "rope", None)
+    if rope not in ROPE_MODES:
+        reasons.append(f"rope {rope!r} is unknown; supported: {', '.join(ROPE_MODES)}")
+    if sig.family != APPENDKV:
+        reasons.append(f"the appendkv template computes {APPENDKV} only, not {sig.family!r}")
+    if alg.tile_n != 0 or alg.stages != 1 or alg.ctas_per_sm != 1:
+        reasons.append(
+            f"{APPENDKV} has no key tile, stages or occupancy knob: tile_n=0, stages=1, "
+            f"ctas_per_sm=1 (got {alg.tile_n}, {alg.stages}, {alg.ctas_per_sm})"
+        )
+    if alg.tile_m < 1 or alg.warps < 1:
+        reasons.append(f"tile_m={alg.tile_m} tokens and warps={alg.warps} must be positive")
+        return reasons
+    vector = 16 // ELEMENT_BYTES.get(sig.dtype, 2)
+    row_vectors = (sig.hdim_q + sig.hdim_v) // vector
+    per_thread = -(-alg.tile_m * row_vectors // (alg.warps * 32))
+    if per_thread > APPENDKV_MAX_VECTORS_PER_THREAD:
+        reasons.append(
+            f"{per_thread} vectors per thread ({alg.tile_m} tokens x {row_vectors} 16-byte "
+            f"K and V vectors over {alg.warps * 32} threads) exceeds "
+            f"{APPENDKV_MAX_VECTORS_PER_THREAD} held in registers; use fewer tokens per CTA or "
+            "more warps"
         )
     return reasons
 
@@ -529,6 +574,7 @@ PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
     "sm90_tma_wgmma": (_sm90_template_rules,),
     "simt_fma": (_simt_template_rules,),
     "splitkv_combine": (_combine_template_rules,),
+    "appendkv": (_appendkv_template_rules,),
 }
 # Element types each template computes in; enumeration pairs a signature only with the
 # pipelines that take its dtype, so --explain is not flooded with dtype mismatches.
@@ -537,6 +583,7 @@ PIPELINE_DTYPES: dict[str, tuple[str, ...]] = {
     "sm90_tma_wgmma": ("fp16", "bf16"),
     "simt_fma": ("fp32",),
     "splitkv_combine": ("fp16", "bf16"),
+    "appendkv": ("fp16", "bf16", "fp32"),
 }
 
 

@@ -121,7 +121,69 @@ class BwdSignature:
         )
 
 
-Signature = FwdSignature | BwdSignature
+APPENDKV = "fwd_appendkv"
+# Rotary embeddings of appended keys: none, pairs (2i, 2i+1) (GPT-J), pairs (i, i + d/2) (NeoX).
+ROPE_MODES = ("none", "interleaved", "half_rotated")
+
+
+@dataclass(frozen=True, order=True)
+class AppendKvSignature:
+    """What a fwd_appendkv kernel computes: new K/V tokens written into a KV cache.
+
+    hdim_q is the key head dim (the field name every signature shares), hdim_v the value one.
+    `rope` rotates the keys (and queries, when a problem asks) at their cache positions;
+    `paged` writes through a block table into fixed-size pages instead of a contiguous cache.
+    """
+
+    dtype: str
+    hdim_q: int
+    hdim_v: int
+    rope: str = "none"
+    paged: bool = False
+    family: str = APPENDKV
+
+    # Attention features, so code that reads any signature finds them (always off).
+    @property
+    def mode(self) -> str:
+        return "batch"
+
+    @property
+    def mask(self) -> str:
+        return "none"
+
+    @property
+    def bias(self) -> str:
+        return "none"
+
+    @property
+    def lse(self) -> bool:
+        return False
+
+    @property
+    def dropout(self) -> bool:
+        return False
+
+    @property
+    def softcap(self) -> bool:
+        return False
+
+    @property
+    def sink(self) -> bool:
+        return False
+
+    @property
+    def v_col_major(self) -> bool:
+        return False
+
+    @property
+    def name(self) -> str:
+        paged = "_paged" if self.paged else ""
+        return _checked(
+            f"{self.family}_{self.dtype}_d{self.hdim_q}x{self.hdim_v}_rope_{self.rope}{paged}"
+        )
+
+
+Signature = FwdSignature | BwdSignature | AppendKvSignature
 
 
 @dataclass(frozen=True, order=True)

@@ -121,7 +121,9 @@ def test_registry_json_fields(all_kernels):
     assert json.loads(ckfmha.Registry().to_json()) == all_kernels
     for kernel in all_kernels:
         assert KERNEL_FIELDS <= set(kernel)
-        assert kernel["family"] in ("fwd", "fwd_splitkv", "fwd_splitkv_combine", *BWD_FAMILIES)
+        assert kernel["family"] in (
+            "fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv", *BWD_FAMILIES
+        )
         assert kernel["dbias"] is False
         assert kernel["dtype"] in ("fp16", "bf16", "fp32")
         assert kernel["mask"] in ("none", "causal", "window")

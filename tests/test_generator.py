@@ -176,6 +176,8 @@ def test_ci_names_are_stable() -> None:
         f"bwd_convert_dq_fp16_group_d64{tail}m64k64_w4s1",
         "fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_80_simt_fma_m64n64k64_w4s1",
         "fwd_splitkv_combine_bf16_group_d128x128_none_lse__sm_80_splitkv_combine_m4n4k128_w4s1",
+        "fwd_appendkv_bf16_d128x128_rope_half_rotated_paged__sm_80_appendkv_m16k128_w4s1",
+        "fwd_appendkv_fp16_d64x64_rope_interleaved__sm_80_appendkv_m32k64_w4s1",
     ]
 
 
@@ -191,7 +193,11 @@ def test_receipt_sizes(arch: str) -> None:
     # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
     split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
     # Two backward plans of three stages each in ci.
-    assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6
+    assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
+    # KV-cache appends: (fp16/bf16 x 5 head dims + fp32 x 2) x 3 RoPE modes x 2 cache kinds, and
+    # full builds the decode tile of d64/d128 as well.
+    append = {"ci": 2, "default": 72, "full": 72 + 3 * 2 * 2 * 3}
+    sizes = {name: size - append[name] for name, size in sizes.items()}
     bwd_default, bwd_full = _bwd_sizes(specs[arch])
     sizes = {name: size - (bwd_full if name == "full" else bwd_default if name == "default" else 6)
              for name, size in sizes.items()}  # fmt: skip
@@ -442,9 +448,9 @@ def test_signatures_meet_only_pipelines_taking_their_dtype() -> None:
     for c in selection.accepted:
         pipelines[c.signature.dtype].add(c.algorithm.pipeline)
     assert pipelines == {
-        "fp16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine"},
-        "bf16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine"},
-        "fp32": {"simt_fma"},
+        "fp16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine", "appendkv"},
+        "bf16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine", "appendkv"},
+        "fp32": {"simt_fma", "appendkv"},
     }  # fmt: skip
 
 
@@ -457,10 +463,11 @@ def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) ->
         "--specs", str(custom), "--kernels", "ci", "--arch", "sm_86", "--explain", "--list"
     )
     assert result.returncode == 0, result.stderr
-    # Only the fp32 kernel and the split-KV combine stage (its pipeline is gone too) are
-    # rejected, once each, and the reasons name the pipelines to use.
-    assert result.stdout.count("rejected ") == 2
+    # Only the fp32 kernel, the split-KV combine stage and the two appends (their pipelines
+    # are gone too) are rejected, once each, and the reasons name the pipelines to use.
+    assert result.stdout.count("rejected ") == 4
     assert "no tile table for fwd_splitkv_combine/sm80_cpasync_mma on sm_86" in result.stdout
+    assert "no tile table for fwd_appendkv/sm80_cpasync_mma on sm_86" in result.stdout
     assert "rejected fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_86_sm80" in (
         result.stdout
     )
@@ -480,16 +487,16 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    # sm_80, sm_90a (each with a 3-kernel split-KV plan and two backward plans) and the Hopper
-    # template on sm_90a
-    assert len(names) == 12 + 12 + 4 + 2 * 6
+    # sm_80, sm_90a (each with a 3-kernel split-KV plan, two backward plans and two appends)
+    # and the Hopper template on sm_90a
+    assert len(names) == 12 + 12 + 4 + 2 * 6 + 2 * 2
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 3 * (12 + 6)
+    assert len(result.stdout.split()) == 3 * (12 + 6 + 2)
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -511,14 +518,14 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("fwd_*.cu"))
-    assert len(instances) == 16
+    assert len(instances) == 16 + 2  # two of them KV-cache appends
     assert len(list(tmp_path.glob("bwd_*.cu"))) == 6
-    text = instances[0].read_text()
+    text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 22" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 24" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -526,7 +533,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 22
+    assert len(manifest["kernels"]) == 24
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 
@@ -701,7 +708,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 12 + 6 + 3
+    assert first.written == 12 + 6 + 2 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -742,10 +749,10 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
-                e.has_dbias, e.arch, e.arch_name,
+                e.has_dbias, e.rope, e.paged_kv, e.arch, e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr));
@@ -775,13 +782,14 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"4 {len(configs)}"
+    assert lines[0] == f"5 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
             "fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2,
-            "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7, "bwd_convert_dq": 8,
+            "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7, "bwd_convert_dq": 8, "fwd_appendkv": 4,
         },
+        "rope": {"none": 0, "interleaved": 1, "half_rotated": 2},
         "mask": {"none": 0, "causal": 1, "window": 2},
         "bias": {"none": 0, "elementwise": 1, "alibi": 2},
         "dtype": {"fp16": 0, "bf16": 1, "fp32": 2},
@@ -793,6 +801,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             enums["mode"][sig.mode], sig.hdim_q, sig.hdim_v, enums["mask"][sig.mask],
             enums["bias"][sig.bias], int(sig.lse), int(sig.dropout), int(sig.softcap),
             int(sig.sink), int(sig.v_col_major), int(getattr(sig, "dbias", False)),
+            enums["rope"][getattr(sig, "rope", "none")], int(getattr(sig, "paged", False)),
             specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip

@@ -1,5 +1,6 @@
 #include "ckfmha/runtime/registry.hpp"
 
+#include "ckfmha/runtime/appendkv_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/status.hpp"
 
@@ -84,7 +85,9 @@ std::string Registry::to_json() const {
         << ", \"softcap\": " << (e.has_softcap ? "true" : "false")
         << ", \"sink\": " << (e.has_sink ? "true" : "false")
         << ", \"v_col_major\": " << (e.v_col_major ? "true" : "false")
-        << ", \"dbias\": " << (e.has_dbias ? "true" : "false") << ", \"arch\": " << e.arch
+        << ", \"dbias\": " << (e.has_dbias ? "true" : "false")
+        << ", \"rope\": " << json_string(rope_name(e.rope))
+        << ", \"paged_kv\": " << (e.paged_kv ? "true" : "false") << ", \"arch\": " << e.arch
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k

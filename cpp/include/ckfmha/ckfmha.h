@@ -362,6 +362,120 @@ CKFMHA_API int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, c
 CKFMHA_API int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                               const char* kernel_name, ckfmha_stream_t stream);
 
+/* ---- appending to a KV cache (family fwd_appendkv) ---- */
+
+/* Rotary position embedding applied to appended keys (and, when asked, to
+ * queries). With angle table rows cos[pos], sin[pos] of rotary_dim/2 entries,
+ * a pair (x, y) of head-dim columns becomes (x cos - y sin, x sin + y cos):
+ * interleaved pairs columns (2i, 2i+1) with entry i (GPT-J); half-rotated
+ * pairs columns (i, i + rotary_dim/2) with entry i (GPT-NeoX). Columns at or
+ * beyond rotary_dim are copied unchanged. */
+typedef enum ckfmha_rope {
+  CKFMHA_ROPE_NONE = 0,
+  CKFMHA_ROPE_INTERLEAVED = 1,
+  CKFMHA_ROPE_HALF_ROTATED = 2
+} ckfmha_rope;
+
+/*
+ * Append problem: writes seqlen_new new tokens per sequence into a KV cache.
+ *
+ * k_new [batch, seqlen_new, nhead_k, hdim_k] and v_new [.., hdim_v], any
+ * (batch, head, seq) strides with a contiguous head dim. Token t of sequence b
+ * lands at cache position cache_seqlens[b] + t (the lengths are not updated;
+ * the caller advances them). Keys are rotated at that position; values are
+ * copied unchanged.
+ *
+ * Contiguous cache (paged_kv = 0): k_cache/v_cache hold max_seqlen_cache
+ * tokens per sequence; strides (batch, head, seq), so BSHD
+ * [batch, max_seqlen_cache, nhead_k, hdim] and BHSD are both strides.
+ * Paged cache (paged_kv = 1): num_pages pages of page_size tokens, strides
+ * (page, head, token in page) (vLLM: [num_pages, page_size, nhead_k, hdim]);
+ * block_table int32 [batch, max_pages_per_seq] (row stride
+ * block_table_stride) names the page holding tokens
+ * [j * page_size, (j + 1) * page_size) of sequence b at entry (b, j).
+ * Capacity: max_seqlen_cache, or max_pages_per_seq * page_size.
+ *
+ * Bounds: when args.cache_seqlens_host is given, every sequence is checked on
+ * the host before the launch (0 <= length, length + seqlen_new <= capacity,
+ * and with RoPE the positions within rope_max_pos) and a violation is
+ * CKFMHA_ERROR_INVALID_ARGUMENT naming the sequence. The device-side lengths
+ * and page numbers are otherwise trusted only as far as the kernel checks
+ * them: a token whose position is outside [0, capacity), whose page number is
+ * outside [0, num_pages) or whose angle row is outside [0, rope_max_pos) is
+ * not written, and args.overflow (when given) is set to 1.
+ *
+ * rotate_q: q [batch, seqlen_q, nhead_q, hdim_k] is rotated too, query t of
+ * sequence b at position cache_seqlens[b] + t (causal positions, as the keys
+ * appended with it), into q_out (which may be q itself: in place). Columns
+ * beyond rotary_dim are copied when q_out is not q.
+ *
+ * Vectors: pointers 16-byte aligned, strides and head dims multiples of 8
+ * fp16/bf16 (4 fp32) elements; half-rotated RoPE also needs rotary_dim / 2
+ * to be such a multiple.
+ */
+typedef struct ckfmha_appendkv_problem {
+  ckfmha_dtype dtype; /* k_new, v_new, the caches and q */
+  int32_t batch;
+  int32_t nhead_k;
+  int32_t seqlen_new;
+  int32_t hdim_k;
+  int32_t hdim_v;
+  int32_t max_seqlen_cache; /* contiguous cache: tokens per sequence */
+  int32_t paged_kv;         /* 0: contiguous cache; 1: pages and a block table */
+  int32_t page_size;
+  int32_t num_pages;
+  int32_t max_pages_per_seq;
+  int64_t block_table_stride; /* batch stride of the block table */
+  ckfmha_rope rope;
+  int32_t rotary_dim;       /* even, 2..hdim_k */
+  ckfmha_dtype rope_dtype;  /* of cos/sin: fp32 or dtype */
+  int32_t rope_max_pos;     /* rows of cos and sin */
+  int64_t cos_stride;       /* row strides of cos [rope_max_pos, rotary_dim / 2] */
+  int64_t sin_stride;
+  int32_t rotate_q;
+  int32_t nhead_q;
+  int32_t seqlen_q;
+  int64_t k_new_stride[3];   /* (batch, head, seq) */
+  int64_t v_new_stride[3];
+  int64_t k_cache_stride[3]; /* (batch or page, head, seq) */
+  int64_t v_cache_stride[3];
+  int64_t q_stride[3];
+  int64_t q_out_stride[3];
+} ckfmha_appendkv_problem;
+
+typedef struct ckfmha_appendkv_args {
+  const void* k_new;
+  const void* v_new;
+  void* k_cache;
+  void* v_cache;
+  const int32_t* cache_seqlens;      /* device [batch] */
+  const int32_t* cache_seqlens_host; /* optional host copy: bounds checked before launching */
+  const int32_t* block_table;        /* paged cache: device [batch, max_pages_per_seq] */
+  const void* cos;                   /* RoPE: device [rope_max_pos, rotary_dim / 2] */
+  const void* sin;
+  const void* q;                     /* rotate_q */
+  void* q_out;                       /* rotate_q; may equal q */
+  int32_t* overflow;                 /* optional device int32, set to 1 on a skipped token */
+} ckfmha_appendkv_args;
+
+/* Fills a problem without RoPE or q: k_new/v_new contiguous BSHD, a
+ * contiguous cache of max_seqlen_cache tokens in `cache_layout`. */
+CKFMHA_API int ckfmha_appendkv_problem_init(ckfmha_appendkv_problem* problem, ckfmha_dtype dtype,
+                                            ckfmha_layout cache_layout, int32_t batch,
+                                            int32_t nhead_k, int32_t seqlen_new,
+                                            int32_t max_seqlen_cache, int32_t hdim_k,
+                                            int32_t hdim_v);
+CKFMHA_API int ckfmha_appendkv_problem_validate(const ckfmha_appendkv_problem* problem);
+/* arch < 0: the current device's. Writes the chosen kernel's name. */
+CKFMHA_API int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch,
+                                      char* name_buf, size_t buf_len);
+CKFMHA_API int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch,
+                                       char* buf, size_t buf_len, size_t* needed);
+/* One kernel on `stream`; kernel_name NULL (automatic) or a fwd_appendkv kernel. */
+CKFMHA_API int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem,
+                                   const ckfmha_appendkv_args* args, const char* kernel_name,
+                                   ckfmha_stream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,10 +16,11 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 4
+#define CKFMHA_KERNEL_ABI_VERSION 5
 
 /* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,
- * ckfmha_bwd_problem/_args for the three backward stages. */
+ * ckfmha_bwd_problem/_args for the three backward stages,
+ * ckfmha_appendkv_problem/_args for fwd_appendkv. */
 typedef int (*ckfmha_launch_fn)(const void* problem, const void* args, ckfmha_stream_t stream);
 
 typedef struct ckfmha_kernel_entry {
@@ -38,6 +39,8 @@ typedef struct ckfmha_kernel_entry {
   int32_t has_sink;
   int32_t v_col_major; /* V stored [.., hdim_v, seqlen_k] (keys contiguous) */
   int32_t has_dbias;   /* backward: writes the elementwise bias gradient */
+  ckfmha_rope rope;     /* fwd_appendkv: rotary embedding of appended keys */
+  int32_t paged_kv;     /* fwd_appendkv: writes a paged cache through a block table */
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

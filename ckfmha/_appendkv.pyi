@@ -1,0 +1,23 @@
+from typing import Any, Literal
+
+def append_kv(
+    k_cache: Any,
+    v_cache: Any,
+    k_new: Any,
+    v_new: Any,
+    cache_seqlens: Any,
+    *,
+    cos: Any = None,
+    sin: Any = None,
+    rotary_interleaved: bool = False,
+    q: Any = None,
+    q_out: Any = None,
+    block_table: Any = None,
+    cache_layout: Literal["bshd", "bhsd"] = "bshd",
+    overflow: Any = None,
+    kernel: str | None = None,
+    stream: Any = None,
+    dtype: Any = None,
+) -> Any: ...
+def select_append_kv(*, arch: int | str | None = None, **fields: Any) -> str: ...
+def explain_append_kv(*, arch: int | str | None = None, **fields: Any) -> str: ...

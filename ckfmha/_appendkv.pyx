@@ -1,0 +1,361 @@
+# cython: language_level=3
+"""ckfmha.append_kv: new K/V tokens into a KV cache, with optional rotary embedding."""
+
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+import numpy as np
+
+cimport ckfmha as capi
+from ckfmha._arrays cimport ArrayView
+from ckfmha._problem cimport to_int32
+from ckfmha._status cimport check
+
+from ckfmha import _dtypes
+from ckfmha._arch import parse_arch
+from ckfmha._arrays import as_view
+from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
+
+_INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
+_I32 = (_dtypes.INT32,)
+_ROPE_CODES = {
+    "none": capi.CKFMHA_ROPE_NONE,
+    "interleaved": capi.CKFMHA_ROPE_INTERLEAVED,
+    "half_rotated": capi.CKFMHA_ROPE_HALF_ROTATED,
+}
+_LAYOUTS = {"bhsd": capi.CKFMHA_LAYOUT_BHSD, "bshd": capi.CKFMHA_LAYOUT_BSHD}
+
+cdef enum:
+    NAME_CAPACITY = 512
+
+
+def _invalid(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message, 1)
+
+
+cdef int _layout_code(cache_layout) except -1:
+    try:
+        return _LAYOUTS[str(cache_layout).lower()]
+    except KeyError:
+        raise _invalid(f"cache_layout must be 'bshd' or 'bhsd', got {cache_layout!r}") from None
+
+
+cdef int _rope_code(rope) except -1:
+    try:
+        return _ROPE_CODES[str(rope)]
+    except KeyError:
+        raise _invalid(f"rope must be one of {', '.join(_ROPE_CODES)}, got {rope!r}") from None
+
+
+cdef int _set3(int64_t* dst, tuple strides) except -1:
+    dst[0] = strides[0]
+    dst[1] = strides[1]
+    dst[2] = strides[2]
+    return 0
+
+
+cdef int _init_problem(capi.ckfmha_appendkv_problem* problem, int dtype, int layout, batch,
+                       nhead_k, seqlen_new, max_seqlen_cache, hdim_k, hdim_v) except -1:
+    check(capi.ckfmha_appendkv_problem_init(
+        problem, <capi.ckfmha_dtype>dtype, <capi.ckfmha_layout>layout,
+        to_int32(batch, "batch"), to_int32(nhead_k, "nhead_k"),
+        to_int32(seqlen_new, "seqlen_new"), to_int32(max_seqlen_cache, "max_seqlen_cache"),
+        to_int32(hdim_k, "hdim"), to_int32(hdim_v, "hdim_v")))
+    return 0
+
+
+cdef int _set_paged(capi.ckfmha_appendkv_problem* problem, page_size, num_pages,
+                    max_pages_per_seq, block_table_stride) except -1:
+    problem.paged_kv = 1
+    problem.page_size = to_int32(page_size, "page_size")
+    problem.num_pages = to_int32(num_pages, "num_pages")
+    problem.max_pages_per_seq = to_int32(max_pages_per_seq, "max_pages_per_seq")
+    problem.block_table_stride = block_table_stride
+    return 0
+
+
+cdef int _set_rope(capi.ckfmha_appendkv_problem* problem, int rope, rotary_dim, int rope_dtype,
+                   rope_max_pos, cos_stride, sin_stride) except -1:
+    problem.rope = <capi.ckfmha_rope>rope
+    problem.rotary_dim = to_int32(rotary_dim, "rotary_dim")
+    problem.rope_dtype = <capi.ckfmha_dtype>rope_dtype
+    problem.rope_max_pos = to_int32(rope_max_pos, "rope_max_pos")
+    problem.cos_stride = cos_stride
+    problem.sin_stride = sin_stride
+    return 0
+
+
+def _page_strides(page_size, heads, hdim, bint heads_first) -> tuple:
+    """(page, head, token) strides of contiguous pages."""
+    page_size, heads, hdim = int(page_size), int(heads), int(hdim)
+    if heads_first:
+        return (page_size * heads * hdim, page_size * hdim, hdim)
+    return (page_size * heads * hdim, hdim, heads * hdim)
+
+
+cdef int _problem_from_fields(capi.ckfmha_appendkv_problem* problem, dict fields) except -1:
+    """A problem with contiguous tensors from keyword fields (for select/explain)."""
+    known = {"dtype", "batch", "nhead_k", "seqlen_new", "hdim", "hdim_v", "max_seqlen_cache",
+             "cache_layout", "page_size", "num_pages", "max_pages_per_seq", "rope", "rotary_dim",
+             "rope_dtype", "rope_max_pos", "nhead_q", "seqlen_q"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown append problem fields: {', '.join(unknown)}; "
+                        f"known: {', '.join(sorted(known))}")
+    try:
+        batch, nhead_k, seqlen_new, hdim = (fields[name] for name in
+                                            ("batch", "nhead_k", "seqlen_new", "hdim"))
+    except KeyError as missing:
+        raise TypeError(f"missing append problem field {missing}") from None
+    cdef int dtype = _dtypes.dtype_code(fields.get("dtype", "fp16"))
+    hdim_v = fields.get("hdim_v") or hdim
+    paged = fields.get("page_size") is not None
+    max_seqlen_cache = fields.get("max_seqlen_cache") or (1 if paged else 4096)
+    _init_problem(problem, dtype, _layout_code(fields.get("cache_layout", "bshd")), batch,
+                  nhead_k, seqlen_new, max_seqlen_cache, hdim, hdim_v)
+    if paged:
+        page_size = fields["page_size"]
+        max_pages = fields.get("max_pages_per_seq") or 1
+        _set_paged(problem, page_size, fields.get("num_pages") or batch * max_pages, max_pages,
+                   max_pages)
+        heads_first = fields.get("cache_layout", "bshd") == "bhsd"
+        _set3(problem.k_cache_stride, _page_strides(page_size, nhead_k, hdim, heads_first))
+        _set3(problem.v_cache_stride, _page_strides(page_size, nhead_k, hdim_v, heads_first))
+    rope = _rope_code(fields.get("rope", "none"))
+    if rope != capi.CKFMHA_ROPE_NONE:
+        rotary_dim = fields.get("rotary_dim") or hdim
+        rope_dtype = _dtypes.dtype_code(fields.get("rope_dtype", "fp32"))
+        _set_rope(problem, rope, rotary_dim, rope_dtype, fields.get("rope_max_pos") or 1 << 20,
+                  int(rotary_dim) // 2, int(rotary_dim) // 2)
+    nhead_q = fields.get("nhead_q") or 0
+    if nhead_q:
+        seqlen_q = fields.get("seqlen_q") or seqlen_new
+        problem.rotate_q = 1
+        problem.nhead_q = to_int32(nhead_q, "nhead_q")
+        problem.seqlen_q = to_int32(seqlen_q, "seqlen_q")
+        q_strides = (int(seqlen_q) * int(nhead_q) * int(hdim), hdim, int(nhead_q) * int(hdim))
+        _set3(problem.q_stride, q_strides)
+        _set3(problem.q_out_stride, q_strides)
+    check(capi.ckfmha_appendkv_problem_validate(problem))
+    return 0
+
+
+def select_append_kv(*, arch=None, **fields) -> str:
+    """Name of the fwd_appendkv kernel ``append_kv`` would launch for a problem given by fields.
+
+    Fields: dtype, batch, nhead_k, seqlen_new, hdim (hdim_v), max_seqlen_cache (contiguous
+    cache) or page_size, num_pages, max_pages_per_seq (paged cache), cache_layout, rope
+    ("none", "interleaved", "half_rotated"), rotary_dim, rope_dtype, rope_max_pos, and nhead_q
+    (> 0 rotates q too) with seqlen_q. Tensors are taken as contiguous.
+    """
+    cdef capi.ckfmha_appendkv_problem problem
+    cdef char buf[NAME_CAPACITY]
+    _problem_from_fields(&problem, fields)
+    check(capi.ckfmha_appendkv_select(&problem, parse_arch(arch), buf, NAME_CAPACITY))
+    return buf.decode("utf-8", "replace")
+
+
+def explain_append_kv(*, arch=None, **fields) -> str:
+    """Kernel-by-kernel account of which fwd_appendkv kernels fit (fields as in
+    ``select_append_kv``) and the plan."""
+    cdef capi.ckfmha_appendkv_problem problem
+    _problem_from_fields(&problem, fields)
+    cdef int c_arch = parse_arch(arch)
+    cdef size_t needed = 1 << 16
+    cdef char* buf = NULL
+    cdef int status
+    for _ in range(8):
+        buf = <char*>malloc(needed)
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            status = capi.ckfmha_appendkv_explain(&problem, c_arch, buf, needed, &needed)
+            if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
+                check(status)
+                return buf.decode("utf-8", "replace")
+        finally:
+            free(buf)
+    raise BufferTooSmallError("explanation kept growing", 5)
+
+
+cdef tuple _bhs(ArrayView view, int layout):
+    """(batch or page, head, seq) strides of a 4-D view in ``layout``."""
+    if layout == capi.CKFMHA_LAYOUT_BSHD:
+        return (view.strides[0], view.strides[2], view.strides[1])
+    return (view.strides[0], view.strides[1], view.strides[2])
+
+
+cdef tuple _dims(tuple shape, int layout):
+    """(batch or pages, heads, seqlen, hdim) of a 4-D shape in ``layout``."""
+    if layout == capi.CKFMHA_LAYOUT_BSHD:
+        return (shape[0], shape[2], shape[1], shape[3])
+    return shape
+
+
+def _host_lengths(obj, int batch):
+    """int32 host copy of lengths the caller gave on the host (int, list, NumPy), else None."""
+    if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
+        return np.full(batch, int(obj), dtype=np.int32)
+    if isinstance(obj, (list, tuple)):
+        obj = np.asarray(obj)
+    if isinstance(obj, np.ndarray):
+        if obj.shape != (batch,) or not np.issubdtype(obj.dtype, np.integer):
+            raise _invalid(f"cache_seqlens must be {batch} integers, got {obj.dtype} "
+                           f"{obj.shape}")
+        host = obj.astype(np.int32)
+        if not np.array_equal(host, obj):
+            raise _invalid("cache_seqlens do not fit in int32")
+        return np.ascontiguousarray(host)
+    return None
+
+
+def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
+              rotary_interleaved=False, q=None, q_out=None, block_table=None,
+              cache_layout="bshd", overflow=None, kernel=None, stream=None, dtype=None):
+    """Writes k_new/v_new into the cache at each sequence's length, rotating keys (and q).
+
+    k_new, v_new: [batch, seqlen_new, nhead_k, hdim] (any strides, head dim contiguous).
+    Cache, ``cache_layout`` "bshd": [batch, max_seqlen, nhead_k, hdim], or with
+    ``block_table`` (int32 [batch, max_pages], vLLM) pages [num_pages, page_size, nhead_k,
+    hdim]; "bhsd" swaps the head and token axes of either. Token t of sequence b goes to
+    position cache_seqlens[b] + t; cache_seqlens (int32 [batch], or an int for all) is not
+    advanced here.
+
+    cos, sin: [max_pos, rotary_dim / 2], fp32 or the cache dtype; keys are rotated at their
+    positions, pairs (i, i + rotary_dim/2) (GPT-NeoX) or, with ``rotary_interleaved``,
+    (2i, 2i+1) (GPT-J); columns past rotary_dim and the values are copied. ``q`` [batch,
+    seqlen_q, nhead_q, hdim] is rotated too, query t at cache_seqlens[b] + t (causal
+    positions), into ``q_out`` (new array by default; pass q itself to rotate in place), which
+    is returned.
+
+    Bounds: host-side lengths (int, list, NumPy) are checked before the launch and an
+    overflow raises InvalidArgumentError. Device-side lengths and page numbers are trusted
+    as far as the kernel checks them: tokens that would land outside the cache, in a page
+    outside [0, num_pages) or past the cos/sin rows are not written, and ``overflow`` (a
+    device int32 [1] array the caller zeroes) is set to 1.
+    """
+    cdef int layout = _layout_code(cache_layout)
+    kind = array_kind(k_cache)
+    handle = resolve_stream(stream, kind, k_cache)
+    cdef ArrayView knv = as_view(k_new, handle, dtype, "k_new", 4, _INPUT_DTYPES)
+    cdef ArrayView vnv = as_view(v_new, handle, dtype, "v_new", 4, _INPUT_DTYPES)
+    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 4, _INPUT_DTYPES, True)
+    cdef ArrayView vcv = as_view(v_cache, handle, dtype, "v_cache", 4, _INPUT_DTYPES, True)
+    if not knv.dtype == vnv.dtype == kcv.dtype == vcv.dtype:
+        raise _invalid(f"k_new, v_new, k_cache and v_cache must share one dtype, got "
+                       f"{knv.dtype_name}, {vnv.dtype_name}, {kcv.dtype_name}, "
+                       f"{vcv.dtype_name}")
+    batch, seqlen_new, nhead_k, hdim_k = knv.shape
+    if vnv.shape[:3] != (batch, seqlen_new, nhead_k):
+        raise _invalid(f"v_new is {vnv.shape} but k_new is {knv.shape}: both are "
+                       "[batch, seqlen_new, nhead_k, hdim]")
+    hdim_v = vnv.shape[3]
+    slabs, cache_heads, cache_tokens, cache_hdim = _dims(kcv.shape, layout)
+    v_dims = _dims(vcv.shape, layout)
+    if (cache_heads, cache_hdim) != (nhead_k, hdim_k) or v_dims != (
+            slabs, nhead_k, cache_tokens, hdim_v):
+        raise _invalid(f"caches k {kcv.shape}, v {vcv.shape} ({cache_layout}) do not hold "
+                       f"{nhead_k} heads of head dims {hdim_k}/{hdim_v} like k_new/v_new")
+    paged = block_table is not None
+    if not paged and slabs != batch:
+        raise _invalid(f"the cache holds {slabs} sequences but k_new has batch {batch}; "
+                       "pass block_table for a paged cache")
+
+    cdef capi.ckfmha_appendkv_problem problem
+    cdef capi.ckfmha_appendkv_args args
+    memset(&args, 0, sizeof(args))
+    _init_problem(&problem, kcv.dtype, layout, batch, nhead_k, seqlen_new,
+                  1 if paged else cache_tokens, hdim_k, hdim_v)
+    cdef ArrayView btv = None
+    if paged:
+        btv = as_view(block_table, handle, None, "block_table", 2, _I32)
+        if btv.shape[0] != batch:
+            raise _invalid(f"block_table must be int32 [{batch}, max_pages], got {btv.shape}")
+        _set_paged(&problem, cache_tokens, slabs, btv.shape[1], btv.strides[0])
+        args.block_table = <const int32_t*>btv.ptr
+
+    cdef ArrayView cv = None
+    cdef ArrayView sv = None
+    if (cos is None) != (sin is None):
+        raise _invalid("pass both cos and sin for rotary embeddings, or neither")
+    if cos is not None:
+        cv = as_view(cos, handle, None, "cos", 2, (_dtypes.FP32, kcv.dtype))
+        sv = as_view(sin, handle, None, "sin", 2, (_dtypes.FP32, kcv.dtype))
+        if cv.shape != sv.shape or cv.dtype != sv.dtype:
+            raise _invalid(f"cos {cv.dtype_name} {cv.shape} and sin {sv.dtype_name} "
+                           f"{sv.shape} must match")
+        rope = capi.CKFMHA_ROPE_INTERLEAVED if rotary_interleaved else \
+            capi.CKFMHA_ROPE_HALF_ROTATED
+        _set_rope(&problem, rope, 2 * cv.shape[1], cv.dtype, cv.shape[0], cv.strides[0],
+                  sv.strides[0])
+        args.cos = <const void*>cv.ptr
+        args.sin = <const void*>sv.ptr
+    elif q is not None:
+        raise _invalid("q is rotated with the keys: pass cos and sin with it")
+
+    cdef ArrayView qv = None
+    cdef ArrayView qov = None
+    q_obj = None
+    if q is not None:
+        qv = as_view(q, handle, dtype, "q", 4, (kcv.dtype,))
+        q_batch, seqlen_q, nhead_q, q_hdim = qv.shape
+        if (q_batch, q_hdim) != (batch, hdim_k):
+            raise _invalid(f"q must be [{batch}, seqlen_q, nhead_q, {hdim_k}], got {qv.shape}")
+        q_obj = allocate(kind, q, qv.shape, qv.dtype) if q_out is None else q_out
+        qov = as_view(q_obj, handle, None, "q_out", 4, (qv.dtype,), True)
+        if qov.shape != qv.shape:
+            raise _invalid(f"q_out must have q's shape {qv.shape}, got {qov.shape}")
+        problem.rotate_q = 1
+        problem.nhead_q = to_int32(nhead_q, "nhead_q")
+        problem.seqlen_q = to_int32(seqlen_q, "seqlen_q")
+        _set3(problem.q_stride, (qv.strides[0], qv.strides[2], qv.strides[1]))
+        _set3(problem.q_out_stride, (qov.strides[0], qov.strides[2], qov.strides[1]))
+        args.q = <const void*>qv.ptr
+        args.q_out = <void*>qov.ptr
+    elif q_out is not None:
+        raise _invalid("q_out given without q")
+
+    _set3(problem.k_new_stride, (knv.strides[0], knv.strides[2], knv.strides[1]))
+    _set3(problem.v_new_stride, (vnv.strides[0], vnv.strides[2], vnv.strides[1]))
+    _set3(problem.k_cache_stride, _bhs(kcv, layout))
+    _set3(problem.v_cache_stride, _bhs(vcv, layout))
+    check(capi.ckfmha_appendkv_problem_validate(&problem))
+
+    host = _host_lengths(cache_seqlens, batch)
+    cdef ArrayView lv = as_view(host if host is not None else cache_seqlens, handle, None,
+                                "cache_seqlens", 1, _I32)
+    if lv.shape != (batch,) or (lv.strides[0] != 1 and batch > 1):
+        raise _invalid(f"cache_seqlens must be contiguous int32 [{batch}], got {lv.shape}")
+    cdef const int32_t[::1] host_view
+    if host is not None:
+        host_view = host
+        args.cache_seqlens_host = &host_view[0]
+    cdef ArrayView ov = None
+    if overflow is not None:
+        ov = as_view(overflow, handle, None, "overflow", 1, _I32, True)
+        if ov.shape != (1,):
+            raise _invalid(f"overflow must be a device int32 [1] array, got {ov.shape}")
+        args.overflow = <int32_t*>ov.ptr
+
+    args.k_new = <const void*>knv.ptr
+    args.v_new = <const void*>vnv.ptr
+    args.k_cache = <void*>kcv.ptr
+    args.v_cache = <void*>vcv.ptr
+    args.cache_seqlens = <const int32_t*>lv.ptr
+    cdef const char* c_kernel = NULL
+    kernel_bytes = b""
+    if kernel is not None:
+        kernel_bytes = str(kernel).encode("utf-8")
+        c_kernel = kernel_bytes
+    cdef uintptr_t c_stream = <uintptr_t>handle
+    cdef int status
+    with nogil:
+        status = capi.ckfmha_appendkv_run(&problem, &args, c_kernel,
+                                          <capi.ckfmha_stream_t>c_stream)
+    check(status)
+    # The views (staged copies, DLPack owners) lived until the launch was queued.
+    if q is None:
+        return None
+    return finish(kind, q_obj, handle) if q_out is None else q_out
