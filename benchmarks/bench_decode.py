@@ -4,8 +4,13 @@ Times ckfmha (automatic plan, and the one-stage forward for comparison) beside t
 flash and cuDNN backends on the same inputs in the same run, GQA through ``enable_gqa``.
 Bandwidth counts the bytes a kernel must move at least once: Q, K, V read and O written.
 
+With ``--paged 1 16 64`` each shape also runs from a paged cache (vLLM flash layout, pages in
+a random order, a block table) with those page sizes: torch has no paged attention, so the
+peers are ckfmha and torch SDPA on the same keys stored contiguously (the bound a paged
+kernel aims for), and the table reports GB/s.
+
     python benchmarks/bench_decode.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results [--paged 16]
 """
 
 from __future__ import annotations
@@ -83,6 +88,76 @@ def run_shape(b: int, sk: int, sq: int, args: argparse.Namespace) -> dict[str, A
     return row
 
 
+def paged_cache(k: Any, v: Any, page_size: int) -> tuple[Any, Any, Any]:
+    """The keys of k, v [b, hk, sk, d] in caches [num_pages, page_size, hk, d] whose pages are
+    handed out in a random order, and the block table [b, pages per sequence]."""
+    b, hk, sk, d = k.shape
+    per_seq = -(-sk // page_size)
+    order = torch.randperm(b * per_seq, device="cuda")
+    table = order.view(b, per_seq).to(torch.int32)
+    caches = []
+    for t in (k, v):
+        padded = torch.zeros(b, per_seq * page_size, hk, d, device="cuda", dtype=t.dtype)
+        padded[:, :sk] = t.transpose(1, 2)
+        cache = torch.empty(b * per_seq, page_size, hk, d, device="cuda", dtype=t.dtype)
+        cache[order] = padded.view(b * per_seq, page_size, hk, d)
+        caches.append(cache)
+    return caches[0], caches[1], table
+
+
+def run_paged_shape(b: int, sk: int, sq: int, page_size: int,
+                    args: argparse.Namespace) -> dict[str, Any]:
+    q = torch.randn(b, HEADS_Q, sq, HDIM, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, HEADS_K, sk, HDIM, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, HEADS_K, sk, HDIM, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache, table = paged_cache(k, v, page_size)
+    seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+    impls: dict[str, Callable[[], Any]] = {
+        "ckfmha_paged": partial(ckfmha.fwd_paged, q, k_cache, v_cache, block_table=table,
+                                seqlens_k=seqlens, max_seqlen_k=sk),
+        "ckfmha": partial(ckfmha.fwd, q, k, v),
+        "torch_cudnn": partial(sdpa, SDPBackend.CUDNN_ATTENTION, q, k, v),
+    }
+    nbytes = moved_bytes(b, sq, sk)
+    plan = ckfmha.Dispatcher().explain(
+        batch=b, nhead_q=HEADS_Q, nhead_k=HEADS_K, seqlen_q=sq, seqlen_k=sk, hdim=HDIM,
+        dtype="bf16", paged_kv="block_table", page_size=page_size)
+    row: dict[str, Any] = {"batch": b, "nhead_q": HEADS_Q, "nhead_k": HEADS_K, "seqlen_q": sq,
+                           "seqlen_k": sk, "hdim": HDIM, "page_size": page_size, "bytes": nbytes,
+                           "plan": plan.rstrip().splitlines()[-1]}
+    outputs = {}
+    for name, fn in impls.items():
+        try:
+            outputs[name] = fn()
+            ms = median_ms(fn, args.warmup, args.iters, args.repeats)
+            row[f"{name}_ms"], row[f"{name}_gbps"] = ms, nbytes / ms / 1e6
+        except (RuntimeError, ckfmha.CkfmhaError) as exc:
+            row[f"{name}_ms"] = row[f"{name}_gbps"] = None
+            print(f"  {name} unavailable: {str(exc).splitlines()[0]}")
+    for peer in ("ckfmha", "torch_cudnn"):
+        if row.get(f"{peer}_ms") and row.get("ckfmha_paged_ms"):
+            row[f"paged_speed_vs_{peer}"] = row[f"{peer}_ms"] / row["ckfmha_paged_ms"]
+    if "ckfmha_paged" in outputs and "torch_cudnn" in outputs:
+        diff = (outputs["ckfmha_paged"].float() - outputs["torch_cudnn"].float()).abs().max()
+        row["max_abs_diff_vs_cudnn"] = float(diff)
+    del q, k, v, k_cache, v_cache, outputs
+    torch.cuda.empty_cache()
+    return row
+
+
+def print_paged(rows: list[dict[str, Any]]) -> None:
+    print(f"{'b':>3} {'sq':>2} {'sk':>6} {'page':>5} | {'paged':>14} {'contiguous':>14} "
+          f"{'cudnn':>14} | {'x contig':>8} {'x cudnn':>7}   (ms / GB/s)")
+    for r in rows:
+        cells = [f"{fmt(r[f'{n}_ms'], '.3f'):>6}/{fmt(r[f'{n}_gbps'], '.0f'):>6}"
+                 for n in ("ckfmha_paged", "ckfmha", "torch_cudnn")]
+        print(f"{r['batch']:>3} {r['seqlen_q']:>2} {r['seqlen_k']:>6} {r['page_size']:>5} | "
+              + " ".join(f"{c:>14}" for c in cells)
+              + f" | {fmt(r.get('paged_speed_vs_ckfmha'), '.2f'):>8} "
+              f"{fmt(r.get('paged_speed_vs_torch_cudnn'), '.2f'):>7}")
+        print(f"      {r['plan']}")
+
+
 def fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, float) else "-"
 
@@ -93,12 +168,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--paged", type=int, nargs="*", default=[],
+                        help="page sizes for the paged-cache rows (none: contiguous rows only)")
+    parser.add_argument("--paged-only", action="store_true",
+                        help="skip the contiguous rows (with --paged)")
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON")
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
-    rows = [run_shape(b, sk, sq, args) for sq in args.seqlen_q for b, sk in SHAPES]
+    rows = [] if args.paged_only else [
+        run_shape(b, sk, sq, args) for sq in args.seqlen_q for b, sk in SHAPES]
+    paged_rows = [run_paged_shape(b, sk, sq, page, args) for page in args.paged
+                  for sq in args.seqlen_q for b, sk in SHAPES]
     print(f"device: {device}  bf16  hq {HEADS_Q} hk {HEADS_K} d {HDIM}  commit: {args.commit}")
     print(f"{'b':>3} {'sq':>2} {'sk':>6} | {'ckfmha':>14} {'one-stage':>14} {'flash':>14} "
           f"{'cudnn':>14} | {'x cudnn':>7} {'x flash':>7}   (ms / GB/s)")
@@ -109,6 +191,8 @@ def main() -> None:
             f"{c:>14}" for c in cells) + f" | {fmt(r.get('speedup_vs_torch_cudnn'), '.2f'):>7} "
             f"{fmt(r.get('speedup_vs_torch_flash'), '.2f'):>7}")
         print(f"      {r['plan']}")
+    if paged_rows:
+        print_paged(paged_rows)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         date = dt.date.today().isoformat()
@@ -118,6 +202,7 @@ def main() -> None:
             "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "bytes_convention": "2 bytes x hdim x (q + o rows + k + v rows), each moved once",
             "rows": rows,
+            "paged_rows": paged_rows,
         }
         path = args.out / f"decode_{device.replace(' ', '_')}_{date}_{args.commit}.json"
         path.write_text(json.dumps(record, indent=2) + "\n")

@@ -63,6 +63,15 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         CKFMHA_BIAS_ELEMENTWISE
         CKFMHA_BIAS_ALIBI
 
+    ctypedef enum ckfmha_kv_storage:
+        CKFMHA_KV_CONTIGUOUS
+        CKFMHA_KV_PAGED_TABLE
+        CKFMHA_KV_PAGED_INDPTR
+
+    ctypedef enum ckfmha_page_layout:
+        CKFMHA_PAGE_LAYOUT_LINEAR
+        CKFMHA_PAGE_LAYOUT_VECTORIZED
+
     ctypedef enum ckfmha_layout:
         CKFMHA_LAYOUT_BHSD
         CKFMHA_LAYOUT_BSHD
@@ -101,6 +110,11 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int64_t total_q
         int64_t total_k
         int32_t num_splits
+        ckfmha_kv_storage kv_storage
+        ckfmha_page_layout page_layout
+        int32_t page_size
+        int32_t max_pages_per_seq
+        int64_t block_table_stride
 
     ctypedef struct ckfmha_fwd_args:
         const void* q
@@ -116,6 +130,10 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         uint8_t* dropout_randval
         void* workspace
         size_t workspace_bytes
+        const int32_t* block_table
+        const int32_t* kv_indices
+        const int32_t* kv_indptr
+        const int32_t* seqlens_k
 
     ctypedef struct ckfmha_bwd_problem:
         ckfmha_dtype dtype

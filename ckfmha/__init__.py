@@ -7,6 +7,7 @@ Quick start::
     o, lse = ckfmha.fwd(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = ckfmha.bwd(do, q, k, v, o, lse, causal=True)
     o = ckfmha.torch.attention(q, k, v, causal=True)  # torch.autograd (import ckfmha.torch)
+    o = ckfmha.fwd_paged(q, k_cache, v_cache, block_table=table, seqlens_k=lens)  # paged KV
     ckfmha.Dispatcher().explain(batch=2, nhead_q=16, seqlen_q=4096, hdim=128, arch=90)
     q = ckfmha.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, cos=cos, sin=sin, q=q)
 """
@@ -20,6 +21,7 @@ from ckfmha._bwd import bwd, bwd_varlen
 from ckfmha._device import current_device, device_arch, device_count, header_version, version
 from ckfmha._fwd import fwd, fwd_varlen
 from ckfmha._memory import DeviceArray, device_ptr, empty, from_host, synchronize
+from ckfmha._paged import fwd_paged
 from ckfmha._registry import Dispatcher, Registry
 from ckfmha._status import last_error, status_name
 from ckfmha.errors import (
@@ -83,6 +85,7 @@ __all__ = [
     "explain_append_kv",
     "from_host",
     "fwd",
+    "fwd_paged",
     "fwd_varlen",
     "get_include",
     "get_library_dir",

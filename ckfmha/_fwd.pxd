@@ -11,5 +11,11 @@ cdef tuple _bhs_strides(ArrayView view, int layout)
 cdef tuple _in_layout(int batch, int heads, int seqlen, int hdim, int layout)
 cdef int _set_strides(int64_t* dst, tuple strides) except -1
 cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim)
+cdef int _set_scalars(capi.ckfmha_fwd_problem* problem, causal, causal_alignment, window,
+                      scale, softcap, dropout_p, num_splits) except -1
+cdef int _set_tensors(capi.ckfmha_fwd_args* args, ArrayView qv, ArrayView kv, ArrayView vv,
+                      ArrayView ov, ArrayView lv) except -1
+cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle,
+                 str kind, like)
 cdef int _offset_count(obj, str name) except -1
 cdef ArrayView _offsets(obj, handle, str name, int count)

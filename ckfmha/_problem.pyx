@@ -7,7 +7,7 @@ cimport ckfmha as capi
 from ckfmha._status cimport check
 
 from ckfmha.errors import InvalidArgumentError
-from ckfmha.problem import bias_code, mode_code, window_bounds
+from ckfmha.problem import bias_code, kv_storage_code, mode_code, page_layout_code, window_bounds
 
 _INT32_MIN = -(2 ** 31)
 _INT32_MAX = 2 ** 31 - 1
@@ -66,6 +66,24 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
         out.v_stride[2] = out.seqlen_k
         out.v_stride[1] = <int64_t>out.hdim_v * out.seqlen_k
         out.v_stride[0] = <int64_t>out.nhead_k * out.v_stride[1]
+    cdef int storage = kv_storage_code(problem.paged_kv)
+    cdef int page_layout = page_layout_code(problem.page_layout)
+    if storage != capi.CKFMHA_KV_CONTIGUOUS:
+        # Contiguous caches [num_pages, page_size, nhead_k, hdim]: (page, head, token) strides.
+        out.kv_storage = <capi.ckfmha_kv_storage>storage
+        out.page_layout = <capi.ckfmha_page_layout>page_layout
+        out.page_size = to_int32(problem.page_size, "page_size")
+        page_tokens = max(out.page_size, 1)
+        pages = (-(-out.seqlen_k // page_tokens) if problem.max_pages_per_seq is None
+                 else problem.max_pages_per_seq)
+        out.max_pages_per_seq = to_int32(pages, "max_pages_per_seq")
+        out.block_table_stride = out.max_pages_per_seq
+        out.k_stride[2] = <int64_t>out.nhead_k * out.hdim_q
+        out.k_stride[1] = out.hdim_q
+        out.k_stride[0] = <int64_t>page_tokens * out.k_stride[2]
+        out.v_stride[2] = <int64_t>out.nhead_k * out.hdim_v
+        out.v_stride[1] = out.hdim_v
+        out.v_stride[0] = <int64_t>page_tokens * out.v_stride[2]
     return 0
 
 
@@ -111,6 +129,11 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "total_q": problem.total_q,
         "total_k": problem.total_k,
         "num_splits": problem.num_splits,
+        "kv_storage": <int>problem.kv_storage,
+        "page_layout": <int>problem.page_layout,
+        "page_size": problem.page_size,
+        "max_pages_per_seq": problem.max_pages_per_seq,
+        "block_table_stride": problem.block_table_stride,
     }
 
 

@@ -23,6 +23,9 @@ WINDOW_ALIGNMENTS = {"top_left": MASK_WINDOW_TOP_LEFT, "bottom_right": MASK_WIND
 # Values of the C enums ckfmha_bias and ckfmha_mode.
 BIASES = {"none": 0, "elementwise": 1, "alibi": 2}
 MODES = {"batch": 0, "group": 1}
+# Values of the C enums ckfmha_kv_storage and ckfmha_page_layout.
+KV_STORAGES = {None: 0, "block_table": 1, "kv_indptr": 2}
+PAGE_LAYOUTS = {"linear": 0, "vectorized": 1}
 
 
 def layout_code(layout: str) -> int:
@@ -63,6 +66,22 @@ def bias_code(bias: str) -> int:
     if bias not in BIASES:
         raise InvalidArgumentError(f"bias must be one of {', '.join(BIASES)}, got {bias!r}", 1)
     return BIASES[bias]
+
+
+def kv_storage_code(paged_kv: str | None) -> int:
+    if paged_kv not in KV_STORAGES:
+        raise InvalidArgumentError(
+            f"paged_kv must be None, 'block_table' or 'kv_indptr', got {paged_kv!r}", 1
+        )
+    return KV_STORAGES[paged_kv]
+
+
+def page_layout_code(page_layout: str) -> int:
+    if page_layout not in PAGE_LAYOUTS:
+        raise InvalidArgumentError(
+            f"page_layout must be 'linear' or 'vectorized', got {page_layout!r}", 1
+        )
+    return PAGE_LAYOUTS[page_layout]
 
 
 def mode_code(mode: str) -> int:
@@ -111,6 +130,13 @@ class FwdProblem:
     total_q: int | None = None  # group mode: tokens in the packed q
     total_k: int | None = None  # group mode: tokens in the packed k/v
     num_splits: int = 0  # 0: the dispatcher decides; 1: one stage; n > 1: split-KV with n splits
+    # Paged K/V cache: None (contiguous), "block_table" (vLLM) or "kv_indptr" (SGLang); pages
+    # of page_size tokens, laid out "linear" or "vectorized"; a block table holds
+    # max_pages_per_seq entries per row (None: enough for seqlen_k).
+    paged_kv: str | None = None
+    page_size: int = 16
+    page_layout: str = "linear"
+    max_pages_per_seq: int | None = None
 
     @property
     def kv_heads(self) -> int:

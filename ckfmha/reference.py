@@ -226,6 +226,78 @@ def varlen_attention_reference(
     return out, lse
 
 
+def gather_pages(
+    cache: npt.ArrayLike, pages: npt.ArrayLike, seqlen_k: int
+) -> npt.NDArray[np.float64]:
+    """The first seqlen_k keys of a sequence from a page cache [num_pages, page_size, heads, d]
+    and its page ids in key order: [seqlen_k, heads, d] in float64."""
+    cache64 = np.asarray(cache).astype(np.float64)
+    page_size = cache64.shape[1]
+    used = -(-seqlen_k // page_size)
+    ids = np.asarray(pages, dtype=np.int64)[:used]
+    if ids.size < used:
+        raise ValueError(f"{seqlen_k} keys need {used} pages, the table lists {ids.size}")
+    return cache64[ids].reshape(-1, *cache64.shape[2:])[:seqlen_k]
+
+
+def paged_attention_reference(
+    q: npt.ArrayLike,
+    k_cache: npt.ArrayLike,
+    v_cache: npt.ArrayLike,
+    *,
+    block_table: npt.ArrayLike | None = None,
+    seqlens_k: npt.ArrayLike | None = None,
+    kv_indices: npt.ArrayLike | None = None,
+    kv_indptr: npt.ArrayLike | None = None,
+    cu_seqlens_q: npt.ArrayLike | None = None,
+    layout: Literal["bhsd", "bshd"] = "bhsd",
+    **options: Any,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Attention over a paged K/V cache: gathers each sequence's keys, then attends as
+    ``attention_reference`` does, positions local to the sequence.
+
+    Caches are [num_pages, page_size, hk, d]. Pages: ``block_table`` [b, max_pages] (vLLM,
+    with ``seqlens_k`` [b]) or ``kv_indices`` + ``kv_indptr`` [b + 1] (SGLang; without
+    ``seqlens_k`` every key of the pages). Queries: q [b, hq, sq, d] (``layout``) returning o
+    like q and lse [b, hq, sq]; or, with ``cu_seqlens_q``, packed q [total_q, hq, d] returning
+    o [total_q, hq, dv] and lse [hq, total_q]. ``options`` as in ``attention_reference``.
+    """
+    if (block_table is None) == (kv_indices is None or kv_indptr is None):
+        raise ValueError("pass block_table (with seqlens_k) or kv_indices with kv_indptr")
+    page_size = np.asarray(k_cache).shape[1]
+    if block_table is not None:
+        table = np.asarray(block_table, dtype=np.int64)
+        if seqlens_k is None:
+            raise ValueError("a block table needs seqlens_k")
+        page_lists = list(table)
+    else:
+        indptr = np.asarray(kv_indptr, dtype=np.int64)
+        indices = np.asarray(kv_indices, dtype=np.int64)
+        page_lists = [indices[indptr[b] : indptr[b + 1]] for b in range(indptr.size - 1)]
+    if seqlens_k is None:
+        lens_k = [len(pages) * page_size for pages in page_lists]
+    else:
+        lens_k = [int(n) for n in np.asarray(seqlens_k)]
+    keys = [gather_pages(k_cache, pages, n) for pages, n in zip(page_lists, lens_k)]
+    values = [gather_pages(v_cache, pages, n) for pages, n in zip(page_lists, lens_k)]
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int64)
+    k_packed = np.concatenate(keys) if keys else np.zeros((0,) + np.shape(k_cache)[2:])
+    v_packed = np.concatenate(values) if values else np.zeros((0,) + np.shape(v_cache)[2:])
+    if cu_seqlens_q is not None:
+        return varlen_attention_reference(q, k_packed, v_packed, cu_seqlens_q, cu_k, **options)
+    q64 = np.asarray(q).astype(np.float64)
+    if layout == "bhsd":
+        q64 = q64.transpose(0, 2, 1, 3)
+    batch, seqlen_q = q64.shape[:2]
+    cu_q = np.arange(batch + 1, dtype=np.int64) * seqlen_q
+    o, lse = varlen_attention_reference(
+        q64.reshape(batch * seqlen_q, *q64.shape[2:]), k_packed, v_packed, cu_q, cu_k, **options
+    )
+    o = o.reshape(batch, seqlen_q, *o.shape[1:])
+    lse = lse.reshape(lse.shape[0], batch, seqlen_q).transpose(1, 0, 2)
+    return (o.transpose(0, 2, 1, 3) if layout == "bhsd" else o), lse
+
+
 _PHILOX_M0, _PHILOX_M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _PHILOX_W0, _PHILOX_W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
 _MASK32 = np.uint64(0xFFFFFFFF)

@@ -15,6 +15,7 @@ from .signature import (
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
     BWD_FAMILIES,
+    PAGED_FAMILIES,
     KernelConfig,
 )
 from .specs import ArchSpec
@@ -37,6 +38,8 @@ _FAMILY_ENUMS = {
     "fwd": "CKFMHA_FAMILY_FWD",
     "fwd_splitkv": "CKFMHA_FAMILY_FWD_SPLITKV",
     "fwd_splitkv_combine": "CKFMHA_FAMILY_FWD_SPLITKV_COMBINE",
+    "fwd_pagedkv": "CKFMHA_FAMILY_FWD_PAGEDKV",
+    "batch_prefill": "CKFMHA_FAMILY_BATCH_PREFILL",
     BWD_DOT_DO_O: "CKFMHA_FAMILY_BWD_DOT_DO_O",
     BWD_DQ_DK_DV: "CKFMHA_FAMILY_BWD_DQ_DK_DV",
     BWD_CONVERT_DQ: "CKFMHA_FAMILY_BWD_CONVERT_DQ",
@@ -98,6 +101,15 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         traits="ckfmha::kernel::FwdSm80Traits",
         launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
     ),
+    # Paged K/V: the split-KV template and launcher with PagedKv set.
+    **{
+        (family, "sm80_cpasync_mma"): PipelineTemplate(
+            header="ckfmha/kernel/fwd_splitkv_sm80_launch.cuh",
+            traits="ckfmha::kernel::FwdSm80Traits",
+            launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
+        )
+        for family in PAGED_FAMILIES
+    },
     ("fwd_splitkv_combine", "splitkv_combine"): PipelineTemplate(
         header="ckfmha/kernel/fwd_splitkv_combine_launch.cuh",
         traits="ckfmha::kernel::FwdSplitKvCombineTraits",
@@ -145,10 +157,18 @@ def instance_file_name(config: KernelConfig) -> str:
     return f"{config.name}.cu"
 
 
-def _trailing_defaults(v_col_major: bool, ctas_per_sm: int, split_kv: bool = False) -> str:
-    """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1, SplitKv=false), written out
-    only as far as a non-default value needs, so plain instances keep their short text."""
+def _trailing_defaults(
+    v_col_major: bool, ctas_per_sm: int, split_kv: bool = False, paged_kv: bool = False
+) -> str:
+    """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1, SplitKv=false,
+    PagedKv=false), written out only as far as a non-default value needs, so plain instances
+    keep their short text."""
     v_flag = "true" if v_col_major else "false"
+    if paged_kv:
+        return (
+            f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, /*SplitKv=*/true, "
+            "/*PagedKv=*/true"
+        )
     if split_kv:
         return f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, /*SplitKv=*/true"
     if ctas_per_sm != 1:
@@ -231,7 +251,8 @@ def render_instance(config: KernelConfig) -> str:
     if sig.family == "fwd_splitkv_combine":
         return _render_combine_instance(config)
     indent = " " * 4
-    split_kv = sig.family == "fwd_splitkv"
+    paged_kv = sig.family in PAGED_FAMILIES
+    split_kv = sig.family == "fwd_splitkv" or paged_kv
     return _instance_text(
         config,
         f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimQK=*/{sig.hdim_q}, /*HeadDimV=*/{sig.hdim_v},\n"
@@ -242,7 +263,7 @@ def render_instance(config: KernelConfig) -> str:
         f"{indent}/*HasLse=*/{_flag(sig.lse)}, /*HasDropout=*/{_flag(sig.dropout)}, "
         f"/*HasSoftcap=*/{_flag(sig.softcap)}, /*HasSink=*/{_flag(sig.sink)},\n"
         f"{indent}/*IsGroupMode=*/{_flag(sig.mode == 'group')}"
-        f"{_trailing_defaults(sig.v_col_major, alg.ctas_per_sm, split_kv)}",
+        f"{_trailing_defaults(sig.v_col_major, alg.ctas_per_sm, split_kv, paged_kv)}",
     )
 
 

@@ -13,7 +13,7 @@ from .specs import ArchSpec, get_arch, hdim_label
 
 # Families whose tiles the dispatcher picks per problem shape (split-KV: the smallest tile_m
 # holding the packed GQA rows), so every listed tile is built, not only the default.
-SHAPE_CHOSEN_TILE_FAMILIES = ("fwd_splitkv",)
+SHAPE_CHOSEN_TILE_FAMILIES = ("fwd_splitkv", "fwd_pagedkv", "batch_prefill")
 
 
 @dataclass(frozen=True)

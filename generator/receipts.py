@@ -10,9 +10,11 @@ from typing import Any
 
 from .pairwise import all_pairs
 from .signature import (
+    BATCH_PREFILL,
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
+    PAGED_FAMILIES,
     ROPE_MODES,
     AppendKvSignature,
     BwdSignature,
@@ -130,6 +132,23 @@ def _splitkv_signatures() -> tuple[FwdSignature, ...]:
     return splits + combines
 
 
+def _paged(dtype: str, hdim: int, mask: str, family: str) -> FwdSignature:
+    """A paged split kernel: fwd_pagedkv takes batch-mode queries, batch_prefill group-mode."""
+    mode = "group" if family == BATCH_PREFILL else "batch"
+    return _fwd(dtype, hdim, mask, True, mode=mode, family=family)
+
+
+def _paged_signatures() -> tuple[FwdSignature, ...]:
+    """Both paged families for every dtype, serving head dim and mask; their combine stages are
+    the split-KV ones (batch and group mode), built by _splitkv_signatures."""
+    return tuple(
+        _paged(dtype, hdim, mask, family)
+        for family, dtype, hdim, mask in itertools.product(
+            PAGED_FAMILIES, DTYPES, SPLITKV_HDIMS, MASKS
+        )
+    )
+
+
 def _fp32_signatures(full: bool) -> tuple[FwdSignature, ...]:
     """fp32 runs on the SIMT template, far slower than the tensor-core kernels, so the default
     set holds the common head dims and a few feature combinations; `full` every head dim."""
@@ -225,7 +244,8 @@ RECEIPTS: dict[str, Receipt] = {
             name="ci",
             description="nine forward kernels per arch covering dtypes (one fp32), head dims, "
             "masks and features, plus one split-KV plan (bf16 d128 window, group mode: both "
-            "split tiles and the combine stage), two backward plans (bf16 d128 causal, fp16 "
+            "split tiles and the combine stage), its paged twin (batch_prefill, both tiles, "
+            "sharing that combine stage), two backward plans (bf16 d128 causal, fp16 "
             "d64 window in group mode) and two KV-cache appends (bf16 d128 half-rotated RoPE "
             "into pages, fp16 d64 interleaved RoPE into a contiguous cache)",
             signatures=(
@@ -240,6 +260,7 @@ RECEIPTS: dict[str, Receipt] = {
                 _fwd("fp32", 64, "window", mode="group", bias="alibi", dropout=True, sink=True),
                 _splitkv("bf16", 128, "window", mode="group"),
                 _combine("bf16", 128, mode="group"),
+                _paged("bf16", 128, "window", BATCH_PREFILL),
                 *_bwd_plan("bf16", 128, "causal"),
                 *_bwd_plan("fp16", 64, "window", mode="group"),
                 _appendkv("bf16", 128, "half_rotated", paged=True),
@@ -255,14 +276,15 @@ RECEIPTS: dict[str, Receipt] = {
             "mode/bias/dropout/softcap/sink covered "
             "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
             "feature combinations; split-KV and its combine stage for {fp16,bf16} x d{64,128} x "
-            "masks x {batch,group}; backward plans for {fp16,bf16} x every mask x {batch,group} "
+            "masks x {batch,group}; paged K/V (fwd_pagedkv in batch mode, batch_prefill in "
+            "group mode) for {fp16,bf16} x d{64,128} x masks; backward plans for {fp16,bf16} x every mask x {batch,group} "
             "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
             "and no mask or causal at the other head dims; KV-cache appends for {fp16,bf16} x "
             "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "
             "{contiguous,paged}; default tiles (split-KV: every tile)",
             signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
             + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
-            + _bwd_signatures() + _appendkv_signatures(),
+            + _paged_signatures() + _bwd_signatures() + _appendkv_signatures(),
             all_tiles=False,
         ),
         Receipt(
@@ -271,7 +293,7 @@ RECEIPTS: dict[str, Receipt] = {
             "alternative tile",
             signatures=_mask_signatures((True, False)) + _group_signatures()
             + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
-            + _splitkv_signatures() + _bwd_signatures() + _appendkv_signatures(),
+            + _splitkv_signatures() + _paged_signatures() + _bwd_signatures() + _appendkv_signatures(),
             all_tiles=True,
         ),
     )

@@ -10,16 +10,22 @@ from collections.abc import Callable, Sequence
 
 from .signature import (
     APPENDKV,
+    BATCH_PREFILL,
     BWD_DQ_DK_DV,
     BWD_FAMILIES,
     BWD_ROWWISE_FAMILIES,
+    FWD_PAGEDKV,
+    PAGE_LAYOUTS,
+    PAGED_FAMILIES,
     ROPE_MODES,
     KernelConfig,
 )
 from .specs import ArchSpec, hdim_label
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-SUPPORTED_FAMILIES = ("fwd", "fwd_splitkv", "fwd_splitkv_combine", *BWD_FAMILIES, APPENDKV)
+SUPPORTED_FAMILIES = (
+    "fwd", "fwd_splitkv", "fwd_splitkv_combine", *PAGED_FAMILIES, *BWD_FAMILIES, APPENDKV
+)
 # The templates that implement each family: split-KV is a variant of the sm80 template, and its
 # combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
 # row-wise stages are plain 16-byte vector passes that every arch runs); appending to a KV
@@ -28,9 +34,16 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
     "fwd_splitkv": ("sm80_cpasync_mma",),
     "fwd_splitkv_combine": ("splitkv_combine",),
+    # Paged K/V: the split-KV body with key rows gathered through a page table.
+    **{family: ("sm80_cpasync_mma",) for family in PAGED_FAMILIES},
     **{family: ("sm80_cpasync_mma",) for family in BWD_FAMILIES},
     APPENDKV: ("appendkv",),
 }
+# Paged families and the query mode each serves: decode steps over a paged cache take batch-mode
+# queries, batch prefill ragged (group-mode) ones.
+PAGED_FAMILY_MODES = {FWD_PAGEDKV: "batch", BATCH_PREFILL: "group"}
+# The paged body loads K and V of a key tile together (double-buffered only).
+PAGED_STAGES = 2
 # Combine: each thread merges one 16-byte fp32 vector (4 columns) of a row.
 COMBINE_COLUMNS_PER_THREAD = 4
 SUPPORTED_MASKS = ("none", "causal", "window")
@@ -105,6 +118,16 @@ def _arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         reasons.append(f"mask {sig.mask!r} is unknown; supported: {', '.join(SUPPORTED_MASKS)}")
     if sig.mode not in KNOWN_MODES:
         reasons.append(f"mode {sig.mode!r} is unknown; supported: {', '.join(KNOWN_MODES)}")
+    page_layout = getattr(sig, "page_layout", "linear")
+    if page_layout not in PAGE_LAYOUTS:
+        reasons.append(
+            f"page_layout {page_layout!r} is unknown; supported: {', '.join(PAGE_LAYOUTS)}"
+        )
+    elif page_layout != "linear" and sig.family not in PAGED_FAMILIES:
+        reasons.append(
+            f"page_layout {page_layout!r} applies to the paged families "
+            f"({', '.join(PAGED_FAMILIES)}) only; {sig.family} reads contiguous K/V"
+        )
     if alg.warps <= 0 or alg.warps * 32 > arch.max_threads_per_block:
         reasons.append(
             f"warps={alg.warps} gives {alg.warps * 32} threads; {arch.name} allows 1 to "
@@ -117,8 +140,10 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 forward template (cp.async + mma.sync, K/V single-buffered)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
-    if sig.family == "fwd_splitkv":
+    if sig.family == "fwd_splitkv" or sig.family in PAGED_FAMILIES:
         reasons.extend(_splitkv_feature_reasons(config))
+    if sig.family in PAGED_FAMILIES:
+        reasons.extend(_paged_reasons(config))
     if alg.warps > 0 and (alg.tile_m <= 0 or alg.tile_m % (MMA_ROWS * alg.warps)):
         reasons.append(
             f"tile_m={alg.tile_m} is not a positive multiple of 16*warps={MMA_ROWS * alg.warps}; "
@@ -192,10 +217,42 @@ def _splitkv_feature_reasons(config: KernelConfig) -> list[str]:
     if not unsupported:
         return []
     reason = (
-        f"{', '.join(unsupported)} not implemented by fwd_splitkv; it covers masks, soft-cap, "
+        f"{', '.join(unsupported)} not implemented by {sig.family}; it covers masks, soft-cap, "
         "LSE, GQA and group mode, and the one-stage fwd kernels cover the rest"
     )
     return [reason]
+
+
+def _paged_reasons(config: KernelConfig) -> list[str]:
+    """What the paged address mode of the split-KV body needs beyond the split-KV limits."""
+    sig, alg = config.signature, config.algorithm
+    reasons: list[str] = []
+    mode = PAGED_FAMILY_MODES[sig.family]
+    if sig.mode != mode:
+        other = next(f for f, m in PAGED_FAMILY_MODES.items() if m == sig.mode)
+        reasons.append(
+            f"mode {sig.mode!r}: {sig.family} takes {mode}-mode queries; {other} serves "
+            f"{sig.mode}-mode queries over a paged cache"
+        )
+    if sig.hdim_q != sig.hdim_v:
+        reasons.append(
+            f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)}: K and V rows share one page lookup "
+            "per key row and one copy partition, so hdim_q must equal hdim_v"
+        )
+    if alg.stages != PAGED_STAGES:
+        reasons.append(
+            f"stages={alg.stages}: the paged body loads a key tile's K and V rows together, "
+            f"double-buffered (stages={PAGED_STAGES})"
+        )
+    if sig.page_layout == "vectorized":
+        reasons.append(
+            "page_layout 'vectorized' (vLLM's older K [pages, nhead_k, hdim/x, page_size, x], V "
+            "[pages, nhead_k, hdim, page_size]) is not implemented: its V keeps each channel's "
+            "keys contiguous, which the row gather (a page lookup per key row, 16-byte vectors "
+            "along the head dim) does not read; the linear layout [num_pages, page_size, "
+            "nhead_k, hdim] (vLLM's flash layout) is"
+        )
+    return reasons
 
 
 def _combine_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:

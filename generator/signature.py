@@ -31,6 +31,9 @@ class FwdSignature:
     softcap: bool = False
     sink: bool = False
     v_col_major: bool = False  # V stored [.., hdim_v, seqlen_k]
+    # Paged families (fwd_pagedkv, batch_prefill): how a page holds its keys, "linear"
+    # [num_pages, page_size, nhead_k, hdim] or "vectorized" (vLLM's older layout, rejected).
+    page_layout: str = "linear"
 
     @property
     def name(self) -> str:
@@ -44,6 +47,7 @@ class FwdSignature:
                 ("_softcap", self.softcap),
                 ("_sink", self.sink),
                 ("_vcol", self.v_col_major),
+                ("_vecpages", self.page_layout == "vectorized"),
             )
             if on
         )
@@ -52,6 +56,14 @@ class FwdSignature:
             f"{bias}_{lse}{extras}"
         )
 
+
+# Split-KV bodies that read K/V through page tables: decode over a paged cache (batch-mode
+# queries) and batch prefill (ragged group-mode queries). Page size and table kind (vLLM block
+# table or SGLang indptr) are run-time values, not part of the signature.
+FWD_PAGEDKV = "fwd_pagedkv"
+BATCH_PREFILL = "batch_prefill"
+PAGED_FAMILIES = (FWD_PAGEDKV, BATCH_PREFILL)
+PAGE_LAYOUTS = ("linear", "vectorized")
 
 # The three stages of the backward plan.
 BWD_DOT_DO_O = "bwd_dot_do_o"

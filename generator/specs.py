@@ -52,11 +52,21 @@ class ArchSpec:
         self, family: str, pipeline: str, hdim_q: int, hdim_v: int | None = None
     ) -> tuple[TileSpec, ...]:
         key = (hdim_q, hdim_q if hdim_v is None else hdim_v)
-        return self.tiles.get(family, {}).get(pipeline, {}).get(key, ())
+        return self.tiles.get(tile_table_family(family), {}).get(pipeline, {}).get(key, ())
 
     def hdims_for(self, family: str, pipeline: str) -> tuple[tuple[int, int], ...]:
         """(hdim_q, hdim_v) pairs with a tile table."""
-        return tuple(sorted(self.tiles.get(family, {}).get(pipeline, {})))
+        return tuple(sorted(self.tiles.get(tile_table_family(family), {}).get(pipeline, {})))
+
+
+# Families without a table of their own: the paged kernels are the split-KV body with a paged
+# address mode, so they take its tiles (and the dispatcher picks among them the same way).
+SHARED_TILE_TABLES = {"fwd_pagedkv": "fwd_splitkv", "batch_prefill": "fwd_splitkv"}
+
+
+def tile_table_family(family: str) -> str:
+    """The family whose tile table `family` uses."""
+    return SHARED_TILE_TABLES.get(family, family)
 
 
 def hdim_label(hdim_q: int, hdim_v: int) -> str:

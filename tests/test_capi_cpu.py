@@ -28,6 +28,7 @@ KERNEL_FIELDS = {
 
 
 BWD_FAMILIES = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
+PAGED_FAMILIES = ("fwd_pagedkv", "batch_prefill")
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +122,8 @@ def test_registry_json_fields(all_kernels):
     assert json.loads(ckfmha.Registry().to_json()) == all_kernels
     for kernel in all_kernels:
         assert KERNEL_FIELDS <= set(kernel)
-        assert kernel["family"] in (
-            "fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv", *BWD_FAMILIES
-        )
+        assert kernel["family"] in ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
+                                    *PAGED_FAMILIES, *BWD_FAMILIES)
         assert kernel["dbias"] is False
         assert kernel["dtype"] in ("fp16", "bf16", "fp32")
         assert kernel["mask"] in ("none", "causal", "window")

@@ -168,6 +168,8 @@ def test_ci_names_are_stable() -> None:
         f"fwd_fp16_group_d64x64_causal_lse_vcol{tail}m128n64k64_w4s1",
         f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m16n64k128_w1s2",
         f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m64n64k128_w4s2",
+        f"batch_prefill_bf16_group_d128x128_window_lse{tail}m16n64k128_w1s2",
+        f"batch_prefill_bf16_group_d128x128_window_lse{tail}m64n64k128_w4s2",
         f"bwd_dot_do_o_bf16_batch_d128{tail}m64k128_w4s1",
         f"bwd_dq_dk_dv_bf16_batch_d128x128_causal{tail}m64n128k128_w8s2",
         f"bwd_convert_dq_bf16_batch_d128{tail}m64k128_w4s1",
@@ -192,6 +194,10 @@ def test_receipt_sizes(arch: str) -> None:
     # Split-KV: both tiles of one split signature and its combine stage in ci; 2 dtypes x
     # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
     split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
+    # Paged K/V: the batch_prefill twin of the ci split signature (2 tiles); both paged families
+    # x 2 dtypes x d64/d128 x 3 masks x 2 tiles in default and full.
+    paged = {"ci": 2, "default": 48, "full": 48}
+    split = {name: split[name] + paged[name] for name in split}
     # Two backward plans of three stages each in ci.
     assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
     # KV-cache appends: (fp16/bf16 x 5 head dims + fp32 x 2) x 3 RoPE modes x 2 cache kinds, and
@@ -272,10 +278,11 @@ def test_filter_selects_by_regex() -> None:
     # 6 batch head dims + 2 plain group head dims, plus the causal feature kernels.
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
     # ... and the causal column-major-V kernels at d64/d128 in batch and group mode, the causal
-    # split-KV kernels (d64/d128 x batch/group x 2 tiles), and the causal backward kernels: 6
-    # head dims in batch mode, d64/d128 in group mode, and the causal feature combinations
-    # (ALiBi in batch mode, all features in group mode).
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 6 + 2 + 4
+    # split-KV kernels (d64/d128 x batch/group x 2 tiles), the causal paged kernels (2 families
+    # x d64/d128 x 2 tiles), and the causal backward kernels: 6 head dims in batch mode,
+    # d64/d128 in group mode, and the causal feature combinations (ALiBi in batch mode, all
+    # features in group mode).
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 8 + 6 + 2 + 4
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -487,16 +494,16 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    # sm_80, sm_90a (each with a 3-kernel split-KV plan, two backward plans and two appends)
-    # and the Hopper template on sm_90a
-    assert len(names) == 12 + 12 + 4 + 2 * 6 + 2 * 2
+    # sm_80, sm_90a (each with a 3-kernel split-KV plan, 2 paged kernels, two backward
+    # plans and two appends) and the Hopper template on sm_90a
+    assert len(names) == 14 + 14 + 4 + 2 * 6 + 2 * 2
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 3 * (12 + 6 + 2)
+    assert len(result.stdout.split()) == 3 * (14 + 6 + 2)
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -520,12 +527,13 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     instances = sorted(tmp_path.glob("fwd_*.cu"))
     assert len(instances) == 16 + 2  # two of them KV-cache appends
     assert len(list(tmp_path.glob("bwd_*.cu"))) == 6
+    assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 2
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 24" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 26" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -533,7 +541,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 24
+    assert len(manifest["kernels"]) == 26
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 
@@ -708,7 +716,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 12 + 6 + 2 + 3
+    assert first.written == 14 + 6 + 2 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -786,8 +794,9 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
-            "fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2,
-            "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7, "bwd_convert_dq": 8, "fwd_appendkv": 4,
+            "fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2, "fwd_pagedkv": 3,
+            "fwd_appendkv": 4, "batch_prefill": 5, "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7,
+            "bwd_convert_dq": 8,
         },
         "rope": {"none": 0, "interleaved": 1, "half_rotated": 2},
         "mask": {"none": 0, "causal": 1, "window": 2},

@@ -64,10 +64,19 @@ int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a
            Need{bool(p.has_sink), a.sink, "has_sink is set but args.sink is NULL"},
            Need{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_q,
                 "group mode needs args.cu_seqlens_q (batch + 1 int32 offsets)"},
-           Need{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_k,
-                "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
+           Need{p.mode == CKFMHA_MODE_GROUP && p.kv_storage == CKFMHA_KV_CONTIGUOUS,
+                a.cu_seqlens_k, "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
            Need{bool(p.store_dropout_randval), a.dropout_randval,
                 "store_dropout_randval is set but args.dropout_randval is NULL"},
+           Need{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.block_table,
+                "kv_storage paged_table needs args.block_table ([batch, block_table_stride] "
+                "int32 page ids)"},
+           Need{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.seqlens_k,
+                "kv_storage paged_table needs args.seqlens_k ([batch] int32 key counts)"},
+           Need{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indices,
+                "kv_storage paged_indptr needs args.kv_indices (int32 page ids)"},
+           Need{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indptr,
+                "kv_storage paged_indptr needs args.kv_indptr (batch + 1 int32 offsets)"},
        }) {
     if (needed && ptr == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, message);
   }

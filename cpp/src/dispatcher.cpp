@@ -90,7 +90,37 @@ bool wants_dropout(ckfmha_fwd_problem const& p) {
   return p.dropout_p > 0.f || p.store_dropout_randval;
 }
 
+// Paged kernels read K/V through page tables, the others contiguous tensors.
+std::string kv_storage_mismatch(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const& p) {
+  const bool paged_kernel = is_paged_family(k.family);
+  if (paged_kernel != is_paged(p)) {
+    return paged_kernel ? "reads a paged K/V cache, problem has contiguous K/V"
+                        : "reads contiguous K/V, problem has a paged K/V cache (fwd_pagedkv and "
+                          "batch_prefill kernels read pages)";
+  }
+  if (paged_kernel && p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR) return vectorized_pages_reason();
+  return {};
+}
+
 }  // namespace
+
+bool is_paged(ckfmha_fwd_problem const& p) { return p.kv_storage != CKFMHA_KV_CONTIGUOUS; }
+
+bool is_paged_family(ckfmha_family family) {
+  return family == CKFMHA_FAMILY_FWD_PAGEDKV || family == CKFMHA_FAMILY_BATCH_PREFILL;
+}
+
+ckfmha_family paged_family(ckfmha_fwd_problem const& p) {
+  return p.mode == CKFMHA_MODE_GROUP ? CKFMHA_FAMILY_BATCH_PREFILL : CKFMHA_FAMILY_FWD_PAGEDKV;
+}
+
+const char* vectorized_pages_reason() {
+  return "page_layout vectorized (vLLM's older K [pages, nhead_k, hdim/x, page_size, x], V "
+         "[pages, nhead_k, hdim, page_size]) is not implemented: its V keeps each channel's "
+         "keys contiguous, which the row gather (a page lookup per key row, 16-byte vectors "
+         "along the head dim) does not read; store the cache linear [num_pages, page_size, "
+         "nhead_k, hdim] (vLLM's flash layout)";
+}
 
 bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch) {
   // Arch-specific ("a") targets run only on their exact arch; plain SASS runs
@@ -116,6 +146,8 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
     why << "family " << family_name(k.family) << ", problem needs " << family_name(family);
   } else if (!arch_runs_on(k, device_arch)) {
     why << "built for " << k.arch_name << ", which does not run on " << arch_label(device_arch);
+  } else if (auto storage = kv_storage_mismatch(k, p); !storage.empty()) {
+    why << storage;
   } else if (k.dtype != p.dtype) {
     why << "dtype " << dtype_name(k.dtype) << ", problem is " << dtype_name(p.dtype);
   } else if (k.mode != p.mode) {

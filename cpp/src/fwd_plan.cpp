@@ -54,14 +54,15 @@ std::string combine_reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_probl
 // Among the fitting split kernels: SASS for this exact arch, then the smallest
 // tile_m holding the packed rows (else the largest tile), then the narrowest
 // mask kind, then generator order.
+// `family`: fwd_splitkv, or a paged family (same body, same preference).
 bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
-                       ckfmha_fwd_problem const& p, int device_arch, ckfmha_kernel_entry* out) {
+                       ckfmha_fwd_problem const& p, int device_arch, ckfmha_kernel_entry* out,
+                       ckfmha_family family = CKFMHA_FAMILY_FWD_SPLITKV) {
   const int64_t rows = packed_rows(p);
   bool found = false;
   std::tuple<int, int64_t, int> best{};
   for (auto const& k : kernels) {
-    if (!same_shape(k, p, CKFMHA_FAMILY_FWD_SPLITKV) ||
-        !reject_reason(k, p, device_arch, CKFMHA_FAMILY_FWD_SPLITKV).empty()) {
+    if (!same_shape(k, p, family) || !reject_reason(k, p, device_arch, family).empty()) {
       continue;
     }
     int64_t tile_fit = k.tile_m >= rows ? -int64_t(k.tile_m) : int64_t(k.tile_m) - (1 << 20);
@@ -156,6 +157,64 @@ FwdPlan split_plan(ckfmha_kernel_entry const& split, ckfmha_kernel_entry const& 
   return plan;
 }
 
+// Why no paged plan exists: the vectorized layout, the first reasons of the
+// kernels of the problem's paged family, or that none is registered.
+std::string why_no_paged(std::vector<ckfmha_kernel_entry> const& kernels,
+                         ckfmha_fwd_problem const& p, int device_arch) {
+  if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR) return vectorized_pages_reason();
+  const ckfmha_family family = paged_family(p);
+  std::ostringstream why;
+  why << "no " << family_name(family) << " kernel fits";
+  int shown = 0;
+  for (auto const& k : kernels) {
+    if (k.family != family || !arch_runs_on(k, device_arch) || shown == 3) continue;
+    why << (shown++ == 0 ? ": " : "; ") << k.name << ": "
+        << reject_reason(k, p, device_arch, family);
+  }
+  if (shown == 0) {
+    why << ": none is registered for sm_" << device_arch
+        << " (paged K/V covers fp16/bf16, head dims 64 and 128, masks, soft-cap, LSE and GQA; "
+           "fwd_pagedkv serves batch mode, batch_prefill group mode)";
+  }
+  return why.str();
+}
+
+// A paged K/V problem: always a split-KV plan of its paged family, whose
+// combine stage is the one contiguous split plans use (num_splits=1 is one
+// key split, not a one-stage plan: no one-stage kernel reads pages).
+FwdPlan plan_paged(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                   PlanContext const& context) {
+  const int arch = context.device_arch;
+  const ckfmha_family family = paged_family(p);
+  ckfmha_kernel_entry split{};
+  std::string why;
+  if (context.forced != nullptr) {
+    split = *context.forced;
+    std::string reason = reject_reason(split, p, arch, family);
+    if (!reason.empty()) {
+      return not_found("kernel " + std::string(split.name) + " cannot run this problem: " + reason);
+    }
+    why = "paged kernel forced by name";
+  } else if (!find_split_kernel(kernels, p, arch, &split, family)) {
+    return not_found(why_no_paged(kernels, p, arch));
+  } else {
+    why = std::string("paged K/V cache (") +
+          (p.kv_storage == CKFMHA_KV_PAGED_TABLE ? "block table" : "kv_indptr") +
+          ", page_size " + std::to_string(p.page_size) + ") runs " + family_name(family);
+  }
+  ckfmha_kernel_entry combine{};
+  if (!find_combine(kernels, p, arch, &combine)) {
+    return not_found("no fwd_splitkv_combine kernel fits (" + std::string(dtype_name(p.dtype)) +
+                     " " + mode_name(p.mode) + " hdim_v=" + std::to_string(p.hdim_v) +
+                     ") for the paged plan");
+  }
+  const int splits =
+      p.num_splits > 0 ? p.num_splits : heuristic_num_splits(p, split, arch, context.num_sms);
+  return split_plan(split, combine, p, splits,
+                    why + ", num_splits=" + std::to_string(splits) +
+                        (p.num_splits > 0 ? " as asked" : " by the wave model"));
+}
+
 FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
                     PlanContext const& context) {
   ckfmha_kernel_entry const& k = *context.forced;
@@ -238,6 +297,7 @@ int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const&
 
 FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
                  PlanContext const& context) {
+  if (is_paged(p)) return plan_paged(kernels, p, context);
   if (context.forced != nullptr) return plan_forced(kernels, p, context);
   const int arch = context.device_arch;
   Selection one = select_fwd(kernels, p, arch);
@@ -296,11 +356,18 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
 std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
                              ckfmha_fwd_problem const& p, PlanContext const& context) {
   std::ostringstream out;
-  out << explain_fwd(kernels, p, context.device_arch);
+  if (is_paged(p)) {
+    // No one-stage kernel reads pages: list the split-KV families only.
+    out << "problem: " << describe(p) << " on sm_" << context.device_arch << "\n";
+  } else {
+    out << explain_fwd(kernels, p, context.device_arch);
+  }
   FwdPlan plan = plan_fwd(kernels, p, context);
   for (auto const& k : kernels) {
     std::string why;
-    if (k.family == CKFMHA_FAMILY_FWD_SPLITKV) {
+    if (is_paged_family(k.family)) {
+      why = reject_reason(k, p, context.device_arch, is_paged(p) ? paged_family(p) : k.family);
+    } else if (k.family == CKFMHA_FAMILY_FWD_SPLITKV) {
       why = reject_reason(k, p, context.device_arch, CKFMHA_FAMILY_FWD_SPLITKV);
     } else if (k.family == CKFMHA_FAMILY_FWD_SPLITKV_COMBINE) {
       why = combine_reject_reason(k, p, context.device_arch);

@@ -90,6 +90,38 @@ std::string check_strides(const char* tensor, int64_t const (&stride)[3]) {
   return {};
 }
 
+// The page-table fields of a paged problem; contiguous problems ignore them.
+std::string check_paged_kv(ckfmha_fwd_problem const& p) {
+  std::ostringstream msg;
+  if (p.kv_storage < CKFMHA_KV_CONTIGUOUS || p.kv_storage > CKFMHA_KV_PAGED_INDPTR) {
+    msg << "kv_storage " << int(p.kv_storage)
+        << " is not one of contiguous (0), paged_table (1), paged_indptr (2)";
+    return msg.str();
+  }
+  if (p.kv_storage == CKFMHA_KV_CONTIGUOUS) return {};
+  if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR && p.page_layout != CKFMHA_PAGE_LAYOUT_VECTORIZED) {
+    msg << "page_layout " << int(p.page_layout) << " is not one of linear (0), vectorized (1)";
+    return msg.str();
+  }
+  if (p.page_size < 1 || (p.page_size & (p.page_size - 1)) != 0) {
+    msg << "page_size is " << p.page_size
+        << "; paged K/V takes a power of two >= 1 (tokens per page: 1, 16, 64, ...)";
+    return msg.str();
+  }
+  if (p.kv_storage == CKFMHA_KV_PAGED_TABLE &&
+      (p.max_pages_per_seq < 1 || p.block_table_stride < p.max_pages_per_seq)) {
+    msg << "block table of " << p.max_pages_per_seq << " pages per sequence with row stride "
+        << p.block_table_stride
+        << ": max_pages_per_seq must be >= 1 and block_table_stride >= max_pages_per_seq";
+    return msg.str();
+  }
+  if (p.v_col_major) {
+    return "v_col_major does not apply to a paged K/V cache: pages hold [page_size, nhead_k, "
+           "hdim] rows (page_layout linear)";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
@@ -180,7 +212,7 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
       p.bias_stride[1] < 0 || p.bias_stride[2] < 0 || p.alibi_stride < 0) {
     return "lse, bias and alibi strides must be non-negative element counts";
   }
-  return {};
+  return check_paged_kv(p);
 }
 
 ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
@@ -262,6 +294,12 @@ std::string describe(ckfmha_fwd_problem const& p) {
   if (p.has_sink) out << " sink";
   if (p.v_col_major) out << " v_col_major";
   if (p.num_splits > 0) out << " num_splits=" << p.num_splits;
+  if (p.kv_storage != CKFMHA_KV_CONTIGUOUS) {
+    out << " paged_kv("
+        << (p.kv_storage == CKFMHA_KV_PAGED_TABLE ? "block_table" : "kv_indptr")
+        << ", page_size=" << p.page_size
+        << (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED ? ", vectorized" : "") << ")";
+  }
   return out.str();
 }
 

@@ -97,6 +97,20 @@ typedef enum ckfmha_bias {
   CKFMHA_BIAS_ALIBI = 2        /* -slope[b, h] * |i + seqlen_k - seqlen_q - j|, fp32 slopes */
 } ckfmha_bias;
 
+/* Where a forward problem's K and V live (see the paged K/V note below). */
+typedef enum ckfmha_kv_storage {
+  CKFMHA_KV_CONTIGUOUS = 0,   /* k, v tensors as the problem's strides describe */
+  CKFMHA_KV_PAGED_TABLE = 1,  /* page caches + a vLLM block table [batch, max_pages_per_seq] */
+  CKFMHA_KV_PAGED_INDPTR = 2  /* page caches + SGLang kv_indices and kv_indptr [batch + 1] */
+} ckfmha_kv_storage;
+
+/* How a page holds its keys. */
+typedef enum ckfmha_page_layout {
+  CKFMHA_PAGE_LAYOUT_LINEAR = 0,    /* k, v [num_pages, page_size, nhead_k, hdim] (vLLM flash) */
+  CKFMHA_PAGE_LAYOUT_VECTORIZED = 1 /* vLLM's older k [pages, nhead_k, hdim/x, page_size, x],
+                                       v [pages, nhead_k, hdim, page_size]: not implemented */
+} ckfmha_page_layout;
+
 typedef enum ckfmha_layout {
   CKFMHA_LAYOUT_BHSD = 0, /* [batch, heads, seqlen, hdim] */
   CKFMHA_LAYOUT_BSHD = 1  /* [batch, seqlen, heads, hdim] */
@@ -165,6 +179,28 @@ typedef struct ckfmha_fwd_problem {
    * pays and args.workspace is given, see ckfmha_fwd_workspace_size); 1 forces
    * the one-stage forward; n > 1 forces a split-KV plan with n key splits. */
   int32_t num_splits;
+  /*
+   * Paged K/V cache (kv_storage != CKFMHA_KV_CONTIGUOUS): k and v point at
+   * page caches [num_pages, page_size, nhead_k, hdim_q / hdim_v] and
+   * k_stride/v_stride are (page, head, token in page) strides. Sequence b's
+   * keys are the tokens of its pages in order: block_table row b (its first
+   * max_pages_per_seq entries, rows block_table_stride apart) or
+   * kv_indices[kv_indptr[b] .. kv_indptr[b + 1]); args.seqlens_k[b] keys of
+   * them (optional with kv_indptr: every key of the pages), at most what the
+   * pages hold. page_size is a power of two >= 1. Batch mode runs a
+   * fwd_pagedkv plan (q as above, e.g. a decode step); group mode a
+   * batch_prefill plan (ragged queries from cu_seqlens_q, no cu_seqlens_k).
+   * seqlen_k is an upper bound of the sequences' key counts (it sizes the
+   * split count). Both plans are split-KV plans (the combine stage follows)
+   * and need args.workspace; masks, soft-cap, LSE and GQA apply, with
+   * positions local to each sequence (bottom-right: the last query sees the
+   * sequence's last key).
+   */
+  ckfmha_kv_storage kv_storage;
+  ckfmha_page_layout page_layout;
+  int32_t page_size;
+  int32_t max_pages_per_seq;  /* CKFMHA_KV_PAGED_TABLE: table entries per sequence */
+  int64_t block_table_stride; /* CKFMHA_KV_PAGED_TABLE: elements between table rows */
 } ckfmha_fwd_problem;
 
 /*
@@ -192,6 +228,11 @@ typedef struct ckfmha_fwd_args {
    * call's kernels on its stream. NULL: automatic plans stay one-stage. */
   void* workspace;
   size_t workspace_bytes;
+  /* Paged K/V (device memory, int32): see ckfmha_fwd_problem.kv_storage. */
+  const int32_t* block_table; /* CKFMHA_KV_PAGED_TABLE: [batch, block_table_stride] page ids */
+  const int32_t* kv_indices;  /* CKFMHA_KV_PAGED_INDPTR: page ids of every sequence, flat */
+  const int32_t* kv_indptr;   /* CKFMHA_KV_PAGED_INDPTR: batch + 1 offsets into kv_indices */
+  const int32_t* seqlens_k;   /* [batch] keys per sequence; required with a block table */
 } ckfmha_fwd_args;
 
 /*

@@ -55,6 +55,18 @@ struct FwdParams {
   float* partial_lse;
   int32_t num_splits;
   int32_t batch;
+
+  // Paged K/V (fwd_pagedkv, batch_prefill; paged_kv.cuh): k/v are page caches
+  // and k/v_batch_stride their page strides. Pages come from block_table
+  // (vLLM, row b at b * block_table_stride, max_pages_per_seq entries) or,
+  // when kv_indptr is set, from kv_indices[kv_indptr[b] .. kv_indptr[b + 1]).
+  const int32_t* block_table;
+  const int32_t* kv_indices;
+  const int32_t* kv_indptr;
+  const int32_t* seqlens_k;  // keys per sequence; null: every key of its pages
+  int64_t block_table_stride;
+  int32_t max_pages_per_seq;
+  int32_t page_size_log2;
 };
 
 }  // namespace ckfmha::kernel

@@ -14,7 +14,9 @@
 // With Traits::kSplitKv the same body is the fwd_splitkv kernel: a CTA per
 // (query tile, split, K/V head, batch), GQA heads packed into the tile rows,
 // keys limited to the split's range and fp32 partials written to the
-// workspace instead of O and LSE (splitkv_rows.cuh).
+// workspace instead of O and LSE (splitkv_rows.cuh). With Traits::kPagedKv as
+// well it is fwd_pagedkv (batch mode) or batch_prefill (group mode queries):
+// key tiles are gathered through a page table (paged_kv.cuh).
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
@@ -23,6 +25,7 @@
 #include "ckfmha/kernel/gemm_pieces.cuh"
 #include "ckfmha/kernel/logit_transform.cuh"
 #include "ckfmha/kernel/online_softmax.cuh"
+#include "ckfmha/kernel/paged_kv.cuh"
 #include "ckfmha/kernel/philox_dropout.cuh"
 #include "ckfmha/kernel/sequence_slice.cuh"
 #include "ckfmha/kernel/splitkv_rows.cuh"
@@ -51,6 +54,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
 
   constexpr bool kSplit = Traits::kSplitKv;
+  constexpr bool kPaged = Traits::kPagedKv;
   const int tid = threadIdx.x;
   // Split-KV: blockIdx.y is a K/V head (its query heads are packed into the
   // rows) and blockIdx.x = split * query tiles + query tile.
@@ -64,7 +68,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
                       : Traits::kMask == MaskMode::kCausal ? m_blocks - 1 - int(blockIdx.x)
                                                            : int(blockIdx.x);
   const int m_begin = m_block * kBlockM;
-  const SequenceSlice seq = locate_sequence<kGroup>(p, batch);
+  PagedKeys keys{};
+  const SequenceSlice seq = [&] {
+    if constexpr (kPaged) {
+      return locate_paged_sequence<kGroup>(p, batch, &keys);
+    } else {
+      return locate_sequence<kGroup>(p, batch);
+    }
+  }();
   const int group = kSplit ? p.head_group : 1;
   const PackedRows rows{m_begin, group, head * group};
   // Group mode sizes the grid for the longest sequence; skipped sequences
@@ -74,10 +85,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   const int head_k = kSplit ? head : head / p.head_group;
   const int64_t q_origin = kGroup ? seq.q_token0 * p.q_row_stride : batch * p.q_batch_stride;
   const int64_t o_origin = kGroup ? seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
-  const int64_t k_origin = kGroup ? seq.k_token0 * p.k_row_stride : batch * p.k_batch_stride;
+  // Paged caches are addressed per key row from the page table, from head 0.
+  const int64_t k_origin = kPaged   ? 0
+                           : kGroup ? seq.k_token0 * p.k_row_stride
+                                    : batch * p.k_batch_stride;
   // Column-major V keeps tokens contiguous: its token stride is 1.
   const int64_t v_token_stride = Traits::kVColMajor ? 1 : p.v_row_stride;
-  const int64_t v_origin = kGroup ? seq.k_token0 * v_token_stride : batch * p.v_batch_stride;
+  const int64_t v_origin = kPaged   ? 0
+                           : kGroup ? seq.k_token0 * v_token_stride
+                                    : batch * p.v_batch_stride;
 
   auto const* q_seq = static_cast<Element const*>(p.q) + q_origin;
   auto const* q_base = q_seq + head * p.q_head_stride + m_begin * p.q_row_stride;
@@ -167,6 +183,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     }
   };
 
+  // K and V of one key tile into one stage (double-buffered pipelines).
+  auto load_kv = [&](int n_block, int stage, auto ragged) {
+    if constexpr (kPaged) {
+      Tensor k_dst = in_stage(tKsK, stage, kKElems);
+      Tensor v_dst = in_stage(tVsV, stage, kVElems);
+      load_paged_kv<decltype(ragged)::value>(k_dst, v_dst, tKcK, keys, k_base, v_base, p,
+                                             n_block * kBlockN, seq.seqlen_k);
+    } else {
+      load_k(n_block, stage, ragged);
+      load_v(n_block, stage, ragged);
+    }
+  };
+
   // ---- shared -> registers and the MMAs
   typename Traits::TiledMma tiled_mma;
   auto mma_thr = tiled_mma.get_thread_slice(tid);
@@ -218,8 +247,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     load_rows(qk_load, qk_load_thr.partition_S(gQ), tQsQ, tQcQ, seq.seqlen_q - m_begin);
   }
   if (n_last > n_first) {
-    load_k(n_last - 1, 0, std::true_type{});
-    if constexpr (Traits::kDoubleBuffered) load_v(n_last - 1, 0, std::true_type{});
+    if constexpr (Traits::kDoubleBuffered) {
+      load_kv(n_last - 1, 0, std::true_type{});
+    } else {
+      load_k(n_last - 1, 0, std::true_type{});
+    }
   }
   cp_async_fence();
 
@@ -245,8 +277,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     __syncthreads();
     if constexpr (Traits::kDoubleBuffered) {
       if (n_block > n_first) {
-        load_k(n_block - 1, stage ^ 1, std::false_type{});
-        load_v(n_block - 1, stage ^ 1, std::false_type{});
+        load_kv(n_block - 1, stage ^ 1, std::false_type{});
         cp_async_fence();
       }
     } else {

@@ -48,7 +48,7 @@ struct SmemRows {
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
           bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1,
-          bool SplitKv = false>
+          bool SplitKv = false, bool PagedKv = false>
 struct FwdSm80Traits {
   using Element = Element_;
 
@@ -75,6 +75,12 @@ struct FwdSm80Traits {
   static constexpr bool kSplitKv = SplitKv;
   static_assert(!SplitKv || (Bias == BiasMode::kNone && !HasDropout && !HasSink && !VColMajor),
                 "split-KV kernels take masks, soft-cap, LSE, GQA and group mode only");
+  // The paged address mode of the split-KV body (paged_kv.cuh): key tile rows
+  // gathered through a page table. K and V rows share one page lookup, so
+  // they need one head dim, and are loaded together, so double-buffered.
+  static constexpr bool kPagedKv = PagedKv;
+  static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && Stages == 2),
+                "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 stages");
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int query = int(row % p.seqlen_q);
   const int head = int(row / p.seqlen_q % p.nhead_q);
   const int batch = int(row / (int64_t(p.seqlen_q) * p.nhead_q));
-  const SequenceSlice seq = locate_sequence<Traits::kIsGroupMode>(p, batch);
+  const SequenceSlice seq = locate_queries<Traits::kIsGroupMode>(p, batch);
   if (seq.skip || query >= seq.seqlen_q) return;
 
   float max_lse = -INFINITY;

@@ -1,7 +1,9 @@
 // Host-side launcher for one fwd_splitkv instance: the sm80 forward kernel
 // built with SplitKv, writing fp32 partials into the caller's workspace. The
 // runtime resolves problem.num_splits (>= 1) and checks the workspace size
-// before calling; fwd_splitkv_combine runs next on the same stream.
+// before calling; fwd_splitkv_combine runs next on the same stream. Paged
+// instances (fwd_pagedkv, batch_prefill) launch the same way, with the page
+// tables added to the parameters.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
@@ -9,6 +11,7 @@
 #include "ckfmha/kernel/fwd_params_from_problem.h"
 #include "ckfmha/kernel/fwd_sm80_kernel.cuh"
 #include "ckfmha/kernel/fwd_sm80_traits.cuh"
+#include "ckfmha/kernel/paged_kv_params.h"
 #include "ckfmha/kernel/splitkv_workspace.h"
 #include "ckfmha/kernel_entry.h"
 
@@ -24,6 +27,7 @@ int launch_fwd_splitkv_sm80(void const* problem, void const* args, ckfmha_stream
   if (pr.num_splits < 1 || ar.workspace == nullptr) return -int(cudaErrorInvalidValue);
   FwdParams params = make_fwd_params(pr, ar);
   set_splitkv_params(params, pr, ar);
+  if constexpr (Traits::kPagedKv) set_paged_kv_params(params, pr, ar);
   // Packed rows: each K/V head's query heads times the query positions.
   const int64_t rows = int64_t(pr.seqlen_q) * (pr.nhead_q / pr.nhead_k);
   const int64_t m_blocks = (rows + Traits::kBlockM - 1) / Traits::kBlockM;

@@ -29,4 +29,18 @@ __device__ __forceinline__ SequenceSlice locate_sequence(Params const& p, int ba
   }
 }
 
+// The query side alone, for kernels that never touch keys (the split-KV
+// combine); paged plans, whose keys come from page tables, have no
+// cu_seqlens_k. seqlen_k and k_token0 are left 0.
+template <bool IsGroupMode, class Params>
+__device__ __forceinline__ SequenceSlice locate_queries(Params const& p, int batch) {
+  if constexpr (IsGroupMode) {
+    int q0 = p.cu_seqlens_q[batch];
+    int sq = p.cu_seqlens_q[batch + 1] - q0;
+    return {sq, 0, q0, 0, sq < p.skip_min_seqlen_q};
+  } else {
+    return {p.seqlen_q, 0, 0, 0, false};
+  }
+}
+
 }  // namespace ckfmha::kernel

@@ -1,0 +1,249 @@
+# cython: language_level=3
+"""ckfmha.fwd_paged: attention over a paged K/V cache (vLLM block tables, SGLang indptr)."""
+
+from libc.stdint cimport int32_t
+from libc.string cimport memset
+
+import numpy as np
+
+cimport ckfmha as capi
+from ckfmha._arrays cimport ArrayView
+from ckfmha._fwd cimport _bhs_strides, _bhsd, _in_layout, _run, _set_scalars, _set_strides, \
+    _set_tensors
+from ckfmha._problem cimport to_int32
+from ckfmha._status cimport check
+
+from ckfmha import _dtypes
+from ckfmha._arrays import as_view
+from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha.errors import InvalidArgumentError
+from ckfmha.problem import layout_code
+
+_INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
+_F32 = (_dtypes.FP32,)
+_I32 = (_dtypes.INT32,)
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _invalid(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message, 1)
+
+
+def _int32_array(obj):
+    """Lists and tuples become int32 NumPy arrays (staged like any host array)."""
+    return np.asarray(obj, dtype=np.int32) if isinstance(obj, (list, tuple)) else obj
+
+
+def _shape(obj) -> tuple:
+    return tuple(int(n) for n in getattr(obj, "shape", ()))
+
+
+cdef ArrayView _int32_view(obj, handle, str name, tuple shape):
+    """A contiguous int32 view of exactly ``shape`` (None: any extent on that axis)."""
+    cdef ArrayView view = as_view(obj, handle, None, name, len(shape), _I32)
+    for got, want in zip(view.shape, shape):
+        if want is not None and got != want:
+            wanted = tuple("any" if n is None else n for n in shape)
+            raise _invalid(f"{name} must have shape {wanted}, got {view.shape}")
+    if view.shape and view.shape[-1] > 1 and view.strides[-1] != 1:
+        raise _invalid(f"{name} must be contiguous along its last axis, got strides "
+                       f"{view.strides}")
+    return view
+
+
+def _longest_keys(seqlens_k, kv_indptr, int page_size, int table_pages,
+                  int indices_count) -> int:
+    """An upper bound of the sequences' key counts from whatever is on the host: it sizes the
+    split count only, so a bound that is too large costs speed, never correctness."""
+    if isinstance(seqlens_k, np.ndarray) and seqlens_k.size:
+        return int(seqlens_k.max())
+    if table_pages > 0:
+        return table_pages * page_size
+    if isinstance(kv_indptr, np.ndarray) and kv_indptr.size > 1:
+        return int(np.diff(kv_indptr.astype(np.int64)).max()) * page_size
+    return indices_count * page_size
+
+
+def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indices=None,
+              kv_indptr=None, cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None,
+              causal=False, causal_alignment="top_left", window=None, scale=None,
+              softcap=0.0, return_lse=False, layout="bhsd", page_layout="linear",
+              num_splits=0, out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+    """Attention over a paged K/V cache: decode steps (fwd_pagedkv) and batch prefill.
+
+    k_cache and v_cache are [num_pages, page_size, nhead_k, hdim] (vLLM's flash
+    layout; any strides with a contiguous head dim); page_size, a power of two,
+    is read from their shape. Sequence b's keys are the tokens of its pages in
+    order, given either by ``block_table`` (int32 [batch, max_pages_per_seq],
+    vLLM) with ``seqlens_k`` (int32 [batch]), or by ``kv_indices`` (int32 page
+    ids of all sequences, flat) and ``kv_indptr`` (int32 [batch + 1], SGLang),
+    where ``seqlens_k`` is optional (default: every key of the pages). Entries
+    past a sequence's last page are never read.
+
+    Queries: q [batch, nhead_q, seqlen_q, hdim] ("bhsd", or "bshd" with
+    ``layout``), e.g. a decode step of 1..8 new tokens per sequence; or, with
+    ``cu_seqlens_q`` (int32 [batch + 1]), ragged queries packed as q [total_q,
+    nhead_q, hdim] (batch prefill; ``max_seqlen_q`` the longest, computed when
+    cu_seqlens_q is a host array). nhead_q is a multiple of nhead_k (GQA).
+    q and the caches share one dtype (fp16 or bf16 for the paged kernels).
+
+    ``causal``/``window`` masks align as in ``fwd``; "bottom_right" makes each
+    sequence's last query see its last key (what decoding and prefilling
+    after a cached prefix want). ``max_seqlen_k`` bounds the key counts (it
+    sizes the split count; default: from host arrays, else the table's
+    capacity). ``num_splits`` 0 chooses; n >= 1 splits each sequence's keys n
+    ways. ``page_layout`` "vectorized" (vLLM's older layout) is refused with
+    the reason. Returns o (like q) and, with ``return_lse``, the fp32 LSE
+    ([batch, nhead_q, seqlen_q], or [nhead_q, total_q] for packed queries).
+    """
+    if page_layout not in ("linear", "vectorized"):
+        raise _invalid(f"page_layout must be 'linear' or 'vectorized', got {page_layout!r}")
+    cdef bint indptr = kv_indices is not None or kv_indptr is not None
+    if indptr == (block_table is not None):
+        raise _invalid("pass block_table (vLLM) or kv_indices with kv_indptr (SGLang), "
+                       "not both and not neither")
+    if indptr and (kv_indices is None or kv_indptr is None):
+        raise _invalid("kv_indices and kv_indptr go together")
+    if block_table is not None and seqlens_k is None:
+        raise _invalid("block_table needs seqlens_k (int32 [batch] key counts)")
+    cdef bint group = cu_seqlens_q is not None
+    cdef int c_layout = capi.CKFMHA_LAYOUT_BSHD if group else layout_code(layout)
+    block_table = _int32_array(block_table)
+    seqlens_k = _int32_array(seqlens_k)
+    kv_indices = _int32_array(kv_indices)
+    kv_indptr = _int32_array(kv_indptr)
+    cu_seqlens_q = _int32_array(cu_seqlens_q)
+
+    # Shapes first: everything below that can fail on arguments fails before any staging.
+    k_shape = _shape(k_cache)
+    v_shape = _shape(v_cache)
+    if len(k_shape) != 4 or len(v_shape) != 4:
+        raise _invalid(f"k_cache and v_cache must be 4-D [num_pages, page_size, nhead_k, hdim], "
+                       f"got {k_shape} and {v_shape}")
+    num_pages, page_size, nhead_k, hdim_k = k_shape
+    if v_shape[:3] != k_shape[:3]:
+        raise _invalid(f"v_cache {v_shape} and k_cache {k_shape} must agree on pages, page "
+                       "size and heads")
+    hdim_v = v_shape[3]
+    cdef int table_pages = 0
+    if indptr:
+        if len(_shape(kv_indptr)) != 1 or _shape(kv_indptr)[0] < 2:
+            raise _invalid(f"kv_indptr must be 1-D with batch + 1 >= 2 offsets, got shape "
+                           f"{_shape(kv_indptr)}")
+        if len(_shape(kv_indices)) != 1:
+            raise _invalid(f"kv_indices must be 1-D, got shape {_shape(kv_indices)}")
+        batch = _shape(kv_indptr)[0] - 1
+    else:
+        if len(_shape(block_table)) != 2:
+            raise _invalid(f"block_table must be 2-D [batch, max_pages_per_seq], got shape "
+                           f"{_shape(block_table)}")
+        batch, table_pages = _shape(block_table)
+    q_shape = _shape(q)
+    if group:
+        if len(q_shape) != 3:
+            raise _invalid(f"with cu_seqlens_q, q must be 3-D [total_q, nhead_q, hdim], got "
+                           f"{q_shape}")
+        total_q, nhead_q, hdim_q = q_shape
+        if _shape(cu_seqlens_q) != (batch + 1,):
+            raise _invalid(f"cu_seqlens_q must hold batch + 1 = {batch + 1} offsets, got shape "
+                           f"{_shape(cu_seqlens_q)}")
+        if max_seqlen_q is None:
+            if not isinstance(cu_seqlens_q, np.ndarray):
+                raise _invalid("max_seqlen_q is needed when cu_seqlens_q is a device array")
+            max_seqlen_q = int(np.diff(cu_seqlens_q.astype(np.int64)).max())
+        seqlen_q = max(int(max_seqlen_q), 1)
+    else:
+        if len(q_shape) != 4:
+            raise _invalid(f"q must be 4-D ({layout}), or 3-D packed with cu_seqlens_q; got "
+                           f"{q_shape}")
+        q_batch, nhead_q, seqlen_q, hdim_q = _bhsd(q_shape, c_layout)
+        if q_batch != batch:
+            raise _invalid(f"q holds {q_batch} sequences but the page table {batch}")
+    if hdim_k != hdim_q:
+        raise _invalid(f"k_cache head dim {hdim_k} differs from q head dim {hdim_q}")
+    if max_seqlen_k is None:
+        indices_count = _shape(kv_indices)[0] if indptr else 0
+        max_seqlen_k = _longest_keys(seqlens_k, kv_indptr, page_size, table_pages,
+                                     indices_count)
+    seqlen_k = min(max(int(max_seqlen_k), 1), _INT32_MAX)
+
+    kind = array_kind(q)
+    handle = resolve_stream(stream, kind, q)
+    cdef ArrayView qv = as_view(q, handle, dtype, "q", 3 if group else 4, _INPUT_DTYPES)
+    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 4, _INPUT_DTYPES)
+    cdef ArrayView vcv = as_view(v_cache, handle, dtype, "v_cache", 4, _INPUT_DTYPES)
+    if not qv.dtype == kcv.dtype == vcv.dtype:
+        raise _invalid(f"q, k_cache and v_cache must have one dtype, got {qv.dtype_name}, "
+                       f"{kcv.dtype_name}, {vcv.dtype_name}")
+
+    cdef capi.ckfmha_fwd_problem problem
+    cdef capi.ckfmha_fwd_args args
+    memset(&args, 0, sizeof(args))
+    check(capi.ckfmha_fwd_problem_init(
+        &problem, <capi.ckfmha_dtype>qv.dtype, <capi.ckfmha_layout>c_layout,
+        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
+        to_int32(seqlen_q, "seqlen_q"), to_int32(seqlen_k, "max_seqlen_k"),
+        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    problem.kv_storage = capi.CKFMHA_KV_PAGED_INDPTR if indptr else capi.CKFMHA_KV_PAGED_TABLE
+    problem.page_layout = (capi.CKFMHA_PAGE_LAYOUT_VECTORIZED if page_layout == "vectorized"
+                           else capi.CKFMHA_PAGE_LAYOUT_LINEAR)
+    problem.page_size = to_int32(page_size, "page_size")
+    if group:
+        problem.mode = capi.CKFMHA_MODE_GROUP
+        problem.total_q = total_q
+    # Caches: (page, head, token in page) strides, where contiguous K/V has (batch, head, seq).
+    _set_strides(problem.k_stride, (kcv.strides[0], kcv.strides[2], kcv.strides[1]))
+    _set_strides(problem.v_stride, (vcv.strides[0], vcv.strides[2], vcv.strides[1]))
+
+    cdef ArrayView tv = None, iv = None, pv = None, sv = None, cqv = None
+    if indptr:
+        pv = _int32_view(kv_indptr, handle, "kv_indptr", (batch + 1,))
+        iv = _int32_view(kv_indices, handle, "kv_indices", (None,))
+        args.kv_indptr = <const int32_t*>pv.ptr
+        args.kv_indices = <const int32_t*>iv.ptr
+    else:
+        tv = _int32_view(block_table, handle, "block_table", (batch, None))
+        problem.max_pages_per_seq = to_int32(table_pages, "max_pages_per_seq")
+        problem.block_table_stride = tv.strides[0] if batch > 1 else table_pages
+        args.block_table = <const int32_t*>tv.ptr
+    if seqlens_k is not None:
+        sv = _int32_view(seqlens_k, handle, "seqlens_k", (batch,))
+        args.seqlens_k = <const int32_t*>sv.ptr
+    _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, 0.0, num_splits)
+
+    o_shape = (total_q, nhead_q, hdim_v) if group else _in_layout(batch, nhead_q, seqlen_q,
+                                                                   hdim_v, c_layout)
+    o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
+    cdef ArrayView ov = as_view(o_obj, handle, None, "out", len(o_shape), (qv.dtype,), True)
+    if ov.shape != o_shape:
+        raise _invalid(f"out must have shape {o_shape}, got {ov.shape}")
+    lse_obj = None
+    cdef ArrayView lv = None
+    if return_lse or lse_out is not None:
+        lse_shape = (nhead_q, total_q) if group else (batch, nhead_q, seqlen_q)
+        lse_obj = allocate(kind, q, lse_shape, _dtypes.FP32) if lse_out is None else lse_out
+        lv = as_view(lse_obj, handle, None, "lse_out", len(lse_shape), _F32, True)
+        if lv.shape != lse_shape or (lv.strides[-1] != 1 and lse_shape[-1] > 1):
+            raise _invalid(f"lse_out must be {lse_shape} with contiguous rows, got shape "
+                           f"{lv.shape} strides {lv.strides}")
+        problem.lse_stride[0] = 0 if group else lv.strides[0]
+        problem.lse_stride[1] = lv.strides[0] if group else lv.strides[1]
+    problem.store_lse = 1 if lv is not None else 0
+
+    if group:
+        cqv = _int32_view(cu_seqlens_q, handle, "cu_seqlens_q", (batch + 1,))
+        args.cu_seqlens_q = <const int32_t*>cqv.ptr
+        # Tokens are rows; the batch stride is unused in group mode.
+        _set_strides(problem.q_stride, (0, qv.strides[1], qv.strides[0]))
+        _set_strides(problem.o_stride, (0, ov.strides[1], ov.strides[0]))
+    else:
+        _set_strides(problem.q_stride, _bhs_strides(qv, c_layout))
+        _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
+    _set_tensors(&args, qv, kcv, vcv, ov, lv)
+    _run(&problem, &args, kernel, handle, kind, q)
+
+    # The views (staged copies, DLPack owners) live until here, past the launch.
+    o_result = finish(kind, o_obj, handle) if out is None else out
+    if lse_obj is None:
+        return o_result
+    return o_result, (finish(kind, lse_obj, handle) if lse_out is None else lse_out)

@@ -1,0 +1,115 @@
+// The paged K/V address mode of the sm80 forward body (Traits::kPagedKv,
+// families fwd_pagedkv and batch_prefill).
+//
+// The K and V caches are [num_pages, page_size, nhead_k, hdim] ("linear"
+// pages, vLLM's flash layout) with strides (page, head, token in page); a
+// sequence's keys are the tokens of its pages in table order. Its page ids
+// come from a vLLM block table (row b of [batch, max_pages_per_seq]) or from
+// SGLang's flat kv_indices[kv_indptr[b] .. kv_indptr[b + 1]).
+//
+// A key tile's rows are gathered row by row: each thread looks up the page of
+// every row it copies and issues its 16-byte cp.async vectors from there, so
+// any power-of-two page size works (1 key per page up to whole tiles per
+// page) with one code path, and K and V rows share the lookup. Offsets are
+// 64-bit (page id x page stride alone passes 2^31 in a large cache). Rows
+// past the sequence are zero-filled and their table entries never read:
+// entries past a sequence's last page may hold anything.
+#pragma once
+
+#include "ckfmha/kernel/fwd_params.h"
+#include "ckfmha/kernel/sequence_slice.cuh"
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+// One sequence's pages.
+struct PagedKeys {
+  const int32_t* pages;  // this sequence's page ids, in key order
+  int page_shift;        // log2(page_size)
+
+  __device__ __forceinline__ int page(int token) const {
+    return __ldg(pages + (token >> page_shift));
+  }
+  __device__ __forceinline__ int slot(int token) const {
+    return token & ((1 << page_shift) - 1);
+  }
+};
+
+// The sequence a paged CTA serves and its pages. Queries as in
+// locate_sequence (group mode: cu_seqlens_q); keys: seqlens_k[b] when given,
+// else every key of the sequence's pages, clamped to what its pages hold, so
+// a length past the table never reads past it.
+template <bool IsGroupMode>
+__device__ __forceinline__ SequenceSlice locate_paged_sequence(FwdParams const& p, int batch,
+                                                               PagedKeys* keys) {
+  SequenceSlice seq{p.seqlen_q, 0, 0, 0, false};
+  if constexpr (IsGroupMode) {
+    const int q0 = p.cu_seqlens_q[batch];
+    seq.seqlen_q = p.cu_seqlens_q[batch + 1] - q0;
+    seq.q_token0 = q0;
+    seq.skip = seq.seqlen_q < p.skip_min_seqlen_q;
+  }
+  int64_t page_count;
+  if (p.kv_indptr != nullptr) {
+    const int first = p.kv_indptr[batch];
+    page_count = p.kv_indptr[batch + 1] - first;
+    keys->pages = p.kv_indices + first;
+  } else {
+    page_count = p.max_pages_per_seq;
+    keys->pages = p.block_table + int64_t(batch) * p.block_table_stride;
+  }
+  keys->page_shift = p.page_size_log2;
+  const int64_t capacity = page_count << p.page_size_log2;
+  const int64_t wanted = p.seqlens_k != nullptr ? int64_t(p.seqlens_k[batch]) : capacity;
+  seq.seqlen_k = int(max(int64_t(0), min(wanted, capacity)));
+  return seq;
+}
+
+// Gathers key tile rows [n_begin, n_begin + rows) of K and V through the page
+// table into one shared-memory stage each. k_dst/v_dst/coords: 16-byte-vector
+// copy partitions of the K and V tiles and of their identity tensor (K and V
+// have the same head dim, so one partition's rows serve both); k_head/v_head:
+// the caches at this K/V head. Ragged: rows at or past seqlen_k are zero-filled.
+template <bool Ragged, class Element, class KDst, class VDst, class Coords>
+__device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords const& coords,
+                                              PagedKeys const& keys, Element const* k_head,
+                                              Element const* v_head, FwdParams const& p,
+                                              int n_begin, int seqlen_k) {
+  using namespace cute;
+  static_assert(decltype(size<0>(k_dst))::value * sizeof(Element) == 16, "one 16-byte vector");
+  static_assert(decltype(size<1>(k_dst))::value == decltype(size<1>(v_dst))::value &&
+                    decltype(size<2>(k_dst))::value == decltype(size<2>(v_dst))::value,
+                "K and V tiles are partitioned alike");
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(k_dst); ++m) {
+    const int token = n_begin + get<0>(coords(0, m, 0));
+    if (!Ragged || token < seqlen_k) {
+      // Paged caches keep the page stride where contiguous ones keep the batch stride.
+      const int64_t page = keys.page(token);
+      const int64_t slot = keys.slot(token);
+      Element const* k_row = k_head + page * p.k_batch_stride + slot * p.k_row_stride;
+      Element const* v_row = v_head + page * p.v_batch_stride + slot * p.v_row_stride;
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(k_dst); ++k) {
+        const int col = get<1>(coords(0, m, k));
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
+            *reinterpret_cast<uint128_t const*>(k_row + col),
+            *reinterpret_cast<uint128_t*>(raw_pointer_cast(k_dst(_, m, k).data())));
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
+            *reinterpret_cast<uint128_t const*>(v_row + col),
+            *reinterpret_cast<uint128_t*>(raw_pointer_cast(v_dst(_, m, k).data())));
+      }
+    } else {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(k_dst); ++k) {
+        clear(k_dst(_, m, k));
+        clear(v_dst(_, m, k));
+      }
+    }
+  }
+}
+
+}  // namespace ckfmha::kernel

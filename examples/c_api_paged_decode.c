@@ -1,0 +1,99 @@
+/*
+ * A decode step over a paged KV cache from C: k and v live in pages of 16
+ * tokens ([num_pages, 16, nhead_k, hdim], vLLM's flash layout) that a block
+ * table hands out per sequence; the plan is fwd_pagedkv then the split-KV
+ * combine, with a caller-owned workspace.
+ *
+ *   cc examples/c_api_paged_decode.c -I$(python -c "import ckfmha; print(ckfmha.get_include()[1])") \
+ *      -L$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -lckfmha \
+ *      -Wl,-rpath,$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -o c_api_paged_decode
+ */
+#include <ckfmha/ckfmha.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    int status_ = (call);                                                             \
+    if (status_ != CKFMHA_SUCCESS) {                                                  \
+      fprintf(stderr, "%s: %s: %s\n", #call, ckfmha_status_name(status_),             \
+              ckfmha_last_error());                                                   \
+      return 1;                                                                       \
+    }                                                                                 \
+  } while (0)
+
+enum { BATCH = 4, HEADS_Q = 32, HEADS_K = 8, HDIM = 128, PAGE = 16, MAX_PAGES = 256 };
+
+int main(void) {
+  const int32_t lengths[BATCH] = {4096, 17, 1000, 0}; /* keys cached per sequence */
+  const int num_pages = BATCH * MAX_PAGES;
+
+  ckfmha_fwd_problem problem;
+  CHECK(ckfmha_fwd_problem_init(&problem, CKFMHA_DTYPE_BF16, CKFMHA_LAYOUT_BHSD, BATCH, HEADS_Q,
+                                HEADS_K, 1, MAX_PAGES * PAGE, HDIM, HDIM));
+  problem.mask = CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT;
+  problem.kv_storage = CKFMHA_KV_PAGED_TABLE;
+  problem.page_layout = CKFMHA_PAGE_LAYOUT_LINEAR;
+  problem.page_size = PAGE;
+  problem.max_pages_per_seq = MAX_PAGES;
+  problem.block_table_stride = MAX_PAGES;
+  /* (page, head, token in page) strides of [num_pages, PAGE, HEADS_K, HDIM]. */
+  problem.k_stride[0] = problem.v_stride[0] = (int64_t)PAGE * HEADS_K * HDIM;
+  problem.k_stride[1] = problem.v_stride[1] = HDIM;
+  problem.k_stride[2] = problem.v_stride[2] = (int64_t)HEADS_K * HDIM;
+
+  size_t bytes = 0;
+  CHECK(ckfmha_fwd_workspace_size(&problem, 90, NULL, &bytes));
+  printf("sm_90 paged plan needs a %zu-byte workspace\n", bytes);
+
+  int devices = 0;
+  CHECK(ckfmha_device_count(&devices));
+  if (devices == 0) {
+    printf("no GPU: stopping before the launch\n");
+    return 0;
+  }
+  CHECK(ckfmha_fwd_workspace_size(&problem, -1, NULL, &bytes));
+  size_t q_elems = (size_t)BATCH * HEADS_Q * HDIM;
+  size_t cache_elems = (size_t)num_pages * PAGE * HEADS_K * HDIM;
+  unsigned short* host = malloc(cache_elems * sizeof *host);
+  for (size_t i = 0; i < cache_elems; ++i) host[i] = 0x3c00 ^ (unsigned short)(i % 128);
+  /* Sequence b owns pages b, b + BATCH, b + 2 * BATCH, ...: interleaved, not contiguous. */
+  int32_t* table = malloc(sizeof(int32_t) * BATCH * MAX_PAGES);
+  for (int b = 0; b < BATCH; ++b) {
+    for (int p = 0; p < MAX_PAGES; ++p) table[b * MAX_PAGES + p] = p * BATCH + b;
+  }
+  void *q, *k, *v, *o, *block_table, *seqlens_k, *workspace = NULL;
+  CHECK(ckfmha_device_malloc(&q, q_elems * 2));
+  CHECK(ckfmha_device_malloc(&k, cache_elems * 2));
+  CHECK(ckfmha_device_malloc(&v, cache_elems * 2));
+  CHECK(ckfmha_device_malloc(&o, q_elems * 2));
+  CHECK(ckfmha_device_malloc(&block_table, sizeof(int32_t) * BATCH * MAX_PAGES));
+  CHECK(ckfmha_device_malloc(&seqlens_k, sizeof lengths));
+  if (bytes > 0) CHECK(ckfmha_device_malloc(&workspace, bytes));
+  CHECK(ckfmha_memcpy_to_device(q, host, q_elems * 2));
+  CHECK(ckfmha_memcpy_to_device(k, host, cache_elems * 2));
+  CHECK(ckfmha_memcpy_to_device(v, host, cache_elems * 2));
+  CHECK(ckfmha_memcpy_to_device(block_table, table, sizeof(int32_t) * BATCH * MAX_PAGES));
+  CHECK(ckfmha_memcpy_to_device(seqlens_k, lengths, sizeof lengths));
+
+  ckfmha_fwd_args args = {q, k, v, o, NULL};
+  args.workspace = workspace;
+  args.workspace_bytes = bytes;
+  args.block_table = block_table;
+  args.seqlens_k = seqlens_k;
+  CHECK(ckfmha_fwd_run(&problem, &args, NULL, NULL));
+  CHECK(ckfmha_stream_synchronize(NULL));
+  CHECK(ckfmha_memcpy_to_host(host, o, q_elems * 2));
+  printf("o[0] bits = 0x%04x\n", host[0]);
+  ckfmha_device_free(q);
+  ckfmha_device_free(k);
+  ckfmha_device_free(v);
+  ckfmha_device_free(o);
+  ckfmha_device_free(block_table);
+  ckfmha_device_free(seqlens_k);
+  if (workspace) ckfmha_device_free(workspace);
+  free(host);
+  free(table);
+  return 0;
+}

@@ -1,0 +1,410 @@
+"""Paged K/V without a GPU: generator rules and emission, plans and explanations, problem checks
+and argument errors through the C API and the Cython layer, and the paged reference.
+
+Plan expectations use whatever paged kernels the library was built with (the ci set holds a
+bf16 d128 window batch_prefill pair); tests needing one skip when the build has none.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import ckfmha
+from ckfmha import errors
+from ckfmha.reference import attention_reference, paged_attention_reference
+from generator.emit import render_instance
+from generator.enumerate import select
+from generator.receipts import get_receipt
+from generator.rules import check
+from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.specs import load_specs
+
+ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
+PAGED = ("fwd_pagedkv", "batch_prefill")
+
+no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour without a GPU")
+
+
+def _config(family: str = "fwd_pagedkv", **changes: object) -> KernelConfig:
+    sig_fields: dict[str, object] = {
+        "dtype": "bf16", "mode": "group" if family == "batch_prefill" else "batch",
+        "hdim_q": 128, "hdim_v": 128, "mask": "causal", "lse": True, "family": family,
+    }  # fmt: skip
+    alg_fields: dict[str, object] = {
+        "arch": "sm_80", "pipeline": "sm80_cpasync_mma", "tile_m": 16, "tile_n": 64,
+        "tile_k": 128, "warps": 1, "stages": 2,
+    }  # fmt: skip
+    for key, value in changes.items():
+        (alg_fields if key in Algorithm.__dataclass_fields__ else sig_fields)[key] = value
+    return KernelConfig(FwdSignature(**sig_fields), Algorithm(**alg_fields))  # type: ignore[arg-type]
+
+
+def _reasons(config: KernelConfig, arch: str = "sm_80") -> str:
+    return " | ".join(check(config, load_specs()[arch]))
+
+
+# ---- generator ----
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_default_builds_both_paged_families_on_every_split_tile(arch: str) -> None:
+    spec = load_specs()[arch]
+    selection = select(get_receipt("default"), spec)
+    built = {(c.signature.family, c.signature.dtype, c.signature.hdim_v, c.signature.mask,
+              c.algorithm.tile_m) for c in selection.accepted}
+    split_tiles = spec.tiles["fwd_splitkv"]["sm80_cpasync_mma"]
+    for family in PAGED:
+        for (_, hdim), tiles in split_tiles.items():
+            for dtype in ("fp16", "bf16"):
+                for mask in ("none", "causal", "window"):
+                    for tile in tiles:
+                        assert (family, dtype, hdim, mask, tile.tile_m) in built
+    assert not [r for r in selection.rejected if r.signature.family in PAGED]
+    modes = {c.signature.mode for c in selection.accepted if c.signature.family == "fwd_pagedkv"}
+    assert modes == {"batch"}
+
+
+def test_paged_families_share_the_split_tile_table() -> None:
+    spec = load_specs()["sm_90a"]
+    for family in PAGED:
+        assert spec.tiles_for(family, "sm80_cpasync_mma", 128) == spec.tiles_for(
+            "fwd_splitkv", "sm80_cpasync_mma", 128)
+        assert spec.hdims_for(family, "sm80_cpasync_mma") == ((64, 64), (128, 128))
+
+
+def test_ci_set_adds_one_paged_pair_per_arch() -> None:
+    for arch, total in (("sm_80", 20), ("sm_90a", 24)):
+        accepted = select(get_receipt("ci"), load_specs()[arch]).accepted
+        paged = [c.name for c in accepted if c.signature.family in PAGED]
+        assert len(paged) == 2 and all(n.startswith("batch_prefill_bf16_group_d128x128_window")
+                                       for n in paged), paged
+        assert len(accepted) == total
+
+
+@pytest.mark.parametrize(
+    ("family", "changes", "message"),
+    [
+        ("fwd_pagedkv", {"mode": "group"},
+         r"fwd_pagedkv takes batch-mode queries; batch_prefill serves group-mode"),
+        ("batch_prefill", {"mode": "batch"},
+         r"batch_prefill takes group-mode queries; fwd_pagedkv serves batch-mode"),
+        ("fwd_pagedkv", {"hdim_q": 64}, r"share one page lookup.*hdim_q must equal hdim_v"),
+        ("fwd_pagedkv", {"stages": 1}, r"stages=1: the paged body loads.*stages=2"),
+        ("batch_prefill", {"page_layout": "vectorized"},
+         r"page_layout 'vectorized'.*not implemented.*V keeps each channel's keys contiguous"),
+        ("fwd_pagedkv", {"page_layout": "blocked"}, r"page_layout 'blocked' is unknown"),
+        ("fwd_pagedkv", {"bias": "alibi"}, r"bias 'alibi'.*not implemented by fwd_pagedkv"),
+        ("batch_prefill", {"dropout": True}, r"dropout.*not implemented by batch_prefill"),
+        ("fwd_pagedkv", {"sink": True}, r"sink.*not implemented by fwd_pagedkv"),
+        ("fwd_pagedkv", {"pipeline": "sm90_tma_wgmma", "arch": "sm_90a", "tile_m": 128},
+         r"no 'sm90_tma_wgmma' template; it runs on sm80_cpasync_mma"),
+        ("fwd", {"page_layout": "vectorized", "tile_m": 128, "warps": 4, "stages": 1},
+         r"applies to the paged families.*fwd reads contiguous K/V"),
+    ],
+)
+def test_paged_rules_say_why(family: str, changes: dict[str, object], message: str) -> None:
+    arch = str(changes.get("arch", "sm_80"))
+    assert re.search(message, _reasons(_config(family, **changes), arch))
+
+
+def test_paged_configs_with_softcap_and_windows_are_valid() -> None:
+    assert _reasons(_config("fwd_pagedkv", softcap=True, mask="window")) == ""
+    assert _reasons(_config("batch_prefill", dtype="fp16", hdim_q=64, hdim_v=64, tile_k=64,
+                            tile_m=64, warps=4)) == ""
+
+
+def test_paged_instances_set_the_paged_switch() -> None:
+    for family in PAGED:
+        text = render_instance(_config(family))
+        assert "fwd_splitkv_sm80_launch.cuh" in text
+        assert "/*SplitKv=*/true, /*PagedKv=*/true>" in text
+        assert "launch_fwd_splitkv_sm80<Traits>" in text
+    assert "PagedKv" not in render_instance(_config("fwd_splitkv", mode="batch"))
+
+
+def test_paged_names_are_stable() -> None:
+    assert _config().name == (
+        "fwd_pagedkv_bf16_batch_d128x128_causal_lse__sm_80_sm80_cpasync_mma_m16n64k128_w1s2")
+    assert _config(page_layout="vectorized").signature.name.endswith("_lse_vecpages")
+
+
+# ---- problems, plans and explanations through the C API ----
+
+
+def _paged_kernels(family: str | None = None) -> list[dict]:
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] in PAGED and (family is None or k["family"] == family)]
+
+
+@pytest.fixture(scope="module")
+def paged_kernel() -> dict:
+    kernels = _paged_kernels()
+    if not kernels:
+        pytest.skip("library built without paged kernels")
+    return kernels[0]
+
+
+def _problem(kernel: dict, **changes: object) -> ckfmha.FwdProblem:
+    fields: dict[str, object] = {
+        "batch": 3, "nhead_q": 32, "nhead_k": 8, "seqlen_q": 1, "seqlen_k": 4096,
+        "hdim": kernel["hdim_q"], "dtype": kernel["dtype"], "mode": kernel["mode"],
+        "lse": True, "window": (256, 0) if kernel["mask"] == "window" else None,
+        "causal": kernel["mask"] == "causal", "causal_alignment": "bottom_right",
+        "paged_kv": "block_table", "page_size": 16,
+    }  # fmt: skip
+    fields.update(changes)
+    return ckfmha.FwdProblem(**fields)  # type: ignore[arg-type]
+
+
+def _workspace(splits: int, batch: int, heads: int, seqlen_q: int, hdim_v: int) -> int:
+    lse_bytes = 4 * splits * batch * heads * seqlen_q
+    return (lse_bytes + 255) // 256 * 256 + lse_bytes * hdim_v
+
+
+def test_problem_struct_carries_the_pages() -> None:
+    fields = ckfmha.FwdProblem(batch=2, nhead_q=8, nhead_k=2, seqlen_q=1, seqlen_k=100, hdim=64,
+                               paged_kv="kv_indptr", page_size=16).to_c_dict()
+    assert (fields["kv_storage"], fields["page_layout"], fields["page_size"]) == (2, 0, 16)
+    assert fields["max_pages_per_seq"] == 7 == fields["block_table_stride"]
+    # (page, head, token in page) strides of a contiguous [pages, 16, 2, 64] cache.
+    assert fields["k_stride"] == (16 * 2 * 64, 64, 2 * 64) == fields["v_stride"]
+    assert ckfmha.FwdProblem(batch=1, nhead_q=1, seqlen_q=1, hdim=64).to_c_dict()[
+        "kv_storage"] == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"page_size": 12}, r"page_size is 12; paged K/V takes a power of two"),
+        ({"page_size": 0}, r"page_size is 0"),
+        ({"max_pages_per_seq": 0}, r"max_pages_per_seq must be >= 1"),
+        ({"v_col_major": True}, r"v_col_major does not apply to a paged K/V cache"),
+    ],
+)
+def test_bad_page_fields_are_invalid(changes: dict[str, object], message: str) -> None:
+    problem = ckfmha.FwdProblem(batch=2, nhead_q=8, seqlen_q=1, seqlen_k=100, hdim=64,
+                                paged_kv="block_table", **changes)  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        problem.validate()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [({"paged_kv": "table"}, "paged_kv must be None, 'block_table' or 'kv_indptr'"),
+     ({"page_layout": "blocked"}, "page_layout must be 'linear' or 'vectorized'")],
+)
+def test_bad_paged_names_are_invalid(changes: dict[str, object], message: str) -> None:
+    fields = {"paged_kv": "block_table", **changes}
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        ckfmha.FwdProblem(batch=1, nhead_q=1, seqlen_q=1, hdim=64, **fields).validate()  # type: ignore[arg-type]
+
+
+def test_paged_problem_gets_a_paged_split_plan(paged_kernel: dict) -> None:
+    dispatcher = ckfmha.Dispatcher()
+    arch = paged_kernel["arch"]
+    problem = _problem(paged_kernel)
+    text = dispatcher.explain(problem, arch=arch)
+    family = paged_kernel["family"]
+    plan = re.search(rf"plan: split-KV, ({family}_\S+) then (fwd_splitkv_combine_\S+), "
+                     rf"num_splits=(\d+), workspace (\d+) bytes \(\d+ SMs\): paged K/V cache "
+                     rf"\(block table, page_size 16\) runs {family}", text)
+    assert plan, text
+    split, combine, splits, size = plan.groups()
+    assert f"selected  {split}" in text and f"selected  {combine}" in text
+    assert "paged_kv(block_table, page_size=16)" in text.splitlines()[0]
+    # 4 packed rows per K/V head: the 16-row tile.
+    assert split.endswith(f"m16n64k{paged_kernel['hdim_q']}_w1s2")
+    assert dispatcher.select(problem, arch=arch) == split
+    assert dispatcher.workspace_size(problem, arch=arch) == int(size) == _workspace(
+        int(splits), 3, 32, 1, paged_kernel["hdim_v"])
+    # Contiguous split kernels are listed with the reason they do not fit.
+    for kernel in ckfmha.Registry().kernels():
+        if kernel["family"] == "fwd_splitkv":
+            assert f"rejected  {kernel['name']}: reads contiguous K/V, problem has a paged" in text
+
+
+def test_paged_split_counts_and_one_split(paged_kernel: dict) -> None:
+    arch = paged_kernel["arch"]
+    for splits in (1, 3, 200):
+        problem = _problem(paged_kernel, seqlen_q=5, num_splits=splits)
+        size = ckfmha.Dispatcher().workspace_size(problem, arch=arch)
+        assert size == _workspace(splits, 3, 32, 5, paged_kernel["hdim_v"])
+        text = ckfmha.Dispatcher().explain(problem, arch=arch)
+        assert f"num_splits={splits} as asked" in text, text
+
+
+def test_sglang_tables_plan_like_block_tables(paged_kernel: dict) -> None:
+    arch = paged_kernel["arch"]
+    table = _problem(paged_kernel, page_size=1)
+    indptr = _problem(paged_kernel, paged_kv="kv_indptr", page_size=1)
+    dispatcher = ckfmha.Dispatcher()
+    assert dispatcher.select(table, arch=arch) == dispatcher.select(indptr, arch=arch)
+    assert "(kv_indptr, page_size 1)" in dispatcher.explain(indptr, arch=arch)
+
+
+def test_contiguous_problems_never_take_paged_kernels(paged_kernel: dict) -> None:
+    problem = _problem(paged_kernel, paged_kv=None)
+    text = ckfmha.Dispatcher().explain(problem, arch=paged_kernel["arch"])
+    assert (f"rejected  {paged_kernel['name']}: reads a paged K/V cache, problem has contiguous "
+            "K/V") in text
+    assert f"selected  {paged_kernel['name']}" not in text
+
+
+def test_vectorized_pages_are_unsupported_with_the_reason(paged_kernel: dict) -> None:
+    problem = _problem(paged_kernel, page_layout="vectorized")
+    with pytest.raises(errors.UnsupportedError,
+                       match=r"vectorized.*not implemented.*store the cache linear"):
+        ckfmha.Dispatcher().select(problem, arch=paged_kernel["arch"])
+
+
+def test_paged_features_it_lacks_are_unsupported(paged_kernel: dict) -> None:
+    problem = _problem(paged_kernel, sink=True)
+    with pytest.raises(errors.UnsupportedError, match=r"no sink, problem has one") as caught:
+        ckfmha.Dispatcher().select(problem, arch=paged_kernel["arch"])
+    assert f"no {paged_kernel['family']} kernel fits" in str(caught.value)
+
+
+def test_missing_paged_family_names_what_is_covered() -> None:
+    built = {k["family"] for k in _paged_kernels()}
+    for family, mode in (("fwd_pagedkv", "batch"), ("batch_prefill", "group")):
+        if family in built:
+            continue
+        problem = ckfmha.FwdProblem(batch=2, nhead_q=8, nhead_k=2, seqlen_q=1, seqlen_k=64,
+                                    hdim=128, dtype="bf16", mode=mode, paged_kv="block_table")
+        with pytest.raises(errors.UnsupportedError,
+                           match=rf"no {family} kernel fits: none is registered.*paged K/V"):
+            ckfmha.Dispatcher().select(problem, arch=80)
+
+
+# ---- Cython argument errors and C API rejections ----
+
+
+def _ptr(shape: tuple[int, ...], dtype: str = "bf16", address: int = 0x400000) -> object:
+    return ckfmha.device_ptr(address, shape, dtype)
+
+
+_CACHE = (40, 16, 2, 128)
+
+
+def _paged_call(q_shape: tuple[int, ...] = (2, 8, 1, 128), k_shape: tuple[int, ...] = _CACHE,
+                v_shape: tuple[int, ...] = _CACHE, **kwargs: object) -> object:
+    """fwd_paged on device pointers with an explicit out, so nothing is allocated before the
+    checks under test; a vLLM block table unless the call says otherwise."""
+    if "kv_indices" not in kwargs and "kv_indptr" not in kwargs:
+        kwargs.setdefault("block_table", _ptr((2, 20), "int32", 0x900000))
+        kwargs.setdefault("seqlens_k", _ptr((2,), "int32", 0xA00000))
+    out_shape = q_shape[:-1] + (v_shape[-1],)
+    kwargs.setdefault("out", _ptr(out_shape, address=0x800000))
+    return ckfmha.fwd_paged(_ptr(q_shape), _ptr(k_shape, address=0x500000),
+                            _ptr(v_shape, address=0x600000), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_indices": _ptr((9,), "int32"), "kv_indptr": _ptr((3,), "int32"),
+          "block_table": _ptr((2, 20), "int32")}, "not both and not neither"),
+        ({"block_table": None, "seqlens_k": None}, "not both and not neither"),
+        ({"kv_indices": _ptr((9,), "int32")}, "kv_indices and kv_indptr go together"),
+        ({"seqlens_k": None}, r"block_table needs seqlens_k"),
+        ({"k_shape": (40, 16, 2, 2, 64)}, r"k_cache and v_cache must be 4-D"),
+        ({"v_shape": (40, 8, 2, 128)}, r"must agree on pages, page size and heads"),
+        ({"block_table": _ptr((2, 3, 4), "int32")}, r"block_table must be 2-D"),
+        ({"q_shape": (3, 8, 1, 128)}, r"q holds 3 sequences but the page table 2"),
+        ({"q_shape": (2, 8, 1, 64)}, r"k_cache head dim 128 differs from q head dim 64"),
+        ({"q_shape": (2, 8, 128)}, r"q must be 4-D"),
+        ({"cu_seqlens_q": _ptr((2,), "int32")}, r"with cu_seqlens_q, q must be 3-D"),
+        ({"q_shape": (7, 8, 128), "cu_seqlens_q": _ptr((2,), "int32")},
+         r"cu_seqlens_q must hold batch \+ 1 = 3 offsets"),
+        ({"q_shape": (7, 8, 128), "cu_seqlens_q": _ptr((3,), "int32")},
+         r"max_seqlen_q is needed when cu_seqlens_q is a device array"),
+        ({"kv_indices": _ptr((9,), "int32"), "kv_indptr": _ptr((3, 1), "int32")},
+         r"kv_indptr must be 1-D with batch \+ 1 >= 2 offsets"),
+        ({"page_layout": "blocked"}, r"page_layout must be 'linear' or 'vectorized'"),
+        ({"seqlens_k": _ptr((3,), "int32")}, r"seqlens_k must have shape \(2,\)"),
+        ({"k_shape": (40, 12, 2, 128), "v_shape": (40, 12, 2, 128)},
+         r"page_size is 12; paged K/V takes a power of two"),
+        ({"q_shape": (2, 7, 1, 128)}, r"nhead_q \(7\) must be a multiple of nhead_k \(2\)"),
+    ],
+)
+def test_fwd_paged_argument_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        _paged_call(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"block_table": ckfmha.device_ptr(0, (2, 20), "int32")},
+         r"kv_storage paged_table needs args.block_table"),
+        ({"seqlens_k": ckfmha.device_ptr(0, (2,), "int32")},
+         r"kv_storage paged_table needs args.seqlens_k"),
+        ({"kv_indices": ckfmha.device_ptr(0, (9,), "int32"), "kv_indptr": _ptr((3,), "int32")},
+         r"kv_storage paged_indptr needs args.kv_indices"),
+        ({"kv_indices": _ptr((9,), "int32"), "kv_indptr": ckfmha.device_ptr(0, (3,), "int32")},
+         r"kv_storage paged_indptr needs args.kv_indptr"),
+    ],
+)
+def test_null_page_tables_are_rejected_by_the_c_api(kwargs: dict[str, object],
+                                                     message: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        _paged_call(**kwargs)  # type: ignore[arg-type]
+
+
+@no_gpu
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"kv_indices": _ptr((9,), "int32"), "kv_indptr": _ptr((3,), "int32")},
+        {"causal": True, "causal_alignment": "bottom_right", "softcap": 20.0, "num_splits": 3},
+        {"q_shape": (7, 8, 128), "cu_seqlens_q": np.array([0, 3, 7], np.int32),
+         "window": (32, 0)},
+        {"q_shape": (2, 1, 8, 128), "layout": "bshd", "max_seqlen_k": 77},
+    ],
+)
+def test_well_formed_paged_calls_reach_the_device(kwargs: dict[str, object]) -> None:
+    # Host-side offsets would be staged to the device: without one, that is where they stop.
+    with pytest.raises(errors.NoDeviceError):
+        _paged_call(**kwargs)  # type: ignore[arg-type]
+
+
+# ---- the reference ----
+
+
+def test_paged_reference_matches_the_contiguous_one() -> None:
+    rng = np.random.default_rng(5)
+    batch, hq, hk, sq, d, page_size = 3, 4, 2, 3, 32, 4
+    lens = [9, 0, 16]
+    pages_needed = [-(-n // page_size) for n in lens]
+    ids = rng.permutation(sum(pages_needed) + 2)
+    k_cache = rng.standard_normal((ids.size, page_size, hk, d))
+    v_cache = rng.standard_normal((ids.size, page_size, hk, d))
+    table = np.full((batch, 5), 10**6)
+    indptr = np.concatenate([[0], np.cumsum(pages_needed)])
+    for b in range(batch):
+        table[b, : pages_needed[b]] = ids[indptr[b] : indptr[b + 1]]
+    q = rng.standard_normal((batch, hq, sq, d))
+    options = {"causal": True, "causal_alignment": "bottom_right"}
+    o_table, lse_table = paged_attention_reference(q, k_cache, v_cache, block_table=table,
+                                                   seqlens_k=lens, **options)
+    o_indptr, lse_indptr = paged_attention_reference(
+        q, k_cache, v_cache, kv_indices=ids[: indptr[-1]], kv_indptr=indptr, seqlens_k=lens,
+        **options)
+    np.testing.assert_array_equal(o_table, o_indptr)
+    np.testing.assert_array_equal(lse_table, lse_indptr)
+    for b in (0, 2):
+        keys = k_cache[table[b, : pages_needed[b]]].reshape(-1, hk, d)[: lens[b]]
+        values = v_cache[table[b, : pages_needed[b]]].reshape(-1, hk, d)[: lens[b]]
+        o_b, lse_b = attention_reference(q[b : b + 1], keys.transpose(1, 0, 2)[None],
+                                         values.transpose(1, 0, 2)[None], **options)
+        np.testing.assert_allclose(o_table[b], o_b[0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(lse_table[b], lse_b[0], rtol=1e-12, atol=1e-12)
+    # No keys: zero output, LSE -inf.
+    assert np.all(o_table[1] == 0) and np.all(np.isneginf(lse_table[1]))
+    with pytest.raises(ValueError, match="need 3 pages, the table lists 2"):
+        paged_attention_reference(q, k_cache, v_cache, kv_indices=ids[:2],
+                                  kv_indptr=np.array([0, 2, 2, 2]), seqlens_k=[9, 0, 0])
