@@ -136,7 +136,11 @@ def test_combine_kernel_merges_exactly(combine: dict[str, Any]) -> None:
     partners = [k for k in SPLIT_KERNELS
                 if (k["dtype"], k["mode"], k["hdim_v"], k["arch_name"])
                 == (combine["dtype"], combine["mode"], combine["hdim_v"], combine["arch_name"])]
-    assert partners, f"no split kernel feeds {combine['name']}"
+    if not partners:
+        # The paged families share combine kernels; a build filtered to them has none of these.
+        paged = _device_kernels("fwd_pagedkv") + _device_kernels("batch_prefill")
+        assert paged, f"no split kernel feeds {combine['name']}"
+        pytest.skip(f"{combine['name']} feeds only paged kernels in this build")
     inputs = Inputs(zlib.crc32(combine["name"].encode()))
     if combine["mode"] == "group":
         _run_group(partners[0], 2, 5, inputs)
