@@ -63,8 +63,18 @@ def test_every_registered_backward_kernel_has_a_plan(bwd_kernels):
         # Row-wise stages pass over hdim_v (D = rowsum(dO * O)) and hdim_q (dQ).
         assert by_name[plan[0]]["hdim_q"] == kernel["hdim_v"]
         assert by_name[plan[2]]["hdim_q"] == kernel["hdim_q"]
-        # The deterministic switch is a run-time mode: the same kernels serve it.
-        assert dispatcher.select_bwd(arch=kernel["arch_name"], deterministic=True, **fields) == plan
+        # The deterministic switch is a run-time mode: the same kernels serve it, except an
+        # sm90 main stage (fast mode only), which an sm80 one of the same signature replaces.
+        exact = dispatcher.select_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
+        if main["pipeline"] == "sm90_tma_wgmma":
+            assert exact[0] == plan[0] and exact[2] == plan[2]
+            other = by_name[exact[1]]
+            assert other["pipeline"] == "sm80_cpasync_mma", exact
+            assert (other["dtype"], other["hdim_q"], other["mode"]) == (
+                main["dtype"], main["hdim_q"], main["mode"]
+            )  # fmt: skip
+        else:
+            assert exact == plan
 
 
 def test_explain_bwd_lists_each_stage(bwd_kernels):
@@ -243,3 +253,17 @@ def test_c_api_checks_and_workspace_size(tmp_path: Path):
     assert lines["run_no_workspace"].startswith("1 workspace is NULL")
     assert lines["run_small_workspace"].startswith("1 workspace of 64 bytes is too small")
     assert lines["select_unsupported"].startswith("2 no compiled bwd_dq_dk_dv kernel fits bwd")
+
+
+def test_sm90_main_stage_is_preferred_in_fast_mode_and_explained_otherwise():
+    hopper = [k for k in ckfmha.Registry().kernels()
+              if k["family"] == "bwd_dq_dk_dv" and k["pipeline"] == "sm90_tma_wgmma"]  # fmt: skip
+    if not hopper:
+        pytest.skip("library built without sm90 backward kernels")
+    dispatcher = ckfmha.Dispatcher()
+    for kernel in hopper:
+        fields = _problem_fields(kernel)
+        assert dispatcher.select_bwd(arch=kernel["arch_name"], **fields)[1] == kernel["name"]
+        text = dispatcher.explain_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
+        assert (f"rejected  {kernel['name']}: sm90_tma_wgmma adds dQ with fp32 atomics (fast "
+                "mode only); deterministic mode runs on sm80_cpasync_mma") in text, text
