@@ -115,7 +115,7 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         traits="ckfmha::kernel::FwdSplitKvCombineTraits",
         launcher="ckfmha::kernel::launch_fwd_splitkv_combine",
     ),
-    # The backward stages, all on the sm80 path.
+    # The backward stages: all on the sm80 path, the main stage also on the sm90 path.
     (BWD_DOT_DO_O, "sm80_cpasync_mma"): PipelineTemplate(
         header="ckfmha/kernel/bwd_sm80_launch.cuh",
         traits="ckfmha::kernel::BwdRowwiseTraits",
@@ -125,6 +125,11 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         header="ckfmha/kernel/bwd_sm80_launch.cuh",
         traits="ckfmha::kernel::BwdSm80Traits",
         launcher="ckfmha::kernel::launch_bwd_dq_dk_dv_sm80",
+    ),
+    (BWD_DQ_DK_DV, "sm90_tma_wgmma"): PipelineTemplate(
+        header="ckfmha/kernel/bwd_sm90_launch.cuh",
+        traits="ckfmha::kernel::BwdSm90Traits",
+        launcher="ckfmha::kernel::launch_bwd_dq_dk_dv_sm90",
     ),
     (BWD_CONVERT_DQ, "sm80_cpasync_mma"): PipelineTemplate(
         header="ckfmha/kernel/bwd_sm80_launch.cuh",

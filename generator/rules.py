@@ -28,7 +28,8 @@ SUPPORTED_FAMILIES = (
 )
 # The templates that implement each family: split-KV is a variant of the sm80 template, and its
 # combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
-# row-wise stages are plain 16-byte vector passes that every arch runs); appending to a KV
+# row-wise stages are plain 16-byte vector passes that every arch runs) and its main stage also
+# on the sm90 path; appending to a KV
 # cache is a memory-bound copy kernel of its own.
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
@@ -36,7 +37,10 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd_splitkv_combine": ("splitkv_combine",),
     # Paged K/V: the split-KV body with key rows gathered through a page table.
     **{family: ("sm80_cpasync_mma",) for family in PAGED_FAMILIES},
-    **{family: ("sm80_cpasync_mma",) for family in BWD_FAMILIES},
+    **{family: ("sm80_cpasync_mma",) for family in BWD_ROWWISE_FAMILIES},
+    # The backward main stage also has a Hopper template; the row-wise stages around it are
+    # the sm80 path's on every arch.
+    BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
     APPENDKV: ("appendkv",),
 }
 # Paged families and the query mode each serves: decode steps over a paged cache take batch-mode
@@ -616,6 +620,84 @@ def _rowwise_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
+# The sm90 backward main stage: two consumer warpgroups of 64 keys (128 keys per CTA), 64 query
+# rows per step, a TMA producer warpgroup, and a two-stage Q/dO ring.
+BWD_SM90_TILE_M = 64
+BWD_SM90_TILE_N = 128
+BWD_SM90_WARPS = 12
+BWD_SM90_STAGES = 2
+BWD_SM90_HDIMS = (64, 128)
+BWD_SM90_MASKS = ("none", "causal")
+BWD_SM90_COVERS = (
+    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64 and 128, no mask and causal "
+    "masks, GQA/MQA, batch mode and fast (atomic dQ) mode; sm80_cpasync_mma covers the rest"
+)
+
+
+def bwd_sm90_smem_bytes(hdim: int, elem: int = 2) -> int:
+    """K and V (128 keys), two stages of Q and dO (64 rows), two dS^T buffers (128 x 64), and
+    the 1 KiB the base is rounded up by; must match BwdSm90Traits::kSmemBytes (barriers aside)."""
+    keys, rows = BWD_SM90_TILE_N, BWD_SM90_TILE_M
+    return (
+        2 * keys * hdim + BWD_SM90_STAGES * 2 * rows * hdim + 2 * keys * rows
+    ) * elem + 1024
+
+
+def _sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the sm90 backward main stage (bwd_dq_dk_dv on TMA + wgmma)."""
+    sig, alg = config.signature, config.algorithm
+    reasons = _template_basics(config)
+    unsupported = [
+        name
+        for name, on in (
+            (f"bias {sig.bias!r}", sig.bias != "none"),
+            ("dropout", sig.dropout),
+            ("softcap", sig.softcap),
+            ("dbias", sig.dbias),
+            (f"mask {sig.mask!r}", sig.mask not in BWD_SM90_MASKS),
+            (f"mode {sig.mode!r}", sig.mode != "batch"),
+        )
+        if on
+    ]
+    if unsupported:
+        reasons.append(f"{', '.join(unsupported)} not implemented yet; {BWD_SM90_COVERS}")
+    if sig.hdim_q != sig.hdim_v or sig.hdim_q not in BWD_SM90_HDIMS:
+        reasons.append(
+            f"head dims {sig.hdim_q}x{sig.hdim_v}: {alg.pipeline}'s backward takes equal q/k and "
+            f"v head dims of {' or '.join(map(str, BWD_SM90_HDIMS))} (dK, dV and the S^T, dP^T "
+            "tiles of a warpgroup's 64 keys stay in registers)"
+        )
+    if (alg.tile_m, alg.tile_n, alg.warps) != (BWD_SM90_TILE_M, BWD_SM90_TILE_N, BWD_SM90_WARPS):
+        reasons.append(
+            f"tile_m={alg.tile_m}, tile_n={alg.tile_n}, warps={alg.warps}: the {alg.pipeline} "
+            f"backward is tile_m={BWD_SM90_TILE_M} query rows per step and tile_n="
+            f"{BWD_SM90_TILE_N} keys per CTA with {BWD_SM90_WARPS} warps (a TMA producer "
+            "warpgroup and two consumer warpgroups of 64 keys)"
+        )
+    if alg.stages != BWD_SM90_STAGES:
+        reasons.append(
+            f"stages={alg.stages}: the {alg.pipeline} backward's Q/dO ring has "
+            f"{BWD_SM90_STAGES} stages"
+        )
+    if alg.ctas_per_sm != 1:
+        reasons.append(f"ctas_per_sm={alg.ctas_per_sm}: one warp-specialized CTA fills an SM")
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    smem = bwd_sm90_smem_bytes(sig.hdim_q, elem)
+    if smem > arch.max_dynamic_smem_per_block:
+        reasons.append(
+            f"shared memory {smem} bytes exceeds {arch.name}'s limit of "
+            f"{arch.max_dynamic_smem_per_block} bytes per block"
+        )
+    return reasons
+
+
+def _sm90_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """The sm90 path's templates: forward and the backward main stage."""
+    if config.signature.family == BWD_DQ_DK_DV:
+        return _sm90_bwd_rules(config, arch)
+    return _sm90_template_rules(config, arch)
+
+
 def _sm80_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """The sm80 path's templates: forward, the backward main stage, the row-wise stages."""
     family = config.signature.family
@@ -628,7 +710,7 @@ def _sm80_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 
 PIPELINE_RULES: dict[str, tuple[Rule, ...]] = {
     "sm80_cpasync_mma": (_sm80_rules,),
-    "sm90_tma_wgmma": (_sm90_template_rules,),
+    "sm90_tma_wgmma": (_sm90_rules,),
     "simt_fma": (_simt_template_rules,),
     "splitkv_combine": (_combine_template_rules,),
     "appendkv": (_appendkv_template_rules,),

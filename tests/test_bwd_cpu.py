@@ -46,6 +46,20 @@ def _problem_fields(kernel: dict, **overrides) -> dict:
     return fields
 
 
+def _has_sm80_twin(kernel: dict, kernels: list[dict]) -> bool:
+    """Is an sm80 main stage registered that computes `kernel`'s problems (same dtype, mode and
+    head dims; a window kernel also computes causal masks)? sm80 kernels built for sm_80 run on
+    sm_90a as well."""
+    masks = {"none": ("none",), "causal": ("causal", "window")}[kernel["mask"]]
+    return any(
+        k["pipeline"] == "sm80_cpasync_mma"
+        and (k["dtype"], k["mode"], k["hdim_q"], k["hdim_v"]) == (
+            kernel["dtype"], kernel["mode"], kernel["hdim_q"], kernel["hdim_v"])
+        and k["mask"] in masks and k["bias"] == "none" and not k["dropout"] and not k["softcap"]
+        for k in kernels
+    )  # fmt: skip
+
+
 def test_every_registered_backward_kernel_has_a_plan(bwd_kernels):
     if not bwd_kernels:
         pytest.skip("library built without backward kernels")
@@ -63,8 +77,25 @@ def test_every_registered_backward_kernel_has_a_plan(bwd_kernels):
         # Row-wise stages pass over hdim_v (D = rowsum(dO * O)) and hdim_q (dQ).
         assert by_name[plan[0]]["hdim_q"] == kernel["hdim_v"]
         assert by_name[plan[2]]["hdim_q"] == kernel["hdim_q"]
-        # The deterministic switch is a run-time mode: the same kernels serve it.
-        assert dispatcher.select_bwd(arch=kernel["arch_name"], deterministic=True, **fields) == plan
+        # The deterministic switch is a run-time mode: the same kernels serve it, except an
+        # sm90 main stage (fast mode only), which an sm80 one of the same signature replaces.
+        if main["pipeline"] == "sm90_tma_wgmma" and not _has_sm80_twin(main, bwd_kernels):
+            # A filtered build may hold no sm80 kernel to take the deterministic problem over.
+            with pytest.raises(errors.UnsupportedError, match="no compiled bwd_dq_dk_dv kernel"):
+                dispatcher.select_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
+            text = dispatcher.explain_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
+            assert "adds dQ with fp32 atomics (fast mode only)" in text, text
+            continue
+        exact = dispatcher.select_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
+        if main["pipeline"] == "sm90_tma_wgmma":
+            assert exact[0] == plan[0] and exact[2] == plan[2]
+            other = by_name[exact[1]]
+            assert other["pipeline"] == "sm80_cpasync_mma", exact
+            assert (other["dtype"], other["hdim_q"], other["mode"]) == (
+                main["dtype"], main["hdim_q"], main["mode"]
+            )  # fmt: skip
+        else:
+            assert exact == plan
 
 
 def test_explain_bwd_lists_each_stage(bwd_kernels):
@@ -243,3 +274,17 @@ def test_c_api_checks_and_workspace_size(tmp_path: Path):
     assert lines["run_no_workspace"].startswith("1 workspace is NULL")
     assert lines["run_small_workspace"].startswith("1 workspace of 64 bytes is too small")
     assert lines["select_unsupported"].startswith("2 no compiled bwd_dq_dk_dv kernel fits bwd")
+
+
+def test_sm90_main_stage_is_preferred_in_fast_mode_and_explained_otherwise():
+    hopper = [k for k in ckfmha.Registry().kernels()
+              if k["family"] == "bwd_dq_dk_dv" and k["pipeline"] == "sm90_tma_wgmma"]  # fmt: skip
+    if not hopper:
+        pytest.skip("library built without sm90 backward kernels")
+    dispatcher = ckfmha.Dispatcher()
+    for kernel in hopper:
+        fields = _problem_fields(kernel)
+        assert dispatcher.select_bwd(arch=kernel["arch_name"], **fields)[1] == kernel["name"]
+        text = dispatcher.explain_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
+        assert (f"rejected  {kernel['name']}: sm90_tma_wgmma adds dQ with fp32 atomics (fast "
+                "mode only); deterministic mode runs on sm80_cpasync_mma") in text, text

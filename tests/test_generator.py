@@ -190,7 +190,11 @@ def test_receipt_sizes(arch: str) -> None:
     # sm_90a adds the Hopper template for the plain signatures: 4 of ci; of default, fp16/bf16 x
     # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
     # the signatures without LSE.
-    hopper = {"ci": 4, "default": 42, "full": 84} if arch == "sm_90a" else dict.fromkeys(sizes, 0)
+    # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x d64/d128 x
+    # none/causal in batch mode of default and full (one tile each).
+    hopper = {"ci": 4 + 1, "default": 42 + 8, "full": 84 + 8}
+    if arch != "sm_90a":
+        hopper = dict.fromkeys(sizes, 0)
     # Split-KV: both tiles of one split signature and its combine stage in ci; 2 dtypes x
     # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
     split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
@@ -495,8 +499,9 @@ def test_cli_list() -> None:
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
     # sm_80, sm_90a (each with a 3-kernel split-KV plan, 2 paged kernels, two backward
-    # plans and two appends) and the Hopper template on sm_90a
-    assert len(names) == 14 + 14 + 4 + 2 * 6 + 2 * 2
+    # plans and two appends) and the Hopper template on sm_90a (four forward kernels and the
+    # main stage of the batch-mode backward plan)
+    assert len(names) == 14 + 14 + 4 + 1 + 2 * 6 + 2 * 2
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
@@ -526,14 +531,15 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("fwd_*.cu"))
     assert len(instances) == 16 + 2  # two of them KV-cache appends
-    assert len(list(tmp_path.glob("bwd_*.cu"))) == 6
+    # Two plans of three stages, and the sm90 main stage of the batch-mode one.
+    assert len(list(tmp_path.glob("bwd_*.cu"))) == 6 + 1
     assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 2
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 26" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 27" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -541,7 +547,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 26
+    assert len(manifest["kernels"]) == 27
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 
@@ -675,7 +681,7 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     assert re.search(r"pipeline 'sm90_tma_wgmma' is not available on sm_80",
                      _reasons("sm_80", pipeline="sm90_tma_wgmma", warps=12, stages=2))
     names = [c.name for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted]
-    hopper = [n for n in names if "_sm90_tma_wgmma_" in n]
+    hopper = [n for n in names if "_sm90_tma_wgmma_" in n and n.startswith("fwd_")]
     # fp16/bf16 x none/causal/window x (batch mode at 5 head dims + group mode at 2), LSE.
     assert len(hopper) == 42
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
@@ -856,7 +862,9 @@ def test_valid_bwd_config_has_no_reasons() -> None:
         ({"bias": "elementwise", "dbias": True},
          r"dbias is not implemented by the sm80_cpasync_mma backward yet"),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
-        ({"pipeline": "sm90_tma_wgmma"}, r"family 'bwd_dq_dk_dv' has no 'sm90_tma_wgmma' template; it runs on"),
+        # The main stage has an sm90 template too, with its own limits.
+        ({"pipeline": "sm90_tma_wgmma"},
+         r"warps=8: the sm90_tma_wgmma backward is tile_m=64 query rows per step"),
         ({"tile_m": 32, "tile_n": 32, "warps": 8},
          r"no grid of 8 warps tiles S = Q K\^T and dP = dO V\^T \(32x32\)"),
     ],
@@ -908,3 +916,92 @@ def test_bwd_feature_tokens_appear_only_when_on() -> None:
                        dropout=True, softcap=True, dbias=True)  # fmt: skip
     assert sig.name == "bwd_dq_dk_dv_fp16_batch_d64x64_none_bias_drop_softcap_dbias"
     assert not sig.lse and not sig.sink and not sig.v_col_major
+
+
+# ---- the sm90 backward main stage
+
+
+def _bwd_sm90(**changes: object) -> str:
+    sig = BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 128, 128, "causal")
+    alg = Algorithm("sm_90a", "sm90_tma_wgmma", tile_m=64, tile_n=128, tile_k=128, warps=12,
+                    stages=2)
+    sig_fields = {k: v for k, v in changes.items() if k in BwdSignature.__dataclass_fields__}
+    alg_fields = {k: v for k, v in changes.items() if k not in sig_fields}
+    config = KernelConfig(replace(sig, **sig_fields), replace(alg, **alg_fields))
+    return "\n".join(rules.check(config, load_specs()["sm_90a"]))
+
+
+def test_bwd_sm90_accepts_its_scope() -> None:
+    for dtype in ("fp16", "bf16"):
+        for hdim in (64, 128):
+            for mask in ("none", "causal"):
+                assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
+                                 mask=mask) == ""  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"mode": "group"}, r"mode 'group' not implemented yet; sm90_tma_wgmma's backward covers"),
+        ({"mask": "window"}, r"mask 'window' not implemented yet"),
+        ({"bias": "alibi"}, r"bias 'alibi' not implemented yet"),
+        ({"bias": "elementwise", "dbias": True}, r"bias 'elementwise', dbias not implemented"),
+        ({"dropout": True, "softcap": True}, (r"dropout, softcap not implemented yet; .* "
+                                             r"sm80_cpasync_mma covers the rest")),
+        ({"hdim_q": 96, "hdim_v": 96, "tile_k": 96},
+         (r"head dims 96x96: sm90_tma_wgmma's backward takes equal q/k and v head dims of 64 or "
+         r"128")),
+        ({"hdim_q": 192, "hdim_v": 128, "tile_k": 192}, r"head dims 192x128"),
+        ({"tile_m": 128}, (r"tile_m=128, tile_n=128, warps=12: the sm90_tma_wgmma backward is "
+                          r"tile_m=64 query rows per step and tile_n=128 keys per CTA")),
+        ({"tile_n": 64}, r"tile_n=64"),
+        ({"warps": 8}, r"warps=8"),
+        ({"stages": 1}, r"stages=1: the sm90_tma_wgmma backward's Q/dO ring has 2 stages"),
+        ({"ctas_per_sm": 2}, r"ctas_per_sm=2: one warp-specialized CTA fills an SM"),
+        ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
+    ],
+)
+def test_bwd_sm90_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
+    reasons = _bwd_sm90(**changes)
+    assert re.search(expected, reasons), reasons
+
+
+def test_bwd_sm90_smem_matches_the_traits_layout() -> None:
+    # K and V 128 x d, two stages of Q and dO 64 x d, two dS^T buffers 128 x 64, 16-bit, and
+    # the 1 KiB alignment slack.
+    assert rules.bwd_sm90_smem_bytes(128) == (2 * 128 * 128 + 4 * 64 * 128 + 2 * 128 * 64) * 2 + 1024
+    assert rules.bwd_sm90_smem_bytes(128) <= load_specs()["sm_90a"].max_dynamic_smem_per_block
+
+
+def test_bwd_sm90_only_on_hopper_and_only_for_the_main_stage() -> None:
+    assert re.search(r"pipeline 'sm90_tma_wgmma' is not available on sm_80",
+                     "\n".join(rules.check(KernelConfig(
+                         BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 128, 128, "causal"),
+                         Algorithm("sm_80", "sm90_tma_wgmma", 64, 128, 128, 12, 2)),
+                         load_specs()["sm_80"])))  # fmt: skip
+    rowwise = KernelConfig(BwdSignature("bwd_convert_dq", "bf16", "batch", 128, 128),
+                           Algorithm("sm_90a", "sm90_tma_wgmma", 64, 0, 128, 4, 1))
+    assert re.search(r"family 'bwd_convert_dq' has no 'sm90_tma_wgmma' template",
+                     "\n".join(rules.check(rowwise, load_specs()["sm_90a"])))
+
+
+def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
+    accepted = select(get_receipt("default"), load_specs()["sm_90a"]).accepted
+    names = [c.name for c in accepted if c.name.startswith("bwd_") and "_sm90_tma_wgmma_" in c.name]
+    assert sorted(names) == sorted(
+        f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{d}_{mask}__sm_90a_sm90_tma_wgmma_m64n128k{d}_w12s2"
+        for dtype in ("fp16", "bf16") for d in (64, 128) for mask in ("none", "causal")
+    )
+    # Every sm90 main stage's plan finds its row-wise stages in the same set.
+    for d in (64, 128):
+        assert any(c.name.startswith(f"bwd_dot_do_o_bf16_batch_d{d}__") for c in accepted)
+        assert any(c.name.startswith(f"bwd_convert_dq_bf16_batch_d{d}__") for c in accepted)
+    config = next(c for c in accepted if c.name == names[0])
+    instance = emit.render_instance(config)
+    assert '#include "ckfmha/kernel/bwd_sm90_launch.cuh"' in instance
+    assert "ckfmha::kernel::BwdSm90Traits<" in instance
+    assert "launch_bwd_dq_dk_dv_sm90<Traits>(problem, args, stream)" in instance
+    # Rejected sm90 candidates (group mode, windows, features, other head dims) stay on sm80.
+    rejected = select(get_receipt("default"), load_specs()["sm_90a"]).rejected
+    assert any(r.pipeline == "sm90_tma_wgmma" and r.signature.family == "bwd_dq_dk_dv"
+               and r.signature.mode == "group" for r in rejected)  # fmt: skip

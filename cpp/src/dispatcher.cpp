@@ -308,6 +308,11 @@ std::string check_stage_strides(ckfmha_family family, ckfmha_bwd_problem const& 
   return {};
 }
 
+// The sm90 main stage has no per-CTA dQ slices: it only adds with atomics.
+bool deterministic_main_stage(ckfmha_kernel_entry const& k) {
+  return std::string_view(k.pipeline ? k.pipeline : "") != "sm90_tma_wgmma";
+}
+
 const char* stage_head_dim_name(ckfmha_family family) {
   return family == CKFMHA_FAMILY_BWD_DOT_DO_O ? "hdim_v" : "hdim_q";
 }
@@ -347,6 +352,9 @@ std::string reject_reason_bwd(ckfmha_kernel_entry const& k, ckfmha_bwd_problem c
   } else if (bool(k.has_dbias) != bool(p.store_dbias)) {
     why << (k.has_dbias ? "writes dbias, problem does not ask for it"
                         : "does not write dbias, problem asks for it");
+  } else if (p.deterministic && !deterministic_main_stage(k)) {
+    why << k.pipeline << " adds dQ with fp32 atomics (fast mode only); deterministic mode "
+        << "runs on sm80_cpasync_mma";
   } else {
     return check_stage_strides(k.family, p);
   }

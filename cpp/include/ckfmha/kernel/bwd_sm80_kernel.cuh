@@ -20,6 +20,7 @@
 
 #include "ckfmha/kernel/attention_mask.cuh"
 #include "ckfmha/kernel/bwd_params.h"
+#include "ckfmha/kernel/bwd_workspace_rows.cuh"
 #include "ckfmha/kernel/fragment_layout.cuh"
 #include "ckfmha/kernel/gemm_pieces.cuh"
 #include "ckfmha/kernel/logit_transform.cuh"
@@ -36,12 +37,6 @@
 #include <type_traits>
 
 namespace ckfmha::kernel {
-
-// Row-major fp32 workspace rows of (batch or sequence, query head): D and the
-// dQ accumulator pad every sequence to the launch's seqlen_q.
-__device__ __forceinline__ int64_t bwd_workspace_row0(BwdParams const& p, int batch, int head) {
-  return (int64_t(batch) * p.nhead_q + head) * p.seqlen_q;
-}
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
