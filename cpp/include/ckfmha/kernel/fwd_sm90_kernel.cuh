@@ -52,12 +52,6 @@ struct FwdSm90Params {
   int tma_rows_k;
 };
 
-// Lambdas that touch wgmma accumulators or operands must be inlined: called
-// as functions they take those registers by reference, which puts them in
-// local memory and makes ptxas serialize the wgmmas around them. NVVM's
-// inliner gives up on large bodies called from several places.
-#define CKFMHA_INLINE_LAMBDA __attribute__((always_inline))
-
 // Named barrier 0 is __syncthreads; the consumers use their own so the
 // producer warpgroup never has to join.
 constexpr uint32_t kConsumerBarrierId = 1;
@@ -140,10 +134,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warp = int(threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Traits::kQStages; ++s) {
-      Barrier::init(&bar.q_full[s], 1);
-      Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
-    }
+    Barrier::init(&bar.q_full, 1);
+    Barrier::init(&bar.q_empty, Traits::kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&bar.k_full[s], 1);
       Barrier::init(&bar.v_full[s], 1);
@@ -168,7 +160,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor mV = params.tma_v.get_tma_tensor(
         make_shape(params.tma_rows_k, int(Traits::kHeadDimV), nhead_k, views));
     int kv_count = 0;  // K/V tiles loaded so far: the ring's stage and phase
-    int q_count = 0;   // Q tiles loaded so far: the Q stage and its barriers' phase
+    int q_count = 0;   // Q tiles loaded so far: q_full/q_empty's phase
     for_each_tile(params.order, [&](QueryTile query_tile) {
       const Work work(p, query_tile);
       if (!work.has_rows()) return;
@@ -196,10 +188,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // Q is loaded even for a tile without visible keys: every tile with
       // rows takes one turn of q_full/q_empty, so both sides agree on phases.
       auto load_q = [&](auto const& src, auto&& dst) {
-        const int q_stage = q_count % Traits::kQStages;
-        Barrier::wait(&bar.q_empty[q_stage], ((q_count / Traits::kQStages) & 1) ^ 1);
-        Barrier::arrive_and_expect_tx(&bar.q_full[q_stage], Traits::kTmaBytesQ);
-        copy(params.tma_q.with(bar.q_full[q_stage]), src, dst(_, q_stage));
+        Barrier::wait(&bar.q_empty, (q_count & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(&bar.q_full, Traits::kTmaBytesQ);
+        copy(params.tma_q.with(bar.q_full), src, dst);
         ++q_count;
       };
       // The first pass over the ring finds every stage free: waiting on the
@@ -268,34 +259,137 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const ConsumerTurns<Traits::kConsumerThreads> turns{tid / 128};
   turns.start();
 
-  // P of the key tile whose P V product is issued next.
-  Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
-  Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
-  auto ring_slot = [&](int ring) CKFMHA_INLINE_LAMBDA {
-    return RingSlot{ring % kStages, uint32_t((ring / kStages) & 1)};
-  };
-  auto issue_s = [&](auto& acc_s, int q_stage, int stage) CKFMHA_INLINE_LAMBDA {
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tSrQ); ++k) {
-      gemm(mma_qk, tSrQ(_, _, k, q_stage), tSrK(_, _, k, stage), acc_s);
-      mma_qk.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-  };
-  auto issue_pv = [&](int stage) CKFMHA_INLINE_LAMBDA {
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOrP); ++k) {
-      gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc_o);
-    }
-    warpgroup_commit_batch();
-  };
-
-  // Normalises O, writes the LSE and stores O of a finished tile.
-  auto epilogue = [&](Work const& work, OnlineSoftmax<kRows>& softmax) CKFMHA_INLINE_LAMBDA {
+  int kv_count = 0;  // same counters as the producer's
+  int q_count = 0;
+  for_each_tile(params.order, [&](QueryTile query_tile) {
+    const Work work(p, query_tile);
+    if (!work.has_rows()) return;
     const int head = work.tile.head;
     const int batch = work.tile.batch;
     const int m_begin = work.m_begin;
+    const int n_last = work.n_last;
+    const int n_tiles = work.n_tiles();
+    auto const& mask = work.mask;
+
+    clear(acc_o);
+    OnlineSoftmax<kRows> softmax;
+    softmax.reset();
+    Barrier::wait(&bar.q_full, q_count & 1);
+
+    // P of the key tile whose P V product is issued next.
+    Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
+    Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
+    auto ring_slot = [&](int i) {
+      const int ring = kv_count + i;
+      return RingSlot{ring % kStages, uint32_t((ring / kStages) & 1)};
+    };
+    auto issue_s = [&](auto& acc_s, int stage) {
+      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tSrQ); ++k) {
+        gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k, stage), acc_s);
+        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    };
+    auto issue_pv = [&](int stage) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrP); ++k) {
+        gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc_o);
+      }
+      warpgroup_commit_batch();
+    };
+    auto softmax_scores = [&](auto& acc_s, int i, auto needs_mask, auto first) {
+      Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+      if constexpr (decltype(needs_mask)::value) {
+        mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
+      }
+      return softmax.template update_scores<decltype(first)::value>(scores, p.scale_log2);
+    };
+
+    // Key tile 0: S alone (there is no P yet).
+    auto first_tile = [&](auto needs_mask) {
+      const RingSlot slot = ring_slot(0);
+      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
+      warpgroup_fence_operand(acc_s);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_s(acc_s, slot.stage);
+      turns.hand_over();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      Barrier::arrive(&bar.k_empty[slot.stage]);
+      softmax_scores(acc_s, 0, needs_mask, std::true_type{});
+      convert_fragment_into(acc_s, probs);
+    };
+    // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
+    // softmax runs while the P V product accumulates.
+    auto next_tile = [&](int i, auto needs_mask) {
+      const RingSlot slot = ring_slot(i);
+      const RingSlot prev = ring_slot(i - 1);
+      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+      // Both operands are waited for before the turn, which must not be held
+      // while a load is late.
+      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
+      Barrier::wait(&bar.v_full[prev.stage], prev.phase);
+      warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_o);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_s(acc_s, slot.stage);
+      issue_pv(prev.stage);
+      turns.hand_over();
+      warpgroup_wait<1>();  // S_i; the P V product may still run
+      warpgroup_fence_operand(acc_s);
+      Barrier::arrive(&bar.k_empty[slot.stage]);
+      const auto correction = softmax_scores(acc_s, i, needs_mask, std::false_type{});
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&bar.v_empty[prev.stage]);
+      softmax.rescale(out, correction);
+      convert_fragment_into(acc_s, probs);
+    };
+    // The last tile's P V, alone.
+    auto last_product = [&]() {
+      const RingSlot slot = ring_slot(n_tiles - 1);
+      Barrier::wait(&bar.v_full[slot.stage], slot.phase);
+      warpgroup_fence_operand(acc_o);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_pv(slot.stage);
+      turns.hand_over();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&bar.v_empty[slot.stage]);
+    };
+
+    auto tile_needs_mask = [&](int i) {
+      return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
+    };
+    if (n_tiles > 0) {
+      if (tile_needs_mask(0)) {
+        first_tile(std::true_type{});
+      } else {
+        first_tile(std::false_type{});
+      }
+      // Same order as the sm80 path: masked tiles at the end of the keys and
+      // on the diagonal, then unmasked ones, then (windows only) the left edge.
+      int i = 1;
+      for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
+      for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
+      if constexpr (Traits::kMask == MaskMode::kWindow) {
+        for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
+      }
+      // Q is free once this warpgroup's last S product is done.
+      Barrier::arrive(&bar.q_empty);
+      last_product();
+    } else {
+      Barrier::arrive(&bar.q_empty);
+    }
+    kv_count += n_tiles;
+
+    // ---- epilogue
     float lse[kRows];
     softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
 
@@ -370,176 +464,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       store_fragment_rows(rO_rows_cols, cO_rows_cols, o_base, p.o_row_stride,
                           work.seq.seqlen_q - m_begin);
     }
-  };
-
-  // A tile without a visible key (windows, empty sequences): O is zero and
-  // the LSE -inf, written directly so that no product or accumulator is
-  // involved. Its Q was loaded all the same, so that both sides agree on the
-  // Q barriers' phases.
-  auto store_empty_tile = [&](Work const& work, int q_stage, uint32_t q_phase) CKFMHA_INLINE_LAMBDA {
-    Barrier::wait(&bar.q_full[q_stage], q_phase);
-    Barrier::arrive(&bar.q_empty[q_stage]);
-    const int rows = min(kBlockM, work.seq.seqlen_q - work.m_begin);
-    const int64_t o_origin =
-        kGroup ? work.seq.q_token0 * p.o_row_stride : work.tile.batch * p.o_batch_stride;
-    auto* o_base = static_cast<Element*>(p.o) + o_origin + work.tile.head * p.o_head_stride +
-                   work.m_begin * p.o_row_stride;
-    constexpr int kVectors = Traits::kHeadDimV * int(sizeof(Element)) / 16;  // per row
-    for (int index = tid; index < rows * kVectors; index += Traits::kConsumerThreads) {
-      const int row = index / kVectors;
-      *reinterpret_cast<uint4*>(o_base + row * p.o_row_stride +
-                                (index % kVectors) * (16 / int(sizeof(Element)))) =
-          make_uint4(0, 0, 0, 0);
-    }
-    if constexpr (Traits::kHasLse) {
-      if (p.lse != nullptr && tid < rows) {
-        float* lse_out = p.lse +
-                         (kGroup ? work.seq.q_token0 : work.tile.batch * p.lse_batch_stride) +
-                         work.tile.head * p.lse_head_stride;
-        lse_out[work.m_begin + tid] = -INFINITY;
-      }
-    }
-  };
-
-  // Software pipelining runs across tiles too: a tile's last P V product is
-  // issued in the same turn as the next tile's first S product, and its
-  // epilogue runs once the next tile's first softmax is done, so the tensor
-  // cores do not idle between tiles. The pending tile is the one whose last
-  // P V has not been issued yet; `softmax` is its state.
-  OnlineSoftmax<kRows> softmax;
-  bool pending = false;
-  QueryTile pending_tile{};
-  int pending_ring = 0;  // the ring slot of its last V
-  int kv_count = 0;      // same counters as the producer's
-  int q_count = 0;
-
-  // One query tile; WithPending: a previous tile's last P V is still to be
-  // issued (always, after this CTA's first tile with keys). The two cases
-  // are separate code so that no wgmma is issued under a condition, which
-  // would make ptxas serialize them.
-  auto process_tile = [&](QueryTile query_tile, auto with_pending) CKFMHA_INLINE_LAMBDA {
-    constexpr bool kWithPending = decltype(with_pending)::value;
-    const Work work(p, query_tile);
-    if (!work.has_rows()) return;
-    const int m_begin = work.m_begin;
-    const int n_last = work.n_last;
-    const int n_tiles = work.n_tiles();
-    auto const& mask = work.mask;
-    const int q_stage = q_count % Traits::kQStages;
-    const uint32_t q_phase = (q_count / Traits::kQStages) & 1;
     ++q_count;
-    if (n_tiles == 0) {
-      store_empty_tile(work, q_stage, q_phase);
-      return;
-    }
-    auto tile_needs_mask = [&](int i) {
-      return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
-    };
-
-    // Key tile 0: S alone, or with the pending tile's last P V, whose
-    // epilogue then runs after this tile's first softmax.
-    {
-      const RingSlot slot = ring_slot(kv_count);
-      const RingSlot prev = ring_slot(pending_ring);
-      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
-      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
-      Barrier::wait(&bar.q_full[q_stage], q_phase);
-      if constexpr (kWithPending) Barrier::wait(&bar.v_full[prev.stage], prev.phase);
-      warpgroup_fence_operand(acc_s);
-      if constexpr (kWithPending) warpgroup_fence_operand(acc_o);
-      turns.wait_turn();
-      warpgroup_arrive();
-      issue_s(acc_s, q_stage, slot.stage);
-      if constexpr (kWithPending) issue_pv(prev.stage);
-      turns.hand_over();
-      warpgroup_wait<kWithPending ? 1 : 0>();
-      warpgroup_fence_operand(acc_s);
-      Barrier::arrive(&bar.k_empty[slot.stage]);
-      OnlineSoftmax<kRows> next_softmax;
-      next_softmax.reset();
-      Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
-      if (tile_needs_mask(0)) mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1) * kBlockN);
-      next_softmax.template update_scores<true>(scores, p.scale_log2);
-      if constexpr (kWithPending) {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_o);
-        Barrier::arrive(&bar.v_empty[prev.stage]);
-      }
-      // P replaces the pending tile's P (its product is done) before the
-      // epilogue, so that S's registers are free while it runs.
-      convert_fragment_into(acc_s, probs);
-      if constexpr (kWithPending) epilogue(Work(p, pending_tile), softmax);
-      softmax = next_softmax;
-      clear(acc_o);
-    }
-
-    // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
-    // softmax runs while the P V product accumulates.
-    auto next_tile = [&](int i, auto needs_mask) CKFMHA_INLINE_LAMBDA {
-      const RingSlot slot = ring_slot(kv_count + i);
-      const RingSlot prev = ring_slot(kv_count + i - 1);
-      Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
-      // Both operands are waited for before the turn, which must not be held
-      // while a load is late.
-      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
-      Barrier::wait(&bar.v_full[prev.stage], prev.phase);
-      warpgroup_fence_operand(acc_s);
-      warpgroup_fence_operand(acc_o);
-      turns.wait_turn();
-      warpgroup_arrive();
-      issue_s(acc_s, q_stage, slot.stage);
-      issue_pv(prev.stage);
-      turns.hand_over();
-      warpgroup_wait<1>();  // S_i; the P V product may still run
-      warpgroup_fence_operand(acc_s);
-      Barrier::arrive(&bar.k_empty[slot.stage]);
-      Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
-      if constexpr (decltype(needs_mask)::value) {
-        mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
-      }
-      const auto correction = softmax.template update_scores<false>(scores, p.scale_log2);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_o);
-      Barrier::arrive(&bar.v_empty[prev.stage]);
-      softmax.rescale(out, correction);
-      convert_fragment_into(acc_s, probs);
-    };
-    // Same order as the sm80 path: masked tiles at the end of the keys and
-    // on the diagonal, then unmasked ones, then (windows only) the left edge.
-    int i = 1;
-    for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
-    for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
-    if constexpr (Traits::kMask == MaskMode::kWindow) {
-      for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
-    }
-    // Q is free once this warpgroup's last S product is done.
-    Barrier::arrive(&bar.q_empty[q_stage]);
-    pending = true;
-    pending_tile = query_tile;
-    pending_ring = kv_count + n_tiles - 1;
-    kv_count += n_tiles;
-  };
-
-  // The CTA's tiles in PersistentTileOrder: up to the first one with keys
-  // there is nothing pending, after it always.
-  TileCursor<Sm90TileOrder<Traits>> cursor{params.order};
-  QueryTile query_tile;
-  while (!pending && cursor.next(&query_tile)) process_tile(query_tile, std::false_type{});
-  while (cursor.next(&query_tile)) process_tile(query_tile, std::true_type{});
-  if (pending) {
-    // The last tile's P V, alone.
-    const RingSlot slot = ring_slot(pending_ring);
-    Barrier::wait(&bar.v_full[slot.stage], slot.phase);
-    warpgroup_fence_operand(acc_o);
-    turns.wait_turn();
-    warpgroup_arrive();
-    issue_pv(slot.stage);
-    turns.hand_over();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    Barrier::arrive(&bar.v_empty[slot.stage]);
-    epilogue(Work(p, pending_tile), softmax);
-  }
+  });
   // Shared memory must outlive the last stores' reads.
   if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
     if (tid % 128 == 0) tma_store_wait<0>();

@@ -64,7 +64,7 @@ int launch_fwd_sm90(void const* problem, void const* args, ckfmha_stream_t strea
       make_fwd_params(pr, ar),
       make_tma_copy(SM90_TMA_LOAD{},
                     gmem_view<Traits>(ar.q, rows_q, pr.hdim_q, pr.nhead_q, views, q_stride),
-                    take<0, 2>(typename Traits::SmemLayoutQ{}),
+                    typename Traits::SmemLayoutQ{},
                     Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimQK>>{}, _1{}),
       make_tma_copy(SM90_TMA_LOAD{},
                     gmem_view<Traits>(ar.k, rows_k, pr.hdim_q, pr.nhead_k, views, k_stride),

@@ -82,38 +82,9 @@ struct FwdSm90Traits {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayout{}));
 
-  // ---- shared memory budget, settled before the layouts it sizes.
-  // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
-  // kernel round its base up to 1024; barriers and the 1024-byte rounding of
-  // the buffers take at most two more.
-  static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kSmemOverheadBytes = 3 * 1024;
-  static constexpr int kRowsPerWarpgroup = 64;
-  static constexpr int kOChunkCols = HeadDimV > 128 ? 128 : HeadDimV;
-  static_assert(HeadDimV % kOChunkCols == 0, "O leaves in whole column chunks");
-  using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
-  using SmemLayoutORows = typename RowsO::template Layout<kBlockM>;
-  static constexpr int kOStagingElements =
-      IsGroupMode ? int(cute::cosize_v<SmemLayoutORows>)
-                  : kConsumerWarpgroups * kRowsPerWarpgroup * kOChunkCols;
-  static constexpr int kQTileBytes = kBlockM * HeadDimQK * int(sizeof(Element));
-  static constexpr int kRingBytes = Stages * BlockN * (HeadDimQK + HeadDimV) * int(sizeof(Element));
-  static constexpr int kOStagingBytes = kOStagingElements * int(sizeof(Element));
-  // O staging first (without it O leaves through narrow register stores),
-  // then a second Q buffer where room is left.
-  static constexpr bool kStagesO =
-      kQTileBytes + kRingBytes + kOStagingBytes + kSmemOverheadBytes <= kSmemLimit;
-  static constexpr int kQStages =
-      2 * kQTileBytes + kRingBytes + (kStagesO ? kOStagingBytes : 0) + kSmemOverheadBytes <=
-              kSmemLimit
-          ? 2
-          : 1;
-
-  // Q has a second buffer wherever it fits, so the next tile's Q lands while
-  // this tile's products still read the first.
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, HeadDimQK>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>, cute::Int<kQStages>>{}));
+      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, HeadDimQK>{},
       cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimQK>, cute::Int<Stages>>{}));
@@ -138,6 +109,9 @@ struct FwdSm90Traits {
   // stores are 16 bytes wide; where that staging does not fit (d256), from
   // registers. O is never staged over Q: the next tile's Q load would wait
   // for the stores to drain.
+  static constexpr int kRowsPerWarpgroup = 64;
+  static constexpr int kOChunkCols = HeadDimV > 128 ? 128 : HeadDimV;
+  static_assert(HeadDimV % kOChunkCols == 0, "O leaves in whole column chunks");
   // One warpgroup's buffer, and both seen as one (128, chunk) tile: atoms
   // are tiled along the columns first, so each 64-row half is contiguous.
   using SmemLayoutOChunk = decltype(cute::tile_to_shape(
@@ -154,8 +128,11 @@ struct FwdSm90Traits {
                                  cute::Shape<cute::_64, cute::Int<kOChunkCols>, cute::Int<BlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayout{}));
-  static_assert(IsGroupMode || kOStagingElements == kConsumerWarpgroups *
-                                                         int(cute::cosize_v<SmemLayoutOChunk>));
+  using RowsO = SmemRows<Element, HeadDimV, kConsumerThreads>;
+  using SmemLayoutORows = typename RowsO::template Layout<kBlockM>;
+  static constexpr int kOStagingElements =
+      IsGroupMode ? int(cute::cosize_v<SmemLayoutORows>)
+                  : kConsumerWarpgroups * int(cute::cosize_v<SmemLayoutOChunk>);
   using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
 
   // Global views the TMA descriptors are built from: (rows, head dim, heads,
@@ -165,7 +142,7 @@ struct FwdSm90Traits {
       cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
       cute::Shape<int, int, int, int>{}, GmemStride{}));
   using TmaQ = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutQ{}),
+      cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>>{}, cute::_1{}));
   using TmaK = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutK{}),
@@ -186,8 +163,8 @@ struct FwdSm90Traits {
   static constexpr int kTmaBytesV = BlockN * HeadDimV * int(sizeof(Element));
 
   struct Barriers {
-    uint64_t q_full[kQStages];
-    uint64_t q_empty[kQStages];  // both consumer warpgroups are done with that Q
+    uint64_t q_full;
+    uint64_t q_empty;  // both consumer warpgroups are done with Q
     uint64_t k_full[Stages];
     uint64_t v_full[Stages];
     // K and V are released apart: a stage's K is done once its S product is,
@@ -209,6 +186,10 @@ struct FwdSm90Traits {
     alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
     Barriers bar;
   };
+  // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
+  // kernel round its base up to 1024.
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr bool kStagesO = int(sizeof(StorageWithO)) + 1024 <= kSmemLimit;
   static constexpr Sm90OutputPath kOutputPath =
       !kStagesO ? Sm90OutputPath::kRegisters
                 : (IsGroupMode ? Sm90OutputPath::kSmemRows : Sm90OutputPath::kTmaStore);

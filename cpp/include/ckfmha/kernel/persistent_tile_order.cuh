@@ -44,27 +44,6 @@ struct PersistentTileOrder {
   }
 };
 
-// This CTA's tiles one at a time, in the order for_each_tile visits them,
-// for loops that must treat some tiles apart.
-template <class Order>
-struct TileCursor {
-  Order const& order;
-  int unit = int(blockIdx.x);
-  int which = 0;
-
-  __device__ __forceinline__ bool next(QueryTile* tile) {
-    while (unit < order.num_units()) {
-      if (which < order.tiles_in_unit(unit)) {
-        *tile = order.tile(unit, which++);
-        return true;
-      }
-      unit += gridDim.x;
-      which = 0;
-    }
-    return false;
-  }
-};
-
 // Calls body(tile) for every tile of this CTA's units, in order.
 template <class Order, class Body>
 __device__ __forceinline__ void for_each_tile(Order const& order, Body&& body) {
