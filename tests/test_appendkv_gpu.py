@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from device_kernels import device_kernels
 
 import ckfmha
 from ckfmha.reference_appendkv import append_kv_reference
@@ -29,21 +30,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 
 
-def _runs_on(kernel: dict[str, Any], arch: int) -> bool:
-    if kernel["arch_name"].endswith("a"):
-        return kernel["arch"] == arch
-    return kernel["arch"] // 10 == arch // 10 and kernel["arch"] <= arch
-
-
-def _device_kernels() -> list[dict[str, Any]]:
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels()
-            if k["family"] == "fwd_appendkv" and _runs_on(k, arch)]
-
-
-KERNELS = _device_kernels()
+KERNELS = device_kernels("fwd_appendkv")
 # Rotated values are computed in fp32 from inputs of the cache dtype and rounded once.
 TOLERANCE = {"fp16": 2e-3, "bf16": 1.6e-2, "fp32": 2e-6}
 

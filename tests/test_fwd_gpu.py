@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from device_kernels import device_kernels
 
 import ckfmha
 from ckfmha.reference import (
@@ -51,22 +52,7 @@ VARLEN_Q = [0, 1, 17, 300, 129, 64]
 VARLEN_K = [5, 1, 40, 300, 0, 200]
 
 
-def _runs_on(kernel: dict[str, Any], arch: int) -> bool:
-    # Mirrors the runtime: "a" targets run only on their own arch, plain SASS
-    # on later minors of the same major.
-    if kernel["arch_name"].endswith("a"):
-        return kernel["arch"] == arch
-    return kernel["arch"] // 10 == arch // 10 and kernel["arch"] <= arch
-
-
-def _device_kernels() -> list[dict[str, Any]]:
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels() if k["family"] == "fwd" and _runs_on(k, arch)]
-
-
-KERNELS = _device_kernels()
+KERNELS = device_kernels("fwd")
 KERNEL_IDS = [k["name"] for k in KERNELS]
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_fwd_gpu import Inputs, _compare, _f64, _runs_on, _torch_dtype
+from device_kernels import device_kernels
+from test_fwd_gpu import Inputs, _compare, _f64, _torch_dtype
 
 import ckfmha
 from ckfmha.reference import paged_attention_reference, varlen_attention_reference
@@ -32,15 +33,8 @@ torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 UNUSED_PAGE = 2**30
 
 
-def _device_kernels(family: str) -> list[dict[str, Any]]:
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels() if k["family"] == family and _runs_on(k, arch)]
-
-
-DECODE_KERNELS = _device_kernels("fwd_pagedkv")
-PREFILL_KERNELS = _device_kernels("batch_prefill")
+DECODE_KERNELS = device_kernels("fwd_pagedkv")
+PREFILL_KERNELS = device_kernels("batch_prefill")
 WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 
 

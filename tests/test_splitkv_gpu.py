@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_fwd_gpu import Inputs, _compare, _f64, _runs_on, _torch_dtype
+from device_kernels import device_kernels
+from test_fwd_gpu import Inputs, _compare, _f64, _torch_dtype
 
 import ckfmha
 from ckfmha.reference import attention_reference, varlen_attention_reference
@@ -26,15 +27,8 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 
 
-def _device_kernels(family: str) -> list[dict[str, Any]]:
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels() if k["family"] == family and _runs_on(k, arch)]
-
-
-SPLIT_KERNELS = _device_kernels("fwd_splitkv")
-COMBINE_KERNELS = _device_kernels("fwd_splitkv_combine")
+SPLIT_KERNELS = device_kernels("fwd_splitkv")
+COMBINE_KERNELS = device_kernels("fwd_splitkv_combine")
 
 # (sq, sk, (hq, hk), num_splits, batch): decode rows, GQA groups of 4 and 8, MHA and MQA,
 # one key, key counts off the 64-key tile, more splits than key tiles (sk 100 = 2 tiles),
@@ -138,7 +132,7 @@ def test_combine_kernel_merges_exactly(combine: dict[str, Any]) -> None:
                 == (combine["dtype"], combine["mode"], combine["hdim_v"], combine["arch_name"])]
     if not partners:
         # The paged families share combine kernels; a build filtered to them has none of these.
-        paged = _device_kernels("fwd_pagedkv") + _device_kernels("batch_prefill")
+        paged = device_kernels("fwd_pagedkv") + device_kernels("batch_prefill")
         assert paged, f"no split kernel feeds {combine['name']}"
         pytest.skip(f"{combine['name']} feeds only paged kernels in this build")
     inputs = Inputs(zlib.crc32(combine["name"].encode()))

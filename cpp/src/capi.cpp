@@ -3,6 +3,7 @@
 #include "ckfmha/ckfmha.h"
 
 #include "ckfmha/kernel/bwd_workspace.h"
+#include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/fwd_plan.hpp"
@@ -21,17 +22,6 @@ using namespace ckfmha::runtime;
 
 namespace {
 
-int copy_out(std::string const& text, char* buf, size_t buf_len, size_t* needed) {
-  if (needed) *needed = text.size() + 1;
-  if (buf == nullptr || buf_len < text.size() + 1) {
-    return fail(CKFMHA_ERROR_BUFFER_TOO_SMALL, "buffer of " + std::to_string(buf_len) +
-                                                   " bytes is too small; " +
-                                                   std::to_string(text.size() + 1) + " needed");
-  }
-  std::memcpy(buf, text.c_str(), text.size() + 1);
-  return succeed();
-}
-
 int require(bool ok, const char* what) {
   return ok ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, what);
 }
@@ -42,45 +32,31 @@ int checked_problem(ckfmha_fwd_problem const* problem) {
   return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
 }
 
-int resolve_arch(int arch, int* resolved) {
-  if (arch >= 0) {
-    *resolved = arch;
-    return CKFMHA_SUCCESS;
-  }
-  return current_device_arch(resolved);
-}
-
 // Pointers each enabled feature needs, so a kernel never dereferences NULL.
 int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a) {
-  struct Need {
-    bool needed;
-    const void* ptr;
-    const char* message;
-  };
-  for (auto [needed, ptr, message] : {
-           Need{bool(p.store_lse), a.lse, "store_lse is set but lse is NULL"},
-           Need{p.bias == CKFMHA_BIAS_ELEMENTWISE, a.bias, "elementwise bias needs args.bias"},
-           Need{p.bias == CKFMHA_BIAS_ALIBI, a.alibi_slopes, "ALiBi needs args.alibi_slopes"},
-           Need{bool(p.has_sink), a.sink, "has_sink is set but args.sink is NULL"},
-           Need{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_q,
-                "group mode needs args.cu_seqlens_q (batch + 1 int32 offsets)"},
-           Need{p.mode == CKFMHA_MODE_GROUP && p.kv_storage == CKFMHA_KV_CONTIGUOUS,
-                a.cu_seqlens_k, "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
-           Need{bool(p.store_dropout_randval), a.dropout_randval,
-                "store_dropout_randval is set but args.dropout_randval is NULL"},
-           Need{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.block_table,
-                "kv_storage paged_table needs args.block_table ([batch, block_table_stride] "
-                "int32 page ids)"},
-           Need{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.seqlens_k,
-                "kv_storage paged_table needs args.seqlens_k ([batch] int32 key counts)"},
-           Need{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indices,
-                "kv_storage paged_indptr needs args.kv_indices (int32 page ids)"},
-           Need{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indptr,
-                "kv_storage paged_indptr needs args.kv_indptr (batch + 1 int32 offsets)"},
-       }) {
-    if (needed && ptr == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, message);
-  }
-  return CKFMHA_SUCCESS;
+  return require_pointers({
+      RequiredPointer{bool(p.store_lse), a.lse, "store_lse is set but lse is NULL"},
+      RequiredPointer{p.bias == CKFMHA_BIAS_ELEMENTWISE, a.bias,
+                      "elementwise bias needs args.bias"},
+      RequiredPointer{p.bias == CKFMHA_BIAS_ALIBI, a.alibi_slopes, "ALiBi needs args.alibi_slopes"},
+      RequiredPointer{bool(p.has_sink), a.sink, "has_sink is set but args.sink is NULL"},
+      RequiredPointer{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_q,
+                      "group mode needs args.cu_seqlens_q (batch + 1 int32 offsets)"},
+      RequiredPointer{p.mode == CKFMHA_MODE_GROUP && p.kv_storage == CKFMHA_KV_CONTIGUOUS,
+                      a.cu_seqlens_k,
+                      "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
+      RequiredPointer{bool(p.store_dropout_randval), a.dropout_randval,
+                      "store_dropout_randval is set but args.dropout_randval is NULL"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.block_table,
+                      "kv_storage paged_table needs args.block_table ([batch, block_table_stride] "
+                      "int32 page ids)"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.seqlens_k,
+                      "kv_storage paged_table needs args.seqlens_k ([batch] int32 key counts)"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indices,
+                      "kv_storage paged_indptr needs args.kv_indices (int32 page ids)"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indptr,
+                      "kv_storage paged_indptr needs args.kv_indptr (batch + 1 int32 offsets)"},
+  });
 }
 
 // The arch plans are made for and its SM count: the current device's when it
@@ -284,11 +260,11 @@ int ckfmha_registry_name(int index, char* buf, size_t buf_len) {
                                                    " out of range [0, " +
                                                    std::to_string(entries.size()) + ")");
   }
-  return copy_out(entries[index].name, buf, buf_len, nullptr);
+  return copy_text_out(entries[index].name, buf, buf_len, nullptr);
 }
 
 int ckfmha_registry_json(char* buf, size_t buf_len, size_t* needed) {
-  return copy_out(Registry::instance().to_json(), buf, buf_len, needed);
+  return copy_text_out(Registry::instance().to_json(), buf, buf_len, needed);
 }
 
 int ckfmha_registry_load_module(const char* path, int* added) { return load_module(path, added); }
@@ -300,7 +276,7 @@ int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_bu
   if (int s = plan_context(arch, &context)) return s;
   FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
-  return copy_out(plan.kernel.name, name_buf, buf_len, nullptr);
+  return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
 }
 
 int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, size_t buf_len,
@@ -308,7 +284,7 @@ int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, s
   if (int s = checked_problem(problem)) return s;
   PlanContext context;
   if (int s = plan_context(arch, &context)) return s;
-  return copy_out(explain_fwd_plan(Registry::instance().entries(), *problem, context), buf,
+  return copy_text_out(explain_fwd_plan(Registry::instance().entries(), *problem, context), buf,
                   buf_len, needed);
 }
 
@@ -429,7 +405,7 @@ int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_b
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   std::string names = std::string(plan.dot_do_o.name) + "\n" + plan.dq_dk_dv.name + "\n" +
                       plan.convert_dq.name + "\n";
-  return copy_out(names, names_buf, buf_len, nullptr);
+  return copy_text_out(names, names_buf, buf_len, nullptr);
 }
 
 int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf, size_t buf_len,
@@ -437,7 +413,7 @@ int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf, s
   if (int s = checked_bwd_problem(problem)) return s;
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
-  return copy_out(explain_bwd(Registry::instance().entries(), *problem, device_arch), buf,
+  return copy_text_out(explain_bwd(Registry::instance().entries(), *problem, device_arch), buf,
                   buf_len, needed);
 }
 

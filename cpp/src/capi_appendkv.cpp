@@ -3,6 +3,7 @@
 #include "ckfmha/ckfmha.h"
 
 #include "ckfmha/runtime/appendkv_plan.hpp"
+#include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
@@ -16,55 +17,29 @@ using namespace ckfmha::runtime;
 
 namespace {
 
-int copy_text(std::string const& text, char* buf, size_t buf_len, size_t* needed) {
-  if (needed) *needed = text.size() + 1;
-  if (buf == nullptr || buf_len < text.size() + 1) {
-    return fail(CKFMHA_ERROR_BUFFER_TOO_SMALL, "buffer of " + std::to_string(buf_len) +
-                                                   " bytes is too small; " +
-                                                   std::to_string(text.size() + 1) + " needed");
-  }
-  std::memcpy(buf, text.c_str(), text.size() + 1);
-  return succeed();
-}
-
 int checked(ckfmha_appendkv_problem const* problem) {
   if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
   std::string error = check_appendkv_problem(*problem);
   return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
 }
 
-int arch_or_current(int arch, int* resolved) {
-  if (arch >= 0) {
-    *resolved = arch;
-    return CKFMHA_SUCCESS;
-  }
-  return current_device_arch(resolved);
-}
-
 int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
-  struct Need {
-    bool needed;
-    const void* ptr;
-    const char* message;
-  };
-  for (auto [needed, ptr, message] : {
-           Need{true, a.k_new, "k_new is NULL"},
-           Need{true, a.v_new, "v_new is NULL"},
-           Need{true, a.k_cache, "k_cache is NULL"},
-           Need{true, a.v_cache, "v_cache is NULL"},
-           Need{true, a.cache_seqlens, "cache_seqlens is NULL: the kernel reads the lengths "
-                                       "(int32 [batch]) from device memory"},
-           Need{bool(p.paged_kv), a.block_table,
-                "a paged cache needs args.block_table (int32 [batch, max_pages_per_seq])"},
-           Need{p.rope != CKFMHA_ROPE_NONE, a.cos, "RoPE needs args.cos"},
-           Need{p.rope != CKFMHA_ROPE_NONE, a.sin, "RoPE needs args.sin"},
-           Need{bool(p.rotate_q), a.q, "rotate_q is set but args.q is NULL"},
-           Need{bool(p.rotate_q), a.q_out,
-                "rotate_q is set but args.q_out is NULL (pass q itself to rotate in place)"},
-       }) {
-    if (needed && ptr == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, message);
-  }
-  return CKFMHA_SUCCESS;
+  return require_pointers({
+      RequiredPointer{true, a.k_new, "k_new is NULL"},
+      RequiredPointer{true, a.v_new, "v_new is NULL"},
+      RequiredPointer{true, a.k_cache, "k_cache is NULL"},
+      RequiredPointer{true, a.v_cache, "v_cache is NULL"},
+      RequiredPointer{true, a.cache_seqlens,
+                      "cache_seqlens is NULL: the kernel reads the lengths (int32 [batch]) from "
+                      "device memory"},
+      RequiredPointer{bool(p.paged_kv), a.block_table,
+                      "a paged cache needs args.block_table (int32 [batch, max_pages_per_seq])"},
+      RequiredPointer{p.rope != CKFMHA_ROPE_NONE, a.cos, "RoPE needs args.cos"},
+      RequiredPointer{p.rope != CKFMHA_ROPE_NONE, a.sin, "RoPE needs args.sin"},
+      RequiredPointer{bool(p.rotate_q), a.q, "rotate_q is set but args.q is NULL"},
+      RequiredPointer{bool(p.rotate_q), a.q_out,
+                      "rotate_q is set but args.q_out is NULL (pass q itself to rotate in place)"},
+  });
 }
 
 bool aligned_to(const void* ptr, uintptr_t bytes) {
@@ -158,18 +133,18 @@ int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, cha
                            size_t buf_len) {
   if (int s = checked(problem)) return s;
   int device_arch = 0;
-  if (int s = arch_or_current(arch, &device_arch)) return s;
+  if (int s = resolve_arch(arch, &device_arch)) return s;
   AppendKvPlan plan = plan_appendkv(Registry::instance().entries(), *problem, device_arch);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
-  return copy_text(plan.kernel.name, name_buf, buf_len, nullptr);
+  return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
 }
 
 int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch, char* buf,
                             size_t buf_len, size_t* needed) {
   if (int s = checked(problem)) return s;
   int device_arch = 0;
-  if (int s = arch_or_current(arch, &device_arch)) return s;
-  return copy_text(explain_appendkv(Registry::instance().entries(), *problem, device_arch), buf,
+  if (int s = resolve_arch(arch, &device_arch)) return s;
+  return copy_text_out(explain_appendkv(Registry::instance().entries(), *problem, device_arch), buf,
                    buf_len, needed);
 }
 
