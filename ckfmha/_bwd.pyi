@@ -25,10 +25,12 @@ def bwd(
     dq_out: Any = None,
     dk_out: Any = None,
     dv_out: Any = None,
+    return_dbias: bool = False,
+    dbias_out: Any = None,
     kernel: str | None = None,
     stream: Any = None,
     dtype: Any = None,
-) -> tuple[Any, Any, Any]: ...
+) -> tuple[Any, ...]: ...
 def bwd_varlen(
     do: Any,
     q: Any,
@@ -55,7 +57,9 @@ def bwd_varlen(
     dq_out: Any = None,
     dk_out: Any = None,
     dv_out: Any = None,
+    return_dbias: bool = False,
+    dbias_out: Any = None,
     kernel: str | None = None,
     stream: Any = None,
     dtype: Any = None,
-) -> tuple[Any, Any, Any]: ...
+) -> tuple[Any, ...]: ...

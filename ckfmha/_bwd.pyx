@@ -146,18 +146,41 @@ cdef ArrayView _output(_Launch launch, str kind, like, out, handle, tuple shape,
     return view
 
 
+cdef int _dbias_output(_Launch launch, str kind, like, out, handle, tuple shape, int dtype,
+                       list keep) except -1:
+    """The full-size bias gradient [batch, nhead_q, seqlen_q, seqlen_k] (group mode: the
+    longest lengths), in the bias's dtype."""
+    if launch.problem.bias != capi.CKFMHA_BIAS_ELEMENTWISE:
+        raise _invalid("return_dbias needs an elementwise `bias`: dbias is its gradient "
+                       "(ALiBi slopes are constants)")
+    cdef ArrayView view = _output(launch, kind, like, out, handle, shape, dtype, "dbias_out",
+                                  keep)
+    if view.strides[3] != 1 and shape[3] > 1:
+        raise _invalid(f"dbias_out must have a contiguous last axis, got strides {view.strides}")
+    launch.problem.store_dbias = 1
+    for axis in range(3):
+        launch.problem.dbias_stride[axis] = view.strides[axis]
+    launch.args.dbias = <void*>view.ptr
+    return 0
+
+
 def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", window=None,
         scale=None, softcap=0.0, bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0,
         dropout_offset=0, deterministic=False, layout="bhsd", dq_out=None, dk_out=None,
-        dv_out=None, kernel=None, stream=None, dtype=None):
+        dv_out=None, return_dbias=False, dbias_out=None, kernel=None, stream=None, dtype=None):
     """Gradients of attention: (dq, dk, dv) for upstream gradient ``do``.
 
     q, k, v, o and the fp32 ``lse`` [batch, nhead_q, seqlen_q] are the forward's inputs and
     outputs (``ckfmha.fwd(..., return_lse=True)``); ``do`` is shaped like o. Masks, scale,
     soft-cap, ``bias``/``alibi_slopes`` and dropout (p, seed, offset) must be the ones the
-    forward used; they are recomputed, and no bias gradient is returned. Layouts,
-    array kinds and strides as in ``fwd``; dq, dk and dv have the shapes of q, k and v (with
-    GQA/MQA, dk and dv sum over the query heads that share a K/V head) and q's kind.
+    forward used; they are recomputed. Layouts, array kinds and strides as in ``fwd``; dq, dk
+    and dv have the shapes of q, k and v (with GQA/MQA, dk and dv sum over the query heads that
+    share a K/V head) and q's kind.
+
+    ``return_dbias`` (elementwise ``bias`` only) also returns dbias, the bias gradient, as a
+    fourth array: always the full [batch, nhead_q, seqlen_q, seqlen_k] in the bias's dtype,
+    written entirely (0 where the mask hides a score); the gradient of a bias that broadcasts
+    over batch or heads is its sum over those axes. ``dbias_out`` receives it if given.
 
     ``deterministic`` makes dq bit-identical across runs (no fp32 atomics; see ckfmha.h);
     the default adds dQ partials atomically, which is faster. ``kernel`` forces the
@@ -219,9 +242,14 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
     _set_strides(launch.problem.dv_stride, _bhs_strides(dvv, c_layout))
     launch.problem.lse_stride[0] = lv.strides[0]
     launch.problem.lse_stride[1] = lv.strides[1]
+    if return_dbias:
+        _dbias_output(launch, kind, q, dbias_out, handle, (batch, nhead_q, seqlen_q, seqlen_k),
+                      qv.dtype, keep)
+    elif dbias_out is not None:
+        raise _invalid("dbias_out is given but return_dbias is False")
     launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
     launch.run(kind, q, handle, kernel)
-    outs = (dq_out, dk_out, dv_out)
+    outs = (dq_out, dk_out, dv_out, dbias_out)
     return tuple(finish(kind, obj, handle) if given is None else given
                  for obj, given in zip(keep, outs))
 
@@ -233,14 +261,16 @@ def _offset_array(obj):
 def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                causal=False, causal_alignment="top_left", window=None, scale=None, softcap=0.0,
                bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
-               deterministic=False, dq_out=None, dk_out=None, dv_out=None, kernel=None,
-               stream=None, dtype=None):
+               deterministic=False, dq_out=None, dk_out=None, dv_out=None, return_dbias=False,
+               dbias_out=None, kernel=None, stream=None, dtype=None):
     """Gradients over a packed batch of variable-length sequences (group mode).
 
     Arrays as ``fwd_varlen`` takes and returns them: q [total_q, nhead_q, hdim], k and v
     [total_k, nhead_k, hdim / hdim_v], o and ``do`` [total_q, nhead_q, hdim_v] and the fp32
     ``lse`` [nhead_q, total_q]; offsets and features as in ``fwd_varlen``. Returns (dq, dk,
     dv) shaped like q, k and v; keys of a sequence with no queries get zero gradients.
+    ``return_dbias`` adds dbias [batch, nhead_q, max_seqlen_q, max_seqlen_k] as in ``bwd``:
+    each sequence's gradient in its top-left corner, zeros elsewhere.
     """
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
@@ -306,10 +336,16 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     _set_strides(launch.problem.dv_stride, (0, dvv.strides[1], dvv.strides[0]))
     launch.problem.lse_stride[0] = 0
     launch.problem.lse_stride[1] = lv.strides[0]
+    if return_dbias:
+        _dbias_output(launch, kind, q, dbias_out, handle,
+                      (batch, nhead_q, launch.problem.seqlen_q, launch.problem.seqlen_k),
+                      qv.dtype, keep)
+    elif dbias_out is not None:
+        raise _invalid("dbias_out is given but return_dbias is False")
     launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
     launch.args.cu_seqlens_q = <const int32_t*>cqv.ptr
     launch.args.cu_seqlens_k = <const int32_t*>ckv.ptr
     launch.run(kind, q, handle, kernel)
-    outs = (dq_out, dk_out, dv_out)
+    outs = (dq_out, dk_out, dv_out, dbias_out)
     return tuple(finish(kind, obj, handle) if given is None else given
                  for obj, given in zip(keep, outs))

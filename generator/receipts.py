@@ -214,6 +214,18 @@ def _bwd_signatures() -> tuple[BwdSignature, ...]:
             DTYPES, FEATURE_HDIMS, feature_combos
         )
     ]
+    # The elementwise bias's gradient (dbias): no mask and causal in batch mode, and two plans
+    # where dbias and dS differ by the soft-cap's derivative (one with dropout, one in group
+    # mode).
+    dbias = {"bias": "elementwise", "dbias": True}
+    plans += [
+        _bwd_plan(dtype, hdims, mask, **dbias)
+        for dtype, hdims, mask in itertools.product(DTYPES, FEATURE_HDIMS, ("none", "causal"))
+    ]
+    plans += [
+        _bwd_plan("bf16", 128, "none", softcap=True, dropout=True, **dbias),
+        _bwd_plan("fp16", 64, "causal", "group", softcap=True, **dbias),
+    ]
     # Plans share their row-wise stages; each signature appears once.
     return tuple(dict.fromkeys(sig for plan in plans for sig in plan))
 

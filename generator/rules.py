@@ -500,11 +500,6 @@ BWD_MAX_ACCUMULATOR_REGISTERS = 192
 BWD_SM80_STAGES = (1, 2)
 # P and dS rows are swizzled in 32- or 64-element chunks like head-dim rows.
 BWD_KEY_TILE_MULTIPLE = 32
-# Features the backward template does not compute yet, with the reason shown to users.
-BWD_UNSUPPORTED_FEATURES = (
-    "the sm80 backward covers masks, GQA/MQA, group mode, biases (without their gradient), "
-    "soft-cap and dropout"
-)
 
 
 def bwd_sm80_smem_bytes(
@@ -526,14 +521,19 @@ def _sm80_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm80 backward template (bwd_dq_dk_dv: one CTA per key tile)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
-    if getattr(sig, "dbias", False):
+    if sig.dbias and sig.bias != "elementwise":
         reasons.append(
-            f"dbias is not implemented by the {alg.pipeline} backward yet; "
-            f"{BWD_UNSUPPORTED_FEATURES}"
+            f"dbias with bias {sig.bias!r}: dbias is the gradient of an elementwise bias "
+            "(bias='elementwise'); ALiBi's slopes are constants with no gradient"
         )
     threads = alg.warps * 32
     if alg.warps <= 0:
         return reasons
+    if sig.dbias and (alg.tile_n <= 0 or threads % max(1, alg.tile_n // 2)):
+        reasons.append(
+            f"tile_n={alg.tile_n} with {threads} threads: dbias zeroes the unvisited rows of a "
+            "key tile one column pair per thread, so tile_n / 2 must divide the threads"
+        )
     products = (
         ("S = Q K^T and dP = dO V^T", alg.tile_m, alg.tile_n),
         ("dK += dS^T Q", alg.tile_n, sig.hdim_q),

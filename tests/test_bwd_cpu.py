@@ -219,7 +219,20 @@ int main(void) {
   p.deterministic = 0;
   p.store_dbias = 1;
   report("dbias_without_bias", ckfmha_bwd_problem_validate(&p));
+  p.bias = CKFMHA_BIAS_ALIBI;
+  report("dbias_alibi", ckfmha_bwd_problem_validate(&p));
+  p.bias = CKFMHA_BIAS_ELEMENTWISE;
+  printf("dbias_strides %lld %lld %lld\n", (long long)p.dbias_stride[0],
+         (long long)p.dbias_stride[1], (long long)p.dbias_stride[2]);
+  report("dbias_full", ckfmha_bwd_problem_validate(&p));
+  p.dbias_stride[1] = 0;
+  report("dbias_broadcast_heads", ckfmha_bwd_problem_validate(&p));
+  p.dbias_stride[1] = 300 * 257;
+  p.dbias_stride[0] = 0;
+  report("dbias_broadcast_batch", ckfmha_bwd_problem_validate(&p));
+  p.dbias_stride[0] = 8 * 300 * 257;
   p.store_dbias = 0;
+  p.bias = CKFMHA_BIAS_NONE;
   p.dk_stride[1] = -1;
   report("negative_stride", ckfmha_bwd_problem_validate(&p));
   p.dk_stride[1] = 128;
@@ -268,6 +281,13 @@ def test_c_api_checks_and_workspace_size(tmp_path: Path):
     assert exact == round_up(4 * rows) + round_up(4 * rows * 128 * splits)
     assert lines["bad_deterministic"].startswith("1 deterministic must be 0")
     assert lines["dbias_without_bias"].startswith("1 store_dbias needs an elementwise bias")
+    assert lines["dbias_alibi"].startswith("1 store_dbias needs an elementwise bias")
+    assert "ALiBi has no gradient" in lines["dbias_alibi"]
+    # dbias defaults to a contiguous [batch, nhead_q, seqlen_q, seqlen_k].
+    assert lines["dbias_strides"] == f"{8 * 300 * 257} {300 * 257} 257"
+    assert lines["dbias_full"].startswith("0")
+    assert lines["dbias_broadcast_heads"].startswith("1 dbias head stride is 0 over 8 entries")
+    assert lines["dbias_broadcast_batch"].startswith("1 dbias batch stride is 0 over 2 entries")
     assert lines["negative_stride"].startswith("1 dk head stride is -1")
     assert lines["run_null_args"].startswith("1 args is NULL")
     assert lines["run_no_lse"].startswith("1 lse is NULL")

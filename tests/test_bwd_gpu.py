@@ -3,7 +3,8 @@
 Every registered bwd_dq_dk_dv kernel that runs on this device is forced by name and checked
 on cases built from its features (mask kind, batch or group mode), with fresh random inputs,
 odd sizes (seqlen 1, 17, 100: not tile multiples), GQA/MQA, both layouts and zero-length
-sequences, and outputs poisoned with NaN first so an unwritten element fails. The forward's
+sequences, and outputs poisoned with NaN first so an unwritten element fails (dbias too, for
+kernels that write it: every element, masked ones as exact zeros). The forward's
 O and LSE come from the float64 reference (rounded to the kernel's dtype), so a backward
 error is never a forward one.
 """
@@ -137,6 +138,27 @@ def _compare(dtype: str, got: Any, ref: np.ndarray, what: str) -> None:
     assert worst < MAX_REL_TOL[dtype], f"{what}: max error {worst:.3e} of max |ref|"
 
 
+def _compare_dbias(dtype: str, got: Any, ref: np.ndarray, what: str) -> None:
+    """dbias against the reference; where the reference is exactly 0 (masked scores, rows past
+    a sequence, group-mode padding) P is 0 in the kernel too, so dbias must be exactly 0."""
+    _compare(dtype, got, ref, what)
+    g = _f64(got)
+    exact_zero = ref == 0
+    stray = np.abs(g[exact_zero]).max() if exact_zero.any() else 0.0
+    assert stray == 0, (
+        f"{what}: {int((g[exact_zero] != 0).sum())} masked/padding elements are non-zero "
+        f"(max {stray:.3e})"
+    )
+
+
+def _dbias_request(kernel: dict[str, Any], like: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """return_dbias with a NaN-poisoned dbias_out, for kernels that write dbias."""
+    if not kernel["dbias"]:
+        return {}
+    return {"return_dbias": True,
+            "dbias_out": torch.full(shape, float("nan"), dtype=like.dtype, device="cuda")}
+
+
 def _forward_outputs(q, k, v, dtype, **options):
     """The forward's O (rounded to dtype) and LSE (fp32) from the float64 reference."""
     out, lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
@@ -168,7 +190,8 @@ def _run_batch_case(kernel: dict[str, Any], index: int, sq: int, sk: int, inputs
     o, lse = _forward_outputs(q, k, v, dtype, layout=layout, **ref_options)
     dq, dk, dv_ = (_poisoned_like(t) for t in (q, k, v))
     got = ckfmha.bwd(do, q, k, v, o, lse, layout=layout, dq_out=dq, dk_out=dk, dv_out=dv_,
-                     kernel=kernel["name"], deterministic=deterministic, **options)
+                     kernel=kernel["name"], deterministic=deterministic, **options,
+                     **_dbias_request(kernel, q, (b, hq, sq, sk)))  # fmt: skip
     torch.cuda.synchronize()
     assert got[0].data_ptr() == dq.data_ptr(), "dq_out= must be written in place"
     ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), layout=layout,
@@ -177,6 +200,10 @@ def _run_batch_case(kernel: dict[str, Any], index: int, sq: int, sk: int, inputs
     _compare(kernel["dtype"], got[0], ref.dq, "dq " + what)
     _compare(kernel["dtype"], got[1], ref.dk, "dk " + what)
     _compare(kernel["dtype"], got[2], ref.dv, "dv " + what)
+    if kernel["dbias"]:
+        # The bias broadcasts over the batch (an expanded view), so the reference's gradient
+        # is already the full per-batch one the kernel writes.
+        _compare_dbias(kernel["dtype"], got[3], ref.dbias, "dbias " + what)
 
 
 def _offsets(lengths) -> np.ndarray:
@@ -207,14 +234,18 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs,
         do, q, k, v, o, lse_t, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
         max_seqlen_q=max_q, max_seqlen_k=max_k, dq_out=dq, dk_out=dk, dv_out=dv_,
         kernel=kernel["name"], deterministic=deterministic, **options,
+        **_dbias_request(kernel, q, (len(lens_q), hq, max_q, max_k)),
     )  # fmt: skip
     torch.cuda.synchronize()
     ref = varlen_attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), cu_q, cu_k,
                                               **ref_options)  # fmt: skip
-    what = f"{kernel['name']} varlen {index} {options}"
+    what = f"{kernel['name']} varlen {index} lens_q={list(lens_q)} lens_k={list(lens_k)}"
     _compare(kernel["dtype"], got[0], ref.dq, "dq " + what)
     _compare(kernel["dtype"], got[1], ref.dk, "dk " + what)
     _compare(kernel["dtype"], got[2], ref.dv, "dv " + what)
+    if kernel["dbias"]:
+        # Each sequence's gradient in its top-left corner, zeros in the padding.
+        _compare_dbias(kernel["dtype"], got[3], ref.dbias, "dbias " + what)
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
@@ -421,3 +452,110 @@ def test_automatic_selection_prefers_the_sm90_main_stage() -> None:
     ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), **options)
     for name, g, r in zip(("dq", "dk", "dv"), got, (ref.dq, ref.dk, ref.dv)):
         _compare(kernel["dtype"], g, r, f"{name} automatic {plan[1]} {options}")
+
+
+# ---- dbias (elementwise bias gradient)
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_dbias_is_bit_identical_across_runs_and_modes() -> None:
+    """dbias is stored once per element with no atomics: two deterministic runs, and a fast
+    one, give the same bits (over several key tiles, GQA and a causal diagonal)."""
+    kernel = _first(exact=True, mode="batch", dbias=True, mask="causal")
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    inputs = Inputs(21)
+    b, hq, hk, sq, sk = 2, 4, 2, 301, 517
+    q, do = inputs.normal((b, hq, sq, d), dtype), inputs.normal((b, hq, sq, dv), dtype)
+    k, v = inputs.normal((b, hk, sk, d), dtype), inputs.normal((b, hk, sk, dv), dtype)
+    bias = inputs.normal((b, hq, sq, sk), dtype)
+    options = {"causal": True, "causal_alignment": "bottom_right", "bias": bias}
+    o, lse = _forward_outputs(q, k, v, dtype, causal=True, causal_alignment="bottom_right",
+                              bias=_f64(bias))  # fmt: skip
+
+    def run(deterministic: bool) -> tuple[Any, ...]:
+        dbias = torch.full((b, hq, sq, sk), float("nan"), dtype=dtype, device="cuda")
+        return ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], return_dbias=True,
+                          dbias_out=dbias, deterministic=deterministic, **options)  # fmt: skip
+
+    first, second, fast = run(True), run(True), run(False)
+    for a, b_ in zip(first, second):
+        assert torch.equal(a, b_), "deterministic mode must give bit-identical gradients"
+    assert torch.equal(first[3], fast[3]), "dbias must not depend on the dQ mode"
+    ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), causal=True,
+                                       causal_alignment="bottom_right", bias=_f64(bias))
+    _compare_dbias(kernel["dtype"], first[3], ref.dbias, f"dbias {kernel['name']} multi-tile")
+
+
+def _dbias_autograd_kernel() -> dict[str, Any]:
+    for kernel in KERNELS:
+        if kernel["dbias"] and kernel["mode"] == "batch" and not kernel["softcap"]:
+            try:
+                ckfmha.Dispatcher().select(batch=1, nhead_q=1, seqlen_q=64,
+                                           hdim=kernel["hdim_q"], hdim_v=kernel["hdim_v"],
+                                           dtype=kernel["dtype"], bias="elementwise",
+                                           causal=kernel["mask"] == "causal", lse=True)
+            except ckfmha.CkfmhaError:
+                continue
+            return kernel
+    pytest.skip("no batch-mode dbias kernel with a matching forward kernel")
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+@pytest.mark.parametrize("bias_shape", ["full", "heads", "batch", "batch_heads"])
+def test_torch_autograd_bias_gradient(bias_shape: str) -> None:
+    """ckfmha.torch returns the bias gradient, summed over the axes a bias broadcasts along."""
+    import ckfmha.torch
+
+    kernel = _dbias_autograd_kernel()
+    dtype = _torch_dtype(kernel["dtype"])
+    d = kernel["hdim_q"]
+    causal = kernel["mask"] == "causal"
+    b, hq, hk, sq, sk = 2, 4, 2, 77, 203
+    inputs = Inputs(22)
+    q = inputs.normal((b, hq, sq, d), dtype).requires_grad_()
+    k = inputs.normal((b, hk, sk, d), dtype).requires_grad_()
+    v = inputs.normal((b, hk, sk, kernel["hdim_v"]), dtype).requires_grad_()
+    shape = {"full": (b, hq, sq, sk), "heads": (b, 1, sq, sk), "batch": (1, hq, sq, sk),
+             "batch_heads": (1, 1, sq, sk)}[bias_shape]  # fmt: skip
+    bias = inputs.normal(shape, dtype).requires_grad_()
+    out = ckfmha.torch.attention(q, k, v, causal=causal, bias=bias)
+    weights = inputs.normal(tuple(out.shape), dtype)
+    (out.float() * weights.float()).sum().backward()
+    ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(weights), causal=causal,
+                                       bias=_f64(bias))  # fmt: skip
+    assert bias.grad is not None and bias.grad.shape == bias.shape
+    what = f"autograd dbias {bias_shape} {kernel['name']}"
+    _compare(kernel["dtype"], bias.grad, ref.dbias, what)
+    _compare(kernel["dtype"], q.grad, ref.dq, "autograd dq with bias")
+    # A bias that does not require grad costs no dbias (and the plan still runs).
+    q.grad = None
+    plain_bias = bias.detach()
+    out = ckfmha.torch.attention(q, k, v, causal=causal, bias=plain_bias)
+    (out.float() * weights.float()).sum().backward()
+    _compare(kernel["dtype"], q.grad, ref.dq, "autograd dq, bias without grad")
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_return_dbias_argument_errors() -> None:
+    q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
+    lse = torch.zeros(1, 2, 16, device="cuda")
+    with pytest.raises(ckfmha.InvalidArgumentError, match="return_dbias needs an elementwise"):
+        ckfmha.bwd(q, q, q, q, q, lse, return_dbias=True)
+    with pytest.raises(ckfmha.InvalidArgumentError, match="return_dbias needs an elementwise"):
+        ckfmha.bwd(q, q, q, q, q, lse, return_dbias=True,
+                   alibi_slopes=torch.ones(2, device="cuda"))  # fmt: skip
+    with pytest.raises(ckfmha.InvalidArgumentError, match="dbias_out is given but"):
+        ckfmha.bwd(q, q, q, q, q, lse, bias=torch.zeros(1, 2, 16, 16, device="cuda",
+                   dtype=torch.float16), dbias_out=torch.zeros(1, 2, 16, 16, device="cuda"))
+    bias = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.float16)
+    with pytest.raises(ckfmha.InvalidArgumentError, match="dbias_out must have shape"):
+        ckfmha.bwd(q, q, q, q, q, lse, bias=bias, return_dbias=True,
+                   dbias_out=torch.zeros(1, 1, 16, 16, device="cuda", dtype=torch.float16))
+    broadcast = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.float16).expand(3, 2, 16, 16)
+    q3 = torch.randn(3, 2, 16, 64, device="cuda", dtype=torch.float16)
+    # A zero-stride dbias would have several writers per element: refused (by the C API's
+    # stride check, or earlier if the view itself is refused as an output).
+    with pytest.raises(ckfmha.InvalidArgumentError, match="dbias"):
+        ckfmha.bwd(q3, q3, q3, q3, q3, torch.zeros(3, 2, 16, device="cuda"), bias=bias,
+                   return_dbias=True, dbias_out=broadcast)  # fmt: skip

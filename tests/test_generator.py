@@ -239,11 +239,16 @@ def _bwd_sizes(arch: object) -> tuple[int, int]:
     mask x mode at d64/d128 and none/causal in batch mode at the other head dims (for head
     dims with a table), plus one row-wise kernel per (dtype, mode, head dim) they need."""
     tables = arch.tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]  # type: ignore[attr-defined]
-    # Masks x modes at d64/d128, plus four feature combinations there.
-    main = [((64, 64), 6 + 4), ((128, 128), 6 + 4)]
+    # Masks x modes at d64/d128, plus four feature combinations and dbias with no mask and
+    # causal there.
+    main = [((64, 64), 6 + 4 + 2), ((128, 128), 6 + 4 + 2)]
     main += [(h, 2) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
     default = sum(2 * n for h, n in main if h in tables)
     full = sum(2 * n * len(tables[h]) for h, n in main if h in tables)
+    # Two one-dtype dbias plans with a soft-cap: bf16 d128 (dropout), fp16 d64 (group mode).
+    extra = [h for h in ((128, 128), (64, 64)) if h in tables]
+    default += len(extra)
+    full += sum(len(tables[h]) for h in extra)
     # dot_do_o over hdim_v: d64/d128 x 2 modes + 32/96/256 batch; convert_dq over hdim_q:
     # d64/d128 x 2 modes + 32/96/192/256 batch; x 2 dtypes.
     rowwise = 2 * (4 + 3) + 2 * (4 + 4)
@@ -285,8 +290,8 @@ def test_filter_selects_by_regex() -> None:
     # split-KV kernels (d64/d128 x batch/group x 2 tiles), the causal paged kernels (2 families
     # x d64/d128 x 2 tiles), and the causal backward kernels: 6 head dims in batch mode,
     # d64/d128 in group mode, and the causal feature combinations (ALiBi in batch mode, all
-    # features in group mode).
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 8 + 6 + 2 + 4
+    # features in group mode), and the causal bf16 dbias kernels (d64/d128).
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 8 + 6 + 2 + 4 + 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -859,8 +864,10 @@ def test_valid_bwd_config_has_no_reasons() -> None:
         ({"tile_m": 128, "tile_n": 128, "stages": 1},
          r"estimated 256 accumulator registers per thread"),
         ({"warps": 3}, r"no grid of 3 warps tiles S = Q K\^T"),
-        ({"bias": "elementwise", "dbias": True},
-         r"dbias is not implemented by the sm80_cpasync_mma backward yet"),
+        ({"dbias": True}, r"dbias with bias 'none': dbias is the gradient of an elementwise"),
+        ({"bias": "alibi", "dbias": True}, r"dbias with bias 'alibi'.*ALiBi's slopes are "),
+        ({"bias": "elementwise", "dbias": True, "tile_n": 96},
+         r"tile_n=96 with 256 threads: dbias zeroes the unvisited rows"),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
         # The main stage has an sm90 template too, with its own limits.
         ({"pipeline": "sm90_tma_wgmma"},
@@ -871,6 +878,21 @@ def test_valid_bwd_config_has_no_reasons() -> None:
 )
 def test_bwd_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
     assert re.search(expected, _bwd_reasons(**changes)), _bwd_reasons(**changes)
+
+
+def test_bwd_sm80_accepts_dbias_of_an_elementwise_bias() -> None:
+    for mode in ("batch", "group"):
+        for mask in ("none", "causal", "window"):
+            assert _bwd_reasons(bias="elementwise", dbias=True, mode=mode, mask=mask,
+                                softcap=True, dropout=True) == ""  # fmt: skip
+
+
+def test_default_set_has_dbias_plans_and_ci_none() -> None:
+    default = [s for s in get_receipt("default").signatures if getattr(s, "dbias", False)]
+    assert len(default) == 10
+    assert all(s.bias == "elementwise" and s.family == "bwd_dq_dk_dv" for s in default)
+    assert any(s.mode == "group" for s in default) and any(s.softcap for s in default)
+    assert not [s for s in get_receipt("ci").signatures if getattr(s, "dbias", False)]
 
 
 def test_bwd_smem_formula_matches_the_traits() -> None:

@@ -380,6 +380,9 @@ int ckfmha_bwd_problem_init(ckfmha_bwd_problem* problem, ckfmha_dtype dtype, ckf
   fill_layout_strides(layout, problem->dv_stride, nhead_k, seqlen_k, hdim_v);
   problem->lse_stride[0] = forward.lse_stride[0];
   problem->lse_stride[1] = forward.lse_stride[1];
+  problem->dbias_stride[2] = seqlen_k;
+  problem->dbias_stride[1] = int64_t(seqlen_q) * seqlen_k;
+  problem->dbias_stride[0] = int64_t(nhead_q) * seqlen_q * seqlen_k;
   return checked_bwd_problem(problem) == CKFMHA_SUCCESS ? succeed()
                                                          : CKFMHA_ERROR_INVALID_ARGUMENT;
 }

@@ -262,6 +262,20 @@ std::string check_bwd_problem(ckfmha_bwd_problem const& p) {
     return "store_dbias needs an elementwise bias (bias = CKFMHA_BIAS_ELEMENTWISE); ALiBi has "
            "no gradient";
   }
+  if (p.store_dbias) {
+    static const char* kAxis[3] = {"batch", "head", "seq"};
+    const int32_t extent[3] = {p.batch, p.nhead_q, p.seqlen_q};
+    for (int i = 0; i < 3; ++i) {
+      if (p.dbias_stride[i] == 0 && extent[i] > 1) {
+        std::ostringstream msg;
+        msg << "dbias " << kAxis[i] << " stride is 0 over " << extent[i]
+            << " entries; dbias is written once per (batch, query head, query, key), so it "
+               "needs the full [batch, nhead_q, seqlen_q, seqlen_k] shape. For a bias broadcast "
+               "over batch or heads, sum the full-size dbias over those axes";
+        return msg.str();
+      }
+    }
+  }
   if (p.deterministic != 0 && p.deterministic != 1) {
     return "deterministic must be 0 (fast, fp32 atomics) or 1 (bit-identical across runs)";
   }

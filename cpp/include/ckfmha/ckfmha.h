@@ -281,7 +281,8 @@ typedef struct ckfmha_bwd_problem {
   float scale;
   float softcap;        /* > 0: logits were soft-capped in the forward */
   ckfmha_bias bias;     /* elementwise biases may also ask for dbias */
-  int32_t store_dbias;  /* write dbias (elementwise bias only) */
+  int32_t store_dbias;  /* write dbias = dL/d(bias) per (batch, head, query, key); elementwise
+                           bias only, sm80 backward (see dbias_stride) */
   float dropout_p;      /* the forward's dropout: same p, seed and offset */
   uint64_t dropout_seed;
   uint64_t dropout_offset;
@@ -296,7 +297,11 @@ typedef struct ckfmha_bwd_problem {
   int64_t dv_stride[3];
   int64_t lse_stride[2];    /* (batch, head); rows contiguous. Group mode: batch ignored */
   int64_t bias_stride[3];   /* (batch, head, row); 0 broadcasts; columns contiguous */
-  int64_t dbias_stride[3];  /* (batch, head, row) of dbias [batch, nhead_q, seqlen_q, seqlen_k] */
+  int64_t dbias_stride[3];  /* (batch, head, row) of dbias [batch, nhead_q, seqlen_q, seqlen_k];
+                               columns contiguous, no zero strides: every element is written
+                               (masked scores and, in group mode, the padding past a sequence
+                               get 0). A broadcast bias's gradient is this summed over the
+                               broadcast axes, by the caller. */
   int64_t alibi_stride;
 } ckfmha_bwd_problem;
 
@@ -383,7 +388,8 @@ CKFMHA_API int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fw
 
 /* ---- backward ---- */
 /* Fills a batch-mode backward problem like ckfmha_fwd_problem_init (do, dq,
- * dk and dv contiguous in the same layout as o, q, k and v), fast mode. */
+ * dk and dv contiguous in the same layout as o, q, k and v; dbias_stride for
+ * a contiguous [batch, nhead_q, seqlen_q, seqlen_k]), fast mode, no dbias. */
 CKFMHA_API int ckfmha_bwd_problem_init(ckfmha_bwd_problem* problem, ckfmha_dtype dtype,
                                        ckfmha_layout layout, int32_t batch, int32_t nhead_q,
                                        int32_t nhead_k, int32_t seqlen_q, int32_t seqlen_k,

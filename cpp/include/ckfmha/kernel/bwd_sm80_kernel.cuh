@@ -15,10 +15,13 @@
 // With two stages the next query tile's Q and dO load under this one's work.
 // Soft-capping, biases (elementwise, ALiBi) and dropout recompute the
 // forward's logits and Philox stream per score; dS then carries the soft-cap's
-// derivative and dP the dropout mask.
+// derivative and dP the dropout mask. Kernels with dbias also store
+// P (dP - D) of every visited tile and zero the rest of their key columns
+// (bwd_dbias.cuh).
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
+#include "ckfmha/kernel/bwd_dbias.cuh"
 #include "ckfmha/kernel/bwd_params.h"
 #include "ckfmha/kernel/bwd_workspace_rows.cuh"
 #include "ckfmha/kernel/fragment_layout.cuh"
@@ -57,13 +60,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
   // Kernels with logit transforms or dropout compute P one score at a time.
   constexpr bool kPerElement = Transform::kActive || Traits::kHasDropout;
+  constexpr bool kDbias = Traits::kHasDbias;
+  static_assert(!kDbias || kPerElement, "dbias kernels have an elementwise bias");
+  // With a soft-cap, dbias (dL/d logit) and dS (dL/d scaled score) differ by
+  // the cap's derivative, which is then kept per score.
+  constexpr bool kKeepCapGrad = kDbias && Traits::kHasSoftcap;
 
   const int tid = threadIdx.x;
   const int head_k = blockIdx.y;
   const int batch = blockIdx.z;
   const SequenceSlice seq = locate_sequence<kGroup>(p, batch);
   const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN;
-  if (int(blockIdx.x) >= n_blocks) return;
+  // dbias: key tiles of the padded problem too, whose columns only get zeroes
+  // (group mode: past this sequence's keys); batch mode walks the same tiles.
+  const int n_blocks_walked = kDbias ? (p.seqlen_k + kBlockN - 1) / kBlockN : n_blocks;
+  if (int(blockIdx.x) >= n_blocks_walked) return;
   const int group = p.head_group;
   const int head_begin = head_k * group;
   // Deterministic mode: blockIdx.x is the split and owns dQ slice blockIdx.x.
@@ -88,6 +99,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   float* dq_accum_heads = p.dq_accum + split * p.dq_accum_split_stride +
                           bwd_workspace_row0(p, batch, head_begin) * kD;
   const int64_t workspace_head_rows = p.seqlen_q;
+  // dbias planes of the group's first query head; GQA heads are further planes.
+  const int64_t dbias_origin = kDbias ? batch * p.dbias_batch_stride + head_begin * p.dbias_head_stride : 0;
+  auto dbias_plane = [&](int h) {
+    return DbiasPlane<Element>::at(p.dbias, dbias_origin + int64_t(h) * p.dbias_head_stride,
+                                   p.dbias_row_stride);
+  };
 
   // ---- shared memory: Q and dO stages, K, V, P, dS
   extern __shared__ __align__(128) char smem_bytes[];
@@ -216,12 +233,38 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;
   constexpr float kLog2e = 1.4426950408889634f;
 
-  for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
+  for (int n_block = blockIdx.x; n_block < n_blocks_walked; n_block += gridDim.x) {
     const int n_begin = n_block * kBlockN;
+    if constexpr (kDbias) {
+      if (n_block >= n_blocks) {  // padding columns only (group mode)
+        const int n_end = min(n_begin + kBlockN, p.seqlen_k);
+        for (int h = 0; h < group; ++h) {
+          dbias_plane(h).template zero<Traits::kThreads, kBlockN>(tid, n_begin, 0, p.seqlen_q,
+                                                                  n_begin, n_end);
+        }
+        continue;
+      }
+    }
     int m_first, m_last;
     mask.query_block_range(n_begin, kBlockN, kBlockM, seq.seqlen_q, &m_first, &m_last);
     const int m_count = m_last - m_first;
     const int iters = m_count * group;
+    if constexpr (kDbias) {
+      // Everything of these columns the tiles below do not store: rows the
+      // mask leaves out, rows past the sequence, and (group mode) keys past it.
+      const int n_end = min(n_begin + kBlockN, p.seqlen_k);
+      const int rows_begin = min(m_first * kBlockM, seq.seqlen_q);
+      const int rows_end = m_count > 0 ? min(m_last * kBlockM, seq.seqlen_q) : rows_begin;
+      for (int h = 0; h < group; ++h) {
+        const DbiasPlane<Element> plane = dbias_plane(h);
+        plane.template zero<Traits::kThreads, kBlockN>(tid, n_begin, 0, rows_begin, n_begin,
+                                                       n_end);
+        plane.template zero<Traits::kThreads, kBlockN>(tid, n_begin, rows_end, p.seqlen_q,
+                                                       n_begin, n_end);
+        plane.template zero<Traits::kThreads, kBlockN>(tid, n_begin, rows_begin, rows_end,
+                                                       seq.seqlen_k, n_end);
+      }
+    }
 
     // Query tiles are visited head by head (head_begin + h), each over the row
     // blocks [m_first, m_last); (h, m_block) advance together with a flat
@@ -317,6 +360,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
       // Set bit (i * cols + j): the forward kept element (i, j) (dropout only).
       uint64_t kept_bits = ~uint64_t(0);
+      constexpr int kCols = decltype(size<1>(scores))::value;
+      float cap_grads[kKeepCapGrad ? kRows * kCols : 1];
       if constexpr (!kPerElement) {
         if constexpr (kNeedsMask) mask.apply(scores, cS_rows_cols, m_begin, n_begin);
         CUTE_UNROLL
@@ -358,7 +403,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
             float prob = visible ? exp2f(logit - lse_log2[i]) : 0.f;
             bool kept = (kept_bits >> (i * size<1>(scores) + j)) & 1;
             probs(i, j) = Element(kept ? prob * rescale : 0.f);
-            scores(i, j) = prob * cap_grad;
+            if constexpr (kKeepCapGrad) {
+              cap_grads[i * kCols + j] = cap_grad;
+              scores(i, j) = prob;
+            } else {
+              scores(i, j) = prob * cap_grad;
+            }
           }
         }
         copy(s_r2s, s_r2s_thr.retile_S(rP), tPsP);
@@ -370,7 +420,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
                      sdp_a, tdPrV, tdPrV_view, tdPsV, sdp_b);
       Tensor dps = make_tensor(acc_dp.data(), accum_as_rows_cols(acc_dp.layout()));
       // dS = P (dP - D), dP taken through the forward's dropout; with a
-      // soft-cap `scores` holds P (1 - tanh^2), the chain rule's last factor.
+      // soft-cap `scores` holds P (1 - tanh^2), the chain rule's last factor
+      // (dbias kernels keep P there and apply the factor after storing dbias).
+      Tensor rdBias = make_tensor<Element>(acc_dp.layout());
+      Tensor dbias_vals = make_tensor(rdBias.data(), accum_as_rows_cols(rdBias.layout()));
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
@@ -380,11 +433,29 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
             bool kept = (kept_bits >> (i * size<1>(dps) + j)) & 1;
             dp = kept ? dp * p.dropout_rescale : 0.f;
           }
-          dps(i, j) = scores(i, j) * (dp - delta[i]);
+          const float ds = scores(i, j) * (dp - delta[i]);
+          if constexpr (kKeepCapGrad) {
+            dbias_vals(i, j) = Element(ds);
+            dps(i, j) = ds * cap_grads[i * kCols + j];
+          } else {
+            dps(i, j) = ds;
+          }
         }
       }
       Tensor rdS = convert_fragment<Element>(acc_dp);
       copy(s_r2s, s_r2s_thr.retile_S(rdS), tdSsdS);
+      if constexpr (kDbias) {
+        // Masked and out-of-range scores have P = 0, so dbias 0 there; the
+        // store skips rows and keys past the sequence.
+        if constexpr (kKeepCapGrad) {
+          dbias_plane(h).store_tile(dbias_vals, cS_rows_cols, m_begin, n_begin, seq.seqlen_q,
+                                    seq.seqlen_k);
+        } else {
+          Tensor rdS_rows_cols = make_tensor(rdS.data(), accum_as_rows_cols(rdS.layout()));
+          dbias_plane(h).store_tile(rdS_rows_cols, cS_rows_cols, m_begin, n_begin, seq.seqlen_q,
+                                    seq.seqlen_k);
+        }
+      }
       __syncthreads();  // P and dS visible to every warp
 
       gemm_smem_smem(mma_dv, acc_dv, tdVrPt, tdVrPt_view, tdVsPt, dv_a, tdVrdOt, tdVrdOt_view,
