@@ -139,15 +139,21 @@ def _compare(dtype: str, got: Any, ref: np.ndarray, what: str) -> None:
 
 
 def _compare_dbias(dtype: str, got: Any, ref: np.ndarray, what: str) -> None:
-    """dbias against the reference; where the reference is exactly 0 (masked scores, rows past
-    a sequence, group-mode padding) P is 0 in the kernel too, so dbias must be exactly 0."""
+    """dbias against the reference; where the reference is exactly 0 because P is (masked
+    scores, rows past a sequence, group-mode padding) dbias must be exactly 0 too.
+
+    A row that sees a single key is the exception: there dS = P (dP - D) is 0 only in exact
+    arithmetic (P = 1, dP = D), and the kernel keeps the rounding residue of dP - D (D comes
+    from O in the input dtype) on that one key, within the tolerance for zeros."""
     _compare(dtype, got, ref, what)
     g = _f64(got)
-    exact_zero = ref == 0
-    stray = np.abs(g[exact_zero]).max() if exact_zero.any() else 0.0
-    assert stray == 0, (
-        f"{what}: {int((g[exact_zero] != 0).sum())} masked/padding elements are non-zero "
-        f"(max {stray:.3e})"
+    stray = (ref == 0) & (g != 0)
+    one_key_residue = ((ref == 0).all(axis=-1) & ((g != 0).sum(axis=-1) <= 1)
+                       & (np.abs(g).max(axis=-1) < ZERO_TOL[dtype]))
+    stray[one_key_residue] = False
+    assert not stray.any(), (
+        f"{what}: {int(stray.sum())} masked/padding elements are non-zero "
+        f"(max {np.abs(g[stray]).max():.3e})"
     )
 
 
