@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_cases import make_config, rule_reasons
 
 import ckfmha
 from ckfmha import errors
@@ -22,8 +23,7 @@ from ckfmha.reference_appendkv import append_kv_reference, rope_tables, rotate
 from generator.emit import render_instance, render_table
 from generator.enumerate import select
 from generator.receipts import get_receipt
-from generator.rules import check
-from generator.signature import Algorithm, AppendKvSignature, KernelConfig
+from generator.signature import AppendKvSignature, KernelConfig
 from generator.specs import load_specs
 
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
@@ -38,13 +38,7 @@ def _config(arch: str = "sm_80", **changes: object) -> KernelConfig:
         "arch": arch, "pipeline": "appendkv", "tile_m": 16, "tile_n": 0, "tile_k": 128,
         "warps": 4, "stages": 1,
     }  # fmt: skip
-    for key, value in changes.items():
-        (alg_fields if key in Algorithm.__dataclass_fields__ else sig_fields)[key] = value
-    return KernelConfig(AppendKvSignature(**sig_fields), Algorithm(**alg_fields))  # type: ignore[arg-type]
-
-
-def _reasons(config: KernelConfig, arch: str = "sm_80") -> str:
-    return " | ".join(check(config, load_specs()[arch]))
+    return make_config(AppendKvSignature, sig_fields, alg_fields, changes)
 
 
 # ---- generator ----
@@ -96,15 +90,15 @@ def test_full_adds_the_decode_tiles() -> None:
     ],
 )
 def test_append_rules_say_why(changes: dict[str, object], message: str) -> None:
-    assert re.search(message, _reasons(_config(**changes)))
+    assert re.search(message, rule_reasons(_config(**changes)))
 
 
 def test_fp32_and_every_rope_mode_are_valid() -> None:
     for rope in ("none", "interleaved", "half_rotated"):
         for paged in (False, True):
-            assert _reasons(_config(rope=rope, paged=paged)) == ""
-    assert _reasons(_config(dtype="fp32")) == ""
-    assert _reasons(_config(arch="sm_90a"), "sm_90a") == ""
+            assert rule_reasons(_config(rope=rope, paged=paged)) == ""
+    assert rule_reasons(_config(dtype="fp32")) == ""
+    assert rule_reasons(_config(arch="sm_90a"), "sm_90a") == ""
 
 
 def test_other_families_do_not_meet_the_append_pipeline() -> None:
@@ -112,7 +106,7 @@ def test_other_families_do_not_meet_the_append_pipeline() -> None:
 
     config = KernelConfig(FwdSignature("fp16", "batch", 128, 128, "none", True),
                           _config().algorithm)
-    assert "family 'fwd' has no 'appendkv' template" in _reasons(config)
+    assert "family 'fwd' has no 'appendkv' template" in rule_reasons(config)
 
 
 def test_instance_and_table_entry() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from device_kernels import device_kernels
+from kernel_cases import mask_options
 
 import ckfmha
 from ckfmha.reference import (
@@ -43,7 +44,6 @@ MAX_REL_TOL = {"fp16": 2e-2, "bf16": 1e-1}
 ZERO_TOL = {"fp16": 1.5e-2, "bf16": 1e-1}
 
 SEQLEN_PAIRS = [(1, 17), (17, 1), (100, 257), (257, 100), (128, 128), (1, 1)]
-WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 VARLEN_Q = [0, 1, 17, 300, 129, 64]
 VARLEN_K = [5, 1, 40, 300, 0, 200]
 
@@ -75,15 +75,6 @@ class Inputs:
     def normal(self, shape: tuple[int, ...], dtype: Any) -> Any:
         t = torch.randn(shape, generator=self.generator, dtype=torch.float32)
         return t.to(device="cuda", dtype=dtype)
-
-
-def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
-    alignment = ["top_left", "bottom_right"][index % 2]
-    if kernel["mask"] == "causal":
-        return {"causal": True, "causal_alignment": alignment}
-    if kernel["mask"] == "window":
-        return {"window": WINDOWS[index % len(WINDOWS)], "causal_alignment": alignment}
-    return {}
 
 
 def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
@@ -190,7 +181,7 @@ def _run_batch_case(kernel: dict[str, Any], index: int, sq: int, sk: int, inputs
     v = inputs.normal(shape(hk, sk, dv), dtype)
     do = inputs.normal(shape(hq, sq, dv), dtype)
     scale = 1.0 / math.sqrt(d) * (0.75 if index % 2 else 1.0)
-    options = {**_mask_options(kernel, index), "scale": scale,
+    options = {**mask_options(kernel, index), "scale": scale,
                **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}  # fmt: skip
     ref_options = _reference_options(options, b, hq, sq, sk)
     o, lse = _forward_outputs(q, k, v, dtype, layout=layout, **ref_options)
@@ -229,7 +220,7 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs,
     k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
     v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
     do = inputs.normal((int(cu_q[-1]), hq, dv), dtype)
-    options = {**_mask_options(kernel, index),
+    options = {**mask_options(kernel, index),
                **_feature_options(kernel, inputs, len(lens_q), hq, max_q, max_k, dtype)}
     ref_options = _reference_options(options, len(lens_q), hq, max_q, max_k)
     out, lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k, **ref_options)
@@ -300,7 +291,7 @@ def test_deterministic_mode_is_bit_identical_across_runs(mode: str) -> None:
     dtype = _torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     inputs = Inputs(11)
-    options = _mask_options(kernel, 1)
+    options = mask_options(kernel, 1)
     # Long enough that several key tiles add to every dQ row from different CTAs.
     if mode == "batch":
         b, hq, hk, s = 2, 4, 2, 1000
@@ -350,7 +341,7 @@ def test_fast_and_deterministic_modes_agree() -> None:
     k = inputs.normal((1, 2, 600, kernel["hdim_q"]), dtype)
     v = inputs.normal((1, 2, 600, kernel["hdim_v"]), dtype)
     do = inputs.normal((1, 2, 600, kernel["hdim_v"]), dtype)
-    options = _mask_options(kernel, 0)
+    options = mask_options(kernel, 0)
     o, lse = _forward_outputs(q, k, v, dtype, **options)
     fast = ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], **options)
     exact = ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], deterministic=True, **options)
@@ -435,7 +426,7 @@ def test_sm90_kernel_refuses_deterministic_mode_with_a_reason() -> None:
     lse = torch.zeros(1, 2, 16, device="cuda")
     with pytest.raises(ckfmha.UnsupportedError, match="fp32 atomics"):
         ckfmha.bwd(q, q, q, q, q, lse, kernel=kernel["name"], deterministic=True,
-                   **_mask_options(kernel, 0))  # fmt: skip
+                   **mask_options(kernel, 0))  # fmt: skip
 
 
 @pytest.mark.skipif(not _hopper_kernels(), reason="no sm90 backward kernel for this device")
@@ -452,7 +443,7 @@ def test_automatic_selection_prefers_the_sm90_main_stage() -> None:
     inputs = Inputs(14)
     q, do = inputs.normal((2, 4, 300, d), dtype), inputs.normal((2, 4, 300, d), dtype)
     k, v = inputs.normal((2, 2, 300, d), dtype), inputs.normal((2, 2, 300, d), dtype)
-    options = _mask_options(kernel, 1)
+    options = mask_options(kernel, 1)
     o, lse = _forward_outputs(q, k, v, dtype, **options)
     got = ckfmha.bwd(do, q, k, v, o, lse, **options)
     ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), **options)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from device_kernels import device_kernels
+from kernel_cases import mask_options
 
 import ckfmha
 from ckfmha.reference import (
@@ -47,7 +48,6 @@ SEQLEN_PAIRS = [(1, 17), (17, 1), (257, 1000), (1000, 257), (300, 300), (1, 1)]
 # Column-major V takes the same odd key counts, plus key counts that fill whole
 # 16-byte vectors; VCOL_STORAGE then varies how V sits in memory.
 VCOL_SEQLEN_PAIRS = SEQLEN_PAIRS + [(200, 256), (33, 64)]
-WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 VARLEN_Q = [0, 1, 17, 300, 129, 64]
 VARLEN_K = [5, 1, 40, 300, 0, 200]
 
@@ -80,15 +80,6 @@ class Inputs:
 
     def integer(self, high: int) -> int:
         return int(torch.randint(0, high, (1,), generator=self.generator))
-
-
-def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
-    alignment = ["top_left", "bottom_right"][index % 2]
-    if kernel["mask"] == "causal":
-        return {"causal": True, "causal_alignment": alignment}
-    if kernel["mask"] == "window":
-        return {"window": WINDOWS[index % len(WINDOWS)], "causal_alignment": alignment}
-    return {}
 
 
 def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
@@ -191,7 +182,7 @@ def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs
         v = inputs.normal(shape(hk, sk, dv), dtype)
     out = torch.full(shape(hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-    options = {**_mask_options(kernel, case["index"]),
+    options = {**mask_options(kernel, case["index"]),
                **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}
     scale = 1.0 / math.sqrt(d) * (0.75 if case["index"] % 2 else 1.0)
     result = ckfmha.fwd(q, k, v, scale=scale, return_lse=True, layout=case["layout"], out=out,
@@ -255,7 +246,7 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
         v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
     out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
-    options = {**_mask_options(kernel, index),
+    options = {**mask_options(kernel, index),
                **_feature_options(kernel, inputs, b, hq, max_q, max_k, dtype)}
     skip_min = 2 if index % 2 else 0
     result = ckfmha.fwd_varlen(
@@ -306,7 +297,7 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
     dtype = _torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     hq, hk = 8, 2
-    options = _mask_options(kernel, 1)
+    options = mask_options(kernel, 1)
     if kernel["mode"] == "batch":
         b, sq, sk = 4, 1500, 1390  # 12 query tiles x 8 heads x 4 = 384 tiles
         q = inputs.normal((b, hq, sq, d), dtype)
@@ -371,7 +362,7 @@ def test_dropout_is_reproducible_and_seed_dependent() -> None:
     q = torch.randn(1, 2, 64, kernel["hdim_q"], device="cuda", dtype=dtype)
     v = torch.randn(1, 2, 64, kernel["hdim_v"], device="cuda", dtype=dtype)
     extra = _feature_options({**kernel, "dropout": False}, Inputs(1), 1, 2, 64, 64, dtype)
-    extra.update(_mask_options(kernel, 0))
+    extra.update(mask_options(kernel, 0))
 
     def run(seed: int) -> Any:
         return ckfmha.fwd(q, q, v, dropout_p=0.5, dropout_seed=seed, kernel=kernel["name"],
@@ -468,7 +459,7 @@ def test_fp32_is_selected_and_rows_need_four_element_alignment() -> None:
     kernel = _fp32_batch_kernel()
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     inputs = Inputs(5)
-    options = {**_mask_options(kernel, 0),
+    options = {**mask_options(kernel, 0),
                **_feature_options(kernel, inputs, 1, 2, 40, 40, torch.float32)}
     options.pop("dropout_seed", None)
     options.pop("dropout_offset", None)

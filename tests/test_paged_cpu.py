@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+from kernel_cases import make_config, rule_reasons
 
 import ckfmha
 from ckfmha import errors
@@ -18,8 +19,7 @@ from ckfmha.reference import attention_reference, paged_attention_reference
 from generator.emit import render_instance
 from generator.enumerate import select
 from generator.receipts import get_receipt
-from generator.rules import check
-from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.signature import FwdSignature, KernelConfig
 from generator.specs import load_specs
 
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
@@ -37,13 +37,7 @@ def _config(family: str = "fwd_pagedkv", **changes: object) -> KernelConfig:
         "arch": "sm_80", "pipeline": "sm80_cpasync_mma", "tile_m": 16, "tile_n": 64,
         "tile_k": 128, "warps": 1, "stages": 2,
     }  # fmt: skip
-    for key, value in changes.items():
-        (alg_fields if key in Algorithm.__dataclass_fields__ else sig_fields)[key] = value
-    return KernelConfig(FwdSignature(**sig_fields), Algorithm(**alg_fields))  # type: ignore[arg-type]
-
-
-def _reasons(config: KernelConfig, arch: str = "sm_80") -> str:
-    return " | ".join(check(config, load_specs()[arch]))
+    return make_config(FwdSignature, sig_fields, alg_fields, changes)
 
 
 # ---- generator ----
@@ -109,12 +103,12 @@ def test_ci_set_adds_one_paged_pair_per_arch() -> None:
 )
 def test_paged_rules_say_why(family: str, changes: dict[str, object], message: str) -> None:
     arch = str(changes.get("arch", "sm_80"))
-    assert re.search(message, _reasons(_config(family, **changes), arch))
+    assert re.search(message, rule_reasons(_config(family, **changes), arch))
 
 
 def test_paged_configs_with_softcap_and_windows_are_valid() -> None:
-    assert _reasons(_config("fwd_pagedkv", softcap=True, mask="window")) == ""
-    assert _reasons(_config("batch_prefill", dtype="fp16", hdim_q=64, hdim_v=64, tile_k=64,
+    assert rule_reasons(_config("fwd_pagedkv", softcap=True, mask="window")) == ""
+    assert rule_reasons(_config("batch_prefill", dtype="fp16", hdim_q=64, hdim_v=64, tile_k=64,
                             tile_m=64, warps=4)) == ""
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from device_kernels import device_kernels
+from kernel_cases import mask_options
 from test_fwd_gpu import Inputs, _compare, _f64, _torch_dtype
 
 import ckfmha
@@ -35,7 +36,6 @@ UNUSED_PAGE = 2**30
 
 DECODE_KERNELS = device_kernels("fwd_pagedkv")
 PREFILL_KERNELS = device_kernels("batch_prefill")
-WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 
 
 @dataclass
@@ -97,12 +97,7 @@ def _paged_cache(inputs: Inputs, lens_k: list[int], page_size: int, hk: int, d: 
 
 
 def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
-    alignment = ["bottom_right", "top_left"][index % 2]
-    if kernel["mask"] == "causal":
-        return {"causal": True, "causal_alignment": alignment}
-    if kernel["mask"] == "window":
-        return {"window": WINDOWS[index % len(WINDOWS)], "causal_alignment": alignment}
-    return {}
+    return mask_options(kernel, index, ("bottom_right", "top_left"))
 
 
 # (sq, lens_k, (hq, hk), page_size, table, num_splits): decode rows 1..8 with GQA groups of 4

@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from kernel_cases import make_config, rule_reasons
 
 import ckfmha
 from ckfmha import errors
 from generator.emit import render_instance
 from generator.enumerate import select
 from generator.receipts import get_receipt
-from generator.rules import check
-from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.signature import FwdSignature, KernelConfig
 from generator.specs import load_specs
 
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
@@ -35,13 +35,7 @@ def _config(family: str = "fwd_splitkv", arch: str = "sm_80", **changes: object)
     if family == "fwd_splitkv_combine":
         sig_fields["mask"] = "none"
         alg_fields.update(pipeline="splitkv_combine", tile_m=4, tile_n=4, warps=4, stages=1)
-    for key, value in changes.items():
-        (alg_fields if key in Algorithm.__dataclass_fields__ else sig_fields)[key] = value
-    return KernelConfig(FwdSignature(**sig_fields), Algorithm(**alg_fields))  # type: ignore[arg-type]
-
-
-def _reasons(config: KernelConfig, arch: str = "sm_80") -> str:
-    return " | ".join(check(config, load_specs()[arch]))
+    return make_config(FwdSignature, sig_fields, alg_fields, changes)
 
 
 # ---- generator ----
@@ -82,12 +76,12 @@ def test_ci_set_holds_one_split_plan_per_arch() -> None:
     ],
 )
 def test_split_rules_say_why(changes: dict[str, object], message: str) -> None:
-    assert re.search(message, _reasons(_config(**changes)))
+    assert re.search(message, rule_reasons(_config(**changes)))
 
 
 def test_split_kv_softcap_and_group_mode_are_valid() -> None:
-    assert _reasons(_config(softcap=True, mode="group", mask="window")) == ""
-    assert _reasons(_config(arch="sm_90a", tile_m=64, warps=4), "sm_90a") == ""
+    assert rule_reasons(_config(softcap=True, mode="group", mask="window")) == ""
+    assert rule_reasons(_config(arch="sm_90a", tile_m=64, warps=4), "sm_90a") == ""
 
 
 @pytest.mark.parametrize(
@@ -104,12 +98,12 @@ def test_split_kv_softcap_and_group_mode_are_valid() -> None:
     ],
 )
 def test_combine_rules_say_why(changes: dict[str, object], message: str) -> None:
-    assert re.search(message, _reasons(_config("fwd_splitkv_combine", **changes)))
+    assert re.search(message, rule_reasons(_config("fwd_splitkv_combine", **changes)))
 
 
 def test_fwd_family_does_not_meet_the_combine_pipeline() -> None:
     config = _config("fwd", pipeline="splitkv_combine", tile_m=4, tile_n=4, warps=4, stages=1)
-    assert "family 'fwd' has no 'splitkv_combine' template" in _reasons(config)
+    assert "family 'fwd' has no 'splitkv_combine' template" in rule_reasons(config)
 
 
 def test_instances_name_their_templates() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from device_kernels import device_kernels
+from kernel_cases import mask_options
 from test_fwd_gpu import Inputs, _compare, _f64, _torch_dtype
 
 import ckfmha
@@ -46,18 +47,12 @@ BATCH_CASES = [
     (129, 1000, (2, 1), 7, 1),
 ]
 # Windows: (16, 0) bottom-right at sq 1 leaves only the last of 7 splits a visible key.
-WINDOWS = [(16, 0), (-1, 40), (100, 3), (0, 0)]
 VARLEN_Q = [0, 1, 8, 300, 3, 64]
 VARLEN_K = [5, 1, 2000, 300, 0, 200]
 
 
 def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
-    alignment = ["bottom_right", "top_left"][index % 2]
-    if kernel["mask"] == "causal":
-        return {"causal": True, "causal_alignment": alignment}
-    if kernel["mask"] == "window":
-        return {"window": WINDOWS[index % len(WINDOWS)], "causal_alignment": alignment}
-    return {}
+    return mask_options(kernel, index, ("bottom_right", "top_left"))
 
 
 def _run_batch(kernel: dict[str, Any], index: int, case: tuple[Any, ...], inputs: Inputs,
