@@ -51,6 +51,34 @@ cdef ArrayView _int32_view(obj, handle, str name, tuple shape):
     return view
 
 
+# Channels per K chunk of vectorized pages: one 16-byte vector of fp16/bf16.
+_VECTOR_CHANNELS = 8
+
+
+def _cache_dims(tuple k_shape, tuple v_shape, bint vectorized) -> tuple:
+    """(num_pages, page_size, nhead_k, hdim_k, hdim_v) from the caches' shapes."""
+    if not vectorized:
+        if len(k_shape) != 4 or len(v_shape) != 4:
+            raise _invalid(f"k_cache and v_cache must be 4-D [num_pages, page_size, nhead_k, "
+                           f"hdim], got {k_shape} and {v_shape}")
+        if v_shape[:3] != k_shape[:3]:
+            raise _invalid(f"v_cache {v_shape} and k_cache {k_shape} must agree on pages, page "
+                           "size and heads")
+        return (*k_shape, v_shape[3])
+    if len(k_shape) != 5 or len(v_shape) != 4:
+        raise _invalid(f"vectorized pages: k_cache must be 5-D [num_pages, nhead_k, hdim / 8, "
+                       f"page_size, 8] and v_cache 4-D [num_pages, nhead_k, hdim, page_size], "
+                       f"got {k_shape} and {v_shape}")
+    num_pages, nhead_k, chunks, page_size, channels = k_shape
+    if channels != _VECTOR_CHANNELS:
+        raise _invalid(f"vectorized pages: k_cache's last axis holds {_VECTOR_CHANNELS} channels "
+                       f"(one 16-byte vector of fp16/bf16), got {channels}")
+    if (v_shape[0], v_shape[1], v_shape[3]) != (num_pages, nhead_k, page_size):
+        raise _invalid(f"v_cache {v_shape} and k_cache {k_shape} must agree on pages, heads and "
+                       "page size")
+    return num_pages, page_size, nhead_k, chunks * channels, v_shape[2]
+
+
 def _longest_keys(seqlens_k, kv_indptr, int page_size, int table_pages,
                   int indices_count) -> int:
     """An upper bound of the sequences' key counts from whatever is on the host: it sizes the
@@ -73,7 +101,10 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
 
     k_cache and v_cache are [num_pages, page_size, nhead_k, hdim] (vLLM's flash
     layout; any strides with a contiguous head dim); page_size, a power of two,
-    is read from their shape. Sequence b's keys are the tokens of its pages in
+    is read from their shape. With ``page_layout="vectorized"`` (vLLM's older
+    layout, fp16/bf16) k_cache is [num_pages, nhead_k, hdim / 8, page_size, 8]
+    (each [page_size, 8] chunk dense) and v_cache [num_pages, nhead_k, hdim,
+    page_size] (keys contiguous). Sequence b's keys are the tokens of its pages in
     order, given either by ``block_table`` (int32 [batch, max_pages_per_seq],
     vLLM) with ``seqlens_k`` (int32 [batch]), or by ``kv_indices`` (int32 page
     ids of all sequences, flat) and ``kv_indptr`` (int32 [batch + 1], SGLang),
@@ -92,8 +123,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     after a cached prefix want). ``max_seqlen_k`` bounds the key counts (it
     sizes the split count; default: from host arrays, else the table's
     capacity). ``num_splits`` 0 chooses; n >= 1 splits each sequence's keys n
-    ways. ``page_layout`` "vectorized" (vLLM's older layout) is refused with
-    the reason. Returns o (like q) and, with ``return_lse``, the fp32 LSE
+    ways. Returns o (like q) and, with ``return_lse``, the fp32 LSE
     ([batch, nhead_q, seqlen_q], or [nhead_q, total_q] for packed queries).
     """
     if page_layout not in ("linear", "vectorized"):
@@ -115,16 +145,9 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     cu_seqlens_q = _int32_array(cu_seqlens_q)
 
     # Shapes first: everything below that can fail on arguments fails before any staging.
-    k_shape = _shape(k_cache)
-    v_shape = _shape(v_cache)
-    if len(k_shape) != 4 or len(v_shape) != 4:
-        raise _invalid(f"k_cache and v_cache must be 4-D [num_pages, page_size, nhead_k, hdim], "
-                       f"got {k_shape} and {v_shape}")
-    num_pages, page_size, nhead_k, hdim_k = k_shape
-    if v_shape[:3] != k_shape[:3]:
-        raise _invalid(f"v_cache {v_shape} and k_cache {k_shape} must agree on pages, page "
-                       "size and heads")
-    hdim_v = v_shape[3]
+    cdef bint vectorized = page_layout == "vectorized"
+    num_pages, page_size, nhead_k, hdim_k, hdim_v = _cache_dims(_shape(k_cache),
+                                                                _shape(v_cache), vectorized)
     cdef int table_pages = 0
     if indptr:
         if len(_shape(kv_indptr)) != 1 or _shape(kv_indptr)[0] < 2:
@@ -170,7 +193,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
     cdef ArrayView qv = as_view(q, handle, dtype, "q", 3 if group else 4, _INPUT_DTYPES)
-    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 4, _INPUT_DTYPES)
+    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 5 if vectorized else 4,
+                                 _INPUT_DTYPES)
     cdef ArrayView vcv = as_view(v_cache, handle, dtype, "v_cache", 4, _INPUT_DTYPES)
     if not qv.dtype == kcv.dtype == vcv.dtype:
         raise _invalid(f"q, k_cache and v_cache must have one dtype, got {qv.dtype_name}, "
@@ -191,9 +215,17 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     if group:
         problem.mode = capi.CKFMHA_MODE_GROUP
         problem.total_q = total_q
-    # Caches: (page, head, token in page) strides, where contiguous K/V has (batch, head, seq).
-    _set_strides(problem.k_stride, (kcv.strides[0], kcv.strides[2], kcv.strides[1]))
-    _set_strides(problem.v_stride, (vcv.strides[0], vcv.strides[2], vcv.strides[1]))
+    if vectorized:
+        # (page, head, 8-channel chunk) for K, (page, head, channel) for V.
+        if page_size > 1 and kcv.strides[3] != _VECTOR_CHANNELS:
+            raise _invalid(f"k_cache's [page_size, {_VECTOR_CHANNELS}] chunks must be dense "
+                           f"(token stride {_VECTOR_CHANNELS}), got strides {kcv.strides}")
+        _set_strides(problem.k_stride, kcv.strides[:3])
+        _set_strides(problem.v_stride, vcv.strides[:3])
+    else:
+        # (page, head, token in page) strides, where contiguous K/V has (batch, head, seq).
+        _set_strides(problem.k_stride, (kcv.strides[0], kcv.strides[2], kcv.strides[1]))
+        _set_strides(problem.v_stride, (vcv.strides[0], vcv.strides[2], vcv.strides[1]))
 
     cdef ArrayView tv = None, iv = None, pv = None, sv = None, cqv = None
     if indptr:

@@ -69,7 +69,7 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     cdef int storage = kv_storage_code(problem.paged_kv)
     cdef int page_layout = page_layout_code(problem.page_layout)
     if storage != capi.CKFMHA_KV_CONTIGUOUS:
-        # Contiguous caches [num_pages, page_size, nhead_k, hdim]: (page, head, token) strides.
+        # Linear caches [num_pages, page_size, nhead_k, hdim]: (page, head, token) strides.
         out.kv_storage = <capi.ckfmha_kv_storage>storage
         out.page_layout = <capi.ckfmha_page_layout>page_layout
         out.page_size = to_int32(problem.page_size, "page_size")
@@ -78,6 +78,16 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
                  else problem.max_pages_per_seq)
         out.max_pages_per_seq = to_int32(pages, "max_pages_per_seq")
         out.block_table_stride = out.max_pages_per_seq
+        if page_layout == capi.CKFMHA_PAGE_LAYOUT_VECTORIZED:
+            # Contiguous k [pages, nhead_k, hdim / 8, page_size, 8]: (page, head, chunk);
+            # v [pages, nhead_k, hdim, page_size]: (page, head, channel).
+            out.k_stride[2] = <int64_t>page_tokens * 8
+            out.k_stride[1] = <int64_t>page_tokens * out.hdim_q
+            out.k_stride[0] = <int64_t>out.nhead_k * out.k_stride[1]
+            out.v_stride[2] = page_tokens
+            out.v_stride[1] = <int64_t>page_tokens * out.hdim_v
+            out.v_stride[0] = <int64_t>out.nhead_k * out.v_stride[1]
+            return 0
         out.k_stride[2] = <int64_t>out.nhead_k * out.hdim_q
         out.k_stride[1] = out.hdim_q
         out.k_stride[0] = <int64_t>page_tokens * out.k_stride[2]

@@ -61,6 +61,10 @@ _ROPE_ENUMS = {
     "interleaved": "CKFMHA_ROPE_INTERLEAVED",
     "half_rotated": "CKFMHA_ROPE_HALF_ROTATED",
 }
+_PAGE_LAYOUT_ENUMS = {
+    "linear": "CKFMHA_PAGE_LAYOUT_LINEAR",
+    "vectorized": "CKFMHA_PAGE_LAYOUT_VECTORIZED",
+}
 _ROPE_MODES = {"none": "kNone", "interleaved": "kInterleaved", "half_rotated": "kHalfRotated"}
 _MASK_MODES = {"none": "kNone", "causal": "kCausal", "window": "kWindow"}
 _BIAS_MODES = {"none": "kNone", "elementwise": "kElementwise", "alibi": "kAlibi"}
@@ -258,6 +262,8 @@ def render_instance(config: KernelConfig) -> str:
     indent = " " * 4
     paged_kv = sig.family in PAGED_FAMILIES
     split_kv = sig.family == "fwd_splitkv" or paged_kv
+    # The paged body reads vectorized pages' V per channel, as column-major V.
+    v_col_major = sig.v_col_major or sig.page_layout == "vectorized"
     return _instance_text(
         config,
         f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimQK=*/{sig.hdim_q}, /*HeadDimV=*/{sig.hdim_v},\n"
@@ -268,7 +274,7 @@ def render_instance(config: KernelConfig) -> str:
         f"{indent}/*HasLse=*/{_flag(sig.lse)}, /*HasDropout=*/{_flag(sig.dropout)}, "
         f"/*HasSoftcap=*/{_flag(sig.softcap)}, /*HasSink=*/{_flag(sig.sink)},\n"
         f"{indent}/*IsGroupMode=*/{_flag(sig.mode == 'group')}"
-        f"{_trailing_defaults(sig.v_col_major, alg.ctas_per_sm, split_kv, paged_kv)}",
+        f"{_trailing_defaults(v_col_major, alg.ctas_per_sm, split_kv, paged_kv)}",
     )
 
 
@@ -310,7 +316,8 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f"/*has_softcap=*/{int(sig.softcap)}, /*has_sink=*/{int(sig.sink)}, "
         f"/*v_col_major=*/{int(sig.v_col_major)}, /*has_dbias=*/{int(getattr(sig, 'dbias', 0))},\n"
         f"     {_ROPE_ENUMS[getattr(sig, 'rope', 'none')]}, "
-        f"/*paged_kv=*/{int(getattr(sig, 'paged', False))},\n"
+        f"/*paged_kv=*/{int(getattr(sig, 'paged', False))}, "
+        f"{_PAGE_LAYOUT_ENUMS[getattr(sig, 'page_layout', 'linear')]},\n"
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"

@@ -14,6 +14,7 @@ from .signature import (
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
+    PAGE_LAYOUTS,
     PAGED_FAMILIES,
     ROPE_MODES,
     AppendKvSignature,
@@ -132,19 +133,21 @@ def _splitkv_signatures() -> tuple[FwdSignature, ...]:
     return splits + combines
 
 
-def _paged(dtype: str, hdim: int, mask: str, family: str) -> FwdSignature:
+def _paged(
+    dtype: str, hdim: int, mask: str, family: str, page_layout: str = "linear"
+) -> FwdSignature:
     """A paged split kernel: fwd_pagedkv takes batch-mode queries, batch_prefill group-mode."""
     mode = "group" if family == BATCH_PREFILL else "batch"
-    return _fwd(dtype, hdim, mask, True, mode=mode, family=family)
+    return _fwd(dtype, hdim, mask, True, mode=mode, family=family, page_layout=page_layout)
 
 
 def _paged_signatures() -> tuple[FwdSignature, ...]:
-    """Both paged families for every dtype, serving head dim and mask; their combine stages are
-    the split-KV ones (batch and group mode), built by _splitkv_signatures."""
+    """Both paged families for every dtype, serving head dim, mask and page layout; their
+    combine stages are the split-KV ones (batch and group mode), built by _splitkv_signatures."""
     return tuple(
-        _paged(dtype, hdim, mask, family)
-        for family, dtype, hdim, mask in itertools.product(
-            PAGED_FAMILIES, DTYPES, SPLITKV_HDIMS, MASKS
+        _paged(dtype, hdim, mask, family, page_layout)
+        for family, dtype, hdim, mask, page_layout in itertools.product(
+            PAGED_FAMILIES, DTYPES, SPLITKV_HDIMS, MASKS, PAGE_LAYOUTS
         )
     )
 
@@ -256,8 +259,8 @@ RECEIPTS: dict[str, Receipt] = {
             name="ci",
             description="nine forward kernels per arch covering dtypes (one fp32), head dims, "
             "masks and features, plus one split-KV plan (bf16 d128 window, group mode: both "
-            "split tiles and the combine stage), its paged twin (batch_prefill, both tiles, "
-            "sharing that combine stage), two backward plans (bf16 d128 causal, fp16 "
+            "split tiles and the combine stage), its paged twins (batch_prefill over linear "
+            "and vectorized pages, both tiles, sharing that combine stage), two backward plans (bf16 d128 causal, fp16 "
             "d64 window in group mode) and two KV-cache appends (bf16 d128 half-rotated RoPE "
             "into pages, fp16 d64 interleaved RoPE into a contiguous cache)",
             signatures=(
@@ -273,6 +276,7 @@ RECEIPTS: dict[str, Receipt] = {
                 _splitkv("bf16", 128, "window", mode="group"),
                 _combine("bf16", 128, mode="group"),
                 _paged("bf16", 128, "window", BATCH_PREFILL),
+                _paged("bf16", 128, "window", BATCH_PREFILL, page_layout="vectorized"),
                 *_bwd_plan("bf16", 128, "causal"),
                 *_bwd_plan("fp16", 64, "window", mode="group"),
                 _appendkv("bf16", 128, "half_rotated", paged=True),
@@ -289,7 +293,7 @@ RECEIPTS: dict[str, Receipt] = {
             "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
             "feature combinations; split-KV and its combine stage for {fp16,bf16} x d{64,128} x "
             "masks x {batch,group}; paged K/V (fwd_pagedkv in batch mode, batch_prefill in "
-            "group mode) for {fp16,bf16} x d{64,128} x masks; backward plans for {fp16,bf16} x every mask x {batch,group} "
+            "group mode) for {fp16,bf16} x d{64,128} x masks x {linear,vectorized} pages; backward plans for {fp16,bf16} x every mask x {batch,group} "
             "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
             "and no mask or causal at the other head dims; KV-cache appends for {fp16,bf16} x "
             "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "

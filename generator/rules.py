@@ -248,13 +248,10 @@ def _paged_reasons(config: KernelConfig) -> list[str]:
             f"stages={alg.stages}: the paged body loads a key tile's K and V rows together, "
             f"double-buffered (stages={PAGED_STAGES})"
         )
-    if sig.page_layout == "vectorized":
+    if sig.page_layout == "vectorized" and alg.tile_n % 32 != 0:
         reasons.append(
-            "page_layout 'vectorized' (vLLM's older K [pages, nhead_k, hdim/x, page_size, x], V "
-            "[pages, nhead_k, hdim, page_size]) is not implemented: its V keeps each channel's "
-            "keys contiguous, which the row gather (a page lookup per key row, 16-byte vectors "
-            "along the head dim) does not read; the linear layout [num_pages, page_size, "
-            "nhead_k, hdim] (vLLM's flash layout) is"
+            f"tile_n={alg.tile_n} with vectorized pages: V is loaded per channel as rows of "
+            "tile_n keys, swizzled in 32- or 64-key chunks, so tile_n must be a multiple of 32"
         )
     return reasons
 

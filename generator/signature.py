@@ -32,7 +32,8 @@ class FwdSignature:
     sink: bool = False
     v_col_major: bool = False  # V stored [.., hdim_v, seqlen_k]
     # Paged families (fwd_pagedkv, batch_prefill): how a page holds its keys, "linear"
-    # [num_pages, page_size, nhead_k, hdim] or "vectorized" (vLLM's older layout, rejected).
+    # [num_pages, page_size, nhead_k, hdim] or "vectorized" (vLLM's older layout: K [pages,
+    # nhead_k, hdim / 8, page_size, 8], V [pages, nhead_k, hdim, page_size]).
     page_layout: str = "linear"
 
     @property

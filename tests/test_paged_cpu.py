@@ -89,8 +89,8 @@ def test_ci_set_adds_one_paged_pair_per_arch() -> None:
          r"batch_prefill takes group-mode queries; fwd_pagedkv serves batch-mode"),
         ("fwd_pagedkv", {"hdim_q": 64}, r"share one page lookup.*hdim_q must equal hdim_v"),
         ("fwd_pagedkv", {"stages": 1}, r"stages=1: the paged body loads.*stages=2"),
-        ("batch_prefill", {"page_layout": "vectorized"},
-         r"page_layout 'vectorized'.*not implemented.*V keeps each channel's keys contiguous"),
+        ("batch_prefill", {"page_layout": "vectorized", "tile_n": 48},
+         r"tile_n=48 with vectorized pages.*multiple of 32"),
         ("fwd_pagedkv", {"page_layout": "blocked"}, r"page_layout 'blocked' is unknown"),
         ("fwd_pagedkv", {"bias": "alibi"}, r"bias 'alibi'.*not implemented by fwd_pagedkv"),
         ("batch_prefill", {"dropout": True}, r"dropout.*not implemented by batch_prefill"),
@@ -250,11 +250,37 @@ def test_contiguous_problems_never_take_paged_kernels(paged_kernel: dict) -> Non
     assert f"selected  {paged_kernel['name']}" not in text
 
 
-def test_vectorized_pages_are_unsupported_with_the_reason(paged_kernel: dict) -> None:
-    problem = _problem(paged_kernel, page_layout="vectorized")
-    with pytest.raises(errors.UnsupportedError,
-                       match=r"vectorized.*not implemented.*store the cache linear"):
-        ckfmha.Dispatcher().select(problem, arch=paged_kernel["arch"])
+def test_page_layouts_select_their_own_kernels() -> None:
+    kernels = _paged_kernels()
+    for layout in ("linear", "vectorized"):
+        ours = [k for k in kernels if k["page_layout"] == layout]
+        if not ours:
+            pytest.skip(f"library built without {layout} paged kernels")
+        kernel, other = ours[0], "vectorized" if layout == "linear" else "linear"
+        problem = _problem(kernel, page_layout=layout)
+        dispatcher = ckfmha.Dispatcher()
+        assert dispatcher.select(problem, arch=kernel["arch"])["page_layout"] == layout
+        text = dispatcher.explain(_problem(kernel, page_layout=other), arch=kernel["arch"])
+        assert (f"rejected  {kernel['name']}: reads {layout} pages, problem has {other} "
+                "pages") in text
+
+
+def test_vectorized_fp32_pages_are_invalid() -> None:
+    problem = ckfmha.FwdProblem(batch=2, nhead_q=8, seqlen_q=1, seqlen_k=100, hdim=64,
+                                dtype="fp32", paged_kv="block_table", page_layout="vectorized")
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"vectorized is for fp16/bf16 caches.*store an fp32 cache linear"):
+        problem.validate()
+
+
+def test_problem_struct_has_vectorized_page_strides() -> None:
+    fields = ckfmha.FwdProblem(batch=2, nhead_q=8, nhead_k=2, seqlen_q=1, seqlen_k=100, hdim=64,
+                               paged_kv="block_table", page_size=16,
+                               page_layout="vectorized").to_c_dict()
+    assert fields["page_layout"] == 1
+    # k [pages, 2, 64 / 8, 16, 8]: (page, head, chunk); v [pages, 2, 64, 16]: (page, head, channel).
+    assert fields["k_stride"] == (2 * 64 * 16, 64 * 16, 16 * 8)
+    assert fields["v_stride"] == (2 * 64 * 16, 64 * 16, 16)
 
 
 def test_paged_features_it_lacks_are_unsupported(paged_kernel: dict) -> None:
@@ -321,6 +347,11 @@ def _paged_call(q_shape: tuple[int, ...] = (2, 8, 1, 128), k_shape: tuple[int, .
         ({"kv_indices": _ptr((9,), "int32"), "kv_indptr": _ptr((3, 1), "int32")},
          r"kv_indptr must be 1-D with batch \+ 1 >= 2 offsets"),
         ({"page_layout": "blocked"}, r"page_layout must be 'linear' or 'vectorized'"),
+        ({"page_layout": "vectorized"}, r"vectorized pages: k_cache must be 5-D"),
+        ({"page_layout": "vectorized", "k_shape": (40, 2, 32, 16, 4), "v_shape": (40, 2, 128, 16)},
+         r"k_cache's last axis holds 8 channels"),
+        ({"page_layout": "vectorized", "k_shape": (40, 2, 16, 16, 8), "v_shape": (40, 2, 128, 8)},
+         r"must agree on pages, heads and page size"),
         ({"seqlens_k": _ptr((3,), "int32")}, r"seqlens_k must have shape \(2,\)"),
         ({"k_shape": (40, 12, 2, 128), "v_shape": (40, 12, 2, 128)},
          r"page_size is 12; paged K/V takes a power of two"),

@@ -1,8 +1,8 @@
 """Paged K/V plans (fwd_pagedkv, batch_prefill, then fwd_splitkv_combine) on the GPU against the
 float64 reference.
 
-Every registered paged kernel is forced by name over page sizes 1, 16, 64 and 1024, both table
-layouts (vLLM block tables with seqlens_k; SGLang kv_indices + kv_indptr, with and without
+Every registered paged kernel is forced by name over page sizes 1, 16, 64 and 1024, its page
+layout (linear, or vLLM's vectorized one: the same keys re-laid out), both table layouts (vLLM block tables with seqlens_k; SGLang kv_indices + kv_indptr, with and without
 seqlens_k), pages scattered by a random permutation of the page ids, partially filled last
 pages, zero-length sequences, GQA, every mask its kernel serves in both alignments, both query
 layouts, and forced and automatic split counts. Table entries past a sequence's pages hold ids
@@ -61,6 +61,17 @@ class PagedCache:
         if table == "kv_indptr":
             args["seqlens_k"] = lens
         return args
+
+    def cache_args(self, page_layout: str) -> dict[str, Any]:
+        """The caches as fwd_paged's k_cache, v_cache and page_layout: the linear tensors, or
+        the same keys in vLLM's vectorized layout (K [pages, hk, d / 8, page_size, 8], V
+        [pages, hk, d, page_size])."""
+        if page_layout == "linear":
+            return {"k_cache": self.k, "v_cache": self.v}
+        pages, page_size, hk, d = self.k.shape
+        k = self.k.view(pages, page_size, hk, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
+        v = self.v.permute(0, 2, 3, 1).contiguous()
+        return {"k_cache": k, "v_cache": v, "page_layout": page_layout}
 
     def reference_args(self, table: str) -> dict[str, Any]:
         if table == "block_table":
@@ -129,7 +140,7 @@ PREFILL_CASES = [
 
 
 def _run_decode(kernel: dict[str, Any] | None, index: int, case: tuple[Any, ...],
-                inputs: Inputs, dtype_name: str, d: int) -> None:
+                inputs: Inputs, dtype_name: str, d: int, page_layout: str = "linear") -> None:
     sq, lens_k, (hq, hk), page_size, table, num_splits = case
     if table == "kv_indptr_full":
         lens_k = [-(-n // page_size) * page_size for n in lens_k]
@@ -145,14 +156,17 @@ def _run_decode(kernel: dict[str, Any] | None, index: int, case: tuple[Any, ...]
     if kernel is not None and kernel["softcap"]:
         options["softcap"] = 2.5
     scale = 1.0 / math.sqrt(d) * (0.75 if index % 2 else 1.0)
-    ckfmha.fwd_paged(q, cache.k, cache.v, **cache.table_args(table), scale=scale, layout=layout,
-                     return_lse=True, out=out, lse_out=lse, num_splits=num_splits,
-                     kernel=None if kernel is None else kernel["name"], **options)
+    if kernel is not None:
+        page_layout = kernel["page_layout"]
+    ckfmha.fwd_paged(q, **cache.cache_args(page_layout), **cache.table_args(table), scale=scale,
+                     layout=layout, return_lse=True, out=out, lse_out=lse,
+                     num_splits=num_splits, kernel=None if kernel is None else kernel["name"],
+                     **options)
     torch.cuda.synchronize()
     ref, ref_lse = paged_attention_reference(
         _f64(q), _f64(cache.k), _f64(cache.v), **cache.reference_args(table), layout=layout,
         scale=scale, **options)
-    what = f"{case} {layout} {options}"
+    what = f"{case} {layout} {page_layout} {options}"
     _compare(kernel or {"dtype": dtype_name}, out, lse, ref, ref_lse, what)
 
 
@@ -175,7 +189,7 @@ def _run_prefill(kernel: dict[str, Any], index: int, case: tuple[Any, ...],
     options = _mask_options(kernel, index)
     if kernel["softcap"]:
         options["softcap"] = 2.5
-    ckfmha.fwd_paged(q, cache.k, cache.v, **cache.table_args(table),
+    ckfmha.fwd_paged(q, **cache.cache_args(kernel["page_layout"]), **cache.table_args(table),
                      cu_seqlens_q=torch.from_numpy(cu_q).cuda(), max_seqlen_q=int(lens_q.max()),
                      return_lse=True, out=out, lse_out=lse, num_splits=num_splits,
                      kernel=kernel["name"], **options)
@@ -202,26 +216,30 @@ def test_batch_prefill_kernel_matches_reference(kernel: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("sq", [1, 2, 4, 8])
 @pytest.mark.parametrize("page_size", [1, 16, 64, 1024])
-def test_automatic_paged_decode_plan(sq: int, page_size: int) -> None:
+@pytest.mark.parametrize("page_layout", ["linear", "vectorized"])
+def test_automatic_paged_decode_plan(sq: int, page_size: int, page_layout: str) -> None:
     """No kernel forced: the dispatcher picks the paged kernel (and tile) and the split count."""
-    causal = [k for k in DECODE_KERNELS if k["mask"] != "none" and not k["softcap"]]
+    causal = [k for k in DECODE_KERNELS if k["mask"] != "none" and not k["softcap"]
+              and k["page_layout"] == page_layout]
     if not causal:
-        pytest.skip("library built without masked fwd_pagedkv kernels")
+        pytest.skip(f"library built without masked {page_layout} fwd_pagedkv kernels")
     kernel = causal[0]
     problem = ckfmha.FwdProblem(batch=3, nhead_q=32, nhead_k=8, seqlen_q=sq, seqlen_k=3000,
                                 hdim=kernel["hdim_q"], dtype=kernel["dtype"], lse=True,
                                 causal=True, causal_alignment="bottom_right",
-                                paged_kv="block_table", page_size=page_size)
+                                paged_kv="block_table", page_size=page_size,
+                                page_layout=page_layout)
     explanation = ckfmha.Dispatcher().explain(problem)
     assert "plan: split-KV, fwd_pagedkv_" in explanation, explanation
     inputs = Inputs(sq * 7919 + page_size)
     case = (sq, [3000, 1, 1234], (32, 8), page_size, "block_table", 0)
-    _run_decode(None, 0, case, inputs, kernel["dtype"], kernel["hdim_q"])
+    _run_decode(None, 0, case, inputs, kernel["dtype"], kernel["hdim_q"], page_layout)
 
 
 def test_page_offsets_past_2_31_elements() -> None:
     """Pages whose element offsets pass 2^31 (a 4.6 GB cache per tensor): 64-bit addressing."""
-    candidates = [k for k in DECODE_KERNELS if k["hdim_q"] == 128 and not k["softcap"]]
+    candidates = [k for k in DECODE_KERNELS
+                  if k["hdim_q"] == 128 and not k["softcap"] and k["page_layout"] == "linear"]
     if not candidates:
         pytest.skip("library built without d128 fwd_pagedkv kernels")
     kernel = candidates[0]

@@ -98,7 +98,10 @@ std::string kv_storage_mismatch(ckfmha_kernel_entry const& k, ckfmha_fwd_problem
                         : "reads contiguous K/V, problem has a paged K/V cache (fwd_pagedkv and "
                           "batch_prefill kernels read pages)";
   }
-  if (paged_kernel && p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR) return vectorized_pages_reason();
+  if (paged_kernel && k.page_layout != p.page_layout) {
+    return std::string("reads ") + page_layout_name(k.page_layout) + " pages, problem has " +
+           page_layout_name(p.page_layout) + " pages";
+  }
   return {};
 }
 
@@ -112,14 +115,6 @@ bool is_paged_family(ckfmha_family family) {
 
 ckfmha_family paged_family(ckfmha_fwd_problem const& p) {
   return p.mode == CKFMHA_MODE_GROUP ? CKFMHA_FAMILY_BATCH_PREFILL : CKFMHA_FAMILY_FWD_PAGEDKV;
-}
-
-const char* vectorized_pages_reason() {
-  return "page_layout vectorized (vLLM's older K [pages, nhead_k, hdim/x, page_size, x], V "
-         "[pages, nhead_k, hdim, page_size]) is not implemented: its V keeps each channel's "
-         "keys contiguous, which the row gather (a page lookup per key row, 16-byte vectors "
-         "along the head dim) does not read; store the cache linear [num_pages, page_size, "
-         "nhead_k, hdim] (vLLM's flash layout)";
 }
 
 bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch) {

@@ -157,11 +157,10 @@ FwdPlan split_plan(ckfmha_kernel_entry const& split, ckfmha_kernel_entry const& 
   return plan;
 }
 
-// Why no paged plan exists: the vectorized layout, the first reasons of the
-// kernels of the problem's paged family, or that none is registered.
+// Why no paged plan exists: the first reasons of the kernels of the
+// problem's paged family, or that none is registered.
 std::string why_no_paged(std::vector<ckfmha_kernel_entry> const& kernels,
                          ckfmha_fwd_problem const& p, int device_arch) {
-  if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR) return vectorized_pages_reason();
   const ckfmha_family family = paged_family(p);
   std::ostringstream why;
   why << "no " << family_name(family) << " kernel fits";

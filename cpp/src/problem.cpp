@@ -57,6 +57,14 @@ const char* mode_name(ckfmha_mode mode) {
   return "unknown";
 }
 
+const char* page_layout_name(ckfmha_page_layout layout) {
+  switch (layout) {
+    case CKFMHA_PAGE_LAYOUT_LINEAR: return "linear";
+    case CKFMHA_PAGE_LAYOUT_VECTORIZED: return "vectorized";
+  }
+  return "unknown";
+}
+
 const char* family_name(ckfmha_family family) {
   switch (family) {
     case CKFMHA_FAMILY_FWD: return "fwd";
@@ -103,6 +111,10 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
     msg << "page_layout " << int(p.page_layout) << " is not one of linear (0), vectorized (1)";
     return msg.str();
   }
+  if (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && p.dtype == CKFMHA_DTYPE_FP32) {
+    return "page_layout vectorized is for fp16/bf16 caches (K in chunks of 8 channels, one "
+           "16-byte vector per key); store an fp32 cache linear";
+  }
   if (p.page_size < 1 || (p.page_size & (p.page_size - 1)) != 0) {
     msg << "page_size is " << p.page_size
         << "; paged K/V takes a power of two >= 1 (tokens per page: 1, 16, 64, ...)";
@@ -116,8 +128,8 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
     return msg.str();
   }
   if (p.v_col_major) {
-    return "v_col_major does not apply to a paged K/V cache: pages hold [page_size, nhead_k, "
-           "hdim] rows (page_layout linear)";
+    return "v_col_major does not apply to a paged K/V cache: page_layout says how pages hold "
+           "their keys (linear, or vectorized for V's keys contiguous per channel)";
   }
   return {};
 }

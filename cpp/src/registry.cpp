@@ -87,7 +87,9 @@ std::string Registry::to_json() const {
         << ", \"v_col_major\": " << (e.v_col_major ? "true" : "false")
         << ", \"dbias\": " << (e.has_dbias ? "true" : "false")
         << ", \"rope\": " << json_string(rope_name(e.rope))
-        << ", \"paged_kv\": " << (e.paged_kv ? "true" : "false") << ", \"arch\": " << e.arch
+        << ", \"paged_kv\": " << (e.paged_kv ? "true" : "false")
+        << ", \"page_layout\": " << json_string(page_layout_name(e.page_layout))
+        << ", \"arch\": " << e.arch
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k

@@ -107,8 +107,8 @@ typedef enum ckfmha_kv_storage {
 /* How a page holds its keys. */
 typedef enum ckfmha_page_layout {
   CKFMHA_PAGE_LAYOUT_LINEAR = 0,    /* k, v [num_pages, page_size, nhead_k, hdim] (vLLM flash) */
-  CKFMHA_PAGE_LAYOUT_VECTORIZED = 1 /* vLLM's older k [pages, nhead_k, hdim/x, page_size, x],
-                                       v [pages, nhead_k, hdim, page_size]: not implemented */
+  CKFMHA_PAGE_LAYOUT_VECTORIZED = 1 /* vLLM's older k [pages, nhead_k, hdim/8, page_size, 8],
+                                       v [pages, nhead_k, hdim, page_size] (2-byte dtypes) */
 } ckfmha_page_layout;
 
 typedef enum ckfmha_layout {
@@ -182,7 +182,11 @@ typedef struct ckfmha_fwd_problem {
   /*
    * Paged K/V cache (kv_storage != CKFMHA_KV_CONTIGUOUS): k and v point at
    * page caches [num_pages, page_size, nhead_k, hdim_q / hdim_v] and
-   * k_stride/v_stride are (page, head, token in page) strides. Sequence b's
+   * k_stride/v_stride are (page, head, token in page) strides. With
+   * page_layout vectorized (fp16/bf16), k is [num_pages, nhead_k, hdim / 8,
+   * page_size, 8] with k_stride (page, head, 8-channel chunk) and each chunk's
+   * [page_size, 8] dense, and v is [num_pages, nhead_k, hdim, page_size] with
+   * v_stride (page, head, channel) and each channel's keys contiguous. Sequence b's
    * keys are the tokens of its pages in order: block_table row b (its first
    * max_pages_per_seq entries, rows block_table_stride apart) or
    * kv_indices[kv_indptr[b] .. kv_indptr[b + 1]); args.seqlens_k[b] keys of

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 5
+#define CKFMHA_KERNEL_ABI_VERSION 6
 
 /* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,
  * ckfmha_bwd_problem/_args for the three backward stages,
@@ -41,6 +41,7 @@ typedef struct ckfmha_kernel_entry {
   int32_t has_dbias;   /* backward: writes the elementwise bias gradient */
   ckfmha_rope rope;     /* fwd_appendkv: rotary embedding of appended keys */
   int32_t paged_kv;     /* fwd_appendkv: writes a paged cache through a block table */
+  ckfmha_page_layout page_layout; /* fwd_pagedkv, batch_prefill: how pages hold keys */
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

@@ -16,7 +16,8 @@
 // keys limited to the split's range and fp32 partials written to the
 // workspace instead of O and LSE (splitkv_rows.cuh). With Traits::kPagedKv as
 // well it is fwd_pagedkv (batch mode) or batch_prefill (group mode queries):
-// key tiles are gathered through a page table (paged_kv.cuh).
+// key tiles are gathered through a page table (paged_kv.cuh); kVColMajor then
+// means vLLM's "vectorized" pages, V loaded as V^T.
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
@@ -184,8 +185,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   };
 
   // K and V of one key tile into one stage (double-buffered pipelines).
-  auto load_kv = [&](int n_block, int stage, auto ragged) {
-    if constexpr (kPaged) {
+  // Forced inline (so is process_tile): a call left out of line keeps every
+  // local it captures in stack memory.
+  auto load_kv = [&](int n_block, int stage, auto ragged) __attribute__((always_inline)) {
+    if constexpr (kPaged && Traits::kVColMajor) {
+      Tensor k_dst = in_stage(tKsK, stage, kKElems);
+      Tensor vt_dst = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
+      load_vectorized_paged_kv<decltype(ragged)::value>(
+          k_dst, tKcK, vt_dst, vt_load_thr.partition_S(make_identity_tensor(TileVt{})), keys,
+          k_base, v_base, p, n_block * kBlockN, seq.seqlen_k);
+    } else if constexpr (kPaged) {
       Tensor k_dst = in_stage(tKsK, stage, kKElems);
       Tensor v_dst = in_stage(tVsV, stage, kVElems);
       load_paged_kv<decltype(ragged)::value>(k_dst, v_dst, tKcK, keys, k_base, v_base, p,
@@ -262,7 +271,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // One key tile; NeedsMask is a compile-time switch so the tiles inside
   // every bound (most of them) carry no per-element mask selects: ptxas
   // if-converts a run-time branch around the mask into predicated code.
-  auto process_tile = [&](int n_block, auto needs_mask) {
+  // Forced inline like load_kv.
+  auto process_tile = [&](int n_block, auto needs_mask) __attribute__((always_inline)) {
     constexpr bool kNeedsMask = decltype(needs_mask)::value;
     const int n_begin = n_block * kBlockN;
     // Tiles alternate between the two stages, the first one in stage 0.

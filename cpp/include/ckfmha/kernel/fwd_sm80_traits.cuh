@@ -73,11 +73,13 @@ struct FwdSm80Traits {
   // The fwd_splitkv variant (splitkv_rows.cuh): GQA heads packed into the
   // tile rows, a key range per split, fp32 partials to the workspace.
   static constexpr bool kSplitKv = SplitKv;
-  static_assert(!SplitKv || (Bias == BiasMode::kNone && !HasDropout && !HasSink && !VColMajor),
+  static_assert(!SplitKv || (Bias == BiasMode::kNone && !HasDropout && !HasSink &&
+                             (!VColMajor || PagedKv)),
                 "split-KV kernels take masks, soft-cap, LSE, GQA and group mode only");
   // The paged address mode of the split-KV body (paged_kv.cuh): key tile rows
   // gathered through a page table. K and V rows share one page lookup, so
   // they need one head dim, and are loaded together, so double-buffered.
+  // With VColMajor the pages are vLLM's "vectorized" ones (V^T per page).
   static constexpr bool kPagedKv = PagedKv;
   static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && Stages == 2),
                 "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 stages");

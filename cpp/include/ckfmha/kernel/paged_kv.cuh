@@ -14,6 +14,15 @@
 // 64-bit (page id x page stride alone passes 2^31 in a large cache). Rows
 // past the sequence are zero-filled and their table entries never read:
 // entries past a sequence's last page may hold anything.
+//
+// "Vectorized" pages (vLLM's older layout, Traits::kVColMajor on a paged
+// body) hold K as [pages, nhead_k, hdim / 8, page_size, 8] and V as [pages,
+// nhead_k, hdim, page_size] (2-byte elements: 8 make a 16-byte vector). A
+// key's 8-channel K chunk is still one 16-byte vector, so K keeps the row
+// gather with a chunk stride in place of the element stride. V keeps each
+// channel's keys contiguous: it is loaded as V^T, (hdim, keys) tiles read
+// 8 keys per vector, which is the column-major-V shared-memory layout the
+// P V product already reads with plain ldmatrix.
 #pragma once
 
 #include "ckfmha/kernel/fwd_params.h"
@@ -107,6 +116,89 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
       for (int k = 0; k < size<2>(k_dst); ++k) {
         clear(k_dst(_, m, k));
         clear(v_dst(_, m, k));
+      }
+    }
+  }
+}
+
+// Vectorized pages: gathers key tile rows [n_begin, n_begin + kBlockN) of K
+// (k_dst/k_coords: the row-gather partition of the K tile, as above; p.k_row_stride
+// is the stride between 8-channel chunks) and of V^T (vt_dst/vt_coords: a
+// 16-byte-vector partition of the (hdim, keys) tile; p.v_row_stride is the
+// channel stride) into one stage each.
+//
+// A V vector is 8 consecutive keys of one channel. With pages of 8 or more
+// keys (powers of two) such a vector never crosses a page, so it is one
+// cp.async from the page; the vector straddling seqlen_k, and every vector
+// of smaller pages, is read key by key with a page lookup each, and keys at
+// or past seqlen_k are zero-filled (their page slots may hold anything, and
+// 0 * NaN would poison O). Those scalar shared stores are synchronous, so
+// the barrier that publishes the cp.async data publishes them too.
+template <bool Ragged, class Element, class KDst, class KCoords, class VtDst, class VtCoords>
+__device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords const& k_coords,
+                                                         VtDst& vt_dst, VtCoords const& vt_coords,
+                                                         PagedKeys const& keys,
+                                                         Element const* k_head,
+                                                         Element const* v_head,
+                                                         FwdParams const& p, int n_begin,
+                                                         int seqlen_k) {
+  using namespace cute;
+  constexpr int kVec = 16 / int(sizeof(Element));
+  static_assert(decltype(size<0>(k_dst))::value == kVec &&
+                    decltype(size<0>(vt_dst))::value == kVec,
+                "one 16-byte vector: 8 channels of K, 8 keys of V");
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(k_dst); ++m) {
+    const int token = n_begin + get<0>(k_coords(0, m, 0));
+    if (!Ragged || token < seqlen_k) {
+      const int64_t page = keys.page(token);
+      Element const* k_key = k_head + page * p.k_batch_stride + int64_t(keys.slot(token)) * kVec;
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(k_dst); ++k) {
+        const int64_t chunk = get<1>(k_coords(0, m, k)) / kVec;
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
+            *reinterpret_cast<uint128_t const*>(k_key + chunk * p.k_row_stride),
+            *reinterpret_cast<uint128_t*>(raw_pointer_cast(k_dst(_, m, k).data())));
+      }
+    } else {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(k_dst); ++k) clear(k_dst(_, m, k));
+    }
+  }
+  const bool whole_page_vectors = keys.page_shift >= 3;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(vt_dst); ++k) {
+    // Every vector of a thread's column slice k covers the same 8 keys (the
+    // copy's threads tile the key columns, its value steps walk the channels).
+    const int token = n_begin + get<1>(vt_coords(0, 0, k));
+    const int keys_in_seq = seqlen_k - token;
+    if (whole_page_vectors && (!Ragged || keys_in_seq >= kVec)) {
+      Element const* v_keys =
+          v_head + int64_t(keys.page(token)) * p.v_batch_stride + keys.slot(token);
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(vt_dst); ++m) {
+        const int64_t channel = get<0>(vt_coords(0, m, k));
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
+            *reinterpret_cast<uint128_t const*>(v_keys + channel * p.v_row_stride),
+            *reinterpret_cast<uint128_t*>(raw_pointer_cast(vt_dst(_, m, k).data())));
+      }
+    } else {
+      // Rare (the sequence's last vector, or pages under 8 keys): kept rolled
+      // so it adds no registers to the common path.
+#pragma unroll 1
+      for (int i = 0; i < kVec; ++i) {
+        if (i < keys_in_seq) {
+          const int key = token + i;
+          Element const* v_key =
+              v_head + int64_t(keys.page(key)) * p.v_batch_stride + keys.slot(key);
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(vt_dst); ++m) {
+            vt_dst(i, m, k) = v_key[int64_t(get<0>(vt_coords(0, m, k))) * p.v_row_stride];
+          }
+        } else {
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(vt_dst); ++m) vt_dst(i, m, k) = Element(0.f);
+        }
       }
     }
   }

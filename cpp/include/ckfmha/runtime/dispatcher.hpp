@@ -27,11 +27,10 @@ bool same_shape(ckfmha_kernel_entry const& kernel, ckfmha_fwd_problem const& pro
 
 // Paged K/V: whether the problem reads a page cache, whether a family does,
 // the family a paged problem runs (fwd_pagedkv in batch mode, batch_prefill in
-// group mode) and why the vectorized page layout is refused.
+// group mode).
 bool is_paged(ckfmha_fwd_problem const& problem);
 bool is_paged_family(ckfmha_family family);
 ckfmha_family paged_family(ckfmha_fwd_problem const& problem);
-const char* vectorized_pages_reason();
 
 // A fwd kernel's preference among those that fit: the narrowest mask kind.
 bool mask_kind_preferred(ckfmha_mask_kind kind, ckfmha_mask mask);

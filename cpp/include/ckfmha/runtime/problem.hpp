@@ -17,6 +17,7 @@ const char* mask_name(ckfmha_mask mask);
 const char* mask_kind_name(ckfmha_mask_kind kind);
 const char* bias_name(ckfmha_bias bias);
 const char* mode_name(ckfmha_mode mode);
+const char* page_layout_name(ckfmha_page_layout layout);
 const char* family_name(ckfmha_family family);
 
 // One-line human description used in error messages and explanations.
