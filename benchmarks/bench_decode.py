@@ -54,6 +54,29 @@ def plan_line(b: int, sq: int, sk: int, num_splits: int) -> str:
     return text.rstrip().splitlines()[-1]
 
 
+def time_impls(row: dict[str, Any], impls: dict[str, Callable[[], Any]],
+               args: argparse.Namespace, *, subject: str, ratio_prefix: str,
+               peers: tuple[str, ...], diff_peer: str, diff_key: str) -> None:
+    """Times each implementation into row (ms and GB/s of row["bytes"]; None for a backend that
+    refuses the shape), then adds row[f"{ratio_prefix}_{peer}"], the peer's time over the
+    subject's, and row[diff_key], the largest |subject - diff_peer| of their outputs."""
+    outputs = {}
+    for name, fn in impls.items():
+        try:
+            outputs[name] = fn()
+            ms = median_ms(fn, args.warmup, args.iters, args.repeats)
+            row[f"{name}_ms"], row[f"{name}_gbps"] = ms, row["bytes"] / ms / 1e6
+        except (RuntimeError, ckfmha.CkfmhaError) as exc:  # a backend refusing this shape
+            row[f"{name}_ms"] = row[f"{name}_gbps"] = None
+            print(f"  {name} unavailable: {str(exc).splitlines()[0]}")
+    for peer in peers:
+        if row.get(f"{peer}_ms") and row.get(f"{subject}_ms"):
+            row[f"{ratio_prefix}_{peer}"] = row[f"{peer}_ms"] / row[f"{subject}_ms"]
+    if subject in outputs and diff_peer in outputs:
+        diff = (outputs[subject].float() - outputs[diff_peer].float()).abs().max()
+        row[diff_key] = float(diff)
+
+
 def run_shape(b: int, sk: int, sq: int, args: argparse.Namespace) -> dict[str, Any]:
     q = torch.randn(b, HEADS_Q, sq, HDIM, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, HEADS_K, sk, HDIM, device="cuda", dtype=torch.bfloat16)
@@ -68,22 +91,10 @@ def run_shape(b: int, sk: int, sq: int, args: argparse.Namespace) -> dict[str, A
     row: dict[str, Any] = {"batch": b, "nhead_q": HEADS_Q, "nhead_k": HEADS_K, "seqlen_q": sq,
                            "seqlen_k": sk, "hdim": HDIM, "bytes": nbytes,
                            "plan": plan_line(b, sq, sk, 0)}
-    outputs = {}
-    for name, fn in impls.items():
-        try:
-            outputs[name] = fn()
-            ms = median_ms(fn, args.warmup, args.iters, args.repeats)
-            row[f"{name}_ms"], row[f"{name}_gbps"] = ms, nbytes / ms / 1e6
-        except (RuntimeError, ckfmha.CkfmhaError) as exc:  # a backend refusing this shape
-            row[f"{name}_ms"] = row[f"{name}_gbps"] = None
-            print(f"  {name} unavailable: {str(exc).splitlines()[0]}")
-    for peer in ("torch_cudnn", "torch_flash"):
-        if row.get(f"{peer}_ms") and row.get("ckfmha_ms"):
-            row[f"speedup_vs_{peer}"] = row[f"{peer}_ms"] / row["ckfmha_ms"]
-    if "ckfmha" in outputs and "torch_flash" in outputs:
-        diff = (outputs["ckfmha"].float() - outputs["torch_flash"].float()).abs().max()
-        row["max_abs_diff_vs_flash"] = float(diff)
-    del q, k, v, outputs
+    time_impls(row, impls, args, subject="ckfmha", ratio_prefix="speedup_vs",
+               peers=("torch_cudnn", "torch_flash"), diff_peer="torch_flash",
+               diff_key="max_abs_diff_vs_flash")
+    del q, k, v
     torch.cuda.empty_cache()
     return row
 
@@ -125,22 +136,10 @@ def run_paged_shape(b: int, sk: int, sq: int, page_size: int,
     row: dict[str, Any] = {"batch": b, "nhead_q": HEADS_Q, "nhead_k": HEADS_K, "seqlen_q": sq,
                            "seqlen_k": sk, "hdim": HDIM, "page_size": page_size, "bytes": nbytes,
                            "plan": plan.rstrip().splitlines()[-1]}
-    outputs = {}
-    for name, fn in impls.items():
-        try:
-            outputs[name] = fn()
-            ms = median_ms(fn, args.warmup, args.iters, args.repeats)
-            row[f"{name}_ms"], row[f"{name}_gbps"] = ms, nbytes / ms / 1e6
-        except (RuntimeError, ckfmha.CkfmhaError) as exc:
-            row[f"{name}_ms"] = row[f"{name}_gbps"] = None
-            print(f"  {name} unavailable: {str(exc).splitlines()[0]}")
-    for peer in ("ckfmha", "torch_cudnn"):
-        if row.get(f"{peer}_ms") and row.get("ckfmha_paged_ms"):
-            row[f"paged_speed_vs_{peer}"] = row[f"{peer}_ms"] / row["ckfmha_paged_ms"]
-    if "ckfmha_paged" in outputs and "torch_cudnn" in outputs:
-        diff = (outputs["ckfmha_paged"].float() - outputs["torch_cudnn"].float()).abs().max()
-        row["max_abs_diff_vs_cudnn"] = float(diff)
-    del q, k, v, k_cache, v_cache, outputs
+    time_impls(row, impls, args, subject="ckfmha_paged", ratio_prefix="paged_speed_vs",
+               peers=("ckfmha", "torch_cudnn"), diff_peer="torch_cudnn",
+               diff_key="max_abs_diff_vs_cudnn")
+    del q, k, v, k_cache, v_cache
     torch.cuda.empty_cache()
     return row
 

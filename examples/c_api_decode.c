@@ -7,20 +7,10 @@
  *      -L$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -lckfmha \
  *      -Wl,-rpath,$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -o c_api_decode
  */
-#include <ckfmha/ckfmha.h>
+#include "c_api_example.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    int status_ = (call);                                                             \
-    if (status_ != CKFMHA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s: %s: %s\n", #call, ckfmha_status_name(status_),             \
-              ckfmha_last_error());                                                   \
-      return 1;                                                                       \
-    }                                                                                 \
-  } while (0)
 
 enum { BATCH = 4, HEADS_Q = 32, HEADS_K = 8, SEQLEN_K = 8192, HDIM = 128 };
 
@@ -37,30 +27,21 @@ int main(void) {
   CHECK(ckfmha_fwd_workspace_size(&problem, 90, NULL, &bytes));
   printf("sm_90 plan needs a %zu-byte workspace\n", bytes);
 
-  int devices = 0;
-  CHECK(ckfmha_device_count(&devices));
-  if (devices == 0) {
-    printf("no GPU: stopping before the launch\n");
-    return 0;
-  }
+  RETURN_IF_NO_GPU();
   CHECK(ckfmha_fwd_workspace_size(&problem, -1, NULL, &bytes)); /* this device's plan */
   size_t q_elems = (size_t)BATCH * HEADS_Q * HDIM;
   size_t kv_elems = (size_t)BATCH * HEADS_K * SEQLEN_K * HDIM;
   unsigned short* host = malloc(kv_elems * sizeof *host);
-  for (size_t i = 0; i < kv_elems; ++i) host[i] = 0x3c00 ^ (unsigned short)(i % 128); /* bf16 */
+  fill_pattern(host, kv_elems, 128); /* bf16 */
   void *q, *k, *v, *o, *workspace = NULL;
-  CHECK(ckfmha_device_malloc(&q, q_elems * 2));
-  CHECK(ckfmha_device_malloc(&k, kv_elems * 2));
-  CHECK(ckfmha_device_malloc(&v, kv_elems * 2));
+  CHECK(upload(&q, host, q_elems * 2));
+  CHECK(upload(&k, host, kv_elems * 2));
+  CHECK(upload(&v, host, kv_elems * 2));
   CHECK(ckfmha_device_malloc(&o, q_elems * 2));
   if (bytes > 0) CHECK(ckfmha_device_malloc(&workspace, bytes));
-  CHECK(ckfmha_memcpy_to_device(q, host, q_elems * 2));
-  CHECK(ckfmha_memcpy_to_device(k, host, kv_elems * 2));
-  CHECK(ckfmha_memcpy_to_device(v, host, kv_elems * 2));
 
-  ckfmha_fwd_args args = {q, k, v, o, NULL};
-  args.workspace = workspace;
-  args.workspace_bytes = bytes;
+  ckfmha_fwd_args args = {
+      .q = q, .k = k, .v = v, .o = o, .workspace = workspace, .workspace_bytes = bytes};
   CHECK(ckfmha_fwd_run(&problem, &args, NULL, NULL));
   CHECK(ckfmha_stream_synchronize(NULL));
   CHECK(ckfmha_memcpy_to_host(host, o, q_elems * 2));

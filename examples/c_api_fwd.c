@@ -5,20 +5,10 @@
  *      -L$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -lckfmha \
  *      -Wl,-rpath,$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -o c_api_fwd
  */
-#include <ckfmha/ckfmha.h>
+#include "c_api_example.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    int status_ = (call);                                                             \
-    if (status_ != CKFMHA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s: %s: %s\n", #call, ckfmha_status_name(status_),             \
-              ckfmha_last_error());                                                   \
-      return 1;                                                                       \
-    }                                                                                 \
-  } while (0)
 
 int main(void) {
   ckfmha_fwd_problem problem;
@@ -30,24 +20,16 @@ int main(void) {
   CHECK(ckfmha_fwd_select(&problem, 90, name, sizeof name));
   printf("sm_90 would run %s\n", name);
 
-  int devices = 0;
-  CHECK(ckfmha_device_count(&devices));
-  if (devices == 0) {
-    printf("no GPU: stopping before the launch\n");
-    return 0;
-  }
+  RETURN_IF_NO_GPU();
   size_t elems = (size_t)2 * 8 * 512 * 64;
   unsigned short* host = malloc(elems * sizeof *host);
-  for (size_t i = 0; i < elems; ++i) host[i] = 0x3c00 ^ (unsigned short)(i % 1024);  /* fp16 values */
+  fill_pattern(host, elems, 1024); /* fp16 */
   void *q, *k, *v, *o;
-  CHECK(ckfmha_device_malloc(&q, elems * 2));
-  CHECK(ckfmha_device_malloc(&k, elems * 2));
-  CHECK(ckfmha_device_malloc(&v, elems * 2));
+  CHECK(upload(&q, host, elems * 2));
+  CHECK(upload(&k, host, elems * 2));
+  CHECK(upload(&v, host, elems * 2));
   CHECK(ckfmha_device_malloc(&o, elems * 2));
-  CHECK(ckfmha_memcpy_to_device(q, host, elems * 2));
-  CHECK(ckfmha_memcpy_to_device(k, host, elems * 2));
-  CHECK(ckfmha_memcpy_to_device(v, host, elems * 2));
-  ckfmha_fwd_args args = {q, k, v, o, NULL};
+  ckfmha_fwd_args args = {.q = q, .k = k, .v = v, .o = o};
   CHECK(ckfmha_fwd_run(&problem, &args, NULL, NULL));
   CHECK(ckfmha_stream_synchronize(NULL));
   CHECK(ckfmha_memcpy_to_host(host, o, elems * 2));

@@ -8,20 +8,10 @@
  *      -L$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -lckfmha \
  *      -Wl,-rpath,$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -o c_api_paged_decode
  */
-#include <ckfmha/ckfmha.h>
+#include "c_api_example.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    int status_ = (call);                                                             \
-    if (status_ != CKFMHA_SUCCESS) {                                                  \
-      fprintf(stderr, "%s: %s: %s\n", #call, ckfmha_status_name(status_),             \
-              ckfmha_last_error());                                                   \
-      return 1;                                                                       \
-    }                                                                                 \
-  } while (0)
 
 enum { BATCH = 4, HEADS_Q = 32, HEADS_K = 8, HDIM = 128, PAGE = 16, MAX_PAGES = 256 };
 
@@ -47,41 +37,29 @@ int main(void) {
   CHECK(ckfmha_fwd_workspace_size(&problem, 90, NULL, &bytes));
   printf("sm_90 paged plan needs a %zu-byte workspace\n", bytes);
 
-  int devices = 0;
-  CHECK(ckfmha_device_count(&devices));
-  if (devices == 0) {
-    printf("no GPU: stopping before the launch\n");
-    return 0;
-  }
+  RETURN_IF_NO_GPU();
   CHECK(ckfmha_fwd_workspace_size(&problem, -1, NULL, &bytes));
   size_t q_elems = (size_t)BATCH * HEADS_Q * HDIM;
   size_t cache_elems = (size_t)num_pages * PAGE * HEADS_K * HDIM;
   unsigned short* host = malloc(cache_elems * sizeof *host);
-  for (size_t i = 0; i < cache_elems; ++i) host[i] = 0x3c00 ^ (unsigned short)(i % 128);
+  fill_pattern(host, cache_elems, 128); /* bf16 */
   /* Sequence b owns pages b, b + BATCH, b + 2 * BATCH, ...: interleaved, not contiguous. */
   int32_t* table = malloc(sizeof(int32_t) * BATCH * MAX_PAGES);
   for (int b = 0; b < BATCH; ++b) {
     for (int p = 0; p < MAX_PAGES; ++p) table[b * MAX_PAGES + p] = p * BATCH + b;
   }
   void *q, *k, *v, *o, *block_table, *seqlens_k, *workspace = NULL;
-  CHECK(ckfmha_device_malloc(&q, q_elems * 2));
-  CHECK(ckfmha_device_malloc(&k, cache_elems * 2));
-  CHECK(ckfmha_device_malloc(&v, cache_elems * 2));
+  CHECK(upload(&q, host, q_elems * 2));
+  CHECK(upload(&k, host, cache_elems * 2));
+  CHECK(upload(&v, host, cache_elems * 2));
+  CHECK(upload(&block_table, table, sizeof(int32_t) * BATCH * MAX_PAGES));
+  CHECK(upload(&seqlens_k, lengths, sizeof lengths));
   CHECK(ckfmha_device_malloc(&o, q_elems * 2));
-  CHECK(ckfmha_device_malloc(&block_table, sizeof(int32_t) * BATCH * MAX_PAGES));
-  CHECK(ckfmha_device_malloc(&seqlens_k, sizeof lengths));
   if (bytes > 0) CHECK(ckfmha_device_malloc(&workspace, bytes));
-  CHECK(ckfmha_memcpy_to_device(q, host, q_elems * 2));
-  CHECK(ckfmha_memcpy_to_device(k, host, cache_elems * 2));
-  CHECK(ckfmha_memcpy_to_device(v, host, cache_elems * 2));
-  CHECK(ckfmha_memcpy_to_device(block_table, table, sizeof(int32_t) * BATCH * MAX_PAGES));
-  CHECK(ckfmha_memcpy_to_device(seqlens_k, lengths, sizeof lengths));
 
-  ckfmha_fwd_args args = {q, k, v, o, NULL};
-  args.workspace = workspace;
-  args.workspace_bytes = bytes;
-  args.block_table = block_table;
-  args.seqlens_k = seqlens_k;
+  ckfmha_fwd_args args = {.q = q, .k = k, .v = v, .o = o, .workspace = workspace,
+                          .workspace_bytes = bytes, .block_table = block_table,
+                          .seqlens_k = seqlens_k};
   CHECK(ckfmha_fwd_run(&problem, &args, NULL, NULL));
   CHECK(ckfmha_stream_synchronize(NULL));
   CHECK(ckfmha_memcpy_to_host(host, o, q_elems * 2));

@@ -6,19 +6,18 @@ Expectations about kernels come from whatever kernel set the library was built w
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from c_programs import build_c_program, needs_cc
 
 import ckfmha
 from ckfmha import errors
 
 no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour without a GPU")
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
 STAGES = ("bwd_dot_do_o", "bwd_dq_dk_dv", "bwd_convert_dq")
 
@@ -262,10 +261,7 @@ int main(void) {
 def test_c_api_checks_and_workspace_size(tmp_path: Path):
     source = tmp_path / "probe.c"
     source.write_text(textwrap.dedent(C_PROBE))
-    lib = ckfmha.get_library_dir()
-    program = tmp_path / "probe"
-    subprocess.run(["cc", str(source), f"-I{ckfmha.get_include()[-1]}", f"-L{lib}", "-lckfmha",
-                    f"-Wl,-rpath,{lib}", "-o", str(program)], check=True)  # fmt: skip
+    program = build_c_program(source, tmp_path / "probe")
     out = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()}
     assert lines["init"].startswith("0")
