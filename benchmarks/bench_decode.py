@@ -7,7 +7,8 @@ Bandwidth counts the bytes a kernel must move at least once: Q, K, V read and O 
 With ``--paged 1 16 64`` each shape also runs from a paged cache (vLLM flash layout, pages in
 a random order, a block table) with those page sizes: torch has no paged attention, so the
 peers are ckfmha and torch SDPA on the same keys stored contiguously (the bound a paged
-kernel aims for), and the table reports GB/s.
+kernel aims for), and the table reports GB/s. ``--page-layout vectorized`` (or both) adds the
+same caches re-laid out in vLLM's older vectorized layout.
 
     python benchmarks/bench_decode.py --commit $(git rev-parse --short HEAD) \
         --out benchmarks/results [--paged 16]
@@ -116,25 +117,36 @@ def paged_cache(k: Any, v: Any, page_size: int) -> tuple[Any, Any, Any]:
     return caches[0], caches[1], table
 
 
-def run_paged_shape(b: int, sk: int, sq: int, page_size: int,
+def vectorized(k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
+    """Linear caches [pages, page_size, hk, d] in vLLM's vectorized layout: K [pages, hk, d / 8,
+    page_size, 8], V [pages, hk, d, page_size]."""
+    pages, page_size, hk, d = k_cache.shape
+    k = k_cache.view(pages, page_size, hk, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
+    return k, v_cache.permute(0, 2, 3, 1).contiguous()
+
+
+def run_paged_shape(b: int, sk: int, sq: int, page_size: int, page_layout: str,
                     args: argparse.Namespace) -> dict[str, Any]:
     q = torch.randn(b, HEADS_Q, sq, HDIM, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, HEADS_K, sk, HDIM, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(b, HEADS_K, sk, HDIM, device="cuda", dtype=torch.bfloat16)
     k_cache, v_cache, table = paged_cache(k, v, page_size)
+    if page_layout == "vectorized":
+        k_cache, v_cache = vectorized(k_cache, v_cache)
     seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
     impls: dict[str, Callable[[], Any]] = {
         "ckfmha_paged": partial(ckfmha.fwd_paged, q, k_cache, v_cache, block_table=table,
-                                seqlens_k=seqlens, max_seqlen_k=sk),
+                                seqlens_k=seqlens, max_seqlen_k=sk, page_layout=page_layout),
         "ckfmha": partial(ckfmha.fwd, q, k, v),
         "torch_cudnn": partial(sdpa, SDPBackend.CUDNN_ATTENTION, q, k, v),
     }
     nbytes = moved_bytes(b, sq, sk)
     plan = ckfmha.Dispatcher().explain(
         batch=b, nhead_q=HEADS_Q, nhead_k=HEADS_K, seqlen_q=sq, seqlen_k=sk, hdim=HDIM,
-        dtype="bf16", paged_kv="block_table", page_size=page_size)
+        dtype="bf16", paged_kv="block_table", page_size=page_size, page_layout=page_layout)
     row: dict[str, Any] = {"batch": b, "nhead_q": HEADS_Q, "nhead_k": HEADS_K, "seqlen_q": sq,
-                           "seqlen_k": sk, "hdim": HDIM, "page_size": page_size, "bytes": nbytes,
+                           "seqlen_k": sk, "hdim": HDIM, "page_size": page_size,
+                           "page_layout": page_layout, "bytes": nbytes,
                            "plan": plan.rstrip().splitlines()[-1]}
     time_impls(row, impls, args, subject="ckfmha_paged", ratio_prefix="paged_speed_vs",
                peers=("ckfmha", "torch_cudnn"), diff_peer="torch_cudnn",
@@ -145,12 +157,13 @@ def run_paged_shape(b: int, sk: int, sq: int, page_size: int,
 
 
 def print_paged(rows: list[dict[str, Any]]) -> None:
-    print(f"{'b':>3} {'sq':>2} {'sk':>6} {'page':>5} | {'paged':>14} {'contiguous':>14} "
+    print(f"{'b':>3} {'sq':>2} {'sk':>6} {'page':>5} {'layout':>10} | {'paged':>14} {'contiguous':>14} "
           f"{'cudnn':>14} | {'x contig':>8} {'x cudnn':>7}   (ms / GB/s)")
     for r in rows:
         cells = [f"{fmt(r[f'{n}_ms'], '.3f'):>6}/{fmt(r[f'{n}_gbps'], '.0f'):>6}"
                  for n in ("ckfmha_paged", "ckfmha", "torch_cudnn")]
-        print(f"{r['batch']:>3} {r['seqlen_q']:>2} {r['seqlen_k']:>6} {r['page_size']:>5} | "
+        print(f"{r['batch']:>3} {r['seqlen_q']:>2} {r['seqlen_k']:>6} {r['page_size']:>5} "
+              f"{r['page_layout']:>10} | "
               + " ".join(f"{c:>14}" for c in cells)
               + f" | {fmt(r.get('paged_speed_vs_ckfmha'), '.2f'):>8} "
               f"{fmt(r.get('paged_speed_vs_torch_cudnn'), '.2f'):>7}")
@@ -169,6 +182,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--paged", type=int, nargs="*", default=[],
                         help="page sizes for the paged-cache rows (none: contiguous rows only)")
+    parser.add_argument("--page-layout", nargs="+", default=["linear"],
+                        choices=["linear", "vectorized"], help="page layouts of the paged rows")
     parser.add_argument("--paged-only", action="store_true",
                         help="skip the contiguous rows (with --paged)")
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
@@ -178,8 +193,8 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     rows = [] if args.paged_only else [
         run_shape(b, sk, sq, args) for sq in args.seqlen_q for b, sk in SHAPES]
-    paged_rows = [run_paged_shape(b, sk, sq, page, args) for page in args.paged
-                  for sq in args.seqlen_q for b, sk in SHAPES]
+    paged_rows = [run_paged_shape(b, sk, sq, page, layout, args) for page in args.paged
+                  for layout in args.page_layout for sq in args.seqlen_q for b, sk in SHAPES]
     print(f"device: {device}  bf16  hq {HEADS_Q} hk {HEADS_K} d {HDIM}  commit: {args.commit}")
     print(f"{'b':>3} {'sq':>2} {'sk':>6} | {'ckfmha':>14} {'one-stage':>14} {'flash':>14} "
           f"{'cudnn':>14} | {'x cudnn':>7} {'x flash':>7}   (ms / GB/s)")
