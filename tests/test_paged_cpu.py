@@ -69,14 +69,15 @@ def test_paged_families_share_the_split_tile_table() -> None:
         assert spec.hdims_for(family, "sm80_cpasync_mma") == ((64, 64), (128, 128))
 
 
-def test_ci_set_adds_one_paged_pair_per_arch() -> None:
+def test_ci_set_adds_one_paged_pair_per_arch_and_page_layout() -> None:
     # The rest of the set: 9 forward kernels, a split-KV plan, two backward plans and two
     # KV-cache appends, plus sm_90a's Hopper forward and backward kernels.
-    for arch, total in (("sm_80", 22), ("sm_90a", 27)):
+    for arch, total in (("sm_80", 24), ("sm_90a", 29)):
         accepted = select(get_receipt("ci"), load_specs()[arch]).accepted
-        paged = [c.name for c in accepted if c.signature.family in PAGED]
-        assert len(paged) == 2 and all(n.startswith("batch_prefill_bf16_group_d128x128_window")
-                                       for n in paged), paged
+        paged = [c for c in accepted if c.signature.family in PAGED]
+        assert len(paged) == 4 and all(
+            c.name.startswith("batch_prefill_bf16_group_d128x128_window") for c in paged), paged
+        assert sorted(c.signature.page_layout for c in paged) == ["linear"] * 2 + ["vectorized"] * 2
         assert len(accepted) == total
 
 
@@ -88,7 +89,7 @@ def test_ci_set_adds_one_paged_pair_per_arch() -> None:
         ("batch_prefill", {"mode": "batch"},
          r"batch_prefill takes group-mode queries; fwd_pagedkv serves batch-mode"),
         ("fwd_pagedkv", {"hdim_q": 64}, r"share one page lookup.*hdim_q must equal hdim_v"),
-        ("fwd_pagedkv", {"stages": 1}, r"stages=1: the paged body loads.*stages=2"),
+        ("fwd_pagedkv", {"stages": 1}, r"stages=1: the paged body loads.*stages 2 or 3"),
         ("batch_prefill", {"page_layout": "vectorized", "tile_n": 48},
          r"tile_n=48 with vectorized pages.*multiple of 32"),
         ("fwd_pagedkv", {"page_layout": "blocked"}, r"page_layout 'blocked' is unknown"),
@@ -149,7 +150,7 @@ def _problem(kernel: dict, **changes: object) -> ckfmha.FwdProblem:
         "hdim": kernel["hdim_q"], "dtype": kernel["dtype"], "mode": kernel["mode"],
         "lse": True, "window": (256, 0) if kernel["mask"] == "window" else None,
         "causal": kernel["mask"] == "causal", "causal_alignment": "bottom_right",
-        "paged_kv": "block_table", "page_size": 16,
+        "paged_kv": "block_table", "page_size": 16, "page_layout": kernel["page_layout"],
     }  # fmt: skip
     fields.update(changes)
     return ckfmha.FwdProblem(**fields)  # type: ignore[arg-type]
@@ -257,9 +258,9 @@ def test_page_layouts_select_their_own_kernels() -> None:
         if not ours:
             pytest.skip(f"library built without {layout} paged kernels")
         kernel, other = ours[0], "vectorized" if layout == "linear" else "linear"
-        problem = _problem(kernel, page_layout=layout)
         dispatcher = ckfmha.Dispatcher()
-        assert dispatcher.select(problem, arch=kernel["arch"])["page_layout"] == layout
+        selected = dispatcher.select(_problem(kernel), arch=kernel["arch"])
+        assert selected.endswith("_w1s2") and ("_vecpages_" in selected) == (layout != "linear")
         text = dispatcher.explain(_problem(kernel, page_layout=other), arch=kernel["arch"])
         assert (f"rejected  {kernel['name']}: reads {layout} pages, problem has {other} "
                 "pages") in text

@@ -177,6 +177,12 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
       // 16-byte vectors and otherwise load them element by element, so any
       // seqlen_k, stride and sequence offset works.
       if (p.v_col_major && stride == &p.v_stride) continue;
+      // Vectorized pages under 8 keys: V is read key by key (a vector of 8
+      // keys would cross pages), and its channel stride is the page size.
+      if (is_paged(p) && p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && p.page_size < 8 &&
+          stride == &p.v_stride) {
+        continue;
+      }
       if (auto error = check_vector_strides(name, *stride, vector_elems(p.dtype));
           !error.empty()) {
         return error;
