@@ -46,8 +46,8 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
 # Paged families and the query mode each serves: decode steps over a paged cache take batch-mode
 # queries, batch prefill ragged (group-mode) ones.
 PAGED_FAMILY_MODES = {FWD_PAGEDKV: "batch", BATCH_PREFILL: "group"}
-# The paged body loads K and V of a key tile together (double-buffered or a ring of three).
-PAGED_STAGES = (2, 3)
+# The paged body loads K and V of a key tile together (double-buffered only).
+PAGED_STAGES = 2
 # Combine: each thread merges one 16-byte fp32 vector (4 columns) of a row.
 COMBINE_COLUMNS_PER_THREAD = 4
 SUPPORTED_MASKS = ("none", "causal", "window")
@@ -63,10 +63,8 @@ HDIM_MULTIPLE = 32
 MAX_HDIM = 256
 # mma.sync m16n8k16: each warp owns 16 query rows; key tiles step in 16s.
 MMA_ROWS = 16
-# K/V shared-memory stages of the sm80 template: single- or double-buffered; split-KV tiles
-# (memory-bound decode) may also take a ring of three.
+# K/V shared-memory stages of the sm80 template: single- or double-buffered.
 SM80_STAGES = (1, 2)
-SPLITKV_STAGES = (1, 2, 3)
 # SIMT template: 128 threads as 16 row groups x 8 lanes; a row's 8 lanes own keys 8 apart, two
 # per 16-key dropout block, so key tiles step in 16s. Q, K and P rows are padded so that 8 lanes
 # reading 8 rows (or 32 lanes writing 4 rows) hit distinct banks.
@@ -160,13 +158,10 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"tile_n={alg.tile_n} is not a positive multiple of {MMA_ROWS}; key tiles feed "
             "16-wide MMA steps"
         )
-    split_kv = sig.family == "fwd_splitkv" or sig.family in PAGED_FAMILIES
-    stages = SPLITKV_STAGES if split_kv else SM80_STAGES
-    if alg.stages not in stages:
+    if alg.stages not in SM80_STAGES:
         reasons.append(
             f"stages={alg.stages} is not supported; the {alg.pipeline} template buffers K and V "
-            f"in {', '.join(map(str, stages))} shared-memory stages"
-            + ("" if split_kv else " (a ring of 3 is for split-KV tiles)")
+            f"in {' or '.join(map(str, SM80_STAGES))} shared-memory stages"
         )
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
     # O is staged over Q's space, so the first term is the larger of the two tiles.
@@ -248,10 +243,10 @@ def _paged_reasons(config: KernelConfig) -> list[str]:
             f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)}: K and V rows share one page lookup "
             "per key row and one copy partition, so hdim_q must equal hdim_v"
         )
-    if alg.stages not in PAGED_STAGES:
+    if alg.stages != PAGED_STAGES:
         reasons.append(
             f"stages={alg.stages}: the paged body loads a key tile's K and V rows together, "
-            f"double-buffered or in a ring (stages {' or '.join(map(str, PAGED_STAGES))})"
+            f"double-buffered (stages={PAGED_STAGES})"
         )
     if sig.page_layout == "vectorized" and alg.tile_n % 32 != 0:
         reasons.append(

@@ -7,9 +7,7 @@
 // so each load runs under a GEMM or the softmax. With two stages:
 //   wait K, V -> start loading the next K and V into the other stage -> S, mask,
 //   softmax, dropout, O += P V
-// so a tile's loads have the whole previous tile to land; with three (a ring,
-// for memory-bound split-KV tiles) the loads run two tiles ahead, holding more
-// bytes in flight per CTA. Key tiles are visited from
+// so a tile's loads have the whole previous tile to land. Key tiles are visited from
 // the last to the first: the ragged end of the sequence and the causal
 // diagonal, the tiles needing a mask, come first.
 //
@@ -265,14 +263,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     }
   }
   cp_async_fence();
-  // A ring of three starts with two tiles loading. Only the first tile can be
-  // ragged. Every step commits a group, empty or not, so that the count of
-  // groups still in flight is the same at every tile.
-  CUTE_UNROLL
-  for (int s = 1; s < Traits::kStages - 1; ++s) {
-    if (n_last - 1 - s >= n_first) load_kv(n_last - 1 - s, s, std::false_type{});
-    cp_async_fence();
-  }
 
   clear(acc_o);
   OnlineSoftmax<kRows> softmax;
@@ -285,23 +275,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   auto process_tile = [&](int n_block, auto needs_mask) __attribute__((always_inline)) {
     constexpr bool kNeedsMask = decltype(needs_mask)::value;
     const int n_begin = n_block * kBlockN;
-    // Tiles go round the stages, the first one in stage 0.
-    constexpr int kStages = Traits::kStages;
-    const int stage = kStages == 1 ? 0 : (n_last - 1 - n_block) % kStages;
+    // Tiles alternate between the two stages, the first one in stage 0.
+    const int stage = Traits::kDoubleBuffered ? (n_last - 1 - n_block) & 1 : 0;
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
     clear(acc_s);
 
-    // A ring of three leaves the next tile's loads in flight.
-    cp_async_wait<(kStages == 3 ? 1 : 0)>();
-    // Two or three stages: this tile's K and V landed, and every warp is done
-    // with the previous tile's stage, so the tile kStages - 1 ahead may load
-    // into it now. Single-buffered: K landed and every warp is done with the
-    // previous V.
+    cp_async_wait<0>();
+    // Double-buffered: this tile's K and V landed, and every warp is done with
+    // the other stage, so the next tile may load into it now. Single-buffered:
+    // K landed and every warp is done with the previous V.
     __syncthreads();
     if constexpr (Traits::kDoubleBuffered) {
-      const int ahead = n_block - (kStages - 1);
-      if (ahead >= n_first) load_kv(ahead, (stage + kStages - 1) % kStages, std::false_type{});
-      if (kStages == 3 || ahead >= n_first) cp_async_fence();
+      if (n_block > n_first) {
+        load_kv(n_block - 1, stage ^ 1, std::false_type{});
+        cp_async_fence();
+      }
     } else {
       load_v(n_block, 0, needs_mask);  // the tile itself: ragged only if masked
       cp_async_fence();

@@ -81,8 +81,8 @@ struct FwdSm80Traits {
   // they need one head dim, and are loaded together, so double-buffered.
   // With VColMajor the pages are vLLM's "vectorized" ones (V^T per page).
   static constexpr bool kPagedKv = PagedKv;
-  static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && Stages >= 2),
-                "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 or 3 stages");
+  static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && Stages == 2),
+                "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 stages");
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -90,11 +90,8 @@ struct FwdSm80Traits {
   // 1: K and V single-buffered, the next K loading under the softmax and V
   // under S = QK^T. 2: both double-buffered, the next tile's K and V loading
   // under the whole of this tile's work (one barrier per tile instead of two).
-  // 3: a ring of K/V stages, two tiles loading under each tile's work (split-KV
-  // decode is memory-bound and wants bytes in flight more than shared memory).
-  static_assert(Stages >= 1 && Stages <= 3, "K/V shared-memory stages are 1, 2 or 3");
-  static_assert(Stages < 3 || SplitKv, "the three-stage ring is built for split-KV tiles");
-  static constexpr bool kDoubleBuffered = Stages >= 2;
+  static_assert(Stages == 1 || Stages == 2, "K/V shared-memory stages are 1 or 2");
+  static constexpr bool kDoubleBuffered = Stages == 2;
   static_assert(BlockM % (16 * Warps) == 0, "each warp owns whole 16-row MMA slices");
   static_assert(BlockN % 16 == 0, "key tiles are consumed 16 columns at a time");
 
