@@ -189,11 +189,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // local it captures in stack memory.
   auto load_kv = [&](int n_block, int stage, auto ragged) __attribute__((always_inline)) {
     if constexpr (kPaged && Traits::kVColMajor) {
-      Tensor k_dst = in_stage(tKsK, stage, kKElems);
+      typename Traits::RowsQK::TallLoad k_tall_load;
+      auto k_tall_thr = k_tall_load.get_thread_slice(tid);
+      Tensor k_dst = in_stage(k_tall_thr.partition_D(sK), stage, kKElems);
       Tensor vt_dst = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
       load_vectorized_paged_kv<decltype(ragged)::value>(
-          k_dst, tKcK, vt_dst, vt_load_thr.partition_S(make_identity_tensor(TileVt{})), keys,
-          k_base, v_base, p, n_block * kBlockN, seq.seqlen_k);
+          k_dst, k_tall_thr.partition_S(make_identity_tensor(TileK{})), vt_dst,
+          vt_load_thr.partition_S(make_identity_tensor(TileVt{})), keys, k_base, v_base, p,
+          n_block * kBlockN, seq.seqlen_k);
     } else if constexpr (kPaged) {
       Tensor k_dst = in_stage(tKsK, stage, kKElems);
       Tensor v_dst = in_stage(tVsV, stage, kVElems);

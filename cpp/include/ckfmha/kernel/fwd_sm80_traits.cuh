@@ -39,6 +39,15 @@ struct SmemRows {
   using Store = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, ThreadLayout{},
       ValueLayout{}));
+  // Twice the rows and half the columns per step: for sources whose rows'
+  // 16-byte vectors of one column are adjacent (vectorized pages' K chunks),
+  // so that a warp's step reads whole 128-byte lines.
+  using TallThreadLayout = cute::Layout<
+      cute::Shape<cute::Int<Threads * 2 / kThreadsPerRow>, cute::Int<kThreadsPerRow / 2>>,
+      cute::Stride<cute::Int<kThreadsPerRow / 2>, cute::_1>>;
+  using TallLoad = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      TallThreadLayout{}, ValueLayout{}));
 
   template <int Rows>
   using Layout = decltype(cute::tile_to_shape(Atom{},

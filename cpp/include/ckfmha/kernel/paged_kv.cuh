@@ -122,8 +122,9 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
 }
 
 // Vectorized pages: gathers key tile rows [n_begin, n_begin + kBlockN) of K
-// (k_dst/k_coords: the row-gather partition of the K tile, as above; p.k_row_stride
-// is the stride between 8-channel chunks) and of V^T (vt_dst/vt_coords: a
+// (k_dst/k_coords: a row-gather partition of the K tile whose warp steps span
+// 8 keys, whose chunks lie in one 128-byte line; p.k_row_stride is the stride
+// between 8-channel chunks) and of V^T (vt_dst/vt_coords: a
 // 16-byte-vector partition of the (hdim, keys) tile; p.v_row_stride is the
 // channel stride) into one stage each.
 //
