@@ -189,14 +189,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // local it captures in stack memory.
   auto load_kv = [&](int n_block, int stage, auto ragged) __attribute__((always_inline)) {
     if constexpr (kPaged && Traits::kVColMajor) {
-      typename Traits::RowsQK::TallLoad k_tall_load;
-      auto k_tall_thr = k_tall_load.get_thread_slice(tid);
-      Tensor k_dst = in_stage(k_tall_thr.partition_D(sK), stage, kKElems);
-      Tensor vt_dst = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
-      load_vectorized_paged_kv<decltype(ragged)::value>(
-          k_dst, k_tall_thr.partition_S(make_identity_tensor(TileK{})), vt_dst,
-          vt_load_thr.partition_S(make_identity_tensor(TileVt{})), keys, k_base, v_base, p,
-          n_block * kBlockN, seq.seqlen_k);
+      typename Traits::RowsQK::KeyMajorLoad k_load;
+      auto k_thr = k_load.get_thread_slice(tid);
+      Tensor k_dst = in_stage(k_thr.partition_D(sK), stage, kKElems);
+      Tensor vt_stage = make_tensor(sVt.data() + stage * kVElems, sVt.layout());
+      load_vectorized_paged_kv<decltype(ragged)::value, Traits::kThreads>(
+          k_dst, k_thr.partition_S(make_identity_tensor(TileK{})), vt_stage, tid, keys, k_base,
+          v_base, p, n_block * kBlockN, seq.seqlen_k);
     } else if constexpr (kPaged) {
       Tensor k_dst = in_stage(tKsK, stage, kKElems);
       Tensor v_dst = in_stage(tVsV, stage, kVElems);

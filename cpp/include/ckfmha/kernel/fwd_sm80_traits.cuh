@@ -39,15 +39,17 @@ struct SmemRows {
   using Store = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, ThreadLayout{},
       ValueLayout{}));
-  // Twice the rows and half the columns per step: for sources whose rows'
-  // 16-byte vectors of one column are adjacent (vectorized pages' K chunks),
-  // so that a warp's step reads whole 128-byte lines.
-  using TallThreadLayout = cute::Layout<
-      cute::Shape<cute::Int<Threads * 2 / kThreadsPerRow>, cute::Int<kThreadsPerRow / 2>>,
-      cute::Stride<cute::Int<kThreadsPerRow / 2>, cute::_1>>;
-  using TallLoad = decltype(cute::make_tiled_copy(
+  // Threads on keys first: 8 consecutive threads load one 16-byte column of
+  // 8 consecutive rows (at least 8 rows a step, more when the threads outnumber
+  // a row's vectors), for sources that keep those vectors adjacent
+  // (vectorized pages' K chunks), so that each 8 threads read one 128-byte line.
+  static constexpr int kKeyMajorRows =
+      Threads * kVecElems / Cols > 8 ? Threads * kVecElems / Cols : 8;
+  using KeyMajorLoad = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-      TallThreadLayout{}, ValueLayout{}));
+      cute::Layout<cute::Shape<cute::Int<kKeyMajorRows>, cute::Int<Threads / kKeyMajorRows>>,
+                   cute::Stride<cute::_1, cute::Int<kKeyMajorRows>>>{},
+      ValueLayout{}));
 
   template <int Rows>
   using Layout = decltype(cute::tile_to_shape(Atom{},
