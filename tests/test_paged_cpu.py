@@ -211,7 +211,8 @@ def test_paged_problem_gets_a_paged_split_plan(paged_kernel: dict) -> None:
     assert plan, text
     split, combine, splits, size = plan.groups()
     assert f"selected  {split}" in text and f"selected  {combine}" in text
-    assert "paged_kv(block_table, page_size=16)" in text.splitlines()[0]
+    layout = ", vectorized" if paged_kernel["page_layout"] == "vectorized" else ""
+    assert f"paged_kv(block_table, page_size=16{layout})" in text.splitlines()[0]
     # 4 packed rows per K/V head: the 16-row tile.
     assert split.endswith(f"m16n64k{paged_kernel['hdim_q']}_w1s2")
     assert dispatcher.select(problem, arch=arch) == split

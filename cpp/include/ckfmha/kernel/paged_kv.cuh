@@ -124,16 +124,15 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
 // Vectorized pages: gathers key tile rows [n_begin, n_begin + kBlockN) of K
 // and V^T into one shared-memory stage each.
 //
-// Global loads coalesce per 8 threads (one 128-byte line per 8 x 16 bytes),
-// so each group of 8 consecutive threads is given one line:
+// Global loads coalesce per 8 threads (8 x 16 bytes), so each group of 8
+// consecutive threads is given one 128-byte line where the layout allows:
 // - K (k_dst/k_coords: a key-major partition of the K tile, 8 consecutive
 //   threads on 8 consecutive keys of one 8-channel chunk, which vectorized
 //   pages keep adjacent; p.k_row_stride is the stride between chunks).
-// - V^T (vt_stage: the (hdim, kBlockN) tile of this stage; p.v_row_stride is
+// - V^T (vt_dst/vt_coords: a VtPageRunLoad partition of the (hdim, keys)
+//   tile, its run matched to the page size by the caller; p.v_row_stride is
 //   the channel stride, the page size when dense): a vector is 8 keys of one
-//   channel; with w = page_size / 8 vectors per page (at most 8), 8 threads
-//   take w vectors of each of 8 / w consecutive channels of one page, which
-//   is 128 contiguous bytes.
+//   channel, and each thread keeps one column of vectors, so one page read.
 // With pages of 8 or more keys (powers of two) a V vector never crosses a
 // page, so it is one cp.async; the vector straddling seqlen_k, and every
 // vector of smaller pages, is read key by key with a page lookup each, and
@@ -141,9 +140,9 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
 // anything, and 0 * NaN would poison O). Those scalar shared stores are
 // synchronous, so the barrier that publishes the cp.async data publishes
 // them too.
-template <bool Ragged, int Threads, class Element, class KDst, class KCoords, class VtStage>
+template <bool Ragged, class Element, class KDst, class KCoords, class VtDst, class VtCoords>
 __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords const& k_coords,
-                                                         VtStage& vt_stage, int thread,
+                                                         VtDst& vt_dst, VtCoords const& vt_coords,
                                                          PagedKeys const& keys,
                                                          Element const* k_head,
                                                          Element const* v_head,
@@ -151,7 +150,9 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
                                                          int seqlen_k) {
   using namespace cute;
   constexpr int kVec = 16 / int(sizeof(Element));
-  static_assert(decltype(size<0>(k_dst))::value == kVec, "one 16-byte vector of 8 channels");
+  static_assert(decltype(size<0>(k_dst))::value == kVec &&
+                    decltype(size<0>(vt_dst))::value == kVec,
+                "one 16-byte vector: 8 channels of K, 8 keys of V");
   CUTE_UNROLL
   for (int m = 0; m < size<1>(k_dst); ++m) {
     const int token = n_begin + get<0>(k_coords(0, m, 0));
@@ -170,43 +171,40 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
       for (int k = 0; k < size<2>(k_dst); ++k) clear(k_dst(_, m, k));
     }
   }
-
-  constexpr int kChannels = decltype(size<0>(vt_stage))::value;
-  constexpr int kKeyVectors = decltype(size<1>(vt_stage))::value / kVec;
-  constexpr int kPerThread = kChannels * kKeyVectors / Threads;
-  static_assert(kChannels * kKeyVectors % Threads == 0 && kChannels % 8 == 0,
-                "threads tile the V^T vectors in groups of 8 channels");
   const bool whole_page_vectors = keys.page_shift >= 3;
-  // Vectors per page run (w), as a shift: 8 keys a vector, at most a tile.
-  const int run_shift = min(max(keys.page_shift - 3, 0), 3);
-  const int run = 1 << run_shift;
-  // Partly unrolled: the addresses of every vector at once would not fit in
-  // the registers the MMA fragments leave.
-#pragma unroll 8
-  for (int i = 0; i < kPerThread; ++i) {
-    const int j = i * Threads + thread;
-    const int channel = (j >> run_shift) % kChannels;
-    const int key_vector = (j / (run * kChannels)) * run + (j & (run - 1));
-    const int token = n_begin + key_vector * kVec;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(vt_dst); ++k) {
+    // Every vector of a thread's column slice k covers the same 8 keys (the
+    // copy's threads tile the key columns, its value steps walk the channels).
+    const int token = n_begin + get<1>(vt_coords(0, 0, k));
     const int keys_in_seq = seqlen_k - token;
-    Element* dst = &vt_stage(channel, key_vector * kVec);
     if (whole_page_vectors && (!Ragged || keys_in_seq >= kVec)) {
-      Element const* src = v_head + int64_t(keys.page(token)) * p.v_batch_stride +
-                           keys.slot(token) + int64_t(channel) * p.v_row_stride;
-      SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*reinterpret_cast<uint128_t const*>(src),
-                                                 *reinterpret_cast<uint128_t*>(dst));
+      Element const* v_keys =
+          v_head + int64_t(keys.page(token)) * p.v_batch_stride + keys.slot(token);
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(vt_dst); ++m) {
+        const int64_t channel = get<0>(vt_coords(0, m, k));
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
+            *reinterpret_cast<uint128_t const*>(v_keys + channel * p.v_row_stride),
+            *reinterpret_cast<uint128_t*>(raw_pointer_cast(vt_dst(_, m, k).data())));
+      }
     } else {
       // Rare (the sequence's last vector, or pages under 8 keys): kept rolled
       // so it adds no registers to the common path.
 #pragma unroll 1
-      for (int e = 0; e < kVec; ++e) {
-        Element value(0.f);
-        if (e < keys_in_seq) {
-          const int key = token + e;
-          value = v_head[int64_t(keys.page(key)) * p.v_batch_stride + keys.slot(key) +
-                         int64_t(channel) * p.v_row_stride];
+      for (int i = 0; i < kVec; ++i) {
+        if (i < keys_in_seq) {
+          const int key = token + i;
+          Element const* v_key =
+              v_head + int64_t(keys.page(key)) * p.v_batch_stride + keys.slot(key);
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(vt_dst); ++m) {
+            vt_dst(i, m, k) = v_key[int64_t(get<0>(vt_coords(0, m, k))) * p.v_row_stride];
+          }
+        } else {
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(vt_dst); ++m) vt_dst(i, m, k) = Element(0.f);
         }
-        dst[e] = value;
       }
     }
   }
