@@ -189,27 +189,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // local it captures in stack memory.
   auto load_kv = [&](int n_block, int stage, auto ragged) __attribute__((always_inline)) {
     if constexpr (kPaged && Traits::kVColMajor) {
-      typename Traits::RowsQK::KeyMajorLoad k_load;
-      auto k_thr = k_load.get_thread_slice(tid);
-      Tensor k_dst = in_stage(k_thr.partition_D(sK), stage, kKElems);
-      Tensor k_coords = k_thr.partition_S(make_identity_tensor(TileK{}));
-      // V^T in runs of page_size / 8 key vectors (2 to 8; smaller pages go
-      // key by key, and any run is correct for any page size).
-      auto load_with_run = [&](auto run) __attribute__((always_inline)) {
-        typename Traits::template VtRunLoad<decltype(run)::value> vt_run_load;
-        auto vt_thr = vt_run_load.get_thread_slice(tid);
-        Tensor vt_dst = in_stage(vt_thr.partition_D(sVt), stage, kVElems);
-        load_vectorized_paged_kv<decltype(ragged)::value>(
-            k_dst, k_coords, vt_dst, vt_thr.partition_S(make_identity_tensor(TileVt{})), keys,
-            k_base, v_base, p, n_block * kBlockN, seq.seqlen_k);
-      };
-      if (keys.page_shift >= 6) {
-        load_with_run(Int<8>{});
-      } else if (keys.page_shift == 5) {
-        load_with_run(Int<4>{});
-      } else {
-        load_with_run(Int<2>{});
-      }
+      Tensor k_dst = in_stage(tKsK, stage, kKElems);
+      Tensor vt_dst = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
+      load_vectorized_paged_kv<decltype(ragged)::value>(
+          k_dst, tKcK, vt_dst, vt_load_thr.partition_S(make_identity_tensor(TileVt{})), keys,
+          k_base, v_base, p, n_block * kBlockN, seq.seqlen_k);
     } else if constexpr (kPaged) {
       Tensor k_dst = in_stage(tKsK, stage, kKElems);
       Tensor v_dst = in_stage(tVsV, stage, kVElems);

@@ -39,45 +39,10 @@ struct SmemRows {
   using Store = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, ThreadLayout{},
       ValueLayout{}));
-  // Threads on keys first: 8 consecutive threads load one 16-byte column of
-  // 8 consecutive rows (at least 8 rows a step, more when the threads outnumber
-  // a row's vectors), for sources that keep those vectors adjacent
-  // (vectorized pages' K chunks), so that each 8 threads read one 128-byte line.
-  static constexpr int kKeyMajorRows =
-      Threads * kVecElems / Cols > 8 ? Threads * kVecElems / Cols : 8;
-  using KeyMajorLoad = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-      cute::Layout<cute::Shape<cute::Int<kKeyMajorRows>, cute::Int<Threads / kKeyMajorRows>>,
-                   cute::Stride<cute::_1, cute::Int<kKeyMajorRows>>>{},
-      ValueLayout{}));
 
   template <int Rows>
   using Layout = decltype(cute::tile_to_shape(Atom{},
                                               cute::Shape<cute::Int<Rows>, cute::Int<Cols>>{}));
-};
-
-// V^T loads from vectorized pages (V [pages, nhead_k, hdim, page_size]): a
-// 16-byte vector is 8 keys of one channel, and 8 consecutive threads (one
-// coalesced 128-byte request) take Run key vectors of each of 8 / Run
-// consecutive channels. With Run = page_size / 8 those 8 x 16 bytes are
-// contiguous in the page. Each thread keeps one key vector (one page read per
-// tile); its value steps walk the channels.
-template <class Element, int Keys, int Threads, int Run>
-struct VtPageRunLoad {
-  static constexpr int kVecElems = 16 / int(sizeof(Element));
-  static constexpr int kKeyVectors = Keys / kVecElems;
-  // Threads spanning every key vector once, and how many such spans a step has.
-  static constexpr int kSpan = 8 * kKeyVectors / Run;
-  static_assert(kKeyVectors % Run == 0 && 8 % Run == 0 && Threads % kSpan == 0,
-                "a step covers whole runs of every key vector");
-  using ThreadLayout = cute::Layout<
-      cute::Shape<cute::Shape<cute::Int<8 / Run>, cute::Int<Threads / kSpan>>,
-                  cute::Shape<cute::Int<Run>, cute::Int<kKeyVectors / Run>>>,
-      cute::Stride<cute::Stride<cute::Int<Run>, cute::Int<kSpan>>,
-                   cute::Stride<cute::_1, cute::_8>>>;
-  using Load = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-      ThreadLayout{}, cute::Layout<cute::Shape<cute::_1, cute::Int<kVecElems>>>{}));
 };
 
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
@@ -173,9 +138,6 @@ struct FwdSm80Traits {
   using SmemLoadAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
   // ldmatrix flavour for the V^T operand: transposing unless V is column-major.
   using SmemLoadAtomVt = std::conditional_t<VColMajor, SmemLoadAtom, SmemLoadAtomTransposed>;
-  // Vectorized pages (PagedKv with VColMajor): V^T loads in runs (VtPageRunLoad).
-  template <int Run>
-  using VtRunLoad = typename VtPageRunLoad<Element, BlockN, kThreads, Run>::Load;
   using SmemStoreAtom = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
 };
 

@@ -122,24 +122,18 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
 }
 
 // Vectorized pages: gathers key tile rows [n_begin, n_begin + kBlockN) of K
-// and V^T into one shared-memory stage each.
+// (k_dst/k_coords: the row-gather partition of the K tile, as above; p.k_row_stride
+// is the stride between 8-channel chunks) and of V^T (vt_dst/vt_coords: a
+// 16-byte-vector partition of the (hdim, keys) tile; p.v_row_stride is the
+// channel stride) into one stage each.
 //
-// Global loads coalesce per 8 threads (8 x 16 bytes), so each group of 8
-// consecutive threads is given one 128-byte line where the layout allows:
-// - K (k_dst/k_coords: a key-major partition of the K tile, 8 consecutive
-//   threads on 8 consecutive keys of one 8-channel chunk, which vectorized
-//   pages keep adjacent; p.k_row_stride is the stride between chunks).
-// - V^T (vt_dst/vt_coords: a VtPageRunLoad partition of the (hdim, keys)
-//   tile, its run matched to the page size by the caller; p.v_row_stride is
-//   the channel stride, the page size when dense): a vector is 8 keys of one
-//   channel, and each thread keeps one column of vectors, so one page read.
-// With pages of 8 or more keys (powers of two) a V vector never crosses a
-// page, so it is one cp.async; the vector straddling seqlen_k, and every
-// vector of smaller pages, is read key by key with a page lookup each, and
-// keys at or past seqlen_k are zero-filled (their page slots may hold
-// anything, and 0 * NaN would poison O). Those scalar shared stores are
-// synchronous, so the barrier that publishes the cp.async data publishes
-// them too.
+// A V vector is 8 consecutive keys of one channel. With pages of 8 or more
+// keys (powers of two) such a vector never crosses a page, so it is one
+// cp.async from the page; the vector straddling seqlen_k, and every vector
+// of smaller pages, is read key by key with a page lookup each, and keys at
+// or past seqlen_k are zero-filled (their page slots may hold anything, and
+// 0 * NaN would poison O). Those scalar shared stores are synchronous, so
+// the barrier that publishes the cp.async data publishes them too.
 template <bool Ragged, class Element, class KDst, class KCoords, class VtDst, class VtCoords>
 __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords const& k_coords,
                                                          VtDst& vt_dst, VtCoords const& vt_coords,
