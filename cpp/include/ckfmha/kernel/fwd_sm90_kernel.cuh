@@ -193,35 +193,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         copy(params.tma_q.with(bar.q_full), src, dst);
         ++q_count;
       };
-      // The first pass over the ring finds every stage free: waiting on the
-      // parity before a barrier's initial phase returns at once.
+      // Key tile i of K or V into its ring; `tma` and the barrier arrays say
+      // which (passed as pointers: array references trip the front end in
+      // generic lambdas). The first pass over the ring finds every stage free:
+      // waiting on the parity before a barrier's initial phase returns at once.
       // Structured bindings cannot be captured before C++20: the partitions
       // are passed in.
-      auto load_k = [&](int i, auto const& src, auto&& dst) {
+      auto load_kv_tile = [&](int i, auto const& tma, uint64_t* empty, uint64_t* full,
+                              uint32_t bytes, auto const& src, auto&& dst) {
         const int ring = kv_count + i;
         const int stage = ring % kStages;
-        Barrier::wait(&bar.k_empty[stage], ((ring / kStages) & 1) ^ 1);
-        Barrier::arrive_and_expect_tx(&bar.k_full[stage], Traits::kTmaBytesK);
-        copy(params.tma_k.with(bar.k_full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
-      };
-      auto load_v = [&](int i, auto const& src, auto&& dst) {
-        const int ring = kv_count + i;
-        const int stage = ring % kStages;
-        Barrier::wait(&bar.v_empty[stage], ((ring / kStages) & 1) ^ 1);
-        Barrier::arrive_and_expect_tx(&bar.v_full[stage], Traits::kTmaBytesV);
-        copy(params.tma_v.with(bar.v_full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
+        Barrier::wait(&empty[stage], ((ring / kStages) & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(&full[stage], bytes);
+        copy(tma.with(full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
       };
       const int n_tiles = work.n_tiles();
       if (n_tiles == 0) load_q(tQgQ, tQsQ);
       for (int i = 0; i < n_tiles; ++i) {
-        load_k(i, tKgK, tKsK);
+        load_kv_tile(i, params.tma_k, bar.k_empty, bar.k_full, Traits::kTmaBytesK, tKgK, tKsK);
         // The first K tile goes out before Q, which may still wait for the
         // previous tile's consumers.
         if (i == 0) load_q(tQgQ, tQsQ);
         // V trails K by one tile, as the consumers' products do.
-        if (i > 0) load_v(i - 1, tVgV, tVsV);
+        if (i > 0) {
+          load_kv_tile(i - 1, params.tma_v, bar.v_empty, bar.v_full, Traits::kTmaBytesV, tVgV,
+                       tVsV);
+        }
       }
-      if (n_tiles > 0) load_v(n_tiles - 1, tVgV, tVsV);
+      if (n_tiles > 0) {
+        load_kv_tile(n_tiles - 1, params.tma_v, bar.v_empty, bar.v_full, Traits::kTmaBytesV, tVgV,
+                     tVsV);
+      }
       kv_count += n_tiles;
     });
     return;
