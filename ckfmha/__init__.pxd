@@ -259,6 +259,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int32_t num_pages
         int32_t max_pages_per_seq
         int64_t block_table_stride
+        ckfmha_page_layout page_layout
         ckfmha_rope rope
         int32_t rotary_dim
         ckfmha_dtype rope_dtype

@@ -14,6 +14,7 @@ def append_kv(
     q_out: Any = None,
     block_table: Any = None,
     cache_layout: Literal["bshd", "bhsd"] = "bshd",
+    page_layout: Literal["linear", "vectorized"] = "linear",
     overflow: Any = None,
     kernel: str | None = None,
     stream: Any = None,

@@ -49,6 +49,12 @@ cdef int _rope_code(rope) except -1:
         raise _invalid(f"rope must be one of {', '.join(_ROPE_CODES)}, got {rope!r}") from None
 
 
+def _vectorized(page_layout) -> bool:
+    if page_layout not in ("linear", "vectorized"):
+        raise _invalid(f"page_layout must be 'linear' or 'vectorized', got {page_layout!r}")
+    return page_layout == "vectorized"
+
+
 cdef int _set3(int64_t* dst, tuple strides) except -1:
     dst[0] = strides[0]
     dst[1] = strides[1]
@@ -87,6 +93,19 @@ cdef int _set_rope(capi.ckfmha_appendkv_problem* problem, int rope, rotary_dim, 
     return 0
 
 
+# Channels per K chunk of vectorized pages: one 16-byte vector of fp16/bf16.
+_VECTOR_CHANNELS = 8
+
+
+def _vectorized_page_strides(page_size, heads, hdim_k, hdim_v) -> tuple:
+    """Strides of dense vectorized pages: K (page, head, 8-channel chunk), V (page, head,
+    channel)."""
+    page_size, heads = int(page_size), int(heads)
+    k = (heads * int(hdim_k) * page_size, int(hdim_k) * page_size, page_size * _VECTOR_CHANNELS)
+    v = (heads * int(hdim_v) * page_size, int(hdim_v) * page_size, page_size)
+    return k, v
+
+
 def _page_strides(page_size, heads, hdim, bint heads_first) -> tuple:
     """(page, head, token) strides of contiguous pages."""
     page_size, heads, hdim = int(page_size), int(heads), int(hdim)
@@ -98,8 +117,8 @@ def _page_strides(page_size, heads, hdim, bint heads_first) -> tuple:
 cdef int _problem_from_fields(capi.ckfmha_appendkv_problem* problem, dict fields) except -1:
     """A problem with contiguous tensors from keyword fields (for select/explain)."""
     known = {"dtype", "batch", "nhead_k", "seqlen_new", "hdim", "hdim_v", "max_seqlen_cache",
-             "cache_layout", "page_size", "num_pages", "max_pages_per_seq", "rope", "rotary_dim",
-             "rope_dtype", "rope_max_pos", "nhead_q", "seqlen_q"}
+             "cache_layout", "page_size", "num_pages", "max_pages_per_seq", "page_layout",
+             "rope", "rotary_dim", "rope_dtype", "rope_max_pos", "nhead_q", "seqlen_q"}
     unknown = sorted(set(fields) - known)
     if unknown:
         raise TypeError(f"unknown append problem fields: {', '.join(unknown)}; "
@@ -120,9 +139,15 @@ cdef int _problem_from_fields(capi.ckfmha_appendkv_problem* problem, dict fields
         max_pages = fields.get("max_pages_per_seq") or 1
         _set_paged(problem, page_size, fields.get("num_pages") or batch * max_pages, max_pages,
                    max_pages)
-        heads_first = fields.get("cache_layout", "bshd") == "bhsd"
-        _set3(problem.k_cache_stride, _page_strides(page_size, nhead_k, hdim, heads_first))
-        _set3(problem.v_cache_stride, _page_strides(page_size, nhead_k, hdim_v, heads_first))
+        if _vectorized(fields.get("page_layout", "linear")):
+            problem.page_layout = capi.CKFMHA_PAGE_LAYOUT_VECTORIZED
+            k_strides, v_strides = _vectorized_page_strides(page_size, nhead_k, hdim, hdim_v)
+            _set3(problem.k_cache_stride, k_strides)
+            _set3(problem.v_cache_stride, v_strides)
+        else:
+            heads_first = fields.get("cache_layout", "bshd") == "bhsd"
+            _set3(problem.k_cache_stride, _page_strides(page_size, nhead_k, hdim, heads_first))
+            _set3(problem.v_cache_stride, _page_strides(page_size, nhead_k, hdim_v, heads_first))
     rope = _rope_code(fields.get("rope", "none"))
     if rope != capi.CKFMHA_ROPE_NONE:
         rotary_dim = fields.get("rotary_dim") or hdim
@@ -213,13 +238,17 @@ def _host_lengths(obj, int batch):
 
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
               rotary_interleaved=False, q=None, q_out=None, block_table=None,
-              cache_layout="bshd", overflow=None, kernel=None, stream=None, dtype=None):
+              cache_layout="bshd", page_layout="linear", overflow=None, kernel=None, stream=None,
+              dtype=None):
     """Writes k_new/v_new into the cache at each sequence's length, rotating keys (and q).
 
     k_new, v_new: [batch, seqlen_new, nhead_k, hdim] (any strides, head dim contiguous).
     Cache, ``cache_layout`` "bshd": [batch, max_seqlen, nhead_k, hdim], or with
     ``block_table`` (int32 [batch, max_pages], vLLM) pages [num_pages, page_size, nhead_k,
-    hdim]; "bhsd" swaps the head and token axes of either. Token t of sequence b goes to
+    hdim]; "bhsd" swaps the head and token axes of either. With ``page_layout="vectorized"``
+    (fp16/bf16, vLLM's older layout) the pages are k_cache [num_pages, nhead_k, hdim / 8,
+    page_size, 8] (each [page_size, 8] chunk dense) and v_cache [num_pages, nhead_k, hdim,
+    page_size] (keys contiguous), and cache_layout does not apply. Token t of sequence b goes to
     position cache_seqlens[b] + t; cache_seqlens (int32 [batch], or an int for all) is not
     advanced here.
 
@@ -237,11 +266,15 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     device int32 [1] array the caller zeroes) is set to 1.
     """
     cdef int layout = _layout_code(cache_layout)
+    cdef bint vectorized = _vectorized(page_layout)
+    if vectorized and block_table is None:
+        raise _invalid("page_layout 'vectorized' describes pages: pass block_table")
     kind = array_kind(k_cache)
     handle = resolve_stream(stream, kind, k_cache)
     cdef ArrayView knv = as_view(k_new, handle, dtype, "k_new", 4, _INPUT_DTYPES)
     cdef ArrayView vnv = as_view(v_new, handle, dtype, "v_new", 4, _INPUT_DTYPES)
-    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 4, _INPUT_DTYPES, True)
+    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 5 if vectorized else 4,
+                                 _INPUT_DTYPES, True)
     cdef ArrayView vcv = as_view(v_cache, handle, dtype, "v_cache", 4, _INPUT_DTYPES, True)
     if not knv.dtype == vnv.dtype == kcv.dtype == vcv.dtype:
         raise _invalid(f"k_new, v_new, k_cache and v_cache must share one dtype, got "
@@ -252,11 +285,23 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
         raise _invalid(f"v_new is {vnv.shape} but k_new is {knv.shape}: both are "
                        "[batch, seqlen_new, nhead_k, hdim]")
     hdim_v = vnv.shape[3]
-    slabs, cache_heads, cache_tokens, cache_hdim = _dims(kcv.shape, layout)
-    v_dims = _dims(vcv.shape, layout)
+    if vectorized:
+        slabs, cache_heads, chunks, cache_tokens, channels = kcv.shape
+        if channels != _VECTOR_CHANNELS:
+            raise _invalid(f"vectorized pages: k_cache's last axis holds {_VECTOR_CHANNELS} "
+                           f"channels (one 16-byte vector of fp16/bf16), got {channels}")
+        if cache_tokens > 1 and kcv.strides[3] != _VECTOR_CHANNELS:
+            raise _invalid(f"k_cache's [page_size, {_VECTOR_CHANNELS}] chunks must be dense "
+                           f"(token stride {_VECTOR_CHANNELS}), got strides {kcv.strides}")
+        cache_hdim = chunks * channels
+        v_dims = (vcv.shape[0], vcv.shape[1], vcv.shape[3], vcv.shape[2])
+    else:
+        slabs, cache_heads, cache_tokens, cache_hdim = _dims(kcv.shape, layout)
+        v_dims = _dims(vcv.shape, layout)
     if (cache_heads, cache_hdim) != (nhead_k, hdim_k) or v_dims != (
             slabs, nhead_k, cache_tokens, hdim_v):
-        raise _invalid(f"caches k {kcv.shape}, v {vcv.shape} ({cache_layout}) do not hold "
+        raise _invalid(f"caches k {kcv.shape}, v {vcv.shape} "
+                       f"({'vectorized pages' if vectorized else cache_layout}) do not hold "
                        f"{nhead_k} heads of head dims {hdim_k}/{hdim_v} like k_new/v_new")
     paged = block_table is not None
     if not paged and slabs != batch:
@@ -319,8 +364,13 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
 
     _set3(problem.k_new_stride, (knv.strides[0], knv.strides[2], knv.strides[1]))
     _set3(problem.v_new_stride, (vnv.strides[0], vnv.strides[2], vnv.strides[1]))
-    _set3(problem.k_cache_stride, _bhs(kcv, layout))
-    _set3(problem.v_cache_stride, _bhs(vcv, layout))
+    if vectorized:
+        problem.page_layout = capi.CKFMHA_PAGE_LAYOUT_VECTORIZED
+        _set3(problem.k_cache_stride, kcv.strides[:3])
+        _set3(problem.v_cache_stride, vcv.strides[:3])
+    else:
+        _set3(problem.k_cache_stride, _bhs(kcv, layout))
+        _set3(problem.v_cache_stride, _bhs(vcv, layout))
     check(capi.ckfmha_appendkv_problem_validate(&problem))
 
     host = _host_lengths(cache_seqlens, batch)

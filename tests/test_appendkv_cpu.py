@@ -144,6 +144,7 @@ class Problem(ctypes.Structure):
         ("num_pages", ctypes.c_int32),
         ("max_pages_per_seq", ctypes.c_int32),
         ("block_table_stride", ctypes.c_int64),
+        ("page_layout", ctypes.c_int),
         ("rope", ctypes.c_int),
         ("rotary_dim", ctypes.c_int32),
         ("rope_dtype", ctypes.c_int),
@@ -211,6 +212,15 @@ def _with_rope(problem: Problem, rope: int = HALF, rotary_dim: int = 64,
     return problem
 
 
+def _paged(problem: Problem, page_size: int = 16, pages: int = 8) -> Problem:
+    problem.paged_kv = 1
+    problem.page_size = page_size
+    problem.num_pages = pages
+    problem.max_pages_per_seq = pages // 2
+    problem.block_table_stride = pages // 2
+    return problem
+
+
 def _args(**changes: int | None) -> Args:
     fields = {name: FAKE + 4096 * i for i, (name, _) in enumerate(Args._fields_)}
     fields.update(cache_seqlens_host=None, overflow=None)
@@ -257,6 +267,11 @@ def test_init_fills_contiguous_strides(lib: ctypes.CDLL) -> None:
          "rotate_q: nhead_q (0) and seqlen_q (0) must be at least 1"),
         (lambda p: setattr(p, "nhead_k", 70000), "must each be at most 65535"),
         (lambda p: p.k_cache_stride.__setitem__(2, -8), "k_cache stride 2 is -8"),
+        (lambda p: setattr(p, "page_layout", 1), "page_layout applies to a paged cache"),
+        (lambda p: (_paged(p), setattr(p, "page_layout", 7)),
+         "page_layout 7 is not one of linear (0), vectorized (1)"),
+        (lambda p: (_paged(p), setattr(p, "dtype", FP32), setattr(p, "page_layout", 1)),
+         "page_layout vectorized is for fp16/bf16 caches"),
     ],
 )
 def test_validate_says_what_is_wrong(lib: ctypes.CDLL, change, message: str) -> None:
@@ -508,6 +523,14 @@ def _call(**changes: object) -> None:
         ({"overflow": _device((2,), "int32", 6)}, "overflow must be a device int32 [1] array"),
         ({"cache_seqlens": [1, 2, 3]}, "cache_seqlens must be 2 integers"),
         ({"cache_seqlens": np.array([1, 2**40])}, "cache_seqlens do not fit in int32"),
+        ({"page_layout": "paged"}, "page_layout must be 'linear' or 'vectorized'"),
+        ({"page_layout": "vectorized"}, "page_layout 'vectorized' describes pages"),
+        ({"page_layout": "vectorized", "block_table": _device((2, 4), "int32", 6),
+          "k_cache": _device((8, 4, 32, 16, 4), offset=1),
+          "v_cache": _device((8, 4, 128, 16), offset=2)}, "k_cache's last axis holds 8 channels"),
+        ({"page_layout": "vectorized", "block_table": _device((2, 4), "int32", 6),
+          "k_cache": _device((8, 4, 16, 16, 8), offset=1),
+          "v_cache": _device((8, 4, 128, 8), offset=2)}, "(vectorized pages) do not hold"),
     ],
 )
 def test_append_kv_argument_errors(changes: dict[str, object], message: str) -> None:

@@ -93,6 +93,18 @@ std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {
     if (p.block_table_stride < 0) {
       return "block_table_stride must be a non-negative element count";
     }
+    if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR &&
+        p.page_layout != CKFMHA_PAGE_LAYOUT_VECTORIZED) {
+      msg << "page_layout " << int(p.page_layout) << " is not one of linear (0), vectorized (1)";
+      return msg.str();
+    }
+    if (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && p.dtype == CKFMHA_DTYPE_FP32) {
+      return "page_layout vectorized is for fp16/bf16 caches (K in chunks of 8 channels, one "
+             "16-byte vector per key); store an fp32 cache linear";
+    }
+  } else if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR) {
+    return "page_layout applies to a paged cache (paged_kv = 1); a contiguous cache is "
+           "addressed by its strides";
   } else if (p.max_seqlen_cache < 1) {
     msg << "max_seqlen_cache is " << p.max_seqlen_cache
         << "; a contiguous cache holds at least 1 token per sequence";
@@ -188,7 +200,8 @@ std::string describe(ckfmha_appendkv_problem const& p) {
       << " seqlen_new=" << p.seqlen_new << " hdim=" << p.hdim_k << "x" << p.hdim_v << " cache="
       << cache_label(p.paged_kv != 0);
   if (p.paged_kv) {
-    out << "(" << p.num_pages << " pages of " << p.page_size << ", " << p.max_pages_per_seq
+    out << "(" << (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED ? "vectorized, " : "")
+        << p.num_pages << " pages of " << p.page_size << ", " << p.max_pages_per_seq
         << " per sequence)";
   } else {
     out << "(" << p.max_seqlen_cache << ")";
@@ -225,7 +238,11 @@ std::string reject_reason_appendkv(ckfmha_kernel_entry const& k,
     static const char* kAxis[3] = {nullptr, "head", "seq"};
     for (auto [name, stride] : tensor_strides(p)) {
       for (int i = 0; i < 3; ++i) {
-        if ((*stride)[i] % vector != 0) {
+        // Vectorized pages' V is written by element: its channel stride (the
+        // page size when dense) may be anything.
+        const bool scalar_v = p.paged_kv && p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED &&
+                              stride == &p.v_cache_stride && i == 2;
+        if (!scalar_v && (*stride)[i] % vector != 0) {
           bool cache = std::string(name).find("cache") != std::string::npos;
           why << name << " " << (i == 0 ? (cache ? first_axis(p) : "batch") : kAxis[i])
               << " stride " << (*stride)[i] << " is not a multiple of " << vector

@@ -444,6 +444,11 @@ typedef enum ckfmha_rope {
  * block_table int32 [batch, max_pages_per_seq] (row stride
  * block_table_stride) names the page holding tokens
  * [j * page_size, (j + 1) * page_size) of sequence b at entry (b, j).
+ * With page_layout vectorized (fp16/bf16; vLLM's older layout) the pages are
+ * k [num_pages, nhead_k, hdim_k / 8, page_size, 8] with k_cache_stride
+ * (page, head, 8-channel chunk), each chunk's [page_size, 8] dense, and
+ * v [num_pages, nhead_k, hdim_v, page_size] with v_cache_stride (page, head,
+ * channel), each channel's keys contiguous; V is then written by element.
  * Capacity: max_seqlen_cache, or max_pages_per_seq * page_size.
  *
  * Bounds: when args.cache_seqlens_host is given, every sequence is checked on
@@ -477,6 +482,7 @@ typedef struct ckfmha_appendkv_problem {
   int32_t num_pages;
   int32_t max_pages_per_seq;
   int64_t block_table_stride; /* batch stride of the block table */
+  ckfmha_page_layout page_layout; /* paged cache: linear (default) or vectorized */
   ckfmha_rope rope;
   int32_t rotary_dim;       /* even, 2..hdim_k */
   ckfmha_dtype rope_dtype;  /* of cos/sin: fp32 or dtype */

@@ -57,6 +57,9 @@ struct AppendKvParams {
   int rotary_dim;
   int rope_max_pos;
   bool rope_fp32;  // cos/sin are fp32 (else the element type)
+  // Paged caches in vLLM's vectorized layout: cache strides are (page, head,
+  // 8-channel chunk) for K and (page, head, channel) for V.
+  bool vectorized_pages;
 };
 
 template <class Element_, int HeadDimK, int HeadDimV, RopeMode Rope, bool Paged,
@@ -237,10 +240,20 @@ __device__ void append_rows(AppendKvParams const& p, int batch, int head, int to
       continue;
     }
     int64_t const* stride = is_k ? p.k_cache_stride : p.v_cache_stride;
-    Element* dst = static_cast<Element*>(is_k ? p.k_cache : p.v_cache) + slab * stride[0] +
-                   head * stride[1] + token * stride[2] + col;
+    Element* row = static_cast<Element*>(is_k ? p.k_cache : p.v_cache) + slab * stride[0] +
+                   head * stride[1];
     // Values are never rotated.
-    store(dst, is_k ? rotate<Traits>(own[k], partner[k], col, pos, p) : own[k]);
+    const Vec<Element> out = is_k ? rotate<Traits>(own[k], partner[k], col, pos, p) : own[k];
+    if (!Traits::kPaged || !p.vectorized_pages) {
+      store(row + token * stride[2] + col, out);
+    } else if (is_k) {
+      // A key's 8-channel chunk is one vector: chunk col / 8, slot `token`.
+      store(row + (col / kVec) * stride[2] + token * kVec, out);
+    } else {
+      // V keeps each channel's keys contiguous: 8 channels, 8 elements.
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) row[(col + e) * stride[2] + token] = out.x[e];
+    }
   }
 }
 

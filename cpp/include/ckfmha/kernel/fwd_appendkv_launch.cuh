@@ -41,6 +41,7 @@ inline AppendKvParams make_appendkv_params(ckfmha_appendkv_problem const& pr,
   p.seqlen_new = pr.seqlen_new;
   p.page_size = pr.paged_kv ? pr.page_size : 1;
   p.num_pages = pr.num_pages;
+  p.vectorized_pages = pr.paged_kv && pr.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED;
   p.rotary_dim = pr.rope == CKFMHA_ROPE_NONE ? 0 : pr.rotary_dim;
   p.rope_max_pos = pr.rope_max_pos;
   p.rope_fp32 = pr.rope_dtype == CKFMHA_DTYPE_FP32;
