@@ -5,7 +5,9 @@ then index_copy_ of the rows into the flattened cache) on the same inputs in the
 for contiguous and paged caches, decode (one token per sequence) to prefill chunks. Both
 results are checked against each other. Bandwidth counts the bytes the operation must move
 at least once: k_new and v_new read, the same bytes written into the cache, the cos/sin rows
-of the rotated tokens and the lengths (and block-table entries) read.
+of the rotated tokens and the lengths (and block-table entries) read. ``--vectorized`` adds
+paged rows in vLLM's vectorized page layout (torch's rows stay linear; the results are
+compared after re-laying ckfmha's out).
 
     python benchmarks/bench_appendkv.py --commit $(git rev-parse --short HEAD) \
         --out benchmarks/results
@@ -71,8 +73,16 @@ def moved_bytes(b: int, s: int, rotary_dim: int, paged: bool) -> int:
     return data + angles + index
 
 
+def linear_pages(k_vec: Any, v_vec: Any) -> tuple[Any, Any]:
+    """Vectorized pages (K [pages, h, d / 8, page_size, 8], V [pages, h, d, page_size]) as
+    linear ones [pages, page_size, h, d], for comparing with torch's."""
+    pages, h, chunks, page_size, width = k_vec.shape
+    k = k_vec.permute(0, 3, 1, 2, 4).reshape(pages, page_size, h, chunks * width)
+    return k, v_vec.permute(0, 3, 1, 2)
+
+
 def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
-              args: argparse.Namespace) -> dict[str, Any]:
+              args: argparse.Namespace, vectorized: bool = False) -> dict[str, Any]:
     dtype = torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(0)
     k_new = torch.randn(b, s, HEADS_K, HDIM, device="cuda", dtype=dtype, generator=gen)
@@ -90,6 +100,11 @@ def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
     caches = {name: (torch.zeros(shape, device="cuda", dtype=dtype),
                      torch.zeros(shape, device="cuda", dtype=dtype))
               for name in ("ckfmha", "torch")}
+    if vectorized:
+        pages = shape[0]
+        caches["ckfmha"] = (
+            torch.zeros(pages, HEADS_K, HDIM // 8, PAGE_SIZE, 8, device="cuda", dtype=dtype),
+            torch.zeros(pages, HEADS_K, HDIM, PAGE_SIZE, device="cuda", dtype=dtype))
     cos = sin = None
     rotary_dim = HDIM if rope != "none" else 0
     if rotary_dim:
@@ -98,6 +113,8 @@ def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
         cos, sin = angles.cos(), angles.sin()
     interleaved = rope == "interleaved"
     options: dict[str, Any] = {"block_table": block_table}
+    if vectorized:
+        options["page_layout"] = "vectorized"
     if cos is not None:
         options.update(cos=cos, sin=sin, rotary_interleaved=interleaved)
 
@@ -108,14 +125,15 @@ def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
     }
     nbytes = moved_bytes(b, s, rotary_dim, paged)
     row: dict[str, Any] = {"batch": b, "seqlen_new": s, "capacity": capacity, "rope": rope,
-                           "paged": paged, "nhead_k": HEADS_K, "hdim": HDIM, "bytes": nbytes}
+                           "paged": paged, "page_layout": "vectorized" if vectorized else
+                           "linear", "nhead_k": HEADS_K, "hdim": HDIM, "bytes": nbytes}
     for name, fn in impls.items():
         fn()
         ms = median_ms(fn, args.warmup, args.iters, args.repeats)
         row[f"{name}_ms"], row[f"{name}_gbps"] = ms, nbytes / ms / 1e6
     row["speedup_vs_torch"] = row["torch_ms"] / row["ckfmha_ms"]
-    diff = max(float((a.float() - t.float()).abs().max())
-               for a, t in zip(caches["ckfmha"], caches["torch"]))
+    ours = linear_pages(*caches["ckfmha"]) if vectorized else caches["ckfmha"]
+    diff = max(float((a.float() - t.float()).abs().max()) for a, t in zip(ours, caches["torch"]))
     row["max_abs_diff_vs_torch"] = diff
     fields: dict[str, Any] = {
         "dtype": "bf16", "batch": b, "nhead_k": HEADS_K, "seqlen_new": s, "hdim": HDIM,
@@ -123,7 +141,8 @@ def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
     }
     if paged:
         fields.update(page_size=PAGE_SIZE, num_pages=shape[0],
-                      max_pages_per_seq=capacity // PAGE_SIZE)
+                      max_pages_per_seq=capacity // PAGE_SIZE,
+                      page_layout="vectorized" if vectorized else "linear")
     row["kernel"] = ckfmha.select_append_kv(**fields)
     caches.clear()
     torch.cuda.empty_cache()
@@ -137,19 +156,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--vectorized", action="store_true",
+                        help="add paged rows in vLLM's vectorized page layout")
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON")
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
-    rows = [run_shape(b, s, capacity, rope, paged, args)
-            for rope in args.rope for paged in (False, True) for b, s, capacity in SHAPES]
+    kinds = [(False, False), (True, False)] + ([(True, True)] if args.vectorized else [])
+    rows = [run_shape(b, s, capacity, rope, paged, args, vectorized)
+            for rope in args.rope for paged, vectorized in kinds for b, s, capacity in SHAPES]
     print(f"device: {device}  bf16  hk {HEADS_K} d {HDIM}  page {PAGE_SIZE}  "
           f"commit: {args.commit}")
-    print(f"{'rope':>12} {'paged':>5} {'b':>4} {'s_new':>6} | {'ckfmha ms':>9} {'GB/s':>6} | "
+    print(f"{'rope':>12} {'pages':>10} {'b':>4} {'s_new':>6} | {'ckfmha ms':>9} {'GB/s':>6} | "
           f"{'torch ms':>9} {'GB/s':>6} | {'x torch':>7} {'max diff':>8}")
     for r in rows:
-        print(f"{r['rope']:>12} {r['paged']!s:>5} {r['batch']:>4} {r['seqlen_new']:>6} | "
+        pages = r["page_layout"] if r["paged"] else "-"
+        print(f"{r['rope']:>12} {pages:>10} {r['batch']:>4} {r['seqlen_new']:>6} | "
               f"{r['ckfmha_ms']:>9.4f} {r['ckfmha_gbps']:>6.0f} | {r['torch_ms']:>9.4f} "
               f"{r['torch_gbps']:>6.0f} | {r['speedup_vs_torch']:>7.2f} "
               f"{r['max_abs_diff_vs_torch']:>8.1e}")
