@@ -224,6 +224,14 @@ __device__ void append_rows(AppendKvParams const& p, int batch, int head, int to
       partner[k] = load_readonly(src + partner_col<Traits>(col, p));
     }
   }
+  // Vectorized pages keep each V channel's keys contiguous: V rows go through
+  // shared memory (rows padded by one 4-byte word, so that the threads reading
+  // one channel of consecutive tokens hit distinct banks) and leave token by
+  // token, consecutive threads on consecutive tokens of one channel.
+  constexpr bool kVectorizable = Traits::kPaged && sizeof(Element) == 2;
+  constexpr int kTileRow = Traits::kHeadDimV + 2;
+  __shared__ Element v_tile[kVectorizable ? Traits::kTokensPerCta * kTileRow : 1];
+  const bool stage_v = kVectorizable && p.vectorized_pages;
   // Then where each row goes (a block-table read for pages), and the stores.
 #pragma unroll
   for (int k = 0; k < kItems; ++k) {
@@ -249,10 +257,27 @@ __device__ void append_rows(AppendKvParams const& p, int batch, int head, int to
     } else if (is_k) {
       // A key's 8-channel chunk is one vector: chunk col / 8, slot `token`.
       store(row + (col / kVec) * stride[2] + token * kVec, out);
-    } else {
-      // V keeps each channel's keys contiguous: 8 channels, 8 elements.
+    } else if (stage_v) {
+      Element* tile_row = v_tile + (t - token0) * kTileRow + col;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) row[(col + e) * stride[2] + token] = out.x[e];
+      for (int e = 0; e < kVec; ++e) tile_row[e] = out.x[e];
+    }
+  }
+  if (stage_v) {
+    __syncthreads();
+    const int tokens = min(Traits::kTokensPerCta, p.seqlen_new - token0);
+    Element* v_head = static_cast<Element*>(p.v_cache) + head * p.v_cache_stride[1];
+    for (int idx = int(threadIdx.x); idx < Traits::kTokensPerCta * Traits::kHeadDimV;
+         idx += Traits::kThreads) {
+      const int t = idx % Traits::kTokensPerCta;
+      const int channel = idx / Traits::kTokensPerCta;
+      int64_t slab = 0, token = 0;
+      // Rows that fail here were flagged by the loop above.
+      if (t >= tokens || !locate_cache_row<Traits>(p, batch, length + token0 + t, &slab, &token)) {
+        continue;
+      }
+      v_head[slab * p.v_cache_stride[0] + channel * p.v_cache_stride[2] + token] =
+          v_tile[t * kTileRow + channel];
     }
   }
 }
@@ -310,6 +335,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int token0 = int(blockIdx.x) * Traits::kTokensPerCta;
   const int64_t length = p.cache_seqlens[batch];
   if (int(blockIdx.y) < p.nhead_k) {
+    // Uniform over the CTA: append_rows may reach a barrier.
     if (token0 < p.seqlen_new) {
       appendkv::append_rows<Traits>(p, batch, int(blockIdx.y), token0, length);
     }
