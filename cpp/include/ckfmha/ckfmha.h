@@ -448,7 +448,8 @@ typedef enum ckfmha_rope {
  * k [num_pages, nhead_k, hdim_k / 8, page_size, 8] with k_cache_stride
  * (page, head, 8-channel chunk), each chunk's [page_size, 8] dense, and
  * v [num_pages, nhead_k, hdim_v, page_size] with v_cache_stride (page, head,
- * channel), each channel's keys contiguous; V is then written by element.
+ * channel), each channel's keys contiguous; V then goes through shared
+ * memory and is written token by token.
  * Capacity: max_seqlen_cache, or max_pages_per_seq * page_size.
  *
  * Bounds: when args.cache_seqlens_host is given, every sequence is checked on
