@@ -170,6 +170,8 @@ def test_ci_names_are_stable() -> None:
         f"fwd_splitkv_bf16_group_d128x128_window_lse{tail}m64n64k128_w4s2",
         f"batch_prefill_bf16_group_d128x128_window_lse{tail}m16n64k128_w1s2",
         f"batch_prefill_bf16_group_d128x128_window_lse{tail}m64n64k128_w4s2",
+        f"batch_prefill_bf16_group_d128x128_window_lse_vecpages{tail}m16n64k128_w1s2",
+        f"batch_prefill_bf16_group_d128x128_window_lse_vecpages{tail}m64n64k128_w4s2",
         f"bwd_dot_do_o_bf16_batch_d128{tail}m64k128_w4s1",
         f"bwd_dq_dk_dv_bf16_batch_d128x128_causal{tail}m64n128k128_w8s2",
         f"bwd_convert_dq_bf16_batch_d128{tail}m64k128_w4s1",
@@ -198,9 +200,10 @@ def test_receipt_sizes(arch: str) -> None:
     # Split-KV: both tiles of one split signature and its combine stage in ci; 2 dtypes x
     # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
     split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
-    # Paged K/V: the batch_prefill twin of the ci split signature (2 tiles); both paged families
-    # x 2 dtypes x d64/d128 x 3 masks x 2 tiles in default and full.
-    paged = {"ci": 2, "default": 48, "full": 48}
+    # Paged K/V: the batch_prefill twins of the ci split signature (linear and vectorized pages,
+    # 2 tiles each); both paged families x 2 dtypes x d64/d128 x 3 masks x 2 page layouts x 2
+    # tiles in default and full.
+    paged = {"ci": 4, "default": 96, "full": 96}
     split = {name: split[name] + paged[name] for name in split}
     # Two backward plans of three stages each in ci.
     assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
@@ -288,10 +291,10 @@ def test_filter_selects_by_regex() -> None:
     causal_features = sum(c["mask"] == "causal" for c in _feature_combos())
     # ... and the causal column-major-V kernels at d64/d128 in batch and group mode, the causal
     # split-KV kernels (d64/d128 x batch/group x 2 tiles), the causal paged kernels (2 families
-    # x d64/d128 x 2 tiles), and the causal backward kernels: 6 head dims in batch mode,
-    # d64/d128 in group mode, and the causal feature combinations (ALiBi in batch mode, all
-    # features in group mode), and the causal bf16 dbias kernels (d64/d128).
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 8 + 6 + 2 + 4 + 2
+    # x d64/d128 x 2 page layouts x 2 tiles), and the causal backward kernels: 6 head dims in
+    # batch mode, d64/d128 in group mode, and the causal feature combinations (ALiBi in batch
+    # mode, all features in group mode), and the causal bf16 dbias kernels (d64/d128).
+    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 2 + 4 + 2
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -503,17 +506,17 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    # sm_80, sm_90a (each with a 3-kernel split-KV plan, 2 paged kernels, two backward
+    # sm_80, sm_90a (each with a 3-kernel split-KV plan, 4 paged kernels, two backward
     # plans and two appends) and the Hopper template on sm_90a (four forward kernels and the
     # main stage of the batch-mode backward plan)
-    assert len(names) == 14 + 14 + 4 + 1 + 2 * 6 + 2 * 2
+    assert len(names) == 16 + 16 + 4 + 1 + 2 * 6 + 2 * 2
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
 def test_cli_repeated_and_comma_arches() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_86,sm_89", "--arch", "sm_80", "--list")
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.split()) == 3 * (14 + 6 + 2)
+    assert len(result.stdout.split()) == 3 * (16 + 6 + 2)
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
@@ -538,13 +541,13 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert len(instances) == 16 + 2  # two of them KV-cache appends
     # Two plans of three stages, and the sm90 main stage of the batch-mode one.
     assert len(list(tmp_path.glob("bwd_*.cu"))) == 6 + 1
-    assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 2
+    assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 4
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 27" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 29" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -552,7 +555,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 27
+    assert len(manifest["kernels"]) == 29
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 
@@ -727,7 +730,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
     specs = load_specs()
     selection = select(get_receipt("ci"), specs["sm_80"])
     first = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
-    assert first.written == 14 + 6 + 2 + 3
+    assert first.written == 16 + 6 + 2 + 3
     second = emit.emit(tmp_path, selection.accepted, selection.rejected, specs)
     assert second.written == 0
     # Dropping a kernel rewrites the index files and removes its stale instance.
@@ -768,10 +771,10 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
-                e.has_dbias, e.rope, e.paged_kv, e.arch, e.arch_name,
+                e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.arch, e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr));
@@ -801,7 +804,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"5 {len(configs)}"
+    assert lines[0] == f"6 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -822,6 +825,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             enums["bias"][sig.bias], int(sig.lse), int(sig.dropout), int(sig.softcap),
             int(sig.sink), int(sig.v_col_major), int(getattr(sig, "dbias", False)),
             enums["rope"][getattr(sig, "rope", "none")], int(getattr(sig, "paged", False)),
+            int(getattr(sig, "page_layout", "linear") == "vectorized"),
             specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip

@@ -92,10 +92,10 @@ def test_env_rejects_bad_jobs(jobs: str) -> None:
 
 def test_selection_from_env_config() -> None:
     selection = build.select_from_config(from_env({"CKFMHA_KERNELS": "ci"}))
-    # sm_80 and sm_90a (each 9 forward kernels, a 3-kernel split-KV plan, 2 paged kernels,
+    # sm_80 and sm_90a (each 9 forward kernels, a 3-kernel split-KV plan, 4 paged kernels,
     # two backward plans of three stages and two KV-cache appends), and sm_90a's Hopper kernels
     # (forward, and the wgmma main stage of the bf16 d128 causal backward plan).
-    assert len(selection.accepted) == 14 + 14 + 4 + 2 * 6 + 2 * 2 + 1
+    assert len(selection.accepted) == 16 + 16 + 4 + 2 * 6 + 2 * 2 + 1
 
 
 # ---- discovery ----
@@ -320,6 +320,7 @@ class KernelEntry(ctypes.Structure):
         ("has_dbias", ctypes.c_int32),
         ("rope", ctypes.c_int),
         ("paged_kv", ctypes.c_int32),
+        ("page_layout", ctypes.c_int),
         ("arch", ctypes.c_int32),
         ("arch_name", ctypes.c_char_p),
         ("pipeline", ctypes.c_char_p),
@@ -395,7 +396,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (5, len(kernels))
+    assert (table.abi_version, table.count) == (6, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}
