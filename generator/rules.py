@@ -203,21 +203,22 @@ def _sm80_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
+def _named_if_on(*features: tuple[str, bool]) -> list[str]:
+    """The names of the (name, on) features that are on, in order."""
+    return [name for name, on in features if on]
+
+
 def _splitkv_feature_reasons(config: KernelConfig) -> list[str]:
     """What the split-KV variant of the sm80 template leaves out: per-split partials are merged
     by LSE alone, so features that need the head of a packed row (bias, dropout) or a term added
     once per row (sink) are not in it, nor is column-major V (not built for it yet)."""
     sig = config.signature
-    unsupported = [
-        name
-        for name, on in (
-            (f"bias {sig.bias!r}", sig.bias != "none"),
-            ("dropout", sig.dropout),
-            ("sink", sig.sink),
-            ("column-major V", sig.v_col_major),
-        )
-        if on
-    ]
+    unsupported = _named_if_on(
+        (f"bias {sig.bias!r}", sig.bias != "none"),
+        ("dropout", sig.dropout),
+        ("sink", sig.sink),
+        ("column-major V", sig.v_col_major),
+    )
     if not unsupported:
         return []
     reason = (
@@ -267,19 +268,15 @@ def _combine_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)}: combine kernels are keyed by hdim_v "
             "alone, so their signature has hdim_q == hdim_v"
         )
-    extras = [
-        name
-        for name, on in (
-            (f"mask {sig.mask!r}", sig.mask != "none"),
-            (f"bias {sig.bias!r}", sig.bias != "none"),
-            ("dropout", sig.dropout),
-            ("softcap", sig.softcap),
-            ("sink", sig.sink),
-            ("column-major V", sig.v_col_major),
-            ("no LSE", not sig.lse),
-        )
-        if on
-    ]
+    extras = _named_if_on(
+        (f"mask {sig.mask!r}", sig.mask != "none"),
+        (f"bias {sig.bias!r}", sig.bias != "none"),
+        ("dropout", sig.dropout),
+        ("softcap", sig.softcap),
+        ("sink", sig.sink),
+        ("column-major V", sig.v_col_major),
+        ("no LSE", not sig.lse),
+    )
     if extras:
         reasons.append(
             f"{', '.join(extras)}: a combine kernel only merges partials (mask 'none', no "
@@ -351,17 +348,13 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm90 forward template (TMA + wgmma, warp-specialized)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
-    unsupported = [
-        name
-        for name, on in (
-            (f"bias {sig.bias!r}", sig.bias != "none"),
-            ("dropout", sig.dropout),
-            ("softcap", sig.softcap),
-            ("sink", sig.sink),
-            ("column-major V", sig.v_col_major),
-        )
-        if on
-    ]
+    unsupported = _named_if_on(
+        (f"bias {sig.bias!r}", sig.bias != "none"),
+        ("dropout", sig.dropout),
+        ("softcap", sig.softcap),
+        ("sink", sig.sink),
+        ("column-major V", sig.v_col_major),
+    )
     if unsupported:
         reasons.append(
             f"{', '.join(unsupported)} not implemented by {alg.pipeline} yet; it covers masks, "
@@ -644,18 +637,14 @@ def _sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm90 backward main stage (bwd_dq_dk_dv on TMA + wgmma)."""
     sig, alg = config.signature, config.algorithm
     reasons = _template_basics(config)
-    unsupported = [
-        name
-        for name, on in (
-            (f"bias {sig.bias!r}", sig.bias != "none"),
-            ("dropout", sig.dropout),
-            ("softcap", sig.softcap),
-            ("dbias", sig.dbias),
-            (f"mask {sig.mask!r}", sig.mask not in BWD_SM90_MASKS),
-            (f"mode {sig.mode!r}", sig.mode != "batch"),
-        )
-        if on
-    ]
+    unsupported = _named_if_on(
+        (f"bias {sig.bias!r}", sig.bias != "none"),
+        ("dropout", sig.dropout),
+        ("softcap", sig.softcap),
+        ("dbias", sig.dbias),
+        (f"mask {sig.mask!r}", sig.mask not in BWD_SM90_MASKS),
+        (f"mode {sig.mode!r}", sig.mode != "batch"),
+    )
     if unsupported:
         reasons.append(f"{', '.join(unsupported)} not implemented yet; {BWD_SM90_COVERS}")
     if sig.hdim_q != sig.hdim_v or sig.hdim_q not in BWD_SM90_HDIMS:
