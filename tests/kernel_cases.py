@@ -28,6 +28,16 @@ def rule_reasons(config: KernelConfig, arch: str = "sm_80") -> str:
     return " | ".join(check(config, load_specs()[arch]))
 
 
+def problem_fields(kernel: dict[str, Any]) -> dict[str, Any]:
+    """FwdProblem fields a registered kernel fits: its dtype, mode and head dim, LSE, and its
+    mask (a (256, 0) window for window kernels)."""
+    return {
+        "hdim": kernel["hdim_q"], "dtype": kernel["dtype"], "mode": kernel["mode"], "lse": True,
+        "window": (256, 0) if kernel["mask"] == "window" else None,
+        "causal": kernel["mask"] == "causal",
+    }  # fmt: skip
+
+
 def mask_options(kernel: dict[str, Any], index: int,
                  alignments: tuple[str, str] = ("top_left", "bottom_right")) -> dict[str, Any]:
     """ckfmha.fwd/bwd mask arguments for case ``index`` of a kernel built for kernel["mask"]:

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from kernel_cases import make_config, rule_reasons
+from kernel_cases import make_config, problem_fields, rule_reasons
 
 import ckfmha
 from ckfmha import errors
@@ -147,9 +147,7 @@ def paged_kernel() -> dict:
 def _problem(kernel: dict, **changes: object) -> ckfmha.FwdProblem:
     fields: dict[str, object] = {
         "batch": 3, "nhead_q": 32, "nhead_k": 8, "seqlen_q": 1, "seqlen_k": 4096,
-        "hdim": kernel["hdim_q"], "dtype": kernel["dtype"], "mode": kernel["mode"],
-        "lse": True, "window": (256, 0) if kernel["mask"] == "window" else None,
-        "causal": kernel["mask"] == "causal", "causal_alignment": "bottom_right",
+        **problem_fields(kernel), "causal_alignment": "bottom_right",
         "paged_kv": "block_table", "page_size": 16, "page_layout": kernel["page_layout"],
     }  # fmt: skip
     fields.update(changes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernel_cases import make_config, rule_reasons
+from kernel_cases import make_config, problem_fields, rule_reasons
 
 import ckfmha
 from ckfmha import errors
@@ -135,10 +135,7 @@ def split_kernel() -> dict:
 def _problem(kernel: dict, **changes: object) -> ckfmha.FwdProblem:
     fields: dict[str, object] = {
         "batch": 2, "nhead_q": 32, "nhead_k": 8, "seqlen_q": 1, "seqlen_k": 4096,
-        "hdim": kernel["hdim_q"], "dtype": kernel["dtype"], "mode": kernel["mode"],
-        "lse": True,
-        "window": (256, 0) if kernel["mask"] == "window" else None,
-        "causal": kernel["mask"] == "causal",
+        **problem_fields(kernel),
     }  # fmt: skip
     fields.update(changes)
     return ckfmha.FwdProblem(**fields)  # type: ignore[arg-type]
