@@ -258,9 +258,9 @@ RECEIPTS: dict[str, Receipt] = {
         Receipt(
             name="ci",
             description="nine forward kernels per arch covering dtypes (one fp32), head dims, "
-            "masks and features, plus one split-KV plan (bf16 d128 window, group mode: both "
-            "split tiles and the combine stage), its paged twins (batch_prefill over linear "
-            "and vectorized pages, both tiles, sharing that combine stage), two backward plans (bf16 d128 causal, fp16 "
+            "masks and features, plus one split-KV plan (bf16 d128 window, group mode: every "
+            "split tile and the combine stage), its paged twins (batch_prefill over linear "
+            "and vectorized pages, every tile, sharing that combine stage), two backward plans (bf16 d128 causal, fp16 "
             "d64 window in group mode) and two KV-cache appends (bf16 d128 half-rotated RoPE "
             "into pages, fp16 d64 interleaved RoPE into a contiguous cache)",
             signatures=(

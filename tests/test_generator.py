@@ -197,13 +197,18 @@ def test_receipt_sizes(arch: str) -> None:
     hopper = {"ci": 4 + 1, "default": 42 + 8, "full": 84 + 8}
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
-    # Split-KV: both tiles of one split signature and its combine stage in ci; 2 dtypes x
-    # d64/d128 x 3 masks x 2 modes x 2 tiles, and 2 x 2 x 2 combines, in default and full.
-    split = {"ci": 3, "default": 48 + 8, "full": 48 + 8}
+    # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
+    # 2 dtypes x d64/d128 x 3 masks x 2 modes x every tile, and 2 x 2 x 2 combines, in default
+    # and full. sm_90a lists a third d128 tile (16x32 keys, one wave of a b64 decode).
+    d128_tiles = len(specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(128, 128)])
+    d64_tiles = len(specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(64, 64)])
+    assert (d64_tiles, d128_tiles) == (2, 3 if arch == "sm_90a" else 2)
+    per_signature = 2 * 3 * (d64_tiles + d128_tiles)  # dtypes x masks x tiles
+    split = {"ci": d128_tiles + 1, "default": 2 * per_signature + 8, "full": 2 * per_signature + 8}
     # Paged K/V: the batch_prefill twins of the ci split signature (linear and vectorized pages,
-    # 2 tiles each); both paged families x 2 dtypes x d64/d128 x 3 masks x 2 page layouts x 2
-    # tiles in default and full.
-    paged = {"ci": 4, "default": 96, "full": 96}
+    # every tile); both paged families x 2 page layouts x the split signatures' tiles in default
+    # and full.
+    paged = {"ci": 2 * d128_tiles, "default": 4 * per_signature, "full": 4 * per_signature}
     split = {name: split[name] + paged[name] for name in split}
     # Two backward plans of three stages each in ci.
     assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
@@ -506,10 +511,11 @@ def test_cli_list() -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_80;sm_90a", "--list")
     assert result.returncode == 0, result.stderr
     names = result.stdout.split()
-    # sm_80, sm_90a (each with a 3-kernel split-KV plan, 4 paged kernels, two backward
-    # plans and two appends) and the Hopper template on sm_90a (four forward kernels and the
-    # main stage of the batch-mode backward plan)
-    assert len(names) == 16 + 16 + 4 + 1 + 2 * 6 + 2 * 2
+    # sm_80, sm_90a (each with a split-KV plan of every tile plus the combine stage: 3 kernels,
+    # 4 on sm_90a; 4 paged kernels, 6 on sm_90a; two backward plans and two appends) and the
+    # Hopper template on sm_90a (four forward kernels and the main stage of the batch-mode
+    # backward plan)
+    assert len(names) == 16 + 16 + 4 + 1 + 2 * 6 + 2 * 2 + 3
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
@@ -538,16 +544,16 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("fwd_*.cu"))
-    assert len(instances) == 16 + 2  # two of them KV-cache appends
+    assert len(instances) == 17 + 2  # two of them KV-cache appends; 3 split-KV tiles
     # Two plans of three stages, and the sm90 main stage of the batch-mode one.
     assert len(list(tmp_path.glob("bwd_*.cu"))) == 6 + 1
-    assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 4
+    assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 6
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/fwd_sm80_launch.cuh"' in text
     assert "launch_fwd_sm80<Traits>(problem, args, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 29" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 32" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -555,7 +561,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("fwd_simt_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 29
+    assert len(manifest["kernels"]) == 32
     assert {k["source"] for k in manifest["kernels"]} == {p.name for p in tmp_path.glob("*.cu")}
 
 

@@ -142,6 +142,8 @@ def _problem(kernel: dict, **changes: object) -> ckfmha.FwdProblem:
 
 
 def _workspace(splits: int, batch: int, heads: int, seqlen_q: int, hdim_v: int) -> int:
+    if splits == 1:
+        return 0  # one split writes O and LSE directly
     lse_bytes = 4 * splits * batch * heads * seqlen_q
     return (lse_bytes + 255) // 256 * 256 + lse_bytes * hdim_v
 
@@ -156,8 +158,12 @@ def _resident(arch: int, tile_m: int, tile_n: int, warps: int, stages: int, hdim
                       65536 // (32 * warps * 256)))
 
 
-def _wave_model_splits(ctas: int, key_tiles: int, slots: int) -> int:
-    """The documented wave model: the smallest S minimising waves x (tiles per split + 1)."""
+def _wave_model_splits(ctas: int, key_tiles: int, slots: int, sms: int) -> int:
+    """The documented wave model: no split for a grid filling one wave with 2+ CTAs per SM,
+    else the smallest S minimising waves x (tiles per split + 1)."""
+    if 2 * sms <= ctas <= slots:
+        return 1
+
     def time(s: int) -> int:
         return -(-ctas * s // slots) * (-(-key_tiles // s) + 1)
 
@@ -178,7 +184,7 @@ def test_decode_problem_gets_a_split_plan(split_kernel: dict) -> None:
     # 4 packed rows per K/V head: the 16-row tile, 16 CTAs (2 x 8 heads).
     assert split.endswith(f"m16n64k{split_kernel['hdim_q']}_w1s2")
     expected_splits = _wave_model_splits(16, 4096 // 64, int(sms) * _resident(
-        split_kernel["arch"], 16, 64, 1, 2, split_kernel["hdim_q"]))
+        split_kernel["arch"], 16, 64, 1, 2, split_kernel["hdim_q"]), int(sms))
     assert int(splits) == expected_splits > 1
     assert dispatcher.workspace_size(problem, arch=arch) == int(size) == _workspace(
         expected_splits, 2, 32, 1, split_kernel["hdim_v"])
@@ -217,8 +223,49 @@ def test_large_prefill_stays_one_stage(split_kernel: dict) -> None:
         assert ckfmha.Dispatcher().workspace_size(problem, arch=split_kernel["arch"]) == 0
     else:
         # Only when the build has no one-stage kernel for it does a split plan (of one split:
-        # the grid is full) serve it.
-        assert re.match(r"split-KV, .* num_splits=1, .*: no one-stage kernel fits", plan), plan
+        # the grid is full, and the split writes O itself) serve it.
+        assert re.match(r"split-KV, \S+, num_splits=1: one split writes O directly \(no combine, "
+                        r"no workspace; \d+ SMs\): no one-stage kernel fits", plan), plan
+        assert ckfmha.Dispatcher().workspace_size(problem, arch=split_kernel["arch"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("arch", "batch", "tile", "one_split"),
+    [
+        # sm_90a (132 SMs): 512 CTAs overflow the 16x64 tile's 3 x 132 slots but fit the 16x32
+        # tile's 6 x 132: one split, no combine.
+        (90, 64, "m16n32", True),
+        # 128 CTAs, under 2 per SM: the 16x64 tile (deeper loads) with a split count.
+        (90, 16, "m16n64", False),
+        # 384 CTAs fit the 16x64 tile's own wave: one split on it.
+        (90, 48, "m16n64", True),
+        # sm_80 lists no 16x32 tile: the 16x64 tile splits.
+        (80, 64, "m16n64", False),
+    ],
+)
+def test_full_decode_batches_run_one_split(arch: int, batch: int, tile: str,
+                                           one_split: bool) -> None:
+    kernels = [k for k in _split_kernels()
+               if k["arch"] == arch and k["hdim_q"] == 128 and "_m16n" in k["name"]]
+    if not any("_m16n64" in k["name"] for k in kernels) or (
+            arch == 90 and not any("_m16n32" in k["name"] for k in kernels)):
+        pytest.skip(f"library built without sm_{arch}'s 16-row split tiles")
+    dispatcher = ckfmha.Dispatcher()
+    # 4 packed rows per K/V head, 8 K/V heads: batch x 8 CTAs of one split.
+    problem = _problem(kernels[0], batch=batch, seqlen_k=4096)
+    text = dispatcher.explain(problem, arch=arch)
+    plan = text.split("plan: ")[-1]
+    assert f"_{tile}k128_w1s2" in dispatcher.select(problem, arch=arch), plan
+    size = dispatcher.workspace_size(problem, arch=arch)
+    if one_split:
+        assert re.match(r"split-KV, \S+, num_splits=1: one split writes O directly", plan), plan
+        assert size == 0
+        # The combine stage is not run, so not selected.
+        assert not re.search(r"selected  fwd_splitkv_combine", text), text
+    else:
+        splits = int(re.search(r"num_splits=(\d+)", plan).group(1))  # type: ignore[union-attr]
+        assert splits > 1 and " then fwd_splitkv_combine_" in plan, plan
+        assert size == _workspace(splits, batch, 32, 1, 128)
 
 
 def test_split_features_it_lacks_are_unsupported(split_kernel: dict) -> None:

@@ -166,3 +166,38 @@ def test_decode_shapes_take_the_split_plan(sq: int) -> None:
     torch.cuda.synchronize()
     ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
     _compare(kernel, out, lse, ref, ref_lse, f"decode sq={sq} auto plan {options}")
+
+
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_full_decode_batch_runs_one_split(return_lse: bool) -> None:
+    """A decode batch whose unsplit grid fills the GPU in one wave runs the split kernel as one
+    split writing O (and LSE when asked) itself, with no combine stage: it must still match."""
+    batch, hq, hk, sk = 64, 32, 8, 1000
+    candidates = [k for k in SPLIT_KERNELS if k["mode"] == "batch" and k["hdim_q"] == 128]
+    if not candidates:
+        pytest.skip("library built without batch-mode d128 split-KV kernels")
+    kernel = candidates[0]
+    options = (
+        {"causal": True, "causal_alignment": "bottom_right"} if kernel["mask"] != "none" else {}
+    )
+    problem = ckfmha.FwdProblem(batch=batch, nhead_q=hq, nhead_k=hk, seqlen_q=1, seqlen_k=sk,
+                                hdim=128, dtype=kernel["dtype"], lse=return_lse, **options)
+    plan = ckfmha.Dispatcher().explain(problem).split("plan: ")[-1]
+    if "num_splits=1: one split writes O directly" not in plan:
+        pytest.skip(f"this device and build split a b64 decode step: {plan}")
+    inputs = Inputs(batch + return_lse)
+    dtype = _torch_dtype(kernel["dtype"])
+    q = inputs.normal((batch, hq, 1, 128), dtype)
+    k = inputs.normal((batch, hk, sk, 128), dtype)
+    v = inputs.normal((batch, hk, sk, 128), dtype)
+    out = torch.full((batch, hq, 1, 128), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((batch, hq, 1), float("nan"), device="cuda", dtype=torch.float32)
+    result = ckfmha.fwd(q, k, v, return_lse=return_lse, out=out,
+                        lse_out=lse if return_lse else None, **options)
+    torch.cuda.synchronize()
+    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+    if not return_lse:
+        # No LSE asked for: the untouched buffer must stay poisoned.
+        assert result.data_ptr() == out.data_ptr()
+        ref_lse = np.full_like(ref_lse, np.nan)
+    _compare(kernel, out, lse, ref, ref_lse, f"b{batch} one split, lse={return_lse} {options}")

@@ -13,8 +13,9 @@ namespace ckfmha::runtime {
 
 namespace {
 
-// Automatic split count, a wave model: with `slots` CTAs resident on the GPU
-// at once, S splits of `ctas` query-tile CTAs take about
+// Automatic split count, a wave model: a grid that fits one wave of the
+// `slots` CTAs resident on the GPU at once, with at least 2 per SM, is not
+// split. Otherwise S splits of `ctas` query-tile CTAs take about
 //   ceil(ctas * S / slots) waves x (ceil(key_tiles / S) + 1) tile times,
 // the +1 standing for a CTA's prologue and partial write. The smallest S
 // minimising that wins, never with fewer than kMinKeyTilesPerSplit key tiles
@@ -27,6 +28,8 @@ constexpr int64_t kAutoMaxSplits = 128;
 // tile once per group where one-stage kernels read it once per query head
 // into mostly padded 128-row tiles.
 constexpr int64_t kDecodePackedRows = 64;
+// Unsplit grids of fewer CTAs per SM keep the tile with the deepest loads.
+constexpr int64_t kUnsplitMinCtasPerSm = 2;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -51,12 +54,24 @@ std::string combine_reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_probl
   return why.str();
 }
 
+// CTAs of one split of `k`'s grid.
+int64_t unsplit_ctas(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k) {
+  return ceil_div(packed_rows(p), k.tile_m) * p.nhead_k * p.batch;
+}
+
 // Among the fitting split kernels: SASS for this exact arch, then the smallest
 // tile_m holding the packed rows (else the largest tile), then the narrowest
-// mask kind, then generator order.
+// mask kind, then generator order (the arch's first tile, the most bytes in
+// flight per CTA). With the split count left to the planner, one exception:
+// when that tile's unsplit grid overflows one wave but another tile of the
+// same rows holds it in one (more CTAs resident per SM), the other tile runs
+// it as one split, writing O directly with no combine; only for grids of at
+// least kUnsplitMinCtasPerSm CTAs per SM, which keep the memory system busy
+// without the larger tile's deeper loads.
 // `family`: fwd_splitkv, or a paged family (same body, same preference).
 bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
-                       ckfmha_fwd_problem const& p, int device_arch, ckfmha_kernel_entry* out,
+                       ckfmha_fwd_problem const& p, int device_arch, int num_sms,
+                       ckfmha_kernel_entry* out,
                        ckfmha_family family = CKFMHA_FAMILY_FWD_SPLITKV) {
   const int64_t rows = packed_rows(p);
   bool found = false;
@@ -74,7 +89,20 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
       *out = k;
     }
   }
-  return found;
+  if (!found || p.num_splits != 0) return found;
+  auto one_wave = [&](ckfmha_kernel_entry const& k) {
+    return unsplit_ctas(p, k) <= int64_t(num_sms) * resident_ctas_per_sm(k, device_arch);
+  };
+  if (one_wave(*out) || unsplit_ctas(p, *out) < kUnsplitMinCtasPerSm * num_sms) return true;
+  for (auto const& k : kernels) {
+    if (k.family == out->family && k.arch == out->arch && k.mask == out->mask &&
+        k.tile_m == out->tile_m && one_wave(k) && same_shape(k, p, family) &&
+        reject_reason(k, p, device_arch, family).empty()) {
+      *out = k;
+      break;
+    }
+  }
+  return true;
 }
 
 bool find_combine(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
@@ -194,7 +222,7 @@ FwdPlan plan_paged(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_p
       return not_found("kernel " + std::string(split.name) + " cannot run this problem: " + reason);
     }
     why = "paged kernel forced by name";
-  } else if (!find_split_kernel(kernels, p, arch, &split, family)) {
+  } else if (!find_split_kernel(kernels, p, arch, context.num_sms, &split, family)) {
     return not_found(why_no_paged(kernels, p, arch));
   } else {
     why = std::string("paged K/V cache (") +
@@ -278,8 +306,13 @@ int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
 
 int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& split,
                          int device_arch, int num_sms) {
-  const int64_t ctas = ceil_div(packed_rows(p), split.tile_m) * p.nhead_k * p.batch;
+  const int64_t ctas = unsplit_ctas(p, split);
   const int64_t slots = int64_t(std::max(num_sms, 1)) * resident_ctas_per_sm(split, device_arch);
+  // A grid that fits one wave with at least kUnsplitMinCtasPerSm CTAs per SM
+  // already keeps the memory system busy: splitting it adds partial traffic
+  // and a combine pass, not bandwidth. (The tile-count model below does not
+  // see bandwidth, and would trade that one wave for two shorter ones.)
+  if (ctas <= slots && ctas >= kUnsplitMinCtasPerSm * std::max(num_sms, 1)) return 1;
   const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
   const int64_t max_splits =
       std::clamp<int64_t>(key_tiles / kMinKeyTilesPerSplit, 1, kAutoMaxSplits);
@@ -305,7 +338,7 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
     return one_stage(one.kernel, "num_splits=1 asks for one stage");
   }
   ckfmha_kernel_entry split{}, combine{};
-  const bool have_split = find_split_kernel(kernels, p, arch, &split);
+  const bool have_split = find_split_kernel(kernels, p, arch, context.num_sms, &split);
   const bool have_combine = have_split && find_combine(kernels, p, arch, &combine);
   if (p.num_splits > 1) {
     if (!have_combine) {
@@ -318,12 +351,14 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
   }
 
   std::string stay;  // why an automatic plan stays one-stage
+  const int splits =
+      have_combine ? heuristic_num_splits(p, split, context.device_arch, context.num_sms) : 0;
   if (!have_combine) {
     stay = why_no_split(kernels, p, arch, have_split);
-  } else if (!context.workspace_available) {
-    stay = "no workspace given (a split-KV plan needs ckfmha_fwd_workspace_size bytes)";
+  } else if (!context.workspace_available && splits > 1) {
+    stay = "no workspace given (a split-KV plan of " + std::to_string(splits) +
+           " splits needs ckfmha_fwd_workspace_size bytes)";
   } else {
-    const int splits = heuristic_num_splits(p, split, context.device_arch, context.num_sms);
     const bool decode = packed_rows(p) <= kDecodePackedRows;
     const int64_t one_stage_ctas =
         one.found ? ceil_div(p.seqlen_q, one.kernel.tile_m) * p.nhead_q * p.batch : 0;
@@ -375,7 +410,7 @@ std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
     }
     bool selected = plan.found && plan.split &&
                     (std::string(plan.kernel.name) == k.name ||
-                     std::string(plan.combine.name) == k.name);
+                     (plan.num_splits > 1 && std::string(plan.combine.name) == k.name));
     if (why.empty()) {
       out << (selected ? "  selected  " : "  fits      ") << k.name << "\n";
     } else {
@@ -385,6 +420,9 @@ std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
   out << "plan: ";
   if (!plan.found) {
     out << "none: " << plan.why << "\n";
+  } else if (plan.split && plan.num_splits == 1) {
+    out << "split-KV, " << plan.kernel.name << ", num_splits=1: one split writes O directly "
+        << "(no combine, no workspace; " << context.num_sms << " SMs): " << plan.why << "\n";
   } else if (plan.split) {
     out << "split-KV, " << plan.kernel.name << " then " << plan.combine.name
         << ", num_splits=" << plan.num_splits << ", workspace " << plan.workspace_bytes

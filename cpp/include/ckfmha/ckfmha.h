@@ -176,8 +176,10 @@ typedef struct ckfmha_fwd_problem {
   int64_t total_q;
   int64_t total_k;
   /* Split-KV: 0 lets the dispatcher choose (a two-stage split-KV plan where it
-   * pays and args.workspace is given, see ckfmha_fwd_workspace_size); 1 forces
-   * the one-stage forward; n > 1 forces a split-KV plan with n key splits. */
+   * pays and args.workspace is given, see ckfmha_fwd_workspace_size, or the
+   * split-KV kernel alone as one split writing O directly, which needs no
+   * workspace); 1 forces the one-stage forward; n > 1 forces a split-KV plan
+   * with n key splits. */
   int32_t num_splits;
   /*
    * Paged K/V cache (kv_storage != CKFMHA_KV_CONTIGUOUS): k and v point at
@@ -196,7 +198,7 @@ typedef struct ckfmha_fwd_problem {
    * batch_prefill plan (ragged queries from cu_seqlens_q, no cu_seqlens_k).
    * seqlen_k is an upper bound of the sequences' key counts (it sizes the
    * split count). Both plans are split-KV plans (the combine stage follows)
-   * and need args.workspace; masks, soft-cap, LSE and GQA apply, with
+   * and need args.workspace, except with one split, which writes O directly; masks, soft-cap, LSE and GQA apply, with
    * positions local to each sequence (bottom-right: the last query sees the
    * sequence's last key).
    */
@@ -229,7 +231,8 @@ typedef struct ckfmha_fwd_args {
   uint8_t* dropout_randval;    /* required when store_dropout_randval */
   /* Scratch for two-stage plans (split-KV partials), device memory of at least
    * ckfmha_fwd_workspace_size bytes, 16-byte aligned, used only during the
-   * call's kernels on its stream. NULL: automatic plans stay one-stage. */
+   * call's kernels on its stream. NULL: automatic plans use none that needs
+   * it (one-stage, or one split). */
   void* workspace;
   size_t workspace_bytes;
   /* Paged K/V (device memory, int32): see ckfmha_fwd_problem.kv_storage. */
@@ -375,7 +378,7 @@ CKFMHA_API int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, ch
 CKFMHA_API int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf,
                                   size_t buf_len, size_t* needed);
 /* Bytes of args.workspace the plan for `problem` needs on `arch` (< 0: the
- * current device); 0 when the plan is one-stage. The plan, and with it this
+ * current device); 0 when the plan is one-stage or one split. The plan, and with it this
  * size, depends on the device's SM count: ask for the device you run on.
  * With no device present, the SM count of the arch's reference part is used
  * (sm_80: 108, sm_86: 84, sm_89: 128, sm_90: 132). kernel_name: as for

@@ -14,7 +14,8 @@
 // With Traits::kSplitKv the same body is the fwd_splitkv kernel: a CTA per
 // (query tile, split, K/V head, batch), GQA heads packed into the tile rows,
 // keys limited to the split's range and fp32 partials written to the
-// workspace instead of O and LSE (splitkv_rows.cuh). With Traits::kPagedKv as
+// workspace instead of O and LSE, or O and LSE themselves when there is one
+// split (splitkv_rows.cuh). With Traits::kPagedKv as
 // well it is fwd_pagedkv (batch mode) or batch_prefill (group mode queries):
 // key tiles are gathered through a page table (paged_kv.cuh); kVColMajor then
 // means vLLM's "vectorized" pages, V loaded as V^T.
@@ -353,8 +354,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   if constexpr (kSplit) {
     Tensor cO = mma_thr.partition_C(make_identity_tensor(TileO{}));
     Tensor cO_rows_cols = make_tensor(cO.data(), accum_as_rows_cols(cO.layout()));
-    store_split_partials<Traits::kHeadDimV>(p, out, cO_rows_cols, lse, rows, split, batch,
-                                            seq.seqlen_q);
+    if (p.num_splits == 1) {
+      float* lse_seq = nullptr;
+      if constexpr (Traits::kHasLse) {
+        if (p.lse != nullptr) {
+          lse_seq = p.lse + (kGroup ? seq.q_token0 : batch * p.lse_batch_stride);
+        }
+      }
+      store_packed_output(p, out, cO_rows_cols, lse, rows, static_cast<Element*>(p.o) + o_origin,
+                          lse_seq, seq.seqlen_q);
+    } else {
+      store_split_partials<Traits::kHeadDimV>(p, out, cO_rows_cols, lse, rows, split, batch,
+                                              seq.seqlen_q);
+    }
     cp_async_wait<0>();  // with no visible key the Q load may still be in flight
   } else {
     if constexpr (Traits::kHasLse) {

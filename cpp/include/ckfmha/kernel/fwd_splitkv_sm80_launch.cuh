@@ -1,7 +1,8 @@
 // Host-side launcher for one fwd_splitkv instance: the sm80 forward kernel
 // built with SplitKv, writing fp32 partials into the caller's workspace. The
 // runtime resolves problem.num_splits (>= 1) and checks the workspace size
-// before calling; fwd_splitkv_combine runs next on the same stream. Paged
+// before calling; fwd_splitkv_combine runs next on the same stream. One split
+// writes O and LSE itself: no workspace, no combine. Paged
 // instances (fwd_pagedkv, batch_prefill) launch the same way, with the page
 // tables added to the parameters.
 #pragma once
@@ -24,7 +25,9 @@ int launch_fwd_splitkv_sm80(void const* problem, void const* args, ckfmha_stream
   static_assert(Traits::kSplitKv, "instantiate with FwdSm80Traits<..., SplitKv=true>");
   auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_fwd_args const*>(args);
-  if (pr.num_splits < 1 || ar.workspace == nullptr) return -int(cudaErrorInvalidValue);
+  if (pr.num_splits < 1 || (pr.num_splits > 1 && ar.workspace == nullptr)) {
+    return -int(cudaErrorInvalidValue);
+  }
   FwdParams params = make_fwd_params(pr, ar);
   set_splitkv_params(params, pr, ar);
   if constexpr (Traits::kPagedKv) set_paged_kv_params(params, pr, ar);

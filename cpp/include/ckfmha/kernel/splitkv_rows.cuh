@@ -11,7 +11,9 @@
 // tiles (intersected with what the mask leaves visible) and writes its result
 // normalised by its own softmax sum, plus that sum's LSE, to the workspace
 // (splitkv_workspace.h); fwd_splitkv_combine merges the S partials exactly.
-// A split that sees no visible key writes O = 0 and LSE = -inf.
+// A split that sees no visible key writes O = 0 and LSE = -inf. With S = 1
+// the one split's result is already exact: it goes straight to O and LSE and
+// the plan has no combine stage and no workspace.
 #pragma once
 
 #include "ckfmha/kernel/fwd_params.h"
@@ -104,6 +106,37 @@ __device__ __forceinline__ void store_split_partials(FwdParams const& p, Out con
     for (int j = 0; j < size<1>(out); j += 2) {
       *reinterpret_cast<float2*>(o_row + get<1>(coords(i, j))) =
           make_float2(out(i, j), out(i, j + 1));
+    }
+  }
+}
+
+// Writes the tile's rows straight to O (in Element) and LSE: the one-split
+// plan, whose normalised rows need no merge. out/coords as for
+// store_split_partials; o_seq/lse_seq: the sequence's first token (head 0) in
+// O and LSE (lse_seq nullptr when no LSE is asked for).
+template <class Element, int Rows, class Out, class Coords>
+__device__ __forceinline__ void store_packed_output(FwdParams const& p, Out const& out,
+                                                    Coords const& coords,
+                                                    float const (&lse)[Rows],
+                                                    PackedRows const& rows, Element* o_seq,
+                                                    float* lse_seq, int seqlen_q) {
+  using namespace cute;
+  static_assert(decltype(size<1>(out))::value % 2 == 0, "columns come in pairs");
+  using Pair = cute::array<Element, 2>;
+  CUTE_UNROLL
+  for (int i = 0; i < Rows; ++i) {
+    const int tile_row = get<0>(coords(i, 0));
+    const int query = rows.query(tile_row);
+    if (query >= seqlen_q) continue;
+    const int head = rows.head(tile_row);
+    if (lse_seq != nullptr && get<1>(coords(i, 0)) == 0) {  // one lane per quad
+      lse_seq[head * p.lse_head_stride + query] = lse[i];
+    }
+    Element* o_row = o_seq + head * p.o_head_stride + int64_t(query) * p.o_row_stride;
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(out); j += 2) {
+      *reinterpret_cast<Pair*>(o_row + get<1>(coords(i, j))) =
+          Pair{Element(out(i, j)), Element(out(i, j + 1))};
     }
   }
 }

@@ -7,7 +7,7 @@
 // with the O block starting on a 256-byte boundary. Group mode indexes rows by
 // (sequence, head, position in the sequence) with seqlen_q the longest
 // sequence, so both modes share one layout and no device-side token count is
-// needed on the host.
+// needed on the host. One split writes O and LSE directly and needs none.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
@@ -31,19 +31,20 @@ inline SplitKvWorkspace splitkv_workspace(ckfmha_fwd_problem const& problem, int
   const int64_t lse_bytes = int64_t(num_splits) * w.rows_per_split * int64_t(sizeof(float));
   w.lse_offset = 0;
   w.o_offset = (lse_bytes + kAlign - 1) / kAlign * kAlign;
-  w.bytes = w.o_offset + lse_bytes * problem.hdim_v;
+  w.bytes = num_splits == 1 ? 0 : w.o_offset + lse_bytes * problem.hdim_v;
   return w;
 }
 
 // The partial pointers inside the caller's workspace, per splitkv_workspace.h.
 inline void set_splitkv_params(FwdParams& p, ckfmha_fwd_problem const& problem,
                                ckfmha_fwd_args const& args) {
+  p.num_splits = problem.num_splits;
+  p.batch = problem.batch;
+  if (problem.num_splits == 1) return;  // one split writes O and LSE: no workspace
   SplitKvWorkspace layout = splitkv_workspace(problem, problem.num_splits);
   auto* base = static_cast<char*>(args.workspace);
   p.partial_lse = reinterpret_cast<float*>(base + layout.lse_offset);
   p.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
-  p.num_splits = problem.num_splits;
-  p.batch = problem.batch;
 }
 
 }  // namespace ckfmha::kernel

@@ -1,6 +1,7 @@
 // Forward plans: one stage (a fwd kernel) or two (fwd_splitkv, then
 // fwd_splitkv_combine merging its fp32 partials), with the split count and
-// the workspace the second kind needs.
+// the workspace the second kind needs. A split plan of one split is the
+// fwd_splitkv stage alone, writing O and LSE itself: no combine, no workspace.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
@@ -19,7 +20,7 @@ struct FwdPlan {
   bool found = false;
   bool split = false;
   ckfmha_kernel_entry kernel{};   // the one-stage kernel, or the split stage
-  ckfmha_kernel_entry combine{};  // split plans only
+  ckfmha_kernel_entry combine{};  // split plans; launched only for num_splits > 1
   int num_splits = 1;             // split plans: the resolved count (>= 1)
   size_t workspace_bytes = 0;
   std::string why;  // found: why this plan; else what is missing
@@ -29,8 +30,9 @@ struct FwdPlan {
 struct PlanContext {
   int device_arch = 0;
   int num_sms = 0;
-  // Whether the caller gives a workspace. Without one an automatic plan stays
-  // one-stage (so callers that never heard of workspaces keep working).
+  // Whether the caller gives a workspace. Without one an automatic plan uses
+  // no plan that needs one (so callers that never heard of workspaces keep
+  // working): one stage, or a split plan of one split.
   bool workspace_available = true;
   // A kernel the caller forces by name, or nullptr.
   ckfmha_kernel_entry const* forced = nullptr;
