@@ -4,6 +4,7 @@
 #pragma once
 
 #include "ckfmha/kernel/fwd_features.h"
+#include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
@@ -16,7 +17,7 @@ namespace ckfmha::kernel {
 // 32-element chunks XOR-swizzled at 16-byte granularity so that ldmatrix
 // (8 rows x 16 B) hits 8 distinct bank groups; global loads are 16 bytes per
 // thread with whole chunks per row.
-template <class Element, int Cols, int Threads>
+template <class Element, int Cols, int Threads, bool Stream = false>
 struct SmemRows {
   static_assert(Cols % 32 == 0, "head dims are multiples of 32");
   static constexpr int kChunk = Cols % 64 == 0 ? 64 : 32;
@@ -34,7 +35,9 @@ struct SmemRows {
                    cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
   using ValueLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kVecElems>>>;
   using Load = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      cute::Copy_Atom<std::conditional_t<Stream, CpAsyncCgPrefetch256,
+                                         cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>>,
+                      Element>{},
       ThreadLayout{}, ValueLayout{}));
   using Store = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, ThreadLayout{},
@@ -105,8 +108,8 @@ struct FwdSm80Traits {
                                   cute::Layout<cute::Shape<cute::Int<Warps>, cute::_1, cute::_1>>,
                                   cute::Tile<cute::Int<16 * Warps>, cute::_16, cute::_16>>;
 
-  using RowsQK = SmemRows<Element, HeadDimQK, kThreads>;
-  using RowsV = SmemRows<Element, HeadDimV, kThreads>;
+  using RowsQK = SmemRows<Element, HeadDimQK, kThreads, SplitKv>;
+  using RowsV = SmemRows<Element, HeadDimV, kThreads, SplitKv>;
   using SmemLayoutQ = typename RowsQK::template Layout<BlockM>;
   using SmemLayoutK = typename RowsQK::template Layout<BlockN>;
   using SmemLayoutV = typename RowsV::template Layout<BlockN>;

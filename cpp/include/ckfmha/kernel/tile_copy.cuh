@@ -8,6 +8,21 @@
 
 namespace ckfmha::kernel {
 
+// cp.async of 16 bytes, L1-bypassing like SM80_CP_ASYNC_CACHEGLOBAL, asking
+// L2 to fetch the whole 256-byte block around it: for streams read once
+// (decode K/V), fewer and larger DRAM requests.
+struct CpAsyncCgPrefetch256 {
+  using SRegisters = cute::uint128_t[1];
+  using DRegisters = cute::uint128_t[1];
+  CUTE_HOST_DEVICE static void copy(cute::uint128_t const& gmem_src, cute::uint128_t& smem_dst) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t smem_addr = cute::cast_smem_ptr_to_uint(&smem_dst);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr),
+                 "l"(&gmem_src));
+#endif
+  }
+};
+
 // The same partition of a tile held in another shared-memory stage; stages
 // are laid out back to back, so only the base pointer moves.
 template <class Partition>
@@ -111,3 +126,9 @@ __device__ __forceinline__ void store_fragment_rows(Values const& values, Coords
 }
 
 }  // namespace ckfmha::kernel
+
+namespace cute {
+template <>
+struct Copy_Traits<ckfmha::kernel::CpAsyncCgPrefetch256>
+    : Copy_Traits<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>> {};
+}  // namespace cute
