@@ -10,10 +10,7 @@
 // A key tile's rows are gathered row by row: each thread looks up the page of
 // every row it copies and issues its 16-byte cp.async vectors from there, so
 // any power-of-two page size works (1 key per page up to whole tiles per
-// page) with one code path, and K and V rows share the lookup. The vectors
-// ask L2 for the 256-byte block around them (CpAsyncCgPrefetch256), as the
-// contiguous split body's loads do: a key row or a page's run of one channel
-// is read whole anyway. Offsets are
+// page) with one code path, and K and V rows share the lookup. Offsets are
 // 64-bit (page id x page stride alone passes 2^31 in a large cache). Rows
 // past the sequence are zero-filled and their table entries never read:
 // entries past a sequence's last page may hold anything.
@@ -30,7 +27,6 @@
 
 #include "ckfmha/kernel/fwd_params.h"
 #include "ckfmha/kernel/sequence_slice.cuh"
-#include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
 
@@ -108,10 +104,10 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
       CUTE_UNROLL
       for (int k = 0; k < size<2>(k_dst); ++k) {
         const int col = get<1>(coords(0, m, k));
-        CpAsyncCgPrefetch256::copy(
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
             *reinterpret_cast<uint128_t const*>(k_row + col),
             *reinterpret_cast<uint128_t*>(raw_pointer_cast(k_dst(_, m, k).data())));
-        CpAsyncCgPrefetch256::copy(
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
             *reinterpret_cast<uint128_t const*>(v_row + col),
             *reinterpret_cast<uint128_t*>(raw_pointer_cast(v_dst(_, m, k).data())));
       }
@@ -160,7 +156,7 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
       CUTE_UNROLL
       for (int k = 0; k < size<2>(k_dst); ++k) {
         const int64_t chunk = get<1>(k_coords(0, m, k)) / kVec;
-        CpAsyncCgPrefetch256::copy(
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
             *reinterpret_cast<uint128_t const*>(k_key + chunk * p.k_row_stride),
             *reinterpret_cast<uint128_t*>(raw_pointer_cast(k_dst(_, m, k).data())));
       }
@@ -182,7 +178,7 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
       CUTE_UNROLL
       for (int m = 0; m < size<1>(vt_dst); ++m) {
         const int64_t channel = get<0>(vt_coords(0, m, k));
-        CpAsyncCgPrefetch256::copy(
+        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
             *reinterpret_cast<uint128_t const*>(v_keys + channel * p.v_row_stride),
             *reinterpret_cast<uint128_t*>(raw_pointer_cast(vt_dst(_, m, k).data())));
       }
