@@ -1,5 +1,6 @@
 # cython: language_level=3
-# Array-shape helpers of the forward runner that the backward runner shares.
+# Array-shape and problem-setup helpers of the forward runner that the paged and backward
+# runners share.
 
 cimport ckfmha as capi
 from libc.stdint cimport int64_t
@@ -11,6 +12,9 @@ cdef tuple _bhs_strides(ArrayView view, int layout)
 cdef tuple _in_layout(int batch, int heads, int seqlen, int hdim, int layout)
 cdef int _set_strides(int64_t* dst, tuple strides) except -1
 cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim)
+cdef int _init_problem(capi.ckfmha_fwd_problem* problem, int dtype, int layout, batch,
+                       nhead_q, nhead_k, seqlen_q, seqlen_k, hdim_q, hdim_v,
+                       str seqlen_q_name=*, str seqlen_k_name=*) except -1
 cdef int _set_scalars(capi.ckfmha_fwd_problem* problem, causal, causal_alignment, window,
                       scale, softcap, dropout_p, num_splits) except -1
 cdef int _set_tensors(capi.ckfmha_fwd_args* args, ArrayView qv, ArrayView kv, ArrayView vv,

@@ -180,6 +180,19 @@ cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
     return qv, kv, vv
 
 
+cdef int _init_problem(capi.ckfmha_fwd_problem* problem, int dtype, int layout, batch,
+                       nhead_q, nhead_k, seqlen_q, seqlen_k, hdim_q, hdim_v,
+                       str seqlen_q_name="seqlen_q", str seqlen_k_name="seqlen_k") except -1:
+    """ckfmha_fwd_problem_init with every count checked to fit int32; the seqlen names are the
+    caller's argument names, so an error points at what the caller passed."""
+    check(capi.ckfmha_fwd_problem_init(
+        problem, <capi.ckfmha_dtype>dtype, <capi.ckfmha_layout>layout,
+        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
+        to_int32(seqlen_q, seqlen_q_name), to_int32(seqlen_k, seqlen_k_name),
+        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    return 0
+
+
 cdef int _set_scalars(capi.ckfmha_fwd_problem* problem, causal, causal_alignment, window,
                       scale, softcap, dropout_p, num_splits) except -1:
     _set_mask(problem, causal, causal_alignment, window)
@@ -265,11 +278,8 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
     memset(&args, 0, sizeof(args))
-    check(capi.ckfmha_fwd_problem_init(
-        &problem, <capi.ckfmha_dtype>qv.dtype, <capi.ckfmha_layout>c_layout,
-        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
-        to_int32(seqlen_q, "seqlen_q"), to_int32(seqlen_k, "seqlen_k"),
-        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    _init_problem(&problem, qv.dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q, seqlen_k,
+                  hdim_q, hdim_v)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
 
@@ -381,11 +391,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
     memset(&args, 0, sizeof(args))
-    check(capi.ckfmha_fwd_problem_init(
-        &problem, <capi.ckfmha_dtype>qv.dtype, capi.CKFMHA_LAYOUT_BSHD,
-        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
-        to_int32(max_seqlen_q, "max_seqlen_q"), to_int32(max_seqlen_k, "max_seqlen_k"),
-        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    _init_problem(&problem, qv.dtype, capi.CKFMHA_LAYOUT_BSHD, batch, nhead_q, nhead_k,
+                  max_seqlen_q, max_seqlen_k, hdim_q, hdim_v, "max_seqlen_q", "max_seqlen_k")
     problem.mode = capi.CKFMHA_MODE_GROUP
     problem.total_q = total_q
     problem.total_k = total_k

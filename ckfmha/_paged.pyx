@@ -8,10 +8,9 @@ import numpy as np
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
-from ckfmha._fwd cimport _bhs_strides, _bhsd, _in_layout, _run, _set_scalars, _set_strides, \
-    _set_tensors
+from ckfmha._fwd cimport _bhs_strides, _bhsd, _in_layout, _init_problem, _run, _set_scalars, \
+    _set_strides, _set_tensors
 from ckfmha._problem cimport to_int32
-from ckfmha._status cimport check
 
 from ckfmha import _dtypes
 from ckfmha._arrays import as_view
@@ -203,11 +202,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
     memset(&args, 0, sizeof(args))
-    check(capi.ckfmha_fwd_problem_init(
-        &problem, <capi.ckfmha_dtype>qv.dtype, <capi.ckfmha_layout>c_layout,
-        to_int32(batch, "batch"), to_int32(nhead_q, "nhead_q"), to_int32(nhead_k, "nhead_k"),
-        to_int32(seqlen_q, "seqlen_q"), to_int32(seqlen_k, "max_seqlen_k"),
-        to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
+    _init_problem(&problem, qv.dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q, seqlen_k,
+                  hdim_q, hdim_v, "seqlen_q", "max_seqlen_k")
     problem.kv_storage = capi.CKFMHA_KV_PAGED_INDPTR if indptr else capi.CKFMHA_KV_PAGED_TABLE
     problem.page_layout = (capi.CKFMHA_PAGE_LAYOUT_VECTORIZED if page_layout == "vectorized"
                            else capi.CKFMHA_PAGE_LAYOUT_LINEAR)

@@ -93,15 +93,7 @@ std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {
     if (p.block_table_stride < 0) {
       return "block_table_stride must be a non-negative element count";
     }
-    if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR &&
-        p.page_layout != CKFMHA_PAGE_LAYOUT_VECTORIZED) {
-      msg << "page_layout " << int(p.page_layout) << " is not one of linear (0), vectorized (1)";
-      return msg.str();
-    }
-    if (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && p.dtype == CKFMHA_DTYPE_FP32) {
-      return "page_layout vectorized is for fp16/bf16 caches (K in chunks of 8 channels, one "
-             "16-byte vector per key); store an fp32 cache linear";
-    }
+    if (std::string why = check_page_layout(p.page_layout, p.dtype); !why.empty()) return why;
   } else if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR) {
     return "page_layout applies to a paged cache (paged_kv = 1); a contiguous cache is "
            "addressed by its strides";

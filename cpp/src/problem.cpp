@@ -80,6 +80,18 @@ const char* family_name(ckfmha_family family) {
   return "unknown";
 }
 
+std::string check_page_layout(ckfmha_page_layout layout, ckfmha_dtype dtype) {
+  if (layout != CKFMHA_PAGE_LAYOUT_LINEAR && layout != CKFMHA_PAGE_LAYOUT_VECTORIZED) {
+    return "page_layout " + std::to_string(int(layout)) +
+           " is not one of linear (0), vectorized (1)";
+  }
+  if (layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && dtype == CKFMHA_DTYPE_FP32) {
+    return "page_layout vectorized is for fp16/bf16 caches (K in chunks of 8 channels, one "
+           "16-byte vector per key); store an fp32 cache linear";
+  }
+  return {};
+}
+
 namespace {
 
 // Grid y and z carry heads and batch.
@@ -107,14 +119,7 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
     return msg.str();
   }
   if (p.kv_storage == CKFMHA_KV_CONTIGUOUS) return {};
-  if (p.page_layout != CKFMHA_PAGE_LAYOUT_LINEAR && p.page_layout != CKFMHA_PAGE_LAYOUT_VECTORIZED) {
-    msg << "page_layout " << int(p.page_layout) << " is not one of linear (0), vectorized (1)";
-    return msg.str();
-  }
-  if (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && p.dtype == CKFMHA_DTYPE_FP32) {
-    return "page_layout vectorized is for fp16/bf16 caches (K in chunks of 8 channels, one "
-           "16-byte vector per key); store an fp32 cache linear";
-  }
+  if (std::string why = check_page_layout(p.page_layout, p.dtype); !why.empty()) return why;
   if (p.page_size < 1 || (p.page_size & (p.page_size - 1)) != 0) {
     msg << "page_size is " << p.page_size
         << "; paged K/V takes a power of two >= 1 (tokens per page: 1, 16, 64, ...)";

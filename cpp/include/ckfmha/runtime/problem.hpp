@@ -18,6 +18,10 @@ const char* mask_kind_name(ckfmha_mask_kind kind);
 const char* bias_name(ckfmha_bias bias);
 const char* mode_name(ckfmha_mode mode);
 const char* page_layout_name(ckfmha_page_layout layout);
+// Why a paged cache's page_layout cannot be used with `dtype` (an unknown
+// value, or vectorized pages of fp32); empty when it can. The forward and
+// append problems both check their layouts with it.
+std::string check_page_layout(ckfmha_page_layout layout, ckfmha_dtype dtype);
 const char* family_name(ckfmha_family family);
 
 // One-line human description used in error messages and explanations.
