@@ -24,32 +24,6 @@
 enum { BATCH = 4, HEADS_K = 8, HDIM = 128, ROTARY_DIM = 64, SEQLEN_NEW = 3, MAX_CACHE = 256 };
 enum { HALF = ROTARY_DIM / 2 };
 
-/* Round to nearest even, as the kernel stores its fp32 results (inputs here are finite). */
-static uint16_t bf16_from_float(float x) {
-  uint32_t bits;
-  memcpy(&bits, &x, sizeof bits);
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return (uint16_t)(bits >> 16);
-}
-
-static float float_from_bf16(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float x;
-  memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
-/* bf16 values uniform in [-1, 1) from a fixed xorshift32 seed: the same inputs every run. */
-static void fill_random_bf16(uint16_t* host, size_t count, uint32_t seed) {
-  uint32_t state = seed;
-  for (size_t i = 0; i < count; ++i) {
-    state ^= state << 13;
-    state ^= state >> 17;
-    state ^= state << 5;
-    host[i] = bf16_from_float((float)(state >> 8) / (float)(1u << 23) - 1.0f);
-  }
-}
-
 /* The kernel rounds its fp32 rotation to bf16 once; a host float rotation may
  * land on the neighbouring bf16 value (at most 2^-7 of the magnitude away). */
 static int rotated_close(uint16_t got, float want) {
