@@ -421,14 +421,28 @@ def test_inputs_written_on_torch_stream_are_read_on_an_explicit_other_stream() -
     assert torch.equal(out, expected)
 
 
-@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
+def _plain_batch_kernel(dtypes: tuple[str, ...] = ("fp16", "bf16")) -> dict[str, Any]:
+    """A batch-mode kernel of one of `dtypes` needing no feature a plain call lacks (so a plain
+    call of its dtype, head dim and mask fits it), or a skip in a build without one."""
+    kernels = [k for k in KERNELS
+               if k["mode"] == "batch" and k["dtype"] in dtypes and k["bias"] == "none"
+               and not (k["dropout"] or k["softcap"] or k["sink"] or k["v_col_major"])
+               and k["hdim_q"] == k["hdim_v"] and k["mask"] != "window"]
+    if not kernels:
+        pytest.skip(f"no plain batch-mode {'/'.join(dtypes)} forward kernel registered")
+    return kernels[0]
+
+
 def test_numpy_inputs_are_staged() -> None:
+    kernel = _plain_batch_kernel(("fp16",))  # NumPy has no bf16
+    causal = kernel["mask"] == "causal"
     rng = np.random.default_rng()
-    q, k, v = (rng.standard_normal((1, 2, n, 64)).astype(np.float16) for n in (33, 70, 70))
-    out = ckfmha.fwd(q, k, v)
+    q, k, v = (rng.standard_normal((1, 2, n, kernel["hdim_q"])).astype(np.float16)
+               for n in (33, 70, 70))
+    out = ckfmha.fwd(q, k, v, causal=causal)
     assert isinstance(out, np.ndarray) and out.dtype == np.float16
     ref, _ = attention_reference(q.astype(np.float64), k.astype(np.float64),
-                                 v.astype(np.float64))
+                                 v.astype(np.float64), causal=causal)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < REL_L2_TOL["fp16"]
 
 
@@ -439,12 +453,13 @@ def test_unsupported_head_dim_raises_with_supported_list() -> None:
         ckfmha.fwd(q, q, q)
 
 
-@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
 def test_misaligned_rows_are_rejected() -> None:
-    base = torch.randn(1, 2, 16, 65, device="cuda", dtype=torch.float16)
-    view = base[..., 1:]  # head dim 64 but rows start at odd element offsets
+    kernel = _plain_batch_kernel()
+    hdim, dtype = kernel["hdim_q"], _torch_dtype(kernel["dtype"])
+    base = torch.randn(1, 2, 16, hdim + 1, device="cuda", dtype=dtype)
+    view = base[..., 1:]  # a kernel's head dim, but rows start at odd element offsets
     with pytest.raises(ckfmha.UnsupportedError, match="16-byte"):
-        ckfmha.fwd(view, view, view)
+        ckfmha.fwd(view, view, view, causal=kernel["mask"] == "causal")
 
 
 def _fp32_batch_kernel() -> dict[str, Any]:
