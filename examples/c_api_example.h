@@ -64,21 +64,29 @@ static inline uint16_t bf16_from_float(float x) {
   return (uint16_t)(bits >> 16);
 }
 
-static inline float float_from_bf16(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
+/* The float with these bits. */
+static inline float float_from_bits(uint32_t bits) {
   float x;
   memcpy(&x, &bits, sizeof x);
   return x;
 }
 
-/* bf16 values uniform in [-1, 1) from a fixed xorshift32 seed: the same inputs every run. */
+static inline float float_from_bf16(uint16_t h) { return float_from_bits((uint32_t)h << 16); }
+
+/* The next value of a xorshift32 stream: fixed seeds give the same inputs every run. */
+static inline uint32_t next_xorshift32(uint32_t* state) {
+  *state ^= *state << 13;
+  *state ^= *state >> 17;
+  *state ^= *state << 5;
+  return *state;
+}
+
+/* bf16 values uniform in [-1, 1) from a xorshift32 seed. */
 static inline void fill_random_bf16(uint16_t* host, size_t count, uint32_t seed) {
   uint32_t state = seed;
   for (size_t i = 0; i < count; ++i) {
-    state ^= state << 13;
-    state ^= state >> 17;
-    state ^= state << 5;
-    host[i] = bf16_from_float((float)(state >> 8) / (float)(1u << 23) - 1.0f);
+    const uint32_t r = next_xorshift32(&state);
+    host[i] = bf16_from_float((float)(r >> 8) / (float)(1u << 23) - 1.0f);
   }
 }
 
@@ -86,23 +94,18 @@ static inline void fill_random_bf16(uint16_t* host, size_t count, uint32_t seed)
  * fp16 outputs of softmax-weighted means of them stay in range). */
 static inline float float_from_fp16(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f;
-  const uint32_t bits = exponent == 0 ? sign : sign | ((exponent + 112) << 23) |
-                                                   ((uint32_t)(h & 0x3ff) << 13);
-  float x;
-  memcpy(&x, &bits, sizeof x);
-  return x;
+  return float_from_bits(exponent == 0 ? sign
+                                       : sign | ((exponent + 112) << 23) |
+                                             ((uint32_t)(h & 0x3ff) << 13));
 }
 
 /* fp16 values of magnitude in [0.25, 1) (exponents 13 and 14) with random sign
- * and mantissa, from a fixed xorshift32 seed: built from bits, no conversion. */
+ * and mantissa, from a xorshift32 seed: built from bits, no conversion. */
 static inline void fill_random_fp16(uint16_t* host, size_t count, uint32_t seed) {
   uint32_t state = seed;
   for (size_t i = 0; i < count; ++i) {
-    state ^= state << 13;
-    state ^= state >> 17;
-    state ^= state << 5;
-    host[i] = (uint16_t)(((state >> 31) << 15) | ((13 + ((state >> 30) & 1)) << 10) |
-                         ((state >> 8) & 0x3ff));
+    const uint32_t r = next_xorshift32(&state);
+    host[i] = (uint16_t)(((r >> 31) << 15) | ((13 + ((r >> 30) & 1)) << 10) | ((r >> 8) & 0x3ff));
   }
 }
 
