@@ -73,14 +73,6 @@ def moved_bytes(b: int, s: int, rotary_dim: int, paged: bool) -> int:
     return data + angles + index
 
 
-def linear_pages(k_vec: Any, v_vec: Any) -> tuple[Any, Any]:
-    """Vectorized pages (K [pages, h, d / 8, page_size, 8], V [pages, h, d, page_size]) as
-    linear ones [pages, page_size, h, d], for comparing with torch's."""
-    pages, h, chunks, page_size, width = k_vec.shape
-    k = k_vec.permute(0, 3, 1, 2, 4).reshape(pages, page_size, h, chunks * width)
-    return k, v_vec.permute(0, 3, 1, 2)
-
-
 def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
               args: argparse.Namespace, vectorized: bool = False) -> dict[str, Any]:
     dtype = torch.bfloat16
@@ -132,7 +124,7 @@ def run_shape(b: int, s: int, capacity: int, rope: str, paged: bool,
         ms = median_ms(fn, args.warmup, args.iters, args.repeats)
         row[f"{name}_ms"], row[f"{name}_gbps"] = ms, nbytes / ms / 1e6
     row["speedup_vs_torch"] = row["torch_ms"] / row["ckfmha_ms"]
-    ours = linear_pages(*caches["ckfmha"]) if vectorized else caches["ckfmha"]
+    ours = ckfmha.to_linear_pages(*caches["ckfmha"]) if vectorized else caches["ckfmha"]
     diff = max(float((a.float() - t.float()).abs().max()) for a, t in zip(ours, caches["torch"]))
     row["max_abs_diff_vs_torch"] = diff
     fields: dict[str, Any] = {

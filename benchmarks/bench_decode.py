@@ -117,14 +117,6 @@ def paged_cache(k: Any, v: Any, page_size: int) -> tuple[Any, Any, Any]:
     return caches[0], caches[1], table
 
 
-def vectorized(k_cache: Any, v_cache: Any) -> tuple[Any, Any]:
-    """Linear caches [pages, page_size, hk, d] in vLLM's vectorized layout: K [pages, hk, d / 8,
-    page_size, 8], V [pages, hk, d, page_size]."""
-    pages, page_size, hk, d = k_cache.shape
-    k = k_cache.view(pages, page_size, hk, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
-    return k, v_cache.permute(0, 2, 3, 1).contiguous()
-
-
 def run_paged_shape(b: int, sk: int, sq: int, page_size: int, page_layout: str,
                     args: argparse.Namespace) -> dict[str, Any]:
     q = torch.randn(b, HEADS_Q, sq, HDIM, device="cuda", dtype=torch.bfloat16)
@@ -132,7 +124,7 @@ def run_paged_shape(b: int, sk: int, sq: int, page_size: int, page_layout: str,
     v = torch.randn(b, HEADS_K, sk, HDIM, device="cuda", dtype=torch.bfloat16)
     k_cache, v_cache, table = paged_cache(k, v, page_size)
     if page_layout == "vectorized":
-        k_cache, v_cache = vectorized(k_cache, v_cache)
+        k_cache, v_cache = ckfmha.to_vectorized_pages(k_cache, v_cache)
     seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
     impls: dict[str, Callable[[], Any]] = {
         "ckfmha_paged": partial(ckfmha.fwd_paged, q, k_cache, v_cache, block_table=table,

@@ -34,6 +34,7 @@ from ckfmha.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from ckfmha.page_layouts import to_linear_pages, to_vectorized_pages
 from ckfmha.problem import FwdProblem
 
 __version__ = "0.1.0"
@@ -94,5 +95,7 @@ __all__ = [
     "select_append_kv",
     "status_name",
     "synchronize",
+    "to_linear_pages",
+    "to_vectorized_pages",
     "version",
 ]

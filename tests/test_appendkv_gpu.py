@@ -218,21 +218,6 @@ def test_append_matches_reference(kernel: dict[str, Any], index: int) -> None:
             assert torch.equal(q, case.q), "q changed although q_out was separate"
 
 
-def _vectorized(k: Any, v: Any) -> tuple[Any, Any]:
-    """Linear pages [pages, page_size, hk, d] in vLLM's vectorized layout: K [pages, hk, d / 8,
-    page_size, 8], V [pages, hk, d, page_size]."""
-    pages, page_size, hk, d = k.shape
-    k_vec = k.reshape(pages, page_size, hk, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
-    return k_vec, v.permute(0, 2, 3, 1).contiguous()
-
-
-def _linear(k_vec: Any, v_vec: Any) -> tuple[Any, Any]:
-    """The inverse of _vectorized."""
-    pages, hk, chunks, page_size, width = k_vec.shape
-    k = k_vec.permute(0, 3, 1, 2, 4).reshape(pages, page_size, hk, chunks * width)
-    return k, v_vec.permute(0, 3, 1, 2)
-
-
 VECTORIZED_KERNELS = [k for k in KERNELS if k["paged_kv"] and k["dtype"] != "fp32"]
 
 
@@ -243,14 +228,14 @@ def test_append_into_vectorized_pages(kernel: dict[str, Any], index: int) -> Non
     case = Case(kernel, index, CASES[index])
     k_cache, v_cache = case.caches()
     k_before, v_before = k_cache.clone(), v_cache.clone()
-    k_vec, v_vec = _vectorized(case.bshd(k_cache), case.bshd(v_cache))
+    k_vec, v_vec = ckfmha.to_vectorized_pages(case.bshd(k_cache), case.bshd(v_cache))
     overflow = torch.zeros(1, dtype=torch.int32, device="cuda")
     lengths = case.lengths.numpy() if index % 2 else case.lengths.cuda()
     assert case.run(k_vec, v_vec, lengths, overflow=overflow, page_layout="vectorized") is None
     torch.cuda.synchronize()
     ref = case.reference(k_before, v_before, case.lengths.numpy())
     assert not ref.overflow and int(overflow.item()) == 0
-    k_after, v_after = (case.bshd(t) for t in _linear(k_vec, v_vec))
+    k_after, v_after = (case.bshd(t) for t in ckfmha.to_linear_pages(k_vec, v_vec))
     what = f"{kernel['name']} vectorized case {index} seed {case.seed}"
     _check_cache(case, k_before, k_after, ref.k_cache, what + " K", exact=not case.rope)
     _check_cache(case, v_before, v_after, ref.v_cache, what + " V", exact=True)

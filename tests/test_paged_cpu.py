@@ -440,3 +440,47 @@ def test_paged_reference_matches_the_contiguous_one() -> None:
     with pytest.raises(ValueError, match="need 3 pages, the table lists 2"):
         paged_attention_reference(q, k_cache, v_cache, kv_indices=ids[:2],
                                   kv_indptr=np.array([0, 2, 2, 2]), seqlens_k=[9, 0, 0])
+
+
+# ---- re-laying out pages between vLLM's layouts ----
+
+
+def _linear_caches(pages: int = 5, page_size: int = 4, heads: int = 3, hdim: int = 16,
+                   hdim_v: int = 24) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    k = rng.standard_normal((pages, page_size, heads, hdim)).astype(np.float16)
+    v = rng.standard_normal((pages, page_size, heads, hdim_v)).astype(np.float16)
+    return k, v
+
+
+def test_vectorized_pages_hold_each_key_where_vllm_puts_it() -> None:
+    k, v = _linear_caches()
+    k_vec, v_vec = ckfmha.to_vectorized_pages(k, v)
+    assert k_vec.shape == (5, 3, 2, 4, 8) and v_vec.shape == (5, 3, 24, 4)
+    assert k_vec.flags["C_CONTIGUOUS"] and v_vec.flags["C_CONTIGUOUS"]
+    for page, slot, head, channel in [(0, 0, 0, 0), (4, 3, 2, 15), (2, 1, 1, 9), (3, 2, 0, 7)]:
+        assert k_vec[page, head, channel // 8, slot, channel % 8] == k[page, slot, head, channel]
+    for page, slot, head, channel in [(0, 0, 0, 0), (4, 3, 2, 23), (1, 2, 1, 17)]:
+        assert v_vec[page, head, channel, slot] == v[page, slot, head, channel]
+    k_back, v_back = ckfmha.to_linear_pages(k_vec, v_vec)
+    np.testing.assert_array_equal(k_back, k)
+    np.testing.assert_array_equal(v_back, v)
+    assert k_back.flags["C_CONTIGUOUS"] and v_back.flags["C_CONTIGUOUS"]
+
+
+@pytest.mark.parametrize(
+    ("convert", "shapes", "message"),
+    [
+        ("to_vectorized_pages", [(5, 4, 3, 12), (5, 4, 3, 12)], r"chunks of 8 channels; hdim 12 is not"),
+        ("to_vectorized_pages", [(5, 4, 3, 16), (5, 2, 3, 16)], r"must agree on pages, page size"),
+        ("to_vectorized_pages", [(5, 4, 16), (5, 4, 3, 16)], r"k_cache must be 4-D"),
+        ("to_linear_pages", [(5, 3, 2, 4, 4), (5, 3, 16, 4)], r"holds 8 channels .* got 4"),
+        ("to_linear_pages", [(5, 3, 2, 4, 8), (5, 3, 16, 2)], r"must agree on pages, heads"),
+        ("to_linear_pages", [(5, 3, 16, 4), (5, 3, 16, 4)], r"k_cache must be 5-D"),
+    ],
+)
+def test_page_layout_conversions_reject_bad_shapes(convert: str, shapes: list[tuple[int, ...]],
+                                                    message: str) -> None:
+    k, v = (np.zeros(shape, np.float16) for shape in shapes)
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        getattr(ckfmha, convert)(k, v)

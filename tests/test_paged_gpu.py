@@ -68,9 +68,7 @@ class PagedCache:
         [pages, hk, d, page_size])."""
         if page_layout == "linear":
             return {"k_cache": self.k, "v_cache": self.v}
-        pages, page_size, hk, d = self.k.shape
-        k = self.k.view(pages, page_size, hk, d // 8, 8).permute(0, 2, 3, 1, 4).contiguous()
-        v = self.v.permute(0, 2, 3, 1).contiguous()
+        k, v = ckfmha.to_vectorized_pages(self.k, self.v)
         return {"k_cache": k, "v_cache": v, "page_layout": page_layout}
 
     def reference_args(self, table: str) -> dict[str, Any]:
