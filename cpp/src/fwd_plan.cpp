@@ -59,15 +59,25 @@ int64_t unsplit_ctas(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k) 
   return ceil_div(packed_rows(p), k.tile_m) * p.nhead_k * p.batch;
 }
 
+// Whether `k`'s unsplit grid fits one wave of resident CTAs with at least
+// kUnsplitMinCtasPerSm of them per SM. Such a grid already keeps the memory
+// system busy: splitting it adds partial traffic and a combine pass, not
+// bandwidth, so it runs as one split.
+bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k, int device_arch,
+                  int num_sms) {
+  const int64_t sms = std::max(num_sms, 1);
+  const int64_t ctas = unsplit_ctas(p, k);
+  return ctas <= sms * resident_ctas_per_sm(k, device_arch) && ctas >= kUnsplitMinCtasPerSm * sms;
+}
+
 // Among the fitting split kernels: SASS for this exact arch, then the smallest
 // tile_m holding the packed rows (else the largest tile), then the narrowest
 // mask kind, then generator order (the arch's first tile, the most bytes in
 // flight per CTA). With the split count left to the planner, one exception:
-// when that tile's unsplit grid overflows one wave but another tile of the
-// same rows holds it in one (more CTAs resident per SM), the other tile runs
-// it as one split, writing O directly with no combine; only for grids of at
-// least kUnsplitMinCtasPerSm CTAs per SM, which keep the memory system busy
-// without the larger tile's deeper loads.
+// when that tile does not run the grid unsplit (runs_unsplit) but another
+// tile of the same rows does (more CTAs resident per SM), the other tile runs
+// it as one split, writing O directly with no combine. Smaller grids keep
+// the first tile's deeper loads.
 // `family`: fwd_splitkv, or a paged family (same body, same preference).
 bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
                        ckfmha_fwd_problem const& p, int device_arch, int num_sms,
@@ -89,15 +99,11 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
       *out = k;
     }
   }
-  if (!found || p.num_splits != 0) return found;
-  auto one_wave = [&](ckfmha_kernel_entry const& k) {
-    return unsplit_ctas(p, k) <= int64_t(num_sms) * resident_ctas_per_sm(k, device_arch);
-  };
-  if (one_wave(*out) || unsplit_ctas(p, *out) < kUnsplitMinCtasPerSm * num_sms) return true;
+  if (!found || p.num_splits != 0 || runs_unsplit(p, *out, device_arch, num_sms)) return found;
   for (auto const& k : kernels) {
     if (k.family == out->family && k.arch == out->arch && k.mask == out->mask &&
-        k.tile_m == out->tile_m && one_wave(k) && same_shape(k, p, family) &&
-        reject_reason(k, p, device_arch, family).empty()) {
+        k.tile_m == out->tile_m && runs_unsplit(p, k, device_arch, num_sms) &&
+        same_shape(k, p, family) && reject_reason(k, p, device_arch, family).empty()) {
       *out = k;
       break;
     }
@@ -306,13 +312,11 @@ int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
 
 int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& split,
                          int device_arch, int num_sms) {
+  // The tile-count model below does not see bandwidth: for a grid that
+  // runs_unsplit it would trade the one wave for two shorter ones.
+  if (runs_unsplit(p, split, device_arch, num_sms)) return 1;
   const int64_t ctas = unsplit_ctas(p, split);
   const int64_t slots = int64_t(std::max(num_sms, 1)) * resident_ctas_per_sm(split, device_arch);
-  // A grid that fits one wave with at least kUnsplitMinCtasPerSm CTAs per SM
-  // already keeps the memory system busy: splitting it adds partial traffic
-  // and a combine pass, not bandwidth. (The tile-count model below does not
-  // see bandwidth, and would trade that one wave for two shorter ones.)
-  if (ctas <= slots && ctas >= kUnsplitMinCtasPerSm * std::max(num_sms, 1)) return 1;
   const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
   const int64_t max_splits =
       std::clamp<int64_t>(key_tiles / kMinKeyTilesPerSplit, 1, kAutoMaxSplits);
