@@ -17,6 +17,7 @@ from ckfmha._arch import parse_arch
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
+from ckfmha.page_layouts import VECTOR_CHANNELS, check_vectorized_k
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
 _I32 = (_dtypes.INT32,)
@@ -93,15 +94,11 @@ cdef int _set_rope(capi.ckfmha_appendkv_problem* problem, int rope, rotary_dim, 
     return 0
 
 
-# Channels per K chunk of vectorized pages: one 16-byte vector of fp16/bf16.
-_VECTOR_CHANNELS = 8
-
-
 def _vectorized_page_strides(page_size, heads, hdim_k, hdim_v) -> tuple:
     """Strides of dense vectorized pages: K (page, head, 8-channel chunk), V (page, head,
     channel)."""
     page_size, heads = int(page_size), int(heads)
-    k = (heads * int(hdim_k) * page_size, int(hdim_k) * page_size, page_size * _VECTOR_CHANNELS)
+    k = (heads * int(hdim_k) * page_size, int(hdim_k) * page_size, page_size * VECTOR_CHANNELS)
     v = (heads * int(hdim_v) * page_size, int(hdim_v) * page_size, page_size)
     return k, v
 
@@ -286,13 +283,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
                        "[batch, seqlen_new, nhead_k, hdim]")
     hdim_v = vnv.shape[3]
     if vectorized:
+        check_vectorized_k(kcv.shape, kcv.strides)
         slabs, cache_heads, chunks, cache_tokens, channels = kcv.shape
-        if channels != _VECTOR_CHANNELS:
-            raise _invalid(f"vectorized pages: k_cache's last axis holds {_VECTOR_CHANNELS} "
-                           f"channels (one 16-byte vector of fp16/bf16), got {channels}")
-        if cache_tokens > 1 and kcv.strides[3] != _VECTOR_CHANNELS:
-            raise _invalid(f"k_cache's [page_size, {_VECTOR_CHANNELS}] chunks must be dense "
-                           f"(token stride {_VECTOR_CHANNELS}), got strides {kcv.strides}")
         cache_hdim = chunks * channels
         v_dims = (vcv.shape[0], vcv.shape[1], vcv.shape[3], vcv.shape[2])
     else:

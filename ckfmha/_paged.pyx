@@ -16,6 +16,7 @@ from ckfmha import _dtypes
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.page_layouts import check_vectorized_k, paged_cache_dims
 from ckfmha.problem import layout_code
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
@@ -48,34 +49,6 @@ cdef ArrayView _int32_view(obj, handle, str name, tuple shape):
         raise _invalid(f"{name} must be contiguous along its last axis, got strides "
                        f"{view.strides}")
     return view
-
-
-# Channels per K chunk of vectorized pages: one 16-byte vector of fp16/bf16.
-_VECTOR_CHANNELS = 8
-
-
-def _cache_dims(tuple k_shape, tuple v_shape, bint vectorized) -> tuple:
-    """(num_pages, page_size, nhead_k, hdim_k, hdim_v) from the caches' shapes."""
-    if not vectorized:
-        if len(k_shape) != 4 or len(v_shape) != 4:
-            raise _invalid(f"k_cache and v_cache must be 4-D [num_pages, page_size, nhead_k, "
-                           f"hdim], got {k_shape} and {v_shape}")
-        if v_shape[:3] != k_shape[:3]:
-            raise _invalid(f"v_cache {v_shape} and k_cache {k_shape} must agree on pages, page "
-                           "size and heads")
-        return (*k_shape, v_shape[3])
-    if len(k_shape) != 5 or len(v_shape) != 4:
-        raise _invalid(f"vectorized pages: k_cache must be 5-D [num_pages, nhead_k, hdim / 8, "
-                       f"page_size, 8] and v_cache 4-D [num_pages, nhead_k, hdim, page_size], "
-                       f"got {k_shape} and {v_shape}")
-    num_pages, nhead_k, chunks, page_size, channels = k_shape
-    if channels != _VECTOR_CHANNELS:
-        raise _invalid(f"vectorized pages: k_cache's last axis holds {_VECTOR_CHANNELS} channels "
-                       f"(one 16-byte vector of fp16/bf16), got {channels}")
-    if (v_shape[0], v_shape[1], v_shape[3]) != (num_pages, nhead_k, page_size):
-        raise _invalid(f"v_cache {v_shape} and k_cache {k_shape} must agree on pages, heads and "
-                       "page size")
-    return num_pages, page_size, nhead_k, chunks * channels, v_shape[2]
 
 
 def _longest_keys(seqlens_k, kv_indptr, int page_size, int table_pages,
@@ -145,8 +118,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
 
     # Shapes first: everything below that can fail on arguments fails before any staging.
     cdef bint vectorized = page_layout == "vectorized"
-    num_pages, page_size, nhead_k, hdim_k, hdim_v = _cache_dims(_shape(k_cache),
-                                                                _shape(v_cache), vectorized)
+    num_pages, page_size, nhead_k, hdim_k, hdim_v = paged_cache_dims(
+        _shape(k_cache), _shape(v_cache), vectorized)
     cdef int table_pages = 0
     if indptr:
         if len(_shape(kv_indptr)) != 1 or _shape(kv_indptr)[0] < 2:
@@ -212,10 +185,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
         problem.mode = capi.CKFMHA_MODE_GROUP
         problem.total_q = total_q
     if vectorized:
+        check_vectorized_k(kcv.shape, kcv.strides)
         # (page, head, 8-channel chunk) for K, (page, head, channel) for V.
-        if page_size > 1 and kcv.strides[3] != _VECTOR_CHANNELS:
-            raise _invalid(f"k_cache's [page_size, {_VECTOR_CHANNELS}] chunks must be dense "
-                           f"(token stride {_VECTOR_CHANNELS}), got strides {kcv.strides}")
         _set_strides(problem.k_stride, kcv.strides[:3])
         _set_strides(problem.v_stride, vcv.strides[:3])
     else:

@@ -473,7 +473,7 @@ def test_vectorized_pages_hold_each_key_where_vllm_puts_it() -> None:
     [
         ("to_vectorized_pages", [(5, 4, 3, 12), (5, 4, 3, 12)], r"chunks of 8 channels; hdim 12 is not"),
         ("to_vectorized_pages", [(5, 4, 3, 16), (5, 2, 3, 16)], r"must agree on pages, page size"),
-        ("to_vectorized_pages", [(5, 4, 16), (5, 4, 3, 16)], r"k_cache must be 4-D"),
+        ("to_vectorized_pages", [(5, 4, 16), (5, 4, 3, 16)], r"k_cache and v_cache must be 4-D"),
         ("to_linear_pages", [(5, 3, 2, 4, 4), (5, 3, 16, 4)], r"holds 8 channels .* got 4"),
         ("to_linear_pages", [(5, 3, 2, 4, 8), (5, 3, 16, 2)], r"must agree on pages, heads"),
         ("to_linear_pages", [(5, 3, 16, 4), (5, 3, 16, 4)], r"k_cache must be 5-D"),
