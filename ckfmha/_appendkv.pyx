@@ -18,6 +18,7 @@ from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
 from ckfmha.page_layouts import VECTOR_CHANNELS, check_vectorized_k
+from ckfmha.problem import page_layout_code
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
 _I32 = (_dtypes.INT32,)
@@ -51,9 +52,7 @@ cdef int _rope_code(rope) except -1:
 
 
 def _vectorized(page_layout) -> bool:
-    if page_layout not in ("linear", "vectorized"):
-        raise _invalid(f"page_layout must be 'linear' or 'vectorized', got {page_layout!r}")
-    return page_layout == "vectorized"
+    return page_layout_code(page_layout) == capi.CKFMHA_PAGE_LAYOUT_VECTORIZED
 
 
 cdef int _set3(int64_t* dst, tuple strides) except -1:

@@ -17,7 +17,7 @@ from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.page_layouts import check_vectorized_k, paged_cache_dims
-from ckfmha.problem import layout_code
+from ckfmha.problem import layout_code, page_layout_code
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
 _F32 = (_dtypes.FP32,)
@@ -98,8 +98,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     ways. Returns o (like q) and, with ``return_lse``, the fp32 LSE
     ([batch, nhead_q, seqlen_q], or [nhead_q, total_q] for packed queries).
     """
-    if page_layout not in ("linear", "vectorized"):
-        raise _invalid(f"page_layout must be 'linear' or 'vectorized', got {page_layout!r}")
+    cdef int c_page_layout = page_layout_code(page_layout)
     cdef bint indptr = kv_indices is not None or kv_indptr is not None
     if indptr == (block_table is not None):
         raise _invalid("pass block_table (vLLM) or kv_indices with kv_indptr (SGLang), "
@@ -117,7 +116,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     cu_seqlens_q = _int32_array(cu_seqlens_q)
 
     # Shapes first: everything below that can fail on arguments fails before any staging.
-    cdef bint vectorized = page_layout == "vectorized"
+    cdef bint vectorized = c_page_layout == capi.CKFMHA_PAGE_LAYOUT_VECTORIZED
     num_pages, page_size, nhead_k, hdim_k, hdim_v = paged_cache_dims(
         _shape(k_cache), _shape(v_cache), vectorized)
     cdef int table_pages = 0
@@ -178,8 +177,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     _init_problem(&problem, qv.dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q, seqlen_k,
                   hdim_q, hdim_v, "seqlen_q", "max_seqlen_k")
     problem.kv_storage = capi.CKFMHA_KV_PAGED_INDPTR if indptr else capi.CKFMHA_KV_PAGED_TABLE
-    problem.page_layout = (capi.CKFMHA_PAGE_LAYOUT_VECTORIZED if page_layout == "vectorized"
-                           else capi.CKFMHA_PAGE_LAYOUT_LINEAR)
+    problem.page_layout = <capi.ckfmha_page_layout>c_page_layout
     problem.page_size = to_int32(page_size, "page_size")
     if group:
         problem.mode = capi.CKFMHA_MODE_GROUP
