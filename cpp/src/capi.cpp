@@ -86,7 +86,7 @@ int find_forced(const char* kernel_name, ckfmha_kernel_entry* forced, PlanContex
 // A split-KV plan's workspace must exist, be large enough and hold float4s
 // (a one-split plan needs none).
 int check_workspace(FwdPlan const& plan, ckfmha_fwd_args const& args) {
-  if (!plan.split || plan.workspace_bytes == 0) return CKFMHA_SUCCESS;
+  if (!plan.combined()) return CKFMHA_SUCCESS;
   std::string need = std::to_string(plan.workspace_bytes) + " bytes (num_splits=" +
                      std::to_string(plan.num_splits) + "; ckfmha_fwd_workspace_size says how many)";
   if (args.workspace == nullptr) {
@@ -342,7 +342,7 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
   if (int s = from_launch_result(plan.kernel.launch(&staged, args, stream), plan.kernel.name)) {
     return s;
   }
-  if (plan.num_splits == 1) return CKFMHA_SUCCESS;  // the one split wrote O and LSE
+  if (!plan.combined()) return CKFMHA_SUCCESS;  // the one split wrote O and LSE
   return from_launch_result(plan.combine.launch(&staged, args, stream), plan.combine.name);
 }
 

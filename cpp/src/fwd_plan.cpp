@@ -414,7 +414,7 @@ std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
     }
     bool selected = plan.found && plan.split &&
                     (std::string(plan.kernel.name) == k.name ||
-                     (plan.num_splits > 1 && std::string(plan.combine.name) == k.name));
+                     (plan.combined() && std::string(plan.combine.name) == k.name));
     if (why.empty()) {
       out << (selected ? "  selected  " : "  fits      ") << k.name << "\n";
     } else {
@@ -424,7 +424,7 @@ std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
   out << "plan: ";
   if (!plan.found) {
     out << "none: " << plan.why << "\n";
-  } else if (plan.split && plan.num_splits == 1) {
+  } else if (plan.split && !plan.combined()) {
     out << "split-KV, " << plan.kernel.name << ", num_splits=1: one split writes O directly "
         << "(no combine, no workspace; " << context.num_sms << " SMs): " << plan.why << "\n";
   } else if (plan.split) {

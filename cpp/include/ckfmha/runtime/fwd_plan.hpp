@@ -20,10 +20,14 @@ struct FwdPlan {
   bool found = false;
   bool split = false;
   ckfmha_kernel_entry kernel{};   // the one-stage kernel, or the split stage
-  ckfmha_kernel_entry combine{};  // split plans; launched only for num_splits > 1
+  ckfmha_kernel_entry combine{};  // split plans; launched only when combined()
   int num_splits = 1;             // split plans: the resolved count (>= 1)
   size_t workspace_bytes = 0;
   std::string why;  // found: why this plan; else what is missing
+
+  // Whether the split stage's partials go through the combine stage (and a
+  // workspace): split plans of two or more splits. One split writes O itself.
+  bool combined() const { return split && num_splits > 1; }
 };
 
 // What the planner knows beyond the problem.
