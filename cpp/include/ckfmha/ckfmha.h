@@ -261,8 +261,9 @@ typedef struct ckfmha_fwd_args {
  * Workspace: ckfmha_bwd_workspace_size() says how many bytes the plan needs;
  * the caller allocates them (16-byte aligned device memory, contents
  * irrelevant) and passes them in args, so no allocation ever happens inside a
- * call. The workspace holds D ([batch, nhead_q, seqlen_q] fp32) and the dQ
- * accumulator ([splits, batch, nhead_q, seqlen_q, hdim_q] fp32).
+ * call. The workspace holds D and the log2-domain LSE ([batch, nhead_q, rows]
+ * fp32 each) and the dQ accumulator ([splits, batch, nhead_q, rows, hdim_q]
+ * fp32), where rows is seqlen_q rounded up to a multiple of 64.
  *
  * deterministic = 0 (fast): dQ partials are added with fp32 atomics, so the
  * order of the additions, and the last bits of dQ, can differ between runs.

@@ -21,10 +21,12 @@ struct BwdParams {
   const float* alibi_slopes;
   const int32_t* cu_seqlens_q;  // group mode: sequence starts, batch + 1 entries
   const int32_t* cu_seqlens_k;
-  // Workspace. Both are indexed by (batch or sequence, query head, local row)
-  // with rows padded to seqlen_q (the longest sequence in group mode).
-  float* delta;     // D = rowsum(dO * O): [batch, nhead_q, seqlen_q]
-  float* dq_accum;  // [dq_splits, batch, nhead_q, seqlen_q, hdim_q], unscaled dS K
+  // Workspace. Each region is indexed by (batch or sequence, query head, local
+  // row) with workspace_rows rows per head: seqlen_q (the longest sequence in
+  // group mode) rounded up to a whole 64-row block.
+  float* delta;     // D = rowsum(dO * O): [batch, nhead_q, workspace_rows]
+  float* lse_log2;  // LSE * log2(e), +inf where LSE is -inf or past the rows: same shape
+  float* dq_accum;  // [dq_splits, batch, nhead_q, workspace_rows, hdim_q], unscaled dS K
 
   int64_t q_batch_stride, q_head_stride, q_row_stride;
   int64_t k_batch_stride, k_head_stride, k_row_stride;
@@ -42,6 +44,7 @@ struct BwdParams {
 
   int32_t batch;
   int32_t seqlen_q;  // batch mode: the length; group mode: the longest sequence
+  int32_t workspace_rows;
   int32_t seqlen_k;
   int32_t nhead_q;
   int32_t head_group;  // nhead_q / nhead_k: query heads sharing one K/V head

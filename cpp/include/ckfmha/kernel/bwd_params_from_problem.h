@@ -32,6 +32,7 @@ inline BwdParams make_bwd_params(ckfmha_bwd_problem const& problem, ckfmha_bwd_a
   BwdWorkspaceLayout w = bwd_workspace_layout(problem);
   auto* base = static_cast<char*>(args.workspace);
   p.delta = reinterpret_cast<float*>(base + w.delta_offset);
+  p.lse_log2 = reinterpret_cast<float*>(base + w.lse_log2_offset);
   p.dq_accum = reinterpret_cast<float*>(base + w.dq_accum_offset);
   p.dq_accum_split_stride = w.dq_accum_split_stride;
   p.dq_splits = w.dq_splits;
@@ -58,6 +59,7 @@ inline BwdParams make_bwd_params(ckfmha_bwd_problem const& problem, ckfmha_bwd_a
 
   p.batch = problem.batch;
   p.seqlen_q = problem.seqlen_q;
+  p.workspace_rows = w.rows_per_head;
   p.seqlen_k = problem.seqlen_k;
   p.nhead_q = problem.nhead_q;
   p.head_group = problem.nhead_q / problem.nhead_k;

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   float const* delta_heads = p.delta + bwd_workspace_row0(p, batch, head_begin);
   float* dq_accum_heads = p.dq_accum + split * p.dq_accum_split_stride +
                           bwd_workspace_row0(p, batch, head_begin) * kD;
-  const int64_t workspace_head_rows = p.seqlen_q;
+  const int64_t workspace_head_rows = p.workspace_rows;
   // dbias planes of the group's first query head; GQA heads are further planes.
   const int64_t dbias_origin = kDbias ? batch * p.dbias_batch_stride + head_begin * p.dbias_head_stride : 0;
   auto dbias_plane = [&](int h) {
@@ -549,8 +549,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   }
 }
 
-// D = rowsum(dO * O) in fp32 for BlockM rows, and zeroes those rows of every
-// dQ accumulator slice (the main stage only adds to them).
+// D = rowsum(dO * O) in fp32 for BlockM rows, their LSE in the log2 domain
+// (what the sm90 main stage reads), and zeroes those rows of every dQ
+// accumulator slice (the main stage only adds to them). In batch mode the
+// last block also fills the head's padding rows up to workspace_rows, which
+// the sm90 main stage reads and adds to as part of whole 64-row tiles.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads)
     bwd_dot_do_o_kernel(__grid_constant__ const BwdParams p) {
@@ -573,7 +576,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
   auto const* o_rows = static_cast<Element const*>(p.o) + o_origin + head * p.o_head_stride;
   auto const* do_rows =
       static_cast<Element const*>(p.dout) + do_origin + head * p.do_head_stride;
-  const int64_t row0 = bwd_workspace_row0(p, batch, head) + m_begin;
+  const int64_t head_row0 = bwd_workspace_row0(p, batch, head);
+  const int64_t row0 = head_row0 + m_begin;
+  float const* lse_rows = p.lse + (kGroup ? seq.q_token0 : batch * p.lse_batch_stride) +
+                          head * p.lse_head_stride;
+  constexpr float kLog2e = 1.4426950408889634f;
 
   const int lane = tid % kLanes;
   for (int r = tid / kLanes; r < Traits::kBlockM; r += Traits::kRowsPerPass) {
@@ -592,7 +599,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     sum = lane_group_sum<kLanes>(sum);
-    if (lane == 0 && r < rows) p.delta[row0 + r] = sum;
+    if (lane == 0 && r < rows) {
+      p.delta[row0 + r] = sum;
+      // A row that saw no key has LSE -inf and P = 0 everywhere: +inf keeps
+      // exp2(s - lse) at 0 instead of NaN.
+      const float lse = lse_rows[row];
+      p.lse_log2[row0 + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
   }
 
   const int64_t floats = int64_t(rows) * p.hdim_q;
@@ -601,6 +614,20 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                           row0 * p.hdim_q);
     for (int64_t i = tid; i < floats / 4; i += Traits::kThreads) {
       dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+
+  if (!kGroup && m_begin + Traits::kBlockM >= seq.seqlen_q) {
+    // Padding rows: P = 0 (LSE +inf), D = 0, and a zero dQ accumulator.
+    for (int r = seq.seqlen_q + tid; r < p.workspace_rows; r += Traits::kThreads) {
+      p.delta[head_row0 + r] = 0.f;
+      p.lse_log2[head_row0 + r] = INFINITY;
+    }
+    const int64_t pad_begin = (head_row0 + seq.seqlen_q) * p.hdim_q;
+    const int64_t pad_end = (head_row0 + p.workspace_rows) * p.hdim_q;
+    for (int s = 0; s < p.dq_splits; ++s) {
+      float* slice = p.dq_accum + s * p.dq_accum_split_stride;
+      for (int64_t i = pad_begin + tid; i < pad_end; i += Traits::kThreads) slice[i] = 0.f;
     }
   }
 }

@@ -3,15 +3,18 @@
 // batch entry); it walks the query tiles (64 rows) of every query head of
 // the KV head's group, so GQA and MQA sum dK and dV in registers:
 //   producer warpgroup: one thread loads K and V once, then each query
-//     tile's Q and dO into a two-stage ring; a stage is refilled when both
-//     consumer warpgroups have released it.
+//     tile's Q and dO (TMA) and its rows' LSE and D (bulk copies from the
+//     workspace, written by dot_do_o) into a two-stage ring; a stage is
+//     refilled when both consumer warpgroups have released it.
 //   consumer warpgroups (64 keys each), per query tile:
 //     S^T = K Q^T and dP^T = V dO^T (both operands from shared memory; P^T
-//     is computed while dP^T runs), dS^T = P^T (dP^T - D), then
-//     dV += P^T dO and dK += dS^T Q with P^T and dS^T as register operands,
-//     and dQ = dS K over all 128 keys (dS^T through shared memory, each
-//     warpgroup half of dQ's columns), added to the fp32 accumulator with
-//     atomics (fast mode only).
+//     is computed while dP^T runs), dV += P^T dO with P^T as the register
+//     operand (issued as soon as P^T exists), dS^T = P^T (dP^T - D), then
+//     dQ = dS K over all 128 keys (dS^T through shared memory, each
+//     warpgroup half of dQ's columns) and dK += dS^T Q. dQ is staged in
+//     shared memory while dK runs and added to the fp32 accumulator by one
+//     TMA reduce-add per warpgroup (fast mode only: the order of the adds
+//     is not fixed).
 // Keys sit on the wgmma M dimension throughout, so no accumulator ever needs
 // a transpose in registers.
 #pragma once
@@ -40,6 +43,7 @@ struct BwdSm90Params {
   typename Traits::TmaQ tma_do;
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
+  typename Traits::TmaDq tma_dq;
 };
 
 // Named barrier 0 is __syncthreads; the consumers sync on their own so the
@@ -150,9 +154,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      Barrier::arrive_and_expect_tx(&bar.q_full[stage], 2 * Traits::kTmaBytesQ);
+      Barrier::arrive_and_expect_tx(&bar.q_full[stage],
+                                    2 * Traits::kTmaBytesQ + 2 * Traits::kBulkBytesRows);
       copy(params.tma_q.with(bar.q_full[stage]), tQgQ(_, walk.m_block(it)), tQsQ(_, stage));
       copy(params.tma_do.with(bar.q_full[stage]), tdOgdO(_, walk.m_block(it)), tdOsdO(_, stage));
+      // The workspace pads every head to whole 64-row blocks, so these rows
+      // are in bounds and 16-byte aligned.
+      const int64_t row0 = bwd_workspace_row0(p, batch, head) + walk.m_block(it) * kBlockM;
+      SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &bar.q_full[stage], storage->lse_log2[stage],
+                               Traits::kBulkBytesRows);
+      SM90_BULK_COPY_G2S::copy(p.delta + row0, &bar.q_full[stage], storage->delta[stage],
+                               Traits::kBulkBytesRows);
     }
     return;
   }
@@ -183,15 +195,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<N, D>{});
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(TileSt{}));
   Tensor cS_rows_cols = make_tensor(cS.data(), gmma_accum_as_rows_cols(cS.layout()));
-  Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<M, D>{}));
   constexpr int kRows = decltype(size<0>(cS_rows_cols))::value;  // keys of this thread
   constexpr int kCols = decltype(size<1>(cS_rows_cols))::value;  // queries of this thread
   auto ds_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdS{}, mma_sdp);
   auto ds_r2s_thr = ds_r2s.get_thread_slice(tid);
   Tensor tdSsdS = ds_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
-
-  float const* lse_batch = p.lse + batch * p.lse_batch_stride;
-  constexpr float kLog2e = 1.4426950408889634f;
+  // dQ staging: every consumer thread stores its part of the (64, d) tile,
+  // then one thread per warpgroup adds that warpgroup's half to global memory.
+  Tensor sdQ = make_tensor(make_smem_ptr(storage->dq.data()), typename Traits::SmemLayoutdQ{});
+  auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
+  auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
+  Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);
+  using DqHalf = Shape<M, Int<Traits::kDqColsPerWarpgroup>>;
+  Tensor sdQ_half = make_tensor(
+      make_smem_ptr(storage->dq.data() +
+                    warpgroup * cute::cosize_v<typename Traits::SmemLayoutdQHalf>),
+      typename Traits::SmemLayoutdQHalf{});
+  Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
+  auto dq_tma = params.tma_dq.get_slice(Int<0>{});
+  Tensor tdQsdQ_half = dq_tma.partition_S(sdQ_half);
+  const bool issues_dq = lane_in_warpgroup == 0;
+  const uint32_t warpgroup_barrier = kBwdSm90FirstWarpgroupBarrierId + warpgroup;
 
   clear(acc_dk);
   clear(acc_dv);
@@ -204,31 +228,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int head = walk.head(it);
     const int m_begin = walk.m_block(it) * kBlockM;
 
-    // The tile's LSE (log2 domain) and D into this warpgroup's copy, read
-    // before the tile's loads are waited on so their latency hides under the
-    // wait. The previous tile's readers are done: every consumer thread has
-    // passed that tile's dQ barrier.
-    float* lse_log2 = storage->lse_log2[warpgroup];
-    float* delta = storage->delta[warpgroup];
-    if (lane_in_warpgroup < kBlockM) {
-      const int row = m_begin + lane_in_warpgroup;
-      float lse = INFINITY;
-      float d = 0.f;
-      if (row < seqlen_q) {
-        lse = lse_batch[head * p.lse_head_stride + row];
-        // A row that saw no key has LSE -inf and P = 0 everywhere: +inf
-        // keeps exp2 at 0 instead of NaN; rows past the sequence likewise.
-        lse = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        d = p.delta[bwd_workspace_row0(p, batch, head) + row];
-      }
-      lse_log2[lane_in_warpgroup] = lse;
-      delta[lane_in_warpgroup] = d;
-    }
-    cutlass::arch::NamedBarrier::sync(128, kBwdSm90FirstWarpgroupBarrierId + warpgroup);
-
     Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});
     Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});
     Barrier::wait(&bar.q_full[stage], phase);
+    float const* lse_log2 = storage->lse_log2[stage];
+    float const* delta = storage->delta[stage];
     warpgroup_fence_operand(acc_s);
     warpgroup_fence_operand(acc_dp);
     warpgroup_arrive();
@@ -266,6 +270,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
+    // P^T in the input dtype is dV's A operand as it lies in registers: dV
+    // runs while dS^T is computed.
+    Tensor rP = make_tensor<Element>(acc_s.layout());
+    convert_fragment_into(acc_s, rP);
+    Tensor tdVrP = make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout()));
+    warpgroup_fence_operand(rP);
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tdVrP); ++k) {
+      gemm(mma_dkv, tdVrP(_, _, k), tdVrdOt(_, _, k, stage), acc_dv);
+    }
+    warpgroup_commit_batch();
+
     Tensor dscores = make_tensor(acc_dp.data(), gmma_accum_as_rows_cols(acc_dp.layout()));
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
@@ -274,13 +292,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         dscores(i, j) = probs(i, j) * (dscores(i, j) - delta[get<1>(cS_rows_cols(i, j))]);
       }
     }
-    // P^T and dS^T in the input dtype: the A operands of dV and dK as they
-    // lie in registers, and dS^T also to shared memory for dQ.
-    Tensor rP = make_tensor<Element>(acc_s.layout());
+    // dS^T in the input dtype: dK's A operand in registers, and to shared
+    // memory for dQ.
     Tensor rdS = make_tensor<Element>(acc_dp.layout());
-    convert_fragment_into(acc_s, rP);
     convert_fragment_into(acc_dp, rdS);
-    Tensor tdVrP = make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout()));
     Tensor tdKrdS = make_tensor(rdS.data(), gmma_accum_as_operand_a(rdS.layout()));
     // The other warpgroup may still read buffer `buffer ^ 1` in its dQ
     // product; this buffer's last reader (two tiles ago) has finished, as
@@ -288,24 +303,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     copy(ds_r2s, ds_r2s_thr.retile_S(rdS), tdSsdS(_, _, _, buffer));
     // wgmma reads shared memory through the async proxy.
     cutlass::arch::fence_view_async_shared();
-
-    warpgroup_fence_operand(rP);
-    warpgroup_fence_operand(rdS);
-    warpgroup_fence_operand(acc_dv);
-    warpgroup_fence_operand(acc_dk);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tdVrP); ++k) {
-      gemm(mma_dkv, tdVrP(_, _, k), tdVrdOt(_, _, k, stage), acc_dv);
-    }
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tdKrdS); ++k) {
-      gemm(mma_dkv, tdKrdS(_, _, k), tdKrQt(_, _, k, stage), acc_dk);
-    }
-    warpgroup_commit_batch();
-
     // Both warpgroups' halves of dS^T are in shared memory.
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
+
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<M, D>{});
     warpgroup_fence_operand(acc_dq);
     warpgroup_arrive();
@@ -316,30 +316,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mma_dq.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
+    warpgroup_fence_operand(rdS);
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tdKrdS); ++k) {
+      gemm(mma_dkv, tdKrdS(_, _, k), tdKrQt(_, _, k, stage), acc_dk);
+    }
+    warpgroup_commit_batch();
 
-    // dV and dK are done: this warpgroup no longer reads Q or dO.
+    // dV and dQ are done; dQ is staged and added while dK runs.
     warpgroup_wait<1>();
     warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dq);
+    // The previous tile's reduce-add has read the staging buffer.
+    if (issues_dq) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
+    copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ);
+    // The TMA unit reads shared memory through the async proxy.
+    tma_store_fence();
+    cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
+    if (issues_dq) {
+      // Whole 64-row tiles: the workspace pads each head's rows (rows past
+      // seqlen_q add zeros there, as their P is 0).
+      Tensor gdQ = local_tile(mdQ(_, _, batch * p.nhead_q + head), DqHalf{},
+                              make_coord(walk.m_block(it), warpgroup));
+      copy(params.tma_dq, tdQsdQ_half, dq_tma.partition_D(gdQ));
+      tma_store_arrive();
+    }
+
+    // dK is done: this warpgroup no longer reads Q or dO.
+    warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(rP);
     warpgroup_fence_operand(rdS);
     Barrier::arrive(&bar.q_empty[stage]);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_dq);
-
-    float* dq_rows = p.dq_accum + (bwd_workspace_row0(p, batch, head) + m_begin) * kD;
-    const int rows_left = seqlen_q - m_begin;
-    // Accumulator elements come in pairs of neighbouring columns of one row.
-    static_assert(decltype(size<0, 0>(acc_dq))::value == 2);
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_dq); e += 2) {
-      const int row = get<0>(cdQ(e));
-      if (row < rows_left) {
-        // One 8-byte reduction per column pair (sm_90's vector red.global).
-        atomicAdd(reinterpret_cast<float2*>(dq_rows + row * kD + get<1>(cdQ(e))),
-                  make_float2(acc_dq(e), acc_dq(e + 1)));
-      }
-    }
   };
 
   for (int it = 0; it < iters; ++it) {
@@ -351,6 +362,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       query_tile(it, std::false_type{});
     }
   }
+
+  // The last dQ reduce-add has finished before the CTA (and its shared
+  // memory) goes away and before convert_dq reads the accumulator.
+  if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
   // ---- epilogue: dK (scaled) and dV straight from registers; keys without
   // a visible query get zeros.

@@ -33,8 +33,14 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
   auto q_smem = take<0, 2>(typename Traits::SmemLayoutQ{});
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
+  BwdParams const bwd = make_bwd_params(pr, ar);
+  // The fp32 dQ accumulator as (padded rows, head dim, batch x heads).
+  auto dq_accum = make_tensor(
+      make_gmem_ptr(bwd.dq_accum),
+      make_shape(bwd.workspace_rows, int(Traits::kHeadDim), pr.nhead_q * pr.batch),
+      make_stride(int64_t(Traits::kHeadDim), _1{}, int64_t(bwd.workspace_rows) * Traits::kHeadDim));
   BwdSm90Params<Traits> params{
-      make_bwd_params(pr, ar),
+      bwd,
       make_tma_copy(SM90_TMA_LOAD{},
                     bwd_sm90_gmem_view<Traits>(ar.q, pr.seqlen_q, pr.nhead_q, pr.batch,
                                                pr.q_stride),
@@ -51,6 +57,8 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                     bwd_sm90_gmem_view<Traits>(ar.v, pr.seqlen_k, pr.nhead_k, pr.batch,
                                                pr.v_stride),
                     typename Traits::SmemLayoutK{}, TileK{}, _1{}),
+      make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQHalf{},
+                    Shape<typename Traits::M, Int<Traits::kDqColsPerWarpgroup>>{}, _1{}),
   };
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   return launch_kernel(&bwd_dq_dk_dv_sm90_kernel<Traits>, dim3(key_tiles, pr.nhead_k, pr.batch),

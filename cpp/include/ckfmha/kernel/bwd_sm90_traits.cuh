@@ -123,7 +123,34 @@ struct BwdSm90Traits {
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                             cute::Shape<N, D>{}, cute::_1{}));
 
+  // The dQ tile in fp32, staged for one TMA reduce-add per warpgroup: each
+  // warpgroup's half of the columns is its own (64, d/2) tile of 128-byte
+  // swizzled rows, so the accumulator's column pairs store without bank
+  // conflicts and each half is one contiguous TMA source.
+  static constexpr int kDqColsPerWarpgroup = kHeadDim / kConsumerWarpgroups;
+  using SmemLayoutdQHalf = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<float>{},
+      cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>{}));
+  // Both halves side by side: the (64, d) tile the dQ product partitions.
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+                                                    cute::Shape<M, D>{}));
+  static_assert(cute::cosize_v<SmemLayoutdQ> == kConsumerWarpgroups *
+                                                     cute::cosize_v<SmemLayoutdQHalf>,
+                "each warpgroup's columns are one contiguous half of the dQ tile");
+  using SmemStoreAtomdQ = cute::Copy_Atom<cute::UniversalCopy<uint64_t>, float>;
+  // The fp32 accumulator as (rows, head dim, batch x heads), rows padded to
+  // whole 64-row blocks per head (bwd_workspace.h).
+  using DqGmemTensor = decltype(cute::make_tensor(
+      cute::make_gmem_ptr(static_cast<float*>(nullptr)), cute::Shape<int, int, int>{},
+      cute::Stride<int64_t, cute::_1, int64_t>{}));
+  using TmaDq = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, DqGmemTensor{},
+                                             SmemLayoutdQHalf{},
+                                             cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>{},
+                                             cute::_1{}));
+
   static constexpr int kTmaBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
+  // A query tile's LSE (log2 domain) and D rows, bulk-copied with Q and dO.
+  static constexpr int kBulkBytesRows = kBlockM * int(sizeof(float));
   static constexpr int kTmaBytesK = kBlockN * kHeadDim * int(sizeof(Element));
 
   struct Barriers {
@@ -138,17 +165,18 @@ struct BwdSm90Traits {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> ds;
-    // The query tile's LSE (log2 domain) and D, one copy per consumer
-    // warpgroup: read where used instead of held in registers next to dK,
-    // dV, S^T and dP^T.
-    float lse_log2[kConsumerWarpgroups][kBlockM];
-    float delta[kConsumerWarpgroups][kBlockM];
+    alignas(1024) cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>> dq;
+    // Each stage's LSE (log2 domain) and D rows: read where used instead of
+    // held in registers next to dK, dV, S^T and dP^T.
+    alignas(16) float lse_log2[Stages][kBlockM];
+    alignas(16) float delta[Stages][kBlockM];
     Barriers bar;
   };
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "K, V, the Q/dO ring and dS must fit shared memory");
+  static_assert(kSmemBytes <= 227 * 1024,
+                "K, V, the Q/dO ring, dS and the dQ tile must fit shared memory");
 };
 
 }  // namespace ckfmha::kernel

@@ -17,10 +17,16 @@ inline constexpr int64_t kBwdDeterministicTargetCtas = 264;
 inline constexpr int64_t kBwdDeterministicKeyBlock = 128;
 // Regions start on 256-byte boundaries.
 inline constexpr int64_t kBwdWorkspaceAlign = 256;
+// Every (sequence, query head) owns a whole number of 64-row blocks in each
+// region: a query tile's D, LSE and dQ rows then lie in bounds and 16-byte
+// aligned, as bulk copies (TMA) need, whatever seqlen_q is.
+inline constexpr int32_t kBwdWorkspaceRowBlock = 64;
 
 struct BwdWorkspaceLayout {
   int32_t dq_splits;
+  int32_t rows_per_head;                    // seqlen_q rounded up to kBwdWorkspaceRowBlock
   int64_t delta_offset, delta_elems;        // bytes offset, fp32 elements
+  int64_t lse_log2_offset;                  // bytes offset; delta_elems fp32 elements
   int64_t dq_accum_offset, dq_accum_elems;  // all splits
   int64_t dq_accum_split_stride;            // elements per split
   int64_t bytes;
@@ -35,16 +41,22 @@ inline int32_t bwd_dq_splits(ckfmha_bwd_problem const& p) {
   return int32_t(std::max<int64_t>(1, std::min(key_blocks, wanted)));
 }
 
+inline int32_t bwd_workspace_rows_per_head(int32_t seqlen_q) {
+  return (seqlen_q + kBwdWorkspaceRowBlock - 1) / kBwdWorkspaceRowBlock * kBwdWorkspaceRowBlock;
+}
+
 inline BwdWorkspaceLayout bwd_workspace_layout(ckfmha_bwd_problem const& p) {
   auto round_up = [](int64_t bytes) {
     return (bytes + kBwdWorkspaceAlign - 1) / kBwdWorkspaceAlign * kBwdWorkspaceAlign;
   };
   BwdWorkspaceLayout w{};
   w.dq_splits = bwd_dq_splits(p);
-  int64_t rows = int64_t(p.batch) * p.nhead_q * p.seqlen_q;
+  w.rows_per_head = bwd_workspace_rows_per_head(p.seqlen_q);
+  int64_t rows = int64_t(p.batch) * p.nhead_q * w.rows_per_head;
   w.delta_offset = 0;
   w.delta_elems = rows;
-  w.dq_accum_offset = round_up(rows * int64_t(sizeof(float)));
+  w.lse_log2_offset = round_up(rows * int64_t(sizeof(float)));
+  w.dq_accum_offset = w.lse_log2_offset + round_up(rows * int64_t(sizeof(float)));
   w.dq_accum_split_stride = rows * p.hdim_q;
   w.dq_accum_elems = w.dq_accum_split_stride * w.dq_splits;
   w.bytes = w.dq_accum_offset + round_up(w.dq_accum_elems * int64_t(sizeof(float)));

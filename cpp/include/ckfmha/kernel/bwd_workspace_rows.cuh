@@ -9,10 +9,10 @@
 
 namespace ckfmha::kernel {
 
-// Row-major fp32 workspace rows of (batch or sequence, query head): D and the
-// dQ accumulator pad every sequence to the launch's seqlen_q.
+// Row-major fp32 workspace rows of (batch or sequence, query head): D, the
+// log2-domain LSE and the dQ accumulator give every head workspace_rows rows.
 __device__ __forceinline__ int64_t bwd_workspace_row0(BwdParams const& p, int batch, int head) {
-  return (int64_t(batch) * p.nhead_q + head) * p.seqlen_q;
+  return (int64_t(batch) * p.nhead_q + head) * p.workspace_rows;
 }
 
 }  // namespace ckfmha::kernel
