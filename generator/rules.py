@@ -625,12 +625,16 @@ BWD_SM90_COVERS = (
 
 
 def bwd_sm90_smem_bytes(hdim: int, elem: int = 2) -> int:
-    """K and V (128 keys), two stages of Q and dO (64 rows), two dS^T buffers (128 x 64), and
-    the 1 KiB the base is rounded up by; must match BwdSm90Traits::kSmemBytes (barriers aside)."""
-    keys, rows = BWD_SM90_TILE_N, BWD_SM90_TILE_M
+    """K and V (128 keys), two stages of Q and dO (64 rows) with their rows' fp32 LSE and D,
+    two dS^T buffers (128 x 64), the fp32 dQ staging tile (64 x hdim), and the 1 KiB the base
+    is rounded up by; must match BwdSm90Traits::kSmemBytes (barriers and alignment aside)."""
+    keys, rows, fp32 = BWD_SM90_TILE_N, BWD_SM90_TILE_M, 4
     return (
-        2 * keys * hdim + BWD_SM90_STAGES * 2 * rows * hdim + 2 * keys * rows
-    ) * elem + 1024
+        (2 * keys * hdim + BWD_SM90_STAGES * 2 * rows * hdim + 2 * keys * rows) * elem
+        + BWD_SM90_STAGES * 2 * rows * fp32
+        + rows * hdim * fp32
+        + 1024
+    )
 
 
 def _sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:

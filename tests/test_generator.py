@@ -999,9 +999,11 @@ def test_bwd_sm90_rule_fires_with_reason(changes: dict[str, object], expected: s
 
 
 def test_bwd_sm90_smem_matches_the_traits_layout() -> None:
-    # K and V 128 x d, two stages of Q and dO 64 x d, two dS^T buffers 128 x 64, 16-bit, and
-    # the 1 KiB alignment slack.
-    assert rules.bwd_sm90_smem_bytes(128) == (2 * 128 * 128 + 4 * 64 * 128 + 2 * 128 * 64) * 2 + 1024
+    # K and V 128 x d, two stages of Q and dO 64 x d, two dS^T buffers 128 x 64, 16-bit; each
+    # stage's 64 fp32 LSE and D values and the 64 x d fp32 dQ tile; the 1 KiB alignment slack.
+    bf16_tiles = (2 * 128 * 128 + 4 * 64 * 128 + 2 * 128 * 64) * 2
+    fp32_rows_and_dq = (4 * 64 + 64 * 128) * 4
+    assert rules.bwd_sm90_smem_bytes(128) == bf16_tiles + fp32_rows_and_dq + 1024
     assert rules.bwd_sm90_smem_bytes(128) <= load_specs()["sm_90a"].max_dynamic_smem_per_block
 
 
