@@ -109,20 +109,38 @@ def _reference_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def _compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
              ref_lse: np.ndarray, what: str) -> None:
+    """O against the reference; the LSE too unless got_lse is None (a kernel without LSE)."""
     dtype = kernel["dtype"]
-    o64, lse64 = _f64(got), _f64(got_lse)
+    o64 = _f64(got)
     rows = ~np.isnan(ref)  # NaN rows in the reference mark skipped sequences
     assert np.array_equal(np.isnan(o64), ~rows), f"unwritten or overwritten outputs ({what})"
     err = np.where(rows, o64 - np.nan_to_num(ref), 0.0)
     rel = np.linalg.norm(err) / max(np.linalg.norm(np.nan_to_num(ref)), 1e-30)
     assert rel < REL_L2_TOL[dtype], f"relative L2 error {rel:.3e} ({what})"
     assert np.abs(err).max() < MAX_ABS_TOL[dtype], f"max abs error {np.abs(err).max():.3e} ({what})"
+    if got_lse is None:
+        return
+    lse64 = _f64(got_lse)
     written = ~np.isnan(ref_lse)
     assert np.array_equal(np.isnan(lse64), ~written), f"LSE rows unwritten ({what})"
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse64[written]), finite[written], err_msg=what)
     np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=0, atol=LSE_TOL[dtype],
                                err_msg=what)
+
+
+def _lse_request(kernel: dict[str, Any], lse: Any) -> dict[str, Any]:
+    """LSE arguments for a kernel: its LSE into ``lse`` where it writes one (kernels built
+    without LSE, in the full set, refuse a problem that asks for it)."""
+    return {"return_lse": True, "lse_out": lse} if kernel["lse"] else {}
+
+
+def _outputs(kernel: dict[str, Any], result: Any) -> tuple[Any, Any, Any]:
+    """(o, LSE or None, dropout bytes or None) from what ckfmha.fwd returned."""
+    parts = list(result) if isinstance(result, tuple) else [result]
+    lse = parts.pop(1) if kernel["lse"] else None
+    randval = parts[1] if kernel["dropout"] else None
+    return parts[0], lse, randval
 
 
 def _check_randval(randval: Any, options: dict[str, Any], b: int, hq: int, sq: int, sk: int,
@@ -185,17 +203,18 @@ def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs
     options = {**mask_options(kernel, case["index"]),
                **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}
     scale = 1.0 / math.sqrt(d) * (0.75 if case["index"] % 2 else 1.0)
-    result = ckfmha.fwd(q, k, v, scale=scale, return_lse=True, layout=case["layout"], out=out,
-                        lse_out=lse, kernel=kernel["name"], v_col_major=v_col_major,
-                        return_dropout_randval=kernel["dropout"], **options)
+    result = ckfmha.fwd(q, k, v, scale=scale, layout=case["layout"], out=out,
+                        kernel=kernel["name"], v_col_major=v_col_major,
+                        return_dropout_randval=kernel["dropout"], **_lse_request(kernel, lse),
+                        **options)
     torch.cuda.synchronize()
-    got, got_lse = result[0], result[1]
+    got, got_lse, randval = _outputs(kernel, result)
     assert got.data_ptr() == out.data_ptr(), "out= must be written in place"
 
     ref_options = _reference_options(options)
     if kernel["dropout"]:
         probs_visible = _visible(kernel, ref_options, b, hq, sq, sk)
-        keep = _check_randval(result[2], options, b, hq, sq, sk, probs_visible)
+        keep = _check_randval(randval, options, b, hq, sq, sk, probs_visible)
         ref_options["dropout_keep"] = keep
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
@@ -251,18 +270,18 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
     skip_min = 2 if index % 2 else 0
     result = ckfmha.fwd_varlen(
         q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
-        max_seqlen_q=max_q, max_seqlen_k=max_k, skip_min_seqlen_q=skip_min, return_lse=True,
-        out=out, lse_out=lse, kernel=kernel["name"], v_col_major=v_col_major,
-        return_dropout_randval=kernel["dropout"], **options)
+        max_seqlen_q=max_q, max_seqlen_k=max_k, skip_min_seqlen_q=skip_min, out=out,
+        kernel=kernel["name"], v_col_major=v_col_major, return_dropout_randval=kernel["dropout"],
+        **_lse_request(kernel, lse), **options)
     torch.cuda.synchronize()
-    got, got_lse = result[0], result[1]
+    got, got_lse, randval = _outputs(kernel, result)
     ref_options = _reference_options(options)
     if kernel["dropout"]:
         visited = np.zeros((b, hq, max_q, max_k), dtype=bool)
         for seq, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
             if n_q >= max(skip_min, 1):
                 visited[seq, :, :n_q, :n_k] = _visible(kernel, ref_options, 1, hq, n_q, n_k)[0]
-        ref_options["dropout_keep"] = _check_randval(result[2], options, b, hq, max_q, max_k,
+        ref_options["dropout_keep"] = _check_randval(randval, options, b, hq, max_q, max_k,
                                                      visited)
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
@@ -305,7 +324,7 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
         v = inputs.normal((b, hk, sk, dv), dtype)
         out = torch.full((b, hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
         lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-        ckfmha.fwd(q, k, v, return_lse=True, out=out, lse_out=lse, kernel=kernel["name"],
+        ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
                    **options)
         torch.cuda.synchronize()
         ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
@@ -321,12 +340,13 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
         lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
         ckfmha.fwd_varlen(q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
                           max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()),
-                          return_lse=True, out=out, lse_out=lse, kernel=kernel["name"],
+                          out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
                           **options)
         torch.cuda.synchronize()
         ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
                                                   **options)
-    _compare(kernel, out, lse, ref, ref_lse, f"persistent {kernel['mode']} {sorted(options)}")
+    _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
+             f"persistent {kernel['mode']} {sorted(options)}")
 
 
 @pytest.mark.slow
@@ -373,19 +393,20 @@ def test_dropout_is_reproducible_and_seed_dependent() -> None:
     assert not torch.equal(first, other)
 
 
-@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
 def test_automatic_selection_and_results_on_same_stream() -> None:
-    q = torch.randn(2, 8, 300, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(2, 2, 300, 128, device="cuda", dtype=torch.bfloat16)
+    kernel = _plain_batch_kernel()
+    hdim, dtype, causal = kernel["hdim_q"], _torch_dtype(kernel["dtype"]), kernel["mask"] == "causal"
+    q = torch.randn(2, 8, 300, hdim, device="cuda", dtype=dtype)
+    k = torch.randn(2, 2, 300, hdim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        out = ckfmha.fwd(q, k, v, causal=True)
+        out = ckfmha.fwd(q, k, v, causal=causal)
     stream.synchronize()
     assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-    ref, _ = attention_reference(_f64(q), _f64(k), _f64(v), causal=True)
+    ref, _ = attention_reference(_f64(q), _f64(k), _f64(v), causal=causal)
     rel = np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref)
-    assert rel < REL_L2_TOL["bf16"]
+    assert rel < REL_L2_TOL[kernel["dtype"]]
 
 
 @pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
@@ -405,17 +426,18 @@ def test_torch_tensors_on_the_launch_stream_are_read_directly() -> None:
         as_view(t.double(), current, None, "q", 4)
 
 
-@pytest.mark.skipif(not KERNELS, reason="no forward kernel for this device")
 def test_inputs_written_on_torch_stream_are_read_on_an_explicit_other_stream() -> None:
-    q = torch.randn(1, 4, 2000, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 4, 2000, 128, device="cuda", dtype=torch.bfloat16)
+    kernel = _plain_batch_kernel()
+    hdim, dtype, causal = kernel["hdim_q"], _torch_dtype(kernel["dtype"]), kernel["mask"] == "causal"
+    q = torch.randn(1, 4, 2000, hdim, device="cuda", dtype=dtype)
+    k = torch.randn(1, 4, 2000, hdim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    expected = ckfmha.fwd(q, k, v)
+    expected = ckfmha.fwd(q, k, v, causal=causal)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     torch.cuda._sleep(20_000_000)  # the writes below land long after the call returns
     q2, k2, v2 = q * 1.0, k * 1.0, v * 1.0
-    out = ckfmha.fwd(q2, k2, v2, stream=side)
+    out = ckfmha.fwd(q2, k2, v2, causal=causal, stream=side)
     side.synchronize()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
