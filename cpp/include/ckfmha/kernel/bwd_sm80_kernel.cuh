@@ -231,7 +231,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   AttentionMask<Traits::kMask> mask{seq.seqlen_k, offset, p.window_left, p.window_right};
   // Transformed scores are already log2-domain logits.
   const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;
-  constexpr float kLog2e = 1.4426950408889634f;
 
   for (int n_block = blockIdx.x; n_block < n_blocks_walked; n_block += gridDim.x) {
     const int n_begin = n_block * kBlockN;
@@ -329,14 +328,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
         for (int i = 0; i < kRows; ++i) {
           const int row = m_begin + get<0>(cS_rows_cols(i, 0));
           if (row < seq.seqlen_q) {
-            const float lse = lse_rows[row];
-            // A row that saw no key has LSE -inf and P = 0 everywhere: +inf
-            // keeps exp2 at 0 instead of NaN (-inf - -inf); rows past the
-            // sequence likewise.
-            lse_log2[i] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+            lse_log2[i] = bwd_lse_log2(lse_rows[row]);
             delta[i] = delta_rows[row];
           } else {
-            lse_log2[i] = INFINITY;
+            lse_log2[i] = INFINITY;  // rows past the sequence: P = 0
             delta[i] = 0.f;
           }
         }
@@ -580,7 +575,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int64_t row0 = head_row0 + m_begin;
   float const* lse_rows = p.lse + (kGroup ? seq.q_token0 : batch * p.lse_batch_stride) +
                           head * p.lse_head_stride;
-  constexpr float kLog2e = 1.4426950408889634f;
 
   const int lane = tid % kLanes;
   for (int r = tid / kLanes; r < Traits::kBlockM; r += Traits::kRowsPerPass) {
@@ -601,10 +595,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     sum = lane_group_sum<kLanes>(sum);
     if (lane == 0 && r < rows) {
       p.delta[row0 + r] = sum;
-      // A row that saw no key has LSE -inf and P = 0 everywhere: +inf keeps
-      // exp2(s - lse) at 0 instead of NaN.
-      const float lse = lse_rows[row];
-      p.lse_log2[row0 + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      p.lse_log2[row0 + r] = bwd_lse_log2(lse_rows[row]);
     }
   }
 

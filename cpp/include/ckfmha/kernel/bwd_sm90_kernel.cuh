@@ -206,7 +206,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
   auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
   Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);
-  using DqHalf = Shape<M, Int<Traits::kDqColsPerWarpgroup>>;
   Tensor sdQ_half = make_tensor(
       make_smem_ptr(storage->dq.data() +
                     warpgroup * cute::cosize_v<typename Traits::SmemLayoutdQHalf>),
@@ -220,6 +219,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   clear(acc_dk);
   clear(acc_dv);
   Barrier::wait(&bar.kv_full, 0);
+
+  // dV += P^T dO or dK += dS^T Q as one wgmma batch: the A operand from
+  // registers (a view of `a_regs`), the B operand from the query tile's stage.
+  auto issue_dkv = [&](auto& a_regs, auto const& a, auto const& b, int stage,
+                       auto& acc) __attribute__((always_inline)) {
+    warpgroup_fence_operand(a_regs);
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(a); ++k) gemm(mma_dkv, a(_, _, k), b(_, _, k, stage), acc);
+    warpgroup_commit_batch();
+  };
 
   auto query_tile = [&](int it, auto needs_mask) __attribute__((always_inline)) {
     const int stage = it % kStages;
@@ -274,15 +285,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // runs while dS^T is computed.
     Tensor rP = make_tensor<Element>(acc_s.layout());
     convert_fragment_into(acc_s, rP);
-    Tensor tdVrP = make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout()));
-    warpgroup_fence_operand(rP);
-    warpgroup_fence_operand(acc_dv);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tdVrP); ++k) {
-      gemm(mma_dkv, tdVrP(_, _, k), tdVrdOt(_, _, k, stage), acc_dv);
-    }
-    warpgroup_commit_batch();
+    issue_dkv(rP, make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout())), tdVrdOt, stage,
+              acc_dv);
 
     Tensor dscores = make_tensor(acc_dp.data(), gmma_accum_as_rows_cols(acc_dp.layout()));
     CUTE_UNROLL
@@ -296,7 +300,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // memory for dQ.
     Tensor rdS = make_tensor<Element>(acc_dp.layout());
     convert_fragment_into(acc_dp, rdS);
-    Tensor tdKrdS = make_tensor(rdS.data(), gmma_accum_as_operand_a(rdS.layout()));
     // The other warpgroup may still read buffer `buffer ^ 1` in its dQ
     // product; this buffer's last reader (two tiles ago) has finished, as
     // both warpgroups passed the barrier below since.
@@ -316,14 +319,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mma_dq.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    warpgroup_fence_operand(rdS);
-    warpgroup_fence_operand(acc_dk);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tdKrdS); ++k) {
-      gemm(mma_dkv, tdKrdS(_, _, k), tdKrQt(_, _, k, stage), acc_dk);
-    }
-    warpgroup_commit_batch();
+    issue_dkv(rdS, make_tensor(rdS.data(), gmma_accum_as_operand_a(rdS.layout())), tdKrQt, stage,
+              acc_dk);
 
     // dV and dQ are done; dQ is staged and added while dK runs.
     warpgroup_wait<1>();
@@ -339,7 +336,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (issues_dq) {
       // Whole 64-row tiles: the workspace pads each head's rows (rows past
       // seqlen_q add zeros there, as their P is 0).
-      Tensor gdQ = local_tile(mdQ(_, _, batch * p.nhead_q + head), DqHalf{},
+      Tensor gdQ = local_tile(mdQ(_, _, batch * p.nhead_q + head), typename Traits::DqHalf{},
                               make_coord(walk.m_block(it), warpgroup));
       copy(params.tma_dq, tdQsdQ_half, dq_tma.partition_D(gdQ));
       tma_store_arrive();

@@ -58,7 +58,7 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                                                pr.v_stride),
                     typename Traits::SmemLayoutK{}, TileK{}, _1{}),
       make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQHalf{},
-                    Shape<typename Traits::M, Int<Traits::kDqColsPerWarpgroup>>{}, _1{}),
+                    typename Traits::DqHalf{}, _1{}),
   };
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   return launch_kernel(&bwd_dq_dk_dv_sm90_kernel<Traits>, dim3(key_tiles, pr.nhead_k, pr.batch),

@@ -128,9 +128,9 @@ struct BwdSm90Traits {
   // swizzled rows, so the accumulator's column pairs store without bank
   // conflicts and each half is one contiguous TMA source.
   static constexpr int kDqColsPerWarpgroup = kHeadDim / kConsumerWarpgroups;
-  using SmemLayoutdQHalf = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<float>{},
-      cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>{}));
+  using DqHalf = cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>;
+  using SmemLayoutdQHalf =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqHalf{}));
   // Both halves side by side: the (64, d) tile the dQ product partitions.
   using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
                                                     cute::Shape<M, D>{}));
@@ -144,9 +144,7 @@ struct BwdSm90Traits {
       cute::make_gmem_ptr(static_cast<float*>(nullptr)), cute::Shape<int, int, int>{},
       cute::Stride<int64_t, cute::_1, int64_t>{}));
   using TmaDq = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, DqGmemTensor{},
-                                             SmemLayoutdQHalf{},
-                                             cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>{},
-                                             cute::_1{}));
+                                             SmemLayoutdQHalf{}, DqHalf{}, cute::_1{}));
 
   static constexpr int kTmaBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   // A query tile's LSE (log2 domain) and D rows, bulk-copied with Q and dO.
