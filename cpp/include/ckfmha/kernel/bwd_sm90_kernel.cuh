@@ -24,6 +24,7 @@
 #include "ckfmha/kernel/bwd_sm90_traits.cuh"
 #include "ckfmha/kernel/bwd_workspace_rows.cuh"
 #include "ckfmha/kernel/fragment_layout.cuh"
+#include "ckfmha/kernel/shared_storage.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
@@ -94,8 +95,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int iters = walk.m_count * group;
 
   extern __shared__ char smem_raw[];
-  auto* storage = reinterpret_cast<Storage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
   auto& bar = storage->bar;
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutKt{});

@@ -7,8 +7,11 @@
 
 #include "ckfmha/kernel/fwd_features.h"
 #include "ckfmha/kernel/fwd_sm90_traits.cuh"  // GmmaRowMajorAtom
+#include "ckfmha/kernel/shared_storage.cuh"  // SharedStore64
 
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -109,7 +112,10 @@ struct BwdSm90Traits {
   using SmemLayoutdS = decltype(cute::tile_to_shape(GmmaRowMajorAtom<Element, kBlockM>{},
                                                     cute::Shape<N, M, cute::_2>{}));
   using SmemLayoutdSt = GmmaTransposedStages<SmemLayoutdS, kBlockN, kBlockM, 2>;  // (q, keys)
-  using SmemStoreAtomdS = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
+  // stmatrix: a warp stores four 8x8 blocks of 16-bit values from the
+  // accumulator's own register layout, one instruction per 16 bytes of a
+  // thread's values.
+  using SmemStoreAtomdS = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   // Global views the TMA descriptors are built from: (rows, head dim, heads,
   // batch) with 64-bit strides and a unit head-dim stride.
@@ -137,7 +143,7 @@ struct BwdSm90Traits {
   static_assert(cute::cosize_v<SmemLayoutdQ> == kConsumerWarpgroups *
                                                      cute::cosize_v<SmemLayoutdQHalf>,
                 "each warpgroup's columns are one contiguous half of the dQ tile");
-  using SmemStoreAtomdQ = cute::Copy_Atom<cute::UniversalCopy<uint64_t>, float>;
+  using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
   // The fp32 accumulator as (rows, head dim, batch x heads), rows padded to
   // whole 64-row blocks per head (bwd_workspace.h).
   using DqGmemTensor = decltype(cute::make_tensor(

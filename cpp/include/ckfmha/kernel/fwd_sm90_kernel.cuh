@@ -25,6 +25,7 @@
 #include "ckfmha/kernel/online_softmax.cuh"
 #include "ckfmha/kernel/persistent_tile_order.cuh"
 #include "ckfmha/kernel/sequence_slice.cuh"
+#include "ckfmha/kernel/shared_storage.cuh"
 #include "ckfmha/kernel/tile_copy.cuh"
 
 #include <cute/tensor.hpp>
@@ -123,8 +124,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   FwdParams const& p = params.p;
 
   extern __shared__ char smem_raw[];
-  auto* storage = reinterpret_cast<Storage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
   auto& bar = storage->bar;
   Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
