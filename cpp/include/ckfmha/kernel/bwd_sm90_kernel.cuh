@@ -232,18 +232,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_commit_batch();
   };
 
-  auto query_tile = [&](int it, auto needs_mask) __attribute__((always_inline)) {
+  // S^T and dP^T of query tile `it` as two wgmma batches, once its stage
+  // has landed.
+  Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});
+  Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});
+  auto issue_sdp = [&](int it) __attribute__((always_inline)) {
     const int stage = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
-    const int buffer = it & 1;
-    const int head = walk.head(it);
-    const int m_begin = walk.m_block(it) * kBlockM;
-
-    Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});
-    Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});
-    Barrier::wait(&bar.q_full[stage], phase);
-    float const* lse_log2 = storage->lse_log2[stage];
-    float const* delta = storage->delta[stage];
+    Barrier::wait(&bar.q_full[stage], (it / kStages) & 1);
     warpgroup_fence_operand(acc_s);
     warpgroup_fence_operand(acc_dp);
     warpgroup_arrive();
@@ -261,25 +256,48 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mma_sdp.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
+  };
 
-    // P^T while dP^T is computed.
-    warpgroup_wait<1>();
+  // P^T in place of S^T, once S^T is done (dP^T may still run). Uniform
+  // over the CTA: tiles inside the causal triangle and the keys skip the
+  // per-element mask.
+  Tensor probs = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+  auto softmax = [&](int it) __attribute__((always_inline)) {
     warpgroup_fence_operand(acc_s);
-    Tensor probs = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
+    float const* lse_log2 = storage->lse_log2[it % kStages];
+    const int m_begin = walk.m_block(it) * kBlockM;
+    auto exponentials = [&](auto needs_mask) __attribute__((always_inline)) {
       CUTE_UNROLL
-      for (int j = 0; j < kCols; ++j) {
-        bool visible = true;
-        if constexpr (decltype(needs_mask)::value) {
-          visible = mask.visible(m_begin + get<1>(cS_rows_cols(i, j)),
-                                 n_begin + get<0>(cS_rows_cols(i, j)));
+      for (int i = 0; i < kRows; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < kCols; ++j) {
+          bool visible = true;
+          if constexpr (decltype(needs_mask)::value) {
+            visible = mask.visible(m_begin + get<1>(cS_rows_cols(i, j)),
+                                   n_begin + get<0>(cS_rows_cols(i, j)));
+          }
+          const int col = get<1>(cS_rows_cols(i, j));
+          probs(i, j) = visible ? exp2f(probs(i, j) * p.scale_log2 - lse_log2[col]) : 0.f;
         }
-        const int col = get<1>(cS_rows_cols(i, j));
-        probs(i, j) = visible ? exp2f(probs(i, j) * p.scale_log2 - lse_log2[col]) : 0.f;
       }
+    };
+    if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
+      exponentials(std::true_type{});
+    } else {
+      exponentials(std::false_type{});
     }
-    warpgroup_wait<0>();
+  };
+
+  // Everything of query tile `it` after its P^T, with dP^T done. With
+  // `issues_next`, the next tile's S^T and dP^T go to the tensor cores
+  // right behind this tile's dK, so they run while dQ is staged, and the
+  // next P^T is computed while its dP^T runs; no product is in flight
+  // across the loop's back edge.
+  auto finish_tile = [&](int it, auto issues_next) __attribute__((always_inline)) {
+    constexpr bool kNext = decltype(issues_next)::value;
+    const int stage = it % kStages;
+    const int buffer = it & 1;
+    const int head = walk.head(it);
     warpgroup_fence_operand(acc_dp);
     // P^T in the input dtype is dV's A operand as it lies in registers: dV
     // runs while dS^T is computed.
@@ -288,6 +306,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     issue_dkv(rP, make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout())), tdVrdOt, stage,
               acc_dv);
 
+    float const* delta = storage->delta[stage];
     Tensor dscores = make_tensor(acc_dp.data(), gmma_accum_as_rows_cols(acc_dp.layout()));
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
@@ -321,9 +340,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_commit_batch();
     issue_dkv(rdS, make_tensor(rdS.data(), gmma_accum_as_operand_a(rdS.layout())), tdKrQt, stage,
               acc_dk);
+    if constexpr (kNext) issue_sdp(it + 1);
 
-    // dV and dQ are done; dQ is staged and added while dK runs.
-    warpgroup_wait<1>();
+    // dV and dQ are done; dQ is staged and added while dK (and the next
+    // S^T and dP^T) run.
+    warpgroup_wait<kNext ? 3 : 1>();
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dq);
     // The previous tile's reduce-add has read the staging buffer.
@@ -342,21 +363,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       tma_store_arrive();
     }
 
-    // dK is done: this warpgroup no longer reads Q or dO.
-    warpgroup_wait<0>();
+    // dK is done: this warpgroup no longer reads this tile's Q or dO.
+    warpgroup_wait<kNext ? 2 : 0>();
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(rP);
     warpgroup_fence_operand(rdS);
     Barrier::arrive(&bar.q_empty[stage]);
+    if constexpr (kNext) {
+      warpgroup_wait<1>();
+      softmax(it + 1);
+      warpgroup_wait<0>();
+    }
   };
 
-  for (int it = 0; it < iters; ++it) {
-    // Uniform over the CTA: tiles inside the causal triangle and the keys
-    // skip the per-element mask.
-    if (mask.tile_needs_mask(walk.m_block(it) * kBlockM, n_begin, kBlockM, kBlockN)) {
-      query_tile(it, std::true_type{});
-    } else {
-      query_tile(it, std::false_type{});
+  if constexpr (Traits::kOverlapQueryTiles) {
+    if (iters > 0) {
+      issue_sdp(0);
+      warpgroup_wait<1>();
+      softmax(0);
+      warpgroup_wait<0>();
+      for (int it = 0; it + 1 < iters; ++it) finish_tile(it, std::true_type{});
+      finish_tile(iters - 1, std::false_type{});
+    }
+  } else {
+    for (int it = 0; it < iters; ++it) {
+      issue_sdp(it);
+      // P^T while dP^T is computed.
+      warpgroup_wait<1>();
+      softmax(it);
+      warpgroup_wait<0>();
+      finish_tile(it, std::false_type{});
     }
   }
 
