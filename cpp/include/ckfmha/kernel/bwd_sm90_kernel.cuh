@@ -14,7 +14,9 @@
 //     warpgroup half of dQ's columns) and dK += dS^T Q. dQ is staged in
 //     shared memory while dK runs and added to the fp32 accumulator by one
 //     TMA reduce-add per warpgroup (fast mode only: the order of the adds
-//     is not fixed).
+//     is not fixed). At d64 the next tile's S^T and dP^T are issued right
+//     behind dK, so they run while dQ is staged (at d128 their
+//     accumulators do not fit beside dK and dV).
 // Keys sit on the wgmma M dimension throughout, so no accumulator ever needs
 // a transpose in registers.
 #pragma once
