@@ -8,7 +8,9 @@
 #include "ckfmha/kernel/fwd_features.h"
 #include "ckfmha/kernel/fwd_sm80_traits.cuh"  // SmemRows: the O staging layout
 
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -133,7 +135,9 @@ struct FwdSm90Traits {
   static constexpr int kOStagingElements =
       IsGroupMode ? int(cute::cosize_v<SmemLayoutORows>)
                   : kConsumerWarpgroups * int(cute::cosize_v<SmemLayoutOChunk>);
-  using SmemStoreAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
+  // stmatrix: both staging layouts keep 8-element runs of a row contiguous
+  // and 16-byte aligned, as stmatrix's rows need.
+  using SmemStoreAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   // Global views the TMA descriptors are built from: (rows, head dim, heads,
   // batch) with 64-bit strides and a unit head-dim stride.
