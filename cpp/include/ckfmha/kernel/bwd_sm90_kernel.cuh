@@ -182,8 +182,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
-  // Shared-memory descriptors: (MMA, M or N, K[, stage or buffer]); K and
-  // V are register fragments where Traits::kKVInRegisters.
+  // Shared-memory descriptors: (MMA, M or N, K[, stage or buffer]).
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);
   Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
   Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
@@ -222,14 +221,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   clear(acc_dk);
   clear(acc_dv);
   Barrier::wait(&bar.kv_full, 0);
-  if constexpr (Traits::kKVInRegisters) {
-    auto kv_s2r = make_tiled_copy_A(typename Traits::SmemLoadAtomKV{}, mma_sdp);
-    auto kv_s2r_thr = kv_s2r.get_thread_slice(tid);
-    copy(kv_s2r, kv_s2r_thr.partition_S(sK), kv_s2r_thr.retile_D(tSrK));
-    copy(kv_s2r, kv_s2r_thr.partition_S(sV), kv_s2r_thr.retile_D(tdPrV));
-    warpgroup_fence_operand(tSrK);
-    warpgroup_fence_operand(tdPrV);
-  }
 
   // dV += P^T dO or dK += dS^T Q as one wgmma batch: the A operand from
   // registers (a view of `a_regs`), the B operand from the query tile's stage.

@@ -9,9 +9,7 @@
 #include "ckfmha/kernel/fwd_sm90_traits.cuh"  // GmmaRowMajorAtom
 #include "ckfmha/kernel/shared_storage.cuh"  // SharedStore64
 
-#include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm90.hpp>
-#include <cute/atom/copy_traits_sm75.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -91,20 +89,9 @@ struct BwdSm90Traits {
   //                                       dO, Q read MN-major as B)
   // dQ = dS K needs every key: dS^T goes through shared memory and each
   // warpgroup computes half of dQ's columns over all 128 keys.
-  // At d64 a warpgroup's 64 keys of K and of V are 16 registers each, so
-  // S^T and dP^T take them from registers (loaded once per CTA): only Q and
-  // dO are then read from shared memory, which halves the bytes an m64n64
-  // product reads there. At d128 they would need 64 registers.
-  static constexpr bool kKVInRegisters = kHeadDim <= 64;
-  using MmaSdPOp = std::conditional_t<
-      kKVInRegisters,
-      decltype(cute::GMMA::rs_op_selector<Element, Element, float,
-                                          cute::Shape<cute::_64, M, D>>()),
-      decltype(cute::GMMA::ss_op_selector<Element, Element, float,
-                                          cute::Shape<cute::_64, M, D>>())>;
-  using TiledMmaSdP = decltype(cute::make_tiled_mma(MmaSdPOp{}, AtomAlongM{}));
-  // K and V to registers in the A-operand layout (16-bit rows of 8).
-  using SmemLoadAtomKV = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, M, D>>(),
+      AtomAlongM{}));
   using TiledMmadKV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, D, M>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
