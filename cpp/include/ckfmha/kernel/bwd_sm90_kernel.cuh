@@ -14,9 +14,9 @@
 //     warpgroup half of dQ's columns) and dK += dS^T Q. dQ is staged in
 //     shared memory while dK runs and added to the fp32 accumulator by one
 //     TMA reduce-add per warpgroup (fast mode only: the order of the adds
-//     is not fixed). At d64 the next tile's S^T and dP^T are issued right
-//     behind dK, so they run while dQ is staged (at d128 their
-//     accumulators do not fit beside dK and dV).
+//     is not fixed). At d64 dK goes in before the barrier and the next
+//     tile's S^T and dP^T right behind dQ, so they run while dQ is staged
+//     (at d128 their accumulators do not fit beside dK and dV).
 // Keys sit on the wgmma M dimension throughout, so no accumulator ever needs
 // a transpose in registers.
 #pragma once
@@ -330,6 +330,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     copy(ds_r2s, ds_r2s_thr.retile_S(rdS), tdSsdS(_, _, _, buffer));
     // wgmma reads shared memory through the async proxy.
     cutlass::arch::fence_view_async_shared();
+    // With the next tile to issue, dK (this warpgroup's own dS^T, from
+    // registers) goes in before the barrier, so the tensor cores have dV
+    // and dK while the warpgroups meet; dQ is then staged behind the next
+    // S^T and dP^T instead of behind dK.
+    auto issue_dk = [&]() __attribute__((always_inline)) {
+      issue_dkv(rdS, make_tensor(rdS.data(), gmma_accum_as_operand_a(rdS.layout())), tdKrQt,
+                stage, acc_dk);
+    };
+    if constexpr (kNext) issue_dk();
     // Both warpgroups' halves of dS^T are in shared memory.
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
 
@@ -343,13 +352,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mma_dq.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    issue_dkv(rdS, make_tensor(rdS.data(), gmma_accum_as_operand_a(rdS.layout())), tdKrQt, stage,
-              acc_dk);
-    if constexpr (kNext) issue_sdp(it + 1);
+    if constexpr (kNext) {
+      issue_sdp(it + 1);
+    } else {
+      issue_dk();
+    }
 
-    // dV and dQ are done; dQ is staged and added while dK (and the next
-    // S^T and dP^T) run.
-    warpgroup_wait<kNext ? 3 : 1>();
+    // dV and dQ are done (and dK, issued before dQ); dQ is staged and added
+    // while the next S^T and dP^T, or dK, run.
+    warpgroup_wait<kNext ? 2 : 1>();
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dq);
     // The previous tile's reduce-add has read the staging buffer.
@@ -369,7 +380,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     // dK is done: this warpgroup no longer reads this tile's Q or dO.
-    warpgroup_wait<kNext ? 2 : 0>();
+    if constexpr (!kNext) warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(rP);
     warpgroup_fence_operand(rdS);
