@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
 
   // Everything of query tile `it` after its P^T, with dP^T done. With
-  // `issues_next`, the next tile's S^T and dP^T go to the tensor cores
-  // right behind this tile's dK, so they run while dQ is staged, and the
+  // `issues_next`, dK goes in before the dS^T barrier and the next tile's
+  // S^T and dP^T right behind dQ, so they run while dQ is staged, and the
   // next P^T is computed while its dP^T runs; no product is in flight
   // across the loop's back edge.
   auto finish_tile = [&](int it, auto issues_next) __attribute__((always_inline)) {
