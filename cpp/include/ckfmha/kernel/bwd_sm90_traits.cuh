@@ -67,9 +67,9 @@ struct BwdSm90Traits {
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;  // producer warpgroup first
   static constexpr MaskMode kMask = Mask;
-  // Issue the next query tile's S^T and dP^T behind this tile's dK: their
-  // fp32 accumulators then live beside dK, dV and dQ, which fits the
-  // consumers' registers at d64 only.
+  // Issue the next query tile's S^T and dP^T behind this tile's dQ (dK
+  // then goes in before the dS^T barrier): their fp32 accumulators live
+  // beside dK, dV and dQ, which fits the consumers' registers at d64 only.
   static constexpr bool kOverlapQueryTiles = kHeadDim <= 64;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
