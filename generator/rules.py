@@ -610,31 +610,38 @@ def _rowwise_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
-# The sm90 backward main stage: two consumer warpgroups of 64 keys (128 keys per CTA), 64 query
-# rows per step, a TMA producer warpgroup, and a two-stage Q/dO ring.
+# The sm90 backward main stage: a TMA producer warpgroup, two consumer warpgroups, 64 query rows
+# per step and a two-stage Q/dO ring. At head dims 64 and 128 the warpgroups own 64 keys each
+# (128 keys per CTA); at 256 they share 64 keys and split the head dim (dK and dV of 64 keys
+# would not fit one warpgroup's registers).
 BWD_SM90_TILE_M = 64
-BWD_SM90_TILE_N = 128
+BWD_SM90_KEYS_BY_HDIM = {64: 128, 128: 128, 256: 64}
 BWD_SM90_WARPS = 12
 BWD_SM90_STAGES = 2
-BWD_SM90_HDIMS = (64, 128)
+BWD_SM90_HDIMS = tuple(BWD_SM90_KEYS_BY_HDIM)
 BWD_SM90_MASKS = ("none", "causal")
 BWD_SM90_COVERS = (
-    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64 and 128, no mask and causal "
+    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 128 and 256, no mask and causal "
     "masks, GQA/MQA, batch mode and fast (atomic dQ) mode; sm80_cpasync_mma covers the rest"
 )
 
 
 def bwd_sm90_smem_bytes(hdim: int, elem: int = 2) -> int:
-    """K and V (128 keys), two stages of Q and dO (64 rows) with their rows' fp32 LSE and D,
-    two dS^T buffers (128 x 64), the fp32 dQ staging tile (64 x hdim), and the 1 KiB the base
-    is rounded up by; must match BwdSm90Traits::kSmemBytes (barriers and alignment aside)."""
-    keys, rows, fp32 = BWD_SM90_TILE_N, BWD_SM90_TILE_M, 4
-    return (
+    """Shared memory of the sm90 backward main stage at `hdim`; must match the traits'
+    kSmemBytes (barriers and alignment aside). Both layouts hold K and V (their keys x hdim),
+    two stages of Q and dO (64 rows) with their rows' fp32 LSE and D, two dS^T buffers (keys x
+    64) and the 1 KiB the base is rounded up by. The key split (d64, d128) adds the fp32 dQ
+    staging tile (64 x hdim); the head split (d256) adds two P^T buffers instead, as its dQ
+    leaves through reductions from registers."""
+    keys, rows, fp32 = BWD_SM90_KEYS_BY_HDIM.get(hdim, 128), BWD_SM90_TILE_M, 4
+    common = (
         (2 * keys * hdim + BWD_SM90_STAGES * 2 * rows * hdim + 2 * keys * rows) * elem
         + BWD_SM90_STAGES * 2 * rows * fp32
-        + rows * hdim * fp32
         + 1024
     )
+    if keys == 64:
+        return common + 2 * keys * rows * elem
+    return common + rows * hdim * fp32
 
 
 def _sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -654,15 +661,21 @@ def _sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     if sig.hdim_q != sig.hdim_v or sig.hdim_q not in BWD_SM90_HDIMS:
         reasons.append(
             f"head dims {sig.hdim_q}x{sig.hdim_v}: {alg.pipeline}'s backward takes equal q/k and "
-            f"v head dims of {' or '.join(map(str, BWD_SM90_HDIMS))} (dK, dV and the S^T, dP^T "
-            "tiles of a warpgroup's 64 keys stay in registers)"
+            f"v head dims of {', '.join(map(str, BWD_SM90_HDIMS))} (the tiles its two consumer "
+            "layouts are built for)"
         )
-    if (alg.tile_m, alg.tile_n, alg.warps) != (BWD_SM90_TILE_M, BWD_SM90_TILE_N, BWD_SM90_WARPS):
+    keys = BWD_SM90_KEYS_BY_HDIM.get(sig.hdim_q, 128)
+    if (alg.tile_m, alg.tile_n, alg.warps) != (BWD_SM90_TILE_M, keys, BWD_SM90_WARPS):
+        layout = (
+            "two consumer warpgroups sharing 64 keys, the head dim split between them"
+            if keys == 64
+            else "two consumer warpgroups of 64 keys"
+        )
         reasons.append(
             f"tile_m={alg.tile_m}, tile_n={alg.tile_n}, warps={alg.warps}: the {alg.pipeline} "
-            f"backward is tile_m={BWD_SM90_TILE_M} query rows per step and tile_n="
-            f"{BWD_SM90_TILE_N} keys per CTA with {BWD_SM90_WARPS} warps (a TMA producer "
-            "warpgroup and two consumer warpgroups of 64 keys)"
+            f"backward at head dim {sig.hdim_q} is tile_m={BWD_SM90_TILE_M} query rows per step "
+            f"and tile_n={keys} keys per CTA with {BWD_SM90_WARPS} warps (a TMA producer "
+            f"warpgroup and {layout})"
         )
     if alg.stages != BWD_SM90_STAGES:
         reasons.append(

@@ -258,8 +258,8 @@ def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
                             deterministic=exact and index % 3 == 2)  # fmt: skip
 
 
-# Sizes for the sm90 main stage on top of SEQLEN_PAIRS: several key tiles of 128 and query tiles
-# of 64 (both with ragged ends), causal diagonals crossing tile edges, seqlen_q > seqlen_k
+# Sizes for the sm90 main stage on top of SEQLEN_PAIRS: several key tiles of 128 (64 at d256) and
+# query tiles of 64 (both with ragged ends), causal diagonals crossing tile edges, seqlen_q > seqlen_k
 # (bottom-right rows that see no key) and the reverse.
 SM90_SEQLEN_PAIRS = [(300, 300), (65, 385), (513, 129), (127, 1000)]
 

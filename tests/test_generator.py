@@ -192,9 +192,9 @@ def test_receipt_sizes(arch: str) -> None:
     # sm_90a adds the Hopper template for the plain signatures: 4 of ci; of default, fp16/bf16 x
     # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
     # the signatures without LSE.
-    # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x d64/d128 x
+    # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x d64/d128/d256 x
     # none/causal in batch mode of default and full (one tile each).
-    hopper = {"ci": 4 + 1, "default": 42 + 8, "full": 84 + 8}
+    hopper = {"ci": 4 + 1, "default": 42 + 12, "full": 84 + 12}
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
     # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
@@ -881,7 +881,7 @@ def test_valid_bwd_config_has_no_reasons() -> None:
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
         # The main stage has an sm90 template too, with its own limits.
         ({"pipeline": "sm90_tma_wgmma"},
-         r"warps=8: the sm90_tma_wgmma backward is tile_m=64 query rows per step"),
+         r"warps=8: the sm90_tma_wgmma backward at head dim 128 is tile_m=64 query rows per step"),
         ({"tile_m": 32, "tile_n": 32, "warps": 8},
          r"no grid of 8 warps tiles S = Q K\^T and dP = dO V\^T \(32x32\)"),
     ],
@@ -965,9 +965,9 @@ def _bwd_sm90(**changes: object) -> str:
 
 def test_bwd_sm90_accepts_its_scope() -> None:
     for dtype in ("fp16", "bf16"):
-        for hdim in (64, 128):
+        for hdim, keys in ((64, 128), (128, 128), (256, 64)):
             for mask in ("none", "causal"):
-                assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
+                assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim, tile_n=keys,
                                  mask=mask) == ""  # fmt: skip
 
 
@@ -981,12 +981,17 @@ def test_bwd_sm90_accepts_its_scope() -> None:
         ({"dropout": True, "softcap": True}, (r"dropout, softcap not implemented yet; .* "
                                              r"sm80_cpasync_mma covers the rest")),
         ({"hdim_q": 96, "hdim_v": 96, "tile_k": 96},
-         (r"head dims 96x96: sm90_tma_wgmma's backward takes equal q/k and v head dims of 64 or "
-         r"128")),
+         (r"head dims 96x96: sm90_tma_wgmma's backward takes equal q/k and v head dims of 64, "
+         r"128, 256")),
         ({"hdim_q": 192, "hdim_v": 128, "tile_k": 192}, r"head dims 192x128"),
-        ({"tile_m": 128}, (r"tile_m=128, tile_n=128, warps=12: the sm90_tma_wgmma backward is "
-                          r"tile_m=64 query rows per step and tile_n=128 keys per CTA")),
+        ({"tile_m": 128}, (r"tile_m=128, tile_n=128, warps=12: the sm90_tma_wgmma backward at "
+                          r"head dim 128 is tile_m=64 query rows per step and tile_n=128 keys "
+                          r"per CTA")),
         ({"tile_n": 64}, r"tile_n=64"),
+        ({"hdim_q": 256, "hdim_v": 256, "tile_k": 256},
+         (r"tile_n=128, warps=12: the sm90_tma_wgmma backward at head dim 256 is tile_m=64 query "
+          r"rows per step and tile_n=64 keys per CTA with 12 warps \(a TMA producer warpgroup and "
+          r"two consumer warpgroups sharing 64 keys, the head dim split between them\)")),
         ({"warps": 8}, r"warps=8"),
         ({"stages": 1}, r"stages=1: the sm90_tma_wgmma backward's Q/dO ring has 2 stages"),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2: one warp-specialized CTA fills an SM"),
@@ -1004,7 +1009,12 @@ def test_bwd_sm90_smem_matches_the_traits_layout() -> None:
     bf16_tiles = (2 * 128 * 128 + 4 * 64 * 128 + 2 * 128 * 64) * 2
     fp32_rows_and_dq = (4 * 64 + 64 * 128) * 4
     assert rules.bwd_sm90_smem_bytes(128) == bf16_tiles + fp32_rows_and_dq + 1024
-    assert rules.bwd_sm90_smem_bytes(128) <= load_specs()["sm_90a"].max_dynamic_smem_per_block
+    # d256: K and V 64 x 256, the Q/dO ring, two P^T and two dS^T buffers 64 x 64; no dQ tile.
+    bf16_tiles = (2 * 64 * 256 + 4 * 64 * 256 + 4 * 64 * 64) * 2
+    assert rules.bwd_sm90_smem_bytes(256) == bf16_tiles + 4 * 64 * 4 + 1024
+    for hdim in (64, 128, 256):
+        limit = load_specs()["sm_90a"].max_dynamic_smem_per_block
+        assert rules.bwd_sm90_smem_bytes(hdim) <= limit
 
 
 def test_bwd_sm90_only_on_hopper_and_only_for_the_main_stage() -> None:
@@ -1023,11 +1033,12 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     accepted = select(get_receipt("default"), load_specs()["sm_90a"]).accepted
     names = [c.name for c in accepted if c.name.startswith("bwd_") and "_sm90_tma_wgmma_" in c.name]
     assert sorted(names) == sorted(
-        f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{d}_{mask}__sm_90a_sm90_tma_wgmma_m64n128k{d}_w12s2"
-        for dtype in ("fp16", "bf16") for d in (64, 128) for mask in ("none", "causal")
+        f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{d}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
+        for dtype in ("fp16", "bf16") for d, n in ((64, 128), (128, 128), (256, 64))
+        for mask in ("none", "causal")
     )
     # Every sm90 main stage's plan finds its row-wise stages in the same set.
-    for d in (64, 128):
+    for d in (64, 128, 256):
         assert any(c.name.startswith(f"bwd_dot_do_o_bf16_batch_d{d}__") for c in accepted)
         assert any(c.name.startswith(f"bwd_convert_dq_bf16_batch_d{d}__") for c in accepted)
     config = next(c for c in accepted if c.name == names[0])

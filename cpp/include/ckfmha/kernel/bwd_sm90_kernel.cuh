@@ -23,6 +23,9 @@
 
 #include "ckfmha/kernel/attention_mask.cuh"
 #include "ckfmha/kernel/bwd_params.h"
+#include "ckfmha/kernel/bwd_sm90_epilogue.cuh"
+#include "ckfmha/kernel/bwd_sm90_ring.cuh"
+#include "ckfmha/kernel/bwd_sm90_scores.cuh"
 #include "ckfmha/kernel/bwd_sm90_traits.cuh"
 #include "ckfmha/kernel/bwd_workspace_rows.cuh"
 #include "ckfmha/kernel/fragment_layout.cuh"
@@ -49,22 +52,7 @@ struct BwdSm90Params {
   typename Traits::TmaDq tma_dq;
 };
 
-// Named barrier 0 is __syncthreads; the consumers sync on their own so the
-// producer warpgroup, which has left, is never waited for.
-constexpr uint32_t kBwdSm90ConsumerBarrierId = 1;
 constexpr uint32_t kBwdSm90FirstWarpgroupBarrierId = 2;  // and 3: one per consumer warpgroup
-
-// The query tiles of one key tile: `iters` steps over the group's heads, each
-// over the row blocks [m_first, m_first + m_count) that see any of its keys.
-// Producer and consumers walk it alike, so both agree on stages and phases.
-struct BwdSm90QueryWalk {
-  int head_begin;
-  int m_first;
-  int m_count;
-
-  __device__ __forceinline__ int head(int it) const { return head_begin + it / m_count; }
-  __device__ __forceinline__ int m_block(int it) const { return m_first + it % m_count; }
-};
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -86,15 +74,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int head_k = blockIdx.y;
   const int batch = blockIdx.z;
   const int n_begin = n_block * kBlockN;
-  const int seqlen_q = p.seqlen_q;
   const int seqlen_k = p.seqlen_k;
-  const int group = p.head_group;
-  const AttentionMask<Traits::kMask> mask{seqlen_k, p.bottom_right ? seqlen_k - seqlen_q : 0,
+  const AttentionMask<Traits::kMask> mask{seqlen_k, p.bottom_right ? seqlen_k - p.seqlen_q : 0,
                                           p.window_left, p.window_right};
-  int m_first, m_last;
-  mask.query_block_range(n_begin, kBlockN, kBlockM, seqlen_q, &m_first, &m_last);
-  const BwdSm90QueryWalk walk{head_k * group, m_first, m_last - m_first};
-  const int iters = walk.m_count * group;
+  int iters;
+  const BwdSm90QueryWalk walk = bwd_sm90_query_walk<Traits>(p, mask, n_begin, head_k, &iters);
 
   extern __shared__ char smem_raw[];
   Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
@@ -111,63 +95,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const int warp = int(threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
-  if (threadIdx.x == 0) {
-    Barrier::init(&bar.kv_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&bar.q_full[s], 1);
-      Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) bwd_sm90_init_barriers<Traits>(bar);
   __syncthreads();
 
   if (warp < 4) {
     // ---- producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp != 0 || lane != 0) return;
-    const int nhead_k = p.nhead_q / group;
-    // Coordinate tensors over the shapes the descriptors were encoded with.
-    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(seqlen_q, kD, p.nhead_q, p.batch));
-    Tensor mdO = params.tma_do.get_tma_tensor(make_shape(seqlen_q, kD, p.nhead_q, p.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, kD, nhead_k, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k, kD, nhead_k, p.batch));
-    {
-      Tensor gK = local_tile(mK(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
-      Tensor gV = local_tile(mV(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
-      auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{},
-                                        group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto [tVgV, tVsV] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{},
-                                        group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-      // Rows past seqlen_k fall outside the tensor: TMA fills them with zeros
-      // and still counts the whole box's bytes.
-      Barrier::arrive_and_expect_tx(&bar.kv_full, 2 * Traits::kTmaBytesK);
-      copy(params.tma_k.with(bar.kv_full), tKgK(_, n_block), tKsK);
-      copy(params.tma_v.with(bar.kv_full), tVgV(_, n_block), tVsV);
-    }
-    for (int it = 0; it < iters; ++it) {
-      const int stage = it % kStages;
-      // The first pass finds every stage free: waiting on the parity before
-      // a barrier's initial phase returns at once.
-      Barrier::wait(&bar.q_empty[stage], ((it / kStages) & 1) ^ 1);
-      const int head = walk.head(it);
-      Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
-      Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
-      auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
-                                        group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
-                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      Barrier::arrive_and_expect_tx(&bar.q_full[stage],
-                                    2 * Traits::kTmaBytesQ + 2 * Traits::kBulkBytesRows);
-      copy(params.tma_q.with(bar.q_full[stage]), tQgQ(_, walk.m_block(it)), tQsQ(_, stage));
-      copy(params.tma_do.with(bar.q_full[stage]), tdOgdO(_, walk.m_block(it)), tdOsdO(_, stage));
-      // The workspace pads every head to whole 64-row blocks, so these rows
-      // are in bounds and 16-byte aligned.
-      const int64_t row0 = bwd_workspace_row0(p, batch, head) + walk.m_block(it) * kBlockM;
-      SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &bar.q_full[stage], storage->lse_log2[stage],
-                               Traits::kBulkBytesRows);
-      SM90_BULK_COPY_G2S::copy(p.delta + row0, &bar.q_full[stage], storage->delta[stage],
-                               Traits::kBulkBytesRows);
-    }
+    bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, n_block, head_k, batch);
     return;
   }
 
@@ -197,8 +132,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<N, D>{});
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(TileSt{}));
   Tensor cS_rows_cols = make_tensor(cS.data(), gmma_accum_as_rows_cols(cS.layout()));
-  constexpr int kRows = decltype(size<0>(cS_rows_cols))::value;  // keys of this thread
-  constexpr int kCols = decltype(size<1>(cS_rows_cols))::value;  // queries of this thread
   auto ds_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdS{}, mma_sdp);
   auto ds_r2s_thr = ds_r2s.get_thread_slice(tid);
   Tensor tdSsdS = ds_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
@@ -264,21 +197,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor probs = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
   auto exponentials = [&](int it, auto masked) __attribute__((always_inline)) {
     warpgroup_fence_operand(acc_s);
-    float const* lse_log2 = storage->lse_log2[it % kStages];
-    const int m_begin = walk.m_block(it) * kBlockM;
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      CUTE_UNROLL
-      for (int j = 0; j < kCols; ++j) {
-        bool visible = true;
-        if constexpr (decltype(masked)::value) {
-          visible = mask.visible(m_begin + get<1>(cS_rows_cols(i, j)),
-                                 n_begin + get<0>(cS_rows_cols(i, j)));
-        }
-        const int col = get<1>(cS_rows_cols(i, j));
-        probs(i, j) = visible ? exp2f(probs(i, j) * p.scale_log2 - lse_log2[col]) : 0.f;
-      }
-    }
+    bwd_sm90_probabilities<decltype(masked)::value>(probs, cS_rows_cols, mask,
+                                                    storage->lse_log2[it % kStages],
+                                                    p.scale_log2, walk.m_block(it) * kBlockM,
+                                                    n_begin);
   };
   // Uniform over the CTA: tiles inside the causal triangle and the keys
   // skip the per-element mask.
@@ -311,15 +233,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     issue_dkv(rP, make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout())), tdVrdOt, stage,
               acc_dv);
 
-    float const* delta = storage->delta[stage];
     Tensor dscores = make_tensor(acc_dp.data(), gmma_accum_as_rows_cols(acc_dp.layout()));
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      CUTE_UNROLL
-      for (int j = 0; j < kCols; ++j) {
-        dscores(i, j) = probs(i, j) * (dscores(i, j) - delta[get<1>(cS_rows_cols(i, j))]);
-      }
-    }
+    bwd_sm90_score_gradients(dscores, probs, cS_rows_cols, storage->delta[stage]);
     // dS^T in the input dtype: dK's A operand in registers, and to shared
     // memory for dQ.
     Tensor rdS = make_tensor<Element>(acc_dp.layout());
@@ -426,22 +341,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // memory) goes away and before convert_dq reads the accumulator.
   if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
-  // ---- epilogue: dK (scaled) and dV straight from registers; keys without
-  // a visible query get zeros.
-  CUTE_UNROLL
-  for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= p.scale;
-  Tensor rdK = convert_fragment<Element>(acc_dk);
-  Tensor rdV = convert_fragment<Element>(acc_dv);
-  Tensor cKV = thr_dkv.partition_C(make_identity_tensor(Shape<N, D>{}));
-  Tensor cKV_rows_cols = make_tensor(cKV.data(), gmma_accum_as_rows_cols(cKV.layout()));
-  Tensor rdK_rows_cols = make_tensor(rdK.data(), gmma_accum_as_rows_cols(rdK.layout()));
-  Tensor rdV_rows_cols = make_tensor(rdV.data(), gmma_accum_as_rows_cols(rdV.layout()));
-  auto* dk_tile = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                  head_k * p.dk_head_stride + int64_t(n_begin) * p.dk_row_stride;
-  auto* dv_tile = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                  head_k * p.dv_head_stride + int64_t(n_begin) * p.dv_row_stride;
-  store_fragment_rows(rdK_rows_cols, cKV_rows_cols, dk_tile, p.dk_row_stride, seqlen_k - n_begin);
-  store_fragment_rows(rdV_rows_cols, cKV_rows_cols, dv_tile, p.dv_row_stride, seqlen_k - n_begin);
+  bwd_sm90_store_dk_dv<Element>(acc_dk, acc_dv, thr_dkv, Shape<N, D>{}, p, batch, head_k,
+                                n_begin);
 }
 
 }  // namespace ckfmha::kernel

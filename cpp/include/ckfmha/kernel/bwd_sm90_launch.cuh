@@ -1,16 +1,35 @@
-// Host-side launcher of the Hopper backward main stage: builds the TMA
-// descriptors of Q, dO, K and V and launches one CTA per (key tile, KV head,
-// batch entry). The row-wise stages around it are the sm80 path's.
+// Host-side launcher of the Hopper backward main stage: picks the consumer
+// layout for the head dim, builds the TMA descriptors of Q, dO, K and V (and
+// of the dQ accumulator where dQ leaves through TMA) and launches one CTA per
+// (key tile, KV head, batch entry). The row-wise stages around it are the
+// sm80 path's.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/bwd_params_from_problem.h"
+#include "ckfmha/kernel/bwd_sm90_head_split_kernel.cuh"
+#include "ckfmha/kernel/bwd_sm90_head_split_traits.cuh"
 #include "ckfmha/kernel/bwd_sm90_kernel.cuh"
 #include "ckfmha/kernel/bwd_sm90_traits.cuh"
 #include "ckfmha/kernel/fwd_launch_common.cuh"
 #include "ckfmha/kernel_entry.h"
 
+#include <type_traits>
+
 namespace ckfmha::kernel {
+
+// The generator's traits name for the sm90 backward: 128-key tiles split
+// their keys across the consumer warpgroups (d64, d128); 64-key tiles split
+// the head dim (d256).
+template <class Element, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
+          int Stages, MaskMode Mask, BiasMode Bias, bool HasDropout, bool HasSoftcap,
+          bool HasDbias, bool IsGroupMode, int MinCtasPerSm = 1>
+using BwdSm90Traits = std::conditional_t<
+    BlockN == 64,
+    BwdSm90HeadSplitTraits<Element, HeadDimQK, HeadDimV, BlockM, BlockN, Warps, Stages, Mask,
+                           Bias, HasDropout, HasSoftcap, HasDbias, IsGroupMode, MinCtasPerSm>,
+    BwdSm90KeySplitTraits<Element, HeadDimQK, HeadDimV, BlockM, BlockN, Warps, Stages, Mask,
+                          Bias, HasDropout, HasSoftcap, HasDbias, IsGroupMode, MinCtasPerSm>>;
 
 // (rows, head dim, heads, batch) view of a [batch, heads, rows, dim] tensor
 // with arbitrary strides (BHSD, BSHD, ...); the head dim is contiguous.
@@ -34,35 +53,39 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
   BwdParams const bwd = make_bwd_params(pr, ar);
-  // The fp32 dQ accumulator as (padded rows, head dim, batch x heads).
-  auto dq_accum = make_tensor(
-      make_gmem_ptr(bwd.dq_accum),
-      make_shape(bwd.workspace_rows, int(Traits::kHeadDim), pr.nhead_q * pr.batch),
-      make_stride(int64_t(Traits::kHeadDim), _1{}, int64_t(bwd.workspace_rows) * Traits::kHeadDim));
-  BwdSm90Params<Traits> params{
-      bwd,
-      make_tma_copy(SM90_TMA_LOAD{},
-                    bwd_sm90_gmem_view<Traits>(ar.q, pr.seqlen_q, pr.nhead_q, pr.batch,
-                                               pr.q_stride),
-                    q_smem, TileQ{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{},
-                    bwd_sm90_gmem_view<Traits>(ar.do_, pr.seqlen_q, pr.nhead_q, pr.batch,
-                                               pr.do_stride),
-                    q_smem, TileQ{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{},
-                    bwd_sm90_gmem_view<Traits>(ar.k, pr.seqlen_k, pr.nhead_k, pr.batch,
-                                               pr.k_stride),
-                    typename Traits::SmemLayoutK{}, TileK{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{},
-                    bwd_sm90_gmem_view<Traits>(ar.v, pr.seqlen_k, pr.nhead_k, pr.batch,
-                                               pr.v_stride),
-                    typename Traits::SmemLayoutK{}, TileK{}, _1{}),
-      make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQHalf{},
-                    typename Traits::DqHalf{}, _1{}),
+  auto tma_load = [&](void const* data, int rows, int heads, int64_t const(&stride)[3],
+                      auto smem_layout, auto tile) {
+    return make_tma_copy(SM90_TMA_LOAD{},
+                         bwd_sm90_gmem_view<Traits>(data, rows, heads, pr.batch, stride),
+                         smem_layout, tile, _1{});
   };
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  return launch_kernel(&bwd_dq_dk_dv_sm90_kernel<Traits>, dim3(key_tiles, pr.nhead_k, pr.batch),
-                       Traits::kThreads, Traits::kSmemBytes, stream, params);
+  const dim3 grid(key_tiles, pr.nhead_k, pr.batch);
+  auto tma_q = tma_load(ar.q, pr.seqlen_q, pr.nhead_q, pr.q_stride, q_smem, TileQ{});
+  auto tma_do = tma_load(ar.do_, pr.seqlen_q, pr.nhead_q, pr.do_stride, q_smem, TileQ{});
+  auto tma_k = tma_load(ar.k, pr.seqlen_k, pr.nhead_k, pr.k_stride,
+                        typename Traits::SmemLayoutK{}, TileK{});
+  auto tma_v = tma_load(ar.v, pr.seqlen_k, pr.nhead_k, pr.v_stride,
+                        typename Traits::SmemLayoutK{}, TileK{});
+  if constexpr (Traits::kSplitsHeadDim) {
+    // dQ leaves through reductions from registers: no descriptor for it.
+    BwdSm90HeadSplitParams<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v};
+    return launch_kernel(&bwd_dq_dk_dv_sm90_head_split_kernel<Traits>, grid, Traits::kThreads,
+                         Traits::kSmemBytes, stream, params);
+  } else {
+    // The fp32 dQ accumulator as (padded rows, head dim, batch x heads).
+    auto dq_accum = make_tensor(make_gmem_ptr(bwd.dq_accum),
+                                make_shape(bwd.workspace_rows, int(Traits::kHeadDim),
+                                           pr.nhead_q * pr.batch),
+                                make_stride(int64_t(Traits::kHeadDim), _1{},
+                                            int64_t(bwd.workspace_rows) * Traits::kHeadDim));
+    auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum,
+                                typename Traits::SmemLayoutdQHalf{}, typename Traits::DqHalf{},
+                                _1{});
+    BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq};
+    return launch_kernel(&bwd_dq_dk_dv_sm90_kernel<Traits>, grid, Traits::kThreads,
+                         Traits::kSmemBytes, stream, params);
+  }
 }
 
 }  // namespace ckfmha::kernel

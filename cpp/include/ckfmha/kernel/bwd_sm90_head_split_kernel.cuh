@@ -1,0 +1,219 @@
+// Backward attention on Hopper at head dim 256, the main stage
+// (bwd_dq_dk_dv): TMA loads and wgmma, warp-specialized. One CTA per key
+// tile (64 keys of one KV head and batch entry) walks the query tiles (64
+// rows) of every query head of the KV head's group, so GQA and MQA sum dK
+// and dV in registers. The producer warpgroup is bwd_sm90_ring.cuh's.
+// Both consumer warpgroups work on all 64 keys (bwd_sm90_head_split_traits.cuh),
+// per query tile:
+//   S^T = K Q^T and dP^T = V dO^T, each warpgroup for its 32 queries (P^T is
+//   computed and stored while dP^T runs); P^T and dS^T = P^T (dP^T - D) go
+//   to shared memory; after a barrier each warpgroup computes its 128
+//   columns of dQ = dS K, dV += P^T dO and dK += dS^T Q over all 64 queries
+//   and keys. dQ goes first and is added to the fp32 accumulator with
+//   8-byte vector reductions from registers while dV and dK run (fast mode
+//   only: the order of the adds is not fixed).
+#pragma once
+
+#include "ckfmha/kernel/attention_mask.cuh"
+#include "ckfmha/kernel/bwd_params.h"
+#include "ckfmha/kernel/bwd_sm90_epilogue.cuh"
+#include "ckfmha/kernel/bwd_sm90_head_split_traits.cuh"
+#include "ckfmha/kernel/bwd_sm90_ring.cuh"
+#include "ckfmha/kernel/bwd_sm90_scores.cuh"
+#include "ckfmha/kernel/bwd_workspace_rows.cuh"
+#include "ckfmha/kernel/fragment_layout.cuh"
+#include "ckfmha/kernel/shared_storage.cuh"
+#include "ckfmha/kernel/tile_copy.cuh"
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace ckfmha::kernel {
+
+template <class Traits>
+struct BwdSm90HeadSplitParams {
+  BwdParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_dq_dk_dv_sm90_head_split_kernel(
+        __grid_constant__ const BwdSm90HeadSplitParams<Traits> params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using Storage = typename Traits::SharedStorage;
+  using M = typename Traits::M;
+  using N = typename Traits::N;
+  using D = typename Traits::D;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  BwdParams const& p = params.p;
+
+  const int n_block = blockIdx.x;
+  const int head_k = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int n_begin = n_block * kBlockN;
+  const AttentionMask<Traits::kMask> mask{p.seqlen_k, p.bottom_right ? p.seqlen_k - p.seqlen_q : 0,
+                                          p.window_left, p.window_right};
+  int iters;
+  const BwdSm90QueryWalk walk = bwd_sm90_query_walk<Traits>(p, mask, n_begin, head_k, &iters);
+
+  extern __shared__ char smem_raw[];
+  Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
+  auto& bar = storage->bar;
+  const int warp = int(threadIdx.x) / 32;
+  const int lane = int(threadIdx.x) % 32;
+  if (threadIdx.x == 0) bwd_sm90_init_barriers<Traits>(bar);
+  __syncthreads();
+
+  if (warp < 4) {
+    // ---- producer warpgroup
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (warp == 0 && lane == 0) {
+      bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, n_block, head_k, batch);
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  const int tid = int(threadIdx.x) - 128;
+  Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutKt{});
+  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdOt = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sPt = make_tensor(make_smem_ptr(storage->pt.data()), typename Traits::SmemLayoutPt{});
+  Tensor sdS = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutdSt{});
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  // Shared-memory descriptors: (MMA, M or N, K[, stage or buffer]).
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrdS = thr_dkv.partition_fragment_A(sdS);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdSt = thr_dq.partition_fragment_A(sdSt);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+
+  using TileSt = Shape<N, M>;  // (keys, queries)
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<N, D>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<N, D>{});
+  Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});
+  Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});
+  Tensor cS = thr_sdp.partition_C(make_identity_tensor(TileSt{}));
+  Tensor cS_rows_cols = make_tensor(cS.data(), gmma_accum_as_rows_cols(cS.layout()));
+  Tensor probs = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+  Tensor dscores = make_tensor(acc_dp.data(), gmma_accum_as_rows_cols(acc_dp.layout()));
+  auto st_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomPt{}, mma_sdp);
+  auto st_r2s_thr = st_r2s.get_thread_slice(tid);
+  Tensor tPsPt = st_r2s_thr.partition_D(sPt);    // (CPY, CPY_M, CPY_N, buffer)
+  Tensor tdSsdS = st_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
+  Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<M, D>{}));
+
+  clear(acc_dk);
+  clear(acc_dv);
+  Barrier::wait(&bar.kv_full, 0);
+
+  // One product of shared-memory operands as one wgmma batch.
+  auto issue = [&](auto& mma, auto const& a, auto const& b, auto& acc, bool zero_init)
+                   __attribute__((always_inline)) {
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(a); ++k) {
+      gemm(mma, a(_, _, k), b(_, _, k), acc);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  };
+
+  for (int it = 0; it < iters; ++it) {
+    const int stage = it % kStages;
+    const int buffer = it & 1;
+    const int head = walk.head(it);
+    Barrier::wait(&bar.q_full[stage], (it / kStages) & 1);
+    issue(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s, true);
+    issue(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp, true);
+
+    // P^T while dP^T runs; to shared memory as the A operand of dV. This
+    // buffer's last readers (two tiles ago) are done: both warpgroups have
+    // waited for their products since.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_s);
+    const int m_begin = walk.m_block(it) * kBlockM;
+    if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
+      bwd_sm90_probabilities<true>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
+                                   p.scale_log2, m_begin, n_begin);
+    } else {
+      bwd_sm90_probabilities<false>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
+                                    p.scale_log2, m_begin, n_begin);
+    }
+    Tensor rP = make_tensor<Element>(acc_s.layout());
+    convert_fragment_into(acc_s, rP);
+    copy(st_r2s, st_r2s_thr.retile_S(rP), tPsPt(_, _, _, buffer));
+
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dp);
+    bwd_sm90_score_gradients(dscores, probs, cS_rows_cols, storage->delta[stage]);
+    Tensor rdS = make_tensor<Element>(acc_dp.layout());
+    convert_fragment_into(acc_dp, rdS);
+    copy(st_r2s, st_r2s_thr.retile_S(rdS), tdSsdS(_, _, _, buffer));
+    // wgmma reads shared memory through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    // Both warpgroups' queries of P^T and dS^T are in shared memory.
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
+
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<M, D>{});
+    issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt, acc_dq, true);
+    issue(mma_dkv, tdVrPt(_, _, _, buffer), tdVrdOt(_, _, _, stage), acc_dv, false);
+    issue(mma_dkv, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
+
+    // dQ's reductions go out while dV and dK run. The workspace pads each
+    // head's rows to whole 64-row blocks (rows past seqlen_q add zeros
+    // there, as their P is 0).
+    warpgroup_wait<2>();
+    warpgroup_fence_operand(acc_dq);
+    float* dq_rows = p.dq_accum + (bwd_workspace_row0(p, batch, head) +
+                                   int64_t(walk.m_block(it)) * kBlockM) * kD;
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dq); e += 2) {
+      atomicAdd(reinterpret_cast<float2*>(dq_rows + get<0>(cdQ(e)) * kD + get<1>(cdQ(e))),
+                make_float2(acc_dq(e), acc_dq(e + 1)));
+    }
+
+    // dV and dK are done: this warpgroup no longer reads the stage.
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    Barrier::arrive(&bar.q_empty[stage]);
+  }
+
+  bwd_sm90_store_dk_dv<Element>(acc_dk, acc_dv, thr_dkv, Shape<N, D>{}, p, batch, head_k,
+                                n_begin);
+}
+
+}  // namespace ckfmha::kernel
