@@ -631,8 +631,8 @@ def bwd_sm90_smem_bytes(hdim: int, elem: int = 2) -> int:
     kSmemBytes (barriers and alignment aside). Both layouts hold K and V (their keys x hdim),
     two stages of Q and dO (64 rows) with their rows' fp32 LSE and D, two dS^T buffers (keys x
     64) and the 1 KiB the base is rounded up by. The key split (d64, d128) adds the fp32 dQ
-    staging tile (64 x hdim); the head split (d256) adds two P^T buffers instead, as its dQ
-    leaves through reductions from registers."""
+    staging tile (64 x hdim); the head split (d256) adds two P^T buffers instead, as it stages
+    dQ in the bytes of the Q/dO stage its products are done with."""
     keys, rows, fp32 = BWD_SM90_KEYS_BY_HDIM.get(hdim, 128), BWD_SM90_TILE_M, 4
     common = (
         (2 * keys * hdim + BWD_SM90_STAGES * 2 * rows * hdim + 2 * keys * rows) * elem

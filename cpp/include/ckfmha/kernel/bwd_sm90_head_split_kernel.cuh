@@ -9,9 +9,11 @@
 //   computed and stored while dP^T runs); P^T and dS^T = P^T (dP^T - D) go
 //   to shared memory; after a barrier each warpgroup computes its 128
 //   columns of dQ = dS K, dV += P^T dO and dK += dS^T Q over all 64 queries
-//   and keys. dQ goes first and is added to the fp32 accumulator with
-//   8-byte vector reductions from registers while dV and dK run (fast mode
-//   only: the order of the adds is not fixed).
+//   and keys. dQ is then staged in the bytes of the tile's Q/dO stage that
+//   only its warpgroup read, and added to the fp32 accumulator by TMA
+//   reduce-adds (fast mode only: the order of the adds is not fixed); the
+//   stage is released once they have read it, behind the next tile's S^T
+//   and dP^T.
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
@@ -29,6 +31,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -41,6 +44,7 @@ struct BwdSm90HeadSplitParams {
   typename Traits::TmaQ tma_do;
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
+  typename Traits::TmaDq tma_dq;
 };
 
 template <class Traits>
@@ -132,6 +136,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tPsPt = st_r2s_thr.partition_D(sPt);    // (CPY, CPY_M, CPY_N, buffer)
   Tensor tdSsdS = st_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
   Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<M, D>{}));
+  const int warpgroup = tid / 128;
+  // One thread per warpgroup adds its staged dQ and releases the stages.
+  const bool issues_dq = tid % 128 == 0;
+  const uint32_t warpgroup_barrier = kBwdSm90FirstWarpgroupBarrierId + warpgroup;
+  // This thread's part of a stage's dQ tile (staged in Q's and dO's bytes),
+  // and piece `half` of this warpgroup's columns as a TMA source.
+  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<float*>(storage->q.data())),
+                           typename Traits::SmemLayoutdQStages{});
+  static_assert(offsetof(typename Traits::SharedStorage, dout) ==
+                    offsetof(typename Traits::SharedStorage, q) + sizeof(storage->q),
+                "dO's ring follows Q's");
+  auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
+  auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
+  Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);  // (CPY, CPY_M, CPY_N, stage)
+  auto dq_piece = [&](int stage, int half) __attribute__((always_inline)) {
+    float* piece = reinterpret_cast<float*>(storage->q.data()) +
+                   stage * Traits::kDqStageStride + half * Traits::kDqHalfStride +
+                   warpgroup * Traits::kDqWarpgroupStride;
+    return make_tensor(make_smem_ptr(piece), typename Traits::SmemLayoutdQPiece{});
+  };
+  Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
+  auto dq_tma = params.tma_dq.get_slice(Int<0>{});
 
   clear(acc_dk);
   clear(acc_dv);
@@ -154,7 +180,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   for (int it = 0; it < iters; ++it) {
     const int stage = it % kStages;
     const int buffer = it & 1;
-    const int head = walk.head(it);
     Barrier::wait(&bar.q_full[stage], (it / kStages) & 1);
     issue(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s, true);
     issue(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp, true);
@@ -191,26 +216,42 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt, acc_dq, true);
     issue(mma_dkv, tdVrPt(_, _, _, buffer), tdVrdOt(_, _, _, stage), acc_dv, false);
     issue(mma_dkv, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
-
-    // dQ's reductions go out while dV and dK run. The workspace pads each
-    // head's rows to whole 64-row blocks (rows past seqlen_q add zeros
-    // there, as their P is 0).
-    warpgroup_wait<2>();
-    warpgroup_fence_operand(acc_dq);
-    float* dq_rows = p.dq_accum + (bwd_workspace_row0(p, batch, head) +
-                                   int64_t(walk.m_block(it)) * kBlockM) * kD;
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_dq); e += 2) {
-      atomicAdd(reinterpret_cast<float2*>(dq_rows + get<0>(cdQ(e)) * kD + get<1>(cdQ(e))),
-                make_float2(acc_dq(e), acc_dq(e + 1)));
+    // The previous tile's stage is released once its dQ reduce-adds have
+    // read it (long done by now: S^T and dP^T ran since).
+    if (issues_dq && it > 0) {
+      tma_store_wait<0>();
+      Barrier::arrive(&bar.q_empty[(it - 1) % kStages]);
     }
 
-    // dV and dK are done: this warpgroup no longer reads the stage.
+    // dQ, dV and dK are done: this warpgroup's columns of the stage's Q and
+    // dO are read by no one else (the other warpgroup's S^T and dP^T of
+    // this tile finished before the barrier above).
     warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dq);
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dk);
-    Barrier::arrive(&bar.q_empty[stage]);
+    copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ(_, _, _, stage));
+    // The TMA unit reads shared memory through the async proxy.
+    tma_store_fence();
+    cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
+    if (issues_dq) {
+      // Whole 64-row tiles: the workspace pads each head's rows (rows past
+      // seqlen_q add zeros there, as their P is 0).
+      Tensor gdQ = mdQ(_, _, batch * p.nhead_q + walk.head(it));
+      CUTE_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        Tensor gdQ_piece = local_tile(gdQ, typename Traits::DqPiece{},
+                                      make_coord(walk.m_block(it), 2 * warpgroup + half));
+        copy(params.tma_dq, dq_tma.partition_S(dq_piece(stage, half)),
+             dq_tma.partition_D(gdQ_piece));
+      }
+      tma_store_arrive();
+    }
   }
+
+  // The last dQ reduce-adds have finished before the CTA (and its shared
+  // memory) goes away and before convert_dq reads the accumulator.
+  if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
   bwd_sm90_store_dk_dv<Element>(acc_dk, acc_dv, thr_dkv, Shape<N, D>{}, p, batch, head_k,
                                 n_begin);

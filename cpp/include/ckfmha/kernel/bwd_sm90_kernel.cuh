@@ -52,7 +52,6 @@ struct BwdSm90Params {
   typename Traits::TmaDq tma_dq;
 };
 
-constexpr uint32_t kBwdSm90FirstWarpgroupBarrierId = 2;  // and 3: one per consumer warpgroup
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)

@@ -1,6 +1,6 @@
 // Host-side launcher of the Hopper backward main stage: picks the consumer
-// layout for the head dim, builds the TMA descriptors of Q, dO, K and V (and
-// of the dQ accumulator where dQ leaves through TMA) and launches one CTA per
+// layout for the head dim, builds the TMA descriptors of Q, dO, K, V and the
+// dQ accumulator and launches one CTA per
 // (key tile, KV head, batch entry). The row-wise stages around it are the
 // sm80 path's.
 #pragma once
@@ -67,18 +67,21 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                         typename Traits::SmemLayoutK{}, TileK{});
   auto tma_v = tma_load(ar.v, pr.seqlen_k, pr.nhead_k, pr.v_stride,
                         typename Traits::SmemLayoutK{}, TileK{});
+  // The fp32 dQ accumulator as (padded rows, head dim, batch x heads), added
+  // to by TMA reduce-adds of the tiles the traits stage.
+  auto dq_accum = make_tensor(make_gmem_ptr(bwd.dq_accum),
+                              make_shape(bwd.workspace_rows, int(Traits::kHeadDim),
+                                         pr.nhead_q * pr.batch),
+                              make_stride(int64_t(Traits::kHeadDim), _1{},
+                                          int64_t(bwd.workspace_rows) * Traits::kHeadDim));
   if constexpr (Traits::kSplitsHeadDim) {
-    // dQ leaves through reductions from registers: no descriptor for it.
-    BwdSm90HeadSplitParams<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v};
+    auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum,
+                                typename Traits::SmemLayoutdQPiece{}, typename Traits::DqPiece{},
+                                _1{});
+    BwdSm90HeadSplitParams<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq};
     return launch_kernel(&bwd_dq_dk_dv_sm90_head_split_kernel<Traits>, grid, Traits::kThreads,
                          Traits::kSmemBytes, stream, params);
   } else {
-    // The fp32 dQ accumulator as (padded rows, head dim, batch x heads).
-    auto dq_accum = make_tensor(make_gmem_ptr(bwd.dq_accum),
-                                make_shape(bwd.workspace_rows, int(Traits::kHeadDim),
-                                           pr.nhead_q * pr.batch),
-                                make_stride(int64_t(Traits::kHeadDim), _1{},
-                                            int64_t(bwd.workspace_rows) * Traits::kHeadDim));
     auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum,
                                 typename Traits::SmemLayoutdQHalf{}, typename Traits::DqHalf{},
                                 _1{});

@@ -21,6 +21,7 @@ namespace ckfmha::kernel {
 // Named barrier 0 is __syncthreads; the consumers sync on their own so the
 // producer warpgroup, which has left, is never waited for.
 constexpr uint32_t kBwdSm90ConsumerBarrierId = 1;
+constexpr uint32_t kBwdSm90FirstWarpgroupBarrierId = 2;  // and 3: one per consumer warpgroup
 
 // The query tiles of one key tile: `iters` steps over the group's heads, each
 // over the row blocks [m_first, m_first + m_count) that see any of its keys.
@@ -48,15 +49,16 @@ __device__ __forceinline__ BwdSm90QueryWalk bwd_sm90_query_walk(BwdParams const&
 }
 
 // By one thread, before the CTA's first __syncthreads: the producer arrives
-// once per fill (with the bytes to expect), every consumer thread once per
-// release.
+// once per fill (with the bytes to expect), the consumers kStageReleases
+// times per release (every consumer thread, or one per warpgroup where a
+// stage is released only once dQ staged in it has been read).
 template <class Traits>
 __device__ __forceinline__ void bwd_sm90_init_barriers(typename Traits::Barriers& bar) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   Barrier::init(&bar.kv_full, 1);
   for (int s = 0; s < Traits::kStages; ++s) {
     Barrier::init(&bar.q_full[s], 1);
-    Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
+    Barrier::init(&bar.q_empty[s], Traits::kStageReleases);
   }
   cutlass::arch::fence_barrier_init();
 }

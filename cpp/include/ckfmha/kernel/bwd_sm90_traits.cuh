@@ -34,6 +34,7 @@ struct BwdSm90KeySplitTraits
   using Base::kHeadDim;
   static_assert(HeadDimQK == 64 || HeadDimQK == 128, "head dims 64 and 128");
   static constexpr bool kSplitsHeadDim = false;
+  static constexpr int kStageReleases = Base::kConsumerThreads;  // every consumer thread
   // A wgmma covers 64 rows: each consumer warpgroup owns 64 keys.
   static_assert(BlockN == 64 * kConsumerWarpgroups, "128 keys over two consumer warpgroups");
   // Issue the next query tile's S^T and dP^T behind this tile's dQ (dK
@@ -83,13 +84,9 @@ struct BwdSm90KeySplitTraits
                                                      cute::cosize_v<SmemLayoutdQHalf>,
                 "each warpgroup's columns are one contiguous half of the dQ tile");
   using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
-  // The fp32 accumulator as (rows, head dim, batch x heads), rows padded to
-  // whole 64-row blocks per head (bwd_workspace.h).
-  using DqGmemTensor = decltype(cute::make_tensor(
-      cute::make_gmem_ptr(static_cast<float*>(nullptr)), cute::Shape<int, int, int>{},
-      cute::Stride<int64_t, cute::_1, int64_t>{}));
-  using TmaDq = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, DqGmemTensor{},
-                                             SmemLayoutdQHalf{}, DqHalf{}, cute::_1{}));
+  using TmaDq = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{},
+                                             typename Base::DqGmemTensor{}, SmemLayoutdQHalf{},
+                                             DqHalf{}, cute::_1{}));
 
   struct SharedStorage : Base::TileStorage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> ds;

@@ -109,6 +109,12 @@ struct BwdSm90TraitsBase {
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                             cute::Shape<N, D>{}, cute::_1{}));
 
+  // The fp32 accumulator as (rows, head dim, batch x heads), rows padded to
+  // whole 64-row blocks per head (bwd_workspace.h).
+  using DqGmemTensor = decltype(cute::make_tensor(
+      cute::make_gmem_ptr(static_cast<float*>(nullptr)), cute::Shape<int, int, int>{},
+      cute::Stride<int64_t, cute::_1, int64_t>{}));
+
   static constexpr int kTmaBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   // A query tile's LSE (log2 domain) and D rows, bulk-copied with Q and dO.
   static constexpr int kBulkBytesRows = kBlockM * int(sizeof(float));
