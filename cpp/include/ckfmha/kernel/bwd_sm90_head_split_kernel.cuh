@@ -93,8 +93,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // ---- consumer warpgroups
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   const int tid = int(threadIdx.x) - 128;
+  Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutKt{});
+  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQ{});
   Tensor sdOt = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQt{});
   Tensor sPt = make_tensor(make_smem_ptr(storage->pt.data()), typename Traits::SmemLayoutPt{});
   Tensor sdS = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutPt{});
@@ -107,17 +111,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
   // Shared-memory descriptors: (MMA, M or N, K[, stage or buffer]).
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
   Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
   Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
   Tensor tdKrdS = thr_dkv.partition_fragment_A(sdS);
   Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
   Tensor tdQrdSt = thr_dq.partition_fragment_A(sdSt);
-  // dQ as two products of 128 columns: K^T's first and last 128 rows as B.
-  using DqCols = Int<Traits::kDqCols * Traits::kConsumerWarpgroups>;
-  Tensor tdQrKt_first =
-      thr_dq.partition_fragment_B(local_tile(sKt, Shape<DqCols, N>{}, make_coord(0, 0)));
-  Tensor tdQrKt_second =
-      thr_dq.partition_fragment_B(local_tile(sKt, Shape<DqCols, N>{}, make_coord(1, 0)));
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
 
   using TileSt = Shape<N, M>;  // (keys, queries)
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<N, D>{});
@@ -132,24 +135,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto st_r2s_thr = st_r2s.get_thread_slice(tid);
   Tensor tPsPt = st_r2s_thr.partition_D(sPt);    // (CPY, CPY_M, CPY_N, buffer)
   Tensor tdSsdS = st_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
+  Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<M, D>{}));
   const int warpgroup = tid / 128;
   // One thread per warpgroup adds its staged dQ and releases the stages.
   const bool issues_dq = tid % 128 == 0;
   const uint32_t warpgroup_barrier = kBwdSm90FirstWarpgroupBarrierId + warpgroup;
-  // This thread's part of a dQ product staged in the Q ring (the first
-  // product) or the dO ring (the second), and warpgroup `w`'s piece of it in
-  // stage `stage` as a TMA source.
-  float* q_ring = reinterpret_cast<float*>(storage->q.data());
-  float* dout_ring = reinterpret_cast<float*>(storage->dout.data());
+  // This thread's part of a stage's dQ tile (staged in Q's and dO's bytes),
+  // and piece `half` of this warpgroup's columns as a TMA source.
+  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<float*>(storage->q.data())),
+                           typename Traits::SmemLayoutdQStages{});
+  static_assert(offsetof(typename Traits::SharedStorage, dout) ==
+                    offsetof(typename Traits::SharedStorage, q) + sizeof(storage->q),
+                "dO's ring follows Q's");
   auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
   auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
-  Tensor tdQsdQ_first = dq_r2s_thr.partition_D(
-      make_tensor(make_smem_ptr(q_ring), typename Traits::SmemLayoutdQStages{}));
-  Tensor tdQsdQ_second = dq_r2s_thr.partition_D(
-      make_tensor(make_smem_ptr(dout_ring), typename Traits::SmemLayoutdQStages{}));
-  auto dq_piece = [&](float* ring, int stage) __attribute__((always_inline)) {
-    float* piece =
-        ring + stage * Traits::kDqStageStride + warpgroup * Traits::kDqWarpgroupStride;
+  Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);  // (CPY, CPY_M, CPY_N, stage)
+  auto dq_piece = [&](int stage, int half) __attribute__((always_inline)) {
+    float* piece = reinterpret_cast<float*>(storage->q.data()) +
+                   stage * Traits::kDqStageStride + half * Traits::kDqHalfStride +
+                   warpgroup * Traits::kDqWarpgroupStride;
     return make_tensor(make_smem_ptr(piece), typename Traits::SmemLayoutdQPiece{});
   };
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
@@ -173,33 +177,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_commit_batch();
   };
 
-  // S^T and dP^T of query tile `it`, once its stage has landed. Their
-  // descriptors are rebuilt from pointers the compiler cannot see through:
-  // hoisted out of the loop, they would hold over a hundred registers.
-  auto issue_sdp = [&](int it) __attribute__((always_inline)) {
+  for (int it = 0; it < iters; ++it) {
     const int stage = it % kStages;
+    const int buffer = it & 1;
     Barrier::wait(&bar.q_full[stage], (it / kStages) & 1);
-    Element* k = storage->k.data();
-    Element* v = storage->v.data();
-    Element* q = storage->q.data();
-    Element* dout = storage->dout.data();
-    asm volatile("" : "+l"(k), "+l"(v), "+l"(q), "+l"(dout));
-    auto operand_a = [&](Element* tile) __attribute__((always_inline)) {
-      return thr_sdp.partition_fragment_A(
-          make_tensor(make_smem_ptr(tile), typename Traits::SmemLayoutK{}));
-    };
-    auto operand_b = [&](Element* ring) __attribute__((always_inline)) {
-      return thr_sdp.partition_fragment_B(
-          make_tensor(make_smem_ptr(ring), typename Traits::SmemLayoutQ{}))(_, _, _, stage);
-    };
-    issue(mma_sdp, operand_a(k), operand_b(q), acc_s, true);
-    issue(mma_sdp, operand_a(v), operand_b(dout), acc_dp, true);
-  };
-  // P^T of tile `it` once its S^T is done (dP^T may still run), to shared
-  // memory as the A operand of dV. This buffer's last readers (two tiles
-  // ago) are done: both warpgroups have waited for their products since.
-  auto probabilities_to_smem = [&](int it) __attribute__((always_inline)) {
-    const int stage = it % kStages;
+    issue(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s, true);
+    issue(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp, true);
+
+    // P^T while dP^T runs; to shared memory as the A operand of dV. This
+    // buffer's last readers (two tiles ago) are done: both warpgroups have
+    // waited for their products since.
+    warpgroup_wait<1>();
     warpgroup_fence_operand(acc_s);
     const int m_begin = walk.m_block(it) * kBlockM;
     if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
@@ -211,18 +199,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     Tensor rP = make_tensor<Element>(acc_s.layout());
     convert_fragment_into(acc_s, rP);
-    copy(st_r2s, st_r2s_thr.retile_S(rP), tPsPt(_, _, _, it & 1));
-  };
+    copy(st_r2s, st_r2s_thr.retile_S(rP), tPsPt(_, _, _, buffer));
 
-  // Everything of tile `it` after its P^T, with dP^T done. With
-  // `issues_next`, the next tile's S^T and dP^T go to the tensor cores
-  // right behind this tile's dQ, dV and dK, so they run while dQ is staged
-  // and the next P^T is computed; no product is in flight across the
-  // loop's back edge.
-  auto finish_tile = [&](int it, auto issues_next) __attribute__((always_inline)) {
-    constexpr bool kNext = decltype(issues_next)::value;
-    const int stage = it % kStages;
-    const int buffer = it & 1;
+    warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
     bwd_sm90_score_gradients(dscores, probs, cS_rows_cols, storage->delta[stage]);
     Tensor rdS = make_tensor<Element>(acc_dp.layout());
@@ -233,29 +212,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Both warpgroups' queries of P^T and dS^T are in shared memory.
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
 
-    // dK reads this warpgroup's columns of Q, dV those of dO: each dQ
-    // product goes right behind the one that frees its piece's bytes.
-    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<M, DqCols>{});
-    issue(mma_dkv, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
-    issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt_first, acc_dq, true);
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<M, D>{});
+    issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt, acc_dq, true);
     issue(mma_dkv, tdVrPt(_, _, _, buffer), tdVrdOt(_, _, _, stage), acc_dv, false);
-    Tensor acc_dq_second = partition_fragment_C(mma_dq, Shape<M, DqCols>{});
-    issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt_second, acc_dq_second, true);
+    issue(mma_dkv, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
+    // The previous tile's stage is released once its dQ reduce-adds have
+    // read it (long done by now: S^T and dP^T ran since).
+    if (issues_dq && it > 0) {
+      tma_store_wait<0>();
+      Barrier::arrive(&bar.q_empty[(it - 1) % kStages]);
+    }
 
-    // The other warpgroup's S^T and dP^T of this tile, which read every
-    // column of the stage, finished before the barrier above.
-    auto stage_dq = [&](auto& acc, auto& smem) __attribute__((always_inline)) {
-      warpgroup_fence_operand(acc);
-      copy(dq_r2s, dq_r2s_thr.retile_S(acc), smem(_, _, _, stage));
-    };
-    warpgroup_wait<2>();  // dK and the first dQ product
-    stage_dq(acc_dq, tdQsdQ_first);
-    // The next tile's accumulators take the first product's registers.
-    if constexpr (kNext) issue_sdp(it + 1);
-    warpgroup_wait<kNext ? 2 : 0>();  // dV and the second dQ product
-    warpgroup_fence_operand(acc_dk);
+    // dQ, dV and dK are done: this warpgroup's columns of the stage's Q and
+    // dO are read by no one else (the other warpgroup's S^T and dP^T of
+    // this tile finished before the barrier above).
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dq);
     warpgroup_fence_operand(acc_dv);
-    stage_dq(acc_dq_second, tdQsdQ_second);
+    warpgroup_fence_operand(acc_dk);
+    copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ(_, _, _, stage));
     // The TMA unit reads shared memory through the async proxy.
     tma_store_fence();
     cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
@@ -263,38 +238,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // Whole 64-row tiles: the workspace pads each head's rows (rows past
       // seqlen_q add zeros there, as their P is 0).
       Tensor gdQ = mdQ(_, _, batch * p.nhead_q + walk.head(it));
-      auto add_piece = [&](float* ring, int product) __attribute__((always_inline)) {
-        const int col_block = product * Traits::kConsumerWarpgroups + warpgroup;
+      CUTE_UNROLL
+      for (int half = 0; half < 2; ++half) {
         Tensor gdQ_piece = local_tile(gdQ, typename Traits::DqPiece{},
-                                      make_coord(walk.m_block(it), col_block));
-        copy(params.tma_dq, dq_tma.partition_S(dq_piece(ring, stage)),
+                                      make_coord(walk.m_block(it), 2 * warpgroup + half));
+        copy(params.tma_dq, dq_tma.partition_S(dq_piece(stage, half)),
              dq_tma.partition_D(gdQ_piece));
-      };
-      add_piece(q_ring, 0);
-      add_piece(dout_ring, 1);
+      }
       tma_store_arrive();
     }
-    if constexpr (kNext) {
-      warpgroup_wait<1>();
-      probabilities_to_smem(it + 1);
-      // The stage is released once the reduce-adds have read it (done by
-      // now, as a rule): the producer refills it for tile it + 2 while
-      // tile it + 1 finishes.
-      if (issues_dq) {
-        tma_store_wait<0>();
-        Barrier::arrive(&bar.q_empty[stage]);
-      }
-      warpgroup_wait<0>();
-    }
-  };
-
-  if (iters > 0) {
-    issue_sdp(0);
-    warpgroup_wait<1>();
-    probabilities_to_smem(0);
-    warpgroup_wait<0>();
-    for (int it = 0; it + 1 < iters; ++it) finish_tile(it, std::true_type{});
-    finish_tile(iters - 1, std::false_type{});
   }
 
   // The last dQ reduce-adds have finished before the CTA (and its shared

@@ -47,9 +47,7 @@ struct BwdSm90HeadSplitTraits
   //   dV += P^T dO, dK += dS^T Q   (64 keys x 256; warpgroup w takes columns
   //                                 [128w, 128w + 128); P^T, dS^T from shared
   //                                 memory, dO and Q read MN-major)
-  //   dQ = dS K                    (64 queries x 256 as two products of 128
-  //                                 columns; warpgroup w takes columns
-  //                                 [64w, 64w + 64) of each)
+  //   dQ = dS K                    (64 queries x 256, split the same way)
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<N, cute::Int<kQueriesPerWarpgroup>, D>>(),
@@ -59,10 +57,9 @@ struct BwdSm90HeadSplitTraits
                                  cute::Shape<N, cute::Int<kColsPerWarpgroup>, M>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomAlongN{}));
-  static constexpr int kDqCols = 64;  // a warpgroup's columns of one dQ product
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<M, cute::Int<kDqCols>, N>,
+                                 cute::Shape<M, cute::Int<kColsPerWarpgroup>, N>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
       AtomAlongN{}));
 
@@ -73,39 +70,42 @@ struct BwdSm90HeadSplitTraits
 
   // dQ leaves through TMA reduce-adds of (64, 64) fp32 pieces. A staging
   // tile of its own (64 x 256 fp32, 64 KiB) would not fit beside the ring,
-  // so each warpgroup stages its pieces in the bytes of the query tile's
-  // stage that only it reads, once the product reading them is done:
-  // columns [128w, 128w + 128) of Q (dK's B) take the first dQ product's
-  // piece, those of dO (dV's B) the second's; 16 KiB each.
-  using DqPiece = cute::Shape<M, cute::Int<kDqCols>>;
+  // so each warpgroup stages its 128 columns in the bytes of the query
+  // tile's stage that only it reads once the tile's products are done:
+  // columns [128w, 128w + 128) of Q (dK's B) and of dO (dV's B), 16 KiB in
+  // each, one piece in each.
+  using DqPiece = cute::Shape<M, cute::_64>;
   using SmemLayoutdQPiece =
       decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqPiece{}));
   static_assert(cute::cosize_v<SmemLayoutdQPiece> * sizeof(float) ==
                     kBlockM * kColsPerWarpgroup * sizeof(Element),
                 "a piece fills a warpgroup's columns of a Q or dO stage");
-  // Where the pieces lie, in floats from the start of the Q or dO ring: a
-  // warpgroup's columns of a stage are one contiguous run.
+  // Where the pieces lie, in floats from the Q ring's start: a warpgroup's
+  // columns of a stage are one contiguous run of each tile, and dO's ring
+  // follows Q's.
   using SmemLayoutQ = typename Base::SmemLayoutQ;
   static_assert(SmemLayoutQ{}(cute::_0{}, cute::Int<kColsPerWarpgroup>{}, cute::_0{}) ==
                         kBlockM * kColsPerWarpgroup &&
                     SmemLayoutQ{}(cute::_0{}, cute::_0{}, cute::_1{}) == kBlockM * kHeadDim,
                 "Q's stages and each stage's column halves are contiguous runs");
   static constexpr int kFloatsPerElement = int(sizeof(float) / sizeof(Element));
+  static constexpr int kDqHalfStride = cute::cosize_v<SmemLayoutQ> / kFloatsPerElement;
   static constexpr int kDqWarpgroupStride = kBlockM * kColsPerWarpgroup / kFloatsPerElement;
   static constexpr int kDqStageStride = kBlockM * kHeadDim / kFloatsPerElement;
-  // One dQ product's (64, 128) tile over the warpgroups' pieces of a ring
-  // (stage by stage): column 64w + j is column j of warpgroup w's piece.
-  // The swizzle repeats every 1 KiB, so it applies to each piece alike.
+  // A stage's (64, 256) dQ tile over its pieces: column 128w + 64h + j is
+  // column j of warpgroup w's piece h; the swizzle repeats every 1 KiB, so
+  // it applies to each piece alike.
   using DqPieceCols = decltype(SmemLayoutdQPiece{}.layout_b());
   using SmemLayoutdQStages = decltype(cute::make_composed_layout(
       SmemLayoutdQPiece{}.layout_a(), SmemLayoutdQPiece{}.offset(),
       cute::make_layout(
           cute::make_shape(cute::get<0>(DqPieceCols{}.shape()),
-                           cute::make_shape(cute::get<1>(DqPieceCols{}.shape()),
+                           cute::make_shape(cute::get<1>(DqPieceCols{}.shape()), cute::_2{},
                                             cute::Int<kConsumerWarpgroups>{}),
                            cute::Int<Stages>{}),
           cute::make_stride(cute::get<0>(DqPieceCols{}.stride()),
                             cute::make_stride(cute::get<1>(DqPieceCols{}.stride()),
+                                              cute::Int<kDqHalfStride>{},
                                               cute::Int<kDqWarpgroupStride>{}),
                             cute::Int<kDqStageStride>{}))));
   using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
@@ -114,6 +114,7 @@ struct BwdSm90HeadSplitTraits
                                              DqPiece{}, cute::_1{}));
 
   struct SharedStorage : Base::TileStorage {
+    // (dO's ring follows Q's: the dQ pieces rely on it.)
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutPt>> pt;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutPt>> ds;
     alignas(16) float lse_log2[Stages][kBlockM];
