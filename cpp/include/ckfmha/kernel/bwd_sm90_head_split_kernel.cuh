@@ -12,8 +12,8 @@
 //   and keys. dQ is then staged in the bytes of the tile's Q/dO stage that
 //   only its warpgroup read, and added to the fp32 accumulator by TMA
 //   reduce-adds (fast mode only: the order of the adds is not fixed); the
-//   stage is released once they have read it, behind the next tile's S^T
-//   and dP^T.
+//   stage is released once they have read it, behind the next tile's
+//   products.
 #pragma once
 
 #include "ckfmha/kernel/attention_mask.cuh"
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdSsdS = st_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
   Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<M, D>{}));
   const int warpgroup = tid / 128;
-  // One thread per warpgroup adds its staged dQ and releases the stages.
+  // One thread per warpgroup adds the warpgroup's staged dQ.
   const bool issues_dq = tid % 128 == 0;
   const uint32_t warpgroup_barrier = kBwdSm90FirstWarpgroupBarrierId + warpgroup;
   // This thread's part of a stage's dQ tile (staged in Q's and dO's bytes),
@@ -211,17 +211,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::fence_view_async_shared();
     // Both warpgroups' queries of P^T and dS^T are in shared memory.
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
+    // The previous tile's stage is released, so that the producer refills it
+    // for the next tile while this one finishes: each thread is done with
+    // it, and the thread that added its staged dQ arrives once the
+    // reduce-adds have read it (long done by now: S^T and dP^T ran since).
+    if (it > 0) {
+      if (issues_dq) tma_store_wait<0>();
+      Barrier::arrive(&bar.q_empty[(it - 1) % kStages]);
+    }
 
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<M, D>{});
     issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt, acc_dq, true);
     issue(mma_dkv, tdVrPt(_, _, _, buffer), tdVrdOt(_, _, _, stage), acc_dv, false);
     issue(mma_dkv, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
-    // The previous tile's stage is released once its dQ reduce-adds have
-    // read it (long done by now: S^T and dP^T ran since).
-    if (issues_dq && it > 0) {
-      tma_store_wait<0>();
-      Barrier::arrive(&bar.q_empty[(it - 1) % kStages]);
-    }
 
     // dQ, dV and dK are done: this warpgroup's columns of the stage's Q and
     // dO are read by no one else (the other warpgroup's S^T and dP^T of

@@ -36,8 +36,6 @@ struct BwdSm90HeadSplitTraits
   static_assert(HeadDimQK == 256, "head dim 256");
   static_assert(BlockN == 64, "64 keys, one wgmma's rows, shared by both consumer warpgroups");
   static constexpr bool kSplitsHeadDim = true;
-  // One release per warpgroup: its dQ is staged in the stage (below).
-  static constexpr int kStageReleases = kConsumerWarpgroups;
   static constexpr int kColsPerWarpgroup = kHeadDim / kConsumerWarpgroups;
   static constexpr int kQueriesPerWarpgroup = kBlockM / kConsumerWarpgroups;
 

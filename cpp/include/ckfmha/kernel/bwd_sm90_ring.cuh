@@ -49,16 +49,15 @@ __device__ __forceinline__ BwdSm90QueryWalk bwd_sm90_query_walk(BwdParams const&
 }
 
 // By one thread, before the CTA's first __syncthreads: the producer arrives
-// once per fill (with the bytes to expect), the consumers kStageReleases
-// times per release (every consumer thread, or one per warpgroup where a
-// stage is released only once dQ staged in it has been read).
+// once per fill (with the bytes to expect), every consumer thread once per
+// release, each after its own last read of the stage.
 template <class Traits>
 __device__ __forceinline__ void bwd_sm90_init_barriers(typename Traits::Barriers& bar) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   Barrier::init(&bar.kv_full, 1);
   for (int s = 0; s < Traits::kStages; ++s) {
     Barrier::init(&bar.q_full[s], 1);
-    Barrier::init(&bar.q_empty[s], Traits::kStageReleases);
+    Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
   }
   cutlass::arch::fence_barrier_init();
 }

@@ -34,7 +34,6 @@ struct BwdSm90KeySplitTraits
   using Base::kHeadDim;
   static_assert(HeadDimQK == 64 || HeadDimQK == 128, "head dims 64 and 128");
   static constexpr bool kSplitsHeadDim = false;
-  static constexpr int kStageReleases = Base::kConsumerThreads;  // every consumer thread
   // A wgmma covers 64 rows: each consumer warpgroup owns 64 keys.
   static_assert(BlockN == 64 * kConsumerWarpgroups, "128 keys over two consumer warpgroups");
   // Issue the next query tile's S^T and dP^T behind this tile's dQ (dK
