@@ -31,7 +31,6 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -135,7 +134,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto st_r2s_thr = st_r2s.get_thread_slice(tid);
   Tensor tPsPt = st_r2s_thr.partition_D(sPt);    // (CPY, CPY_M, CPY_N, buffer)
   Tensor tdSsdS = st_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
-  Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<M, D>{}));
   const int warpgroup = tid / 128;
   // One thread per warpgroup adds the warpgroup's staged dQ.
   const bool issues_dq = tid % 128 == 0;
@@ -144,9 +142,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // and piece `half` of this warpgroup's columns as a TMA source.
   Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<float*>(storage->q.data())),
                            typename Traits::SmemLayoutdQStages{});
-  static_assert(offsetof(typename Traits::SharedStorage, dout) ==
-                    offsetof(typename Traits::SharedStorage, q) + sizeof(storage->q),
-                "dO's ring follows Q's");
   auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
   auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
   Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);  // (CPY, CPY_M, CPY_N, stage)

@@ -14,6 +14,8 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
+#include <cstddef>
+
 namespace ckfmha::kernel {
 
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
@@ -119,6 +121,10 @@ struct BwdSm90HeadSplitTraits
     alignas(16) float delta[Stages][kBlockM];
     typename Base::Barriers bar;
   };
+  // The dQ pieces count on dO's ring right after Q's.
+  static_assert(offsetof(typename Base::TileStorage, dout) ==
+                    offsetof(typename Base::TileStorage, q) + kDqHalfStride * sizeof(float),
+                "dO's ring follows Q's");
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;

@@ -1,11 +1,13 @@
-// Backward attention on Hopper, the main stage (bwd_dq_dk_dv): TMA loads and
-// wgmma, warp-specialized. One CTA per key tile (128 keys of one KV head and
-// batch entry); it walks the query tiles (64 rows) of every query head of
-// the KV head's group, so GQA and MQA sum dK and dV in registers:
-//   producer warpgroup: one thread loads K and V once, then each query
-//     tile's Q and dO (TMA) and its rows' LSE and D (bulk copies from the
-//     workspace, written by dot_do_o) into a two-stage ring; a stage is
-//     refilled when both consumer warpgroups have released it.
+// Backward attention on Hopper at head dims 64 and 128, the main stage
+// (bwd_dq_dk_dv): TMA loads and wgmma, warp-specialized. One CTA per key
+// tile (128 keys of one KV head and batch entry); it walks the query tiles
+// (64 rows) of every query head of the KV head's group, so GQA and MQA sum
+// dK and dV in registers (d256: bwd_sm90_head_split_kernel.cuh):
+//   producer warpgroup (bwd_sm90_ring.cuh): one thread loads K and V once,
+//     then each query tile's Q and dO (TMA) and its rows' LSE and D (bulk
+//     copies from the workspace, written by dot_do_o) into a two-stage
+//     ring; a stage is refilled when both consumer warpgroups have
+//     released it.
 //   consumer warpgroups (64 keys each), per query tile:
 //     S^T = K Q^T and dP^T = V dO^T (both operands from shared memory; P^T
 //     is computed while dP^T runs), dV += P^T dO with P^T as the register
