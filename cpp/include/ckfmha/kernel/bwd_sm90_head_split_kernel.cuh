@@ -37,19 +37,9 @@
 namespace ckfmha::kernel {
 
 template <class Traits>
-struct BwdSm90HeadSplitParams {
-  BwdParams p;
-  typename Traits::TmaQ tma_q;
-  typename Traits::TmaQ tma_do;
-  typename Traits::TmaK tma_k;
-  typename Traits::TmaK tma_v;
-  typename Traits::TmaDq tma_dq;
-};
-
-template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_dq_dk_dv_sm90_head_split_kernel(
-        __grid_constant__ const BwdSm90HeadSplitParams<Traits> params) {
+        __grid_constant__ const BwdSm90Params<Traits> params) {
   using namespace cute;
   using Element = typename Traits::Element;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -147,9 +137,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);  // (CPY, CPY_M, CPY_N, stage)
   auto dq_piece = [&](int stage, int half) __attribute__((always_inline)) {
     float* piece = reinterpret_cast<float*>(storage->q.data()) +
-                   stage * Traits::kDqStageStride + half * Traits::kDqHalfStride +
+                   stage * Traits::kDqStageStride + half * Traits::kDqRingStride +
                    warpgroup * Traits::kDqWarpgroupStride;
-    return make_tensor(make_smem_ptr(piece), typename Traits::SmemLayoutdQPiece{});
+    return make_tensor(make_smem_ptr(piece), typename Traits::SmemLayoutdQBox{});
   };
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
   auto dq_tma = params.tma_dq.get_slice(Int<0>{});
@@ -237,7 +227,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor gdQ = mdQ(_, _, batch * p.nhead_q + walk.head(it));
       CUTE_UNROLL
       for (int half = 0; half < 2; ++half) {
-        Tensor gdQ_piece = local_tile(gdQ, typename Traits::DqPiece{},
+        Tensor gdQ_piece = local_tile(gdQ, typename Traits::DqBox{},
                                       make_coord(walk.m_block(it), 2 * warpgroup + half));
         copy(params.tma_dq, dq_tma.partition_S(dq_piece(stage, half)),
              dq_tma.partition_D(gdQ_piece));

@@ -9,7 +9,6 @@
 #pragma once
 
 #include "ckfmha/kernel/bwd_sm90_traits_base.cuh"
-#include "ckfmha/kernel/shared_storage.cuh"  // SharedStore64
 
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -68,16 +67,16 @@ struct BwdSm90HeadSplitTraits
   using SmemLayoutdSt = typename Base::SmemLayoutQueriesKeys;
   using SmemStoreAtomPt = typename Base::SmemStoreAtomKeysQueries;
 
-  // dQ leaves through TMA reduce-adds of (64, 64) fp32 pieces. A staging
+  // dQ leaves through TMA reduce-adds of (64, 64) fp32 pieces (DqBox). A staging
   // tile of its own (64 x 256 fp32, 64 KiB) would not fit beside the ring,
   // so each warpgroup stages its 128 columns in the bytes of the query
   // tile's stage that only it reads once the tile's products are done:
   // columns [128w, 128w + 128) of Q (dK's B) and of dO (dV's B), 16 KiB in
   // each, one piece in each.
-  using DqPiece = cute::Shape<M, cute::_64>;
-  using SmemLayoutdQPiece =
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqPiece{}));
-  static_assert(cute::cosize_v<SmemLayoutdQPiece> * sizeof(float) ==
+  using DqBox = cute::Shape<M, cute::_64>;
+  using SmemLayoutdQBox =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqBox{}));
+  static_assert(cute::cosize_v<SmemLayoutdQBox> * sizeof(float) ==
                     kBlockM * kColsPerWarpgroup * sizeof(Element),
                 "a piece fills a warpgroup's columns of a Q or dO stage");
   // Where the pieces lie, in floats from the Q ring's start: a warpgroup's
@@ -89,32 +88,28 @@ struct BwdSm90HeadSplitTraits
                     SmemLayoutQ{}(cute::_0{}, cute::_0{}, cute::_1{}) == kBlockM * kHeadDim,
                 "Q's stages and each stage's column halves are contiguous runs");
   static constexpr int kFloatsPerElement = int(sizeof(float) / sizeof(Element));
-  static constexpr int kDqHalfStride = cute::cosize_v<SmemLayoutQ> / kFloatsPerElement;
+  static constexpr int kDqRingStride = cute::cosize_v<SmemLayoutQ> / kFloatsPerElement;  // Q to dO
   static constexpr int kDqWarpgroupStride = kBlockM * kColsPerWarpgroup / kFloatsPerElement;
   static constexpr int kDqStageStride = kBlockM * kHeadDim / kFloatsPerElement;
   // A stage's (64, 256) dQ tile over its pieces: column 128w + 64h + j is
   // column j of warpgroup w's piece h; the swizzle repeats every 1 KiB, so
   // it applies to each piece alike.
-  using DqPieceCols = decltype(SmemLayoutdQPiece{}.layout_b());
+  using DqBoxCols = decltype(SmemLayoutdQBox{}.layout_b());
   using SmemLayoutdQStages = decltype(cute::make_composed_layout(
-      SmemLayoutdQPiece{}.layout_a(), SmemLayoutdQPiece{}.offset(),
+      SmemLayoutdQBox{}.layout_a(), SmemLayoutdQBox{}.offset(),
       cute::make_layout(
-          cute::make_shape(cute::get<0>(DqPieceCols{}.shape()),
-                           cute::make_shape(cute::get<1>(DqPieceCols{}.shape()), cute::_2{},
+          cute::make_shape(cute::get<0>(DqBoxCols{}.shape()),
+                           cute::make_shape(cute::get<1>(DqBoxCols{}.shape()), cute::_2{},
                                             cute::Int<kConsumerWarpgroups>{}),
                            cute::Int<Stages>{}),
-          cute::make_stride(cute::get<0>(DqPieceCols{}.stride()),
-                            cute::make_stride(cute::get<1>(DqPieceCols{}.stride()),
-                                              cute::Int<kDqHalfStride>{},
+          cute::make_stride(cute::get<0>(DqBoxCols{}.stride()),
+                            cute::make_stride(cute::get<1>(DqBoxCols{}.stride()),
+                                              cute::Int<kDqRingStride>{},
                                               cute::Int<kDqWarpgroupStride>{}),
                             cute::Int<kDqStageStride>{}))));
-  using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
-  using TmaDq = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{},
-                                             typename Base::DqGmemTensor{}, SmemLayoutdQPiece{},
-                                             DqPiece{}, cute::_1{}));
+  using TmaDq = typename Base::template TmaDqFor<SmemLayoutdQBox, DqBox>;
 
   struct SharedStorage : Base::TileStorage {
-    // (dO's ring follows Q's: the dQ pieces rely on it.)
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutPt>> pt;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutPt>> ds;
     alignas(16) float lse_log2[Stages][kBlockM];
@@ -123,7 +118,7 @@ struct BwdSm90HeadSplitTraits
   };
   // The dQ pieces count on dO's ring right after Q's.
   static_assert(offsetof(typename Base::TileStorage, dout) ==
-                    offsetof(typename Base::TileStorage, q) + kDqHalfStride * sizeof(float),
+                    offsetof(typename Base::TileStorage, q) + kDqRingStride * sizeof(float),
                 "dO's ring follows Q's");
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.

@@ -44,16 +44,6 @@
 
 namespace ckfmha::kernel {
 
-template <class Traits>
-struct BwdSm90Params {
-  BwdParams p;
-  typename Traits::TmaQ tma_q;
-  typename Traits::TmaQ tma_do;
-  typename Traits::TmaK tma_k;
-  typename Traits::TmaK tma_v;
-  typename Traits::TmaDq tma_dq;
-};
-
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -144,8 +134,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);
   Tensor sdQ_half = make_tensor(
       make_smem_ptr(storage->dq.data() +
-                    warpgroup * cute::cosize_v<typename Traits::SmemLayoutdQHalf>),
-      typename Traits::SmemLayoutdQHalf{});
+                    warpgroup * cute::cosize_v<typename Traits::SmemLayoutdQBox>),
+      typename Traits::SmemLayoutdQBox{});
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
   auto dq_tma = params.tma_dq.get_slice(Int<0>{});
   Tensor tdQsdQ_half = dq_tma.partition_S(sdQ_half);
@@ -289,7 +279,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (issues_dq) {
       // Whole 64-row tiles: the workspace pads each head's rows (rows past
       // seqlen_q add zeros there, as their P is 0).
-      Tensor gdQ = local_tile(mdQ(_, _, batch * p.nhead_q + head), typename Traits::DqHalf{},
+      Tensor gdQ = local_tile(mdQ(_, _, batch * p.nhead_q + head), typename Traits::DqBox{},
                               make_coord(walk.m_block(it), warpgroup));
       copy(params.tma_dq, tdQsdQ_half, dq_tma.partition_D(gdQ));
       tma_store_arrive();

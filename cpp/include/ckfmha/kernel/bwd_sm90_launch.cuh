@@ -1,8 +1,7 @@
 // Host-side launcher of the Hopper backward main stage: picks the consumer
 // layout for the head dim, builds the TMA descriptors of Q, dO, K, V and the
-// dQ accumulator and launches one CTA per
-// (key tile, KV head, batch entry). The row-wise stages around it are the
-// sm80 path's.
+// dQ accumulator and launches one CTA per (key tile, KV head, batch entry).
+// The row-wise stages around it are the sm80 path's.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
@@ -74,18 +73,14 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                                          pr.nhead_q * pr.batch),
                               make_stride(int64_t(Traits::kHeadDim), _1{},
                                           int64_t(bwd.workspace_rows) * Traits::kHeadDim));
+  auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQBox{},
+                              typename Traits::DqBox{}, _1{});
+  BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq};
+  // (Only the layout's own kernel may be instantiated with its traits.)
   if constexpr (Traits::kSplitsHeadDim) {
-    auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum,
-                                typename Traits::SmemLayoutdQPiece{}, typename Traits::DqPiece{},
-                                _1{});
-    BwdSm90HeadSplitParams<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq};
     return launch_kernel(&bwd_dq_dk_dv_sm90_head_split_kernel<Traits>, grid, Traits::kThreads,
                          Traits::kSmemBytes, stream, params);
   } else {
-    auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum,
-                                typename Traits::SmemLayoutdQHalf{}, typename Traits::DqHalf{},
-                                _1{});
-    BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq};
     return launch_kernel(&bwd_dq_dk_dv_sm90_kernel<Traits>, grid, Traits::kThreads,
                          Traits::kSmemBytes, stream, params);
   }

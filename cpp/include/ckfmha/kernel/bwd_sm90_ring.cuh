@@ -62,10 +62,21 @@ __device__ __forceinline__ void bwd_sm90_init_barriers(typename Traits::Barriers
   cutlass::arch::fence_barrier_init();
 }
 
-// Run by one thread. `Params` holds the BwdParams `p` and the TMA copies
-// `tma_q`, `tma_do`, `tma_k` and `tma_v` the traits name.
-template <class Traits, class Params>
-__device__ __forceinline__ void bwd_sm90_load_tiles(Params const& params,
+// What both layouts' kernels take: the problem and the TMA copies of the
+// inputs and of the dQ accumulator.
+template <class Traits>
+struct BwdSm90Params {
+  BwdParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+  typename Traits::TmaDq tma_dq;
+};
+
+// Run by one thread.
+template <class Traits>
+__device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const& params,
                                                     typename Traits::SharedStorage* storage,
                                                     BwdSm90QueryWalk const& walk, int iters,
                                                     int n_block, int head_k, int batch) {

@@ -7,7 +7,6 @@
 #pragma once
 
 #include "ckfmha/kernel/bwd_sm90_traits_base.cuh"
-#include "ckfmha/kernel/shared_storage.cuh"  // SharedStore64
 
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -73,19 +72,16 @@ struct BwdSm90KeySplitTraits
   // swizzled rows, so the accumulator's column pairs store without bank
   // conflicts and each half is one contiguous TMA source.
   static constexpr int kDqColsPerWarpgroup = kHeadDim / kConsumerWarpgroups;
-  using DqHalf = cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>;
-  using SmemLayoutdQHalf =
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqHalf{}));
+  using DqBox = cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>;
+  using SmemLayoutdQBox =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqBox{}));
   // Both halves side by side: the (64, d) tile the dQ product partitions.
   using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
                                                     cute::Shape<M, D>{}));
   static_assert(cute::cosize_v<SmemLayoutdQ> == kConsumerWarpgroups *
-                                                     cute::cosize_v<SmemLayoutdQHalf>,
+                                                     cute::cosize_v<SmemLayoutdQBox>,
                 "each warpgroup's columns are one contiguous half of the dQ tile");
-  using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
-  using TmaDq = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{},
-                                             typename Base::DqGmemTensor{}, SmemLayoutdQHalf{},
-                                             DqHalf{}, cute::_1{}));
+  using TmaDq = typename Base::template TmaDqFor<SmemLayoutdQBox, DqBox>;
 
   struct SharedStorage : Base::TileStorage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> ds;

@@ -8,6 +8,7 @@
 
 #include "ckfmha/kernel/fwd_features.h"
 #include "ckfmha/kernel/fwd_sm90_traits.cuh"  // GmmaRowMajorAtom
+#include "ckfmha/kernel/shared_storage.cuh"  // SharedStore64
 
 #include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -114,6 +115,13 @@ struct BwdSm90TraitsBase {
   using DqGmemTensor = decltype(cute::make_tensor(
       cute::make_gmem_ptr(static_cast<float*>(nullptr)), cute::Shape<int, int, int>{},
       cute::Stride<int64_t, cute::_1, int64_t>{}));
+  // A TMA reduce-add of one staged fp32 dQ box into it; each layout names
+  // its box (DqBox) and the box's shared-memory layout (SmemLayoutdQBox).
+  template <class SmemLayoutBox, class Box>
+  using TmaDqFor = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, DqGmemTensor{},
+                                                SmemLayoutBox{}, Box{}, cute::_1{}));
+  // Register-to-shared stores of the fp32 dQ accumulator's column pairs.
+  using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
 
   static constexpr int kTmaBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   // A query tile's LSE (log2 domain) and D rows, bulk-copied with Q and dO.
