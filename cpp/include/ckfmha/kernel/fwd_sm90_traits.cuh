@@ -55,9 +55,6 @@ struct FwdSm90Traits {
   static constexpr MaskMode kMask = Mask;
   static constexpr bool kHasLse = HasLse;
   static constexpr bool kIsGroupMode = IsGroupMode;
-  // Every kFmaExpEvery-th softmax exponential of an unmasked tile runs on the
-  // FMA pipe (exp2_fma.cuh); 0 keeps all of them on the special-function unit.
-  static constexpr int kFmaExpEvery = 4;
   // Register split after setmaxnreg: the producer only issues TMA copies.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;

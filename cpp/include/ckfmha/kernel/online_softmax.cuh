@@ -7,8 +7,6 @@
 // group total.
 #pragma once
 
-#include "ckfmha/kernel/exp2_fma.cuh"
-
 #include <cute/tensor.hpp>
 
 #include <cmath>
@@ -33,27 +31,6 @@ __device__ __forceinline__ float lane_group_sum(float x) {
     x += __shfl_xor_sync(0xffffffff, x, lane_mask);
   }
   return x;
-}
-
-// Combines the Cols values of one row a thread holds as a balanced tree
-// (pairs, then pairs of pairs, ...). A left-to-right fold is a chain of Cols
-// dependent instructions, each waiting out the previous one's latency; the
-// tree has the same count but a depth of log2(Cols), so the row maxima and
-// sums no longer serialize the softmax. Any Cols works: an odd element out
-// joins at the next level.
-template <int Cols, class Value, class Combine>
-__device__ __forceinline__ float row_tree_reduce(Value&& value_at, Combine&& combine) {
-  float partial[Cols];
-  CUTE_UNROLL
-  for (int j = 0; j < Cols; ++j) partial[j] = value_at(j);
-  CUTE_UNROLL
-  for (int width = 1; width < Cols; width *= 2) {
-    CUTE_UNROLL
-    for (int j = 0; j + width < Cols; j += 2 * width) {
-      partial[j] = combine(partial[j], partial[j + width]);
-    }
-  }
-  return partial[0];
 }
 
 template <int Rows, int LaneGroup = 4>
@@ -86,20 +63,16 @@ struct OnlineSoftmax {
   // the caller to apply once nothing else writes the accumulator (on Hopper
   // the previous tile's P V product may still be accumulating into it).
   // A first tile's corrections are left unset: there is nothing to rescale.
-  // FmaExpEvery > 0 computes every FmaExpEvery-th exponential of a row with
-  // exp2_fma; only for finite scores (no masked element in the tile).
-  template <bool FirstTile, int FmaExpEvery = 0, class Scores>
+  template <bool FirstTile, class Scores>
   __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
-    constexpr int kCols = decltype(size<1>(scores))::value;
-    auto max_of = [](float a, float b) { return fmaxf(a, b); };
-    auto sum_of = [](float a, float b) { return a + b; };
     Corrections correction{};
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
-      float tile_max = fmaxf(
-          row_max[i], row_tree_reduce<kCols>([&](int j) { return float(scores(i, j)); }, max_of));
+      float tile_max = row_max[i];
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
       tile_max = lane_group_max<LaneGroup>(tile_max);
       // A row that has seen only masked keys keeps max -inf; subtracting 0
       // instead keeps exp2 at 0 rather than NaN.
@@ -113,13 +86,14 @@ struct OnlineSoftmax {
         row_sum[i] *= correction.row[i];
       }
       row_max[i] = tile_max;
+      float sum = 0.f;
       CUTE_UNROLL
-      for (int j = 0; j < kCols; ++j) {
-        const float x = scores(i, j) * scale_log2 - shift;
-        const bool on_fma = FmaExpEvery > 0 && j % FmaExpEvery == FmaExpEvery - 1;
-        scores(i, j) = on_fma ? exp2_fma(x) : exp2f(x);
+      for (int j = 0; j < size<1>(scores); ++j) {
+        float p = exp2f(scores(i, j) * scale_log2 - shift);
+        scores(i, j) = p;
+        sum += p;
       }
-      row_sum[i] += row_tree_reduce<kCols>([&](int j) { return float(scores(i, j)); }, sum_of);
+      row_sum[i] += sum;
     }
     return correction;
   }
