@@ -13,7 +13,6 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
-#include <cutlass/fast_math.h>
 
 #include <cstdint>
 
@@ -27,23 +26,13 @@ constexpr uint32_t kBwdSm90FirstWarpgroupBarrierId = 2;  // and 3: one per consu
 // The query tiles of one key tile: `iters` steps over the group's heads, each
 // over the row blocks [m_first, m_first + m_count) that see any of its keys.
 // Producer and consumers walk it alike, so both agree on stages and phases.
-// A step splits into (head, row block) by a multiply-high with a multiplier
-// computed once per key tile.
 struct BwdSm90QueryWalk {
   int head_begin;
   int m_first;
-  cutlass::FastDivmod m_count;
+  int m_count;
 
-  __device__ __forceinline__ int head(int it) const {
-    int steps_per_head, row_block;
-    m_count(steps_per_head, row_block, it);
-    return head_begin + steps_per_head;
-  }
-  __device__ __forceinline__ int m_block(int it) const {
-    int steps_per_head, row_block;
-    m_count(steps_per_head, row_block, it);
-    return m_first + row_block;
-  }
+  __device__ __forceinline__ int head(int it) const { return head_begin + it / m_count; }
+  __device__ __forceinline__ int m_block(int it) const { return m_first + it % m_count; }
 };
 
 // The walk of the key tile starting at `n_begin` of KV head `head_k`, and
@@ -56,8 +45,7 @@ __device__ __forceinline__ BwdSm90QueryWalk bwd_sm90_query_walk(BwdParams const&
   mask.query_block_range(n_begin, Traits::kBlockN, Traits::kBlockM, p.seqlen_q, &m_first,
                          &m_last);
   *iters = (m_last - m_first) * p.head_group;
-  // A key tile no query sees has no steps; its divisor is never used.
-  return {head_k * p.head_group, m_first, cutlass::FastDivmod(max(m_last - m_first, 1))};
+  return {head_k * p.head_group, m_first, m_last - m_first};
 }
 
 // By one thread, before the CTA's first __syncthreads: the producer arrives
