@@ -26,21 +26,13 @@ constexpr uint32_t kBwdSm90FirstWarpgroupBarrierId = 2;  // and 3: one per consu
 // The query tiles of one key tile: `iters` steps over the group's heads, each
 // over the row blocks [m_first, m_first + m_count) that see any of its keys.
 // Producer and consumers walk it alike, so both agree on stages and phases.
-// Without GQA a step is a row block of one head: no division by the
-// run-time m_count (a conversion, a reciprocal on the special-function unit
-// and a fix-up, in every step of the consumers' loop).
 struct BwdSm90QueryWalk {
   int head_begin;
   int m_first;
   int m_count;
-  bool one_head;  // head_group == 1
 
-  __device__ __forceinline__ int head(int it) const {
-    return one_head ? head_begin : head_begin + it / m_count;
-  }
-  __device__ __forceinline__ int m_block(int it) const {
-    return m_first + (one_head ? it : it % m_count);
-  }
+  __device__ __forceinline__ int head(int it) const { return head_begin + it / m_count; }
+  __device__ __forceinline__ int m_block(int it) const { return m_first + it % m_count; }
 };
 
 // The walk of the key tile starting at `n_begin` of KV head `head_k`, and
@@ -53,7 +45,7 @@ __device__ __forceinline__ BwdSm90QueryWalk bwd_sm90_query_walk(BwdParams const&
   mask.query_block_range(n_begin, Traits::kBlockN, Traits::kBlockM, p.seqlen_q, &m_first,
                          &m_last);
   *iters = (m_last - m_first) * p.head_group;
-  return {head_k * p.head_group, m_first, m_last - m_first, p.head_group == 1};
+  return {head_k * p.head_group, m_first, m_last - m_first};
 }
 
 // By one thread, before the CTA's first __syncthreads: the producer arrives
