@@ -306,11 +306,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (decltype(needs_mask)::value) {
         mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
       }
-      // Unmasked tiles hold finite scores only: a share of their
-      // exponentials can leave the special-function unit.
-      constexpr int kFmaExpEvery = decltype(needs_mask)::value ? 0 : Traits::kFmaExpEvery;
-      return softmax.template update_scores<decltype(first)::value, kFmaExpEvery>(scores,
-                                                                               p.scale_log2);
+      return softmax.template update_scores<decltype(first)::value>(scores, p.scale_log2);
     };
 
     // Key tile 0: S alone (there is no P yet).

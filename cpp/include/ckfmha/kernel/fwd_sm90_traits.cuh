@@ -55,11 +55,6 @@ struct FwdSm90Traits {
   static constexpr MaskMode kMask = Mask;
   static constexpr bool kHasLse = HasLse;
   static constexpr bool kIsGroupMode = IsGroupMode;
-  // Every kFmaExpEvery-th softmax exponential of an unmasked tile runs on the
-  // FMA pipe (exp2_fma.cuh); 0 keeps all of them on the special-function
-  // unit. At head dim 64 a key tile's exponentials take a consumer warp as
-  // long as the other warpgroup's products (NOTES entry 63).
-  static constexpr int kFmaExpEvery = HeadDimQK <= 64 ? 4 : 0;
   // Register split after setmaxnreg: the producer only issues TMA copies.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;

@@ -7,8 +7,6 @@
 // group total.
 #pragma once
 
-#include "ckfmha/kernel/exp2_fma.cuh"
-
 #include <cute/tensor.hpp>
 
 #include <cmath>
@@ -65,9 +63,7 @@ struct OnlineSoftmax {
   // the caller to apply once nothing else writes the accumulator (on Hopper
   // the previous tile's P V product may still be accumulating into it).
   // A first tile's corrections are left unset: there is nothing to rescale.
-  // FmaExpEvery > 0 computes every FmaExpEvery-th exponential of a row with
-  // exp2_fma; only for finite scores (no masked element in the tile).
-  template <bool FirstTile, int FmaExpEvery = 0, class Scores>
+  template <bool FirstTile, class Scores>
   __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
@@ -93,9 +89,7 @@ struct OnlineSoftmax {
       float sum = 0.f;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(scores); ++j) {
-        const float x = scores(i, j) * scale_log2 - shift;
-        const bool on_fma = FmaExpEvery > 0 && j % FmaExpEvery == FmaExpEvery - 1;
-        float p = on_fma ? exp2_fma(x) : exp2f(x);
+        float p = exp2f(scores(i, j) * scale_log2 - shift);
         scores(i, j) = p;
         sum += p;
       }
