@@ -53,7 +53,11 @@ def candidates(
         for sig in receipt.signatures:
             if pipeline not in rules.pipelines_for_family(sig.family, sig.dtype, arch.pipelines):
                 continue
-            tiles = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
+            tiles = tuple(
+                tile
+                for tile in arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
+                if tile.applies_to(sig)
+            )
             if not tiles:
                 yield sig, pipeline, None
                 continue

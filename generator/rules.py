@@ -336,9 +336,9 @@ def _appendkv_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
-# The Hopper template: a producer warpgroup (TMA) and two consumer warpgroups of 64 rows each.
-SM90_TILE_M = 128
-SM90_WARPS = 12
+# The Hopper template: a producer warpgroup (TMA) and two or three consumer warpgroups of 64 rows.
+SM90_TILE_M = (128, 192)
+SM90_THREE_WARPGROUP_ACCUMULATORS = 96
 # N extents CuTe's wgmma selector covers with one instruction (its extended shapes are off by
 # default); the S tile must be a single wgmma so that P can be reused in registers as A.
 SM90_SINGLE_WGMMA_N = (16, 32, 64, 96, 128, 192, 256)
@@ -360,11 +360,11 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"{', '.join(unsupported)} not implemented by {alg.pipeline} yet; it covers masks, "
             "LSE and GQA, and sm80_cpasync_mma covers the rest"
         )
-    if alg.tile_m != SM90_TILE_M or alg.warps != SM90_WARPS:
+    if alg.tile_m not in SM90_TILE_M or alg.warps != 4 * (1 + alg.tile_m // 64):
         reasons.append(
             f"tile_m={alg.tile_m}, warps={alg.warps}: the {alg.pipeline} template is "
-            f"tile_m={SM90_TILE_M} with {SM90_WARPS} warps (a TMA producer warpgroup and two "
-            "consumer warpgroups of 64 rows)"
+            f"tile_m {' or '.join(map(str, SM90_TILE_M))} with a TMA producer warpgroup and "
+            "a consumer warpgroup per 64 rows (12 or 16 warps)"
         )
     if alg.tile_n not in SM90_SINGLE_WGMMA_N:
         reasons.append(
@@ -385,8 +385,15 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}), {elem} B each, + 1 KiB "
             f"alignment) exceeds {arch.name}'s limit of {arch.max_dynamic_smem_per_block} bytes"
         )
-    # Consumers hold the O and S accumulators of their 64 rows after setmaxnreg 240.
+    # Consumers hold the O and S accumulators of their 64 rows after setmaxnreg: 240 registers
+    # with two consumer warpgroups, 160 with three (tested at head dim 64: 96 accumulators).
     acc = (64 * sig.hdim_v + 64 * alg.tile_n) // 128
+    if alg.tile_m == 192 and acc > SM90_THREE_WARPGROUP_ACCUMULATORS:
+        reasons.append(
+            f"estimated {acc} accumulator registers per consumer thread (O 64x{sig.hdim_v} + S "
+            f"64x{alg.tile_n} per warpgroup) exceeds {SM90_THREE_WARPGROUP_ACCUMULATORS}, what "
+            "three consumer warpgroups of 160 registers hold; use tile_m=128"
+        )
     if acc > MAX_ACCUMULATOR_REGISTERS:
         reasons.append(
             f"estimated {acc} accumulator registers per consumer thread (O 64x{sig.hdim_v} + S "

@@ -7,7 +7,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from generator.signature import Signature
 
 SPECS_FILE_NAME = "arch_specs.json"
 
@@ -26,6 +29,12 @@ class TileSpec:
     warps: int
     stages: int
     ctas_per_sm: int = 1
+    # Signature fields this tile is limited to ("mask": ("none",), ...); empty: every
+    # signature. A signature's default tile is the first entry that applies to it.
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def applies_to(self, signature: Signature) -> bool:
+        return all(getattr(signature, key) in values for key, values in self.when)
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,10 @@ def _parse_tile(raw: Mapping[str, Any]) -> TileSpec:
         warps=int(raw["warps"]),
         stages=int(raw.get("stages", 1)),
         ctas_per_sm=int(raw.get("ctas_per_sm", 1)),
+        when=tuple(
+            (str(key), tuple(str(v) for v in values))
+            for key, values in sorted(raw.get("when", {}).items())
+        ),
     )
 
 

@@ -191,10 +191,11 @@ def test_receipt_sizes(arch: str) -> None:
     sizes = {name: len(select(get_receipt(name), specs[arch]).accepted) for name in RECEIPTS}
     # sm_90a adds the Hopper template for the plain signatures: 4 of ci; of default, fp16/bf16 x
     # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
-    # the signatures without LSE.
+    # the signatures without LSE, and builds d64's 128-row tile beside the 192-row default of
+    # its unmasked batch-mode signatures (fp16/bf16 x LSE on/off).
     # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x d64/d128/d256 x
     # none/causal in batch mode of default and full (one tile each).
-    hopper = {"ci": 4 + 1, "default": 42 + 12, "full": 84 + 12}
+    hopper = {"ci": 4 + 1, "default": 42 + 12, "full": 84 + 4 + 12}
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
     # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
@@ -667,6 +668,26 @@ def test_sm90_template_accepts_plain_attention() -> None:
     assert _sm90() == ""
     assert _sm90(mask="window", lse=False) == ""
     assert _sm90(mode="group") == ""
+    three_warpgroups = {"tile_m": 192, "warps": 16, "hdim_q": 64, "hdim_v": 64, "tile_k": 64}
+    assert _sm90(**three_warpgroups) == ""
+
+
+def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
+    """d64's 192-row Hopper tile is listed first for unmasked batch-mode signatures only; every
+    other d64 signature keeps the 128-row tile as its default."""
+    specs = load_specs()
+    chosen = {
+        (c.signature.dtype, c.signature.mode, c.signature.mask, c.signature.lse): c.algorithm.tile_m
+        for c in select(get_receipt("default"), specs["sm_90a"]).accepted
+        if c.signature.family == "fwd" and c.algorithm.pipeline == "sm90_tma_wgmma"
+        and c.signature.hdim_q == 64
+    }
+    assert chosen, "the default set has d64 Hopper forward kernels"
+    for (dtype, mode, mask, lse), tile_m in chosen.items():
+        expected = 192 if (mode, mask) == ("batch", "none") else 128
+        assert tile_m == expected, (dtype, mode, mask, lse, tile_m)
+    tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[0]
+    assert tile.when == (("mask", ("none",)), ("mode", ("batch",)))
 
 
 @pytest.mark.parametrize(
@@ -674,8 +695,11 @@ def test_sm90_template_accepts_plain_attention() -> None:
     [
         ({"bias": "alibi", "dropout": True}, r"bias 'alibi', dropout not implemented by sm90"),
         ({"v_col_major": True}, r"column-major V not implemented by sm90_tma_wgmma"),
-        ({"tile_m": 64}, r"tile_m=64, warps=12: the sm90_tma_wgmma template is tile_m=128"),
-        ({"warps": 8}, r"template is tile_m=128 with 12 warps"),
+        ({"tile_m": 64}, r"tile_m=64, warps=12: the sm90_tma_wgmma template is tile_m 128 or 192"),
+        ({"warps": 8}, r"consumer warpgroup per 64 rows \(12 or 16 warps\)"),
+        ({"tile_m": 192}, r"tile_m=192, warps=12: .* \(12 or 16 warps\)"),
+        ({"tile_m": 192, "warps": 16, "hdim_q": 128, "hdim_v": 128, "tile_k": 128},
+         r"exceeds 96, what three consumer warpgroups of 160 registers hold"),
         ({"stages": 1}, r"stages=1: the TMA ring needs at least 2"),
         ({"tile_n": 272}, r"tile_n=272 must be one wgmma's N: 16, 32, 64, 96, 128, 192, 256"),
         ({"tile_n": 176}, r"tile_n=176 must be one wgmma's N"),

@@ -1,18 +1,18 @@
 // Forward attention on Hopper: TMA loads and wgmma, warp-specialized and
-// persistent. Each CTA walks query tiles (128 rows of one head and sequence)
+// persistent. Each CTA walks query tiles (128 or 192 rows of one head and sequence)
 // unit by unit in PersistentTileOrder (causal: pairs of tiles of equal total work):
 //   producer warpgroup: one thread issues TMA copies of each tile's Q and of
 //     its K and V tiles into a ring of stages, in the order the consumers
 //     read them (K0, K1, V0, K2, V1, ...); a stage's K or V is reused when
 //     both consumer warpgroups have released it, Q when both are done with
 //     it (q_empty), so the next tile's loads overlap this tile's tail.
-//   consumer warpgroups (64 query rows each), software-pipelined by one key
+//   consumer warpgroups (two or three, 64 query rows each), software-pipelined by one key
 //     tile: in one turn a warpgroup issues S_i = Q K_i^T and O += P_{i-1}
 //     V_{i-1} (wgmma; P from registers), then runs the mask and online
 //     softmax of S_i while its own P V product and the other warpgroup's
 //     products keep the tensor cores busy; O is rescaled for S_i's new
 //     maxima once that P V product has landed.
-// The two consumer warpgroups take turns issuing (ping-pong), so their
+// The consumer warpgroups take turns issuing (ConsumerTurns), so their
 // softmaxes interleave instead of meeting.
 // Key tiles are visited from the last to the first, as on the sm80 path: the
 // tiles crossing the end of the keys or the causal diagonal come first.
@@ -56,26 +56,33 @@ struct FwdSm90Params {
 // Named barrier 0 is __syncthreads; the consumers use their own so the
 // producer warpgroup never has to join.
 constexpr uint32_t kConsumerBarrierId = 1;
-constexpr uint32_t kFirstTurnBarrierId = 2;  // and 3: one per consumer warpgroup
-constexpr uint32_t kFirstEpilogueBarrierId = 4;  // and 5: one per consumer warpgroup
+constexpr int kMaxConsumerWarpgroups = 3;
+constexpr uint32_t kFirstTurnBarrierId = 2;  // one per consumer warpgroup
+// The epilogue barriers (one per consumer warpgroup) follow the turn barriers.
+template <int Warpgroups>
+constexpr uint32_t kFirstEpilogueBarrierId = kFirstTurnBarrierId + Warpgroups;
 
-// Ping-pong between the two consumer warpgroups: each issues its wgmmas only
-// in its turn and then hands the turn to the other, so the tensor cores
-// alternate between them and one warpgroup's softmax runs under the other's
-// products instead of both reaching the softmax at once.
-template <int ConsumerThreads>
+// Turns between the consumer warpgroups (ping-pong with two, a ring with
+// three): each issues its wgmmas only in its turn and then hands the turn to
+// the next, so the tensor cores alternate between them and one warpgroup's
+// softmax runs under the others' products instead of all reaching the
+// softmax at once. A turn's barrier joins the warpgroup handing over and the
+// one taking it.
+template <int Warpgroups>
 struct ConsumerTurns {
-  int warpgroup;  // 0 or 1 among the consumers
+  static_assert(Warpgroups >= 2 && Warpgroups <= kMaxConsumerWarpgroups);
+  int warpgroup;  // among the consumers
 
-  // Warpgroup 0 goes first.
+  // Warpgroup 0 goes first: the last one hands it the first turn.
   __device__ __forceinline__ void start() const {
-    if (warpgroup == 1) hand_over();
+    if (warpgroup == Warpgroups - 1) hand_over();
   }
   __device__ __forceinline__ void wait_turn() const {
-    cutlass::arch::NamedBarrier::sync(ConsumerThreads, kFirstTurnBarrierId + warpgroup);
+    cutlass::arch::NamedBarrier::sync(2 * 128, kFirstTurnBarrierId + warpgroup);
   }
   __device__ __forceinline__ void hand_over() const {
-    cutlass::arch::NamedBarrier::arrive(ConsumerThreads, kFirstTurnBarrierId + 1 - warpgroup);
+    const int next = Warpgroups == 2 ? 1 - warpgroup : (warpgroup + 1) % Warpgroups;
+    cutlass::arch::NamedBarrier::arrive(2 * 128, kFirstTurnBarrierId + next);
   }
 };
 
@@ -258,7 +265,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   typename Traits::RowsO::Store o_store;
   auto o_store_thr = o_store.get_thread_slice(tid);
 
-  const ConsumerTurns<Traits::kConsumerThreads> turns{tid / 128};
+  const ConsumerTurns<Traits::kConsumerWarpgroups> turns{tid / 128};
   turns.start();
 
   int kv_count = 0;  // same counters as the producer's
@@ -433,12 +440,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       CUTE_UNROLL
       for (int chunk = 0; chunk < Traits::kHeadDimV / kChunk; ++chunk) {
         if (leader) tma_store_wait<0>();
-        cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
+        cutlass::arch::NamedBarrier::sync(
+            128, kFirstEpilogueBarrierId<Traits::kConsumerWarpgroups> + warpgroup);
         Tensor rO_chunk = make_tensor(rO.data() + chunk * (kChunk / 2), chunk_layout);
         copy(o_chunk_r2s, o_chunk_r2s_thr.retile_S(rO_chunk), tOsO_chunks);
         // The TMA engine reads shared memory through the async proxy.
         cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(128, kFirstEpilogueBarrierId + warpgroup);
+        cutlass::arch::NamedBarrier::sync(
+            128, kFirstEpilogueBarrierId<Traits::kConsumerWarpgroups> + warpgroup);
         if (leader) {
           Tensor mO = params.tma_o.get_tma_tensor(make_shape(
               params.tma_rows_q, int(Traits::kHeadDimV), p.nhead_q, params.order.num_batches));

@@ -44,10 +44,14 @@ struct FwdSm90Traits {
 
   static constexpr int kHeadDimQK = HeadDimQK;
   static constexpr int kHeadDimV = HeadDimV;
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // a wgmma covers 64 rows
-  static_assert(BlockM == kBlockM && Warps == 4 * (1 + kConsumerWarpgroups),
-                "tiles are 128 query rows over a producer and two consumer warpgroups");
+  // A wgmma covers 64 rows: a consumer warpgroup per 64 query rows, two or
+  // three of them taking turns on the tensor cores.
+  static constexpr int kConsumerWarpgroups = BlockM / 64;
+  static constexpr int kBlockM = BlockM;
+  static_assert(BlockM % 64 == 0 && (kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3) &&
+                    Warps == 4 * (1 + kConsumerWarpgroups),
+                "tiles are 128 or 192 query rows over a producer warpgroup and a consumer "
+                "warpgroup per 64 rows");
   static constexpr int kBlockN = BlockN;
   static constexpr int kStages = Stages;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -57,7 +61,7 @@ struct FwdSm90Traits {
   static constexpr bool kIsGroupMode = IsGroupMode;
   // Register split after setmaxnreg: the producer only issues TMA copies.
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
