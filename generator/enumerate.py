@@ -80,6 +80,19 @@ def candidates(
 
 
 def _no_tile_reasons(sig: Signature, pipeline: str, arch: ArchSpec) -> tuple[str, ...]:
+    listed = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
+    if listed:
+        # The table has entries for these head dims, but each is limited (`when`) to
+        # signatures this one is not.
+        limits = "; ".join(
+            ", ".join(f"{key} in {list(values)}" for key, values in tile.when) for tile in listed
+        )
+        reason = (
+            f"no tile of {sig.family}/{pipeline} on {arch.name} at head dims "
+            f"{hdim_label(sig.hdim_q, sig.hdim_v)} applies to this signature (entries limited "
+            f"to: {limits})"
+        )
+        return (reason,)
     pairs = arch.hdims_for(sig.family, pipeline)
     hdims = ", ".join(hdim_label(q, v) for q, v in pairs) or "none"
     reason = (

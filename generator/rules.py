@@ -338,6 +338,13 @@ def _appendkv_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
 
 # The Hopper template: a producer warpgroup (TMA) and two or three consumer warpgroups of 64 rows.
 SM90_TILE_M = (128, 192)
+
+
+def _sm90_warps(tile_m: int) -> int:
+    return 4 * (1 + tile_m // 64)
+
+
+SM90_WARPS = tuple(_sm90_warps(tile_m) for tile_m in SM90_TILE_M)
 SM90_THREE_WARPGROUP_ACCUMULATORS = 96
 # N extents CuTe's wgmma selector covers with one instruction (its extended shapes are off by
 # default); the S tile must be a single wgmma so that P can be reused in registers as A.
@@ -360,11 +367,11 @@ def _sm90_template_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"{', '.join(unsupported)} not implemented by {alg.pipeline} yet; it covers masks, "
             "LSE and GQA, and sm80_cpasync_mma covers the rest"
         )
-    if alg.tile_m not in SM90_TILE_M or alg.warps != 4 * (1 + alg.tile_m // 64):
+    if alg.tile_m not in SM90_TILE_M or alg.warps != _sm90_warps(alg.tile_m):
         reasons.append(
             f"tile_m={alg.tile_m}, warps={alg.warps}: the {alg.pipeline} template is "
             f"tile_m {' or '.join(map(str, SM90_TILE_M))} with a TMA producer warpgroup and "
-            "a consumer warpgroup per 64 rows (12 or 16 warps)"
+            f"a consumer warpgroup per 64 rows ({' or '.join(map(str, SM90_WARPS))} warps)"
         )
     if alg.tile_n not in SM90_SINGLE_WGMMA_N:
         reasons.append(

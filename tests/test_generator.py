@@ -479,6 +479,23 @@ def test_signatures_meet_only_pipelines_taking_their_dtype() -> None:
     }  # fmt: skip
 
 
+def test_signature_no_tile_applies_to_is_rejected_with_the_limits(tmp_path: Path) -> None:
+    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    for tile in specs["arches"]["sm_86"]["tiles"]["fwd"]["sm80_cpasync_mma"]["128"]:
+        tile["when"] = {"mode": ["group"]}
+    custom = tmp_path / "arch_specs.json"
+    custom.write_text(json.dumps(specs))
+    result = _run_cli(
+        "--specs", str(custom), "--kernels", "default", "--arch", "sm_86", "--explain",
+        "--filter", "^fwd_bf16_batch_d128x128_causal_lse__",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "no tile of fwd/sm80_cpasync_mma on sm_86 at head dims 128 applies to this signature "
+        "(entries limited to: mode in ['group']" in result.stdout
+    ), result.stdout
+
+
 def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) -> None:
     specs = json.loads((ROOT / "arch_specs.json").read_text())
     specs["arches"]["sm_86"]["pipelines"] = ["sm80_cpasync_mma"]
