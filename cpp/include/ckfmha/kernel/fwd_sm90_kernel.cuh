@@ -81,6 +81,8 @@ struct ConsumerTurns {
     cutlass::arch::NamedBarrier::sync(2 * 128, kFirstTurnBarrierId + warpgroup);
   }
   __device__ __forceinline__ void hand_over() const {
+    // Two warpgroups keep `1 - warpgroup`: the same next warpgroup, but
+    // `% 2` changed ptxas's schedule of the whole 128-row kernel.
     const int next = Warpgroups == 2 ? 1 - warpgroup : (warpgroup + 1) % Warpgroups;
     cutlass::arch::NamedBarrier::arrive(2 * 128, kFirstTurnBarrierId + next);
   }
