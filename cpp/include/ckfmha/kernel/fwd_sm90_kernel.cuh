@@ -4,8 +4,9 @@
 //   producer warpgroup: one thread issues TMA copies of each tile's Q and of
 //     its K and V tiles into a ring of stages, in the order the consumers
 //     read them (K0, K1, V0, K2, V1, ...); a stage's K or V is reused when
-//     both consumer warpgroups have released it, Q when both are done with
-//     it (q_empty), so the next tile's loads overlap this tile's tail.
+//     every consumer warpgroup has released it, a Q buffer when all are done
+//     with it (q_empty). Q is double-buffered where it fits, so the next
+//     tile's Q arrives while this tile runs.
 //   consumer warpgroups (two or three, 64 query rows each), software-pipelined by one key
 //     tile: in one turn a warpgroup issues S_i = Q K_i^T and O += P_{i-1}
 //     V_{i-1} (wgmma; P from registers), then runs the mask and online
@@ -95,6 +96,12 @@ struct RingSlot {
   uint32_t phase;
 };
 
+// The slot of the `count`-th tile loaded into a ring of `Stages` buffers.
+template <int Stages>
+__device__ __forceinline__ RingSlot ring_slot_of(int count) {
+  return RingSlot{count % Stages, uint32_t((count / Stages) & 1)};
+}
+
 // What one query tile needs, computed alike by the producer and consumers so
 // that both walk the same tiles and barrier phases.
 template <class Traits>
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ char smem_raw[];
   Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
   auto& bar = storage->bar;
-  Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQRing{});
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutV{});
   Tensor sVt = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutVt{});
@@ -143,8 +150,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warp = int(threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
-    Barrier::init(&bar.q_full, 1);
-    Barrier::init(&bar.q_empty, Traits::kConsumerThreads);
+    for (int s = 0; s < Traits::kQStages; ++s) {
+      Barrier::init(&bar.q_full[s], 1);
+      Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
+    }
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&bar.k_full[s], 1);
       Barrier::init(&bar.v_full[s], 1);
@@ -169,7 +178,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor mV = params.tma_v.get_tma_tensor(
         make_shape(params.tma_rows_k, int(Traits::kHeadDimV), nhead_k, views));
     int kv_count = 0;  // K/V tiles loaded so far: the ring's stage and phase
-    int q_count = 0;   // Q tiles loaded so far: q_full/q_empty's phase
+    int q_count = 0;   // Q tiles loaded so far: the Q buffer and its barriers' phase
     for_each_tile(params.order, [&](QueryTile query_tile) {
       const Work work(p, query_tile);
       if (!work.has_rows()) return;
@@ -197,9 +206,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // Q is loaded even for a tile without visible keys: every tile with
       // rows takes one turn of q_full/q_empty, so both sides agree on phases.
       auto load_q = [&](auto const& src, auto&& dst) {
-        Barrier::wait(&bar.q_empty, (q_count & 1) ^ 1);
-        Barrier::arrive_and_expect_tx(&bar.q_full, Traits::kTmaBytesQ);
-        copy(params.tma_q.with(bar.q_full), src, dst);
+        const RingSlot slot = ring_slot_of<Traits::kQStages>(q_count);
+        Barrier::wait(&bar.q_empty[slot.stage], slot.phase ^ 1);
+        Barrier::arrive_and_expect_tx(&bar.q_full[slot.stage], Traits::kTmaBytesQ);
+        copy(params.tma_q.with(bar.q_full[slot.stage]), src, dst(_, slot.stage));
         ++q_count;
       };
       // Key tile i of K or V into its ring; `tma` and the barrier arrays say
@@ -217,12 +227,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         copy(tma.with(full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
       };
       const int n_tiles = work.n_tiles();
-      if (n_tiles == 0) load_q(tQgQ, tQsQ);
+      // With two Q buffers, Q goes first: its buffer was freed a tile ago.
+      constexpr bool kQFirst = Traits::kQStages > 1;
+      if (n_tiles == 0 || kQFirst) load_q(tQgQ, tQsQ);
       for (int i = 0; i < n_tiles; ++i) {
         load_kv_tile(i, params.tma_k, bar.k_empty, bar.k_full, Traits::kTmaBytesK, tKgK, tKsK);
-        // The first K tile goes out before Q, which may still wait for the
-        // previous tile's consumers.
-        if (i == 0) load_q(tQgQ, tQsQ);
+        // With one, the first K tile goes out before Q, which may still wait
+        // for the previous tile's consumers.
+        if (i == 0 && !kQFirst) load_q(tQgQ, tQsQ);
         // V trails K by one tile, as the consumers' products do.
         if (i > 0) {
           load_kv_tile(i - 1, params.tma_v, bar.v_empty, bar.v_full, Traits::kTmaBytesV, tVgV,
@@ -285,20 +297,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     clear(acc_o);
     OnlineSoftmax<kRows> softmax;
     softmax.reset();
-    Barrier::wait(&bar.q_full, q_count & 1);
+    const RingSlot q_slot = ring_slot_of<Traits::kQStages>(q_count);
+    Barrier::wait(&bar.q_full[q_slot.stage], q_slot.phase);
 
     // P of the key tile whose P V product is issued next.
     Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
     Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
-    auto ring_slot = [&](int i) {
-      const int ring = kv_count + i;
-      return RingSlot{ring % kStages, uint32_t((ring / kStages) & 1)};
-    };
+    auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
     auto issue_s = [&](auto& acc_s, int stage) {
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tSrQ); ++k) {
-        gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k, stage), acc_s);
+        gemm(mma_qk, tSrQ(_, _, k, q_slot.stage), tSrK(_, _, k, stage), acc_s);
         mma_qk.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
@@ -393,10 +403,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
       }
       // Q is free once this warpgroup's last S product is done.
-      Barrier::arrive(&bar.q_empty);
+      Barrier::arrive(&bar.q_empty[q_slot.stage]);
       last_product();
     } else {
-      Barrier::arrive(&bar.q_empty);
+      Barrier::arrive(&bar.q_empty[q_slot.stage]);
     }
     kv_count += n_tiles;
 

@@ -88,6 +88,7 @@ struct FwdSm90Traits {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayout{}));
 
+  // One Q tile, as the TMA copies it; SmemLayoutQRing stacks kQStages of them.
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, HeadDimQK>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>>{}));
@@ -170,9 +171,12 @@ struct FwdSm90Traits {
   static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(Element));
   static constexpr int kTmaBytesV = BlockN * HeadDimV * int(sizeof(Element));
 
+  // Q is double-buffered where shared memory allows, so the next tile's Q
+  // loads while this tile runs instead of after its last S product.
+  static constexpr int kMaxQStages = 2;
   struct Barriers {
-    uint64_t q_full;
-    uint64_t q_empty;  // both consumer warpgroups are done with Q
+    uint64_t q_full[kMaxQStages];
+    uint64_t q_empty[kMaxQStages];  // every consumer warpgroup is done with that Q
     uint64_t k_full[Stages];
     uint64_t v_full[Stages];
     // K and V are released apart: a stage's K is done once its S product is,
@@ -181,14 +185,16 @@ struct FwdSm90Traits {
     uint64_t v_empty[Stages];
   };
   // Swizzled GMMA/TMA tiles need 1024-byte alignment.
+  template <int QStages>
   struct StorageWithoutO {
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, QStages * cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
     Barriers bar;
   };
+  template <int QStages>
   struct StorageWithO {
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, QStages * cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
@@ -197,11 +203,19 @@ struct FwdSm90Traits {
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr bool kStagesO = int(sizeof(StorageWithO)) + 1024 <= kSmemLimit;
+  // Staging O comes first (its register path lost at s512, NOTES 33); a
+  // second Q only where both fit (not d256).
+  static constexpr int kQStages =
+      int(sizeof(StorageWithO<kMaxQStages>)) + 1024 <= kSmemLimit ? kMaxQStages : 1;
+  using SmemLayoutQRing = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, HeadDimQK>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>, cute::Int<kQStages>>{}));
+  static constexpr bool kStagesO = int(sizeof(StorageWithO<kQStages>)) + 1024 <= kSmemLimit;
   static constexpr Sm90OutputPath kOutputPath =
       !kStagesO ? Sm90OutputPath::kRegisters
                 : (IsGroupMode ? Sm90OutputPath::kSmemRows : Sm90OutputPath::kTmaStore);
-  using SharedStorage = std::conditional_t<kStagesO, StorageWithO, StorageWithoutO>;
+  using SharedStorage =
+      std::conditional_t<kStagesO, StorageWithO<kQStages>, StorageWithoutO<kQStages>>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and barriers must fit shared memory");
 
