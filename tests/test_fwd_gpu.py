@@ -315,20 +315,28 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
     dtype = _torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
-    hq, hk = 8, 2
-    options = mask_options(kernel, 1)
     if kernel["mode"] == "batch":
-        b, sq, sk = 4, 1500, 1390  # 12 query tiles x 8 heads x 4 = 384 tiles
-        q = inputs.normal((b, hq, sq, d), dtype)
-        k = inputs.normal((b, hk, sk, d), dtype)
-        v = inputs.normal((b, hk, sk, dv), dtype)
-        out = torch.full((b, hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
-        lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-        ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
-                   **options)
-        torch.cuda.synchronize()
-        ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+        # 1500 rows are 12 query tiles of 128 or 8 of 192 (384 or 256 tiles
+        # over 8 heads x 4); 1300 rows are 11 or 7, an odd count over an odd
+        # number of heads (3 x 5): causal units then pair middle tiles of two
+        # heads and leave one alone.
+        for index, (b, hq, hk, sq, sk) in enumerate([(4, 8, 2, 1500, 1390),
+                                                     (3, 5, 1, 1300, 1300)]):
+            options = mask_options(kernel, 1 - index)
+            q = inputs.normal((b, hq, sq, d), dtype)
+            k = inputs.normal((b, hk, sk, d), dtype)
+            v = inputs.normal((b, hk, sk, dv), dtype)
+            out = torch.full((b, hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
+            lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
+            ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
+                       **options)
+            torch.cuda.synchronize()
+            ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+            _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
+                     f"persistent batch {b}x{hq}x{sq} {sorted(options)}")
     else:
+        hq, hk = 8, 2
+        options = mask_options(kernel, 1)
         lens_q = np.array([inputs.integer(700) for _ in range(24)] + [0, 700])
         lens_k = np.array([inputs.integer(700) for _ in range(24)] + [300, 0])
         cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -345,8 +353,8 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
         torch.cuda.synchronize()
         ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
                                                   **options)
-    _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
-             f"persistent {kernel['mode']} {sorted(options)}")
+        _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
+                 f"persistent group {sorted(options)}")
 
 
 @pytest.mark.slow

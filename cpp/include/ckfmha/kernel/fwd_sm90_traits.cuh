@@ -60,8 +60,14 @@ struct FwdSm90Traits {
   static constexpr bool kHasLse = HasLse;
   static constexpr bool kIsGroupMode = IsGroupMode;
   // Register split after setmaxnreg: the producer only issues TMA copies.
-  static constexpr int kProducerRegisters = 24;
+  // setmaxnreg moves registers within what the CTA was launched with (the
+  // launch bound's per-thread count for every thread), so the split must
+  // fit that pool, not the whole register file: 24 + 2 x 240 fills 168 x 384
+  // exactly, 32 + 3 x 160 fills 128 x 512. A split over the pool leaves the
+  // consumers' setmaxnreg waiting forever.
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -69,8 +75,9 @@ struct FwdSm90Traits {
   static_assert(HeadDimQK % 16 == 0 && HeadDimV % 16 == 0, "wgmma K steps are 16 deep");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N is a multiple of 16 up to 256");
   static_assert(Stages >= 2, "the K/V ring needs two stages to overlap loads with math");
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536,
-                "the register split must fit the SM's register file");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <=
+                    kLaunchRegisters * kThreads,
+                "the register split must fit the registers the CTA is launched with");
 
   using TileShapeQK = cute::Shape<cute::Int<kBlockM>, cute::Int<BlockN>, cute::Int<HeadDimQK>>;
   using TileShapePV = cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimV>, cute::Int<BlockN>>;
