@@ -328,27 +328,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return softmax.template update_scores<decltype(first)::value>(scores, p.scale_log2);
     };
 
-    // A key tile this warpgroup's rows do not see: its stages are released
-    // once loaded (V a turn later, as for a computed tile) and its turn is
-    // passed on, so that every warpgroup takes the same turns.
-    auto pass_tile = [&](int i) {
-      const RingSlot slot = ring_slot(i);
-      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
-      if (i > 0) Barrier::wait(&bar.v_full[ring_slot(i - 1).stage], ring_slot(i - 1).phase);
-      turns.wait_turn();
-      turns.hand_over();
-      Barrier::arrive(&bar.k_empty[slot.stage]);
-      if (i > 0) Barrier::arrive(&bar.v_empty[ring_slot(i - 1).stage]);
-    };
-    // This warpgroup's first key tile i: S alone (there is no P yet).
-    auto first_tile = [&](int i, auto needs_mask) {
-      const RingSlot slot = ring_slot(i);
+    // Key tile 0: S alone (there is no P yet).
+    auto first_tile = [&](auto needs_mask) {
+      const RingSlot slot = ring_slot(0);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
-      if (i > 0) {  // the V of the last tile passed
-        const RingSlot prev = ring_slot(i - 1);
-        Barrier::wait(&bar.v_full[prev.stage], prev.phase);
-        Barrier::arrive(&bar.v_empty[prev.stage]);
-      }
       Barrier::wait(&bar.k_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_s);
       turns.wait_turn();
@@ -358,7 +341,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
-      softmax_scores(acc_s, i, needs_mask, std::true_type{});
+      softmax_scores(acc_s, 0, needs_mask, std::true_type{});
       convert_fragment_into(acc_s, probs);
     };
     // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
@@ -405,28 +388,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto tile_needs_mask = [&](int i) {
       return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
     };
-    // The tile's top rows may end a key tile or more before its bottom rows
-    // (causal, windows): a warpgroup skips the key tiles past its own rows'
-    // last, but computes one at least, so that rows without visible keys
-    // get the same result as in a computed tile.
-    int skip = 0;
-    if constexpr (Traits::kMask != MaskMode::kNone) {
-      int wg_first, wg_last;
-      constexpr int kWgRows = Traits::kRowsPerWarpgroup;
-      mask.key_block_range(m_begin + turns.warpgroup * kWgRows, kWgRows, kBlockN, &wg_first,
-                           &wg_last);
-      skip = max(0, min(n_last - wg_last, n_tiles - 1));
-    }
     if (n_tiles > 0) {
-      for (int i = 0; i < skip; ++i) pass_tile(i);
-      if (tile_needs_mask(skip)) {
-        first_tile(skip, std::true_type{});
+      if (tile_needs_mask(0)) {
+        first_tile(std::true_type{});
       } else {
-        first_tile(skip, std::false_type{});
+        first_tile(std::false_type{});
       }
       // Same order as the sm80 path: masked tiles at the end of the keys and
       // on the diagonal, then unmasked ones, then (windows only) the left edge.
-      int i = skip + 1;
+      int i = 1;
       for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
       for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
       if constexpr (Traits::kMask == MaskMode::kWindow) {

@@ -14,51 +14,32 @@ struct QueryTile {
 };
 
 // PairTiles: causal work grows linearly with the query tile, so a unit pairs
-// tile m_blocks-1-j with tile j of one head (the heaviest first) and every
-// pair costs the same. With an odd count, each head's middle tile costs half
-// a pair: the middle tiles of two heads make one unit, after all the pairs.
-// (Alone, they would make every CTA whose units fall on them in step with
-// the grid's width do half the work of the others.) Otherwise a unit is one
-// tile.
+// tile m_blocks-1-j with tile j (the heaviest first) and every pair costs the
+// same; otherwise a unit is one tile.
 template <bool PairTiles>
 struct PersistentTileOrder {
   int num_m_blocks;
   int nhead;
   int num_batches;
 
-  __host__ __device__ int heads() const { return nhead * num_batches; }
-  __host__ __device__ int pairs_per_head() const { return num_m_blocks / 2; }
-  __host__ __device__ int pair_units() const { return pairs_per_head() * heads(); }
-  __host__ __device__ int num_units() const {
-    if constexpr (PairTiles) {
-      return pair_units() + (num_m_blocks % 2 == 1 ? (heads() + 1) / 2 : 0);
-    } else {
-      return num_m_blocks * heads();
-    }
+  __host__ __device__ int units_per_head() const {
+    return PairTiles ? (num_m_blocks + 1) / 2 : num_m_blocks;
   }
+  __host__ __device__ int num_units() const { return units_per_head() * nhead * num_batches; }
 
   __device__ __forceinline__ int tiles_in_unit(int unit) const {
     if constexpr (PairTiles) {
-      if (unit < pair_units()) return 2;
-      return 2 * (unit - pair_units()) + 1 < heads() ? 2 : 1;  // an odd head count leaves one
+      const int j = unit % units_per_head();
+      return 2 * j + 1 == num_m_blocks ? 1 : 2;  // the middle tile of an odd count is alone
     } else {
       return 1;
     }
   }
 
   __device__ __forceinline__ QueryTile tile(int unit, int which) const {
-    int m_block, rest;  // rest: the (batch, head) index
-    if (!PairTiles) {
-      m_block = unit % num_m_blocks;
-      rest = unit / num_m_blocks;
-    } else if (unit < pair_units()) {
-      const int j = unit % pairs_per_head();
-      m_block = which == 0 ? num_m_blocks - 1 - j : j;
-      rest = unit / pairs_per_head();
-    } else {
-      m_block = num_m_blocks / 2;
-      rest = 2 * (unit - pair_units()) + which;
-    }
+    const int j = unit % units_per_head();
+    const int rest = unit / units_per_head();
+    const int m_block = PairTiles && which == 0 ? num_m_blocks - 1 - j : j;
     return {m_block, rest % nhead, rest / nhead};
   }
 };
