@@ -192,22 +192,34 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
   return why.str();
 }
 
+// Query rows a tile of `tile_m` rows computes past seqlen_q, counted only where
+// they are more than an eighth of the rows it computes: below that the tile
+// table's order decides, so a larger default tile (the 192-row Hopper d64
+// tile, 3% padding at 2048 rows) is not passed over for a smaller one that
+// pads nothing; above it (short sequences) the tile that pads least wins.
+namespace {
+int64_t wasted_query_rows(int64_t seqlen_q, int tile_m) {
+  const int64_t computed = (seqlen_q + tile_m - 1) / tile_m * tile_m;
+  const int64_t padded = computed - seqlen_q;
+  return padded * 8 > computed ? padded : 0;
+}
+}  // namespace
+
 Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
                      ckfmha_fwd_problem const& p, int device_arch) {
   Selection best;
   // Preference among fitting kernels: SASS built for this exact arch, then the
   // faster pipeline (Hopper's TMA + wgmma over mma.sync), then the narrowest
   // mask kind (causal over window), then an exact LSE match, then the fewest
-  // padded query rows, then generator order (the tile table lists its default first).
+  // wasted query rows, then generator order (the tile table lists its default first).
   std::tuple<int, int, int, int, int64_t> best_score{};
   for (auto const& k : kernels) {
     if (!same_shape(k, p, CKFMHA_FAMILY_FWD) || !reject_reason(k, p, device_arch).empty()) {
       continue;
     }
-    int64_t padded_rows = (int64_t(p.seqlen_q) + k.tile_m - 1) / k.tile_m * k.tile_m - p.seqlen_q;
     std::tuple<int, int, int, int, int64_t> score{
         k.arch == device_arch, pipeline_rank(k.pipeline), k.mask == preferred_mask_kind(p.mask),
-        bool(k.has_lse) == bool(p.store_lse), -padded_rows};
+        bool(k.has_lse) == bool(p.store_lse), -wasted_query_rows(p.seqlen_q, k.tile_m)};
     if (!best.found || score > best_score) {
       best.found = true;
       best.kernel = k;
