@@ -284,44 +284,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   int kv_count = 0;  // same counters as the producer's
   int q_count = 0;
-  OnlineSoftmax<kRows> softmax;
-  // P of the key tile whose P V product is issued next.
-  Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
-  Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
-  // The tiles this CTA walks, in the producer's order; tiles without rows
-  // are passed over by both.
-  TileCursor<Sm90TileOrder<Traits>> cursor(params.order);
-  auto seek_rows = [&]() {
-    while (cursor.valid() && !Work(p, cursor.tile()).has_rows()) cursor.advance();
-  };
-  seek_rows();
-  // Whether the current tile's first key tile was computed in the previous
-  // tile's last turn (its softmax done, its P in `probs`).
-  constexpr bool kChainTiles = Traits::kQStages > 1;
-  bool first_done = false;
-  clear(acc_o);
-  softmax.reset();
-  while (cursor.valid()) {
-    const Work work(p, cursor.tile());
-    cursor.advance();
-    seek_rows();
+  for_each_tile(params.order, [&](QueryTile query_tile) {
+    const Work work(p, query_tile);
+    if (!work.has_rows()) return;
     const int head = work.tile.head;
     const int batch = work.tile.batch;
     const int m_begin = work.m_begin;
+    const int n_last = work.n_last;
     const int n_tiles = work.n_tiles();
-    const RingSlot q_slot = ring_slot_of<Traits::kQStages>(q_count);
-    // With two Q buffers the next tile's first S product goes into this
-    // tile's last turn, so that it runs under this tile's epilogue (where
-    // the next tile has keys: `chain`).
-    const Work next(p, cursor.valid() ? cursor.tile() : work.tile);
-    const bool chain = kChainTiles && cursor.valid() && n_tiles > 0 && next.n_tiles() > 0;
+    auto const& mask = work.mask;
 
+    clear(acc_o);
+    OnlineSoftmax<kRows> softmax;
+    softmax.reset();
+    const RingSlot q_slot = ring_slot_of<Traits::kQStages>(q_count);
+    Barrier::wait(&bar.q_full[q_slot.stage], q_slot.phase);
+
+    // P of the key tile whose P V product is issued next.
+    Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
+    Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
-    auto issue_s = [&](auto& acc_s, int stage, int q_stage) {
+    auto issue_s = [&](auto& acc_s, int stage) {
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tSrQ); ++k) {
-        gemm(mma_qk, tSrQ(_, _, k, q_stage), tSrK(_, _, k, stage), acc_s);
+        gemm(mma_qk, tSrQ(_, _, k, q_slot.stage), tSrK(_, _, k, stage), acc_s);
         mma_qk.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
@@ -333,42 +320,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       warpgroup_commit_batch();
     };
-    // Key tile i of tile `w`: the mask where it needs one, then the score half
-    // of the online softmax.
-    auto softmax_scores = [&](Work const& w, auto& acc_s, int i, auto needs_mask, auto first) {
+    auto softmax_scores = [&](auto& acc_s, int i, auto needs_mask, auto first) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
       if constexpr (decltype(needs_mask)::value) {
-        w.mask.apply(scores, cS_rows_cols, w.m_begin, (w.n_last - 1 - i) * kBlockN);
+        mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
       }
       return softmax.template update_scores<decltype(first)::value>(scores, p.scale_log2);
     };
-    auto tile_needs_mask = [&](Work const& w, int i) {
-      return w.mask.tile_needs_mask(w.m_begin, (w.n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
-    };
-    // The softmax of tile w's first key tile, into `probs`.
-    auto first_softmax = [&](Work const& w, auto& acc_s) {
-      if (tile_needs_mask(w, 0)) {
-        softmax_scores(w, acc_s, 0, std::true_type{}, std::true_type{});
-      } else {
-        softmax_scores(w, acc_s, 0, std::false_type{}, std::true_type{});
-      }
-      convert_fragment_into(acc_s, probs);
-    };
 
     // Key tile 0: S alone (there is no P yet).
-    auto first_tile = [&]() {
+    auto first_tile = [&](auto needs_mask) {
       const RingSlot slot = ring_slot(0);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       Barrier::wait(&bar.k_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_s);
       turns.wait_turn();
       warpgroup_arrive();
-      issue_s(acc_s, slot.stage, q_slot.stage);
+      issue_s(acc_s, slot.stage);
       turns.hand_over();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
-      first_softmax(work, acc_s);
+      softmax_scores(acc_s, 0, needs_mask, std::true_type{});
+      convert_fragment_into(acc_s, probs);
     };
     // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
     // softmax runs while the P V product accumulates.
@@ -384,110 +358,81 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_fence_operand(acc_o);
       turns.wait_turn();
       warpgroup_arrive();
-      issue_s(acc_s, slot.stage, q_slot.stage);
+      issue_s(acc_s, slot.stage);
       issue_pv(prev.stage);
       turns.hand_over();
       warpgroup_wait<1>();  // S_i; the P V product may still run
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
-      const auto correction = softmax_scores(work, acc_s, i, needs_mask, std::false_type{});
+      const auto correction = softmax_scores(acc_s, i, needs_mask, std::false_type{});
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&bar.v_empty[prev.stage]);
       softmax.rescale(out, correction);
       convert_fragment_into(acc_s, probs);
     };
-
-    // Rows of this tile that each lane of a quad owns: their LSE goes out.
-    auto store_lse = [&](float const (&lse)[kRows]) {
-      if constexpr (Traits::kHasLse) {
-        if (p.lse != nullptr) {
-          float* lse_out = p.lse + (kGroup ? work.seq.q_token0 : batch * p.lse_batch_stride) +
-                           head * p.lse_head_stride;
-          if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              int row = m_begin + get<0>(cO_rows_cols(r, 0));
-              if (row < work.seq.seqlen_q) lse_out[row] = lse[r];
-            }
-          }
-        }
-      }
+    // The last tile's P V, alone.
+    auto last_product = [&]() {
+      const RingSlot slot = ring_slot(n_tiles - 1);
+      Barrier::wait(&bar.v_full[slot.stage], slot.phase);
+      warpgroup_fence_operand(acc_o);
+      turns.wait_turn();
+      warpgroup_arrive();
+      issue_pv(slot.stage);
+      turns.hand_over();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&bar.v_empty[slot.stage]);
     };
-    const int64_t o_origin =
-        kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
-    auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
-                   m_begin * p.o_row_stride;
 
-    if (!first_done) Barrier::wait(&bar.q_full[q_slot.stage], q_slot.phase);
-    if (n_tiles == 0) {
-      // No key is visible to the tile's rows: O is 0 and the LSE -inf, as
-      // finalize gives for such rows. Stored from registers on a path of its
-      // own, so that the other tiles' last turn and epilogue are straight-line
-      // code: a wgmma in flight across a branch's merge serializes every
-      // wgmma (ptxas C7515).
-      Barrier::arrive(&bar.q_empty[q_slot.stage]);
-      float lse[kRows];
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) lse[r] = -INFINITY;
-      store_lse(lse);
-      Tensor zeros = make_tensor<Element>(acc_o.layout());
-      fill(zeros, Element(0.f));
-      Tensor zeros_rows_cols = make_tensor(zeros.data(), gmma_accum_as_rows_cols(zeros.layout()));
-      store_fragment_rows(zeros_rows_cols, cO_rows_cols, o_base, p.o_row_stride,
-                          work.seq.seqlen_q - m_begin);
-      ++q_count;
-      first_done = false;
-      continue;
-    }
-    if (!first_done) first_tile();
-    // The next tile's first S, issued in this tile's last turn.
-    Tensor acc_s_next = partition_fragment_C(mma_qk, TileS{});
-    const RingSlot next_k = ring_slot(n_tiles);
-    const RingSlot next_q = ring_slot_of<Traits::kQStages>(q_count + 1);
-    {
+    auto tile_needs_mask = [&](int i) {
+      return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
+    };
+    if (n_tiles > 0) {
+      if (tile_needs_mask(0)) {
+        first_tile(std::true_type{});
+      } else {
+        first_tile(std::false_type{});
+      }
       // Same order as the sm80 path: masked tiles at the end of the keys and
       // on the diagonal, then unmasked ones, then (windows only) the left edge.
       int i = 1;
-      for (; i < n_tiles && tile_needs_mask(work, i); ++i) next_tile(i, std::true_type{});
-      for (; i < n_tiles && !tile_needs_mask(work, i); ++i) next_tile(i, std::false_type{});
+      for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
+      for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
       if constexpr (Traits::kMask == MaskMode::kWindow) {
         for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
       }
       // Q is free once this warpgroup's last S product is done.
       Barrier::arrive(&bar.q_empty[q_slot.stage]);
-      // The last tile's P V, and with a chained next tile its first S.
-      const RingSlot last = ring_slot(n_tiles - 1);
-      Barrier::wait(&bar.v_full[last.stage], last.phase);
-      if (chain) {
-        Barrier::wait(&bar.k_full[next_k.stage], next_k.phase);
-        Barrier::wait(&bar.q_full[next_q.stage], next_q.phase);
-      }
-      warpgroup_fence_operand(acc_o);
-      warpgroup_fence_operand(acc_s_next);
-      turns.wait_turn();
-      warpgroup_arrive();
-      issue_pv(last.stage);
-      // Issued whether or not a tile follows: a wgmma issued on a branch
-      // serializes every wgmma of the kernel (ptxas C7520). Without a chained
-      // tile its result is dropped and the slots it reads are whatever they
-      // hold: after the CTA's last tile nothing writes them; before a tile
-      // without keys the producer may be filling them (that tile's Q, a later
-      // tile's first K).
-      if constexpr (kChainTiles) issue_s(acc_s_next, next_k.stage, next_q.stage);
-      turns.hand_over();
-      warpgroup_wait<kChainTiles ? 1 : 0>();
-      warpgroup_fence_operand(acc_o);
-      Barrier::arrive(&bar.v_empty[last.stage]);
+      last_product();
+    } else {
+      Barrier::arrive(&bar.q_empty[q_slot.stage]);
     }
     kv_count += n_tiles;
 
-    // ---- epilogue (the chained tile's first S product may still run)
+    // ---- epilogue
     float lse[kRows];
     softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
-    store_lse(lse);
+
+    if constexpr (Traits::kHasLse) {
+      if (p.lse != nullptr) {
+        float* lse_out = p.lse + (kGroup ? work.seq.q_token0 : batch * p.lse_batch_stride) +
+                         head * p.lse_head_stride;
+        if (get<1>(cO_rows_cols(0, 0)) == 0) {  // one lane of each quad owns the row
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            int row = m_begin + get<0>(cO_rows_cols(r, 0));
+            if (row < work.seq.seqlen_q) lse_out[row] = lse[r];
+          }
+        }
+      }
+    }
 
     Tensor rO = convert_fragment<Element>(acc_o);
+    const int64_t o_origin =
+        kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
+    auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
+                   m_begin * p.o_row_stride;
     if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
       // This warpgroup writes and stores its own rows, a column chunk at a
       // time; it waits only for its previous store to have read its buffer.
@@ -543,19 +488,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                           work.seq.seqlen_q - m_begin);
     }
     ++q_count;
-    // The chained tile's first key tile: its S ran under the epilogue.
-    if constexpr (kChainTiles) warpgroup_wait<0>();
-    clear(acc_o);
-    softmax.reset();
-    if constexpr (kChainTiles) {
-      warpgroup_fence_operand(acc_s_next);
-      if (chain) {
-        Barrier::arrive(&bar.k_empty[next_k.stage]);
-        first_softmax(next, acc_s_next);
-      }
-    }
-    first_done = chain;
-  }
+  });
   // Shared memory must outlive the last stores' reads.
   if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
     if (tid % 128 == 0) tma_store_wait<0>();

@@ -44,26 +44,6 @@ struct PersistentTileOrder {
   }
 };
 
-// This CTA's tiles in for_each_tile's order, one at a time, for a walk that
-// needs to see the next tile before it is done with the current one.
-template <class Order>
-struct TileCursor {
-  Order const& order;
-  int unit;
-  int which;
-
-  __device__ __forceinline__ explicit TileCursor(Order const& o)
-      : order(o), unit(blockIdx.x), which(0) {}
-  __device__ __forceinline__ bool valid() const { return unit < order.num_units(); }
-  __device__ __forceinline__ QueryTile tile() const { return order.tile(unit, which); }
-  __device__ __forceinline__ void advance() {
-    if (++which == order.tiles_in_unit(unit)) {
-      which = 0;
-      unit += gridDim.x;
-    }
-  }
-};
-
 // Calls body(tile) for every tile of this CTA's units, in order.
 template <class Order, class Body>
 __device__ __forceinline__ void for_each_tile(Order const& order, Body&& body) {
