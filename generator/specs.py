@@ -34,7 +34,9 @@ class TileSpec:
     when: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def applies_to(self, signature: Signature) -> bool:
-        return all(getattr(signature, key) in values for key, values in self.when)
+        # A field another family's signature has (rope, page_layout) limits the tile to
+        # signatures that have it.
+        return all(getattr(signature, key, None) in values for key, values in self.when)
 
 
 @dataclass(frozen=True)
@@ -100,17 +102,47 @@ def find_specs_file() -> Path:
     )
 
 
-def _parse_tile(raw: Mapping[str, Any]) -> TileSpec:
+@functools.cache
+def when_keys() -> tuple[str, ...]:
+    """Signature fields a tile's `when` may name: the text-valued ones of every family's
+    signature (a tile compares them with strings, so a flag or a head dim would never match)."""
+    from dataclasses import fields
+
+    from generator.signature import AppendKvSignature, BwdSignature, FwdSignature
+
+    return tuple(sorted({
+        f.name
+        for cls in (FwdSignature, BwdSignature, AppendKvSignature)
+        for f in fields(cls)
+        if f.type == "str"
+    }))  # fmt: skip
+
+
+def _parse_when(raw: Any, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if not isinstance(raw, Mapping):
+        raise SpecsError(f"{where}: 'when' must map signature fields to lists of values")
+    parsed = []
+    for key, values in sorted(raw.items()):
+        if key not in when_keys():
+            raise SpecsError(
+                f"{where}: 'when' names {key!r}, which is not a text-valued signature field; "
+                f"it may name {', '.join(when_keys())}"
+            )
+        if (not isinstance(values, list) or not values
+                or not all(isinstance(v, str) for v in values)):
+            raise SpecsError(f"{where}: 'when' {key!r} must list one or more strings, got {values!r}")
+        parsed.append((str(key), tuple(values)))
+    return tuple(parsed)
+
+
+def _parse_tile(raw: Mapping[str, Any], where: str) -> TileSpec:
     return TileSpec(
         tile_m=int(raw["tile_m"]),
         tile_n=int(raw.get("tile_n", 0)),
         warps=int(raw["warps"]),
         stages=int(raw.get("stages", 1)),
         ctas_per_sm=int(raw.get("ctas_per_sm", 1)),
-        when=tuple(
-            (str(key), tuple(str(v) for v in values))
-            for key, values in sorted(raw.get("when", {}).items())
-        ),
+        when=_parse_when(raw.get("when", {}), where),
     )
 
 
@@ -118,7 +150,10 @@ def _parse_arch(name: str, raw: Mapping[str, Any]) -> ArchSpec:
     tiles = {
         family: {
             pipeline: {
-                parse_hdim_label(hdim): tuple(_parse_tile(t) for t in tile_list)
+                parse_hdim_label(hdim): tuple(
+                    _parse_tile(t, f"{name} tiles.{family}.{pipeline}.{hdim}[{i}]")
+                    for i, t in enumerate(tile_list)
+                )
                 for hdim, tile_list in by_hdim.items()
             }
             for pipeline, by_hdim in by_pipeline.items()

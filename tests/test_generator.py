@@ -16,7 +16,7 @@ from generator import emit, rules
 from generator.enumerate import select, select_for_arches
 from generator.receipts import RECEIPTS, compile_filter, get_receipt
 from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
-from generator.specs import load_specs
+from generator.specs import SpecsError, load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
@@ -705,6 +705,26 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
         assert tile_m == expected, (dtype, mode, mask, lse, tile_m)
     tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[0]
     assert tile.when == (("mask", ("none",)), ("mode", ("batch",)))
+
+
+@pytest.mark.parametrize(
+    ("when", "expected"),
+    [
+        ({"lse": ["true"]}, (r"'when' names 'lse', which is not a text-valued signature field; "
+                             r"it may name bias, dtype, family, mask, mode, page_layout, rope")),
+        ({"mask": "none"}, r"'when' 'mask' must list one or more strings, got 'none'"),
+        ({"mask": []}, r"'when' 'mask' must list one or more strings"),
+        (["mask"], r"'when' must map signature fields to lists of values"),
+    ],
+)
+def test_tile_when_is_checked_when_the_specs_load(tmp_path: Path, when: object,
+                                                  expected: str) -> None:
+    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs["arches"]["sm_90a"]["tiles"]["fwd"]["sm90_tma_wgmma"]["128"][0]["when"] = when
+    custom = tmp_path / "arch_specs.json"
+    custom.write_text(json.dumps(specs))
+    with pytest.raises(SpecsError, match=r"sm_90a tiles\.fwd\.sm90_tma_wgmma\.128\[0\]: " + expected):
+        load_specs(custom)
 
 
 @pytest.mark.parametrize(
