@@ -284,6 +284,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   int kv_count = 0;  // same counters as the producer's
   int q_count = 0;
+  // The softmax state and P live across tiles: both are reset after a
+  // tile's epilogue, with O, rather than at the next tile's start.
+  OnlineSoftmax<kRows> softmax;
+  softmax.reset();
+  clear(acc_o);
+  // P of the key tile whose P V product is issued next.
+  Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
+  Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
   for_each_tile(params.order, [&](QueryTile query_tile) {
     const Work work(p, query_tile);
     if (!work.has_rows()) return;
@@ -294,15 +302,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int n_tiles = work.n_tiles();
     auto const& mask = work.mask;
 
-    clear(acc_o);
-    OnlineSoftmax<kRows> softmax;
-    softmax.reset();
     const RingSlot q_slot = ring_slot_of<Traits::kQStages>(q_count);
     Barrier::wait(&bar.q_full[q_slot.stage], q_slot.phase);
 
-    // P of the key tile whose P V product is issued next.
-    Tensor probs = make_tensor<Element>(partition_fragment_C(mma_qk, TileS{}).layout());
-    Tensor tOrP = make_tensor(probs.data(), gmma_accum_as_operand_a(probs.layout()));
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
     auto issue_s = [&](auto& acc_s, int stage) {
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
@@ -388,7 +390,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto tile_needs_mask = [&](int i) {
       return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
     };
-    if (n_tiles > 0) {
+    if (n_tiles == 0) {
+      // No key is visible to the tile's rows: O is 0 and the LSE -inf, as
+      // finalize gives such rows, stored from registers on a path of its
+      // own, so that the other tiles' products, epilogue and resets are one
+      // straight block (measured faster, NOTES 72).
+      Barrier::arrive(&bar.q_empty[q_slot.stage]);
+      if constexpr (Traits::kHasLse) {
+        if (p.lse != nullptr && get<1>(cO_rows_cols(0, 0)) == 0) {
+          float* lse_out = p.lse + (kGroup ? work.seq.q_token0 : batch * p.lse_batch_stride) +
+                           head * p.lse_head_stride;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            int row = m_begin + get<0>(cO_rows_cols(r, 0));
+            if (row < work.seq.seqlen_q) lse_out[row] = -INFINITY;
+          }
+        }
+      }
+      const int64_t origin =
+          kGroup ? work.seq.q_token0 * p.o_row_stride : batch * p.o_batch_stride;
+      Tensor zeros = make_tensor<Element>(acc_o.layout());
+      fill(zeros, Element(0.f));
+      store_fragment_rows(make_tensor(zeros.data(), gmma_accum_as_rows_cols(zeros.layout())),
+                          cO_rows_cols,
+                          static_cast<Element*>(p.o) + origin + head * p.o_head_stride +
+                              m_begin * p.o_row_stride,
+                          p.o_row_stride, work.seq.seqlen_q - m_begin);
+      ++q_count;
+      return;
+    }
+    {  // every tile from here on has keys
       if (tile_needs_mask(0)) {
         first_tile(std::true_type{});
       } else {
@@ -405,8 +436,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // Q is free once this warpgroup's last S product is done.
       Barrier::arrive(&bar.q_empty[q_slot.stage]);
       last_product();
-    } else {
-      Barrier::arrive(&bar.q_empty[q_slot.stage]);
     }
     kv_count += n_tiles;
 
@@ -488,6 +517,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                           work.seq.seqlen_q - m_begin);
     }
     ++q_count;
+    clear(acc_o);
+    softmax.reset();
   });
   // Shared memory must outlive the last stores' reads.
   if constexpr (Traits::kOutputPath == Sm90OutputPath::kTmaStore) {
