@@ -419,24 +419,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++q_count;
       return;
     }
-    {  // every tile from here on has keys
-      if (tile_needs_mask(0)) {
-        first_tile(std::true_type{});
-      } else {
-        first_tile(std::false_type{});
-      }
-      // Same order as the sm80 path: masked tiles at the end of the keys and
-      // on the diagonal, then unmasked ones, then (windows only) the left edge.
-      int i = 1;
-      for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
-      for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
-      if constexpr (Traits::kMask == MaskMode::kWindow) {
-        for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
-      }
-      // Q is free once this warpgroup's last S product is done.
-      Barrier::arrive(&bar.q_empty[q_slot.stage]);
-      last_product();
+    if (tile_needs_mask(0)) {
+      first_tile(std::true_type{});
+    } else {
+      first_tile(std::false_type{});
     }
+    // Same order as the sm80 path: masked tiles at the end of the keys and
+    // on the diagonal, then unmasked ones, then (windows only) the left edge.
+    int i = 1;
+    for (; i < n_tiles && tile_needs_mask(i); ++i) next_tile(i, std::true_type{});
+    for (; i < n_tiles && !tile_needs_mask(i); ++i) next_tile(i, std::false_type{});
+    if constexpr (Traits::kMask == MaskMode::kWindow) {
+      for (; i < n_tiles; ++i) next_tile(i, std::true_type{});
+    }
+    // Q is free once this warpgroup's last S product is done.
+    Barrier::arrive(&bar.q_empty[q_slot.stage]);
+    last_product();
     kv_count += n_tiles;
 
     // ---- epilogue
