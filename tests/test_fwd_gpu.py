@@ -310,6 +310,20 @@ def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
 PERSISTENT_KERNELS = [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma"]
 
 
+def _check_bhsd_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, options: dict[str, Any],
+                     what: str) -> None:
+    """One forward call with kernel["name"] on [b, h, s, d] tensors into NaN-poisoned
+    outputs, against the float64 reference at the default scale."""
+    b, hq, sq = q.shape[:3]
+    out = torch.full((b, hq, sq, v.shape[-1]), float("nan"), device="cuda", dtype=q.dtype)
+    lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
+    ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse), **options)
+    torch.cuda.synchronize()
+    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+    _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
+             f"{what} {sorted(options)}")
+
+
 @pytest.mark.parametrize("kernel", PERSISTENT_KERNELS, ids=[k["name"] for k in PERSISTENT_KERNELS])
 def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
@@ -328,14 +342,7 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
             q = inputs.normal((b, hq, sq, d), dtype)
             k = inputs.normal((b, hk, sk, d), dtype)
             v = inputs.normal((b, hk, sk, dv), dtype)
-            out = torch.full((b, hq, sq, dv), float("nan"), device="cuda", dtype=dtype)
-            lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-            ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
-                       **options)
-            torch.cuda.synchronize()
-            ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
-            _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
-                     f"persistent batch {b}x{hq}x{sq} {sorted(options)}")
+            _check_bhsd_case(kernel, q, k, v, options, f"persistent batch {b}x{hq}x{sq}")
     else:
         hq, hk = 8, 2
         options = mask_options(kernel, 1)
@@ -357,6 +364,42 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
                                                   **options)
         _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
                  f"persistent group {sorted(options)}")
+
+
+BATCH_PERSISTENT_KERNELS = [k for k in PERSISTENT_KERNELS if k["mode"] == "batch"]
+
+
+@pytest.mark.parametrize("kernel", BATCH_PERSISTENT_KERNELS,
+                         ids=[k["name"] for k in BATCH_PERSISTENT_KERNELS])
+def test_rising_row_maxima_rescale_the_output(kernel: dict[str, Any]) -> None:
+    """Scores that climb by about 6 natural-log units every 64 keys towards the first key.
+
+    Key tiles are visited from the last to the first, so almost every tile
+    raises each row's maximum by more than the lazy-maximum slack of the
+    Hopper kernels (a factor 2^8), and O must be rescaled turn after turn;
+    plain random inputs rarely move a maximum that far after the first tile.
+    The second case ramps the other way (the first tile visited holds the
+    maximum).
+    """
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 2)
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    b, hq, hk, sq, sk = 2, 4, 2, 300, 1000
+    direction = torch.zeros(d, device="cuda")
+    direction[0] = 1.0
+    for index, rising in enumerate((True, False)):
+        options = mask_options(kernel, index)
+        # q leans 4 along `direction`; key j's component there climbs to
+        # 90 * sqrt(d) / 4 at the rising end, so scores span about 90.
+        ramp = torch.linspace(1.0, 0.0, sk, device="cuda")
+        if not rising:
+            ramp = ramp.flip(0)
+        ramp = ramp * 90.0 * math.sqrt(d) / 4.0
+        q = inputs.normal((b, hq, sq, d), torch.float32, 0.3) + 4.0 * direction
+        k = inputs.normal((b, hk, sk, d), torch.float32, 0.3) + ramp[:, None] * direction
+        q, k = q.to(dtype), k.to(dtype)
+        v = inputs.normal((b, hk, sk, dv), dtype)
+        _check_bhsd_case(kernel, q, k, v, options, f"rising={rising}")
 
 
 @pytest.mark.slow

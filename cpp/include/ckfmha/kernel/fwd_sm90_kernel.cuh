@@ -14,7 +14,11 @@
 //     products keep the tensor cores busy; O is rescaled for S_i's new
 //     maxima once that P V product has landed.
 // The consumer warpgroups take turns issuing (ConsumerTurns), so their
-// softmaxes interleave instead of meeting.
+// softmaxes interleave instead of meeting. A turn's critical path is one
+// warpgroup's own chain (S product, softmax, O rescale, the next operands'
+// barriers), so from head dim 128 two pieces are cut from it: a row's
+// running maximum moves only by more than a factor 2^8 (most turns skip the
+// rescale), and the next turn's barriers are tested under the softmax.
 // Key tiles are visited from the last to the first, as on the sm80 path: the
 // tiles crossing the end of the keys or the causal diagonal come first.
 #pragma once
@@ -284,6 +288,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   int kv_count = 0;  // same counters as the producer's
   int q_count = 0;
+  // Two-warpgroup kernels from head dim 128 test the next turn's operand
+  // barriers early. The three-warpgroup tile's 160 registers do not hold the
+  // two flags without spilling, and at head dim 64 (a short S product) the
+  // early test measured 3% slower (NOTES 73).
+  constexpr bool kTestOperandsEarly =
+      Traits::kConsumerWarpgroups == 2 && Traits::kHeadDimV >= 128;
+  // From head dim 128, a row's running maximum moves only when a tile raises
+  // it by more than a factor 2^8 (online_softmax.cuh), so most turns skip
+  // O's rescale (HeadDimV / 2 multiplies per thread). At 64 the check cost
+  // more in the softmax than the rescale it saved (NOTES 73).
+  constexpr int kMaxSlack = Traits::kHeadDimV >= 128 ? 8 : 0;
   // The softmax state and P live across tiles: both are reset after a
   // tile's epilogue, with O, rather than at the next tile's start.
   OnlineSoftmax<kRows> softmax;
@@ -327,9 +342,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (decltype(needs_mask)::value) {
         mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
       }
-      return softmax.template update_scores<decltype(first)::value>(scores, p.scale_log2);
+      return softmax.template update_scores<decltype(first)::value>(
+          scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
     };
 
+    // Whether the next turn's operands (K_{i+1}, V_i) have landed, tested
+    // while this turn's softmax or P V product runs: a completed barrier's
+    // wait still costs a round trip to shared memory at the next turn.
+    bool k_ready = false, v_ready = false;
+    auto test_next_operands = [&](int i) {
+      if constexpr (!kTestOperandsEarly) return;
+      const RingSlot k_slot = ring_slot(i + 1);
+      const RingSlot v_slot = ring_slot(i);
+      k_ready = Barrier::test_wait(&bar.k_full[k_slot.stage], k_slot.phase, 1);
+      v_ready = Barrier::test_wait(&bar.v_full[v_slot.stage], v_slot.phase, 1);
+    };
     // Key tile 0: S alone (there is no P yet).
     auto first_tile = [&](auto needs_mask) {
       const RingSlot slot = ring_slot(0);
@@ -343,6 +370,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
+      test_next_operands(0);
       softmax_scores(acc_s, 0, needs_mask, std::true_type{});
       convert_fragment_into(acc_s, probs);
     };
@@ -354,8 +382,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       // Both operands are waited for before the turn, which must not be held
       // while a load is late.
-      Barrier::wait(&bar.k_full[slot.stage], slot.phase);
-      Barrier::wait(&bar.v_full[prev.stage], prev.phase);
+      if (!k_ready) Barrier::wait(&bar.k_full[slot.stage], slot.phase);
+      if (!v_ready) Barrier::wait(&bar.v_full[prev.stage], prev.phase);
       warpgroup_fence_operand(acc_s);
       warpgroup_fence_operand(acc_o);
       turns.wait_turn();
@@ -367,16 +395,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
       const auto correction = softmax_scores(acc_s, i, needs_mask, std::false_type{});
+      test_next_operands(i);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&bar.v_empty[prev.stage]);
-      softmax.rescale(out, correction);
+      // Warp-uniform: with the lazy maximum most turns skip the rescale.
+      if constexpr (kMaxSlack == 0) {
+        softmax.rescale(out, correction);
+      } else if (__any_sync(0xffffffffu, correction.any)) {
+        softmax.rescale(out, correction);
+      }
       convert_fragment_into(acc_s, probs);
     };
     // The last tile's P V, alone.
     auto last_product = [&]() {
       const RingSlot slot = ring_slot(n_tiles - 1);
-      Barrier::wait(&bar.v_full[slot.stage], slot.phase);
+      if (!v_ready) Barrier::wait(&bar.v_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_o);
       turns.wait_turn();
       warpgroup_arrive();

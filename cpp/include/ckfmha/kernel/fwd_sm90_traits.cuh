@@ -126,15 +126,27 @@ struct FwdSm90Traits {
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kOChunkCols = HeadDimV > 128 ? 128 : HeadDimV;
   static_assert(HeadDimV % kOChunkCols == 0, "O leaves in whole column chunks");
-  // One warpgroup's buffer, and both seen as one (128, chunk) tile: atoms
-  // are tiled along the columns first, so each 64-row half is contiguous.
+  // One warpgroup's buffer, atoms tiled down the rows first so that the TMA
+  // store's box spans all 64 rows of an atom column: a 128-column chunk
+  // leaves in two stores (tiled along the columns first, it took sixteen
+  // 8-row boxes, issued one after another by the storing thread).
   using SmemLayoutOChunk = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, kOChunkCols>{},
-      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<kOChunkCols>>{},
-      cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutOChunks = decltype(cute::tile_to_shape(
+      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<kOChunkCols>>{}));
+  // All warpgroups' buffers one after another, seen as one (BlockM, chunk)
+  // tile whose row r lies in buffer r / 64: the consumers' tiled copy
+  // partitions it as it partitions O.
+  using SmemLayoutOChunkStack = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, kOChunkCols>{},
-      cute::Shape<cute::Int<kBlockM>, cute::Int<kOChunkCols>>{}, cute::Step<cute::_2, cute::_1>{}));
+      cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<kOChunkCols>,
+                  cute::Int<kConsumerWarpgroups>>{}));
+  using SmemLayoutOChunks = decltype(cute::composition(
+      SmemLayoutOChunkStack{},
+      cute::Layout<cute::Shape<cute::Shape<cute::Int<kRowsPerWarpgroup>,
+                                           cute::Int<kConsumerWarpgroups>>,
+                               cute::Int<kOChunkCols>>,
+                   cute::Stride<cute::Stride<cute::_1, cute::Int<kRowsPerWarpgroup * kOChunkCols>>,
+                                cute::Int<kRowsPerWarpgroup>>>{}));
   // The P V product cut to one column chunk: the same accumulator layout
   // over fewer 8-column blocks, which partitions a chunk's registers.
   using TiledMmaPVChunk = decltype(cute::make_tiled_mma(

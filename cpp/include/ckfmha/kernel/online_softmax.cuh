@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 
 #include <cmath>
+#include <type_traits>
 
 namespace ckfmha::kernel {
 
@@ -38,9 +39,11 @@ struct OnlineSoftmax {
   float row_max[Rows];  // in raw score units (before the softmax scale)
   float row_sum[Rows];  // this thread's share of sum(exp(scale * (s - row_max)))
 
-  // Per-row factors for the output accumulator after a maximum moved.
+  // Per-row factors for the output accumulator after a maximum moved, and
+  // whether any of this thread's rows moved (all factors are 1 otherwise).
   struct Corrections {
     float row[Rows];
+    bool any;
   };
 
   __device__ __forceinline__ void reset() {
@@ -63,17 +66,33 @@ struct OnlineSoftmax {
   // the caller to apply once nothing else writes the accumulator (on Hopper
   // the previous tile's P V product may still be accumulating into it).
   // A first tile's corrections are left unset: there is nothing to rescale.
-  template <bool FirstTile, class Scores>
-  __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2) {
+  //
+  // With a lazy `MaxSlack` (> 0, log2 units), a row keeps its running maximum
+  // until a tile's scores exceed it by more than that: probabilities then
+  // reach up to 2^MaxSlack instead of 1 (harmless in fp32 sums and in
+  // fp16/bf16 P), and most tiles need no correction of O at all.
+  template <bool FirstTile, class Scores, int MaxSlack = 0>
+  __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2,
+                                                       std::integral_constant<int, MaxSlack> = {}) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
     Corrections correction{};
+    correction.any = MaxSlack == 0;
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
       float tile_max = row_max[i];
       CUTE_UNROLL
       for (int j = 0; j < size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
       tile_max = lane_group_max<LaneGroup>(tile_max);
+      if constexpr (!FirstTile && MaxSlack > 0) {
+        // -inf - -inf is NaN: a row without keys so far moves as soon as it
+        // sees one.
+        const bool moves = row_max[i] == -INFINITY
+                               ? tile_max != -INFINITY
+                               : (tile_max - row_max[i]) * scale_log2 > float(MaxSlack);
+        if (!moves) tile_max = row_max[i];
+        correction.any |= moves;
+      }
       // A row that has seen only masked keys keeps max -inf; subtracting 0
       // instead keeps exp2 at 0 rather than NaN.
       float shift = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
