@@ -15,8 +15,9 @@
 //     dQ = dS K over all 128 keys (dS^T through shared memory, each
 //     warpgroup half of dQ's columns) and dK += dS^T Q. dQ is staged in
 //     shared memory while dK runs and added to the fp32 accumulator by one
-//     TMA reduce-add per warpgroup (fast mode only: the order of the adds
-//     is not fixed). At d64 dK goes in before the barrier and the next
+//     TMA reduce-add per warpgroup, issued by a producer thread
+//     (bwd_sm90_dq_adds.cuh; fast mode only: the order of the adds is not
+//     fixed). At d64 dK goes in before the barrier and the next
 //     tile's S^T and dP^T right behind dQ, so they run while dQ is staged
 //     (at d128 their accumulators do not fit beside dK and dV).
 // Keys sit on the wgmma M dimension throughout, so no accumulator ever needs
@@ -25,6 +26,7 @@
 
 #include "ckfmha/kernel/attention_mask.cuh"
 #include "ckfmha/kernel/bwd_params.h"
+#include "ckfmha/kernel/bwd_sm90_dq_adds.cuh"
 #include "ckfmha/kernel/bwd_sm90_epilogue.cuh"
 #include "ckfmha/kernel/bwd_sm90_ring.cuh"
 #include "ckfmha/kernel/bwd_sm90_scores.cuh"
@@ -57,7 +59,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using D = typename Traits::D;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kD = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
   BwdParams const& p = params.p;
 
@@ -92,8 +93,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warp < 4) {
     // ---- producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (warp != 0 || lane != 0) return;
-    bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, n_block, head_k, batch);
+    if (lane != 0) return;
+    if (warp == 0) {
+      bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, n_block, head_k, batch);
+    } else if (warp == 1) {
+      bwd_sm90_add_dq_tiles<Traits>(params, storage, walk, iters, batch);
+    }
     return;
   }
 
@@ -101,7 +106,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   const int tid = int(threadIdx.x) - 128;
   const int warpgroup = tid / 128;
-  const int lane_in_warpgroup = tid % 128;
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
   typename Traits::TiledMmadQ mma_dq;
@@ -126,21 +130,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto ds_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdS{}, mma_sdp);
   auto ds_r2s_thr = ds_r2s.get_thread_slice(tid);
   Tensor tdSsdS = ds_r2s_thr.partition_D(sdS);  // (CPY, CPY_M, CPY_N, buffer)
-  // dQ staging: every consumer thread stores its part of the (64, d) tile,
-  // then one thread per warpgroup adds that warpgroup's half to global memory.
+  // dQ staging: every consumer thread stores its part of the (64, d) tile
+  // (a warpgroup writes only its half of the columns); a producer thread
+  // adds each half to global memory (bwd_sm90_dq_adds.cuh).
   Tensor sdQ = make_tensor(make_smem_ptr(storage->dq.data()), typename Traits::SmemLayoutdQ{});
   auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
   auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
   Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);
-  Tensor sdQ_half = make_tensor(
-      make_smem_ptr(storage->dq.data() +
-                    warpgroup * cute::cosize_v<typename Traits::SmemLayoutdQBox>),
-      typename Traits::SmemLayoutdQBox{});
-  Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
-  auto dq_tma = params.tma_dq.get_slice(Int<0>{});
-  Tensor tdQsdQ_half = dq_tma.partition_S(sdQ_half);
-  const bool issues_dq = lane_in_warpgroup == 0;
-  const uint32_t warpgroup_barrier = kBwdSm90FirstWarpgroupBarrierId + warpgroup;
 
   clear(acc_dk);
   clear(acc_dv);
@@ -215,7 +211,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     constexpr bool kNext = decltype(issues_next)::value;
     const int stage = it % kStages;
     const int buffer = it & 1;
-    const int head = walk.head(it);
     warpgroup_fence_operand(acc_dp);
     // P^T in the input dtype is dV's A operand as it lies in registers: dV
     // runs while dS^T is computed.
@@ -245,6 +240,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                 stage, acc_dk);
     };
     if constexpr (kNext) issue_dk();
+    // Whether the previous reduce-add of this warpgroup's dQ half has read
+    // its buffer, tested now so that the round trip runs under the barrier.
+    const uint32_t dq_parity = (it & 1) ^ 1;
+    const bool dq_buffer_free = Barrier::test_wait(&bar.dq_empty[warpgroup], dq_parity, 1);
     // Both warpgroups' halves of dS^T are in shared memory.
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
 
@@ -269,21 +268,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_wait<kNext ? 2 : 1>();
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dq);
-    // The previous tile's reduce-add has read the staging buffer.
-    if (issues_dq) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
+    // The previous tile's reduce-add of this half has read the buffer (the
+    // first tile finds it free: the parity before the initial phase).
+    if (!dq_buffer_free) Barrier::wait(&bar.dq_empty[warpgroup], dq_parity);
     copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ);
-    // The TMA unit reads shared memory through the async proxy.
+    // The TMA unit reads shared memory through the async proxy; the arrive
+    // releases the stores to the thread that issues the add.
     tma_store_fence();
-    cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
-    if (issues_dq) {
-      // Whole 64-row tiles: the workspace pads each head's rows (rows past
-      // seqlen_q add zeros there, as their P is 0).
-      Tensor gdQ = local_tile(mdQ(_, _, batch * p.nhead_q + head), typename Traits::DqBox{},
-                              make_coord(walk.m_block(it), warpgroup));
-      copy(params.tma_dq, tdQsdQ_half, dq_tma.partition_D(gdQ));
-      tma_store_arrive();
-    }
+    Barrier::arrive(&bar.dq_full[warpgroup]);
 
     // dK is done: this warpgroup no longer reads this tile's Q or dO.
     if constexpr (!kNext) warpgroup_wait<0>();
@@ -327,10 +319,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
   }
-
-  // The last dQ reduce-add has finished before the CTA (and its shared
-  // memory) goes away and before convert_dq reads the accumulator.
-  if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
   bwd_sm90_store_dk_dv<Element>(acc_dk, acc_dv, thr_dkv, Shape<N, D>{}, p, batch, head_k,
                                 n_begin);

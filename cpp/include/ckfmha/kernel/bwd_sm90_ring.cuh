@@ -59,6 +59,10 @@ __device__ __forceinline__ void bwd_sm90_init_barriers(typename Traits::Barriers
     Barrier::init(&bar.q_full[s], 1);
     Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
   }
+  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+    Barrier::init(&bar.dq_full[w], 128);
+    Barrier::init(&bar.dq_empty[w], 1);
+  }
   cutlass::arch::fence_barrier_init();
 }
 

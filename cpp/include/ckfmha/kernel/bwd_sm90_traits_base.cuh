@@ -132,6 +132,12 @@ struct BwdSm90TraitsBase {
     uint64_t kv_full;
     uint64_t q_full[Stages];   // Q and dO of a query tile landed
     uint64_t q_empty[Stages];  // both consumer warpgroups are done with them
+    // A consumer warpgroup's dQ half is staged (its 128 threads), and the
+    // reduce-add of it has read the staging buffer (the dQ thread). Used by
+    // the key-split layout, whose dQ reduce-adds leave from the producer
+    // warpgroup.
+    uint64_t dq_full[kConsumerWarpgroups];
+    uint64_t dq_empty[kConsumerWarpgroups];
   };
   // The tiles every layout keeps in shared memory, each a multiple of 1 KiB
   // (swizzled GMMA/TMA tiles need 1024-byte alignment); a layout's storage
