@@ -224,11 +224,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // are passed in.
       auto load_kv_tile = [&](int i, auto const& tma, uint64_t* empty, uint64_t* full,
                               uint32_t bytes, auto const& src, auto&& dst) {
-        const int ring = kv_count + i;
-        const int stage = ring % kStages;
-        Barrier::wait(&empty[stage], ((ring / kStages) & 1) ^ 1);
-        Barrier::arrive_and_expect_tx(&full[stage], bytes);
-        copy(tma.with(full[stage]), src(_, work.n_last - 1 - i), dst(_, stage));
+        const RingSlot slot = ring_slot_of<kStages>(kv_count + i);
+        Barrier::wait(&empty[slot.stage], slot.phase ^ 1);
+        Barrier::arrive_and_expect_tx(&full[slot.stage], bytes);
+        copy(tma.with(full[slot.stage]), src(_, work.n_last - 1 - i), dst(_, slot.stage));
       };
       const int n_tiles = work.n_tiles();
       // With two Q buffers, Q goes first: its buffer was freed a tile ago.
