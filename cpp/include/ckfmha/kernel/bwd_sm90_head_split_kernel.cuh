@@ -240,8 +240,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // memory) goes away and before convert_dq reads the accumulator.
   if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
-  bwd_sm90_store_dk_dv<Element>(acc_dk, acc_dv, thr_dkv, Shape<N, D>{}, p, batch, head_k,
-                                n_begin);
+  bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dkv, tid, storage->k.data(), storage->v.data(),
+                               p, batch, head_k, n_begin);
 }
 
 }  // namespace ckfmha::kernel
