@@ -166,10 +166,10 @@ def _forward_outputs(q, k, v, dtype, **options):
 
 
 def _run_batch_case(kernel: dict[str, Any], index: int, sq: int, sk: int, inputs: Inputs,
-                    deterministic: bool) -> None:  # fmt: skip
+                    deterministic: bool, heads: tuple[int, int] | None = None) -> None:  # fmt: skip
     dtype = _torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
-    hq, hk = [(4, 4), (4, 2), (6, 1)][index % 3]
+    hq, hk = heads or [(4, 4), (4, 2), (6, 1)][index % 3]
     layout = ["bhsd", "bshd"][index % 2]
     b = 2 if sq * sk < 100_000 else 1
 
@@ -272,6 +272,20 @@ def test_sm90_kernel_multi_tile_cases(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
     for index, (sq, sk) in enumerate(SM90_SEQLEN_PAIRS):
         _run_batch_case(kernel, index, sq, sk, inputs, deterministic=False)
+
+
+@pytest.mark.parametrize(
+    "kernel", [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mask"] == "causal"],
+    ids=[k["name"] for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mask"] == "causal"],
+)  # fmt: skip
+def test_sm90_causal_launch_order_covers_every_key_tile(kernel: dict[str, Any]) -> None:
+    """Causal grids at d >= 128 launch in chunks of (KV head, batch) pairs sized by the SM
+    count: with 47 key tiles (94 at d256) and three pairs, an H100's chunks hold two pairs (one
+    at d256), so the last chunk has a CTA that owns no key tile (d64 keeps grid order). A key
+    tile no CTA owns would leave its NaN-poisoned dK and dV rows."""
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 2)
+    for index in range(2):  # top-left (most key tiles see no query) and bottom-right
+        _run_batch_case(kernel, index, 64, 6000, inputs, deterministic=False, heads=(6, 3))
 
 
 def _first(exact: bool = False, **wanted: Any) -> dict[str, Any]:

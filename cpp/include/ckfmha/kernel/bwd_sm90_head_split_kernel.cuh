@@ -53,9 +53,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages;
   BwdParams const& p = params.p;
 
-  const int n_block = blockIdx.x;
-  const int head_k = blockIdx.y;
-  const int batch = blockIdx.z;
+  const BwdSm90KeyTile tile = bwd_sm90_key_tile(params);
+  if (!tile.owned) return;
+  const int n_block = tile.n_block;
+  const int head_k = tile.head_k;
+  const int batch = tile.batch;
   const int n_begin = n_block * kBlockN;
   const AttentionMask<Traits::kMask> mask{p.seqlen_k, p.bottom_right ? p.seqlen_k - p.seqlen_q : 0,
                                           p.window_left, p.window_right};

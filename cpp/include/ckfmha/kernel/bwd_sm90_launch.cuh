@@ -1,6 +1,7 @@
 // Host-side launcher of the Hopper backward main stage: picks the consumer
 // layout for the head dim, builds the TMA descriptors of Q, dO, K, V and the
-// dQ accumulator and launches one CTA per (key tile, KV head, batch entry).
+// dQ accumulator and launches one CTA per (key tile, KV head, batch entry)
+// (causal grids in bwd_sm90_key_tile's order).
 // The row-wise stages around it are the sm80 path's.
 #pragma once
 
@@ -13,6 +14,8 @@
 #include "ckfmha/kernel/fwd_launch_common.cuh"
 #include "ckfmha/kernel_entry.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 namespace ckfmha::kernel {
@@ -59,7 +62,6 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                          smem_layout, tile, _1{});
   };
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const dim3 grid(key_tiles, pr.nhead_k, pr.batch);
   auto tma_q = tma_load(ar.q, pr.seqlen_q, pr.nhead_q, pr.q_stride, q_smem, TileQ{});
   auto tma_do = tma_load(ar.do_, pr.seqlen_q, pr.nhead_q, pr.do_stride, q_smem, TileQ{});
   auto tma_k = tma_load(ar.k, pr.seqlen_k, pr.nhead_k, pr.k_stride,
@@ -75,7 +77,27 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                                           int64_t(bwd.workspace_rows) * Traits::kHeadDim));
   auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQBox{},
                               typename Traits::DqBox{}, _1{});
-  BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq};
+  // Causal grids at d >= 128 with enough key tiles launch in chunks of (KV
+  // head, batch) pairs, about one wave of CTAs each (bwd_sm90_key_tile),
+  // where the grid's y and z limits allow.
+  int sms = 0;
+  if (int err = current_device_sms(&sms); err != 0) return err;
+  const int64_t pairs = int64_t(pr.nhead_k) * pr.batch;
+  int chunk_heads = 0;
+  dim3 grid(key_tiles, pr.nhead_k, pr.batch);
+  if (kBwdSm90ChunkedCausalOrder<Traits> && key_tiles >= kBwdSm90MinChunkedKeyTiles &&
+      key_tiles <= 65535 && pairs <= INT32_MAX) {
+    chunk_heads = int(std::min<int64_t>(pairs, sms > key_tiles ? sms / key_tiles : 1));
+    const int64_t chunks = (pairs + chunk_heads - 1) / chunk_heads;
+    if (chunks <= 65535) {
+      grid = dim3(unsigned(chunk_heads), unsigned(key_tiles), unsigned(chunks));
+    } else {
+      chunk_heads = 0;
+    }
+  }
+  BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq, chunk_heads,
+                               int(std::min<int64_t>(pairs, INT32_MAX)),
+                               cutlass::FastDivmod(pr.nhead_k)};
   // (Only the layout's own kernel may be instantiated with its traits.)
   if constexpr (Traits::kSplitsHeadDim) {
     return launch_kernel(&bwd_dq_dk_dv_sm90_head_split_kernel<Traits>, grid, Traits::kThreads,

@@ -1,5 +1,5 @@
-// Host-side pieces every forward launcher shares: the grid and the launch
-// itself. Return convention of all launchers in a kernel table: 0 on
+// Host-side pieces the launchers share: the forward grid, the SM count and
+// the launch itself. Return convention of all launchers in a kernel table: 0 on
 // success, -cudaError_t when a CUDA call fails (problem checks happen in the
 // runtime before a launcher is chosen).
 #pragma once
@@ -9,6 +9,17 @@
 #include <cuda_runtime.h>
 
 namespace ckfmha::kernel {
+
+// SMs of the current device: the persistent forward grid's width, and what
+// the backward's causal launch order sizes its chunks by.
+inline int current_device_sms(int* sms) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  return err == cudaSuccess ? 0 : -int(err);
+}
 
 // One CTA per (query tile, query head, batch or sequence).
 inline dim3 fwd_grid(ckfmha_fwd_problem const& problem, int block_m) {

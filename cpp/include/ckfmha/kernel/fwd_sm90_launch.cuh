@@ -26,16 +26,6 @@ typename Traits::GmemTensor gmem_view(void const* data, int rows, int hdim, int 
                            cute::make_stride(stride[2], cute::_1{}, stride[1], stride[0]));
 }
 
-// SMs of the current device: the persistent grid's width.
-inline int current_device_sms(int* sms) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  return err == cudaSuccess ? 0 : -int(err);
-}
-
 template <class Traits>
 int launch_fwd_sm90(void const* problem, void const* args, ckfmha_stream_t stream) {
   using namespace cute;
