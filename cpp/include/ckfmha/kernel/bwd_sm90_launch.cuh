@@ -79,24 +79,23 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
                               typename Traits::DqBox{}, _1{});
   // Causal grids at d >= 128 with enough key tiles launch in chunks of (KV
   // head, batch) pairs, about one wave of CTAs each (bwd_sm90_key_tile),
-  // where the grid's y and z limits allow.
-  int sms = 0;
-  if (int err = current_device_sms(&sms); err != 0) return err;
+  // where the grid's y and z limits allow; only they ask for the SM count.
   const int64_t pairs = int64_t(pr.nhead_k) * pr.batch;
   int chunk_heads = 0;
   dim3 grid(key_tiles, pr.nhead_k, pr.batch);
   if (kBwdSm90ChunkedCausalOrder<Traits> && key_tiles >= kBwdSm90MinChunkedKeyTiles &&
-      key_tiles <= 65535 && pairs <= INT32_MAX) {
-    chunk_heads = int(std::min<int64_t>(pairs, sms > key_tiles ? sms / key_tiles : 1));
-    const int64_t chunks = (pairs + chunk_heads - 1) / chunk_heads;
-    if (chunks <= 65535) {
+      key_tiles <= 65535) {
+    int sms = 0;
+    if (int err = current_device_sms(&sms); err != 0) return err;
+    const int per_chunk = int(std::min<int64_t>(pairs, std::max(1, sms / key_tiles)));
+    const int64_t chunks = (pairs + per_chunk - 1) / per_chunk;
+    if (chunks <= 65535) {  // then pairs <= 65535 * per_chunk fits an int
+      chunk_heads = per_chunk;
       grid = dim3(unsigned(chunk_heads), unsigned(key_tiles), unsigned(chunks));
-    } else {
-      chunk_heads = 0;
     }
   }
   BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq, chunk_heads,
-                               int(std::min<int64_t>(pairs, INT32_MAX)),
+                               chunk_heads > 0 ? int(pairs) : 0,
                                cutlass::FastDivmod(pr.nhead_k)};
   // (Only the layout's own kernel may be instantiated with its traits.)
   if constexpr (Traits::kSplitsHeadDim) {
