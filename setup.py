@@ -1,14 +1,18 @@
 """Builds libckfmha.so (generated kernel instances + runtime) with nvcc, then the Cython layer.
 
-Build settings come from the environment (see generator/build_config.py): CKFMHA_ARCHS,
-CKFMHA_KERNELS, CKFMHA_JOBS, CKFMHA_KERNEL_FILTER, and for the toolchain CKFMHA_NVCC / CUDA_HOME
-and CKFMHA_CUTLASS_INCLUDE. No GPU is needed to build.
+Build settings come from the environment (see generator/build_config.py): CKFMHA_ARCHS
+(default: the visible GPUs' arches, else sm_80 and sm_90a), CKFMHA_KERNELS (default: the
+"core" set; the rest compiles on first use), CKFMHA_JOBS, CKFMHA_KERNEL_FILTER, and for the
+toolchain CKFMHA_NVCC / CUDA_HOME and CKFMHA_CUTLASS_INCLUDE. No GPU is needed to build.
+Progress goes to stdout and to build/ckfmha-build.log (pip shows a build's output only with
+-v: follow the log with `tail -f build/ckfmha-build.log`).
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -27,11 +31,26 @@ from generator.toolchain import CompileJob, CudaToolchain
 LIBRARY_NAME = "libckfmha.so"
 INCLUDE_DIR = ROOT / "cpp" / "include"
 BUILD_DIR = ROOT / "build"  # kept between builds so nvcc work is incremental
+BUILD_LOG = BUILD_DIR / "ckfmha-build.log"
 
 
-def _progress(done: int, total: int, job: CompileJob, skipped: bool) -> None:
-    state = "up to date" if skipped else "compiled"
-    print(f"[ckfmha {done}/{total}] {state}: {job.source.name}", flush=True)
+class BuildLog:
+    """Progress lines to stdout and to BUILD_LOG, with the seconds since the build started."""
+
+    def __init__(self) -> None:
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
+        self.file = BUILD_LOG.open("w")
+        self.start = time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        stamped = f"[ckfmha {time.monotonic() - self.start:6.0f} s] {line}"
+        print(stamped, flush=True)
+        self.file.write(stamped + "\n")
+        self.file.flush()
+
+    def progress(self, done: int, total: int, job: CompileJob, skipped: bool) -> None:
+        state = "up to date" if skipped else "compiled"
+        self(f"{done}/{total} {state}: {job.source.name}")
 
 
 def _copy_support_files(package_dir: Path) -> None:
@@ -53,7 +72,7 @@ class BuildExt(build_ext):
         return bool(self.inplace or getattr(self, "editable_mode", False))
 
     def _build_library(self) -> Path:
-        config = from_env()
+        config = from_env(detect_gpus=True)
         selection = generator_build.select_from_config(config)
         toolchain = CudaToolchain(
             generator_build.arch_specs_for(config.archs),
@@ -61,11 +80,12 @@ class BuildExt(build_ext):
         )
         runtime_sources = sorted((ROOT / "cpp" / "src").glob("*.cpp"))
         runtime_sources += sorted((ROOT / "cpp" / "src").glob("*.cu"))
-        print(
-            f"ckfmha: nvcc {toolchain.version()}, arches {';'.join(config.archs)}, kernel set "
+        log = BuildLog()
+        print(f"ckfmha: progress is logged to {BUILD_LOG}", file=sys.stderr, flush=True)
+        log(
+            f"nvcc {toolchain.version()}, arches {';'.join(config.archs)}, kernel set "
             f"'{config.kernels}': {len(selection.accepted)} kernels, "
-            f"{len(runtime_sources)} runtime sources, {config.jobs} jobs",
-            flush=True,
+            f"{len(runtime_sources)} runtime sources, {config.jobs} jobs"
         )
         built = generator_build.build_shared_library(
             toolchain,
@@ -75,8 +95,9 @@ class BuildExt(build_ext):
             rejected=selection.rejected,
             runtime_sources=runtime_sources,
             jobs=config.jobs,
-            progress=_progress,
+            progress=log.progress,
         )
+        log(f"linked {built.library}")
         return built.library
 
     def run(self) -> None:

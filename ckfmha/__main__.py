@@ -1,4 +1,4 @@
-"""Command line: ``python -m ckfmha {list,explain,run}``."""
+"""Command line: ``python -m ckfmha {list,explain,run,build,doctor}``."""
 
 from __future__ import annotations
 
@@ -7,18 +7,19 @@ import json
 import sys
 from collections.abc import Sequence
 
+from ckfmha import jit
 from ckfmha._registry import Dispatcher, Registry
 from ckfmha.errors import CkfmhaError, NoDeviceError
 from ckfmha.problem import FwdProblem
 
 
-def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, required=True, help="query heads")
+    parser.add_argument("--heads", type=int, required=required, help="query heads")
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA)")
-    parser.add_argument("--seqlen", type=int, required=True, help="query length")
+    parser.add_argument("--seqlen", type=int, required=required, help="query length")
     parser.add_argument("--seqlen-k", type=int, default=None, help="key length (default: seqlen)")
-    parser.add_argument("--hdim", type=int, required=True)
+    parser.add_argument("--hdim", type=int, required=required)
     parser.add_argument("--hdim-v", type=int, default=None)
     parser.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="bf16")
     parser.add_argument("--causal", action="store_true")
@@ -86,6 +87,24 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--validate", action="store_true", help="compare with float64 reference")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--backend", choices=("auto", "torch", "cupy", "numpy"), default="auto")
+
+    build = commands.add_parser("build", help="compile kernels into the cache ahead of use")
+    build.add_argument(
+        "--kernels", default="default",
+        help="a kernel set (core, ci, default, full) or comma-separated kernel names",
+    )  # fmt: skip
+    build.add_argument(
+        "--arch", default=None, help="targets of a kernel set, e.g. sm_90a or sm_80,sm_90a "
+        "(default: this GPU's)",
+    )  # fmt: skip
+    build.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc processes")
+    build.add_argument("--cache-dir", default=None, help="default: $CKFMHA_CACHE_DIR")
+
+    doctor = commands.add_parser(
+        "doctor", help="toolchain, GPUs, kernels and cache; with a problem, what it would compile"
+    )
+    _add_problem_arguments(doctor, required=False)
+    doctor.add_argument("--arch", default=None, help="e.g. sm_90a (default: this GPU's)")
     return parser
 
 
@@ -118,6 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "build":
+            from ckfmha._commands import build_command
+
+            return build_command(args)
+        if args.command == "doctor":
+            from ckfmha._commands import doctor_command
+
+            given = args.heads is not None and args.seqlen is not None and args.hdim is not None
+            return doctor_command(args, problem_from_args(args) if given else None)
         from ckfmha._bench import run_command
 
         return run_command(args, problem_from_args(args))
@@ -127,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except CkfmhaError as error:
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, jit.ToolchainError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
 
 

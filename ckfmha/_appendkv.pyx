@@ -12,10 +12,11 @@ from ckfmha._arrays cimport ArrayView
 from ckfmha._problem cimport to_int32
 from ckfmha._status cimport check
 
-from ckfmha import _dtypes
+from ckfmha import _dtypes, first_use
 from ckfmha._arch import parse_arch
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha._status import error_for_status
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
 from ckfmha.page_layouts import VECTOR_CHANNELS, check_vectorized_k
 from ckfmha.problem import page_layout_code
@@ -387,14 +388,22 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     args.cache_seqlens = <const int32_t*>lv.ptr
     cdef const char* c_kernel = NULL
     kernel_bytes = b""
+    # The fields of first_use.AppendKvKey, in order.
+    key = ("appendkv", (<int>problem.dtype, problem.hdim_k, problem.hdim_v, <int>problem.rope,
+                        bool(problem.paged_kv)))
     if kernel is not None:
         kernel_bytes = str(kernel).encode("utf-8")
         c_kernel = kernel_bytes
+        first_use.ensure_named(str(kernel))
+    else:
+        first_use.ensure(key)
     cdef uintptr_t c_stream = <uintptr_t>handle
     cdef int status
     with nogil:
         status = capi.ckfmha_appendkv_run(&problem, &args, c_kernel,
                                           <capi.ckfmha_stream_t>c_stream)
+    if status == capi.CKFMHA_ERROR_UNSUPPORTED and kernel is None:
+        raise first_use.explain(key, error_for_status(status))
     check(status)
     # The views (staged copies, DLPack owners) lived until the launch was queued.
     if q is None:

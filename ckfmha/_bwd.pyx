@@ -20,8 +20,9 @@ from ckfmha._status cimport check
 
 import numpy as np
 
-from ckfmha import _dtypes
+from ckfmha import _dtypes, first_use
 from ckfmha._arrays import as_view
+from ckfmha._status import error_for_status
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.problem import layout_code, mask_code, window_bounds
@@ -113,6 +114,15 @@ cdef class _Launch:
 
     cdef int run(self, str kind, like, handle, kernel) except -1:
         check(capi.ckfmha_bwd_problem_validate(&self.problem))
+        cdef capi.ckfmha_bwd_problem* p = &self.problem
+        # The fields of first_use.BwdKey, in order.
+        key = ("bwd", (<int>p.dtype, <int>p.mode, p.hdim_q, p.hdim_v, <int>p.mask, <int>p.bias,
+                       p.dropout_p > 0, p.softcap > 0, bool(p.store_dbias),
+                       bool(p.deterministic)))
+        if kernel is None:
+            first_use.ensure(key)
+        else:
+            first_use.ensure_named(str(kernel))
         cdef size_t workspace_bytes = 0
         check(capi.ckfmha_bwd_workspace_size(&self.problem, &workspace_bytes))
         # The caller's framework allocates the workspace (torch's caching allocator, or a
@@ -132,6 +142,8 @@ cdef class _Launch:
         with nogil:
             status = capi.ckfmha_bwd_run(&self.problem, &self.args, c_kernel,
                                          <capi.ckfmha_stream_t>c_stream)
+        if status == capi.CKFMHA_ERROR_UNSUPPORTED and kernel is None:
+            raise first_use.explain(key, error_for_status(status))
         check(status)
         return 0
 

@@ -8,10 +8,11 @@ import numpy as np
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
-from ckfmha._problem cimport to_int32
+from ckfmha._problem cimport fill_fwd_problem, to_int32
 from ckfmha._status cimport check
 
-from ckfmha import _dtypes
+from ckfmha import _dtypes, first_use
+from ckfmha._status import error_for_status
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.errors import InvalidArgumentError
@@ -129,14 +130,37 @@ cdef class _Features:
         return 0
 
 
+cdef tuple _first_use_key(capi.ckfmha_fwd_problem* p):
+    """The fields of first_use.FwdKey, in order: what decides which kernels can run p."""
+    return ("fwd", (
+        <int>p.dtype, <int>p.mode, p.hdim_q, p.hdim_v, <int>p.mask, <int>p.bias,
+        p.dropout_p > 0 or p.store_dropout_randval != 0, p.softcap > 0,
+        bool(p.has_sink), bool(p.v_col_major), <int>p.kv_storage, <int>p.page_layout,
+        p.num_splits > 1,
+        <int64_t>p.seqlen_q * (p.nhead_q // max(p.nhead_k, 1)) <= first_use.DECODE_PACKED_ROWS))
+
+
+def first_use_key(problem) -> tuple:
+    """The first-use key (operation, fields) of a ckfmha.FwdProblem, as fwd would compute it."""
+    cdef capi.ckfmha_fwd_problem c_problem
+    fill_fwd_problem(problem, &c_problem)
+    return _first_use_key(&c_problem)
+
+
 cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle,
                  str kind, like):
     check(capi.ckfmha_fwd_problem_validate(problem))
     cdef const char* c_kernel = NULL
     kernel_bytes = b""
+    key = _first_use_key(problem)
     if kernel is not None:
         kernel_bytes = str(kernel).encode("utf-8")
         c_kernel = kernel_bytes
+        first_use.ensure_named(str(kernel))
+    else:
+        # Kernels this problem's best plan needs and the library lacks compile here, before
+        # the plan (and its workspace size) is made.
+        first_use.ensure(key)
     # Two-stage (split-KV) plans need scratch memory: allocated like the outputs
     # (torch's caching allocator for torch inputs, else ckfmha device memory),
     # and held here until the launches are queued; stream order keeps it valid.
@@ -156,6 +180,8 @@ cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, k
     cdef int status
     with nogil:
         status = capi.ckfmha_fwd_run(problem, args, c_kernel, <capi.ckfmha_stream_t>c_stream)
+    if status == capi.CKFMHA_ERROR_UNSUPPORTED and kernel is None:
+        raise first_use.explain(key, error_for_status(status))
     check(status)
 
 

@@ -26,10 +26,22 @@ from typing import Any
 
 from ckfmha import _cache
 from ckfmha._arch import parse_arch
-from ckfmha._progress import Progress
+from ckfmha._progress import ElapsedLine, Progress
 from ckfmha.errors import UnsupportedError
 
-__all__ = ["build", "default_cache_dir", "generator_modules", "resolve"]
+
+class ToolchainError(RuntimeError):
+    """nvcc or the CUTLASS/CuTe headers are missing: the message says how to install them."""
+
+__all__ = [
+    "ToolchainError",
+    "arch_spec_name",
+    "build",
+    "default_cache_dir",
+    "generator_modules",
+    "preferred_configs",
+    "resolve",
+]
 
 default_cache_dir = _cache.default_cache_dir
 
@@ -43,6 +55,7 @@ class GeneratorModules:
     enumerate: ModuleType
     receipts: ModuleType
     rules: ModuleType
+    names: ModuleType
     signature: ModuleType
     specs: ModuleType
     toolchain: ModuleType
@@ -66,13 +79,16 @@ def _generator_package() -> str:
 
 def generator_modules() -> GeneratorModules:
     package = _generator_package()
-    names = ("build", "emit", "enumerate", "receipts", "rules", "signature", "specs", "toolchain")
+    names = (
+        "build", "emit", "enumerate", "names", "receipts", "rules", "signature", "specs",
+        "toolchain",
+    )  # fmt: skip
     return GeneratorModules(
         **{name: importlib.import_module(f"{package}.{name}") for name in names}
     )
 
 
-def _arch_spec_name(arch: int | str | None, specs: Mapping[str, Any]) -> str:
+def arch_spec_name(arch: int | str | None, specs: Mapping[str, Any]) -> str:
     """An arch_specs.json key for ``arch``; None means the current device's arch."""
     if isinstance(arch, str) and arch.strip() in specs:
         return arch.strip()
@@ -90,29 +106,45 @@ def _arch_spec_name(arch: int | str | None, specs: Mapping[str, Any]) -> str:
     return next((name for name in matches if name.endswith("a")), matches[0])
 
 
-def _all_configs(gen: GeneratorModules, specs: Mapping[str, Any]) -> dict[str, Any]:
-    """Every kernel any kernel set accepts on any arch, by name."""
-    configs: dict[str, Any] = {}
-    for receipt in gen.receipts.RECEIPTS.values():
-        for arch_name in specs:
-            for config in gen.enumerate.select(receipt, specs[arch_name]).accepted:
-                configs.setdefault(config.name, config)
-    return configs
+def _parse_name(gen: GeneratorModules, specs: Mapping[str, Any], name: str) -> Any:
+    """The config a kernel name stands for, checked against the generator's rules."""
+    config = gen.names.parse_kernel_name(name)
+    if config is None:
+        return None
+    arch = specs.get(config.algorithm.arch)
+    if arch is None:
+        raise ValueError(f"kernel {name!r} names arch {config.algorithm.arch!r}, which "
+                         f"arch_specs.json does not know ({', '.join(sorted(specs))})")
+    reasons = gen.rules.check(config, arch)
+    if reasons:
+        raise ValueError(f"kernel {name!r} cannot be built: {'; '.join(reasons)}")
+    return config
+
+
+def _suggestions(gen: GeneratorModules, specs: Mapping[str, Any], name: str) -> str:
+    known = {
+        config.name
+        for receipt in gen.receipts.RECEIPTS.values()
+        for arch_name in specs
+        for config in gen.enumerate.select(receipt, specs[arch_name]).accepted
+    }
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def resolve(configs: str | Iterable[Any], arch: int | str | None = None) -> list[Any]:
     """KernelConfigs for a kernel set name, kernel names, or KernelConfig objects.
 
-    ``arch`` applies to a kernel set; kernel names carry their own arch.
+    ``arch`` applies to a kernel set; kernel names carry their own arch. Any name the
+    generator would write is accepted, in a kernel set or not, if its rules allow the config.
     """
     gen = generator_modules()
     specs = gen.specs.load_specs()
     if isinstance(configs, str) and configs.strip() in gen.receipts.RECEIPTS:
         receipt = gen.receipts.get_receipt(configs)
-        selection = gen.enumerate.select(receipt, specs[_arch_spec_name(arch, specs)])
+        selection = gen.enumerate.select(receipt, specs[arch_spec_name(arch, specs)])
         return list(selection.accepted)
     items = [configs] if isinstance(configs, str) else list(configs)
-    known: dict[str, Any] | None = None
     resolved = []
     for item in items:
         if isinstance(item, gen.signature.KernelConfig):
@@ -122,16 +154,34 @@ def resolve(configs: str | Iterable[Any], arch: int | str | None = None) -> list
             raise TypeError(
                 f"expected a kernel set name, kernel names or KernelConfigs, got {item!r}"
             )
-        known = _all_configs(gen, specs) if known is None else known
-        if item not in known:
-            close = difflib.get_close_matches(item, list(known), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+        config = _parse_name(gen, specs, item.strip())
+        if config is None:
             raise ValueError(
                 f"unknown kernel {item!r}: not a kernel set "
-                f"({', '.join(gen.receipts.RECEIPTS)}) nor a kernel name{hint}"
+                f"({', '.join(gen.receipts.RECEIPTS)}) nor a kernel name"
+                f"{_suggestions(gen, specs, item)}"
             )
-        resolved.append(known[item])
+        resolved.append(config)
     return list({config.name: config for config in resolved}.values())
+
+
+def preferred_configs(signature: Any, spec: Any, excluded: Sequence[str] = ()) -> list[Any]:
+    """The configs the generator accepts for ``signature`` on arch ``spec`` from its preferred
+    template (the one the dispatcher ranks first) outside ``excluded``: the default tile, or
+    every tile for the families whose tile the dispatcher picks by shape. [] if no template
+    takes it."""
+    gen = generator_modules()
+    receipt = gen.receipts.Receipt(
+        name="first-use", description="", signatures=(signature,), all_tiles=False
+    )
+    accepted = [
+        c for c in gen.enumerate.select(receipt, spec).accepted
+        if c.algorithm.pipeline not in excluded
+    ]  # fmt: skip
+    if not accepted:
+        return []
+    best = max(gen.enumerate.pipeline_preference(c.algorithm.pipeline) for c in accepted)
+    return [c for c in accepted if gen.enumerate.pipeline_preference(c.algorithm.pipeline) == best]
 
 
 @dataclass(frozen=True)
@@ -145,17 +195,23 @@ def _plan(
     kernels: Sequence[Any],
     specs: Mapping[str, Any],
     cache_dir: Path,
-    nvcc_version: str,
+    toolchain: Any,
 ) -> list[_Planned]:
+    """Where each kernel's module lives in the cache: the key covers the kernel's generated
+    source, the compiler version and the kernel headers and CUTLASS headers it includes."""
     from ckfmha import __version__
 
+    headers = _cache.headers_digest(gen.toolchain.find_ckfmha_include(), toolchain.cutlass_include)
     planned = []
     for config in kernels:
         digest = _cache.source_hash(
             gen.emit.render_instance(config),
             gen.emit.render_table([config], specs, gen.emit.MODULE_TABLE_SYMBOL),
+            headers,
         )
-        directory = _cache.module_dir(cache_dir, __version__, nvcc_version, config.algorithm.arch)
+        directory = _cache.module_dir(
+            cache_dir, __version__, toolchain.version(), config.algorithm.arch
+        )
         planned.append(_Planned(config, _cache.module_path(directory, config.name, digest)))
     return planned
 
@@ -167,29 +223,35 @@ def _compile(
     specs: Mapping[str, Any],
     cache_dir: Path,
     max_workers: int,
-    progress: bool,
+    progress: bool | str,
 ) -> None:
+    """Compiles the missing kernels as modules of one or more kernels each (compile units,
+    generator/units.py), and publishes every kernel's cache entry."""
+    destinations = {item.config.name: item.path for item in missing}
+    units = gen.emit.units_for([item.config for item in missing], max_workers)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".build-") as scratch:
         jobs = []
         links = []
-        for index, item in enumerate(missing):
-            work = Path(scratch) / f"kernel{index}"
+        for index, unit in enumerate(units):
+            work = Path(scratch) / f"unit{index}"
             emitted = gen.emit.emit(
-                work / "generated", [item.config], [], specs, gen.emit.MODULE_TABLE_SYMBOL
+                work / "generated", unit.configs, [], specs, gen.emit.MODULE_TABLE_SYMBOL
             )
             objects = []
-            for source, arch in (
-                (emitted.instances[0], item.config.algorithm.arch),
-                (emitted.table, None),
-            ):
+            for source, arch in ((emitted.units[0][0], unit.arch), (emitted.table, None)):
                 objects.append(work / "obj" / f"{source.name}.o")
                 jobs.append(gen.toolchain.CompileJob(source, objects[-1], arch))
-            links.append((objects, work / "module.so", item.path))
-        bar = Progress(len(jobs) + len(links), "ckfmha jit", progress)
+            paths = [destinations[config.name] for config in unit.configs]
+            links.append((objects, work / "module.so", paths))
+        names = [item.config.name for item in missing]
+        if progress == "line":
+            bar: Any = ElapsedLine(names, units[0].arch)
+        else:
+            bar = Progress(len(jobs) + len(links), "ckfmha jit", bool(progress))
 
-        def link(objects: list[Path], built: Path, destination: Path) -> None:
+        def link(objects: list[Path], built: Path, paths: list[Path]) -> None:
             toolchain.link_shared(objects, built)
-            _cache.publish(built, destination)
+            _cache.publish_all(built, paths)
             bar.update()
 
         try:
@@ -201,25 +263,37 @@ def _compile(
             bar.close()
 
 
+def _toolchain(gen: GeneratorModules, archs: Sequence[str], specs: Mapping[str, Any]) -> Any:
+    try:
+        return gen.toolchain.CudaToolchain(
+            gen.build.arch_specs_for(archs, specs),
+            include_dirs=[gen.toolchain.find_ckfmha_include()],
+        )
+    except gen.toolchain.ToolchainError as error:
+        raise ToolchainError(str(error)) from None
+
+
 def build(
     configs: str | Iterable[Any],
     max_workers: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     arch: int | str | None = None,
-    progress: bool = True,
+    progress: bool | str = True,
     *,
     skip_registered: bool = True,
     load: bool = True,
 ) -> list[str]:
     """Make the given kernels available in this process; returns their names.
 
-    configs: a kernel set name ("ci", "default", "full"), kernel names, or generator
+    configs: a kernel set name ("core", "ci", "default", "full"), kernel names, or generator
     KernelConfig objects. Kernels already registered (built into the library or
     loaded before) are skipped unless ``skip_registered`` is False; cached modules
     are loaded without compiling; the rest compile in parallel (``max_workers``
     nvcc processes, default one per CPU) into ``cache_dir`` (default
     $CKFMHA_CACHE_DIR or ~/.cache/ckfmha). ``arch`` picks the target of a kernel
-    set (default: the current device's).
+    set (default: the current device's). ``progress``: a bar (True), nothing (False), or
+    "line": one stderr line naming the kernels with the seconds elapsed.
+    Two processes that need the same kernels compile them once (a lock on the cache).
     """
     from ckfmha._registry import Registry
 
@@ -233,11 +307,8 @@ def build(
         return [config.name for config in kernels]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    toolchain = gen.toolchain.CudaToolchain(
-        gen.build.arch_specs_for(sorted({c.algorithm.arch for c in todo}), specs),
-        include_dirs=[gen.toolchain.find_ckfmha_include()],
-    )
-    planned = _plan(gen, todo, specs, root, toolchain.version())
+    toolchain = _toolchain(gen, sorted({c.algorithm.arch for c in todo}), specs)
+    planned = _plan(gen, todo, specs, root, toolchain)
     if any(not item.path.is_file() for item in planned):
         with _cache.locked(root):
             # Another process may have built them while this one waited for the lock.
@@ -250,6 +321,7 @@ def build(
         for item in planned:
             if item.config.name not in already:
                 registry.load_module(item.path)
+                already = set(registry.names())
     return [config.name for config in kernels]
 
 

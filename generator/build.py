@@ -63,10 +63,10 @@ def build_shared_library(
     """
     specs = specs or load_specs()
     generated = work_dir / "generated"
-    emitted = emit.emit(generated, kernels, rejected, specs, table_symbol)
+    emitted = emit.emit(generated, kernels, rejected, specs, table_symbol, jobs)
     compile_jobs = [
-        CompileJob(src, _object_for(src, work_dir / "obj" / cfg.algorithm.arch), cfg.algorithm.arch)
-        for src, cfg in zip(emitted.instances, kernels)
+        CompileJob(src, _object_for(src, work_dir / "obj" / unit.arch), unit.arch)
+        for src, unit in emitted.units
     ]
     compile_jobs.append(
         CompileJob(emitted.table, _object_for(emitted.table, work_dir / "obj"), None)

@@ -1,7 +1,8 @@
 """Build settings from environment variables, shared by setup.py and the runtime JIT.
 
-CKFMHA_ARCHS          arches to build, ';' or ',' separated (default "sm_80;sm_90a")
-CKFMHA_KERNELS        kernel set name: ci | default | full (default "default")
+CKFMHA_ARCHS          arches to build, ';' or ',' separated (default: the arches of the GPUs
+                      visible at build time, else "sm_80;sm_90a")
+CKFMHA_KERNELS        kernel set name: core | ci | default | full (default "core")
 CKFMHA_JOBS           parallel nvcc processes (default: CPU count)
 CKFMHA_KERNEL_FILTER  optional regex searched in kernel names
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_ARCHS = ("sm_80", "sm_90a")
-DEFAULT_KERNELS = "default"
+DEFAULT_KERNELS = "core"
 
 
 class BuildConfigError(ValueError):
@@ -47,9 +48,44 @@ def _jobs(raw: str | None) -> int:
     return jobs
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> BuildConfig:
+# Compute capability -> the arch_specs.json target whose kernels run there.
+_TARGETS = {(8, 0): "sm_80", (8, 6): "sm_86", (8, 7): "sm_80", (8, 9): "sm_89", (9, 0): "sm_90a"}
+
+
+def visible_gpu_archs() -> tuple[str, ...]:
+    """Targets for the GPUs the CUDA driver shows (none without a driver or a GPU, or for a GPU
+    no target serves). Asks libcuda directly: a build environment has no torch or CuPy."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return ()
+    count, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return ()
+    archs = []
+    for ordinal in range(count.value):
+        device = ctypes.c_int(0)
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+            continue
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+        cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device)
+        cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)
+        target = _TARGETS.get((major.value, minor.value))
+        if target is not None:
+            archs.append(target)
+    return tuple(dict.fromkeys(archs))
+
+
+def from_env(environ: Mapping[str, str] | None = None, detect_gpus: bool = False) -> BuildConfig:
+    """Settings from the environment; with ``detect_gpus`` (setup.py) an unset CKFMHA_ARCHS
+    means the visible GPUs' arches, and both code paths' arches only when there is none."""
     env = os.environ if environ is None else environ
-    archs = split_list(env.get("CKFMHA_ARCHS", "")) or DEFAULT_ARCHS
+    archs = split_list(env.get("CKFMHA_ARCHS", ""))
+    if not archs and detect_gpus:
+        archs = visible_gpu_archs()
+    archs = archs or DEFAULT_ARCHS
     kernels = env.get("CKFMHA_KERNELS", "").strip() or DEFAULT_KERNELS
     kernel_filter = env.get("CKFMHA_KERNEL_FILTER", "").strip() or None
     return BuildConfig(

@@ -11,6 +11,19 @@ from .receipts import Receipt
 from .signature import Algorithm, KernelConfig, Signature
 from .specs import ArchSpec, get_arch, hdim_label
 
+# Templates in the order the dispatcher prefers them where several fit a problem (dispatcher.cpp,
+# pipeline_rank): Hopper's TMA + wgmma, then cp.async + mma.sync; the rest (SIMT, the combine
+# and append stages) are the only template of their families.
+PIPELINE_PREFERENCE = ("sm90_tma_wgmma", "sm80_cpasync_mma")
+
+
+def pipeline_preference(pipeline: str) -> int:
+    """Higher is preferred; pipelines outside PIPELINE_PREFERENCE rank lowest."""
+    if pipeline in PIPELINE_PREFERENCE:
+        return len(PIPELINE_PREFERENCE) - PIPELINE_PREFERENCE.index(pipeline)
+    return 0
+
+
 # Families whose tiles the dispatcher picks per problem shape (split-KV: the smallest tile_m
 # holding the packed GQA rows), so every listed tile is built, not only the default.
 SHAPE_CHOSEN_TILE_FAMILIES = ("fwd_splitkv", "fwd_pagedkv", "batch_prefill")
@@ -125,7 +138,18 @@ def select(
             selection.rejected.append(Rejection(sig, arch.name, pipeline, alg, tuple(reasons)))
         else:
             selection.accepted.append(config)
+    if receipt.preferred_only:
+        selection.accepted = _preferred_only(selection.accepted)
     return selection
+
+
+def _preferred_only(accepted: list[KernelConfig]) -> list[KernelConfig]:
+    """Each signature's configs from its most preferred accepted template only."""
+    best: dict[Signature, int] = {}
+    for config in accepted:
+        rank = pipeline_preference(config.algorithm.pipeline)
+        best[config.signature] = max(best.get(config.signature, rank), rank)
+    return [c for c in accepted if pipeline_preference(c.algorithm.pipeline) == best[c.signature]]
 
 
 def select_for_arches(

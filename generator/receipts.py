@@ -46,6 +46,9 @@ class Receipt:
     signatures: tuple[Signature, ...]
     # False: only each table's default (first) tile; True: every tile listed for the hdim.
     all_tiles: bool
+    # True: a signature gets only its preferred template's kernels (enumerate.PIPELINE_PREFERENCE),
+    # not also the slower templates the dispatcher would never pick for it.
+    preferred_only: bool = False
 
 
 def _fwd(
@@ -252,9 +255,65 @@ def _appendkv_signatures() -> tuple[AppendKvSignature, ...]:
     )
 
 
+def _core_signatures() -> tuple[Signature, ...]:
+    """The kernels most calls hit, plus one instance of each template and feature path so that
+    building the set proves every template compiles (each adds little: instances of a template
+    share one compile unit, generator/units.py)."""
+    common = (
+        # Forward: fp16/bf16 at d64/d128, no mask or causal; varlen causal.
+        *(
+            _fwd(dtype, hdim, mask)
+            for dtype, hdim, mask in itertools.product(DTYPES, FEATURE_HDIMS, ("none", "causal"))
+        ),
+        *(_fwd(dtype, hdim, "causal", mode="group") for dtype, hdim in
+          itertools.product(DTYPES, FEATURE_HDIMS)),
+        # Decode: the split-KV plan at d128 (every split tile) and paged decode over vLLM pages.
+        *(_splitkv(dtype, 128, mask) for dtype, mask in itertools.product(DTYPES, ("none", "causal"))),
+        *(_combine(dtype, 128) for dtype in DTYPES),
+        *(_paged(dtype, 128, "causal", "fwd_pagedkv") for dtype in DTYPES),
+        # Backward: the same problems as the forward's batch mode.
+        *(
+            sig
+            for dtype, hdim, mask in itertools.product(DTYPES, FEATURE_HDIMS, ("none", "causal"))
+            for sig in _bwd_plan(dtype, hdim, mask)
+        ),
+        # Appending a decode step's tokens, with and without RoPE, contiguous and paged.
+        *(
+            _appendkv(dtype, 128, rope, paged)
+            for dtype, rope, paged in itertools.product(
+                DTYPES, ("none", "half_rotated"), (False, True)
+            )
+        ),
+    )
+    # One instance of each remaining template and feature path (the ci set's coverage).
+    coverage = (
+        _fwd("bf16", 128, "window", mode="group", bias="elementwise"),
+        _fwd("fp16", 64, "causal", bias="alibi", dropout=True),
+        _fwd("bf16", (192, 128), "none", softcap=True, sink=True),
+        _fwd("fp16", 64, "causal", mode="group", v_col_major=True),
+        _fwd("fp32", 64, "window", mode="group", bias="alibi", dropout=True, sink=True),
+        _paged("bf16", 128, "window", BATCH_PREFILL, page_layout="vectorized"),
+        _combine("bf16", 128, mode="group"),
+        *_bwd_plan("fp16", 64, "window", mode="group"),
+        _appendkv("fp16", 64, "interleaved"),
+    )
+    return tuple(dict.fromkeys(common + coverage))
+
+
 RECEIPTS: dict[str, Receipt] = {
     receipt.name: receipt
     for receipt in (
+        Receipt(
+            name="core",
+            description="the prebuilt core a plain install builds: forward and backward for "
+            "{fp16,bf16} x d{64,128} x {no mask, causal}, varlen causal forward, the d128 "
+            "decode plans (split-KV and paged), KV-cache appends at d128, and one kernel of each "
+            "other template and feature path; each signature on its preferred template only. "
+            "Everything else compiles on first use",
+            signatures=_core_signatures(),
+            all_tiles=False,
+            preferred_only=True,
+        ),
         Receipt(
             name="ci",
             description="nine forward kernels per arch covering dtypes (one fp32), head dims, "

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,7 +201,9 @@ class Toolchain(ABC):
             }
             pending = set(futures)
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                # FIRST_COMPLETED, not FIRST_EXCEPTION: the latter returns only once every job is
+                # done (when none fails), which would hold all progress back to the end.
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     error = future.exception()
                     if error is not None:

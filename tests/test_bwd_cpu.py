@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from c_programs import build_c_program, needs_cc
+from device_kernels import runs_on
 
 import ckfmha
 from ckfmha import errors
@@ -48,12 +49,13 @@ def _problem_fields(kernel: dict, **overrides) -> dict:
 
 
 def _has_sm80_twin(kernel: dict, kernels: list[dict]) -> bool:
-    """Is an sm80 main stage registered that computes `kernel`'s problems (same dtype, mode and
-    head dims; a window kernel also computes causal masks)? sm80 kernels built for sm_80 run on
-    sm_90a as well."""
+    """Is an sm80 main stage registered that computes `kernel`'s problems on its arch (same dtype,
+    mode and head dims; a window kernel also computes causal masks)? SASS for sm_80 does not run
+    on sm_90a: the twin must be built for the kernel's own arch."""
     masks = {"none": ("none",), "causal": ("causal", "window")}[kernel["mask"]]
     return any(
         k["pipeline"] == "sm80_cpasync_mma"
+        and runs_on(k, kernel["arch"])
         and (k["dtype"], k["mode"], k["hdim_q"], k["hdim_v"]) == (
             kernel["dtype"], kernel["mode"], kernel["hdim_q"], kernel["hdim_v"])
         and k["mask"] in masks and k["bias"] == "none" and not k["dropout"] and not k["softcap"]

@@ -52,9 +52,21 @@ def test_resolve_arch_spellings():
 def test_resolve_unknown_kernel_suggests_names():
     name = jit.resolve("ci", arch="sm_80")[0].name
     with pytest.raises(ValueError, match="did you mean"):
+        jit.resolve([name[:-2] + "x9"])
+    # A well-formed name whose config the rules refuse says why.
+    with pytest.raises(ValueError, match="cannot be built: stages=9 is not supported"):
         jit.resolve([name[:-1] + "9"])
     with pytest.raises(TypeError):
         jit.resolve([42])
+
+
+def test_resolve_takes_names_outside_every_kernel_set():
+    name = "fwd_bf16_batch_d256x256_causal_lse_softcap__sm_90a_sm80_cpasync_mma_m128n64k256_w8s1"
+    spec = jit.generator_modules().specs.load_specs()["sm_90a"]
+    first_use_name = jit.preferred_configs(
+        jit.generator_modules().names.parse_kernel_name(name).signature, spec
+    )[0].name
+    assert [c.name for c in jit.resolve([first_use_name])] == [first_use_name]
 
 
 def test_registered_kernels_need_no_compiler(tmp_path: Path):

@@ -120,7 +120,7 @@ def test_paged_instances_set_the_paged_switch() -> None:
         text = render_instance(_config(family))
         assert "fwd_splitkv_sm80_launch.cuh" in text
         assert "/*SplitKv=*/true, /*PagedKv=*/true>" in text
-        assert "launch_fwd_splitkv_sm80<Traits>" in text
+        assert "launch_fwd_splitkv_sm80<ckfmha_instance_" in text
     assert "PagedKv" not in render_instance(_config("fwd_splitkv", mode="batch"))
 
 

@@ -67,7 +67,7 @@ def test_split_list_accepts_semicolons_and_commas() -> None:
 def test_env_defaults() -> None:
     config = from_env({})
     assert config.archs == ("sm_80", "sm_90a")
-    assert config.kernels == "default"
+    assert config.kernels == "core"
     assert config.jobs == max(1, os.cpu_count() or 1)
     assert config.kernel_filter is None
 

@@ -1,0 +1,290 @@
+"""Kernels compiled on first use: what a problem needs that the registry lacks, built on the spot.
+
+Every launch (``fwd``, ``fwd_varlen``, ``fwd_paged``, ``bwd``, ``bwd_varlen``, ``append_kv``)
+passes a small key of the features its problem uses. The first time a key is seen, the kernels
+the generator would build for it on this GPU's arch (the preferred template's default tile;
+every tile of a split-KV family, whose tile the dispatcher picks by shape) are looked up in
+the registry; missing ones are compiled into the cache (``ckfmha.jit``), loaded, and the call
+goes on. Later calls with the same key cost one set lookup.
+
+``CKFMHA_JIT=0`` turns compiling off: a call that then finds no kernel raises
+``UnsupportedError`` naming the missing kernels and the command that prebuilds them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ckfmha.errors import UnsupportedError
+
+# Values of the C enums (ckfmha.h), as the generator spells them.
+DTYPES = {0: "fp16", 1: "bf16", 2: "fp32"}
+MODES = {0: "batch", 1: "group"}
+MASK_KINDS = {0: "none", 1: "causal", 2: "causal", 3: "window", 4: "window"}
+BIASES = {0: "none", 1: "elementwise", 2: "alibi"}
+PAGE_LAYOUTS = {0: "linear", 1: "vectorized"}
+ROPES = {0: "none", 1: "interleaved", 2: "half_rotated"}
+
+# Query rows per K/V head up to which the dispatcher runs a decode-shaped split-KV plan.
+DECODE_PACKED_ROWS = 64
+
+def enabled() -> bool:
+    """CKFMHA_JIT=0 (or false/no/off) turns first-use compilation off."""
+    return os.environ.get("CKFMHA_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class FwdKey:
+    """The features of a forward problem that decide which kernels it can run on.
+
+    Built by the Cython runners from the C problem (``_fwd.pyx``); ints are C enum values.
+    """
+
+    dtype: int
+    mode: int
+    hdim_q: int
+    hdim_v: int
+    mask: int
+    bias: int
+    dropout: bool
+    softcap: bool
+    sink: bool
+    v_col_major: bool
+    kv_storage: int  # 0 contiguous, else paged
+    page_layout: int
+    forced_splits: bool  # num_splits > 1
+    decode_shaped: bool  # packed query rows per K/V head <= DECODE_PACKED_ROWS
+
+
+@dataclass(frozen=True)
+class BwdKey:
+    dtype: int
+    mode: int
+    hdim_q: int
+    hdim_v: int
+    mask: int
+    bias: int
+    dropout: bool
+    softcap: bool
+    dbias: bool
+    deterministic: bool = False
+
+
+# Main-stage templates that add dQ with atomics only: a deterministic backward needs another
+# (dispatcher.cpp rejects them for deterministic problems).
+FAST_MODE_ONLY_PIPELINES = ("sm90_tma_wgmma",)
+
+
+@dataclass(frozen=True)
+class AppendKvKey:
+    dtype: int
+    hdim_k: int
+    hdim_v: int
+    rope: int
+    paged: bool
+
+
+Key = FwdKey | BwdKey | AppendKvKey
+
+
+def _fwd_plans(key: FwdKey, gen: Any) -> list[list[Any]]:
+    """Signature lists, best plan first: the split-KV plan (split stage and combine stage) where
+    the problem is paged, forced to split or decode-shaped, and the one-stage kernel."""
+    sig = gen.signature
+    features = {
+        "dtype": DTYPES[key.dtype],
+        "mode": MODES[key.mode],
+        "hdim_q": key.hdim_q,
+        "hdim_v": key.hdim_v,
+        "mask": MASK_KINDS[key.mask],
+        "lse": True,
+        "bias": BIASES[key.bias],
+        "dropout": key.dropout,
+        "softcap": key.softcap,
+        "sink": key.sink,
+        "v_col_major": key.v_col_major,
+    }
+    combine = sig.FwdSignature(
+        dtype=features["dtype"], mode=features["mode"], hdim_q=key.hdim_v, hdim_v=key.hdim_v,
+        mask="none", lse=True, family="fwd_splitkv_combine",
+    )  # fmt: skip
+    if key.kv_storage != 0:
+        family = sig.BATCH_PREFILL if key.mode == 1 else sig.FWD_PAGEDKV
+        paged = sig.FwdSignature(
+            **features, family=family, page_layout=PAGE_LAYOUTS[key.page_layout]
+        )
+        return [[paged, combine]]
+    split = [sig.FwdSignature(**features, family="fwd_splitkv"), combine]
+    if key.forced_splits:
+        return [split]
+    # Kernel sets build forward kernels with LSE, and an LSE kernel serves a problem that asks
+    # for none: wanting the no-LSE twin would compile a kernel the library already covers.
+    one_stage = [sig.FwdSignature(**features)]
+    return [split, one_stage] if key.decode_shaped else [one_stage]
+
+
+def _bwd_plans(key: BwdKey, gen: Any) -> list[list[Any]]:
+    sig = gen.signature
+    dtype, mode = DTYPES[key.dtype], MODES[key.mode]
+    return [
+        [
+            sig.BwdSignature(sig.BWD_DOT_DO_O, dtype, mode, key.hdim_v, key.hdim_v),
+            sig.BwdSignature(
+                sig.BWD_DQ_DK_DV, dtype, mode, key.hdim_q, key.hdim_v, MASK_KINDS[key.mask],
+                BIASES[key.bias], key.dropout, key.softcap, key.dbias,
+            ),
+            sig.BwdSignature(sig.BWD_CONVERT_DQ, dtype, mode, key.hdim_q, key.hdim_q),
+        ]
+    ]
+
+
+def _appendkv_plans(key: AppendKvKey, gen: Any) -> list[list[Any]]:
+    signature = gen.signature.AppendKvSignature(
+        dtype=DTYPES[key.dtype], hdim_q=key.hdim_k, hdim_v=key.hdim_v, rope=ROPES[key.rope],
+        paged=key.paged,
+    )  # fmt: skip
+    return [[signature]]
+
+
+def plans_for(key: Key, gen: Any) -> list[list[Any]]:
+    """The signatures each plan that can serve ``key`` needs, best plan first."""
+    if isinstance(key, FwdKey):
+        return _fwd_plans(key, gen)
+    if isinstance(key, BwdKey):
+        return _bwd_plans(key, gen)
+    return _appendkv_plans(key, gen)
+
+
+def kernels_for(key: Key, arch: str | None = None) -> list[Any]:
+    """KernelConfigs of the best plan the generator can build for ``key`` on ``arch`` (default:
+    this GPU's), every stage on its preferred template; [] if no plan can be built."""
+    from ckfmha import jit
+
+    gen = jit.generator_modules()
+    specs = gen.specs.load_specs()
+    spec = specs[jit.arch_spec_name(arch, specs)]
+    excluded = FAST_MODE_ONLY_PIPELINES if getattr(key, "deterministic", False) else ()
+    for plan in plans_for(key, gen):
+        stages = [jit.preferred_configs(signature, spec, excluded) for signature in plan]
+        if all(stages):
+            return [config for stage in stages for config in stage]
+    return []
+
+
+class _FirstUse:
+    """Which keys were already served; builds one key at a time (concurrent callers that need
+    the same kernels wait for the first, then find them registered)."""
+
+    def __init__(self) -> None:
+        self.served: set[Key] = set()
+        # Kernels a served key lacks, and why they were not built.
+        self.missing: dict[Key, tuple[list[str], str]] = {}
+        self.lock = threading.Lock()
+
+    def ensure(self, key: Key) -> None:
+        if key in self.served:
+            return
+        from ckfmha._registry import Registry
+        from ckfmha.errors import NoDeviceError
+
+        with self.lock:
+            if key in self.served:
+                return
+            try:
+                names = [config.name for config in kernels_for(key)]
+            except NoDeviceError:
+                return  # the launch reports it, after its own argument checks
+            registered = set(Registry().names())
+            absent = [name for name in names if name not in registered]
+            why = "CKFMHA_JIT=0 turns compiling on first use off"
+            if absent and enabled():
+                from ckfmha import jit
+
+                try:
+                    jit.build(absent, progress="line")
+                    absent = []
+                except jit.ToolchainError as error:
+                    # Another registered kernel may still serve the call; if none does, the
+                    # launch's error says what is missing (explain_failure).
+                    why = f"compiling on first use needs {error}"
+            if absent:
+                self.missing[key] = (absent, why)
+            self.served.add(key)
+
+    def explain_failure(self, key: Key, error: UnsupportedError) -> UnsupportedError:
+        """The run found no kernel: say what first use would build, and how to build it."""
+        if key not in self.missing:
+            return error
+        absent, why = self.missing[key]
+        from ckfmha import jit
+
+        arch = jit.arch_spec_name(None, jit.generator_modules().specs.load_specs())
+        command = f"python -m ckfmha build --arch {arch} --kernels {','.join(absent)}"
+        return UnsupportedError(
+            f"{error} The kernels this problem needs are not built ({why}): "
+            f"{', '.join(absent)}. Prebuild them with: {command}",
+            error.status,
+        )
+
+
+_FIRST_USE = _FirstUse()
+_KEY_TYPES = {"fwd": FwdKey, "bwd": BwdKey, "appendkv": AppendKvKey}
+# Raw keys (operation, field tuple) already served, read without the lock: a call whose
+# kernels are there costs one set lookup.
+_SERVED_RAW: set[tuple[str, tuple[Any, ...]]] = set()
+
+
+def key_of(raw: tuple[str, tuple[Any, ...]]) -> Key:
+    operation, fields = raw
+    return _KEY_TYPES[operation](*fields)
+
+
+def ensure(raw: tuple[str, tuple[Any, ...]]) -> None:
+    """Makes the kernels for a runner's raw key (operation, the key's fields in order)
+    available, compiling them on first use; called before the plan is made."""
+    if raw in _SERVED_RAW:
+        return
+    key = key_of(raw)
+    _FIRST_USE.ensure(key)
+    if key in _FIRST_USE.served:
+        _SERVED_RAW.add(raw)
+
+
+def ensure_named(name: str) -> None:
+    """A kernel forced by name that is not registered is compiled (or loaded from the cache)."""
+    from ckfmha._registry import Registry
+
+    if name in Registry() or not enabled():
+        return
+    from ckfmha import jit
+
+    try:
+        jit.build([name], progress="line")
+    except ValueError:
+        pass  # not a kernel name: the launch says the name is unknown
+
+
+def explain(raw: tuple[str, tuple[Any, ...]], error: UnsupportedError) -> UnsupportedError:
+    """The error to raise when a launch found no kernel: ``error``, plus the kernels first use
+    did not build and the command that prebuilds them."""
+    return _FIRST_USE.explain_failure(key_of(raw), error)
+
+
+def forget() -> None:
+    """Forget which keys were served (tests; after kernels were removed from the cache)."""
+    with _FIRST_USE.lock:
+        _FIRST_USE.served.clear()
+        _FIRST_USE.missing.clear()
+        _SERVED_RAW.clear()
+
+
+def missing_kernels(key: Key, arch: str | None = None) -> Sequence[str]:
+    """Kernels the first call of ``key`` would compile (``python -m ckfmha doctor``)."""
+    from ckfmha._registry import Registry
+
+    registered = set(Registry().names())
+    return [config.name for config in kernels_for(key, arch) if config.name not in registered]
