@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from jit_toolchain import skip_without_jit_toolchain
 
 import ckfmha
 from ckfmha import _cache, first_use, jit
@@ -302,12 +303,7 @@ print(jit.build([sys.argv[1]], cache_dir=sys.argv[2], progress="line", max_worke
 
 @pytest.mark.slow
 def test_two_processes_compile_a_missing_kernel_once(tmp_path: Path) -> None:
-    toolchain = jit.generator_modules().toolchain
-    try:
-        toolchain.find_nvcc()
-        toolchain.find_cutlass_include()
-    except toolchain.ToolchainError as error:
-        pytest.skip(f"JIT toolchain unavailable: {error}")
+    skip_without_jit_toolchain()
     # An append kernel outside the core set: a small template, so it compiles in seconds.
     name = first_use.kernels_for(AppendKvKey(BF16, 96, 96, 1, True), "sm_80")[0].name
     assert name not in ckfmha.Registry()

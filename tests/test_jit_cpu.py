@@ -10,18 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
+from jit_toolchain import skip_without_jit_toolchain
 
 import ckfmha
 from ckfmha import _cache, jit
-
-
-def _toolchain_or_skip() -> None:
-    toolchain = jit.generator_modules().toolchain
-    try:
-        toolchain.find_nvcc()
-        toolchain.find_cutlass_include()
-    except toolchain.ToolchainError as error:
-        pytest.skip(f"JIT toolchain unavailable: {error}")
 
 
 def _unregistered_sm80_kernel() -> str:
@@ -97,7 +89,7 @@ def test_publish_replaces_atomically(tmp_path: Path):
 
 @pytest.mark.slow
 def test_build_compiles_caches_and_registers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    _toolchain_or_skip()
+    skip_without_jit_toolchain()
     name = _unregistered_sm80_kernel()
     registry = ckfmha.Registry()
     before = len(registry)
