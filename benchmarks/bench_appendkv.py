@@ -10,7 +10,7 @@ paged rows in vLLM's vectorized page layout (torch's rows stay linear; the resul
 compared after re-laying ckfmha's out).
 
     python benchmarks/bench_appendkv.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results/appendkv
 """
 
 from __future__ import annotations

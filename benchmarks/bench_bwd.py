@@ -8,7 +8,7 @@ against the peers measured in the same run. ckfmha's time is its whole three-sta
 (and a PNG plot when matplotlib is present).
 
     python benchmarks/bench_bwd.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results/bwd
 """
 
 from __future__ import annotations

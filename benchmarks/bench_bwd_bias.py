@@ -10,7 +10,7 @@ per second (bias read, dbias written), and ckfmha's plain backward (no bias) on 
 for the cost of the bias. Writes JSON.
 
     python benchmarks/bench_bwd_bias.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results/bwd_bias
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ kernel aims for), and the table reports GB/s. ``--page-layout vectorized`` (or b
 same caches re-laid out in vLLM's older vectorized layout.
 
     python benchmarks/bench_decode.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results [--paged 16]
+        --out benchmarks/results/decode [--paged 16]
 """
 
 from __future__ import annotations

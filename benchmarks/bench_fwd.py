@@ -6,7 +6,7 @@ against the peers measured in the same run. Writes JSON (and a PNG plot when
 matplotlib is present).
 
     python benchmarks/bench_fwd.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results/fwd
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ for windows: what a caller without window support runs; a padded batch for
 varlen). TFLOPS count only the visible (query, key) pairs, 4 * d FLOPs each.
 
     python benchmarks/bench_fwd_features.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results/fwd_features
 """
 
 from __future__ import annotations

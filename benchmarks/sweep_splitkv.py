@@ -5,7 +5,7 @@ measures the host-side cost of one ckfmha.fwd call (planning, workspace, launche
 problem too small for the GPU time to matter.
 
     python benchmarks/sweep_splitkv.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results
+        --out benchmarks/results/sweep_splitkv
 """
 
 from __future__ import annotations
