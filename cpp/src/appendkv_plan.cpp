@@ -16,10 +16,6 @@ namespace {
 
 // Grid y carries the K/V heads and the rotated query heads, grid z the batch.
 constexpr int64_t kMaxGridYZ = 65535;
-// Every vector the kernel moves is 16 bytes.
-constexpr int64_t kVectorBytes = 16;
-
-int64_t vector_elems(ckfmha_dtype dtype) { return kVectorBytes / element_bytes(dtype); }
 
 bool valid_dtype(ckfmha_dtype dtype) {
   return dtype == CKFMHA_DTYPE_FP16 || dtype == CKFMHA_DTYPE_BF16 || dtype == CKFMHA_DTYPE_FP32;

@@ -42,10 +42,6 @@ int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const&
   });
 }
 
-bool aligned_to(const void* ptr, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
-
 int check_alignment(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
   struct Aligned {
     const void* ptr;

@@ -2,6 +2,7 @@
 
 #include "ckfmha/kernel/splitkv_workspace.h"
 #include "ckfmha/runtime/dispatcher.hpp"
+#include "ckfmha/runtime/fwd_select.hpp"
 #include "ckfmha/runtime/problem.hpp"
 
 #include <algorithm>

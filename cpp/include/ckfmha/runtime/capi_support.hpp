@@ -1,11 +1,13 @@
 // Pieces every C API translation unit shares: text copied out to a caller's
-// buffer, the arch a call plans for, and the NULL checks of argument pointers.
+// buffer, the arch a call plans for, the NULL and alignment checks of argument
+// pointers, and the contiguous strides of a layout.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/status.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -50,6 +52,24 @@ inline int require_pointers(std::initializer_list<RequiredPointer> pointers) {
     }
   }
   return CKFMHA_SUCCESS;
+}
+
+// Fails with `what` unless `ok`.
+inline int require(bool ok, const char* what) {
+  return ok ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, what);
+}
+
+inline bool aligned_to(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+// (batch, head, seq) strides of a contiguous tensor in `layout`.
+inline void fill_layout_strides(ckfmha_layout layout, int64_t (&stride)[3], int64_t heads,
+                                int64_t seqlen, int64_t hdim) {
+  const bool bhsd = layout == CKFMHA_LAYOUT_BHSD;
+  stride[0] = heads * seqlen * hdim;
+  stride[1] = bhsd ? seqlen * hdim : hdim;
+  stride[2] = bhsd ? hdim : heads * hdim;
 }
 
 }  // namespace ckfmha::runtime

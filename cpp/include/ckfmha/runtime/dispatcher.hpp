@@ -1,12 +1,13 @@
-// Kernel selection for forward problems: hard rules reject kernels that
-// cannot run the problem, then a preference order picks among the rest.
+// Selection rules every operation's plan shares (fwd_select, fwd_plan,
+// bwd_plan, appendkv_plan): hard rules reject kernels that cannot run a
+// problem, then a preference order picks among the rest.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel_entry.h"
 
+#include <cstdint>
 #include <string>
-#include <vector>
 
 namespace ckfmha::runtime {
 
@@ -14,61 +15,25 @@ namespace ckfmha::runtime {
 // arch_name) run on a device of `device_arch`?
 bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch);
 
-// Empty when `kernel` can run `problem` on `device_arch`, else why not.
-// `family` is the stage asked for: a fwd_splitkv kernel computes the same
-// signature as a fwd one, in the first stage of a split-KV plan.
-std::string reject_reason(ckfmha_kernel_entry const& kernel, ckfmha_fwd_problem const& problem,
-                          int device_arch, ckfmha_family family = CKFMHA_FAMILY_FWD);
+// Kernels move 16-byte vectors: the elements of `dtype` in one.
+int64_t vector_elems(ckfmha_dtype dtype);
 
-// Family, dtype, mode and head dims match: a cheap test that skips building a
-// reject reason for most of a large registry on every call.
-bool same_shape(ckfmha_kernel_entry const& kernel, ckfmha_fwd_problem const& problem,
-                ckfmha_family family);
+// "sm_90" for 90.
+std::string arch_label(int arch);
 
-// Paged K/V: whether the problem reads a page cache, whether a family does,
-// the family a paged problem runs (fwd_pagedkv in batch mode, batch_prefill in
-// group mode).
-bool is_paged(ckfmha_fwd_problem const& problem);
-bool is_paged_family(ckfmha_family family);
-ckfmha_family paged_family(ckfmha_fwd_problem const& problem);
+// Empty when each of the (batch, head, seq) strides of `tensor` is a multiple
+// of `vector` elements, else which one is not.
+std::string check_vector_strides(const char* tensor, int64_t const (&stride)[3], int64_t vector);
 
-// A fwd kernel's preference among those that fit: the narrowest mask kind.
+// Whether a kernel of mask kind `kind` computes `mask` (a window kernel
+// computes every bounded mask, causal ones too).
+bool mask_fits(ckfmha_mask_kind kind, ckfmha_mask mask);
+
+// The narrowest mask kind computing `mask`, preferred among kernels that fit.
+ckfmha_mask_kind preferred_mask_kind(ckfmha_mask mask);
 bool mask_kind_preferred(ckfmha_mask_kind kind, ckfmha_mask mask);
 
-struct Selection {
-  bool found = false;
-  ckfmha_kernel_entry kernel{};
-  std::string why_none;  // when !found: what is missing and what is available
-};
-
-Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
-                     ckfmha_fwd_problem const& problem, int device_arch);
-
-std::string explain_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
-                        ckfmha_fwd_problem const& problem, int device_arch);
-
-// ---- backward: a plan of three stages
-
-// Empty when `kernel` (of any backward family) can run its stage of
-// `problem` on `device_arch`, else why not.
-std::string reject_reason_bwd(ckfmha_kernel_entry const& kernel,
-                              ckfmha_bwd_problem const& problem, int device_arch);
-
-struct BwdPlan {
-  bool found = false;
-  ckfmha_kernel_entry dot_do_o{};
-  ckfmha_kernel_entry dq_dk_dv{};
-  ckfmha_kernel_entry convert_dq{};
-  std::string why_none;
-};
-
-// `forced` (may be null) names the bwd_dq_dk_dv kernel to use; the row-wise
-// stages are always chosen to match.
-BwdPlan select_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
-                   ckfmha_bwd_problem const& problem, int device_arch,
-                   ckfmha_kernel_entry const* forced = nullptr);
-
-std::string explain_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
-                        ckfmha_bwd_problem const& problem, int device_arch);
+// Higher is faster where kernels of several templates fit.
+int pipeline_rank(const char* pipeline);
 
 }  // namespace ckfmha::runtime

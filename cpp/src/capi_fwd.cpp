@@ -1,0 +1,216 @@
+// The extern "C" surface of the forward (one stage, split-KV and paged plans):
+// argument checks, then the plan and its launches.
+#include "ckfmha/ckfmha.h"
+
+#include "ckfmha/runtime/capi_support.hpp"
+#include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/fwd_plan.hpp"
+#include "ckfmha/runtime/problem.hpp"
+#include "ckfmha/runtime/registry.hpp"
+#include "ckfmha/runtime/status.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+using namespace ckfmha::runtime;
+
+namespace {
+
+int checked_problem(ckfmha_fwd_problem const* problem) {
+  if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
+  std::string error = check_fwd_problem(*problem);
+  return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
+}
+
+// Pointers each enabled feature needs, so a kernel never dereferences NULL.
+int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a) {
+  return require_pointers({
+      RequiredPointer{bool(p.store_lse), a.lse, "store_lse is set but lse is NULL"},
+      RequiredPointer{p.bias == CKFMHA_BIAS_ELEMENTWISE, a.bias,
+                      "elementwise bias needs args.bias"},
+      RequiredPointer{p.bias == CKFMHA_BIAS_ALIBI, a.alibi_slopes, "ALiBi needs args.alibi_slopes"},
+      RequiredPointer{bool(p.has_sink), a.sink, "has_sink is set but args.sink is NULL"},
+      RequiredPointer{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_q,
+                      "group mode needs args.cu_seqlens_q (batch + 1 int32 offsets)"},
+      RequiredPointer{p.mode == CKFMHA_MODE_GROUP && p.kv_storage == CKFMHA_KV_CONTIGUOUS,
+                      a.cu_seqlens_k,
+                      "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
+      RequiredPointer{bool(p.store_dropout_randval), a.dropout_randval,
+                      "store_dropout_randval is set but args.dropout_randval is NULL"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.block_table,
+                      "kv_storage paged_table needs args.block_table ([batch, block_table_stride] "
+                      "int32 page ids)"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_TABLE, a.seqlens_k,
+                      "kv_storage paged_table needs args.seqlens_k ([batch] int32 key counts)"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indices,
+                      "kv_storage paged_indptr needs args.kv_indices (int32 page ids)"},
+      RequiredPointer{p.kv_storage == CKFMHA_KV_PAGED_INDPTR, a.kv_indptr,
+                      "kv_storage paged_indptr needs args.kv_indptr (batch + 1 int32 offsets)"},
+  });
+}
+
+// The arch plans are made for and its SM count: the current device's when it
+// has that arch, else the arch's reference part (documented in ckfmha.h).
+int plan_context(int arch, PlanContext* context) {
+  if (int s = resolve_arch(arch, &context->device_arch)) return s;
+  int count = 0, device_arch_now = 0;
+  context->num_sms = reference_sm_count(context->device_arch);
+  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
+      current_device_arch(&device_arch_now) == CKFMHA_SUCCESS &&
+      device_arch_now == context->device_arch) {
+    if (int s = current_device_sm_count(&context->num_sms)) return s;
+  }
+  return CKFMHA_SUCCESS;
+}
+
+// A kernel forced by name (NULL: none) joins the plan context.
+int find_forced(const char* kernel_name, ckfmha_kernel_entry* forced, PlanContext* context) {
+  if (kernel_name == nullptr) return CKFMHA_SUCCESS;
+  if (!Registry::instance().find(kernel_name, forced)) {
+    return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
+  }
+  context->forced = forced;
+  return CKFMHA_SUCCESS;
+}
+
+// A split-KV plan's workspace must exist, be large enough and hold float4s
+// (a one-split plan needs none).
+int check_workspace(FwdPlan const& plan, ckfmha_fwd_args const& args) {
+  if (!plan.combined()) return CKFMHA_SUCCESS;
+  std::string need = std::to_string(plan.workspace_bytes) + " bytes (num_splits=" +
+                     std::to_string(plan.num_splits) + "; ckfmha_fwd_workspace_size says how many)";
+  if (args.workspace == nullptr) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "the split-KV plan needs args.workspace of " + need);
+  }
+  if (args.workspace_bytes < plan.workspace_bytes) {
+    return fail(CKFMHA_ERROR_BUFFER_TOO_SMALL,
+                "args.workspace_bytes is " + std::to_string(args.workspace_bytes) +
+                    "; the split-KV plan needs " + need);
+  }
+  if (reinterpret_cast<uintptr_t>(args.workspace) % 16 != 0) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args.workspace must be 16-byte aligned");
+  }
+  return CKFMHA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+int ckfmha_fwd_problem_init(ckfmha_fwd_problem* problem, ckfmha_dtype dtype, ckfmha_layout layout,
+                            int32_t batch, int32_t nhead_q, int32_t nhead_k, int32_t seqlen_q,
+                            int32_t seqlen_k, int32_t hdim_q, int32_t hdim_v) {
+  if (int s = require(problem != nullptr, "problem is NULL")) return s;
+  if (layout != CKFMHA_LAYOUT_BHSD && layout != CKFMHA_LAYOUT_BSHD) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "layout " + std::to_string(int(layout)) + " is not one of BHSD (0), BSHD (1)");
+  }
+  *problem = ckfmha_fwd_problem{};
+  problem->dtype = dtype;
+  problem->mode = CKFMHA_MODE_BATCH;
+  problem->batch = batch;
+  problem->nhead_q = nhead_q;
+  problem->nhead_k = nhead_k;
+  problem->seqlen_q = seqlen_q;
+  problem->seqlen_k = seqlen_k;
+  problem->hdim_q = hdim_q;
+  problem->hdim_v = hdim_v;
+  problem->mask = CKFMHA_MASK_NONE;
+  problem->window_left = -1;
+  problem->window_right = -1;
+  problem->bias = CKFMHA_BIAS_NONE;
+  problem->lse_stride[0] = int64_t(nhead_q) * seqlen_q;
+  problem->lse_stride[1] = seqlen_q;
+  problem->scale = hdim_q > 0 ? 1.f / std::sqrt(float(hdim_q)) : 1.f;
+  fill_layout_strides(layout, problem->q_stride, nhead_q, seqlen_q, hdim_q);
+  fill_layout_strides(layout, problem->k_stride, nhead_k, seqlen_k, hdim_q);
+  fill_layout_strides(layout, problem->v_stride, nhead_k, seqlen_k, hdim_v);
+  fill_layout_strides(layout, problem->o_stride, nhead_q, seqlen_q, hdim_v);
+  return checked_problem(problem) == CKFMHA_SUCCESS ? succeed() : CKFMHA_ERROR_INVALID_ARGUMENT;
+}
+
+int ckfmha_fwd_problem_validate(const ckfmha_fwd_problem* problem) {
+  int s = checked_problem(problem);
+  return s == CKFMHA_SUCCESS ? succeed() : s;
+}
+
+int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_buf,
+                      size_t buf_len) {
+  if (int s = checked_problem(problem)) return s;
+  PlanContext context;
+  if (int s = plan_context(arch, &context)) return s;
+  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
+}
+
+int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, size_t buf_len,
+                       size_t* needed) {
+  if (int s = checked_problem(problem)) return s;
+  PlanContext context;
+  if (int s = plan_context(arch, &context)) return s;
+  return copy_text_out(explain_fwd_plan(Registry::instance().entries(), *problem, context), buf,
+                  buf_len, needed);
+}
+
+int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
+                              const char* kernel_name, size_t* bytes) {
+  if (int s = checked_problem(problem)) return s;
+  if (int s = require(bytes != nullptr, "bytes is NULL")) return s;
+  PlanContext context;
+  if (int s = plan_context(arch, &context)) return s;
+  ckfmha_kernel_entry forced{};
+  if (int s = find_forced(kernel_name, &forced, &context)) return s;
+  FwdPlan const& plan = cached_plan_fwd(Registry::instance().entries(), *problem, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  *bytes = plan.workspace_bytes;
+  return succeed();
+}
+
+int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* args,
+                   const char* kernel_name, ckfmha_stream_t stream) {
+  if (int s = checked_problem(problem)) return s;
+  if (int s = require(args != nullptr, "args is NULL")) return s;
+  if (args->q == nullptr || args->k == nullptr || args->v == nullptr || args->o == nullptr) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "q, k, v and o must all be device pointers");
+  }
+  if (int s = check_feature_pointers(*problem, *args)) return s;
+  PlanContext context;
+  if (int s = plan_context(-1, &context)) return s;
+  context.workspace_available = args->workspace != nullptr;
+  ckfmha_kernel_entry forced{};
+  if (int s = find_forced(kernel_name, &forced, &context)) return s;
+  // A copy: the cache's entry may be replaced by a plan made while launching.
+  const FwdPlan plan = cached_plan_fwd(Registry::instance().entries(), *problem, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  if (int s = check_workspace(plan, *args)) return s;
+  // Column-major V kernels fall back to element loads when V's base is not
+  // 16-byte aligned (a view starting at any key): V needs only aligned elements.
+  const uintptr_t v_alignment = problem->v_col_major ? 2 : 16;
+  for (auto [ptr, bytes] : {std::pair<const void*, uintptr_t>{args->q, 16},
+                            {args->k, 16},
+                            {args->v, v_alignment},
+                            {args->o, 16}}) {
+    if (!aligned_to(ptr, bytes)) {
+      return fail(CKFMHA_ERROR_UNSUPPORTED,
+                  "q, k, o and row-major v must be 16-byte aligned (the kernels load 16-byte "
+                  "vectors); column-major v must be aligned to its elements");
+    }
+  }
+  if (!plan.split) {
+    return from_launch_result(plan.kernel.launch(problem, args, stream), plan.kernel.name);
+  }
+  // Both stages read the resolved split count from the problem.
+  ckfmha_fwd_problem staged = *problem;
+  staged.num_splits = plan.num_splits;
+  if (int s = from_launch_result(plan.kernel.launch(&staged, args, stream), plan.kernel.name)) {
+    return s;
+  }
+  if (!plan.combined()) return CKFMHA_SUCCESS;  // the one split wrote O and LSE
+  return from_launch_result(plan.combine.launch(&staged, args, stream), plan.combine.name);
+}
+
+}  // extern "C"
