@@ -53,18 +53,15 @@ class BuildLog:
         self(f"{done}/{total} {state}: {job.source.name}")
 
 
-def _copy_support_files(package_dir: Path) -> None:
-    """Headers for ckfmha.get_include() and the JIT, and the generator's own arch specs."""
-    shutil.copytree(INCLUDE_DIR, package_dir / "include", dirs_exist_ok=True)
-    generator_dir = package_dir / "_generator"
-    generator_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ROOT / "arch_specs.json", generator_dir / "arch_specs.json")
-
-
 class BuildPy(build_py):
+    """A built package carries what a checkout keeps outside its packages: the C headers (for
+    ckfmha.get_include() and first-use compiles) and the arch specs beside the generator."""
+
     def run(self) -> None:
         super().run()
-        _copy_support_files(Path(self.build_lib) / "ckfmha")
+        build_lib = Path(self.build_lib)
+        shutil.copytree(INCLUDE_DIR, build_lib / "ckfmha" / "include", dirs_exist_ok=True)
+        shutil.copy2(ROOT / "arch_specs.json", build_lib / "generator" / "arch_specs.json")
 
 
 class BuildExt(build_ext):
@@ -105,15 +102,6 @@ class BuildExt(build_ext):
         lib_dir = package_dir / "lib"
         lib_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(self._build_library(), lib_dir / LIBRARY_NAME)
-        if self._in_place():
-            # A checkout used in place imports ckfmha._generator from ckfmha/_generator.
-            shutil.copytree(
-                ROOT / "generator",
-                package_dir / "_generator",
-                dirs_exist_ok=True,
-                ignore=shutil.ignore_patterns("__pycache__"),
-            )
-            _copy_support_files(package_dir)
         for ext in self.extensions:
             ext.library_dirs.append(str(lib_dir))
         super().run()
@@ -149,8 +137,9 @@ def _extensions() -> list[Extension]:
 
 
 setup(
-    packages=["ckfmha", "ckfmha._generator"],
-    package_dir={"ckfmha": "ckfmha", "ckfmha._generator": "generator"},
+    # The generator installs as a package of its own, so setup.py, `python -m generator` and the
+    # first-use compiler import it the same way.
+    packages=["ckfmha", "generator"],
     package_data={"ckfmha": ["*.pxd", "*.pyi", "py.typed"]},
     # Only what package_data names: not the .pyx sources or Cython's generated .cpp files.
     include_package_data=False,

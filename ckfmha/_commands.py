@@ -54,10 +54,7 @@ def _toolchain_lines() -> list[str]:
         lines.append(f"CUTLASS headers: {toolchain.find_cutlass_include()}")
     except toolchain.ToolchainError as error:
         lines.append(f"CUTLASS headers: missing: {error}")
-    try:
-        lines.append(f"ckfmha headers:  {toolchain.find_ckfmha_include()}")
-    except toolchain.ToolchainError as error:
-        lines.append(f"ckfmha headers:  missing: {error}")
+    lines.append(f"ckfmha headers:  {jit.kernel_include_dir()}")
     return lines
 
 
@@ -98,7 +95,8 @@ def doctor_command(args: argparse.Namespace, problem: object | None) -> int:
         key = first_use.key_of(first_use_key(problem))
         wanted = first_use.missing_kernels(key, args.arch)
         if wanted:
-            lines.append(f"first call:      compiles {len(wanted)} kernels:")
+            noun = "kernel" if len(wanted) == 1 else "kernels"
+            lines.append(f"first call:      compiles {len(wanted)} {noun}:")
             lines.extend(f"                 {name}" for name in wanted)
         else:
             lines.append("first call:      compiles nothing (its kernels are registered)")

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
 import os
-import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,30 +59,20 @@ class GeneratorModules:
     toolchain: ModuleType
 
 
-def _generator_package() -> str:
-    """Installed copy (ckfmha._generator) first; a source checkout's generator/ second."""
-    if importlib.util.find_spec("ckfmha._generator") is not None:
-        return "ckfmha._generator"
-    checkout = Path(__file__).resolve().parent.parent / "generator"
-    if "generator" not in sys.modules and (checkout / "__init__.py").is_file():
-        spec = importlib.util.spec_from_file_location(
-            "generator", checkout / "__init__.py", submodule_search_locations=[str(checkout)]
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["generator"] = module
-        spec.loader.exec_module(module)
-    return "generator"
+def kernel_include_dir() -> Path:
+    """ckfmha's own headers, which kernel instances include (installed or in a checkout)."""
+    import ckfmha
+
+    return Path(ckfmha.get_include()[-1])
 
 
 def generator_modules() -> GeneratorModules:
-    package = _generator_package()
     names = (
         "build", "emit", "enumerate", "names", "receipts", "rules", "signature", "specs",
         "toolchain",
     )  # fmt: skip
     return GeneratorModules(
-        **{name: importlib.import_module(f"{package}.{name}") for name in names}
+        **{name: importlib.import_module(f"generator.{name}") for name in names}
     )
 
 
@@ -201,7 +189,7 @@ def _plan(
     source, the compiler version and the kernel headers and CUTLASS headers it includes."""
     from ckfmha import __version__
 
-    headers = _cache.headers_digest(gen.toolchain.find_ckfmha_include(), toolchain.cutlass_include)
+    headers = _cache.headers_digest(kernel_include_dir(), toolchain.cutlass_include)
     planned = []
     for config in kernels:
         digest = _cache.source_hash(
@@ -267,7 +255,7 @@ def _toolchain(gen: GeneratorModules, archs: Sequence[str], specs: Mapping[str, 
     try:
         return gen.toolchain.CudaToolchain(
             gen.build.arch_specs_for(archs, specs),
-            include_dirs=[gen.toolchain.find_ckfmha_include()],
+            include_dirs=[kernel_include_dir()],
         )
     except gen.toolchain.ToolchainError as error:
         raise ToolchainError(str(error)) from None

@@ -1,6 +1,6 @@
 """ckfmha kernel generator: arch_specs.json -> validated kernel configs -> instance sources.
 
-Run as ``python -m generator`` from the repository root. The same directory is installed as
-``ckfmha._generator`` so the runtime JIT can reuse it; every import inside it is therefore
-relative.
+Run as ``python -m generator``. Installing ckfmha installs this package as ``generator`` too
+(an editable install maps it to this directory), so setup.py, the command line and the
+first-use compiler (``ckfmha.jit``) all import it as ``generator``.
 """

@@ -1,4 +1,4 @@
-"""Entry point for `python -m generator` (and `python -m ckfmha._generator`)."""
+"""Entry point for `python -m generator`."""
 
 import sys
 

@@ -91,14 +91,15 @@ def parse_hdim_label(label: str) -> tuple[int, int]:
 
 
 def find_specs_file() -> Path:
-    """The installed package carries its own copy; a source checkout keeps it at the repo root."""
+    """A source checkout (and an editable install) keeps it at the repository root; a built
+    package carries a copy that setup.py places beside these modules."""
     here = Path(__file__).resolve().parent
     for candidate in (here / SPECS_FILE_NAME, here.parent / SPECS_FILE_NAME):
         if candidate.is_file():
             return candidate
     raise SpecsError(
         f"{SPECS_FILE_NAME} not found in {here} or {here.parent}; it ships at the repository "
-        "root and inside the installed ckfmha._generator package"
+        "root and inside the installed generator package"
     )
 
 

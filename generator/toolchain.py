@@ -121,16 +121,6 @@ def find_cutlass_include(environ: Mapping[str, str] | None = None) -> Path:
     )
 
 
-def find_ckfmha_include() -> Path:
-    """ckfmha's own headers: cpp/include in a checkout, ckfmha/include when installed (this
-    file then lives in ckfmha/_generator)."""
-    parent = Path(__file__).resolve().parent.parent
-    for candidate in (parent / "cpp" / "include", parent / "include"):
-        if (candidate / "ckfmha" / "ckfmha.h").is_file():
-            return candidate
-    raise ToolchainError(f"ckfmha headers not found under {parent}/cpp/include or {parent}/include")
-
-
 def read_depfile(path: Path) -> list[Path]:
     """Prerequisites from a make-style dependency file (as written by nvcc -MD -MF)."""
     text = path.read_text().replace("\\\n", " ")

@@ -23,7 +23,6 @@ from generator.toolchain import (
     CudaToolchain,
     Toolchain,
     ToolchainError,
-    find_ckfmha_include,
     find_cutlass_include,
     find_nvcc,
     parse_nvcc_version,
@@ -142,8 +141,10 @@ def test_cutlass_include_found_in_wheel() -> None:
     assert (include / "cutlass" / "numeric_types.h").is_file()
 
 
-def test_ckfmha_include_found() -> None:
-    assert find_ckfmha_include() == ROOT / "cpp" / "include"
+def test_kernel_headers_found_in_the_checkout() -> None:
+    from ckfmha import jit
+
+    assert jit.kernel_include_dir() == ROOT / "cpp" / "include"
 
 
 def test_read_depfile(tmp_path: Path) -> None:
