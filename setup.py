@@ -59,6 +59,8 @@ class BuildPy(build_py):
 
     def run(self) -> None:
         super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable install reads both from the checkout
         build_lib = Path(self.build_lib)
         shutil.copytree(INCLUDE_DIR, build_lib / "ckfmha" / "include", dirs_exist_ok=True)
         shutil.copy2(ROOT / "arch_specs.json", build_lib / "generator" / "arch_specs.json")
