@@ -17,10 +17,8 @@ using namespace ckfmha::runtime;
 
 namespace {
 
-int checked(ckfmha_appendkv_problem const* problem) {
-  if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
-  std::string error = check_appendkv_problem(*problem);
-  return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
+int checked_problem(ckfmha_appendkv_problem const* problem) {
+  return checked(problem, check_appendkv_problem);
 }
 
 int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
@@ -117,17 +115,17 @@ int ckfmha_appendkv_problem_init(ckfmha_appendkv_problem* problem, ckfmha_dtype 
   fill_strides(CKFMHA_LAYOUT_BSHD, problem->v_new_stride, nhead_k, seqlen_new, hdim_v);
   fill_strides(cache_layout, problem->k_cache_stride, nhead_k, max_seqlen_cache, hdim_k);
   fill_strides(cache_layout, problem->v_cache_stride, nhead_k, max_seqlen_cache, hdim_v);
-  return checked(problem) == CKFMHA_SUCCESS ? succeed() : CKFMHA_ERROR_INVALID_ARGUMENT;
+  return checked_problem(problem) == CKFMHA_SUCCESS ? succeed() : CKFMHA_ERROR_INVALID_ARGUMENT;
 }
 
 int ckfmha_appendkv_problem_validate(const ckfmha_appendkv_problem* problem) {
-  int s = checked(problem);
+  int s = checked_problem(problem);
   return s == CKFMHA_SUCCESS ? succeed() : s;
 }
 
 int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, char* name_buf,
                            size_t buf_len) {
-  if (int s = checked(problem)) return s;
+  if (int s = checked_problem(problem)) return s;
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   AppendKvPlan plan = plan_appendkv(Registry::instance().entries(), *problem, device_arch);
@@ -137,7 +135,7 @@ int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, cha
 
 int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch, char* buf,
                             size_t buf_len, size_t* needed) {
-  if (int s = checked(problem)) return s;
+  if (int s = checked_problem(problem)) return s;
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   return copy_text_out(explain_appendkv(Registry::instance().entries(), *problem, device_arch), buf,
@@ -146,7 +144,7 @@ int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch, ch
 
 int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_appendkv_args* args,
                         const char* kernel_name, ckfmha_stream_t stream) {
-  if (int s = checked(problem)) return s;
+  if (int s = checked_problem(problem)) return s;
   if (args == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args is NULL");
   if (int s = check_pointers(*problem, *args)) return s;
   // Host-visible lengths are checked before anything touches the device.

@@ -19,9 +19,7 @@ using namespace ckfmha::runtime;
 namespace {
 
 int checked_bwd_problem(ckfmha_bwd_problem const* problem) {
-  if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
-  std::string error = check_bwd_problem(*problem);
-  return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
+  return checked(problem, check_bwd_problem);
 }
 
 int check_bwd_pointers(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a) {

@@ -19,9 +19,7 @@ using namespace ckfmha::runtime;
 namespace {
 
 int checked_problem(ckfmha_fwd_problem const* problem) {
-  if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
-  std::string error = check_fwd_problem(*problem);
-  return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
+  return checked(problem, check_fwd_problem);
 }
 
 // Pointers each enabled feature needs, so a kernel never dereferences NULL.

@@ -54,6 +54,15 @@ inline int require_pointers(std::initializer_list<RequiredPointer> pointers) {
   return CKFMHA_SUCCESS;
 }
 
+// A problem's own checks (check_fwd_problem, check_bwd_problem,
+// check_appendkv_problem) as a status; a NULL problem fails too.
+template <class Problem>
+int checked(Problem const* problem, std::string (*check)(Problem const&)) {
+  if (problem == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "problem is NULL");
+  std::string error = check(*problem);
+  return error.empty() ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
+}
+
 // Fails with `what` unless `ok`.
 inline int require(bool ok, const char* what) {
   return ok ? CKFMHA_SUCCESS : fail(CKFMHA_ERROR_INVALID_ARGUMENT, what);
