@@ -19,14 +19,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ckfmha import _dtypes, problem
 from ckfmha.errors import UnsupportedError
 
-# Values of the C enums (ckfmha.h), as the generator spells them.
-DTYPES = {0: "fp16", 1: "bf16", 2: "fp32"}
-MODES = {0: "batch", 1: "group"}
-MASK_KINDS = {0: "none", 1: "causal", 2: "causal", 3: "window", 4: "window"}
-BIASES = {0: "none", 1: "elementwise", 2: "alibi"}
-PAGE_LAYOUTS = {0: "linear", 1: "vectorized"}
+# Values of the C enums (ckfmha.h) -> the generator's spelling, from the tables the runners use.
+DTYPES = {code: _dtypes.NAMES[code] for code in (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)}
+MODES = {code: name for name, code in problem.MODES.items()}
+MASK_KINDS = {
+    problem.MASK_NONE: "none",
+    problem.MASK_CAUSAL_TOP_LEFT: "causal",
+    problem.MASK_CAUSAL_BOTTOM_RIGHT: "causal",
+    problem.MASK_WINDOW_TOP_LEFT: "window",
+    problem.MASK_WINDOW_BOTTOM_RIGHT: "window",
+}
+BIASES = {code: name for name, code in problem.BIASES.items()}
+PAGE_LAYOUTS = {code: name for name, code in problem.PAGE_LAYOUTS.items()}
+# ckfmha_rope (the append runner's table lives in the Cython module that imports this one).
 ROPES = {0: "none", 1: "interleaved", 2: "half_rotated"}
 
 # Query rows per K/V head up to which the dispatcher runs a decode-shaped split-KV plan.
