@@ -166,10 +166,7 @@ def preferred_configs(signature: Any, spec: Any, excluded: Sequence[str] = ()) -
         c for c in gen.enumerate.select(receipt, spec).accepted
         if c.algorithm.pipeline not in excluded
     ]  # fmt: skip
-    if not accepted:
-        return []
-    best = max(gen.enumerate.pipeline_preference(c.algorithm.pipeline) for c in accepted)
-    return [c for c in accepted if gen.enumerate.pipeline_preference(c.algorithm.pipeline) == best]
+    return gen.enumerate.preferred_only(accepted)
 
 
 @dataclass(frozen=True)

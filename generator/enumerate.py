@@ -139,11 +139,11 @@ def select(
         else:
             selection.accepted.append(config)
     if receipt.preferred_only:
-        selection.accepted = _preferred_only(selection.accepted)
+        selection.accepted = preferred_only(selection.accepted)
     return selection
 
 
-def _preferred_only(accepted: list[KernelConfig]) -> list[KernelConfig]:
+def preferred_only(accepted: list[KernelConfig]) -> list[KernelConfig]:
     """Each signature's configs from its most preferred accepted template only."""
     best: dict[Signature, int] = {}
     for config in accepted:
