@@ -3,7 +3,7 @@
 Builds each candidate (tile_m, tile_n, warps, stages, ctas_per_sm) through the runtime
 JIT, forces it by name on the standard long-sequence shape (16k tokens, hidden 2048,
 bf16) and times it beside torch SDPA's flash and cuDNN backends on the same inputs. The
-winners go into arch_specs.json; the run is recorded in benchmarks/NOTES.md.
+winners go into arch_specs.json; the run is recorded in benchmarks/notes/forward_sm80.md.
 
     python benchmarks/sweep_tiles.py --commit $(git rev-parse --short HEAD) --out DIR
 """

@@ -3,7 +3,7 @@
 nvcc's front end spends most of an instance's compile time instantiating templates that every
 instance of the same kernel template shares (CuTe layouts, copies, MMA atoms); a second
 instance of that template in the same translation unit adds a fraction of the first one's
-cost (`benchmarks/NOTES.md`, "Compile time"). So instances of one (arch, template) are
+cost (`benchmarks/notes/compile_time.md`). So instances of one (arch, template) are
 compiled together, in as many units as there are parallel jobs to feed, at most
 `MAX_INSTANCES_PER_UNIT` each so that one unit's memory and its wall time stay bounded.
 """
