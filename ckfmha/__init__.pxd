@@ -203,6 +203,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_device_count(int* count)
     int ckfmha_device_arch(int device, int* arch)
     int ckfmha_current_device(int* device)
+    int ckfmha_pointer_device(const void* ptr, int* device)
     int ckfmha_device_malloc(void** ptr, size_t bytes)
     int ckfmha_device_free(void* ptr)
     int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes)

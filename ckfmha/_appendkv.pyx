@@ -17,7 +17,11 @@ from ckfmha._arch import parse_arch
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha._status import error_for_status
+from ckfmha.aliasing import check_no_overlap
+from ckfmha.array_devices import check_devices
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
+from ckfmha.host_metadata import MetadataValues, host_values
+from ckfmha.metadata_checks import check_append_pages
 from ckfmha.page_layouts import VECTOR_CHANNELS, check_vectorized_k
 from ckfmha.problem import page_layout_code
 
@@ -217,11 +221,13 @@ cdef tuple _dims(tuple shape, int layout):
 
 
 def _host_lengths(obj, int batch):
-    """int32 host copy of lengths the caller gave on the host (int, list, NumPy), else None."""
+    """int32 host copy of lengths the caller gave on the host (int, list, NumPy, a CPU
+    tensor), else None."""
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         return np.full(batch, int(obj), dtype=np.int32)
-    if isinstance(obj, (list, tuple)):
-        obj = np.asarray(obj)
+    host = host_values(obj)
+    if host is not None:
+        obj = host
     if isinstance(obj, np.ndarray):
         if obj.shape != (batch,) or not np.issubdtype(obj.dtype, np.integer):
             raise _invalid(f"cache_seqlens must be {batch} integers, got {obj.dtype} "
@@ -233,10 +239,25 @@ def _host_lengths(obj, int batch):
     return None
 
 
+cdef int _check_outputs(bint q_out_given, ArrayView knv, ArrayView vnv, ArrayView kcv,
+                        ArrayView vcv, ArrayView cv, ArrayView sv, ArrayView qv, ArrayView qov,
+                        ArrayView lv, ArrayView btv, ArrayView ov) except -1:
+    """The caches (written in place by design), a caller's q_out and overflow share no memory
+    with the inputs or each other; q_out may be q itself (rotation in place)."""
+    named_inputs = (("k_new", knv), ("v_new", vnv), ("cos", cv), ("sin", sv), ("q", qv),
+                    ("cache_seqlens", lv), ("block_table", btv))
+    named_outputs = (("k_cache", kcv), ("v_cache", vcv),
+                     ("q_out", qov if q_out_given else None), ("overflow", ov))
+    check_no_overlap([view.region(name) for name, view in named_outputs if view is not None],
+                     [view.region(name) for name, view in named_inputs if view is not None],
+                     in_place=(("q_out", "q"),))
+    return 0
+
+
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
               rotary_interleaved=False, q=None, q_out=None, block_table=None,
               cache_layout="bshd", page_layout="linear", overflow=None, kernel=None, stream=None,
-              dtype=None):
+              dtype=None, validate=None):
     """Writes k_new/v_new into the cache at each sequence's length, rotating keys (and q).
 
     k_new, v_new: [batch, seqlen_new, nhead_k, hdim] (any strides, head dim contiguous).
@@ -260,8 +281,20 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     overflow raises InvalidArgumentError. Device-side lengths and page numbers are trusted
     as far as the kernel checks them: tokens that would land outside the cache, in a page
     outside [0, num_pages) or past the cos/sin rows are not written, and ``overflow`` (a
-    device int32 [1] array the caller zeroes) is set to 1.
+    device int32 [1] array the caller zeroes) is set to 1. A host block_table is checked with
+    host lengths: every entry the new tokens land in must be a page id in [0, num_pages).
+    ``validate=True`` (or CKFMHA_VALIDATE=1) copies device lengths and block tables back and
+    checks them the same way before the launch (waiting for the stream).
+
+    All arrays share one device, as in ``ckfmha.fwd``. The caches are written in place by
+    design; no output (caches, q_out, overflow) may share memory with an input or another
+    output, except q_out being exactly q (rotation in place). batch 0, or no new tokens and no
+    query to rotate, launches nothing.
     """
+    check_devices((("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new),
+                   ("v_new", v_new), ("q", q), ("q_out", q_out), ("overflow", overflow)),
+                  (("cos", cos), ("sin", sin), ("block_table", block_table),
+                   ("cache_seqlens", cache_seqlens)))
     cdef int layout = _layout_code(cache_layout)
     cdef bint vectorized = _vectorized(page_layout)
     if vectorized and block_table is None:
@@ -305,6 +338,19 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     memset(&args, 0, sizeof(args))
     _init_problem(&problem, kcv.dtype, layout, batch, nhead_k, seqlen_new,
                   1 if paged else cache_tokens, hdim_k, hdim_v)
+    if isinstance(block_table, (list, tuple)):
+        block_table = np.asarray(block_table, dtype=np.int32)
+    meta = MetadataValues(validate)
+    host = _host_lengths(cache_seqlens, batch)
+    meta.values["cache_seqlens"] = host
+    meta.given("block_table", block_table)
+    if paged:
+        table_shape = tuple(int(n) for n in getattr(block_table, "shape", ()))
+        page_bounds = dict(seqlen_new=seqlen_new, batch=batch,
+                           table_pages=table_shape[1] if len(table_shape) == 2 else 0,
+                           page_size=cache_tokens, num_pages=slabs)
+        if len(table_shape) == 2 and table_shape[0] == batch:
+            check_append_pages(meta.get("block_table"), host, **page_bounds)
     cdef ArrayView btv = None
     if paged:
         btv = as_view(block_table, handle, None, "block_table", 2, _I32)
@@ -365,13 +411,18 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
         _set3(problem.v_cache_stride, _bhs(vcv, layout))
     check(capi.ckfmha_appendkv_problem_validate(&problem))
 
-    host = _host_lengths(cache_seqlens, batch)
     cdef ArrayView lv = as_view(host if host is not None else cache_seqlens, handle, None,
                                 "cache_seqlens", 1, _I32)
     if lv.shape != (batch,) or (lv.strides[0] != 1 and batch > 1):
         raise _invalid(f"cache_seqlens must be contiguous int32 [{batch}], got {lv.shape}")
+    meta.fetch("cache_seqlens", lv, handle)
+    meta.fetch("block_table", btv, handle)
+    if meta.copied:
+        host = np.ascontiguousarray(meta.get("cache_seqlens"), dtype=np.int32)
+        if paged:
+            check_append_pages(meta.get("block_table"), host, **page_bounds)
     cdef const int32_t[::1] host_view
-    if host is not None:
+    if host is not None and batch > 0:
         host_view = host
         args.cache_seqlens_host = &host_view[0]
     cdef ArrayView ov = None
@@ -386,16 +437,21 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     args.k_cache = <void*>kcv.ptr
     args.v_cache = <void*>vcv.ptr
     args.cache_seqlens = <const int32_t*>lv.ptr
+    _check_outputs(q_out is not None, knv, vnv, kcv, vcv, cv, sv, qv, qov, lv, btv, ov)
     cdef const char* c_kernel = NULL
     kernel_bytes = b""
     # The fields of first_use.AppendKvKey, in order.
     key = ("appendkv", (<int>problem.dtype, problem.hdim_k, problem.hdim_v, <int>problem.rope,
                         bool(problem.paged_kv)))
+    # Mirrors appendkv_run_work (cpp/src/empty_problems.cpp): no kernel to compile for an
+    # empty append.
+    launches = batch > 0 and (seqlen_new > 0 or (problem.rotate_q and problem.seqlen_q > 0))
     if kernel is not None:
         kernel_bytes = str(kernel).encode("utf-8")
         c_kernel = kernel_bytes
-        first_use.ensure_named(str(kernel))
-    else:
+        if launches:
+            first_use.ensure_named(str(kernel))
+    elif launches:
         first_use.ensure(key)
     cdef uintptr_t c_stream = <uintptr_t>handle
     cdef int status

@@ -15,6 +15,8 @@ cdef class ArrayView:
     # "numpy" (staged to the device), "device" (DeviceArray), "torch" (read
     # directly), "dlpack", or "cai".
     cdef readonly str protocol
+    # CUDA device index of the memory (a staged copy's device for host arrays); -1 unknown.
+    cdef readonly int device
     cdef readonly object source
     # Whatever must outlive the kernel: a staged copy, the DLPack producer...
     cdef object _keepalive

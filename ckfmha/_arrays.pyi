@@ -1,6 +1,8 @@
 from collections.abc import Collection
 from typing import Any
 
+from ckfmha.aliasing import Region
+
 class ArrayView:
     @property
     def ptr(self) -> int: ...
@@ -18,6 +20,11 @@ class ArrayView:
     def is_staged(self) -> bool: ...
     @property
     def dtype_name(self) -> str: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def itemsize(self) -> int: ...
+    def region(self, name: str) -> Region: ...
 
 def as_view(
     obj: Any,

@@ -28,7 +28,9 @@ from ckfmha._memory cimport DeviceArray
 import numpy as np
 
 from ckfmha import _dtypes
+from ckfmha._device import pointer_device
 from ckfmha._memory import contiguous_strides, from_host, synchronize
+from ckfmha.aliasing import Region
 from ckfmha._streams import protocol_stream, same_stream
 from ckfmha.errors import InvalidArgumentError
 
@@ -43,6 +45,7 @@ cdef class ArrayView:
     def __cinit__(self):
         self._legacy = NULL
         self._versioned = NULL
+        self.device = -1
 
     def __dealloc__(self):
         # We renamed the capsule when consuming it, so releasing the producer's
@@ -59,6 +62,15 @@ cdef class ArrayView:
     @property
     def dtype_name(self) -> str:
         return _dtypes.NAMES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return _dtypes.ITEMSIZE[self.dtype]
+
+    def region(self, str name) -> Region:
+        """The memory this view covers, for the aliasing checks."""
+        return Region(name, self.ptr, self.shape, self.strides, _dtypes.ITEMSIZE[self.dtype],
+                      self.device)
 
 
 def as_view(obj, stream=0, dtype=None, str name="array", int ndim=4, allowed=None,
@@ -88,7 +100,7 @@ def as_view(obj, stream=0, dtype=None, str name="array", int ndim=4, allowed=Non
         if device_type == kDLCPU:
             if writable:
                 raise _invalid(f"{name}: a host output cannot be written by the GPU")
-            view = _from_host(np.from_dlpack(obj), override, name, allowed)
+            view = _from_host(_host_numpy(obj, name), override, name, allowed)
         elif device_type in (kDLCUDA, kDLCUDAManaged):
             view = _from_dlpack(obj, stream, name, writable)
         elif hasattr(obj, "__cuda_array_interface__"):
@@ -134,9 +146,19 @@ cdef ArrayView _from_device_array(DeviceArray array, stream):
     view.shape = array.shape
     view.strides = array.strides
     view.dtype = array._dtype
+    view.device = array.device
     view.protocol = "device"
     view._keepalive = array
     return view
+
+
+def _host_numpy(obj, str name):
+    """A host DLPack producer as NumPy (a torch CPU tensor, ...), or why it cannot be staged."""
+    try:
+        return np.from_dlpack(obj)
+    except (BufferError, TypeError, ValueError, RuntimeError) as why:
+        raise _invalid(f"{name} is a host array NumPy cannot read ({why}); pass it on the GPU, "
+                       "like the other arrays") from None
 
 
 cdef ArrayView _from_host(host, override, str name, allowed):
@@ -163,6 +185,7 @@ cdef ArrayView _from_host(host, override, str name, allowed):
     view.shape = staged.shape
     view.strides = staged.strides
     view.dtype = code
+    view.device = (<DeviceArray>staged).device
     view.protocol = "numpy"
     view._keepalive = staged
     return view
@@ -195,6 +218,7 @@ cdef ArrayView _from_torch(obj, str name):
     view.shape = tuple(obj.shape)
     view.strides = tuple(obj.stride())
     view.ptr = <uintptr_t>obj.data_ptr()
+    view.device = obj.device.index
     view.protocol = "torch"
     view._keepalive = obj
     return view
@@ -252,6 +276,7 @@ cdef ArrayView _from_dlpack(obj, stream, str name, bint writable):
     # DLPack before v1.0 allowed NULL strides for compact row-major tensors.
     view.strides = tuple(strides) if tensor.strides != NULL else contiguous_strides(view.shape)
     view.ptr = <uintptr_t>tensor.data + <uintptr_t>tensor.byte_offset
+    view.device = tensor.device.device_id
     view.protocol = "dlpack"
     view._keepalive = obj
     return view
@@ -303,6 +328,8 @@ cdef ArrayView _from_cai(obj, stream, override, str name, bint writable):
     if producer is not None and not same_stream(int(producer), stream):
         synchronize(int(producer))
     view.ptr = <uintptr_t>int(address or 0)
+    device = pointer_device(view.ptr) if view.ptr else None
+    view.device = -1 if device is None else device
     view.protocol = "cai"
     view._keepalive = obj
     return view

@@ -62,4 +62,5 @@ def bwd_varlen(
     kernel: str | None = None,
     stream: Any = None,
     dtype: Any = None,
+    validate: bool | None = None,
 ) -> tuple[Any, ...]: ...

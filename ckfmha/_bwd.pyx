@@ -9,11 +9,13 @@ from ckfmha._arrays cimport ArrayView
 from ckfmha._fwd cimport (
     _bhs_strides,
     _bhsd,
+    _check_offsets,
     _in_layout,
     _offset_count,
     _offsets,
     _qkv_views,
     _set_strides,
+    _validate_offsets,
 )
 from ckfmha._problem cimport to_int32
 from ckfmha._status cimport check
@@ -24,10 +26,14 @@ from ckfmha import _dtypes, first_use
 from ckfmha._arrays import as_view
 from ckfmha._status import error_for_status
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha.aliasing import check_no_overlap
+from ckfmha.array_devices import check_devices
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.host_metadata import MetadataValues
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
 _F32 = (_dtypes.FP32,)
+_OUTPUT_NAMES = frozenset(("dq_out", "dk_out", "dv_out", "dbias_out"))
 
 
 def _invalid(message: str) -> InvalidArgumentError:
@@ -40,18 +46,23 @@ cdef class _Launch:
     cdef capi.ckfmha_bwd_problem problem
     cdef capi.ckfmha_bwd_args args
     cdef list views
+    # (name, view) of every array the caller passed or the call allocated, for the aliasing
+    # checks.
+    cdef list named
     cdef object workspace
 
     def __cinit__(self):
         memset(&self.problem, 0, sizeof(self.problem))
         memset(&self.args, 0, sizeof(self.args))
         self.views = []
+        self.named = []
         self.workspace = None
 
     cdef ArrayView view(self, obj, handle, dtype, str name, int ndim, tuple allowed,
                         bint writable=False):
         cdef ArrayView view = as_view(obj, handle, dtype, name, ndim, allowed, writable)
         self.views.append(view)
+        self.named.append((name, view))
         return view
 
     cdef int scalars(self, causal, causal_alignment, window, scale, softcap, dropout_p,
@@ -112,6 +123,25 @@ cdef class _Launch:
         self.args.dv = <void*>dvv.ptr
         return 0
 
+    cdef int check_outputs(self, list given) except -1:
+        """Outputs the caller passed (``given``: their names) share no memory with the inputs
+        or with each other; outputs allocated here cannot."""
+        if not given:
+            return 0
+        regions = [view.region(name) for name, view in self.named]
+        check_no_overlap([r for r in regions if r.name in _OUTPUT_NAMES],
+                         [r for r in regions if r.name not in _OUTPUT_NAMES])
+        return 0
+
+    cdef bint launches_kernels(self):
+        """Whether ckfmha_bwd_run runs kernels (bwd_run_work in cpp/src/empty_problems.cpp):
+        not when every gradient is empty, nor in batch mode without queries or keys (zero
+        gradients are memsets), so nothing is compiled on first use for those."""
+        cdef capi.ckfmha_bwd_problem* p = &self.problem
+        if p.batch == 0 or (p.seqlen_q == 0 and p.seqlen_k == 0):
+            return False
+        return p.mode == capi.CKFMHA_MODE_GROUP or (p.seqlen_q > 0 and p.seqlen_k > 0)
+
     cdef int run(self, str kind, like, handle, kernel) except -1:
         check(capi.ckfmha_bwd_problem_validate(&self.problem))
         cdef capi.ckfmha_bwd_problem* p = &self.problem
@@ -119,19 +149,23 @@ cdef class _Launch:
         key = ("bwd", (<int>p.dtype, <int>p.mode, p.hdim_q, p.hdim_v, <int>p.mask, <int>p.bias,
                        p.dropout_p > 0, p.softcap > 0, bool(p.store_dbias),
                        bool(p.deterministic)))
-        if kernel is None:
-            first_use.ensure(key)
-        else:
-            first_use.ensure_named(str(kernel))
         cdef size_t workspace_bytes = 0
-        check(capi.ckfmha_bwd_workspace_size(&self.problem, &workspace_bytes))
-        # The caller's framework allocates the workspace (torch's caching allocator, or a
-        # DeviceArray), so the C library never allocates on the stream.
-        self.workspace = allocate(kind, like, (max(1, (workspace_bytes + 3) // 4),),
-                                  _dtypes.FP32)
-        cdef ArrayView wv = self.view(self.workspace, handle, None, "workspace", 1, _F32, True)
-        self.args.workspace = <void*>wv.ptr
-        self.args.workspace_bytes = workspace_bytes
+        cdef ArrayView wv
+        # Without kernels (empty problems, zero gradients by memset) nothing is compiled and
+        # no workspace is needed.
+        if self.launches_kernels():
+            if kernel is None:
+                first_use.ensure(key)
+            else:
+                first_use.ensure_named(str(kernel))
+            check(capi.ckfmha_bwd_workspace_size(&self.problem, &workspace_bytes))
+            # The caller's framework allocates the workspace (torch's caching allocator, or a
+            # DeviceArray), so the C library never allocates on the stream.
+            self.workspace = allocate(kind, like, (max(1, (workspace_bytes + 3) // 4),),
+                                      _dtypes.FP32)
+            wv = self.view(self.workspace, handle, None, "workspace", 1, _F32, True)
+            self.args.workspace = <void*>wv.ptr
+            self.args.workspace_bytes = workspace_bytes
         cdef const char* c_kernel = NULL
         kernel_bytes = b""
         if kernel is not None:
@@ -169,11 +203,21 @@ cdef int _dbias_output(_Launch launch, str kind, like, out, handle, tuple shape,
                                   keep)
     if view.strides[3] != 1 and shape[3] > 1:
         raise _invalid(f"dbias_out must have a contiguous last axis, got strides {view.strides}")
-    launch.problem.store_dbias = 1
+    # An empty dbias (a zero extent) has nothing to store (see ckfmha.h).
+    launch.problem.store_dbias = 1 if all(shape) else 0
     for axis in range(3):
         launch.problem.dbias_stride[axis] = view.strides[axis]
     launch.args.dbias = <void*>view.ptr
     return 0
+
+
+def _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out,
+                   cu_seqlens_q=None, cu_seqlens_k=None):
+    check_devices((("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse),
+                   ("bias", bias), ("dq_out", dq_out), ("dk_out", dk_out), ("dv_out", dv_out),
+                   ("dbias_out", dbias_out)),
+                  (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
+                   ("cu_seqlens_k", cu_seqlens_k)))
 
 
 def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", window=None,
@@ -198,14 +242,22 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
     the default adds dQ partials atomically, which is faster. ``kernel`` forces the
     bwd_dq_dk_dv kernel by name; the other two stages are chosen to match. The workspace
     (ckfmha_bwd_workspace_size bytes) is allocated like the outputs, by q's framework.
+
+    Arrays share one device, as in ``fwd``; dq_out, dk_out, dv_out and dbias_out must not
+    share memory with an input or with each other (InvalidArgumentError naming both; views
+    of one packed dqkv buffer that do not overlap are fine). Empty problems: batch 0, or no
+    queries and no keys, launch nothing; without queries dk = dv = 0, without keys dq = 0
+    (memsets, no kernel).
     """
     cdef int c_layout = layout_code(layout)
+    _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out)
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
     cdef _Launch launch = _Launch()
     cdef ArrayView qv, kv, vv
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
     launch.views.extend((qv, kv, vv))
+    launch.named.extend((("q", qv), ("k", kv), ("v", vv)))
     batch, nhead_q, seqlen_q, hdim_q = _bhsd(qv.shape, c_layout)
     k_batch, nhead_k, seqlen_k, k_hdim = _bhsd(kv.shape, c_layout)
     v_batch, v_heads, v_seqlen, hdim_v = _bhsd(vv.shape, c_layout)
@@ -260,6 +312,7 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
     elif dbias_out is not None:
         raise _invalid("dbias_out is given but return_dbias is False")
     launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
+    launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out) if out is not None])
     launch.run(kind, q, handle, kernel)
     outs = (dq_out, dk_out, dv_out, dbias_out)
     return tuple(finish(kind, obj, handle) if given is None else given
@@ -274,7 +327,7 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                causal=False, causal_alignment="top_left", window=None, scale=None, softcap=0.0,
                bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
                deterministic=False, dq_out=None, dk_out=None, dv_out=None, return_dbias=False,
-               dbias_out=None, kernel=None, stream=None, dtype=None):
+               dbias_out=None, kernel=None, stream=None, dtype=None, validate=None):
     """Gradients over a packed batch of variable-length sequences (group mode).
 
     Arrays as ``fwd_varlen`` takes and returns them: q [total_q, nhead_q, hdim], k and v
@@ -282,14 +335,19 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     ``lse`` [nhead_q, total_q]; offsets and features as in ``fwd_varlen``. Returns (dq, dk,
     dv) shaped like q, k and v; keys of a sequence with no queries get zero gradients.
     ``return_dbias`` adds dbias [batch, nhead_q, max_seqlen_q, max_seqlen_k] as in ``bwd``:
-    each sequence's gradient in its top-left corner, zeros elsewhere.
+    each sequence's gradient in its top-left corner, zeros elsewhere. Offsets are checked as
+    in ``fwd_varlen`` (host ones always; device ones with ``validate=True`` or
+    CKFMHA_VALIDATE=1).
     """
+    _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out,
+                   cu_seqlens_q, cu_seqlens_k)
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
     cdef _Launch launch = _Launch()
     cdef ArrayView qv, kv, vv
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
     launch.views.extend((qv, kv, vv))
+    launch.named.extend((("q", qv), ("k", kv), ("v", vv)))
     total_q, nhead_q, hdim_q = qv.shape
     total_k, nhead_k, k_hdim = kv.shape
     v_total, v_heads, hdim_v = vv.shape
@@ -326,9 +384,15 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     launch.biases(bias, alibi_slopes, handle, qv.dtype, batch, nhead_q, launch.problem.seqlen_q,
                   launch.problem.seqlen_k)
     check(capi.ckfmha_bwd_problem_validate(&launch.problem))
+    meta = MetadataValues(validate)
+    meta.given("cu_seqlens_q", cu_seqlens_q)
+    meta.given("cu_seqlens_k", cu_seqlens_k)
+    _check_offsets(meta, total_q, total_k, max_seqlen_q, max_seqlen_k)
     cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", count)
     cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", count)
+    _validate_offsets(meta, cqv, ckv, handle, total_q, total_k, max_seqlen_q, max_seqlen_k)
     launch.views.extend((cqv, ckv))
+    launch.named.extend((("cu_seqlens_q", cqv), ("cu_seqlens_k", ckv)))
 
     keep = []
     cdef ArrayView dqv = _output(launch, kind, q, dq_out, handle, qv.shape, qv.dtype, "dq_out",
@@ -357,6 +421,7 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
     launch.args.cu_seqlens_q = <const int32_t*>cqv.ptr
     launch.args.cu_seqlens_k = <const int32_t*>ckv.ptr
+    launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out) if out is not None])
     launch.run(kind, q, handle, kernel)
     outs = (dq_out, dk_out, dv_out, dbias_out)
     return tuple(finish(kind, obj, handle) if given is None else given

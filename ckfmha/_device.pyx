@@ -1,6 +1,8 @@
 # cython: language_level=3
 """Devices and the library version, through the C API (no CUDA runtime linked here)."""
 
+from libc.stdint cimport uintptr_t
+
 cimport ckfmha as capi
 from ckfmha._status cimport check
 
@@ -25,6 +27,17 @@ def current_device() -> int:
     cdef int device = 0
     check(capi.ckfmha_current_device(&device))
     return device
+
+
+def pointer_device(ptr) -> object:
+    """The CUDA device whose memory ``ptr`` points into, -1 for host memory CUDA does not know,
+    or None when CUDA cannot say (no device or driver, or a pointer it rejects)."""
+    cdef int device = -1
+    cdef uintptr_t address = <uintptr_t>int(ptr)
+    cdef int status
+    with nogil:
+        status = capi.ckfmha_pointer_device(<const void*>address, &device)
+    return device if status == capi.CKFMHA_SUCCESS else None
 
 
 def device_arch(device=None) -> int:

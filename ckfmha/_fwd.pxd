@@ -23,3 +23,7 @@ cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, k
                  str kind, like)
 cdef int _offset_count(obj, str name) except -1
 cdef ArrayView _offsets(obj, handle, str name, int count)
+cdef int _check_outputs(out, lse_out, ArrayView ov, ArrayView lv, list inputs) except -1
+cdef int _check_offsets(meta, total_q, total_k, max_seqlen_q, max_seqlen_k) except -1
+cdef int _validate_offsets(meta, ArrayView cqv, ArrayView ckv, handle, total_q, total_k,
+                           max_seqlen_q, max_seqlen_k) except -1

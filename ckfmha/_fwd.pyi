@@ -59,5 +59,6 @@ def fwd_varlen(
     kernel: str | None = None,
     stream: Any = None,
     dtype: Any = None,
+    validate: bool | None = None,
 ) -> Any: ...
 def first_use_key(problem: Any) -> tuple[str, tuple[Any, ...]]: ...

@@ -15,7 +15,11 @@ from ckfmha import _dtypes, first_use
 from ckfmha._status import error_for_status
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha.aliasing import check_no_overlap
+from ckfmha.array_devices import check_devices
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.host_metadata import MetadataValues
+from ckfmha.metadata_checks import check_varlen
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
@@ -72,16 +76,21 @@ cdef class _Features:
     Holds the views so staged copies and DLPack owners outlive the kernel.
     """
     cdef list views
+    # Regions of the inputs among them (bias, slopes, sink), for the aliasing checks.
+    cdef public list input_regions
     cdef public object randval
 
     def __cinit__(self):
         self.views = []
+        self.input_regions = []
         self.randval = None
 
     cdef ArrayView view(self, obj, handle, str name, int ndim, tuple allowed,
                         bint writable=False):
         cdef ArrayView view = as_view(obj, handle, None, name, ndim, allowed, writable)
         self.views.append(view)
+        if not writable:
+            self.input_regions.append(view.region(name))
         return view
 
     cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
@@ -125,7 +134,8 @@ cdef class _Features:
             shape = (batch, nhead_q, seqlen_q, seqlen_k)
             self.randval = allocate(kind, like, shape, _dtypes.UINT8)
             rv = self.view(self.randval, handle, "dropout_randval", 4, _U8, True)
-            problem.store_dropout_randval = 1
+            # An empty array (a zero extent) has nothing to store (see ckfmha.h).
+            problem.store_dropout_randval = 1 if batch and seqlen_q and seqlen_k else 0
             args.dropout_randval = <uint8_t*>rv.ptr
         return 0
 
@@ -147,10 +157,27 @@ def first_use_key(problem) -> tuple:
     return _first_use_key(&c_problem)
 
 
+cdef bint _launches_kernels(capi.ckfmha_fwd_problem* p):
+    """Whether ckfmha_fwd_run runs kernels for p (fwd_run_work in cpp/src/empty_problems.cpp):
+    not when every output is empty, nor without keys in batch mode (O = 0 and LSE = -inf are
+    memsets), so no kernel is compiled on first use and no workspace allocated for them."""
+    if p.batch == 0 or p.seqlen_q == 0:
+        return False
+    return not (p.seqlen_k == 0 and p.mode == capi.CKFMHA_MODE_BATCH and
+                p.kv_storage == capi.CKFMHA_KV_CONTIGUOUS)
+
+
 cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle,
                  str kind, like):
     check(capi.ckfmha_fwd_problem_validate(problem))
     cdef const char* c_kernel = NULL
+    cdef uintptr_t c_stream = <uintptr_t>handle
+    cdef int status
+    if not _launches_kernels(problem):
+        with nogil:
+            status = capi.ckfmha_fwd_run(problem, args, NULL, <capi.ckfmha_stream_t>c_stream)
+        check(status)
+        return None
     kernel_bytes = b""
     key = _first_use_key(problem)
     if kernel is not None:
@@ -176,8 +203,6 @@ cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, k
         wv = as_view(workspace, handle, None, "workspace", 1, _U8, True)
         args.workspace = <void*>wv.ptr
         args.workspace_bytes = workspace_bytes
-    cdef uintptr_t c_stream = <uintptr_t>handle
-    cdef int status
     with nogil:
         status = capi.ckfmha_fwd_run(problem, args, c_kernel, <capi.ckfmha_stream_t>c_stream)
     if status == capi.CKFMHA_ERROR_UNSUPPORTED and kernel is None:
@@ -193,6 +218,18 @@ cdef tuple _results(str kind, handle, o_obj, out, lse_obj, lse_out, _Features fe
     if features.randval is not None:
         results.append(finish(kind, features.randval, handle))
     return tuple(results)
+
+
+cdef int _check_outputs(out, lse_out, ArrayView ov, ArrayView lv, list inputs) except -1:
+    """Outputs the caller passed share no memory with the inputs (``inputs``: their regions)
+    or with each other; outputs allocated here cannot."""
+    if out is None and lse_out is None:
+        return 0
+    outputs = [ov.region("out")]
+    if lv is not None:
+        outputs.append(lv.region("lse_out"))
+    check_no_overlap(outputs, inputs)
+    return 0
 
 
 cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
@@ -259,7 +296,14 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
 
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
-    (copied to the GPU and back). The output is of q's kind and layout.
+    (copied to the GPU and back). The output is of q's kind and layout. The arrays share one
+    device, the current one (InvalidArgumentError naming each array's device otherwise); small
+    host arrays (alibi_slopes, sink) are staged. ``out`` and ``lse_out`` must not share memory
+    with an input or with each other (InvalidArgumentError naming both).
+
+    Empty problems: batch or seqlen_q 0 returns empty outputs without launching anything;
+    seqlen_k 0 (every row sees no key) returns o = 0 and LSE = -inf (the sink with ``sink``),
+    written with memsets, no kernel.
 
     Masks: ``causal`` (``causal_alignment`` "top_left": key j visible to query i
     iff j <= i; "bottom_right": iff j <= i + sk - sq) or ``window=(left, right)``
@@ -280,6 +324,8 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     (default: torch's or CuPy's current stream, else the legacy stream).
     """
     cdef int c_layout = layout_code(layout)
+    check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
+                   ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink)))
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
 
@@ -344,6 +390,8 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
         _set_strides(problem.v_stride, _bhs_strides(vv, c_layout))
     _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
     _set_tensors(&args, qv, kv, vv, ov, lv)
+    _check_outputs(out, lse_out, ov, lv, [qv.region("q"), kv.region("k"), vv.region("v")] +
+                   features.input_regions)
     _run(&problem, &args, kernel, handle, kind, q)
 
     # The views (and with them staged copies and DLPack owners) live until here,
@@ -358,12 +406,30 @@ def _offset_array(obj):
 
 
 cdef int _offset_count(obj, str name) except -1:
-    """batch + 1, read from the shape alone so nothing is staged before the problem checks."""
+    """batch + 1, read from the shape alone so nothing is staged before the problem checks
+    (batch may be 0: an empty problem)."""
     shape = tuple(getattr(obj, "shape", ()))
-    if len(shape) != 1 or int(shape[0]) < 2:
-        raise _invalid(f"{name} must be a 1-D array of batch + 1 >= 2 int32 offsets, "
+    if len(shape) != 1 or int(shape[0]) < 1:
+        raise _invalid(f"{name} must be a 1-D array of batch + 1 >= 1 int32 offsets, "
                        f"got shape {shape}")
     return int(shape[0])
+
+
+cdef int _check_offsets(meta, total_q, total_k, max_seqlen_q, max_seqlen_k) except -1:
+    """Group-mode offsets known on the host (see ckfmha.metadata_checks.check_varlen)."""
+    check_varlen(meta.get("cu_seqlens_q"), meta.get("cu_seqlens_k"), total_q=total_q,
+                 total_k=total_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return 0
+
+
+cdef int _validate_offsets(meta, ArrayView cqv, ArrayView ckv, handle, total_q, total_k,
+                           max_seqlen_q, max_seqlen_k) except -1:
+    """With validation, device offsets copied back and checked like host ones."""
+    meta.fetch("cu_seqlens_q", cqv, handle)
+    meta.fetch("cu_seqlens_k", ckv, handle)
+    if meta.copied:
+        _check_offsets(meta, total_q, total_k, max_seqlen_q, max_seqlen_k)
+    return 0
 
 
 cdef ArrayView _offsets(obj, handle, str name, int count):
@@ -379,7 +445,7 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
                scale=None, softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0,
                dropout_seed=0, dropout_offset=0, return_dropout_randval=False,
                return_lse=False, v_col_major=False, num_splits=0, out=None, lse_out=None,
-               kernel=None, stream=None, dtype=None):
+               kernel=None, stream=None, dtype=None, validate=None):
     """Forward attention over a packed batch of variable-length sequences (group mode).
 
     q is [total_q, nhead_q, hdim], k and v [total_k, nhead_k, hdim / hdim_v];
@@ -391,7 +457,21 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     ``v_col_major`` v is [nhead_k, hdim_v, total_k] (tokens contiguous). Returns o
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
     then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``.
+
+    Offsets given on the host (NumPy, lists) are checked before they are staged: they start
+    at 0, never decrease, end within q and k, and no sequence is longer than max_seqlen_q/k
+    (InvalidArgumentError naming the array, the index and the bound). Device offsets are
+    trusted, unless ``validate=True`` (or CKFMHA_VALIDATE=1 in the environment): they are
+    then copied back and checked the same way, which waits for the stream. Devices and
+    ``out``/``lse_out`` overlaps are checked as in ``fwd``.
+
+    Empty problems: batch 0 (one offset), no tokens or max_seqlen_q 0 launch nothing; a
+    sequence without keys (max_seqlen_k 0: all of them) gets o = 0 and LSE = -inf.
     """
+    check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
+                   ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
+                                     ("cu_seqlens_q", cu_seqlens_q),
+                                     ("cu_seqlens_k", cu_seqlens_k)))
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q)
     cdef ArrayView qv, kv, vv
@@ -425,8 +505,13 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
+    meta = MetadataValues(validate)
+    meta.given("cu_seqlens_q", cu_seqlens_q)
+    meta.given("cu_seqlens_k", cu_seqlens_k)
+    _check_offsets(meta, total_q, total_k, max_seqlen_q, max_seqlen_k)
     cdef ArrayView cqv = _offsets(cu_seqlens_q, handle, "cu_seqlens_q", count)
     cdef ArrayView ckv = _offsets(cu_seqlens_k, handle, "cu_seqlens_k", count)
+    _validate_offsets(meta, cqv, ckv, handle, total_q, total_k, max_seqlen_q, max_seqlen_k)
 
     o_shape = (total_q, nhead_q, hdim_v)
     o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
@@ -463,6 +548,9 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     _set_tensors(&args, qv, kv, vv, ov, lv)
     args.cu_seqlens_q = <const int32_t*>cqv.ptr
     args.cu_seqlens_k = <const int32_t*>ckv.ptr
+    _check_outputs(out, lse_out, ov, lv, [qv.region("q"), kv.region("k"), vv.region("v"),
+                                          cqv.region("cu_seqlens_q"),
+                                          ckv.region("cu_seqlens_k")] + features.input_regions)
     _run(&problem, &args, kernel, handle, kind, q)
 
     results = _results(kind, handle, o_obj, out, lse_obj, lse_out, features)

@@ -28,4 +28,5 @@ def fwd_paged(
     kernel: str | None = None,
     stream: Any = None,
     dtype: Any = None,
+    validate: bool | None = None,
 ) -> Any: ...

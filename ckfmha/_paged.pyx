@@ -8,14 +8,17 @@ import numpy as np
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
-from ckfmha._fwd cimport _bhs_strides, _bhsd, _in_layout, _init_problem, _run, _set_scalars, \
-    _set_strides, _set_tensors
+from ckfmha._fwd cimport _bhs_strides, _bhsd, _check_outputs, _in_layout, _init_problem, _run, \
+    _set_scalars, _set_strides, _set_tensors
 from ckfmha._problem cimport to_int32
 
 from ckfmha import _dtypes
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
+from ckfmha.array_devices import check_devices
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.host_metadata import MetadataValues
+from ckfmha.metadata_checks import check_paged
 from ckfmha.page_layouts import check_vectorized_k, paged_cache_dims
 from ckfmha.problem import layout_code, page_layout_code
 
@@ -68,7 +71,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
               kv_indptr=None, cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None,
               causal=False, causal_alignment="top_left", window=None, scale=None,
               softcap=0.0, return_lse=False, layout="bhsd", page_layout="linear",
-              num_splits=0, out=None, lse_out=None, kernel=None, stream=None, dtype=None):
+              num_splits=0, out=None, lse_out=None, kernel=None, stream=None, dtype=None,
+              validate=None):
     """Attention over a paged K/V cache: decode steps (fwd_pagedkv) and batch prefill.
 
     k_cache and v_cache are [num_pages, page_size, nhead_k, hdim] (vLLM's flash
@@ -97,7 +101,21 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     capacity). ``num_splits`` 0 chooses; n >= 1 splits each sequence's keys n
     ways. Returns o (like q) and, with ``return_lse``, the fp32 LSE
     ([batch, nhead_q, seqlen_q], or [nhead_q, total_q] for packed queries).
+
+    Metadata given on the host (NumPy, lists) is checked before it is staged: each
+    sequence's length fits its pages (seqlens_k <= the table row's or kv_indptr's pages x
+    page_size), every page id its keys use is in [0, num_pages), kv_indptr starts at 0, never
+    decreases and ends within kv_indices, cu_seqlens_q likewise within q, and max_seqlen_q/k
+    (when given) bound the lengths: InvalidArgumentError naming the array, the index and the
+    bound. Device metadata is trusted unless ``validate=True`` (or CKFMHA_VALIDATE=1): then
+    it is copied back and checked the same way, which waits for the stream. Devices and
+    output overlaps are checked as in ``fwd``; a batch or query count of 0 launches nothing.
     """
+    check_devices((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
+                   ("lse_out", lse_out)),
+                  (("block_table", block_table), ("seqlens_k", seqlens_k),
+                   ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
+                   ("cu_seqlens_q", cu_seqlens_q)))
     cdef int c_page_layout = page_layout_code(page_layout)
     cdef bint indptr = kv_indices is not None or kv_indptr is not None
     if indptr == (block_table is not None):
@@ -121,8 +139,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
         _shape(k_cache), _shape(v_cache), vectorized)
     cdef int table_pages = 0
     if indptr:
-        if len(_shape(kv_indptr)) != 1 or _shape(kv_indptr)[0] < 2:
-            raise _invalid(f"kv_indptr must be 1-D with batch + 1 >= 2 offsets, got shape "
+        if len(_shape(kv_indptr)) != 1 or _shape(kv_indptr)[0] < 1:
+            raise _invalid(f"kv_indptr must be 1-D with batch + 1 >= 1 offsets, got shape "
                            f"{_shape(kv_indptr)}")
         if len(_shape(kv_indices)) != 1:
             raise _invalid(f"kv_indices must be 1-D, got shape {_shape(kv_indices)}")
@@ -144,8 +162,8 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
         if max_seqlen_q is None:
             if not isinstance(cu_seqlens_q, np.ndarray):
                 raise _invalid("max_seqlen_q is needed when cu_seqlens_q is a device array")
-            max_seqlen_q = int(np.diff(cu_seqlens_q.astype(np.int64)).max())
-        seqlen_q = max(int(max_seqlen_q), 1)
+            max_seqlen_q = int(np.diff(cu_seqlens_q.astype(np.int64)).max(initial=0))
+        seqlen_q = int(max_seqlen_q)
     else:
         if len(q_shape) != 4:
             raise _invalid(f"q must be 4-D ({layout}), or 3-D packed with cu_seqlens_q; got "
@@ -155,6 +173,17 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
             raise _invalid(f"q holds {q_batch} sequences but the page table {batch}")
     if hdim_k != hdim_q:
         raise _invalid(f"k_cache head dim {hdim_k} differs from q head dim {hdim_q}")
+    meta = MetadataValues(validate)
+    for name, obj in (("block_table", block_table), ("seqlens_k", seqlens_k),
+                      ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
+                      ("cu_seqlens_q", cu_seqlens_q)):
+        meta.given(name, obj)
+    metadata_bounds = dict(
+        indptr=indptr, batch=batch, table_pages=table_pages,
+        indices_count=_shape(kv_indices)[0] if indptr else 0, page_size=page_size,
+        num_pages=num_pages, total_q=total_q if group else None,
+        max_seqlen_q=max_seqlen_q if group else None, max_seqlen_k=max_seqlen_k)
+    check_paged(meta.values, **metadata_bounds)
     if max_seqlen_k is None:
         indices_count = _shape(kv_indices)[0] if indptr else 0
         max_seqlen_k = _longest_keys(seqlens_k, kv_indptr, page_size, table_pages,
@@ -206,6 +235,13 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     if seqlens_k is not None:
         sv = _int32_view(seqlens_k, handle, "seqlens_k", (batch,))
         args.seqlens_k = <const int32_t*>sv.ptr
+    if group:
+        cqv = _int32_view(cu_seqlens_q, handle, "cu_seqlens_q", (batch + 1,))
+    for name, view in (("block_table", tv), ("seqlens_k", sv), ("kv_indices", iv),
+                       ("kv_indptr", pv), ("cu_seqlens_q", cqv)):
+        meta.fetch(name, view, handle)
+    if meta.copied:
+        check_paged(meta.values, **metadata_bounds)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, 0.0, num_splits)
 
     o_shape = (total_q, nhead_q, hdim_v) if group else _in_layout(batch, nhead_q, seqlen_q,
@@ -228,7 +264,6 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     problem.store_lse = 1 if lv is not None else 0
 
     if group:
-        cqv = _int32_view(cu_seqlens_q, handle, "cu_seqlens_q", (batch + 1,))
         args.cu_seqlens_q = <const int32_t*>cqv.ptr
         # Tokens are rows; the batch stride is unused in group mode.
         _set_strides(problem.q_stride, (0, qv.strides[1], qv.strides[0]))
@@ -237,6 +272,11 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
         _set_strides(problem.q_stride, _bhs_strides(qv, c_layout))
         _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
     _set_tensors(&args, qv, kcv, vcv, ov, lv)
+    _check_outputs(out, lse_out, ov, lv, [
+        view.region(name) for name, view in (
+            ("q", qv), ("k_cache", kcv), ("v_cache", vcv), ("block_table", tv),
+            ("seqlens_k", sv), ("kv_indices", iv), ("kv_indptr", pv), ("cu_seqlens_q", cqv))
+        if view is not None])
     _run(&problem, &args, kernel, handle, kind, q)
 
     # The views (staged copies, DLPack owners) live until here, past the launch.

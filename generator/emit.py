@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import rules
 from .enumerate import Rejection
 from .signature import (
     APPENDKV,
@@ -82,17 +83,17 @@ class PipelineTemplate:
 
 PIPELINE_TEMPLATES: dict[str, PipelineTemplate] = {
     "sm80_cpasync_mma": PipelineTemplate(
-        header="ckfmha/kernel/fwd_sm80_launch.cuh",
+        header="ckfmha/kernel/sm80/fwd_launch.cuh",
         traits="ckfmha::kernel::FwdSm80Traits",
         launcher="ckfmha::kernel::launch_fwd_sm80",
     ),
     "sm90_tma_wgmma": PipelineTemplate(
-        header="ckfmha/kernel/fwd_sm90_launch.cuh",
+        header="ckfmha/kernel/sm90/fwd_launch.cuh",
         traits="ckfmha::kernel::FwdSm90Traits",
         launcher="ckfmha::kernel::launch_fwd_sm90",
     ),
     "simt_fma": PipelineTemplate(
-        header="ckfmha/kernel/fwd_simt_launch.cuh",
+        header="ckfmha/kernel/simt/fwd_launch.cuh",
         traits="ckfmha::kernel::FwdSimtTraits",
         launcher="ckfmha::kernel::launch_fwd_simt",
     ),
@@ -102,47 +103,47 @@ PIPELINE_TEMPLATES: dict[str, PipelineTemplate] = {
 # Families other than fwd whose template differs from their pipeline's forward one.
 FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
     ("fwd_splitkv", "sm80_cpasync_mma"): PipelineTemplate(
-        header="ckfmha/kernel/fwd_splitkv_sm80_launch.cuh",
+        header="ckfmha/kernel/sm80/fwd_splitkv_launch.cuh",
         traits="ckfmha::kernel::FwdSm80Traits",
         launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
     ),
     # Paged K/V: the split-KV template and launcher with PagedKv set.
     **{
         (family, "sm80_cpasync_mma"): PipelineTemplate(
-            header="ckfmha/kernel/fwd_splitkv_sm80_launch.cuh",
+            header="ckfmha/kernel/sm80/fwd_splitkv_launch.cuh",
             traits="ckfmha::kernel::FwdSm80Traits",
             launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
         )
         for family in PAGED_FAMILIES
     },
     ("fwd_splitkv_combine", "splitkv_combine"): PipelineTemplate(
-        header="ckfmha/kernel/fwd_splitkv_combine_launch.cuh",
+        header="ckfmha/kernel/splitkv_combine/launch.cuh",
         traits="ckfmha::kernel::FwdSplitKvCombineTraits",
         launcher="ckfmha::kernel::launch_fwd_splitkv_combine",
     ),
     # The backward stages: all on the sm80 path, the main stage also on the sm90 path.
     (BWD_DOT_DO_O, "sm80_cpasync_mma"): PipelineTemplate(
-        header="ckfmha/kernel/bwd_sm80_launch.cuh",
+        header="ckfmha/kernel/sm80/bwd_launch.cuh",
         traits="ckfmha::kernel::BwdRowwiseTraits",
         launcher="ckfmha::kernel::launch_bwd_dot_do_o",
     ),
     (BWD_DQ_DK_DV, "sm80_cpasync_mma"): PipelineTemplate(
-        header="ckfmha/kernel/bwd_sm80_launch.cuh",
+        header="ckfmha/kernel/sm80/bwd_launch.cuh",
         traits="ckfmha::kernel::BwdSm80Traits",
         launcher="ckfmha::kernel::launch_bwd_dq_dk_dv_sm80",
     ),
     (BWD_DQ_DK_DV, "sm90_tma_wgmma"): PipelineTemplate(
-        header="ckfmha/kernel/bwd_sm90_launch.cuh",
+        header="ckfmha/kernel/sm90/bwd_launch.cuh",
         traits="ckfmha::kernel::BwdSm90Traits",
         launcher="ckfmha::kernel::launch_bwd_dq_dk_dv_sm90",
     ),
     (BWD_CONVERT_DQ, "sm80_cpasync_mma"): PipelineTemplate(
-        header="ckfmha/kernel/bwd_sm80_launch.cuh",
+        header="ckfmha/kernel/sm80/bwd_launch.cuh",
         traits="ckfmha::kernel::BwdRowwiseTraits",
         launcher="ckfmha::kernel::launch_bwd_convert_dq",
     ),
     (APPENDKV, "appendkv"): PipelineTemplate(
-        header="ckfmha/kernel/fwd_appendkv_launch.cuh",
+        header="ckfmha/kernel/appendkv/launch.cuh",
         traits="ckfmha::kernel::FwdAppendKvTraits",
         launcher="ckfmha::kernel::launch_fwd_appendkv",
     ),
@@ -193,8 +194,21 @@ def instance_namespace(config: KernelConfig) -> str:
     return f"ckfmha_instance_{config.name}"
 
 
+def traits_assertions_text(config: KernelConfig) -> str:
+    """static_asserts that the numbers the generator's rules computed for `config` equal its
+    traits' own, so that neither side can change without the other (rules/traits_assertions.py).
+    """
+    traits = template_for(config).traits.rsplit("::", 1)[-1]
+    return "".join(
+        f"static_assert(Traits::{a.member} == {a.cpp_value},\n"
+        f'              "{a.source} and {traits}::{a.member} disagree on {a.what}");\n'
+        for a in rules.traits_assertions(config)
+    )
+
+
 def _instance_text(config: KernelConfig, traits_args: str) -> str:
-    """An instance file: the traits alias and the extern "C" launcher of the kernel table."""
+    """An instance file: the traits alias, the assertions that the generator's numbers match the
+    traits, and the extern "C" launcher of the kernel table."""
     template = template_for(config)
     namespace = instance_namespace(config)
     return (
@@ -203,6 +217,7 @@ def _instance_text(config: KernelConfig, traits_args: str) -> str:
         "\n"
         f"namespace {namespace} {{\n"
         f"using Traits = {template.traits}<{traits_args}>;\n"
+        f"{traits_assertions_text(config)}"
         f"}}  // namespace {namespace}\n"
         "\n"
         f'extern "C" int {config.symbol}(const void* problem, const void* args, '

@@ -65,7 +65,9 @@ def plan_units(
     units = []
     for (arch, header), members in sorted(groups.items()):
         members.sort(key=_shape_key)
-        stem = header.rsplit("/", 1)[-1].split(".", 1)[0]
+        # The header's path below the kernel folder: sm80/fwd_launch.cuh and
+        # sm90/fwd_launch.cuh share a file name.
+        stem = header.removeprefix("ckfmha/kernel/").split(".", 1)[0].replace("/", "_")
         parts = math.ceil(len(members) / per_unit)
         for index, chunk in enumerate(_split_evenly(members, parts)):
             units.append(CompileUnit(f"unit_{arch}_{stem}_{index}", arch, chunk))

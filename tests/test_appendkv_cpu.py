@@ -112,7 +112,7 @@ def test_other_families_do_not_meet_the_append_pipeline() -> None:
 def test_instance_and_table_entry() -> None:
     config = _config()
     text = render_instance(config)
-    assert '#include "ckfmha/kernel/fwd_appendkv_launch.cuh"' in text
+    assert '#include "ckfmha/kernel/appendkv/launch.cuh"' in text
     assert ("FwdAppendKvTraits<cutlass::bfloat16_t, /*HeadDimK=*/128, /*HeadDimV=*/128,\n"
             "    ckfmha::kernel::RopeMode::kHalfRotated, /*Paged=*/true, /*TokensPerCta=*/16, "
             "/*Warps=*/4>") in text
@@ -247,8 +247,8 @@ def test_init_fills_contiguous_strides(lib: ctypes.CDLL) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda p: setattr(p, "batch", 0), "batch is 0; it must be at least 1"),
-        (lambda p: setattr(p, "seqlen_new", 0), "seqlen_new is 0; it must be at least 1"),
+        (lambda p: setattr(p, "batch", -1), "batch (-1) and seqlen_new (8) must be >= 0"),
+        (lambda p: setattr(p, "seqlen_new", -2), "seqlen_new (-2) must be >= 0"),
         (lambda p: setattr(p, "dtype", 7), "dtype 7 is not one of fp16 (0), bf16 (1), fp32 (2)"),
         (lambda p: setattr(p, "max_seqlen_cache", 0), "a contiguous cache holds at least 1"),
         (lambda p: setattr(p, "paged_kv", 1), "paged cache: page_size is 0"),
@@ -264,7 +264,7 @@ def test_init_fills_contiguous_strides(lib: ctypes.CDLL) -> None:
         (lambda p: (setattr(p, "rotate_q", 1), setattr(p, "nhead_q", 4), setattr(
             p, "seqlen_q", 1)), "rotate_q needs a RoPE mode"),
         (lambda p: setattr(_with_rope(p), "rotate_q", 1),
-         "rotate_q: nhead_q (0) and seqlen_q (0) must be at least 1"),
+         "rotate_q: nhead_q (0) must be at least 1 and seqlen_q (0) at least 0"),
         (lambda p: setattr(p, "nhead_k", 70000), "must each be at most 65535"),
         (lambda p: p.k_cache_stride.__setitem__(2, -8), "k_cache stride 2 is -8"),
         (lambda p: setattr(p, "page_layout", 1), "page_layout applies to a paged cache"),
@@ -522,7 +522,7 @@ def _call(**changes: object) -> None:
         ({"cos": _device((100, 80), "fp32", 6), "sin": _device((100, 80), "fp32", 7)},
          "rotary_dim is 160; it must be even and in 2..hdim_k (128)"),
         ({"block_table": _device((3, 8), "int32", 6)}, "block_table must be int32 [2, max_pages]"),
-        ({"k_cache": np.zeros((2, 64, 4, 128), np.float16)}, "a NumPy output cannot be written"),
+        ({"k_cache": np.zeros((2, 64, 4, 128), np.float16)}, "k_cache is on cpu, v_cache is on"),
         ({"overflow": _device((2,), "int32", 6)}, "overflow must be a device int32 [1] array"),
         ({"cache_seqlens": [1, 2, 3]}, "cache_seqlens must be 2 integers"),
         ({"cache_seqlens": np.array([1, 2**40])}, "cache_seqlens do not fit in int32"),

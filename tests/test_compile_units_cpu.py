@@ -44,7 +44,7 @@ def test_units_cover_every_instance_once_grouped_by_arch_and_template(jobs: int)
 
 def test_units_split_a_template_evenly() -> None:
     configs = [c for c in _core("sm_80") if c.signature.family == "fwd"]
-    configs = [c for c in configs if emit.template_for(c).header.endswith("fwd_sm80_launch.cuh")]
+    configs = [c for c in configs if emit.template_for(c).header.endswith("sm80/fwd_launch.cuh")]
     assert len(configs) >= 5
     sizes = [len(u.configs) for u in plan_units(configs, 2, _templates(configs), max_per_unit=4)]
     assert max(sizes) - min(sizes) <= 1 and max(sizes) <= 4

@@ -109,13 +109,13 @@ def test_fwd_family_does_not_meet_the_combine_pipeline() -> None:
 
 def test_instances_name_their_templates() -> None:
     split = render_instance(_config())
-    assert "fwd_splitkv_sm80_launch.cuh" in split and "/*SplitKv=*/true>" in split
+    assert "sm80/fwd_splitkv_launch.cuh" in split and "/*SplitKv=*/true>" in split
     assert "launch_fwd_splitkv_sm80<ckfmha_instance_" in split
     combine = render_instance(_config("fwd_splitkv_combine", mode="group"))
     assert "FwdSplitKvCombineTraits<cutlass::bfloat16_t, /*HeadDimV=*/128, /*Warps=*/4, " \
            "/*IsGroupMode=*/true>" in combine
     plain = render_instance(_config("fwd", tile_m=128, tile_n=32, warps=4, stages=1))
-    assert "SplitKv" not in plain and "fwd_sm80_launch.cuh" in plain
+    assert "SplitKv" not in plain and "sm80/fwd_launch.cuh" in plain
 
 
 # ---- plans through the C API ----

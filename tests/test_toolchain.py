@@ -288,10 +288,17 @@ namespace cutlass { struct half_t { unsigned short x; }; struct bfloat16_t { uns
 namespace ckfmha::kernel {
 enum class MaskMode { kNone, kCausal, kWindow };
 enum class BiasMode { kNone, kElementwise, kAlibi };
+// Instances assert the generator's numbers against their traits; a stand-in has none of its
+// own, so its members agree with any.
+struct AgreesWithAnyNumber {
+  constexpr bool operator==(int) const { return true; }
+};
 template <class T, int DQ, int DV, int M, int N, int W, int S, MaskMode Mask, BiasMode Bias,
           bool Lse, bool Dropout, bool Softcap, bool Sink, bool Group, bool VColMajor = false>
 struct FwdSm80Traits {
   static constexpr int kThreads = W * 32;
+  static constexpr AgreesWithAnyNumber kSmemBytes{}, kMinCtasPerSm{}, kSmemLimit{},
+      kConsumerRegisters{}, kRowsPerThread{}, kKeysPerThread{};
 };
 template <class Traits> __global__ void stand_in_kernel(int* out) {
   if (out) *out = Traits::kThreads;
@@ -358,14 +365,16 @@ def _offline_toolchain_version() -> str:
 @needs_nvcc
 def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     stand_in = tmp_path / "stand_in"
-    (stand_in / "ckfmha" / "kernel").mkdir(parents=True)
-    (stand_in / "ckfmha" / "kernel" / "fwd_sm80_launch.cuh").write_text(STAND_IN_LAUNCH_HEADER)
-    (stand_in / "ckfmha" / "kernel" / "fwd_sm90_launch.cuh").write_text(
+    kernel_dir = stand_in / "ckfmha" / "kernel"
+    for family in ("sm80", "sm90", "simt"):
+        (kernel_dir / family).mkdir(parents=True)
+    (kernel_dir / "sm80" / "fwd_launch.cuh").write_text(STAND_IN_LAUNCH_HEADER)
+    (kernel_dir / "sm90" / "fwd_launch.cuh").write_text(
         STAND_IN_LAUNCH_HEADER.replace("FwdSm80Traits", "FwdSm90Traits").replace(
             "launch_fwd_sm80", "launch_fwd_sm90"
         )
     )
-    (stand_in / "ckfmha" / "kernel" / "fwd_simt_launch.cuh").write_text(
+    (kernel_dir / "simt" / "fwd_launch.cuh").write_text(
         STAND_IN_LAUNCH_HEADER.replace("FwdSm80Traits", "FwdSimtTraits").replace(
             "launch_fwd_sm80", "launch_fwd_simt"
         )

@@ -66,13 +66,17 @@ std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {
     const char* name;
     int32_t value;
   };
-  for (auto [name, value] : {Positive{"batch", p.batch}, Positive{"nhead_k", p.nhead_k},
-                             Positive{"seqlen_new", p.seqlen_new}, Positive{"hdim_k", p.hdim_k},
+  // batch and seqlen_new may be 0: an empty append (see "Empty problems" in ckfmha.h).
+  for (auto [name, value] : {Positive{"nhead_k", p.nhead_k}, Positive{"hdim_k", p.hdim_k},
                              Positive{"hdim_v", p.hdim_v}}) {
     if (value < 1) {
       msg << name << " is " << value << "; it must be at least 1";
       return msg.str();
     }
+  }
+  if (p.batch < 0 || p.seqlen_new < 0) {
+    msg << "batch (" << p.batch << ") and seqlen_new (" << p.seqlen_new << ") must be >= 0";
+    return msg.str();
   }
   if (p.paged_kv != 0 && p.paged_kv != 1) {
     return "paged_kv must be 0 (contiguous cache) or 1 (pages and a block table)";
@@ -130,9 +134,9 @@ std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {
       return "rotate_q needs a RoPE mode (interleaved or half_rotated); with rope none q is "
              "left as it is";
     }
-    if (p.nhead_q < 1 || p.seqlen_q < 1) {
-      msg << "rotate_q: nhead_q (" << p.nhead_q << ") and seqlen_q (" << p.seqlen_q
-          << ") must be at least 1";
+    if (p.nhead_q < 1 || p.seqlen_q < 0) {
+      msg << "rotate_q: nhead_q (" << p.nhead_q << ") must be at least 1 and seqlen_q ("
+          << p.seqlen_q << ") at least 0";
       return msg.str();
     }
   }

@@ -65,6 +65,14 @@ int ckfmha_current_device(int* device) {
   return current_device(device);
 }
 
+int ckfmha_pointer_device(const void* ptr, int* device) {
+  if (int s = require(device != nullptr, "device is NULL")) return s;
+  int count = 0;
+  if (int s = device_count(&count)) return s;
+  if (count == 0) return fail(CKFMHA_ERROR_NO_DEVICE, "no CUDA device is visible");
+  return pointer_device(ptr, device);
+}
+
 int ckfmha_registry_count(int* count) {
   if (int s = require(count != nullptr, "count is NULL")) return s;
   *count = int(Registry::instance().entries().size());

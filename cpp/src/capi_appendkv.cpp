@@ -5,6 +5,7 @@
 #include "ckfmha/runtime/appendkv_plan.hpp"
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/empty_problems.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
 #include "ckfmha/runtime/status.hpp"
@@ -23,8 +24,8 @@ int checked_problem(ckfmha_appendkv_problem const* problem) {
 
 int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
   return require_pointers({
-      RequiredPointer{true, a.k_new, "k_new is NULL"},
-      RequiredPointer{true, a.v_new, "v_new is NULL"},
+      RequiredPointer{p.seqlen_new > 0, a.k_new, "k_new is NULL"},
+      RequiredPointer{p.seqlen_new > 0, a.v_new, "v_new is NULL"},
       RequiredPointer{true, a.k_cache, "k_cache is NULL"},
       RequiredPointer{true, a.v_cache, "v_cache is NULL"},
       RequiredPointer{true, a.cache_seqlens,
@@ -34,8 +35,8 @@ int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const&
                       "a paged cache needs args.block_table (int32 [batch, max_pages_per_seq])"},
       RequiredPointer{p.rope != CKFMHA_ROPE_NONE, a.cos, "RoPE needs args.cos"},
       RequiredPointer{p.rope != CKFMHA_ROPE_NONE, a.sin, "RoPE needs args.sin"},
-      RequiredPointer{bool(p.rotate_q), a.q, "rotate_q is set but args.q is NULL"},
-      RequiredPointer{bool(p.rotate_q), a.q_out,
+      RequiredPointer{p.rotate_q && p.seqlen_q > 0, a.q, "rotate_q is set but args.q is NULL"},
+      RequiredPointer{p.rotate_q && p.seqlen_q > 0, a.q_out,
                       "rotate_q is set but args.q_out is NULL (pass q itself to rotate in place)"},
   });
 }
@@ -126,6 +127,10 @@ int ckfmha_appendkv_problem_validate(const ckfmha_appendkv_problem* problem) {
 int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, char* name_buf,
                            size_t buf_len) {
   if (int s = checked_problem(problem)) return s;
+  // An empty append selects no kernel: an empty name.
+  if (appendkv_run_work(*problem) == RunWork::kNothing) {
+    return copy_text_out("", name_buf, buf_len, nullptr);
+  }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   AppendKvPlan plan = plan_appendkv(Registry::instance().entries(), *problem, device_arch);
@@ -136,6 +141,11 @@ int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, cha
 int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch, char* buf,
                             size_t buf_len, size_t* needed) {
   if (int s = checked_problem(problem)) return s;
+  if (appendkv_run_work(*problem) == RunWork::kNothing) {
+    return copy_text_out(describe(*problem) + "\nno kernel runs: there is nothing to append or "
+                                              "rotate\n",
+                         buf, buf_len, needed);
+  }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   return copy_text_out(explain_appendkv(Registry::instance().entries(), *problem, device_arch), buf,
@@ -146,6 +156,7 @@ int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_app
                         const char* kernel_name, ckfmha_stream_t stream) {
   if (int s = checked_problem(problem)) return s;
   if (args == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args is NULL");
+  if (appendkv_run_work(*problem) == RunWork::kNothing) return succeed();
   if (int s = check_pointers(*problem, *args)) return s;
   // Host-visible lengths are checked before anything touches the device.
   if (std::string error = check_appendkv_lengths(*problem, args->cache_seqlens_host);

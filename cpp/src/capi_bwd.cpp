@@ -2,10 +2,11 @@
 // convert_dq): argument checks, then the three launches.
 #include "ckfmha/ckfmha.h"
 
-#include "ckfmha/kernel/bwd_workspace.h"
+#include "ckfmha/kernel/params/bwd_workspace.h"
 #include "ckfmha/runtime/bwd_plan.hpp"
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/empty_problems.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
 #include "ckfmha/runtime/status.hpp"
@@ -22,17 +23,20 @@ int checked_bwd_problem(ckfmha_bwd_problem const* problem) {
   return checked(problem, check_bwd_problem);
 }
 
-int check_bwd_pointers(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a) {
+// `queries` and `keys`: whether any sequence has them; tensors of a side with none (group mode
+// with a zero bound) are never read or written.
+int check_bwd_pointers(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a, bool queries,
+                       bool keys) {
   return require_pointers({
-      RequiredPointer{true, a.q, "q is NULL"},
-      RequiredPointer{true, a.k, "k is NULL"},
-      RequiredPointer{true, a.v, "v is NULL"},
-      RequiredPointer{true, a.o, "o is NULL"},
-      RequiredPointer{true, a.lse, "lse is NULL: the backward reads the forward's LSE"},
-      RequiredPointer{true, a.do_, "do_ (dO) is NULL"},
-      RequiredPointer{true, a.dq, "dq is NULL"},
-      RequiredPointer{true, a.dk, "dk is NULL"},
-      RequiredPointer{true, a.dv, "dv is NULL"},
+      RequiredPointer{queries, a.q, "q is NULL"},
+      RequiredPointer{keys, a.k, "k is NULL"},
+      RequiredPointer{keys, a.v, "v is NULL"},
+      RequiredPointer{queries, a.o, "o is NULL"},
+      RequiredPointer{queries, a.lse, "lse is NULL: the backward reads the forward's LSE"},
+      RequiredPointer{queries, a.do_, "do_ (dO) is NULL"},
+      RequiredPointer{queries, a.dq, "dq is NULL"},
+      RequiredPointer{keys, a.dk, "dk is NULL"},
+      RequiredPointer{keys, a.dv, "dv is NULL"},
       RequiredPointer{true, a.workspace,
                       "workspace is NULL: allocate ckfmha_bwd_workspace_size() bytes of device "
                       "memory"},
@@ -45,6 +49,12 @@ int check_bwd_pointers(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a) {
       RequiredPointer{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_k,
                       "group mode needs args.cu_seqlens_k (batch + 1 int32 offsets)"},
   });
+}
+
+// The plan's workspace; none for a problem no kernel runs.
+size_t workspace_bytes(ckfmha_bwd_problem const& p) {
+  if (bwd_run_work(p) != RunWork::kKernels) return 0;
+  return size_t(ckfmha::kernel::bwd_workspace_layout(bwd_launch_problem(p)).bytes);
 }
 
 }  // namespace
@@ -102,16 +112,21 @@ int ckfmha_bwd_problem_validate(const ckfmha_bwd_problem* problem) {
 int ckfmha_bwd_workspace_size(const ckfmha_bwd_problem* problem, size_t* bytes) {
   if (int s = checked_bwd_problem(problem)) return s;
   if (int s = require(bytes != nullptr, "bytes is NULL")) return s;
-  *bytes = size_t(ckfmha::kernel::bwd_workspace_layout(*problem).bytes);
+  *bytes = workspace_bytes(*problem);
   return succeed();
 }
 
 int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_buf,
                       size_t buf_len) {
   if (int s = checked_bwd_problem(problem)) return s;
+  // A problem no kernel runs selects none: an empty list.
+  if (bwd_run_work(*problem) != RunWork::kKernels) {
+    return copy_text_out("", names_buf, buf_len, nullptr);
+  }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
-  BwdPlan plan = select_bwd(Registry::instance().entries(), *problem, device_arch);
+  BwdPlan plan = select_bwd(Registry::instance().entries(), bwd_launch_problem(*problem),
+                            device_arch);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   std::string names = std::string(plan.dot_do_o.name) + "\n" + plan.dq_dk_dv.name + "\n" +
                       plan.convert_dq.name + "\n";
@@ -121,18 +136,43 @@ int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_b
 int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf, size_t buf_len,
                        size_t* needed) {
   if (int s = checked_bwd_problem(problem)) return s;
+  if (bwd_run_work(*problem) != RunWork::kKernels) {
+    const char* why = bwd_run_work(*problem) == RunWork::kNothing
+                          ? "no kernel runs: every gradient is empty"
+                          : "no kernel runs: without queries (or keys) ckfmha_bwd_run sets the "
+                            "non-empty gradients to 0 with memsets";
+    return copy_text_out(describe(*problem) + "\n" + why + "\n", buf, buf_len, needed);
+  }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
-  return copy_text_out(explain_bwd(Registry::instance().entries(), *problem, device_arch), buf,
-                  buf_len, needed);
+  return copy_text_out(
+      explain_bwd(Registry::instance().entries(), bwd_launch_problem(*problem), device_arch), buf,
+      buf_len, needed);
 }
 
 int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                    const char* kernel_name, ckfmha_stream_t stream) {
   if (int s = checked_bwd_problem(problem)) return s;
   if (int s = require(args != nullptr, "args is NULL")) return s;
-  if (int s = check_bwd_pointers(*problem, *args)) return s;
-  size_t needed = size_t(ckfmha::kernel::bwd_workspace_layout(*problem).bytes);
+  const RunWork work = bwd_run_work(*problem);
+  if (work == RunWork::kNothing) return succeed();
+  if (work == RunWork::kFill) {
+    if (int s = require_pointers({
+            RequiredPointer{problem->seqlen_q > 0, args->dq, "dq is NULL"},
+            RequiredPointer{problem->seqlen_k > 0, args->dk, "dk is NULL"},
+            RequiredPointer{problem->seqlen_k > 0, args->dv, "dv is NULL"},
+        })) {
+      return s;
+    }
+    if (int s = zero_bwd_gradients(*problem, *args, stream)) return s;
+    return succeed();
+  }
+  const bool queries = problem->seqlen_q > 0, keys = problem->seqlen_k > 0;
+  // From here on the kernels' problem: zero length bounds raised to 1.
+  const ckfmha_bwd_problem launch = bwd_launch_problem(*problem);
+  problem = &launch;
+  if (int s = check_bwd_pointers(*problem, *args, queries, keys)) return s;
+  size_t needed = workspace_bytes(*problem);
   if (args->workspace_bytes < needed) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
                 "workspace of " + std::to_string(args->workspace_bytes) + " bytes is too small; " +

@@ -4,6 +4,7 @@
 
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/empty_problems.hpp"
 #include "ckfmha/runtime/fwd_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
@@ -94,6 +95,14 @@ int check_workspace(FwdPlan const& plan, ckfmha_fwd_args const& args) {
   return CKFMHA_SUCCESS;
 }
 
+// What select and explain say of a problem no kernel runs (see "Empty problems" in ckfmha.h).
+std::string no_kernel_reason(ckfmha_fwd_problem const& p) {
+  return fwd_run_work(p) == RunWork::kNothing
+             ? "no kernel runs: every output is empty"
+             : "no kernel runs: without keys, ckfmha_fwd_run sets O to 0 and the LSE to -inf "
+               "(the sink with sinks) with memsets";
+}
+
 }  // namespace
 
 extern "C" {
@@ -138,9 +147,13 @@ int ckfmha_fwd_problem_validate(const ckfmha_fwd_problem* problem) {
 int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_buf,
                       size_t buf_len) {
   if (int s = checked_problem(problem)) return s;
+  // A problem no kernel runs selects none: an empty name.
+  if (fwd_run_work(*problem) != RunWork::kKernels) {
+    return copy_text_out("", name_buf, buf_len, nullptr);
+  }
   PlanContext context;
   if (int s = plan_context(arch, &context)) return s;
-  FwdPlan plan = plan_fwd(Registry::instance().entries(), *problem, context);
+  FwdPlan plan = plan_fwd(Registry::instance().entries(), fwd_launch_problem(*problem), context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
 }
@@ -148,21 +161,31 @@ int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_bu
 int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, size_t buf_len,
                        size_t* needed) {
   if (int s = checked_problem(problem)) return s;
+  if (fwd_run_work(*problem) != RunWork::kKernels) {
+    return copy_text_out(describe(*problem) + "\n" + no_kernel_reason(*problem) + "\n", buf,
+                         buf_len, needed);
+  }
   PlanContext context;
   if (int s = plan_context(arch, &context)) return s;
-  return copy_text_out(explain_fwd_plan(Registry::instance().entries(), *problem, context), buf,
-                  buf_len, needed);
+  return copy_text_out(
+      explain_fwd_plan(Registry::instance().entries(), fwd_launch_problem(*problem), context), buf,
+      buf_len, needed);
 }
 
 int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
                               const char* kernel_name, size_t* bytes) {
   if (int s = checked_problem(problem)) return s;
   if (int s = require(bytes != nullptr, "bytes is NULL")) return s;
+  if (fwd_run_work(*problem) != RunWork::kKernels) {
+    *bytes = 0;
+    return succeed();
+  }
   PlanContext context;
   if (int s = plan_context(arch, &context)) return s;
   ckfmha_kernel_entry forced{};
   if (int s = find_forced(kernel_name, &forced, &context)) return s;
-  FwdPlan const& plan = cached_plan_fwd(Registry::instance().entries(), *problem, context);
+  FwdPlan const& plan =
+      cached_plan_fwd(Registry::instance().entries(), fwd_launch_problem(*problem), context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   *bytes = plan.workspace_bytes;
   return succeed();
@@ -172,7 +195,28 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
                    const char* kernel_name, ckfmha_stream_t stream) {
   if (int s = checked_problem(problem)) return s;
   if (int s = require(args != nullptr, "args is NULL")) return s;
-  if (args->q == nullptr || args->k == nullptr || args->v == nullptr || args->o == nullptr) {
+  const RunWork work = fwd_run_work(*problem);
+  if (work == RunWork::kNothing) return succeed();
+  if (work == RunWork::kFill) {
+    if (int s = require_pointers({
+            RequiredPointer{true, args->o, "o must be a device pointer"},
+            RequiredPointer{bool(problem->store_lse), args->lse,
+                            "store_lse is set but lse is NULL"},
+            RequiredPointer{bool(problem->has_sink), args->sink,
+                            "has_sink is set but args.sink is NULL"},
+        })) {
+      return s;
+    }
+    if (int s = fill_fwd_without_keys(*problem, *args, stream)) return s;
+    return succeed();
+  }
+  // Without keys (every sequence's key range empty) k and v are never read.
+  const bool reads_keys = problem->seqlen_k > 0;
+  // From here on the kernels' problem: zero length bounds raised to 1.
+  const ckfmha_fwd_problem launch = fwd_launch_problem(*problem);
+  problem = &launch;
+  if (args->q == nullptr || args->o == nullptr ||
+      (reads_keys && (args->k == nullptr || args->v == nullptr))) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "q, k, v and o must all be device pointers");
   }
   if (int s = check_feature_pointers(*problem, *args)) return s;

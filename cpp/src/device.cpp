@@ -71,4 +71,12 @@ int current_device_sm_count(int* count) {
   return succeed();
 }
 
+int pointer_device(const void* ptr, int* device) {
+  cudaPointerAttributes attributes{};
+  cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) return cuda_failure(err, "cudaPointerGetAttributes");
+  *device = attributes.type == cudaMemoryTypeUnregistered ? -1 : attributes.device;
+  return succeed();
+}
+
 }  // namespace ckfmha::runtime

@@ -1,6 +1,6 @@
 #include "ckfmha/runtime/fwd_plan.hpp"
 
-#include "ckfmha/kernel/splitkv_workspace.h"
+#include "ckfmha/kernel/params/splitkv_workspace.h"
 #include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/fwd_select.hpp"
 #include "ckfmha/runtime/problem.hpp"

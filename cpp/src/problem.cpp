@@ -187,16 +187,20 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
     msg << "skip_min_seqlen_q applies to group (varlen) mode only";
     return msg.str();
   }
-  struct Positive {
+  struct Extent {
     const char* name;
     int32_t value;
+    int32_t least;
   };
-  for (auto [name, value] : {Positive{"batch", p.batch}, Positive{"nhead_q", p.nhead_q},
-                             Positive{"nhead_k", p.nhead_k}, Positive{"seqlen_q", p.seqlen_q},
-                             Positive{"seqlen_k", p.seqlen_k}, Positive{"hdim_q", p.hdim_q},
-                             Positive{"hdim_v", p.hdim_v}}) {
-    if (value < 1) {
-      msg << name << " is " << value << "; it must be at least 1";
+  // A zero batch or length is an empty problem (see "Empty problems" in ckfmha.h); heads and
+  // head dims shape every row, so they are never 0.
+  for (auto [name, value, least] :
+       {Extent{"batch", p.batch, 0}, Extent{"nhead_q", p.nhead_q, 1},
+        Extent{"nhead_k", p.nhead_k, 1}, Extent{"seqlen_q", p.seqlen_q, 0},
+        Extent{"seqlen_k", p.seqlen_k, 0}, Extent{"hdim_q", p.hdim_q, 1},
+        Extent{"hdim_v", p.hdim_v, 1}}) {
+    if (value < least) {
+      msg << name << " is " << value << "; it must be at least " << least;
       return msg.str();
     }
   }

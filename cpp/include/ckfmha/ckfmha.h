@@ -332,6 +332,29 @@ typedef struct ckfmha_bwd_args {
   size_t workspace_bytes;
 } ckfmha_bwd_args;
 
+/*
+ * Empty problems. batch, seqlen_q and seqlen_k (and an append's batch and
+ * seqlen_new) may be 0; heads and head dims may not. Such a problem validates,
+ * and its run does no more than its outputs need:
+ *   - every output empty (batch 0; seqlen_q 0; in the backward both lengths 0;
+ *     an append of no tokens and no rotated queries): success without touching
+ *     the device or launching anything; the pointers may be NULL;
+ *   - forward, batch mode, seqlen_k 0: each row attends to no key, so O = 0 and
+ *     LSE = -inf, or LSE = sink[h] with sinks (the result the kernels give a
+ *     sequence whose key range is empty). ckfmha_fwd_run writes it with
+ *     memsets on the stream (with sinks it first reads them back, waiting for
+ *     the stream); no kernel runs, q, k and v are not read and may be NULL;
+ *   - backward, batch mode, seqlen_q or seqlen_k 0: the non-empty gradients are
+ *     0 (dk and dv without queries, dq without keys), written with memsets;
+ *   - group mode and paged K/V, a zero bound (seqlen_k 0: no sequence has keys;
+ *     backward seqlen_q or seqlen_k 0): the kernels run with the bound raised
+ *     to 1, so each sequence's own length (0) decides: O = 0 and LSE = -inf
+ *     (the sink), zero gradients. Tensors of the empty side may be NULL, and
+ *     outputs with a zero axis (dropout bytes, dbias) are not written.
+ * select then writes an empty name when no kernel runs, explain says why, and
+ * the workspace sizes are 0.
+ */
+
 /* ---- errors and versions ---- */
 CKFMHA_API const char* ckfmha_last_error(void);
 CKFMHA_API const char* ckfmha_status_name(int status);
@@ -353,6 +376,9 @@ CKFMHA_API int ckfmha_device_count(int* count);
 /* arch as 10*major+minor, e.g. 90 for sm_90 */
 CKFMHA_API int ckfmha_device_arch(int device, int* arch);
 CKFMHA_API int ckfmha_current_device(int* device);
+/* The CUDA device whose memory ptr points into (device, managed or registered host
+ * memory), or -1 for host memory CUDA does not know. */
+CKFMHA_API int ckfmha_pointer_device(const void* ptr, int* device);
 CKFMHA_API int ckfmha_device_malloc(void** ptr, size_t bytes);
 CKFMHA_API int ckfmha_device_free(void* ptr);
 CKFMHA_API int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes);

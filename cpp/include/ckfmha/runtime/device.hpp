@@ -13,5 +13,7 @@ int device_arch(int device, int* arch);
 int current_device_arch(int* arch);
 // Streaming multiprocessors of the current device.
 int current_device_sm_count(int* count);
+// The CUDA device whose memory `ptr` points into, or -1 for host memory CUDA does not know.
+int pointer_device(const void* ptr, int* device);
 
 }  // namespace ckfmha::runtime

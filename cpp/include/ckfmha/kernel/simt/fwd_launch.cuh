@@ -1,0 +1,22 @@
+// Host-side launcher for one fp32 SIMT forward instance. Generated instance
+// files include this header and instantiate launch_fwd_simt<Traits> once.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/common/launch.cuh"
+#include "ckfmha/kernel/params/fwd_params_from_problem.h"
+#include "ckfmha/kernel/simt/fwd_kernel.cuh"
+#include "ckfmha/kernel/simt/fwd_traits.cuh"
+#include "ckfmha/kernel_entry.h"
+
+namespace ckfmha::kernel {
+
+template <class Traits>
+int launch_fwd_simt(void const* problem, void const* args, ckfmha_stream_t stream) {
+  auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
+  return launch_kernel(&fwd_simt_kernel<Traits>, fwd_grid(pr, Traits::kBlockM), Traits::kThreads,
+                       Traits::kSmemBytes, stream,
+                       make_fwd_params(pr, *static_cast<ckfmha_fwd_args const*>(args)));
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,110 @@
+// Host-side launcher of the Hopper backward main stage: picks the consumer
+// layout for the head dim, builds the TMA descriptors of Q, dO, K, V and the
+// dQ accumulator and launches one CTA per (key tile, KV head, batch entry)
+// (causal grids in bwd_sm90_key_tile's order).
+// The row-wise stages around it are the sm80 path's.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/common/launch.cuh"
+#include "ckfmha/kernel/params/bwd_params_from_problem.h"
+#include "ckfmha/kernel/sm90/bwd_head_split_kernel.cuh"
+#include "ckfmha/kernel/sm90/bwd_head_split_traits.cuh"
+#include "ckfmha/kernel/sm90/bwd_kernel.cuh"
+#include "ckfmha/kernel/sm90/bwd_traits.cuh"
+#include "ckfmha/kernel_entry.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace ckfmha::kernel {
+
+// The generator's traits name for the sm90 backward: 128-key tiles split
+// their keys across the consumer warpgroups (d64, d128); 64-key tiles split
+// the head dim (d256).
+template <class Element, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
+          int Stages, MaskMode Mask, BiasMode Bias, bool HasDropout, bool HasSoftcap,
+          bool HasDbias, bool IsGroupMode, int MinCtasPerSm = 1>
+using BwdSm90Traits = std::conditional_t<
+    BlockN == 64,
+    BwdSm90HeadSplitTraits<Element, HeadDimQK, HeadDimV, BlockM, BlockN, Warps, Stages, Mask,
+                           Bias, HasDropout, HasSoftcap, HasDbias, IsGroupMode, MinCtasPerSm>,
+    BwdSm90KeySplitTraits<Element, HeadDimQK, HeadDimV, BlockM, BlockN, Warps, Stages, Mask,
+                          Bias, HasDropout, HasSoftcap, HasDbias, IsGroupMode, MinCtasPerSm>>;
+
+// (rows, head dim, heads, batch) view of a [batch, heads, rows, dim] tensor
+// with arbitrary strides (BHSD, BSHD, ...); the head dim is contiguous.
+template <class Traits>
+typename Traits::GmemTensor bwd_sm90_gmem_view(void const* data, int rows, int heads, int batch,
+                                               int64_t const (&stride)[3]) {
+  using Element = typename Traits::Element;
+  return cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(data)),
+                           cute::make_shape(rows, int(Traits::kHeadDim), heads, batch),
+                           cute::make_stride(stride[2], cute::_1{}, stride[1], stride[0]));
+}
+
+template <class Traits>
+int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_stream_t stream) {
+  using namespace cute;
+  auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
+  auto const& ar = *static_cast<ckfmha_bwd_args const*>(args);
+  using TileQ = Shape<typename Traits::M, typename Traits::D>;
+  using TileK = Shape<typename Traits::N, typename Traits::D>;
+  auto q_smem = take<0, 2>(typename Traits::SmemLayoutQ{});
+  // Encoding a descriptor reads only host memory; a bad tensor shows up as a
+  // launch error, which the caller reports.
+  BwdParams const bwd = make_bwd_params(pr, ar);
+  auto tma_load = [&](void const* data, int rows, int heads, int64_t const(&stride)[3],
+                      auto smem_layout, auto tile) {
+    return make_tma_copy(SM90_TMA_LOAD{},
+                         bwd_sm90_gmem_view<Traits>(data, rows, heads, pr.batch, stride),
+                         smem_layout, tile, _1{});
+  };
+  const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  auto tma_q = tma_load(ar.q, pr.seqlen_q, pr.nhead_q, pr.q_stride, q_smem, TileQ{});
+  auto tma_do = tma_load(ar.do_, pr.seqlen_q, pr.nhead_q, pr.do_stride, q_smem, TileQ{});
+  auto tma_k = tma_load(ar.k, pr.seqlen_k, pr.nhead_k, pr.k_stride,
+                        typename Traits::SmemLayoutK{}, TileK{});
+  auto tma_v = tma_load(ar.v, pr.seqlen_k, pr.nhead_k, pr.v_stride,
+                        typename Traits::SmemLayoutK{}, TileK{});
+  // The fp32 dQ accumulator as (padded rows, head dim, batch x heads), added
+  // to by TMA reduce-adds of the tiles the traits stage.
+  auto dq_accum = make_tensor(make_gmem_ptr(bwd.dq_accum),
+                              make_shape(bwd.workspace_rows, int(Traits::kHeadDim),
+                                         pr.nhead_q * pr.batch),
+                              make_stride(int64_t(Traits::kHeadDim), _1{},
+                                          int64_t(bwd.workspace_rows) * Traits::kHeadDim));
+  auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQBox{},
+                              typename Traits::DqBox{}, _1{});
+  // Causal grids at d >= 128 with enough key tiles launch in chunks of (KV
+  // head, batch) pairs, about one wave of CTAs each (bwd_sm90_key_tile),
+  // where the grid's y and z limits allow; only they ask for the SM count.
+  const int64_t pairs = int64_t(pr.nhead_k) * pr.batch;
+  int chunk_heads = 0;
+  dim3 grid(key_tiles, pr.nhead_k, pr.batch);
+  if (kBwdSm90ChunkedCausalOrder<Traits> && key_tiles >= kBwdSm90MinChunkedKeyTiles &&
+      key_tiles <= 65535) {
+    int sms = 0;
+    if (int err = current_device_sms(&sms); err != 0) return err;
+    const int per_chunk = int(std::min<int64_t>(pairs, std::max(1, sms / key_tiles)));
+    const int64_t chunks = (pairs + per_chunk - 1) / per_chunk;
+    if (chunks <= 65535) {  // then pairs <= 65535 * per_chunk fits an int
+      chunk_heads = per_chunk;
+      grid = dim3(unsigned(chunk_heads), unsigned(key_tiles), unsigned(chunks));
+    }
+  }
+  BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq, chunk_heads,
+                               chunk_heads > 0 ? int(pairs) : 0,
+                               cutlass::FastDivmod(pr.nhead_k)};
+  // (Only the layout's own kernel may be instantiated with its traits.)
+  if constexpr (Traits::kSplitsHeadDim) {
+    return launch_kernel(&bwd_dq_dk_dv_sm90_head_split_kernel<Traits>, grid, Traits::kThreads,
+                         Traits::kSmemBytes, stream, params);
+  } else {
+    return launch_kernel(&bwd_dq_dk_dv_sm90_kernel<Traits>, grid, Traits::kThreads,
+                         Traits::kSmemBytes, stream, params);
+  }
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,194 @@
+// The Q/dO ring of the Hopper backward main stage, shared by both of its
+// consumer layouts (keys split across the warpgroups at d <= 128, the head
+// dim split at d256): the walk over a key tile's query tiles, the ring's
+// barriers, and the producer: one thread loads K and V once, then each
+// query tile's Q and dO (TMA) and its rows' LSE and D (bulk copies from the
+// workspace, written by dot_do_o) into the ring's stages; a stage is
+// refilled when every consumer thread has released it.
+#pragma once
+
+#include "ckfmha/kernel/common/attention_mask.cuh"
+#include "ckfmha/kernel/params/bwd_params.h"
+#include "ckfmha/kernel/params/bwd_workspace_rows.cuh"
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/fast_math.h>
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+// Named barrier 0 is __syncthreads; the consumers sync on their own so the
+// producer warpgroup, which has left, is never waited for.
+constexpr uint32_t kBwdSm90ConsumerBarrierId = 1;
+constexpr uint32_t kBwdSm90FirstWarpgroupBarrierId = 2;  // and 3: one per consumer warpgroup
+
+// The query tiles of one key tile: `iters` steps over the group's heads, each
+// over the row blocks [m_first, m_first + m_count) that see any of its keys.
+// Producer and consumers walk it alike, so both agree on stages and phases.
+struct BwdSm90QueryWalk {
+  int head_begin;
+  int m_first;
+  int m_count;
+
+  __device__ __forceinline__ int head(int it) const { return head_begin + it / m_count; }
+  __device__ __forceinline__ int m_block(int it) const { return m_first + it % m_count; }
+};
+
+// The walk of the key tile starting at `n_begin` of KV head `head_k`, and
+// its length in `iters`.
+template <class Traits, class Mask>
+__device__ __forceinline__ BwdSm90QueryWalk bwd_sm90_query_walk(BwdParams const& p,
+                                                                Mask const& mask, int n_begin,
+                                                                int head_k, int* iters) {
+  int m_first, m_last;
+  mask.query_block_range(n_begin, Traits::kBlockN, Traits::kBlockM, p.seqlen_q, &m_first,
+                         &m_last);
+  *iters = (m_last - m_first) * p.head_group;
+  return {head_k * p.head_group, m_first, m_last - m_first};
+}
+
+// By one thread, before the CTA's first __syncthreads: the producer arrives
+// once per fill (with the bytes to expect), every consumer thread once per
+// release, each after its own last read of the stage.
+template <class Traits>
+__device__ __forceinline__ void bwd_sm90_init_barriers(typename Traits::Barriers& bar) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  Barrier::init(&bar.kv_full, 1);
+  for (int s = 0; s < Traits::kStages; ++s) {
+    Barrier::init(&bar.q_full[s], 1);
+    Barrier::init(&bar.q_empty[s], Traits::kConsumerThreads);
+  }
+  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+    Barrier::init(&bar.dq_full[w], 128);
+    Barrier::init(&bar.dq_empty[w], 1);
+  }
+  cutlass::arch::fence_barrier_init();
+}
+
+// What both layouts' kernels take: the problem and the TMA copies of the
+// inputs and of the dQ accumulator.
+template <class Traits>
+struct BwdSm90Params {
+  BwdParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+  typename Traits::TmaDq tma_dq;
+  // Causal launch order (bwd_sm90_key_tile): (KV head, batch) pairs per
+  // chunk, 0 for plain grid order; the pairs, and the KV heads as a divisor.
+  int chunk_heads;
+  int pairs;
+  cutlass::FastDivmod nhead_k;
+};
+
+// The key tile a CTA owns, if any. In grid order the grid is (key tiles, KV
+// heads, batch); it launches in order of the linear block index, each SM
+// taking the next CTA when its own ends. Under a causal mask a key tile's
+// work falls with its index (later keys see fewer queries), and in grid
+// order the last heads' longest tiles started last and ran on with most
+// SMs idle (93% busy at d128 s2048, traced). Causal grids therefore take
+// the (KV head, batch) pairs in chunks of about one wave of CTAs, so the Q,
+// dO and dQ rows in use at a time stay as few as in grid order, and within
+// a chunk key tile by key tile over its pairs, the longest first: the grid
+// is (pairs per chunk, key tiles, chunks), and the last chunk's CTAs past
+// the last pair own nothing. The order lives in the grid's shape because
+// computing it from a linear index took three integer divisions, which
+// delayed every CTA's start by a further 0.2 us (traced).
+// Measured against grid order (three interleaved rounds, three runs): d128
+// and d256 gain 1.5-2.5% at s2048 (s8192 within the spread); d64 lost 3.5%
+// at s512 and 0.5% at s2048, so it keeps grid order, as do grids of fewer
+// than kBwdSm90MinChunkedKeyTiles key tiles (d256 s512 lost 1.5%).
+template <class Traits>
+constexpr bool kBwdSm90ChunkedCausalOrder =
+    Traits::kMask == MaskMode::kCausal && Traits::kHeadDim >= 128;
+constexpr int kBwdSm90MinChunkedKeyTiles = 16;
+
+struct BwdSm90KeyTile {
+  int n_block;
+  int head_k;
+  int batch;
+  bool owned;
+};
+
+template <class Traits>
+__device__ __forceinline__ BwdSm90KeyTile bwd_sm90_key_tile(BwdSm90Params<Traits> const& params) {
+  if constexpr (kBwdSm90ChunkedCausalOrder<Traits>) {
+    if (params.chunk_heads > 0) {
+      const int pair = int(blockIdx.z) * params.chunk_heads + int(blockIdx.x);
+      int batch, head_k;
+      params.nhead_k(batch, head_k, pair);
+      return {int(blockIdx.y), head_k, batch, pair < params.pairs};
+    }
+  }
+  return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), true};
+}
+
+// Run by one thread.
+template <class Traits>
+__device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const& params,
+                                                    typename Traits::SharedStorage* storage,
+                                                    BwdSm90QueryWalk const& walk, int iters,
+                                                    int n_block, int head_k, int batch) {
+  using namespace cute;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using M = typename Traits::M;
+  using N = typename Traits::N;
+  using D = typename Traits::D;
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  BwdParams const& p = params.p;
+  auto& bar = storage->bar;
+  Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQ{});
+
+  const int nhead_k = p.nhead_q / p.head_group;
+  // Coordinate tensors over the shapes the descriptors were encoded with.
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, kD, p.nhead_q, p.batch));
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, kD, p.nhead_q, p.batch));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, kD, nhead_k, p.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, kD, nhead_k, p.batch));
+  {
+    Tensor gK = local_tile(mK(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
+    Tensor gV = local_tile(mV(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
+    auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{},
+                                      group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{},
+                                      group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    // Rows past seqlen_k fall outside the tensor: TMA fills them with zeros
+    // and still counts the whole box's bytes.
+    Barrier::arrive_and_expect_tx(&bar.kv_full, 2 * Traits::kTmaBytesK);
+    copy(params.tma_k.with(bar.kv_full), tKgK(_, n_block), tKsK);
+    copy(params.tma_v.with(bar.kv_full), tVgV(_, n_block), tVsV);
+  }
+  for (int it = 0; it < iters; ++it) {
+    const int stage = it % kStages;
+    // The first pass finds every stage free: waiting on the parity before
+    // a barrier's initial phase returns at once.
+    Barrier::wait(&bar.q_empty[stage], ((it / kStages) & 1) ^ 1);
+    const int head = walk.head(it);
+    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
+    Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
+    auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
+                                      group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
+                                          group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+    Barrier::arrive_and_expect_tx(&bar.q_full[stage],
+                                  2 * Traits::kTmaBytesQ + 2 * Traits::kBulkBytesRows);
+    copy(params.tma_q.with(bar.q_full[stage]), tQgQ(_, walk.m_block(it)), tQsQ(_, stage));
+    copy(params.tma_do.with(bar.q_full[stage]), tdOgdO(_, walk.m_block(it)), tdOsdO(_, stage));
+    // The workspace pads every head to whole 64-row blocks, so these rows
+    // are in bounds and 16-byte aligned.
+    const int64_t row0 = bwd_workspace_row0(p, batch, head) + walk.m_block(it) * Traits::kBlockM;
+    SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &bar.q_full[stage], storage->lse_log2[stage],
+                             Traits::kBulkBytesRows);
+    SM90_BULK_COPY_G2S::copy(p.delta + row0, &bar.q_full[stage], storage->delta[stage],
+                             Traits::kBulkBytesRows);
+  }
+}
+
+}  // namespace ckfmha::kernel

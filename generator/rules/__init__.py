@@ -1,0 +1,109 @@
+"""Validation: why a kernel config cannot be built for an arch.
+
+Each reason names what was wrong and what is supported, because these strings are shown to
+users (`python -m generator --explain`, the manifest) who must decide what to change.
+
+common.py holds the rules every template shares; each kernel template has a module of its own
+limits, which also says what its instances assert against the template's C++ traits
+(traits_assertions.py): sm80_fwd (with splitkv_paged for the split-KV and paged families),
+sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise and sm90_bwd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..signature import BWD_DQ_DK_DV, BWD_ROWWISE_FAMILIES, KernelConfig
+from ..specs import ArchSpec
+from . import (
+    appendkv,
+    bwd_rowwise,
+    simt_fwd,
+    sm80_bwd,
+    sm80_fwd,
+    sm90_bwd,
+    sm90_fwd,
+    splitkv_combine,
+)
+from .common import ELEMENT_BYTES, Rule, TemplateRules, arch_rules
+from .pipelines import (
+    FAMILY_PIPELINES,
+    PIPELINE_DTYPES,
+    SUPPORTED_FAMILIES,
+    pipelines_for_dtype,
+    pipelines_for_family,
+)
+from .simt_fwd import simt_smem_bytes
+from .sm80_bwd import bwd_sm80_smem_bytes, squarest_warps_m
+from .sm90_bwd import bwd_sm90_smem_bytes
+from .traits_assertions import TraitsAssertion
+
+__all__ = [
+    "ELEMENT_BYTES",
+    "FAMILY_PIPELINES",
+    "PIPELINE_DTYPES",
+    "PIPELINE_TEMPLATES",
+    "SUPPORTED_FAMILIES",
+    "Rule",
+    "TraitsAssertion",
+    "bwd_sm80_smem_bytes",
+    "bwd_sm90_smem_bytes",
+    "check",
+    "pipelines_for_dtype",
+    "pipelines_for_family",
+    "simt_smem_bytes",
+    "squarest_warps_m",
+    "traits_assertions",
+]
+
+
+def _sm80_template(family: str) -> TemplateRules:
+    """The sm80 path's templates: forward (also split-KV and paged), the backward main stage,
+    the row-wise stages."""
+    if family == BWD_DQ_DK_DV:
+        return sm80_bwd.TEMPLATE
+    if family in BWD_ROWWISE_FAMILIES:
+        return bwd_rowwise.TEMPLATE
+    return sm80_fwd.TEMPLATE
+
+
+def _sm90_template(family: str) -> TemplateRules:
+    """The sm90 path's templates: forward and the backward main stage."""
+    return sm90_bwd.TEMPLATE if family == BWD_DQ_DK_DV else sm90_fwd.TEMPLATE
+
+
+# Each pipeline's template for a family.
+PIPELINE_TEMPLATES: dict[str, Callable[[str], TemplateRules]] = {
+    "sm80_cpasync_mma": _sm80_template,
+    "sm90_tma_wgmma": _sm90_template,
+    "simt_fma": lambda family: simt_fwd.TEMPLATE,
+    "splitkv_combine": lambda family: splitkv_combine.TEMPLATE,
+    "appendkv": lambda family: appendkv.TEMPLATE,
+}
+
+
+def check(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Reasons `config` cannot be built for `arch`; an empty list means it is valid."""
+    reasons = arch_rules(config, arch)
+    pipeline = config.algorithm.pipeline
+    family = config.signature.family
+    if pipeline not in PIPELINE_TEMPLATES:
+        reasons.append(
+            f"pipeline {pipeline!r} has no kernel template; templates exist for: "
+            f"{', '.join(PIPELINE_TEMPLATES)}"
+        )
+        return reasons
+    if family in FAMILY_PIPELINES and pipeline not in FAMILY_PIPELINES[family]:
+        # arch_rules said why; this template's own rules do not apply to the family.
+        return reasons
+    reasons.extend(PIPELINE_TEMPLATES[pipeline](family).check(config, arch))
+    return reasons
+
+
+def traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, ...]:
+    """What the rules assume about `config`'s template that its C++ traits define too, for its
+    instance to assert; none for a pipeline without a template."""
+    template = PIPELINE_TEMPLATES.get(config.algorithm.pipeline)
+    if template is None:
+        return ()
+    return template(config.signature.family).traits_assertions(config)

@@ -1,0 +1,57 @@
+"""Which kernel templates implement each family, and which element types each template takes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..signature import (
+    APPENDKV,
+    BWD_DQ_DK_DV,
+    BWD_FAMILIES,
+    BWD_ROWWISE_FAMILIES,
+    PAGED_FAMILIES,
+)
+
+SUPPORTED_FAMILIES = (
+    "fwd", "fwd_splitkv", "fwd_splitkv_combine", *PAGED_FAMILIES, *BWD_FAMILIES, APPENDKV
+)  # fmt: skip
+# The templates that implement each family: split-KV is a variant of the sm80 template, and its
+# combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
+# row-wise stages are plain 16-byte vector passes that every arch runs) and its main stage also
+# on the sm90 path; appending to a KV cache is a memory-bound copy kernel of its own.
+FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
+    "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
+    "fwd_splitkv": ("sm80_cpasync_mma",),
+    "fwd_splitkv_combine": ("splitkv_combine",),
+    # Paged K/V: the split-KV body with key rows gathered through a page table.
+    **{family: ("sm80_cpasync_mma",) for family in PAGED_FAMILIES},
+    **{family: ("sm80_cpasync_mma",) for family in BWD_ROWWISE_FAMILIES},
+    # The backward main stage also has a Hopper template; the row-wise stages around it are
+    # the sm80 path's on every arch.
+    BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
+    APPENDKV: ("appendkv",),
+}
+# Element types each template computes in; enumeration pairs a signature only with the
+# pipelines that take its dtype, so --explain is not flooded with dtype mismatches.
+PIPELINE_DTYPES: dict[str, tuple[str, ...]] = {
+    "sm80_cpasync_mma": ("fp16", "bf16"),
+    "sm90_tma_wgmma": ("fp16", "bf16"),
+    "simt_fma": ("fp32",),
+    "splitkv_combine": ("fp16", "bf16"),
+    "appendkv": ("fp16", "bf16", "fp32"),
+}
+
+
+def pipelines_for_dtype(dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]:
+    """The pipelines among `pipelines` that take `dtype`; all of them when none does, so the
+    rejections still say why."""
+    taking = tuple(p for p in pipelines if dtype in PIPELINE_DTYPES.get(p, ()))
+    return taking or tuple(pipelines)
+
+
+def pipelines_for_family(family: str, dtype: str, pipelines: Sequence[str]) -> tuple[str, ...]:
+    """The pipelines among `pipelines` that take `dtype` and template `family`; all of them
+    when none does."""
+    templated = FAMILY_PIPELINES.get(family, tuple(pipelines))
+    taking = tuple(p for p in pipelines_for_dtype(dtype, pipelines) if p in templated)
+    return taking or tuple(pipelines)
