@@ -53,7 +53,8 @@ struct FwdSm90Epilogue {
         o_chunk_r2s_thr(o_chunk_r2s.get_thread_slice(tid)),
         o_store_thr(o_store.get_thread_slice(tid)) {}
 
-  // Where the tile's first row of O goes.
+  // Where the tile's first row of O goes. store_empty_tile writes the same
+  // sum out itself: called there, this changed that path's generated code.
   template <class Work>
   __device__ __forceinline__ static Element* o_rows(FwdParams const& p, Work const& work) {
     const int64_t origin = Traits::kIsGroupMode ? work.seq.q_token0 * p.o_row_stride
