@@ -19,7 +19,7 @@ BWD_KEY_TILE_MULTIPLE = 32
 def squarest_warps_m(m: int, n: int, warps: int) -> int:
     """Warps along M of the warp grid whose warp tiles of an m x n product are the most nearly
     square (fewest shared-memory operand bytes per MMA), each warp owning whole 16 x 16 steps;
-    0 when no grid fits. Must match squarest_warps_m in bwd_sm80_traits.cuh."""
+    0 when no grid fits. Must match squarest_warps_m in sm80/bwd_traits.cuh."""
     best, best_perimeter = 0, 0
     for wm in range(1, warps + 1):
         if warps % wm:
