@@ -29,7 +29,7 @@ python3 -m ckfmha run --batch 2 --heads 16 --seqlen 2048 --hdim 128 --causal --v
   2>&1 | tee "$log/cli.log" || status=1
 
 echo "== C examples"
-# The flags of tests/test_c_examples.py; an exit of 77 means this build has no kernel for it.
+# The flags of tests/capi/test_c_examples.py; an exit of 77 means this build has no kernel for it.
 inc=$(python3 -c "import ckfmha; print(ckfmha.get_include()[-1])")
 lib=$(python3 -c "import ckfmha; print(ckfmha.get_library_dir())")
 for source in examples/*.c; do

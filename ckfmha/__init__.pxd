@@ -25,6 +25,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         CKFMHA_ERROR_BUFFER_TOO_SMALL
         CKFMHA_ERROR_NOT_FOUND
         CKFMHA_ERROR_INTERNAL
+        CKFMHA_ERROR_DEVICE_METADATA
 
     ctypedef enum ckfmha_dtype:
         CKFMHA_DTYPE_FP16
@@ -115,6 +116,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int32_t page_size
         int32_t max_pages_per_seq
         int64_t block_table_stride
+        int32_t num_pages
+        int64_t num_kv_indices
 
     ctypedef struct ckfmha_fwd_args:
         const void* q
@@ -168,6 +171,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int64_t bias_stride[3]
         int64_t dbias_stride[3]
         int64_t alibi_stride
+        int64_t total_q
+        int64_t total_k
 
     ctypedef struct ckfmha_bwd_args:
         const void* q
@@ -203,6 +208,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_device_count(int* count)
     int ckfmha_device_arch(int device, int* arch)
     int ckfmha_current_device(int* device)
+    int ckfmha_set_device(int device)
     int ckfmha_pointer_device(const void* ptr, int* device)
     int ckfmha_device_malloc(void** ptr, size_t bytes)
     int ckfmha_device_free(void* ptr)
@@ -210,6 +216,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_memcpy_to_host(void* dst, const void* src, size_t bytes)
     int ckfmha_memset_device(void* dst, int value, size_t bytes)
     int ckfmha_stream_synchronize(ckfmha_stream_t stream)
+    int ckfmha_check_device_errors(int device, int synchronize)
 
     # registry
     int ckfmha_registry_count(int* count)

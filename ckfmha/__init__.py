@@ -18,9 +18,23 @@ import os
 
 from ckfmha._appendkv import append_kv, explain_append_kv, select_append_kv
 from ckfmha._bwd import bwd, bwd_varlen
-from ckfmha._device import current_device, device_arch, device_count, header_version, version
+from ckfmha._device import (
+    current_device,
+    device_arch,
+    device_count,
+    header_version,
+    set_device,
+    version,
+)
 from ckfmha._fwd import fwd, fwd_varlen
-from ckfmha._memory import DeviceArray, device_ptr, empty, from_host, synchronize
+from ckfmha._memory import (
+    DeviceArray,
+    check_errors,
+    device_ptr,
+    empty,
+    from_host,
+    synchronize,
+)
 from ckfmha._paged import fwd_paged
 from ckfmha._registry import Dispatcher, Registry
 from ckfmha._status import last_error, status_name
@@ -28,6 +42,7 @@ from ckfmha.errors import (
     BufferTooSmallError,
     CkfmhaError,
     CudaError,
+    DeviceMetadataError,
     InternalError,
     InvalidArgumentError,
     NoDeviceError,
@@ -66,6 +81,7 @@ __all__ = [
     "CkfmhaError",
     "CudaError",
     "DeviceArray",
+    "DeviceMetadataError",
     "Dispatcher",
     "FwdProblem",
     "InternalError",
@@ -78,6 +94,7 @@ __all__ = [
     "append_kv",
     "bwd",
     "bwd_varlen",
+    "check_errors",
     "current_device",
     "device_arch",
     "device_count",
@@ -93,6 +110,7 @@ __all__ = [
     "header_version",
     "last_error",
     "select_append_kv",
+    "set_device",
     "status_name",
     "synchronize",
     "to_linear_pages",

@@ -19,6 +19,7 @@ from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha._status import error_for_status
 from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
+from ckfmha.device_scope import on_device
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
 from ckfmha.host_metadata import MetadataValues, host_values
 from ckfmha.metadata_checks import check_append_pages
@@ -286,21 +287,31 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     ``validate=True`` (or CKFMHA_VALIDATE=1) copies device lengths and block tables back and
     checks them the same way before the launch (waiting for the stream).
 
-    All arrays share one device, as in ``ckfmha.fwd``. The caches are written in place by
-    design; no output (caches, q_out, overflow) may share memory with an input or another
-    output, except q_out being exactly q (rotation in place). batch 0, or no new tokens and no
-    query to rotate, launches nothing.
+    All arrays share one device, where the call runs, as in ``ckfmha.fwd``. The caches are
+    written in place by design; no output (caches, q_out, overflow) may share memory with an
+    input or another output, except q_out being exactly q (rotation in place). batch 0, or no
+    new tokens and no query to rotate, launches nothing.
     """
-    check_devices((("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new),
-                   ("v_new", v_new), ("q", q), ("q_out", q_out), ("overflow", overflow)),
-                  (("cos", cos), ("sin", sin), ("block_table", block_table),
-                   ("cache_seqlens", cache_seqlens)))
+    index = check_devices((("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new),
+                           ("v_new", v_new), ("q", q), ("q_out", q_out), ("overflow", overflow)),
+                          (("cos", cos), ("sin", sin), ("block_table", block_table),
+                           ("cache_seqlens", cache_seqlens)))
+    with on_device(index):
+        return _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
+                          rotary_interleaved, q, q_out, block_table, cache_layout, page_layout,
+                          overflow, kernel, stream, dtype, validate)
+
+
+cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
+                       rotary_interleaved, q, q_out, block_table, cache_layout, page_layout,
+                       overflow, kernel, stream, dtype, validate):
+    """``append_kv`` with the arrays' device (``index``) current."""
     cdef int layout = _layout_code(cache_layout)
     cdef bint vectorized = _vectorized(page_layout)
     if vectorized and block_table is None:
         raise _invalid("page_layout 'vectorized' describes pages: pass block_table")
     kind = array_kind(k_cache)
-    handle = resolve_stream(stream, kind, k_cache)
+    handle = resolve_stream(stream, kind, k_cache, index)
     cdef ArrayView knv = as_view(k_new, handle, dtype, "k_new", 4, _INPUT_DTYPES)
     cdef ArrayView vnv = as_view(v_new, handle, dtype, "v_new", 4, _INPUT_DTYPES)
     cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 5 if vectorized else 4,

@@ -28,6 +28,7 @@ from ckfmha._status import error_for_status
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
+from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.problem import layout_code, mask_code, window_bounds
@@ -213,11 +214,12 @@ cdef int _dbias_output(_Launch launch, str kind, like, out, handle, tuple shape,
 
 def _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out,
                    cu_seqlens_q=None, cu_seqlens_k=None):
-    check_devices((("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse),
-                   ("bias", bias), ("dq_out", dq_out), ("dk_out", dk_out), ("dv_out", dv_out),
-                   ("dbias_out", dbias_out)),
-                  (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
-                   ("cu_seqlens_k", cu_seqlens_k)))
+    """The arrays' CUDA device index (None: host data), see ckfmha.array_devices."""
+    return check_devices((("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse),
+                          ("bias", bias), ("dq_out", dq_out), ("dk_out", dk_out),
+                          ("dv_out", dv_out), ("dbias_out", dbias_out)),
+                         (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
+                          ("cu_seqlens_k", cu_seqlens_k)))
 
 
 def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", window=None,
@@ -243,16 +245,27 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
     bwd_dq_dk_dv kernel by name; the other two stages are chosen to match. The workspace
     (ckfmha_bwd_workspace_size bytes) is allocated like the outputs, by q's framework.
 
-    Arrays share one device, as in ``fwd``; dq_out, dk_out, dv_out and dbias_out must not
-    share memory with an input or with each other (InvalidArgumentError naming both; views
-    of one packed dqkv buffer that do not overlap are fine). Empty problems: batch 0, or no
-    queries and no keys, launch nothing; without queries dk = dv = 0, without keys dq = 0
-    (memsets, no kernel).
+    Arrays share one device, where the call runs, as in ``fwd``; dq_out, dk_out, dv_out and
+    dbias_out must not share memory with an input or with each other (InvalidArgumentError
+    naming both; views of one packed dqkv buffer that do not overlap are fine). Empty
+    problems: batch 0, or no queries and no keys, launch nothing; without queries dk = dv = 0,
+    without keys dq = 0 (memsets, no kernel).
     """
+    index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out,
+                           dbias_out)
+    with on_device(index):
+        return _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, scale, softcap,
+                    bias, alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic,
+                    layout, dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype)
+
+
+cdef object _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, scale, softcap,
+                 bias, alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic, layout,
+                 dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype):
+    """``bwd`` with the arrays' device (``index``) current."""
     cdef int c_layout = layout_code(layout)
-    _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out)
     kind = array_kind(q)
-    handle = resolve_stream(stream, kind, q)
+    handle = resolve_stream(stream, kind, q, index)
     cdef _Launch launch = _Launch()
     cdef ArrayView qv, kv, vv
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
@@ -339,10 +352,24 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     in ``fwd_varlen`` (host ones always; device ones with ``validate=True`` or
     CKFMHA_VALIDATE=1).
     """
-    _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out,
-                   cu_seqlens_q, cu_seqlens_k)
+    index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out,
+                           dbias_out, cu_seqlens_q, cu_seqlens_k)
+    with on_device(index):
+        return _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                           max_seqlen_k, causal, causal_alignment, window, scale, softcap, bias,
+                           alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic,
+                           dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype,
+                           validate)
+
+
+cdef object _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, causal_alignment, window, scale, softcap, bias,
+                        alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic,
+                        dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype,
+                        validate):
+    """``bwd_varlen`` with the arrays' device (``index``) current."""
     kind = array_kind(q)
-    handle = resolve_stream(stream, kind, q)
+    handle = resolve_stream(stream, kind, q, index)
     cdef _Launch launch = _Launch()
     cdef ArrayView qv, kv, vv
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
@@ -379,6 +406,8 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
         to_int32(max_seqlen_q, "max_seqlen_q"), to_int32(max_seqlen_k, "max_seqlen_k"),
         to_int32(hdim_q, "hdim"), to_int32(hdim_v, "hdim_v")))
     launch.problem.mode = capi.CKFMHA_MODE_GROUP
+    launch.problem.total_q = total_q
+    launch.problem.total_k = total_k
     launch.scalars(causal, causal_alignment, window, scale, softcap, dropout_p, dropout_seed,
                    dropout_offset, deterministic)
     launch.biases(bias, alibi_slopes, handle, qv.dtype, batch, nhead_q, launch.problem.seqlen_q,

@@ -29,6 +29,13 @@ def current_device() -> int:
     return device
 
 
+def set_device(device) -> None:
+    """Makes ``device`` current for the calling thread (cudaSetDevice); InvalidArgumentError
+    naming the valid range when it does not exist."""
+    cdef int index = int(device)
+    check(capi.ckfmha_set_device(index))
+
+
 def pointer_device(ptr) -> object:
     """The CUDA device whose memory ``ptr`` points into, -1 for host memory CUDA does not know,
     or None when CUDA cannot say (no device or driver, or a pointer it rejects)."""

@@ -17,6 +17,7 @@ from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
+from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_varlen
@@ -297,9 +298,11 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
     (copied to the GPU and back). The output is of q's kind and layout. The arrays share one
-    device, the current one (InvalidArgumentError naming each array's device otherwise); small
-    host arrays (alibi_slopes, sink) are staged. ``out`` and ``lse_out`` must not share memory
-    with an input or with each other (InvalidArgumentError naming both).
+    device (InvalidArgumentError naming each array's device otherwise): arrays on cuda:N run
+    on cuda:N whatever the current device is, which is restored afterwards (also when the call
+    raises); NumPy data is staged to the current device. Small host arrays (alibi_slopes,
+    sink) are staged. ``out`` and ``lse_out`` must not share memory with an input or with each
+    other (InvalidArgumentError naming both).
 
     Empty problems: batch or seqlen_q 0 returns empty outputs without launching anything;
     seqlen_k 0 (every row sees no key) returns o = 0 and LSE = -inf (the sink with ``sink``),
@@ -320,14 +323,29 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     dispatcher choose a split-KV plan (decode shapes, grids too small for the
     GPU), 1 forces one stage, n > 1 splits the keys n ways; the plan's
     workspace is allocated here. ``kernel`` forces a
-    registered kernel by name; ``stream`` is a CUDA stream handle or object
-    (default: torch's or CuPy's current stream, else the legacy stream).
+    registered kernel by name; ``stream`` is a CUDA stream handle or object of the arrays'
+    device (default: torch's current stream of the tensors' device, CuPy's current stream of
+    the arrays' device, else that device's legacy stream). A torch or CuPy stream of another
+    device raises InvalidArgumentError naming both devices; an int handle cannot be checked
+    and must belong to the arrays' device.
     """
+    index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
+                           ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink)))
+    with on_device(index):
+        return _fwd(index, q, k, v, causal, causal_alignment, window, scale, softcap, bias,
+                    alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                    return_dropout_randval, return_lse, layout, v_col_major, num_splits, out,
+                    lse_out, kernel, stream, dtype)
+
+
+cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softcap, bias,
+                 alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                 return_dropout_randval, return_lse, layout, v_col_major, num_splits, out, lse_out,
+                 kernel, stream, dtype):
+    """``fwd`` with the arrays' device (``index``) current."""
     cdef int c_layout = layout_code(layout)
-    check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
-                   ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink)))
     kind = array_kind(q)
-    handle = resolve_stream(stream, kind, q)
+    handle = resolve_stream(stream, kind, q, index)
 
     cdef ArrayView qv, kv, vv
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
@@ -468,12 +486,26 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     Empty problems: batch 0 (one offset), no tokens or max_seqlen_q 0 launch nothing; a
     sequence without keys (max_seqlen_k 0: all of them) gets o = 0 and LSE = -inf.
     """
-    check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
-                   ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
-                                     ("cu_seqlens_q", cu_seqlens_q),
-                                     ("cu_seqlens_k", cu_seqlens_k)))
+    index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
+                           ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
+                                             ("cu_seqlens_q", cu_seqlens_q),
+                                             ("cu_seqlens_k", cu_seqlens_k)))
+    with on_device(index):
+        return _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           skip_min_seqlen_q, causal, causal_alignment, window, scale, softcap,
+                           bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                           return_dropout_randval, return_lse, v_col_major, num_splits, out,
+                           lse_out, kernel, stream, dtype, validate)
+
+
+cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        skip_min_seqlen_q, causal, causal_alignment, window, scale, softcap, bias,
+                        alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                        return_dropout_randval, return_lse, v_col_major, num_splits, out, lse_out,
+                        kernel, stream, dtype, validate):
+    """``fwd_varlen`` with the arrays' device (``index``) current."""
     kind = array_kind(q)
-    handle = resolve_stream(stream, kind, q)
+    handle = resolve_stream(stream, kind, q, index)
     cdef ArrayView qv, kv, vv
     qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
     total_q, nhead_q, hdim_q = qv.shape

@@ -11,7 +11,8 @@ import numpy as np
 
 from ckfmha import _dtypes
 from ckfmha._memory import DeviceArray, synchronize
-from ckfmha._streams import stream_handle
+from ckfmha._streams import stream_device, stream_handle
+from ckfmha.errors import InvalidArgumentError
 
 
 def array_kind(array: Any) -> str:
@@ -34,7 +35,10 @@ def array_kind(array: Any) -> str:
 
 
 def default_stream(kind: str, array: Any) -> int:
-    """The stream the framework of ``array`` is currently issuing work on."""
+    """The stream the framework of ``array`` is currently issuing work on, on ``array``'s
+    device (not the caller's current one): torch's current stream of the tensor's device;
+    CuPy's current stream, read inside the call's device scope (``on_device``), where the
+    arrays' device is current; else 0, the legacy default stream of that device."""
     if kind == "torch":
         from ckfmha._torch_fast import current_stream_handle
 
@@ -85,5 +89,19 @@ def finish(kind: str, result: Any, stream: int) -> Any:
     return result
 
 
-def resolve_stream(stream: Any, kind: str, array: Any) -> int:
-    return default_stream(kind, array) if stream is None else stream_handle(stream)
+def resolve_stream(stream: Any, kind: str, array: Any, device: int | None = None) -> int:
+    """The handle a call launches on: ``stream``, or without one ``default_stream``. ``device``
+    is the arrays' CUDA device (None: host data); a stream object that says it belongs to
+    another device raises InvalidArgumentError naming both (an int handle cannot be asked
+    cheaply: it must be a stream of the arrays' device)."""
+    if stream is None:
+        return default_stream(kind, array)
+    if device is not None:
+        owner = stream_device(stream)
+        if owner is not None and owner != device:
+            raise InvalidArgumentError(
+                f"stream is on cuda:{owner} but the arrays are on cuda:{device}; pass a stream "
+                f"of cuda:{device}, or none for the current stream of cuda:{device}",
+                1,
+            )
+    return stream_handle(stream)

@@ -283,6 +283,21 @@ def synchronize(stream=None) -> None:
     check(status)
 
 
+def check_errors(device=None, synchronize=True) -> None:
+    """Raise ``DeviceMetadataError`` if kernels on ``device`` (default: the current one) met
+    out-of-range device metadata (``cu_seqlens``, page ids, key counts) since the last check.
+
+    Every call checks this itself before it launches, without waiting, so it reports kernels
+    that have finished by then; this one first waits for all work on the device
+    (``synchronize=False``: no wait). The record is cleared once raised.
+    """
+    cdef int index = -1 if device is None else int(device)
+    cdef int wait = 1 if synchronize else 0
+    with nogil:
+        status = capi.ckfmha_check_device_errors(index, wait)
+    check(status)
+
+
 # ---- DLPack export ----
 # One malloc holds the managed tensor followed by its shape and strides, so the
 # deleter frees everything at once. manager_ctx owns a reference to the array.

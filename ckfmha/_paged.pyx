@@ -16,6 +16,7 @@ from ckfmha import _dtypes
 from ckfmha._arrays import as_view
 from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.array_devices import check_devices
+from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_paged
@@ -111,11 +112,23 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     it is copied back and checked the same way, which waits for the stream. Devices and
     output overlaps are checked as in ``fwd``; a batch or query count of 0 launches nothing.
     """
-    check_devices((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
-                   ("lse_out", lse_out)),
-                  (("block_table", block_table), ("seqlens_k", seqlens_k),
-                   ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
-                   ("cu_seqlens_q", cu_seqlens_q)))
+    index = check_devices((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
+                           ("lse_out", lse_out)),
+                          (("block_table", block_table), ("seqlens_k", seqlens_k),
+                           ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
+                           ("cu_seqlens_q", cu_seqlens_q)))
+    with on_device(index):
+        return _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
+                          cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment,
+                          window, scale, softcap, return_lse, layout, page_layout, num_splits, out,
+                          lse_out, kernel, stream, dtype, validate)
+
+
+cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
+                       cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment, window,
+                       scale, softcap, return_lse, layout, page_layout, num_splits, out, lse_out,
+                       kernel, stream, dtype, validate):
+    """``fwd_paged`` with the arrays' device (``index``) current."""
     cdef int c_page_layout = page_layout_code(page_layout)
     cdef bint indptr = kv_indices is not None or kv_indptr is not None
     if indptr == (block_table is not None):
@@ -191,7 +204,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     seqlen_k = min(max(int(max_seqlen_k), 1), _INT32_MAX)
 
     kind = array_kind(q)
-    handle = resolve_stream(stream, kind, q)
+    handle = resolve_stream(stream, kind, q, index)
     cdef ArrayView qv = as_view(q, handle, dtype, "q", 3 if group else 4, _INPUT_DTYPES)
     cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 5 if vectorized else 4,
                                  _INPUT_DTYPES)
@@ -208,6 +221,9 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     problem.kv_storage = capi.CKFMHA_KV_PAGED_INDPTR if indptr else capi.CKFMHA_KV_PAGED_TABLE
     problem.page_layout = <capi.ckfmha_page_layout>c_page_layout
     problem.page_size = to_int32(page_size, "page_size")
+    # Kernels check every page id and kv_indptr range against these.
+    problem.num_pages = to_int32(num_pages, "num_pages")
+    problem.num_kv_indices = _shape(kv_indices)[0] if indptr else 0
     if group:
         problem.mode = capi.CKFMHA_MODE_GROUP
         problem.total_q = total_q

@@ -78,6 +78,11 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
                  else problem.max_pages_per_seq)
         out.max_pages_per_seq = to_int32(pages, "max_pages_per_seq")
         out.block_table_stride = out.max_pages_per_seq
+        out.num_pages = to_int32(
+            <int64_t>out.batch * out.max_pages_per_seq if problem.num_pages is None
+            else problem.num_pages, "num_pages")
+        if storage == capi.CKFMHA_KV_PAGED_INDPTR:
+            out.num_kv_indices = out.num_pages
         if page_layout == capi.CKFMHA_PAGE_LAYOUT_VECTORIZED:
             # Contiguous k [pages, nhead_k, hdim / 8, page_size, 8]: (page, head, chunk);
             # v [pages, nhead_k, hdim, page_size]: (page, head, channel).
@@ -144,6 +149,8 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "page_size": problem.page_size,
         "max_pages_per_seq": problem.max_pages_per_seq,
         "block_table_stride": problem.block_table_stride,
+        "num_pages": problem.num_pages,
+        "num_kv_indices": problem.num_kv_indices,
     }
 
 
@@ -183,4 +190,6 @@ cdef int fill_bwd_problem(object problem, bint deterministic,
     out.bias = forward.bias
     out.dropout_p = forward.dropout_p
     out.deterministic = 1 if deterministic else 0
+    out.total_q = forward.total_q
+    out.total_k = forward.total_k
     return 0

@@ -11,6 +11,7 @@ from ckfmha.errors import (
     BufferTooSmallError,
     CkfmhaError,
     CudaError,
+    DeviceMetadataError,
     InternalError,
     InvalidArgumentError,
     NoDeviceError,
@@ -26,6 +27,7 @@ _ERROR_CLASSES = {
     capi.CKFMHA_ERROR_BUFFER_TOO_SMALL: BufferTooSmallError,
     capi.CKFMHA_ERROR_NOT_FOUND: NotFoundError,
     capi.CKFMHA_ERROR_INTERNAL: InternalError,
+    capi.CKFMHA_ERROR_DEVICE_METADATA: DeviceMetadataError,
 }
 
 

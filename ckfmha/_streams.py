@@ -39,6 +39,17 @@ def stream_handle(stream: Any) -> int:
     )
 
 
+def stream_device(stream: Any) -> int | None:
+    """The CUDA device ``stream`` belongs to when the object says so cheaply (torch's
+    ``.device``, CuPy's ``.device_id``); None for int handles and objects that do not say."""
+    device = getattr(stream, "device", None)
+    if device is not None and getattr(device, "type", None) == "cuda":
+        index = getattr(device, "index", None)
+        return int(index) if index is not None else None
+    device_id = getattr(stream, "device_id", None)
+    return device_id if isinstance(device_id, int) and not isinstance(device_id, bool) else None
+
+
 def same_stream(a: int, b: int) -> bool:
     """Whether two handles name the same stream (0 and 1 are both the legacy default)."""
     legacy = {0, LEGACY_DEFAULT}

@@ -5,7 +5,8 @@ GPU or in host memory is read as garbage or faults. The runners call ``check_dev
 they read or stage anything. Data tensors (q, k, v, outputs, bias, caches, gradients) are all on
 one CUDA device, or all on the host (NumPy, staged to the current device and copied back).
 Small host arrays (metadata, ALiBi slopes, sinks, RoPE tables) are staged like NumPy arrays; on
-a GPU they must be on the data's one.
+a GPU they must be on the data's one. The data's device need not be the current one: the
+runners run the call there (``ckfmha.device_scope.on_device``) and restore the caller's device.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ckfmha._device import current_device, pointer_device
+from ckfmha._device import pointer_device
 from ckfmha._memory import DeviceArray
-from ckfmha.errors import CudaError, InvalidArgumentError, NoDeviceError
+from ckfmha.errors import InvalidArgumentError
 
 HOST = "cpu"
 
@@ -51,21 +52,13 @@ def array_device(obj: Any) -> str | None:
     return None
 
 
-def _current_device() -> int | None:
-    """The current CUDA device, or None without one (the call then fails where it needs it)."""
-    try:
-        return current_device()
-    except (NoDeviceError, CudaError):
-        return None
-
-
 def check_devices(
     data: Iterable[tuple[str, Any]], small: Iterable[tuple[str, Any]] = ()
 ) -> int | None:
     """The CUDA device index of the call's data (None: all on the host), after checking that
-    the ``data`` arrays share one device, that the ``small`` ones are on the host or on that
-    device, and that it is the current device (the kernels launch there). (name, array) pairs;
-    None arrays are skipped."""
+    the ``data`` arrays share one device and that the ``small`` ones are on the host or on that
+    device. (name, array) pairs; None arrays are skipped. The device may be any one, current or
+    not: the runners make it current for the call (``ckfmha.device_scope.on_device``)."""
     placed = [(name, array_device(obj)) for name, obj in data if obj is not None]
     known = {device for _, device in placed if device is not None}
     if len(known) > 1:
@@ -95,13 +88,4 @@ def check_devices(
         )
     if data_device is None or data_device == HOST:
         return None
-    index = int(data_device.split(":")[1])
-    current = _current_device()
-    if current is not None and current != index:
-        raise InvalidArgumentError(
-            f"the arrays are on cuda:{index} but the current device is cuda:{current}, where "
-            f"ckfmha launches; make cuda:{index} current first (torch.cuda.set_device({index}), "
-            f"cupy.cuda.Device({index}).use())",
-            1,
-        )
-    return index
+    return int(data_device.split(":")[1])

@@ -26,6 +26,13 @@ class UnsupportedError(CkfmhaError, NotImplementedError):
     """
 
 
+class DeviceMetadataError(InvalidArgumentError):
+    """An earlier call's kernels met device metadata (``cu_seqlens``, page ids, key counts)
+    that pointed outside the buffers. They read and wrote nothing there, but the outputs of
+    the sequences named in the message are undefined. Raised by the next call on that device
+    or by ``ckfmha.check_errors()``; the record is then clear, so the process goes on."""
+
+
 class CudaError(CkfmhaError, RuntimeError):
     """A CUDA runtime call failed (launch failure, out of memory, bad pointer)."""
 

@@ -101,8 +101,7 @@ class FwdProblem:
     "elementwise" or "alibi", ``sink``, ``dropout_p``, ``mode`` "batch" or
     "group"), so selection and explanation work without arrays or a GPU. In group
     mode ``total_q``/``total_k`` are the packed tensors' token counts (None: ``batch``
-    sequences of the longest length; 0: not known, which rules out the kernels that
-    need them).
+    sequences of the longest length); kernels check every sequence range against them.
     Validation happens in the C library, so the errors match those of ``fwd``.
     """
 
@@ -132,11 +131,13 @@ class FwdProblem:
     num_splits: int = 0  # 0: the dispatcher decides; 1: one stage; n > 1: split-KV with n splits
     # Paged K/V cache: None (contiguous), "block_table" (vLLM) or "kv_indptr" (SGLang); pages
     # of page_size tokens, laid out "linear" or "vectorized"; a block table holds
-    # max_pages_per_seq entries per row (None: enough for seqlen_k).
+    # max_pages_per_seq entries per row (None: enough for seqlen_k); the caches hold num_pages
+    # pages (None: batch * max_pages_per_seq), against which kernels check every page id.
     paged_kv: str | None = None
     page_size: int = 16
     page_layout: str = "linear"
     max_pages_per_seq: int | None = None
+    num_pages: int | None = None
 
     @property
     def kv_heads(self) -> int:

@@ -34,6 +34,7 @@ int main(void) {
   problem.page_size = PAGE;
   problem.max_pages_per_seq = MAX_PAGES;
   problem.block_table_stride = MAX_PAGES;
+  problem.num_pages = num_pages; /* kernels check every page id against it */
   /* (page, head, token in page) strides of [num_pages, PAGE, HEADS_K, HDIM]. */
   problem.k_stride[0] = problem.v_stride[0] = (int64_t)PAGE * HEADS_K * HDIM;
   problem.k_stride[1] = problem.v_stride[1] = HDIM;

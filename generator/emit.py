@@ -221,8 +221,8 @@ def _instance_text(config: KernelConfig, traits_args: str) -> str:
         f"}}  // namespace {namespace}\n"
         "\n"
         f'extern "C" int {config.symbol}(const void* problem, const void* args, '
-        "ckfmha_stream_t stream) {\n"
-        f"  return {template.launcher}<{namespace}::Traits>(problem, args, stream);\n"
+        "const ckfmha_launch_context* context, ckfmha_stream_t stream) {\n"
+        f"  return {template.launcher}<{namespace}::Traits>(problem, args, context, stream);\n"
         "}\n"
     )
 
@@ -304,7 +304,8 @@ def render_instance(config: KernelConfig) -> str:
 
 def render_header(configs: Sequence[KernelConfig]) -> str:
     declarations = "".join(
-        f"int {c.symbol}(const void* problem, const void* args, ckfmha_stream_t stream);\n"
+        f"int {c.symbol}(const void* problem, const void* args,\n"
+        "    const ckfmha_launch_context* context, ckfmha_stream_t stream);\n"
         for c in configs
     )
     return (

@@ -29,6 +29,7 @@ const char* ckfmha_status_name(int status) {
     case CKFMHA_ERROR_BUFFER_TOO_SMALL: return "CKFMHA_ERROR_BUFFER_TOO_SMALL";
     case CKFMHA_ERROR_NOT_FOUND: return "CKFMHA_ERROR_NOT_FOUND";
     case CKFMHA_ERROR_INTERNAL: return "CKFMHA_ERROR_INTERNAL";
+    case CKFMHA_ERROR_DEVICE_METADATA: return "CKFMHA_ERROR_DEVICE_METADATA";
   }
   return "CKFMHA_UNKNOWN_STATUS";
 }
@@ -63,6 +64,19 @@ int ckfmha_current_device(int* device) {
   if (int s = device_count(&count)) return s;
   if (count == 0) return fail(CKFMHA_ERROR_NO_DEVICE, "no CUDA device is visible");
   return current_device(device);
+}
+
+int ckfmha_set_device(int device) {
+  int count = 0;
+  if (int s = device_count(&count)) return s;
+  if (count == 0) return fail(CKFMHA_ERROR_NO_DEVICE, "no CUDA device is visible");
+  if (device < 0 || device >= count) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "device " + std::to_string(device) + " does not exist; valid devices are 0.." +
+                    std::to_string(count - 1) + " (" + std::to_string(count) +
+                    " CUDA device(s) visible)");
+  }
+  return set_device(device);
 }
 
 int ckfmha_pointer_device(const void* ptr, int* device) {

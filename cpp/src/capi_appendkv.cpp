@@ -5,6 +5,7 @@
 #include "ckfmha/runtime/appendkv_plan.hpp"
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/device_errors.hpp"
 #include "ckfmha/runtime/empty_problems.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
@@ -173,7 +174,10 @@ int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_app
   AppendKvPlan plan = plan_appendkv(Registry::instance().entries(), *problem, device_arch,
                                     kernel_name != nullptr ? &forced : nullptr);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
-  return from_launch_result(plan.kernel.launch(problem, args, stream), plan.kernel.name);
+  ckfmha_launch_context launch_context{};
+  if (int s = begin_launch(&launch_context)) return s;
+  return from_launch_result(plan.kernel.launch(problem, args, &launch_context, stream),
+                            plan.kernel.name);
 }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 #include "ckfmha/runtime/bwd_plan.hpp"
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/device_errors.hpp"
 #include "ckfmha/runtime/empty_problems.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
@@ -215,8 +216,13 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
   }
   BwdPlan plan = select_bwd(kernels, *problem, device_arch, kernel_name ? &forced : nullptr);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
+  ckfmha_launch_context launch_context{};
+  if (int s = begin_launch(&launch_context)) return s;
   for (ckfmha_kernel_entry const* stage : {&plan.dot_do_o, &plan.dq_dk_dv, &plan.convert_dq}) {
-    if (int s = from_launch_result(stage->launch(problem, args, stream), stage->name)) return s;
+    if (int s = from_launch_result(stage->launch(problem, args, &launch_context, stream),
+                                   stage->name)) {
+      return s;
+    }
   }
   return succeed();
 }

@@ -4,6 +4,7 @@
 
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/device_errors.hpp"
 #include "ckfmha/runtime/empty_problems.hpp"
 #include "ckfmha/runtime/fwd_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
@@ -242,17 +243,20 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
                   "vectors); column-major v must be aligned to its elements");
     }
   }
+  ckfmha_launch_context launch_context{};
+  if (int s = begin_launch(&launch_context)) return s;
   if (!plan.split) {
-    return from_launch_result(plan.kernel.launch(problem, args, stream), plan.kernel.name);
+    return from_launch_result(plan.kernel.launch(problem, args, &launch_context, stream),
+                              plan.kernel.name);
   }
   // Both stages read the resolved split count from the problem.
   ckfmha_fwd_problem staged = *problem;
   staged.num_splits = plan.num_splits;
-  if (int s = from_launch_result(plan.kernel.launch(&staged, args, stream), plan.kernel.name)) {
+  if (int s = from_launch_result(plan.kernel.launch(&staged, args, &launch_context, stream), plan.kernel.name)) {
     return s;
   }
   if (!plan.combined()) return CKFMHA_SUCCESS;  // the one split wrote O and LSE
-  return from_launch_result(plan.combine.launch(&staged, args, stream), plan.combine.name);
+  return from_launch_result(plan.combine.launch(&staged, args, &launch_context, stream), plan.combine.name);
 }
 
 }  // extern "C"

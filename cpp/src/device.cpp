@@ -40,6 +40,12 @@ int current_device(int* device) {
   return succeed();
 }
 
+int set_device(int device) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) return cuda_failure(err, "cudaSetDevice");
+  return succeed();
+}
+
 int device_arch(int device, int* arch) {
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);

@@ -1,8 +1,9 @@
-// Device memory and stream helpers of the C API, so bindings (the Cython
+// Device memory, stream and device-error helpers of the C API, so bindings (the Cython
 // layer, other FFIs) can stage host arrays without linking the CUDA runtime.
 #include "ckfmha/ckfmha.h"
 
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/device_errors.hpp"
 #include "ckfmha/runtime/status.hpp"
 
 #include <cuda_runtime.h>
@@ -65,6 +66,18 @@ int ckfmha_stream_synchronize(ckfmha_stream_t stream) {
   if (int s = require_device()) return s;
   return check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)),
                "cudaStreamSynchronize");
+}
+
+int ckfmha_check_device_errors(int device, int synchronize) {
+  if (int s = require_device()) return s;
+  int count = 0;
+  if (int s = device_count(&count)) return s;
+  if (device >= count) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "device " + std::to_string(device) +
+                                                   " is out of range: " + std::to_string(count) +
+                                                   " CUDA device(s) are visible");
+  }
+  return check_device_errors(device, synchronize != 0);
 }
 
 }  // extern "C"

@@ -132,6 +132,17 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
         << ": max_pages_per_seq must be >= 1 and block_table_stride >= max_pages_per_seq";
     return msg.str();
   }
+  if (p.num_pages < 1) {
+    msg << "num_pages is " << p.num_pages
+        << "; a paged problem names the number of pages in its caches (>= 1), against which "
+           "kernels check every page id";
+    return msg.str();
+  }
+  if (p.kv_storage == CKFMHA_KV_PAGED_INDPTR && p.num_kv_indices < 0) {
+    msg << "num_kv_indices is " << p.num_kv_indices
+        << "; kv_storage paged_indptr needs the entry count of kv_indices (>= 0)";
+    return msg.str();
+  }
   if (p.v_col_major) {
     return "v_col_major does not apply to a paged K/V cache: page_layout says how pages hold "
            "their keys (linear, or vectorized for V's keys contiguous per channel)";
@@ -226,7 +237,8 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
   }
   if (p.total_q < 0 || p.total_k < 0) {
     msg << "total_q (" << p.total_q << ") and total_k (" << p.total_k
-        << ") must be >= 0 (0: not given)";
+        << ") must be >= 0: group mode's packed token counts, against which kernels check "
+           "every cu_seqlens range";
     return msg.str();
   }
   if (p.lse_stride[0] < 0 || p.lse_stride[1] < 0 || p.bias_stride[0] < 0 ||
@@ -267,6 +279,8 @@ ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
   f.lse_stride[0] = b.lse_stride[0];
   f.lse_stride[1] = b.lse_stride[1];
   f.alibi_stride = b.alibi_stride;
+  f.total_q = b.total_q;
+  f.total_k = b.total_k;
   return f;
 }
 

@@ -41,7 +41,11 @@ typedef enum ckfmha_status {
   CKFMHA_ERROR_NO_DEVICE = 4,        /* no usable CUDA device */
   CKFMHA_ERROR_BUFFER_TOO_SMALL = 5, /* output buffer too small; size reported */
   CKFMHA_ERROR_NOT_FOUND = 6,        /* named kernel or module not found */
-  CKFMHA_ERROR_INTERNAL = 7
+  CKFMHA_ERROR_INTERNAL = 7,
+  /* A kernel met device metadata (cu_seqlens, page ids, key counts) that
+   * pointed outside the buffers; it read and wrote nothing there. Reported
+   * by the next call on that device, see ckfmha_check_device_errors. */
+  CKFMHA_ERROR_DEVICE_METADATA = 8
 } ckfmha_status;
 
 typedef enum ckfmha_dtype {
@@ -131,7 +135,21 @@ typedef enum ckfmha_layout {
  * cu_seqlens_q/k (int32, batch+1 entries, device memory) give each sequence's
  * start, and seqlen_q/seqlen_k must be at least the longest sequence (the grid
  * is sized from them). Batch strides are ignored; rows are tokens. total_q and
- * total_k, the packed tensors' token counts, let the Hopper template run it.
+ * total_k, the packed tensors' token counts, are required (0 means no
+ * tokens): kernels check every sequence range they read from cu_seqlens
+ * against them (see "Device metadata" below), and the Hopper template's TMA
+ * descriptors span them.
+ *
+ * Device metadata (cu_seqlens, block tables, kv_indptr/kv_indices,
+ * seqlens_k) is read by the kernels, so the host cannot check it without a
+ * synchronisation. Kernels bound it instead: a sequence whose range leaves
+ * the packed tensors, runs backwards or passes seqlen_q/seqlen_k, whose
+ * kv_indptr range leaves kv_indices, or whose key count passes what its
+ * pages hold is skipped (its outputs are undefined); a page id outside
+ * [0, num_pages) is read as a page of zeros. Nothing outside the caller's
+ * buffers is read or written, and the next call on the device fails with
+ * CKFMHA_ERROR_DEVICE_METADATA naming the kind and a sequence
+ * (ckfmha_check_device_errors asks at once).
  *
  * The logits are scale * q.k, then optionally softcap * tanh(logits /
  * softcap), plus bias; masked logits are -inf. A sink adds exp(sink[h]) to
@@ -207,6 +225,8 @@ typedef struct ckfmha_fwd_problem {
   int32_t page_size;
   int32_t max_pages_per_seq;  /* CKFMHA_KV_PAGED_TABLE: table entries per sequence */
   int64_t block_table_stride; /* CKFMHA_KV_PAGED_TABLE: elements between table rows */
+  int32_t num_pages;          /* paged: pages in the k and v caches (page ids are checked) */
+  int64_t num_kv_indices;     /* CKFMHA_KV_PAGED_INDPTR: entries of kv_indices */
 } ckfmha_fwd_problem;
 
 /*
@@ -311,6 +331,10 @@ typedef struct ckfmha_bwd_problem {
                                get 0). A broadcast bias's gradient is this summed over the
                                broadcast axes, by the caller. */
   int64_t alibi_stride;
+  /* Group mode: tokens in the packed q/o/do/dq and k/v/dk/dv tensors,
+   * required as in the forward (every cu_seqlens range is checked). */
+  int64_t total_q;
+  int64_t total_k;
 } ckfmha_bwd_problem;
 
 typedef struct ckfmha_bwd_args {
@@ -376,6 +400,11 @@ CKFMHA_API int ckfmha_device_count(int* count);
 /* arch as 10*major+minor, e.g. 90 for sm_90 */
 CKFMHA_API int ckfmha_device_arch(int device, int* arch);
 CKFMHA_API int ckfmha_current_device(int* device);
+/* Makes `device` current for the calling host thread, as cudaSetDevice does: later
+ * launches, allocations and `ckfmha_current_device` of this thread use it. Fails with
+ * CKFMHA_ERROR_INVALID_ARGUMENT naming the valid range [0, count) when `device` is out
+ * of range (CKFMHA_ERROR_NO_DEVICE without a visible device). */
+CKFMHA_API int ckfmha_set_device(int device);
 /* The CUDA device whose memory ptr points into (device, managed or registered host
  * memory), or -1 for host memory CUDA does not know. */
 CKFMHA_API int ckfmha_pointer_device(const void* ptr, int* device);
@@ -385,6 +414,13 @@ CKFMHA_API int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes)
 CKFMHA_API int ckfmha_memcpy_to_host(void* dst, const void* src, size_t bytes);
 CKFMHA_API int ckfmha_memset_device(void* dst, int value, size_t bytes);
 CKFMHA_API int ckfmha_stream_synchronize(ckfmha_stream_t stream);
+/* Out-of-range device metadata met by earlier kernels on `device` (< 0: the
+ * current device): CKFMHA_ERROR_DEVICE_METADATA with a message naming the kind
+ * and a sequence, after which the record is clear; CKFMHA_SUCCESS when none.
+ * Every run call does this check itself, without waiting, so it reports
+ * kernels that have finished by then; synchronize != 0 first waits for all
+ * work on the device, so every earlier call is seen. */
+CKFMHA_API int ckfmha_check_device_errors(int device, int synchronize);
 
 /* ---- registry ---- */
 CKFMHA_API int ckfmha_registry_count(int* count);

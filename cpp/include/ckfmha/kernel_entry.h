@@ -16,12 +16,21 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 6
+#define CKFMHA_KERNEL_ABI_VERSION 7
+
+/* What the runtime hands every launch beside the caller's problem and
+ * arguments. */
+typedef struct ckfmha_launch_context {
+  /* The launching device's record of out-of-range device metadata
+   * (kernel/params/device_errors.h), mapped host memory; NULL: not recorded. */
+  void* device_errors;
+} ckfmha_launch_context;
 
 /* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,
  * ckfmha_bwd_problem/_args for the three backward stages,
- * ckfmha_appendkv_problem/_args for fwd_appendkv. */
-typedef int (*ckfmha_launch_fn)(const void* problem, const void* args, ckfmha_stream_t stream);
+ * ckfmha_appendkv_problem/_args for fwd_appendkv. context may be NULL. */
+typedef int (*ckfmha_launch_fn)(const void* problem, const void* args,
+                                const ckfmha_launch_context* context, ckfmha_stream_t stream);
 
 typedef struct ckfmha_kernel_entry {
   const char* name;

@@ -8,6 +8,8 @@ namespace ckfmha::runtime {
 
 int device_count(int* count);
 int current_device(int* device);
+// cudaSetDevice(device); the caller checks the range.
+int set_device(int device);
 int device_arch(int device, int* arch);
 // Arch of the current device, or a NO_DEVICE status.
 int current_device_arch(int* arch);

@@ -5,6 +5,7 @@
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/appendkv/kernel.cuh"
 #include "ckfmha/kernel/common/launch.cuh"
+#include "ckfmha/kernel/params/launch_context.h"
 #include "ckfmha/kernel_entry.h"
 
 #include <algorithm>
@@ -17,7 +18,8 @@ inline void copy_strides(int64_t (&dst)[3], int64_t const (&src)[3]) {
 }
 
 inline AppendKvParams make_appendkv_params(ckfmha_appendkv_problem const& pr,
-                                           ckfmha_appendkv_args const& ar) {
+                                           ckfmha_appendkv_args const& ar,
+                                           ckfmha_launch_context const* context) {
   AppendKvParams p{};
   p.k_new = ar.k_new;
   p.v_new = ar.v_new;
@@ -27,7 +29,12 @@ inline AppendKvParams make_appendkv_params(ckfmha_appendkv_problem const& pr,
   p.block_table = ar.block_table;
   p.cos = ar.cos;
   p.sin = ar.sin;
-  p.overflow = ar.overflow;
+  // A caller that passes no overflow flag learns of dropped tokens through
+  // the device's error record instead, at its next call.
+  DeviceErrors* errors = device_errors_of(context);
+  p.overflow = ar.overflow != nullptr ? ar.overflow
+               : errors != nullptr    ? &errors->append_position
+                                      : nullptr;
   copy_strides(p.k_new_stride, pr.k_new_stride);
   copy_strides(p.v_new_stride, pr.v_new_stride);
   copy_strides(p.k_cache_stride, pr.k_cache_stride);
@@ -57,10 +64,11 @@ inline AppendKvParams make_appendkv_params(ckfmha_appendkv_problem const& pr,
 }
 
 template <class Traits>
-int launch_fwd_appendkv(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_fwd_appendkv(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_appendkv_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_appendkv_args const*>(args);
-  const AppendKvParams params = make_appendkv_params(pr, ar);
+  const AppendKvParams params = make_appendkv_params(pr, ar, context);
   const int rows = std::max(params.seqlen_new, params.nhead_q > 0 ? params.seqlen_q : 0);
   dim3 grid(unsigned((rows + Traits::kTokensPerCta - 1) / Traits::kTokensPerCta),
             unsigned(params.nhead_k + params.nhead_q), unsigned(pr.batch));

@@ -25,6 +25,7 @@
 // P V product already reads with plain ldmatrix.
 #pragma once
 
+#include "ckfmha/kernel/common/device_errors.cuh"
 #include "ckfmha/kernel/common/sequence_slice.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
 
@@ -38,9 +39,18 @@ namespace ckfmha::kernel {
 struct PagedKeys {
   const int32_t* pages;  // this sequence's page ids, in key order
   int page_shift;        // log2(page_size)
+  int batch;             // the sequence, for the error report
 
-  __device__ __forceinline__ int page(int token) const {
-    return __ldg(pages + (token >> page_shift));
+  // The page holding `token`, or -1 (reported) when the table names a page
+  // outside the caches: that key is then read as zeros, never from the table's
+  // address.
+  __device__ __forceinline__ int64_t page(int token, FwdParams const& p) const {
+    const int32_t id = __ldg(pages + (token >> page_shift));
+    if (static_cast<uint32_t>(id) >= static_cast<uint32_t>(p.num_pages)) {
+      report_device_error(p.errors, &DeviceErrors::page_id, batch);
+      return -1;
+    }
+    return id;
   }
   __device__ __forceinline__ int slot(int token) const {
     return token & ((1 << page_shift) - 1);
@@ -48,32 +58,38 @@ struct PagedKeys {
 };
 
 // The sequence a paged CTA serves and its pages. Queries as in
-// locate_sequence (group mode: cu_seqlens_q); keys: seqlens_k[b] when given,
-// else every key of the sequence's pages, clamped to what its pages hold, so
-// a length past the table never reads past it.
+// locate_sequence (group mode: cu_seqlens_q, checked against total_q and
+// seqlen_q); keys: seqlens_k[b] when given, else every key of the sequence's
+// pages. A kv_indptr range outside kv_indices, or a key count outside what
+// the sequence's pages hold, skips the sequence and is reported: its table
+// entries are then never read.
 template <bool IsGroupMode>
 __device__ __forceinline__ SequenceSlice locate_paged_sequence(FwdParams const& p, int batch,
                                                                PagedKeys* keys) {
-  SequenceSlice seq{p.seqlen_q, 0, 0, 0, false};
-  if constexpr (IsGroupMode) {
-    const int q0 = p.cu_seqlens_q[batch];
-    seq.seqlen_q = p.cu_seqlens_q[batch + 1] - q0;
-    seq.q_token0 = q0;
-    seq.skip = seq.seqlen_q < p.skip_min_seqlen_q;
-  }
+  SequenceSlice seq = locate_queries<IsGroupMode>(p, batch);
+  if (seq.skip) return seq;
   int64_t page_count;
   if (p.kv_indptr != nullptr) {
-    const int first = p.kv_indptr[batch];
-    page_count = p.kv_indptr[batch + 1] - first;
+    const int64_t first = p.kv_indptr[batch], next = p.kv_indptr[batch + 1];
+    if (!range_fits(first, next, p.num_kv_indices, p.num_kv_indices)) {
+      report_device_error(p.errors, &DeviceErrors::key_count, batch);
+      return skipped_sequence();
+    }
+    page_count = next - first;
     keys->pages = p.kv_indices + first;
   } else {
     page_count = p.max_pages_per_seq;
     keys->pages = p.block_table + int64_t(batch) * p.block_table_stride;
   }
   keys->page_shift = p.page_size_log2;
+  keys->batch = batch;
   const int64_t capacity = page_count << p.page_size_log2;
   const int64_t wanted = p.seqlens_k != nullptr ? int64_t(p.seqlens_k[batch]) : capacity;
-  seq.seqlen_k = int(max(int64_t(0), min(wanted, capacity)));
+  if (wanted < 0 || wanted > capacity) {
+    report_device_error(p.errors, &DeviceErrors::key_count, batch);
+    return skipped_sequence();
+  }
+  seq.seqlen_k = int(wanted);
   return seq;
 }
 
@@ -81,7 +97,8 @@ __device__ __forceinline__ SequenceSlice locate_paged_sequence(FwdParams const& 
 // table into one shared-memory stage each. k_dst/v_dst/coords: 16-byte-vector
 // copy partitions of the K and V tiles and of their identity tensor (K and V
 // have the same head dim, so one partition's rows serve both); k_head/v_head:
-// the caches at this K/V head. Ragged: rows at or past seqlen_k are zero-filled.
+// the caches at this K/V head. Ragged: rows at or past seqlen_k are
+// zero-filled, as are rows whose page id is out of range.
 template <bool Ragged, class Element, class KDst, class VDst, class Coords>
 __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords const& coords,
                                               PagedKeys const& keys, Element const* k_head,
@@ -95,9 +112,9 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
   CUTE_UNROLL
   for (int m = 0; m < size<1>(k_dst); ++m) {
     const int token = n_begin + get<0>(coords(0, m, 0));
-    if (!Ragged || token < seqlen_k) {
+    const int64_t page = !Ragged || token < seqlen_k ? keys.page(token, p) : -1;
+    if (page >= 0) {
       // Paged caches keep the page stride where contiguous ones keep the batch stride.
-      const int64_t page = keys.page(token);
       const int64_t slot = keys.slot(token);
       Element const* k_row = k_head + page * p.k_batch_stride + slot * p.k_row_stride;
       Element const* v_row = v_head + page * p.v_batch_stride + slot * p.v_row_stride;
@@ -131,8 +148,8 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
 // keys (powers of two) such a vector never crosses a page, so it is one
 // cp.async from the page; the vector straddling seqlen_k, and every vector
 // of smaller pages, is read key by key with a page lookup each, and keys at
-// or past seqlen_k are zero-filled (their page slots may hold anything, and
-// 0 * NaN would poison O). Those scalar shared stores are synchronous, so
+// or past seqlen_k, or on out-of-range pages, are zero-filled (their page
+// slots may hold anything, and 0 * NaN would poison O). Those scalar shared stores are synchronous, so
 // the barrier that publishes the cp.async data publishes them too.
 template <bool Ragged, class Element, class KDst, class KCoords, class VtDst, class VtCoords>
 __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords const& k_coords,
@@ -150,8 +167,8 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
   CUTE_UNROLL
   for (int m = 0; m < size<1>(k_dst); ++m) {
     const int token = n_begin + get<0>(k_coords(0, m, 0));
-    if (!Ragged || token < seqlen_k) {
-      const int64_t page = keys.page(token);
+    const int64_t page = !Ragged || token < seqlen_k ? keys.page(token, p) : -1;
+    if (page >= 0) {
       Element const* k_key = k_head + page * p.k_batch_stride + int64_t(keys.slot(token)) * kVec;
       CUTE_UNROLL
       for (int k = 0; k < size<2>(k_dst); ++k) {
@@ -172,9 +189,12 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
     // copy's threads tile the key columns, its value steps walk the channels).
     const int token = n_begin + get<1>(vt_coords(0, 0, k));
     const int keys_in_seq = seqlen_k - token;
-    if (whole_page_vectors && (!Ragged || keys_in_seq >= kVec)) {
-      Element const* v_keys =
-          v_head + int64_t(keys.page(token)) * p.v_batch_stride + keys.slot(token);
+    // -2: read key by key below; -1: an out-of-range page, read as zeros.
+    const int64_t page = whole_page_vectors && (!Ragged || keys_in_seq >= kVec)
+                             ? keys.page(token, p)
+                             : -2;
+    if (page >= 0) {
+      Element const* v_keys = v_head + page * p.v_batch_stride + keys.slot(token);
       CUTE_UNROLL
       for (int m = 0; m < size<1>(vt_dst); ++m) {
         const int64_t channel = get<0>(vt_coords(0, m, k));
@@ -182,15 +202,18 @@ __device__ __forceinline__ void load_vectorized_paged_kv(KDst& k_dst, KCoords co
             *reinterpret_cast<uint128_t const*>(v_keys + channel * p.v_row_stride),
             *reinterpret_cast<uint128_t*>(raw_pointer_cast(vt_dst(_, m, k).data())));
       }
+    } else if (page == -1) {
+      CUTE_UNROLL
+      for (int m = 0; m < size<1>(vt_dst); ++m) clear(vt_dst(_, m, k));
     } else {
       // Rare (the sequence's last vector, or pages under 8 keys): kept rolled
       // so it adds no registers to the common path.
 #pragma unroll 1
       for (int i = 0; i < kVec; ++i) {
-        if (i < keys_in_seq) {
-          const int key = token + i;
-          Element const* v_key =
-              v_head + int64_t(keys.page(key)) * p.v_batch_stride + keys.slot(key);
+        const int key = token + i;
+        const int64_t key_page = i < keys_in_seq ? keys.page(key, p) : -1;
+        if (key_page >= 0) {
+          Element const* v_key = v_head + key_page * p.v_batch_stride + keys.slot(key);
           CUTE_UNROLL
           for (int m = 0; m < size<1>(vt_dst); ++m) {
             vt_dst(i, m, k) = v_key[int64_t(get<0>(vt_coords(0, m, k))) * p.v_row_stride];

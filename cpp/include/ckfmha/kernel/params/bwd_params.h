@@ -2,6 +2,8 @@
 // from a ckfmha_bwd_problem. Offsets are 64-bit: batch*stride alone can pass 2^31.
 #pragma once
 
+#include "ckfmha/kernel/params/device_errors.h"
+
 #include <cstdint>
 
 namespace ckfmha::kernel {
@@ -21,6 +23,7 @@ struct BwdParams {
   const float* alibi_slopes;
   const int32_t* cu_seqlens_q;  // group mode: sequence starts, batch + 1 entries
   const int32_t* cu_seqlens_k;
+  DeviceErrors* errors;  // where out-of-range device metadata is reported
   // Workspace. Each region is indexed by (batch or sequence, query head, local
   // row) with workspace_rows rows per head: seqlen_q (the longest sequence in
   // group mode) rounded up to a whole 64-row block.
@@ -51,6 +54,9 @@ struct BwdParams {
   int32_t hdim_q;
   int32_t hdim_v;
   int32_t skip_min_seqlen_q;  // always 0: the backward visits every sequence
+  // Group mode: rows of the packed tensors, against which every cu_seqlens
+  // range is checked (the workspace rows too: no sequence passes seqlen_q).
+  int64_t total_q, total_k;
   int32_t dq_splits;          // 1 in fast mode
   int32_t deterministic;
 

@@ -6,14 +6,17 @@
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/params/bwd_params.h"
 #include "ckfmha/kernel/params/bwd_workspace.h"
+#include "ckfmha/kernel/params/launch_context.h"
 #include "ckfmha/kernel/params/problem_scalars.h"
 
 #include <cstdint>
 
 namespace ckfmha::kernel {
 
-inline BwdParams make_bwd_params(ckfmha_bwd_problem const& problem, ckfmha_bwd_args const& args) {
+inline BwdParams make_bwd_params(ckfmha_bwd_problem const& problem, ckfmha_bwd_args const& args,
+                                 ckfmha_launch_context const* context) {
   BwdParams p{};
+  p.errors = device_errors_of(context);
   p.q = args.q;
   p.k = args.k;
   p.v = args.v;
@@ -66,6 +69,8 @@ inline BwdParams make_bwd_params(ckfmha_bwd_problem const& problem, ckfmha_bwd_a
   p.hdim_q = problem.hdim_q;
   p.hdim_v = problem.hdim_v;
   p.skip_min_seqlen_q = 0;
+  p.total_q = problem.total_q;
+  p.total_k = problem.total_k;
   set_problem_scalars(p, problem);
   return p;
 }

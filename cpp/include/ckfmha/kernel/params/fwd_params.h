@@ -2,6 +2,8 @@
 // ckfmha_fwd_problem. Offsets are 64-bit: batch*stride alone can pass 2^31.
 #pragma once
 
+#include "ckfmha/kernel/params/device_errors.h"
+
 #include <cstdint>
 
 namespace ckfmha::kernel {
@@ -18,6 +20,7 @@ struct FwdParams {
   const int32_t* cu_seqlens_q;  // group mode: sequence starts, batch + 1 entries
   const int32_t* cu_seqlens_k;
   uint8_t* dropout_randval;     // optional [batch, nhead_q, seqlen_q, seqlen_k]
+  DeviceErrors* errors;         // where out-of-range device metadata is reported
 
   int64_t q_batch_stride, q_head_stride, q_row_stride;
   int64_t k_batch_stride, k_head_stride, k_row_stride;
@@ -32,6 +35,9 @@ struct FwdParams {
   int32_t nhead_q;
   int32_t head_group;  // nhead_q / nhead_k: query heads sharing one K/V head
   int32_t skip_min_seqlen_q;
+  // Group mode: rows of the packed q/o and k/v tensors; every sequence range
+  // read from cu_seqlens is checked against them before it is followed.
+  int64_t total_q, total_k;
 
   float scale;       // softmax scale (natural-log domain)
   float scale_log2;  // scale * log2(e): plain kernels exponentiate raw scores with exp2
@@ -65,6 +71,8 @@ struct FwdParams {
   const int32_t* kv_indptr;
   const int32_t* seqlens_k;  // keys per sequence; null: every key of its pages
   int64_t block_table_stride;
+  int64_t num_kv_indices;  // entries of kv_indices: kv_indptr ranges are checked against it
+  int32_t num_pages;       // pages in the caches: every page id is checked against it
   int32_t max_pages_per_seq;
   int32_t page_size_log2;
 };

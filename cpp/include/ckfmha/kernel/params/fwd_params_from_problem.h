@@ -5,14 +5,17 @@
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/params/fwd_params.h"
+#include "ckfmha/kernel/params/launch_context.h"
 #include "ckfmha/kernel/params/problem_scalars.h"
 
 #include <cstdint>
 
 namespace ckfmha::kernel {
 
-inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_args const& args) {
+inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_args const& args,
+                                 ckfmha_launch_context const* context) {
   FwdParams p{};
+  p.errors = device_errors_of(context);
   p.q = args.q;
   p.k = args.k;
   p.v = args.v;
@@ -47,6 +50,8 @@ inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_a
   p.nhead_q = problem.nhead_q;
   p.head_group = problem.nhead_q / problem.nhead_k;
   p.skip_min_seqlen_q = problem.skip_min_seqlen_q;
+  p.total_q = problem.total_q;
+  p.total_k = problem.total_k;
   set_problem_scalars(p, problem);
   return p;
 }

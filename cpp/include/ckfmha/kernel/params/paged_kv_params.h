@@ -16,6 +16,8 @@ inline void set_paged_kv_params(FwdParams& p, ckfmha_fwd_problem const& problem,
   p.kv_indptr = indptr ? args.kv_indptr : nullptr;
   p.seqlens_k = args.seqlens_k;
   p.block_table_stride = problem.block_table_stride;
+  p.num_pages = problem.num_pages;
+  p.num_kv_indices = indptr ? problem.num_kv_indices : 0;
   p.max_pages_per_seq = problem.max_pages_per_seq;
   int log2 = 0;
   while ((int64_t(1) << log2) < problem.page_size) ++log2;

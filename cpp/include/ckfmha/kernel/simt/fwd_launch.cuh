@@ -12,11 +12,12 @@
 namespace ckfmha::kernel {
 
 template <class Traits>
-int launch_fwd_simt(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_fwd_simt(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
   return launch_kernel(&fwd_simt_kernel<Traits>, fwd_grid(pr, Traits::kBlockM), Traits::kThreads,
                        Traits::kSmemBytes, stream,
-                       make_fwd_params(pr, *static_cast<ckfmha_fwd_args const*>(args)));
+                       make_fwd_params(pr, *static_cast<ckfmha_fwd_args const*>(args), context));
 }
 
 }  // namespace ckfmha::kernel

@@ -18,27 +18,30 @@ inline dim3 bwd_row_grid(ckfmha_bwd_problem const& problem, int block_m) {
 }
 
 template <class Traits>
-int launch_bwd_dot_do_o(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_bwd_dot_do_o(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
   return launch_kernel(&bwd_dot_do_o_kernel<Traits>, bwd_row_grid(pr, Traits::kBlockM),
                        Traits::kThreads, 0, stream,
-                       make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args)));
+                       make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args), context));
 }
 
 template <class Traits>
-int launch_bwd_convert_dq(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_bwd_convert_dq(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
   return launch_kernel(&bwd_convert_dq_kernel<Traits>, bwd_row_grid(pr, Traits::kBlockM),
                        Traits::kThreads, 0, stream,
-                       make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args)));
+                       make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args), context));
 }
 
 // One CTA per (key tile, KV head, batch or sequence); deterministic mode
 // deals the key tiles to dq_splits CTAs per (KV head, batch) instead.
 template <class Traits>
-int launch_bwd_dq_dk_dv_sm80(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_bwd_dq_dk_dv_sm80(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
-  BwdParams params = make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args));
+  BwdParams params = make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args), context);
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   const int ctas_x = params.deterministic ? std::min(params.dq_splits, key_tiles) : key_tiles;
   return launch_kernel(&bwd_dq_dk_dv_sm80_kernel<Traits>, dim3(ctas_x, pr.nhead_k, pr.batch),

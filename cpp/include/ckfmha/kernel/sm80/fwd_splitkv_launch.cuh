@@ -21,14 +21,15 @@
 namespace ckfmha::kernel {
 
 template <class Traits>
-int launch_fwd_splitkv_sm80(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_fwd_splitkv_sm80(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   static_assert(Traits::kSplitKv, "instantiate with FwdSm80Traits<..., SplitKv=true>");
   auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_fwd_args const*>(args);
   if (pr.num_splits < 1 || (pr.num_splits > 1 && ar.workspace == nullptr)) {
     return -int(cudaErrorInvalidValue);
   }
-  FwdParams params = make_fwd_params(pr, ar);
+  FwdParams params = make_fwd_params(pr, ar, context);
   set_splitkv_params(params, pr, ar);
   if constexpr (Traits::kPagedKv) set_paged_kv_params(params, pr, ar);
   // Packed rows: each K/V head's query heads times the query positions.

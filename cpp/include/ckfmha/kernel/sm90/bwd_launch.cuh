@@ -45,7 +45,8 @@ typename Traits::GmemTensor bwd_sm90_gmem_view(void const* data, int rows, int h
 }
 
 template <class Traits>
-int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   using namespace cute;
   auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_bwd_args const*>(args);
@@ -54,7 +55,7 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args, ckfmha_strea
   auto q_smem = take<0, 2>(typename Traits::SmemLayoutQ{});
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
-  BwdParams const bwd = make_bwd_params(pr, ar);
+  BwdParams const bwd = make_bwd_params(pr, ar, context);
   auto tma_load = [&](void const* data, int rows, int heads, int64_t const(&stride)[3],
                       auto smem_layout, auto tile) {
     return make_tma_copy(SM90_TMA_LOAD{},

@@ -27,7 +27,8 @@ typename Traits::GmemTensor gmem_view(void const* data, int rows, int hdim, int 
 }
 
 template <class Traits>
-int launch_fwd_sm90(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_fwd_sm90(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   using namespace cute;
   auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_fwd_args const*>(args);
@@ -51,7 +52,7 @@ int launch_fwd_sm90(void const* problem, void const* args, ckfmha_stream_t strea
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
   FwdSm90Params<Traits> params{
-      make_fwd_params(pr, ar),
+      make_fwd_params(pr, ar, context),
       make_tma_copy(SM90_TMA_LOAD{},
                     gmem_view<Traits>(ar.q, rows_q, pr.hdim_q, pr.nhead_q, views, q_stride),
                     typename Traits::SmemLayoutQ{},

@@ -14,11 +14,12 @@
 namespace ckfmha::kernel {
 
 template <class Traits>
-int launch_fwd_splitkv_combine(void const* problem, void const* args, ckfmha_stream_t stream) {
+int launch_fwd_splitkv_combine(void const* problem, void const* args,
+    ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_fwd_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_fwd_args const*>(args);
   if (pr.num_splits < 1 || ar.workspace == nullptr) return -int(cudaErrorInvalidValue);
-  FwdParams params = make_fwd_params(pr, ar);
+  FwdParams params = make_fwd_params(pr, ar, context);
   set_splitkv_params(params, pr, ar);
   const int64_t rows = int64_t(pr.batch) * pr.nhead_q * pr.seqlen_q;
   dim3 grid(unsigned((rows + Traits::kRowsPerCta - 1) / Traits::kRowsPerCta));

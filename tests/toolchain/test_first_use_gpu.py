@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.paths import REPO_ROOT
 
 from ckfmha import first_use, jit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Runs one forward problem in a fresh process and prints, as JSON, the seconds of the first and
 # the second call, whether this process compiled, and the error against the float64 reference.
@@ -80,7 +79,7 @@ def _missing_problem() -> tuple[dict, str]:
 
 def _call(problem: dict, cache: Path, seed: int) -> subprocess.Popen[str]:
     env = {**os.environ, "CKFMHA_CACHE_DIR": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("CKFMHA_JIT", None)
     return subprocess.Popen(
         [sys.executable, "-c", _CALL_SCRIPT, json.dumps(problem), str(seed)],
@@ -136,7 +135,7 @@ def test_jit_off_names_the_kernel_and_the_command(tmp_path: Path) -> None:
         "ckfmha.fwd(q, q, q, causal=True, causal_alignment='bottom_right', softcap=50.0)\n"
     )
     env = {**os.environ, "CKFMHA_JIT": "0", "CKFMHA_CACHE_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=env, timeout=300, check=False)
     assert result.returncode != 0

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from c_programs import build_c_program, needs_cc
-from device_kernels import runs_on
+from support.c_programs import build_c_program, needs_cc
+from support.device_kernels import runs_on
 
 import ckfmha
 from ckfmha import errors

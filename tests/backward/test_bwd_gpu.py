@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from device_kernels import device_kernels
-from kernel_cases import mask_options
+from support.device_kernels import device_kernels
+from support.kernel_cases import mask_options
 
 import ckfmha
 from ckfmha.reference import (

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support.paths import REPO_ROOT
 
 from generator import build, emit
 from generator.build_config import BuildConfig, BuildConfigError, from_env, split_list
@@ -29,7 +30,6 @@ from generator.toolchain import (
     read_depfile,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 HAVE_NVCC = shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="needs nvcc (no GPU required)")
 HAVE_CUTLASS_WHEEL = importlib.util.find_spec("cutlass_library") is not None
@@ -144,7 +144,7 @@ def test_cutlass_include_found_in_wheel() -> None:
 def test_kernel_headers_found_in_the_checkout() -> None:
     from ckfmha import jit
 
-    assert jit.kernel_include_dir() == ROOT / "cpp" / "include"
+    assert jit.kernel_include_dir() == REPO_ROOT / "cpp" / "include"
 
 
 def test_read_depfile(tmp_path: Path) -> None:
@@ -283,7 +283,7 @@ def test_link_shared_relinks_only_when_needed(tmp_path: Path) -> None:
 # Stands in for the real kernel header: just enough for an instance to compile and link.
 STAND_IN_LAUNCH_HEADER = """\
 #pragma once
-#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel_entry.h"
 namespace cutlass { struct half_t { unsigned short x; }; struct bfloat16_t { unsigned short x; }; }
 namespace ckfmha::kernel {
 enum class MaskMode { kNone, kCausal, kWindow };
@@ -303,7 +303,8 @@ struct FwdSm80Traits {
 template <class Traits> __global__ void stand_in_kernel(int* out) {
   if (out) *out = Traits::kThreads;
 }
-template <class Traits> int launch_fwd_sm80(const void*, const void*, ckfmha_stream_t stream) {
+template <class Traits>
+int launch_fwd_sm80(const void*, const void*, const ckfmha_launch_context*, ckfmha_stream_t stream) {
   stand_in_kernel<Traits><<<1, Traits::kThreads, 0, stream>>>(nullptr);
   return Traits::kThreads;
 }
@@ -392,7 +393,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     toolchain = CudaToolchain(
         build.arch_specs_for(archs),
         # The stand-in comes first so it shadows the real launch header.
-        include_dirs=[stand_in, ROOT / "cpp" / "include", work / "generated"],
+        include_dirs=[stand_in, REPO_ROOT / "cpp" / "include", work / "generated"],
         cutlass_include=_fake_cutlass(tmp_path / "no_cutlass"),
     )
     built = build.build_shared_library(
@@ -407,7 +408,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (6, len(kernels))
+    assert (table.abi_version, table.count) == (7, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from jit_toolchain import skip_without_jit_toolchain
+from support.jit_toolchain import skip_without_jit_toolchain
+from support.paths import REPO_ROOT
 
 from generator import build, emit, rules
 from generator.enumerate import select
@@ -18,7 +19,6 @@ from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelCon
 from generator.specs import ArchSpec, load_specs
 from generator.toolchain import CompileJob, CudaToolchain
 
-ROOT = Path(__file__).resolve().parent.parent
 SPECS = load_specs()
 ASSERTION = re.compile(r'static_assert\(Traits::(\w+) == (\w+),\n {14}"([^"\n]+)"\);\n')
 
@@ -75,7 +75,7 @@ def test_every_instance_kind_asserts_its_traits() -> None:
         for member, (_, message) in found.items():
             expected = rf"generator/rules/\w+\.py and {traits}::{member} disagree on .+"
             assert re.fullmatch(expected, message), message
-            assert (ROOT / message.split(" ")[0]).is_file(), message
+            assert (REPO_ROOT / message.split(" ")[0]).is_file(), message
     assert kinds == set(EXPECTED_MEMBERS), "every template family is built by some kernel set"
 
 
@@ -154,7 +154,7 @@ def test_a_number_the_traits_disagree_with_stops_the_compile(tmp_path: Path) -> 
     assert text.count(wrong) == 1
     source = tmp_path / "instance.cu"
     source.write_text(text.replace(wrong, f"Traits::kSmemBytes == {int(smem) + 1},"))
-    toolchain = CudaToolchain(build.arch_specs_for(["sm_80"]), [ROOT / "cpp" / "include"])
+    toolchain = CudaToolchain(build.arch_specs_for(["sm_80"]), [REPO_ROOT / "cpp" / "include"])
     job = CompileJob(source, tmp_path / "instance.o", "sm_80")
     command = toolchain.compile_command(job, tmp_path / "instance.d")
     result = subprocess.run(command, check=False, capture_output=True, text=True)

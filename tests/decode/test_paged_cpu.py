@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from kernel_cases import make_config, problem_fields, rule_reasons
+from support.kernel_cases import make_config, problem_fields, rule_reasons
 
 import ckfmha
 from ckfmha import errors

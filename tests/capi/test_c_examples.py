@@ -10,9 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from c_programs import build_c_program, needs_cc
+from support.c_programs import build_c_program, needs_cc
+from support.paths import REPO_ROOT
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES_DIR = REPO_ROOT / "examples"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.c"))
 # What the examples promise their readers: standard C, clean under the common warnings.
 EXAMPLE_FLAGS = ("-std=c11", "-Wall", "-Wextra", "-Werror")

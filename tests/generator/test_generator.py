@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.paths import REPO_ROOT
 
 from generator import emit, rules
 from generator.enumerate import select, select_for_arches
@@ -18,7 +19,6 @@ from generator.receipts import compile_filter, get_receipt
 from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
 from generator.specs import SpecsError, load_specs
 
-ROOT = Path(__file__).resolve().parent.parent
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -39,7 +39,7 @@ def _reasons(arch: str = "sm_80", **changes: object) -> str:
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "generator", *args],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=False,
@@ -483,7 +483,7 @@ def test_signatures_meet_only_pipelines_taking_their_dtype() -> None:
 
 
 def test_signature_no_tile_applies_to_is_rejected_with_the_limits(tmp_path: Path) -> None:
-    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
     for tile in specs["arches"]["sm_86"]["tiles"]["fwd"]["sm80_cpasync_mma"]["128"]:
         tile["when"] = {"mode": ["group"]}
     custom = tmp_path / "arch_specs.json"
@@ -500,7 +500,7 @@ def test_signature_no_tile_applies_to_is_rejected_with_the_limits(tmp_path: Path
 
 
 def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) -> None:
-    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
     specs["arches"]["sm_86"]["pipelines"] = ["sm80_cpasync_mma"]
     custom = tmp_path / "arch_specs.json"
     custom.write_text(json.dumps(specs))
@@ -547,7 +547,7 @@ def test_cli_repeated_and_comma_arches() -> None:
 
 
 def test_cli_explain_prints_reasons(tmp_path: Path) -> None:
-    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
     specs["arches"]["sm_86"]["tiles"]["fwd"]["sm80_cpasync_mma"]["128"].append(
         {"tile_m": 128, "tile_n": 256, "warps": 4, "stages": 1}
     )
@@ -572,7 +572,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/sm80/fwd_launch.cuh"' in text
-    assert "launch_fwd_sm80<ckfmha_instance_" in text and "::Traits>(problem, args, stream)" in text
+    assert "launch_fwd_sm80<ckfmha_instance_" in text and "::Traits>(problem, args, context, stream)" in text
     header = (tmp_path / "ckfmha_kernels.h").read_text()
     assert "#define CKFMHA_GENERATED_KERNEL_COUNT 32" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
@@ -638,9 +638,9 @@ def test_instance_matches_template() -> None:
         f"}}  // namespace ckfmha_instance_{config.name}\n"
         "\n"
         f'extern "C" int ckfmha_kernel_{config.name}(const void* problem, const void* args, '
-        "ckfmha_stream_t stream) {\n"
+        "const ckfmha_launch_context* context, ckfmha_stream_t stream) {\n"
         f"  return ckfmha::kernel::launch_fwd_sm80<ckfmha_instance_{config.name}::Traits>"
-        "(problem, args, stream);\n"
+        "(problem, args, context, stream);\n"
         "}\n"
     )
 
@@ -676,7 +676,7 @@ def test_occupancy_and_stages_reach_name_and_traits() -> None:
 
 
 def test_tile_table_occupancy_is_parsed(tmp_path: Path) -> None:
-    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
     specs["arches"]["sm_90a"]["tiles"]["fwd"]["sm80_cpasync_mma"]["64"] = [
         {"tile_m": 64, "tile_n": 64, "warps": 4, "stages": 2, "ctas_per_sm": 3}
     ]
@@ -733,7 +733,7 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
 )
 def test_tile_when_is_checked_when_the_specs_load(tmp_path: Path, when: object,
                                                   expected: str) -> None:
-    specs = json.loads((ROOT / "arch_specs.json").read_text())
+    specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
     specs["arches"]["sm_90a"]["tiles"]["fwd"]["sm90_tma_wgmma"]["128"][0]["when"] = when
     custom = tmp_path / "arch_specs.json"
     custom.write_text(json.dumps(specs))
@@ -779,7 +779,7 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
              if c.name == hopper[0]))
     assert '#include "ckfmha/kernel/sm90/fwd_launch.cuh"' in instance
     assert "ckfmha::kernel::FwdSm90Traits<cutlass::half_t, /*HeadDimQK=*/64," in instance
-    assert "launch_fwd_sm90<ckfmha_instance_" in instance and "::Traits>(problem, args, stream)" in instance
+    assert "launch_fwd_sm90<ckfmha_instance_" in instance and "::Traits>(problem, args, context, stream)" in instance
 
 
 def test_fp32_instance_uses_the_simt_template() -> None:
@@ -813,9 +813,9 @@ def test_fp32_instance_uses_the_simt_template() -> None:
         f"}}  // namespace ckfmha_instance_{config.name}\n"
         "\n"
         f'extern "C" int ckfmha_kernel_{config.name}(const void* problem, const void* args, '
-        "ckfmha_stream_t stream) {\n"
+        "const ckfmha_launch_context* context, ckfmha_stream_t stream) {\n"
         f"  return ckfmha::kernel::launch_fwd_simt<ckfmha_instance_{config.name}::Traits>"
-        "(problem, args, stream);\n"
+        "(problem, args, context, stream);\n"
         "}\n"
     )
 
@@ -835,7 +835,7 @@ def test_emit_only_rewrites_changed_files(tmp_path: Path) -> None:
 
 def _syntax_check(directory: Path, source: Path, *language: str) -> None:
     command = ["g++", *(language or ("-std=c++17",)), "-fsyntax-only", "-Wall", "-Werror"]
-    command += [f"-I{ROOT / 'cpp' / 'include'}", f"-I{directory}", str(source)]
+    command += [f"-I{REPO_ROOT / 'cpp' / 'include'}", f"-I{directory}", str(source)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 
@@ -872,7 +872,7 @@ int main() {
                 e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.arch, e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
-                e.launch(nullptr, nullptr, nullptr));
+                e.launch(nullptr, nullptr, nullptr, nullptr));
   }
 }
 """
@@ -885,13 +885,14 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     configs = select_for_arches(get_receipt("ci"), ("sm_80", "sm_90a"), specs).accepted
     files = emit.emit(tmp_path, configs, [], specs)
     stubs = "".join(
-        f'extern "C" int {c.symbol}(const void*, const void*, ckfmha_stream_t) {{ return {i}; }}\n'
+        f'extern "C" int {c.symbol}(const void*, const void*, const ckfmha_launch_context*, '
+        f"ckfmha_stream_t) {{ return {i}; }}\n"
         for i, c in enumerate(configs)
     )
     (tmp_path / "stubs.cpp").write_text(f'#include "ckfmha_kernels.h"\n{stubs}')
     (tmp_path / "dump.cpp").write_text(TABLE_DUMP)
     program = tmp_path / "dump"
-    command = ["g++", "-std=c++17", "-Wall", "-Werror", f"-I{ROOT / 'cpp' / 'include'}"]
+    command = ["g++", "-std=c++17", "-Wall", "-Werror", f"-I{REPO_ROOT / 'cpp' / 'include'}"]
     command += [f"-I{tmp_path}", str(files.table), str(tmp_path / "stubs.cpp")]
     command += [str(tmp_path / "dump.cpp"), "-o", str(program)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -899,7 +900,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"6 {len(configs)}"
+    assert lines[0] == f"7 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -1021,7 +1022,7 @@ def test_bwd_instances_render_their_templates() -> None:
     assert "/*BlockM=*/64, /*BlockN=*/128, /*Warps=*/8, /*Stages=*/2" in text
     assert "ckfmha::kernel::MaskMode::kWindow, ckfmha::kernel::BiasMode::kNone" in text
     assert "/*HasDbias=*/false, /*IsGroupMode=*/true>;" in text
-    assert "launch_bwd_dq_dk_dv_sm80<ckfmha_instance_" in text and "::Traits>(problem, args, stream)" in text
+    assert "launch_bwd_dq_dk_dv_sm80<ckfmha_instance_" in text and "::Traits>(problem, args, context, stream)" in text
     rowwise = KernelConfig(
         BwdSignature("bwd_convert_dq", "fp16", "batch", 192, 192),
         Algorithm("sm_80", "sm80_cpasync_mma", tile_m=64, tile_n=0, tile_k=192, warps=4, stages=1),
@@ -1137,7 +1138,7 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     instance = emit.render_instance(config)
     assert '#include "ckfmha/kernel/sm90/bwd_launch.cuh"' in instance
     assert "ckfmha::kernel::BwdSm90Traits<" in instance
-    assert "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance and "::Traits>(problem, args, stream)" in instance
+    assert "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance and "::Traits>(problem, args, context, stream)" in instance
     # Rejected sm90 candidates (group mode, windows, features, other head dims) stay on sm80.
     rejected = select(get_receipt("default"), load_specs()["sm_90a"]).rejected
     assert any(r.pipeline == "sm90_tma_wgmma" and r.signature.family == "bwd_dq_dk_dv"

@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 import pytest
+from support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-INCLUDE = ROOT / "cpp" / "include"
+INCLUDE = REPO_ROOT / "cpp" / "include"
 KERNEL = INCLUDE / "ckfmha" / "kernel"
 
 SHARED_FOLDERS = ("common", "params")
@@ -51,11 +51,11 @@ def test_every_header_lives_in_a_known_folder() -> None:
 
 
 def test_every_kernel_include_names_an_existing_header() -> None:
-    sources = _headers() + sorted((ROOT / "cpp" / "src").glob("*.cpp"))
+    sources = _headers() + sorted((REPO_ROOT / "cpp" / "src").glob("*.cpp"))
     sources += sorted((INCLUDE / "ckfmha").glob("*.h"))
     sources += sorted((INCLUDE / "ckfmha" / "runtime").glob("*"))
     missing = [
-        f"{p.relative_to(ROOT)}: ckfmha/kernel/{name}"
+        f"{p.relative_to(REPO_ROOT)}: ckfmha/kernel/{name}"
         for p in sources
         for name in _kernel_includes(p)
         if not (KERNEL / name).is_file()

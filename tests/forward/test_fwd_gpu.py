@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from device_kernels import device_kernels
-from kernel_cases import mask_options
+from support.device_kernels import device_kernels
+from support.gpu_compare import REL_L2_TOL, Inputs, compare, f64, torch_dtype
+from support.kernel_cases import mask_options
 
 import ckfmha
 from ckfmha.reference import (
@@ -34,16 +35,6 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 
-# bf16 keeps 8 mantissa bits, fp16 11: bounds on |out - ref| relative to the
-# reference's norm and elementwise; the LSE is computed in fp32 throughout.
-# fp32 kernels multiply in plain fp32 (no tf32): plain scores land near 1e-6
-# relative, and the worst case is ALiBi over ~1000 keys, whose logits of
-# magnitude ~500 carry ~3e-5 of fp32 rounding each (a float32 NumPy
-# emulation of these cases gives relative L2 5e-6, max abs 4e-5, LSE 6e-5).
-REL_L2_TOL = {"fp16": 2e-3, "bf16": 1.5e-2, "fp32": 2e-5}
-MAX_ABS_TOL = {"fp16": 1e-2, "bf16": 6e-2, "fp32": 2e-4}
-LSE_TOL = {"fp16": 2e-3, "bf16": 2e-3, "fp32": 2e-4}
-
 SEQLEN_PAIRS = [(1, 17), (17, 1), (257, 1000), (1000, 257), (300, 300), (1, 1)]
 # Column-major V takes the same odd key counts, plus key counts that fill whole
 # 16-byte vectors; VCOL_STORAGE then varies how V sits in memory.
@@ -54,32 +45,6 @@ VARLEN_K = [5, 1, 40, 300, 0, 200]
 
 KERNELS = device_kernels("fwd")
 KERNEL_IDS = [k["name"] for k in KERNELS]
-
-
-def _torch_dtype(name: str) -> Any:
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
-
-
-def _f64(t: Any) -> np.ndarray:
-    return t.detach().to("cpu", torch.float64).numpy()
-
-
-class Inputs:
-    """Random tensors for one case, drawn from a seeded generator."""
-
-    def __init__(self, seed: int) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def normal(self, shape: tuple[int, ...], dtype: Any, scale: float = 1.0) -> Any:
-        t = torch.randn(shape, generator=self.generator, dtype=torch.float32) * scale
-        return t.to(device="cuda", dtype=dtype)
-
-    def uniform(self, shape: tuple[int, ...], low: float, high: float) -> Any:
-        t = torch.rand(shape, generator=self.generator, dtype=torch.float32)
-        return (low + (high - low) * t).to("cuda")
-
-    def integer(self, high: int) -> int:
-        return int(torch.randint(0, high, (1,), generator=self.generator))
 
 
 def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
@@ -103,30 +68,8 @@ def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq
 def _reference_options(options: dict[str, Any]) -> dict[str, Any]:
     converted = {}
     for key, value in options.items():
-        converted[key] = _f64(value) if hasattr(value, "detach") else value
+        converted[key] = f64(value) if hasattr(value, "detach") else value
     return converted
-
-
-def _compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
-             ref_lse: np.ndarray, what: str) -> None:
-    """O against the reference; the LSE too unless got_lse is None (a kernel without LSE)."""
-    dtype = kernel["dtype"]
-    o64 = _f64(got)
-    rows = ~np.isnan(ref)  # NaN rows in the reference mark skipped sequences
-    assert np.array_equal(np.isnan(o64), ~rows), f"unwritten or overwritten outputs ({what})"
-    err = np.where(rows, o64 - np.nan_to_num(ref), 0.0)
-    rel = np.linalg.norm(err) / max(np.linalg.norm(np.nan_to_num(ref)), 1e-30)
-    assert rel < REL_L2_TOL[dtype], f"relative L2 error {rel:.3e} ({what})"
-    assert np.abs(err).max() < MAX_ABS_TOL[dtype], f"max abs error {np.abs(err).max():.3e} ({what})"
-    if got_lse is None:
-        return
-    lse64 = _f64(got_lse)
-    written = ~np.isnan(ref_lse)
-    assert np.array_equal(np.isnan(lse64), ~written), f"LSE rows unwritten ({what})"
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse64[written]), finite[written], err_msg=what)
-    np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=0, atol=LSE_TOL[dtype],
-                               err_msg=what)
 
 
 def _lse_request(kernel: dict[str, Any], lse: Any) -> dict[str, Any]:
@@ -182,7 +125,7 @@ def _batch_cases(kernel: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs) -> None:
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     (hq, hk), b, sq, sk = case["heads"], case["batch"], case["sq"], case["sk"]
     bshd = case["layout"] == "bshd"
@@ -218,10 +161,10 @@ def _run_batch_case(kernel: dict[str, Any], case: dict[str, Any], inputs: Inputs
         ref_options["dropout_keep"] = keep
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
-    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), scale=scale,
+    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), scale=scale,
                                        layout=case["layout"], v_col_major=v_col_major,
                                        **ref_options)
-    _compare(kernel, got, got_lse, ref, ref_lse, f"{case} {sorted(options)}")
+    compare(kernel, got, got_lse, ref, ref_lse, f"{case} {sorted(options)}")
 
 
 def _visible(kernel: dict[str, Any], options: dict[str, Any], b: int, hq: int, sq: int,
@@ -244,7 +187,7 @@ def _visible(kernel: dict[str, Any], options: dict[str, Any], b: int, hq: int, s
 
 
 def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     hq, hk = [(4, 2), (3, 3)][index % 2]
     lens_q = np.roll(VARLEN_Q, index)
@@ -285,10 +228,10 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
                                                      visited)
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
-    ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
+    ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
                                               skip_min_seqlen_q=skip_min,
                                               v_col_major=v_col_major, **ref_options)
-    _compare(kernel, got, got_lse, ref, ref_lse, f"varlen {index} {sorted(options)}")
+    compare(kernel, got, got_lse, ref, ref_lse, f"varlen {index} {sorted(options)}")
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
@@ -319,15 +262,15 @@ def _check_bhsd_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, options: di
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
     ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse), **options)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
-    _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
-             f"{what} {sorted(options)}")
+    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), **options)
+    compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
+            f"{what} {sorted(options)}")
 
 
 @pytest.mark.parametrize("kernel", PERSISTENT_KERNELS, ids=[k["name"] for k in PERSISTENT_KERNELS])
 def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     if kernel["mode"] == "batch":
         # 1500 rows are 12 query tiles of 128 or 8 of 192 (384 or 256 tiles
@@ -360,10 +303,10 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
                           out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
                           **options)
         torch.cuda.synchronize()
-        ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
+        ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
                                                   **options)
-        _compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
-                 f"persistent group {sorted(options)}")
+        compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
+                f"persistent group {sorted(options)}")
 
 
 BATCH_PERSISTENT_KERNELS = [k for k in PERSISTENT_KERNELS if k["mode"] == "batch"]
@@ -382,7 +325,7 @@ def test_rising_row_maxima_rescale_the_output(kernel: dict[str, Any]) -> None:
     maximum).
     """
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 2)
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     b, hq, hk, sq, sk = 2, 4, 2, 300, 1000
     direction = torch.zeros(d, device="cuda")
@@ -431,7 +374,7 @@ def test_dropout_is_reproducible_and_seed_dependent() -> None:
     if not kernels:
         pytest.skip("no dropout kernel registered")
     kernel = kernels[0]
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     q = torch.randn(1, 2, 64, kernel["hdim_q"], device="cuda", dtype=dtype)
     v = torch.randn(1, 2, 64, kernel["hdim_v"], device="cuda", dtype=dtype)
     extra = _feature_options({**kernel, "dropout": False}, Inputs(1), 1, 2, 64, 64, dtype)
@@ -448,7 +391,7 @@ def test_dropout_is_reproducible_and_seed_dependent() -> None:
 
 def test_automatic_selection_and_results_on_same_stream() -> None:
     kernel = _plain_batch_kernel()
-    hdim, dtype, causal = kernel["hdim_q"], _torch_dtype(kernel["dtype"]), kernel["mask"] == "causal"
+    hdim, dtype, causal = kernel["hdim_q"], torch_dtype(kernel["dtype"]), kernel["mask"] == "causal"
     q = torch.randn(2, 8, 300, hdim, device="cuda", dtype=dtype)
     k = torch.randn(2, 2, 300, hdim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
@@ -457,8 +400,8 @@ def test_automatic_selection_and_results_on_same_stream() -> None:
         out = ckfmha.fwd(q, k, v, causal=causal)
     stream.synchronize()
     assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
-    ref, _ = attention_reference(_f64(q), _f64(k), _f64(v), causal=causal)
-    rel = np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref)
+    ref, _ = attention_reference(f64(q), f64(k), f64(v), causal=causal)
+    rel = np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref)
     assert rel < REL_L2_TOL[kernel["dtype"]]
 
 
@@ -481,7 +424,7 @@ def test_torch_tensors_on_the_launch_stream_are_read_directly() -> None:
 
 def test_inputs_written_on_torch_stream_are_read_on_an_explicit_other_stream() -> None:
     kernel = _plain_batch_kernel()
-    hdim, dtype, causal = kernel["hdim_q"], _torch_dtype(kernel["dtype"]), kernel["mask"] == "causal"
+    hdim, dtype, causal = kernel["hdim_q"], torch_dtype(kernel["dtype"]), kernel["mask"] == "causal"
     q = torch.randn(1, 4, 2000, hdim, device="cuda", dtype=dtype)
     k = torch.randn(1, 4, 2000, hdim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
@@ -530,7 +473,7 @@ def test_unsupported_head_dim_raises_with_supported_list() -> None:
 
 def test_misaligned_rows_are_rejected() -> None:
     kernel = _plain_batch_kernel()
-    hdim, dtype = kernel["hdim_q"], _torch_dtype(kernel["dtype"])
+    hdim, dtype = kernel["hdim_q"], torch_dtype(kernel["dtype"])
     base = torch.randn(1, 2, 16, hdim + 1, device="cuda", dtype=dtype)
     view = base[..., 1:]  # a kernel's head dim, but rows start at odd element offsets
     with pytest.raises(ckfmha.UnsupportedError, match="16-byte"):
@@ -572,8 +515,8 @@ def test_fp32_is_selected_and_rows_need_four_element_alignment() -> None:
     ref_options = _reference_options(options)
     ref_options.pop("dropout_p", None)
     ref_options.pop("return_dropout_randval", None)
-    ref, _ = attention_reference(_f64(q), _f64(k), _f64(v), **ref_options)
-    rel = np.linalg.norm(_f64(out) - ref) / np.linalg.norm(ref)
+    ref, _ = attention_reference(f64(q), f64(k), f64(v), **ref_options)
+    rel = np.linalg.norm(f64(out) - ref) / np.linalg.norm(ref)
     assert rel < REL_L2_TOL["fp32"]
     q, k, v = padded(2)
     with pytest.raises(ckfmha.UnsupportedError, match="not a multiple of 4 elements"):

@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,6 @@ from ckfmha import first_use
 from ckfmha._fwd import first_use_key
 from ckfmha.reference import attention_reference, varlen_attention_reference
 
-ROOT = Path(__file__).resolve().parent.parent
 REL_L2_TOL = {"fp16": 2e-3, "bf16": 1.5e-2}
 
 # One bad call (argv[1]), which must raise InvalidArgumentError containing argv[2]; then correct
@@ -175,7 +174,7 @@ BAD_CASES = {
 @pytest.mark.parametrize("case", list(BAD_CASES))
 def test_bad_input_raises_and_leaves_the_context_usable(case: str) -> None:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.pop("CKFMHA_VALIDATE", None)
     if case.endswith("_env"):
         env["CKFMHA_VALIDATE"] = "1"

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-INDEX = ROOT / "benchmarks" / "NOTES.md"
-NOTES_DIR = ROOT / "benchmarks" / "notes"
+INDEX = REPO_ROOT / "benchmarks" / "NOTES.md"
+NOTES_DIR = REPO_ROOT / "benchmarks" / "notes"
 
 ENTRY = re.compile(r"^(\d+)\. \*\*(.+?)\*\*", re.MULTILINE | re.DOTALL)
 ANCHOR = re.compile(r'^<a id="entry-(\d+)"></a>$', re.MULTILINE)
@@ -90,12 +90,12 @@ def _cited(text: str, bare: bool) -> list[int]:
 
 
 def _citing_files() -> list[Path]:
-    files = [ROOT / "README.md", *sorted((ROOT / "benchmarks").glob("*.py"))]
-    files += sorted((ROOT / "benchmarks").glob("*.sh"))
+    files = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "benchmarks").glob("*.py"))]
+    files += sorted((REPO_ROOT / "benchmarks").glob("*.sh"))
     for top in CODE_DIRS:
         files += sorted(
             p
-            for p in (ROOT / top).rglob("*")
+            for p in (REPO_ROOT / top).rglob("*")
             if p.is_file() and p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts
         )
     return files
@@ -166,7 +166,7 @@ def test_citations_in_code_and_docs_resolve() -> None:
     total = 0
     for path in _citing_files():
         text = path.read_text(errors="replace")
-        rel = path.relative_to(ROOT)
+        rel = path.relative_to(REPO_ROOT)
         cited = _cited(text, bare=path.suffix == ".md")
         total += len(cited)
         unresolved += [f"{rel}: entry {n}" for n in cited if n not in entries]

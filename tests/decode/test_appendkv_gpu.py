@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from device_kernels import device_kernels
+from support.device_kernels import device_kernels
 
 import ckfmha
 from ckfmha.reference_appendkv import append_kv_reference

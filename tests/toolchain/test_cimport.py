@@ -33,6 +33,8 @@ def probe():
         init_status = ckfmha.ckfmha_fwd_problem_init(
             &problem, ckfmha.CKFMHA_DTYPE_BF16, ckfmha.CKFMHA_LAYOUT_BSHD, 2, 8, 2, 64, 128, 64, 64)
         problem.mode = ckfmha.CKFMHA_MODE_GROUP
+        problem.total_q = 100
+        problem.total_k = 200
         problem.skip_min_seqlen_q = 4
         problem.mask = ckfmha.CKFMHA_MASK_WINDOW_BOTTOM_RIGHT
         problem.window_left = 32

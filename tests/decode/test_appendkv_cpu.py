@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_cases import make_config, rule_reasons
+from support.kernel_cases import make_config, rule_reasons
 
 import ckfmha
 from ckfmha import errors
@@ -116,7 +116,7 @@ def test_instance_and_table_entry() -> None:
     assert ("FwdAppendKvTraits<cutlass::bfloat16_t, /*HeadDimK=*/128, /*HeadDimV=*/128,\n"
             "    ckfmha::kernel::RopeMode::kHalfRotated, /*Paged=*/true, /*TokensPerCta=*/16, "
             "/*Warps=*/4>") in text
-    assert "launch_fwd_appendkv<ckfmha_instance_" in text and "::Traits>(problem, args, stream)" in text
+    assert "launch_fwd_appendkv<ckfmha_instance_" in text and "::Traits>(problem, args, context, stream)" in text
     assert config.name == ("fwd_appendkv_bf16_d128x128_rope_half_rotated_paged"
                            "__sm_80_appendkv_m16k128_w4s1")
     table = render_table([config], load_specs())

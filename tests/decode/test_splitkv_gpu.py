@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from device_kernels import device_kernels
-from kernel_cases import mask_options
-from test_fwd_gpu import Inputs, _compare, _f64, _torch_dtype
+from support.device_kernels import device_kernels
+from support.gpu_compare import Inputs, compare, f64, torch_dtype
+from support.kernel_cases import mask_options
 
 import ckfmha
 from ckfmha.reference import attention_reference, varlen_attention_reference
@@ -58,7 +58,7 @@ def _mask_options(kernel: dict[str, Any], index: int) -> dict[str, Any]:
 def _run_batch(kernel: dict[str, Any], index: int, case: tuple[Any, ...], inputs: Inputs,
                forced: bool = True) -> None:
     sq, sk, (hq, hk), num_splits, b = case
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     layout = ["bhsd", "bshd"][index % 2]
 
@@ -77,13 +77,13 @@ def _run_batch(kernel: dict[str, Any], index: int, case: tuple[Any, ...], inputs
     ckfmha.fwd(q, k, v, scale=scale, return_lse=True, layout=layout, out=out, lse_out=lse,
                kernel=kernel["name"] if forced else None, num_splits=num_splits, **options)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), scale=scale, layout=layout,
+    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), scale=scale, layout=layout,
                                        **options)
-    _compare(kernel, out, lse, ref, ref_lse, f"{case} {layout} {options}")
+    compare(kernel, out, lse, ref, ref_lse, f"{case} {layout} {options}")
 
 
 def _run_group(kernel: dict[str, Any], index: int, num_splits: int, inputs: Inputs) -> None:
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
     hq, hk = [(8, 2), (3, 3)][index % 2]
     lens_q = np.roll(VARLEN_Q, index)
@@ -104,9 +104,9 @@ def _run_group(kernel: dict[str, Any], index: int, num_splits: int, inputs: Inpu
                       skip_min_seqlen_q=skip_min, return_lse=True, out=out, lse_out=lse,
                       kernel=kernel["name"], num_splits=num_splits, **options)
     torch.cuda.synchronize()
-    ref, ref_lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k,
+    ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
                                               skip_min_seqlen_q=skip_min, **options)
-    _compare(kernel, out, lse, ref, ref_lse, f"varlen {index} splits {num_splits} {options}")
+    compare(kernel, out, lse, ref, ref_lse, f"varlen {index} splits {num_splits} {options}")
 
 
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS, ids=[k["name"] for k in SPLIT_KERNELS])
@@ -156,7 +156,7 @@ def test_decode_shapes_take_the_split_plan(sq: int) -> None:
     assert "plan: split-KV" in explanation, explanation
     assert "decode-shaped" in explanation, explanation
     inputs = Inputs(sq)
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     q = inputs.normal((2, hq, sq, kernel["hdim_q"]), dtype)
     k = inputs.normal((2, hk, sk, kernel["hdim_q"]), dtype)
     v = inputs.normal((2, hk, sk, kernel["hdim_v"]), dtype)
@@ -164,8 +164,8 @@ def test_decode_shapes_take_the_split_plan(sq: int) -> None:
     lse = torch.full((2, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
     ckfmha.fwd(q, k, v, return_lse=True, out=out, lse_out=lse, **options)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
-    _compare(kernel, out, lse, ref, ref_lse, f"decode sq={sq} auto plan {options}")
+    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), **options)
+    compare(kernel, out, lse, ref, ref_lse, f"decode sq={sq} auto plan {options}")
 
 
 @pytest.mark.parametrize("return_lse", [True, False])
@@ -186,7 +186,7 @@ def test_full_decode_batch_runs_one_split(return_lse: bool) -> None:
     if "num_splits=1: one split writes O directly" not in plan:
         pytest.skip(f"this device and build split a b64 decode step: {plan}")
     inputs = Inputs(batch + return_lse)
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     q = inputs.normal((batch, hq, 1, 128), dtype)
     k = inputs.normal((batch, hk, sk, 128), dtype)
     v = inputs.normal((batch, hk, sk, 128), dtype)
@@ -195,9 +195,9 @@ def test_full_decode_batch_runs_one_split(return_lse: bool) -> None:
     result = ckfmha.fwd(q, k, v, return_lse=return_lse, out=out,
                         lse_out=lse if return_lse else None, **options)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_reference(_f64(q), _f64(k), _f64(v), **options)
+    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), **options)
     if not return_lse:
         # No LSE asked for: the untouched buffer must stay poisoned.
         assert result.data_ptr() == out.data_ptr()
         ref_lse = np.full_like(ref_lse, np.nan)
-    _compare(kernel, out, lse, ref, ref_lse, f"b{batch} one split, lse={return_lse} {options}")
+    compare(kernel, out, lse, ref, ref_lse, f"b{batch} one split, lse={return_lse} {options}")

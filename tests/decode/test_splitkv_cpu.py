@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernel_cases import make_config, problem_fields, rule_reasons
+from support.kernel_cases import make_config, problem_fields, rule_reasons
 
 import ckfmha
 from ckfmha import errors

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from jit_toolchain import skip_without_jit_toolchain
+from support.jit_toolchain import skip_without_jit_toolchain
 
 import ckfmha
 from ckfmha import _cache, jit

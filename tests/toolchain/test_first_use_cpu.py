@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from jit_toolchain import skip_without_jit_toolchain
+from support.jit_toolchain import skip_without_jit_toolchain
+from support.paths import REPO_ROOT
 
 import ckfmha
 from ckfmha import _cache, first_use, jit
 from ckfmha.errors import UnsupportedError
 from ckfmha.first_use import AppendKvKey, BwdKey, FwdKey
 
-ROOT = Path(__file__).resolve().parent.parent
 FP16, BF16, FP32 = 0, 1, 2
 BATCH, GROUP = 0, 1
 NONE, CAUSAL, CAUSAL_BR, WINDOW = 0, 1, 2, 3
@@ -308,7 +308,7 @@ def test_two_processes_compile_a_missing_kernel_once(tmp_path: Path) -> None:
     name = first_use.kernels_for(AppendKvKey(BF16, 96, 96, 1, True), "sm_80")[0].name
     assert name not in ckfmha.Registry()
     assert jit.resolve([name])[0].name == name
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     runs = [
         subprocess.Popen(
             [sys.executable, "-c", _BUILD_SCRIPT, name, str(tmp_path)],

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from device_kernels import device_kernels
-from kernel_cases import mask_options
-from test_fwd_gpu import Inputs, _compare, _f64, _torch_dtype
+from support.device_kernels import device_kernels
+from support.gpu_compare import Inputs, compare, f64, torch_dtype
+from support.kernel_cases import mask_options
 
 import ckfmha
 from ckfmha.reference import paged_attention_reference, varlen_attention_reference
@@ -142,7 +142,7 @@ def _run_decode(kernel: dict[str, Any] | None, index: int, case: tuple[Any, ...]
     sq, lens_k, (hq, hk), page_size, table, num_splits = case
     if table == "kv_indptr_full":
         lens_k = [-(-n // page_size) * page_size for n in lens_k]
-    dtype = _torch_dtype(dtype_name)
+    dtype = torch_dtype(dtype_name)
     layout = ["bhsd", "bshd"][index % 2]
     batch = len(lens_k)
     cache = _paged_cache(inputs, lens_k, page_size, hk, d, dtype, seed=index)
@@ -162,16 +162,16 @@ def _run_decode(kernel: dict[str, Any] | None, index: int, case: tuple[Any, ...]
                      **options)
     torch.cuda.synchronize()
     ref, ref_lse = paged_attention_reference(
-        _f64(q), _f64(cache.k), _f64(cache.v), **cache.reference_args(table), layout=layout,
+        f64(q), f64(cache.k), f64(cache.v), **cache.reference_args(table), layout=layout,
         scale=scale, **options)
     what = f"{case} {layout} {page_layout} {options}"
-    _compare(kernel or {"dtype": dtype_name}, out, lse, ref, ref_lse, what)
+    compare(kernel or {"dtype": dtype_name}, out, lse, ref, ref_lse, what)
 
 
 def _run_prefill(kernel: dict[str, Any], index: int, case: tuple[Any, ...],
                  inputs: Inputs) -> None:
     page_size, table, num_splits = case
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     d = kernel["hdim_q"]
     hq, hk = [(8, 2), (3, 3)][index % 2]
     lens_q = np.roll(PREFILL_LENS_Q, index)
@@ -193,9 +193,9 @@ def _run_prefill(kernel: dict[str, Any], index: int, case: tuple[Any, ...],
                      kernel=kernel["name"], **options)
     torch.cuda.synchronize()
     ref, ref_lse = paged_attention_reference(
-        _f64(q), _f64(cache.k), _f64(cache.v), **cache.reference_args(table), cu_seqlens_q=cu_q,
+        f64(q), f64(cache.k), f64(cache.v), **cache.reference_args(table), cu_seqlens_q=cu_q,
         **options)
-    _compare(kernel, out, lse, ref, ref_lse, f"prefill {case} {options}")
+    compare(kernel, out, lse, ref, ref_lse, f"prefill {case} {options}")
 
 
 @pytest.mark.parametrize("kernel", DECODE_KERNELS, ids=[k["name"] for k in DECODE_KERNELS])
@@ -241,7 +241,7 @@ def test_page_offsets_past_2_31_elements() -> None:
     if not candidates:
         pytest.skip("library built without d128 fwd_pagedkv kernels")
     kernel = candidates[0]
-    dtype = _torch_dtype(kernel["dtype"])
+    dtype = torch_dtype(kernel["dtype"])
     page_size, hk, hq, d = 16, 8, 32, 128
     num_pages = 2**31 // (page_size * hk * d) + 9000
     free, _ = torch.cuda.mem_get_info()
@@ -262,8 +262,8 @@ def test_page_offsets_past_2_31_elements() -> None:
         index = torch.from_numpy(p.astype(np.int64)).cuda()
         k_cache[index] = k_seq.view(p.size, page_size, hk, d)
         v_cache[index] = v_seq.view(p.size, page_size, hk, d)
-        keys.append(_f64(k_seq)[:n])
-        values.append(_f64(v_seq)[:n])
+        keys.append(f64(k_seq)[:n])
+        values.append(f64(v_seq)[:n])
     table = np.full((2, 44), UNUSED_PAGE, dtype=np.int32)
     for b, p in enumerate(pages):
         table[b, : p.size] = p
@@ -276,10 +276,10 @@ def test_page_offsets_past_2_31_elements() -> None:
                      return_lse=True, out=out, lse_out=lse, kernel=kernel["name"], **options)
     torch.cuda.synchronize()
     cu_k = np.array([0, lens_k[0], sum(lens_k)])
-    q_tokens = _f64(q).transpose(0, 2, 1, 3).reshape(4, hq, d)
+    q_tokens = f64(q).transpose(0, 2, 1, 3).reshape(4, hq, d)
     ref, ref_lse = varlen_attention_reference(q_tokens, np.concatenate(keys),
                                               np.concatenate(values), np.array([0, 2, 4]), cu_k,
                                               **options)
     ref = ref.reshape(2, 2, hq, d).transpose(0, 2, 1, 3)
     ref_lse = ref_lse.reshape(hq, 2, 2).transpose(1, 0, 2)
-    _compare(kernel, out, lse, ref, ref_lse, "offsets past 2^31")
+    compare(kernel, out, lse, ref, ref_lse, "offsets past 2^31")

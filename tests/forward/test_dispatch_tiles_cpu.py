@@ -15,14 +15,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.c_programs import needs_cc
+
 import ckfmha
-from tests.c_programs import needs_cc
 
 MODULE_SOURCE = r"""
 #include "ckfmha/kernel_entry.h"
 
-static int never_launched(const void* problem, const void* args, ckfmha_stream_t stream) {
-  (void)problem; (void)args; (void)stream;
+static int never_launched(const void* problem, const void* args,
+                          const ckfmha_launch_context* context, ckfmha_stream_t stream) {
+  (void)problem; (void)args; (void)context; (void)stream;
   return -1;
 }
 

@@ -1,0 +1,1 @@
+"""Helpers shared by the test domains (tests/<domain>/); import them as `support.<module>`."""
