@@ -119,3 +119,34 @@ def test_sanitizer_finds_nothing(tool: str, tmp_path: Path) -> None:
     assert ran and int(ran.group(1)) == int(ran.group(2)) == expected_cases, detail
     drawn = DRAWS_LINE.search(output)
     assert drawn and int(drawn.group(1)) == int(drawn.group(2)) == draws, detail
+
+
+# The control: k and v described as 64 times longer than their allocation, so the kernel reads
+# past it. memcheck must see that here, or its "0 errors" above would prove nothing (out is
+# allocated before k, so the aliasing check does not stop the call first).
+PLANTED_READ = """
+import torch, ckfmha
+q = torch.randn(1, 8, 64, 128, device="cuda", dtype=torch.bfloat16)
+out = torch.empty_like(q)
+k = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
+too_long = ckfmha.device_ptr(k.data_ptr(), (1, 2, 4096, 128), "bf16")
+ckfmha.fwd(q, too_long, too_long, out=out)
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer is not on PATH")
+def test_memcheck_sees_a_planted_read() -> None:
+    result = subprocess.run(
+        [str(SANITIZER), "--tool", "memcheck", "--print-limit", "1", sys.executable, "-c",
+         PLANTED_READ],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    errors = re.search(r"ERROR SUMMARY: (\d+) error", output)
+    assert errors and int(errors.group(1)) > 0, output[-4000:]

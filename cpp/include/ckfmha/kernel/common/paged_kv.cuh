@@ -35,18 +35,26 @@
 
 namespace ckfmha::kernel {
 
+__device__ __forceinline__ bool page_in_pool(int32_t id, FwdParams const& p) {
+  return static_cast<uint32_t>(id) < static_cast<uint32_t>(p.num_pages);
+}
+
 // One sequence's pages.
 struct PagedKeys {
   const int32_t* pages;  // this sequence's page ids, in key order
   int page_shift;        // log2(page_size)
   int batch;             // the sequence, for the error report
 
+  // The table's entry for `token`, unchecked.
+  __device__ __forceinline__ int32_t page_id(int token) const {
+    return __ldg(pages + (token >> page_shift));
+  }
   // The page holding `token`, or -1 (reported) when the table names a page
   // outside the caches: that key is then read as zeros, never from the table's
   // address.
   __device__ __forceinline__ int64_t page(int token, FwdParams const& p) const {
-    const int32_t id = __ldg(pages + (token >> page_shift));
-    if (static_cast<uint32_t>(id) >= static_cast<uint32_t>(p.num_pages)) {
+    const int32_t id = page_id(token);
+    if (!page_in_pool(id, p)) {
       report_device_error(p.errors, &DeviceErrors::page_id, batch);
       return -1;
     }
@@ -109,33 +117,34 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
   static_assert(decltype(size<1>(k_dst))::value == decltype(size<1>(v_dst))::value &&
                     decltype(size<2>(k_dst))::value == decltype(size<2>(v_dst))::value,
                 "K and V tiles are partitioned alike");
+  bool bad_page = false;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(k_dst); ++m) {
     const int token = n_begin + get<0>(coords(0, m, 0));
-    const int64_t page = !Ragged || token < seqlen_k ? keys.page(token, p) : -1;
-    if (page >= 0) {
-      // Paged caches keep the page stride where contiguous ones keep the batch stride.
-      const int64_t slot = keys.slot(token);
-      Element const* k_row = k_head + page * p.k_batch_stride + slot * p.k_row_stride;
-      Element const* v_row = v_head + page * p.v_batch_stride + slot * p.v_row_stride;
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(k_dst); ++k) {
-        const int col = get<1>(coords(0, m, k));
-        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
-            *reinterpret_cast<uint128_t const*>(k_row + col),
-            *reinterpret_cast<uint128_t*>(raw_pointer_cast(k_dst(_, m, k).data())));
-        SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(
-            *reinterpret_cast<uint128_t const*>(v_row + col),
-            *reinterpret_cast<uint128_t*>(raw_pointer_cast(v_dst(_, m, k).data())));
-      }
-    } else {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(k_dst); ++k) {
-        clear(k_dst(_, m, k));
-        clear(v_dst(_, m, k));
-      }
+    // Rows past the sequence (ragged tiles only) never read their table entry.
+    const bool in_seq = !Ragged || token < seqlen_k;
+    const int32_t id = in_seq ? keys.page_id(token) : 0;
+    const bool read = in_seq && page_in_pool(id, p);
+    bad_page |= in_seq && !read;
+    // A row not read is zero-filled by the copy itself (source size 0), which
+    // touches no global memory: no branch, so every row's vectors issue alike.
+    // Paged caches keep the page stride where contiguous ones keep the batch stride.
+    const int64_t page = read ? id : 0;
+    const int64_t slot = keys.slot(token);
+    Element const* k_row = k_head + page * p.k_batch_stride + slot * p.k_row_stride;
+    Element const* v_row = v_head + page * p.v_batch_stride + slot * p.v_row_stride;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(k_dst); ++k) {
+      const int col = get<1>(coords(0, m, k));
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+          *reinterpret_cast<uint128_t const*>(k_row + col),
+          *reinterpret_cast<uint128_t*>(raw_pointer_cast(k_dst(_, m, k).data())), read);
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+          *reinterpret_cast<uint128_t const*>(v_row + col),
+          *reinterpret_cast<uint128_t*>(raw_pointer_cast(v_dst(_, m, k).data())), read);
     }
   }
+  if (bad_page) report_device_error(p.errors, &DeviceErrors::page_id, keys.batch);
 }
 
 // Vectorized pages: gathers key tile rows [n_begin, n_begin + kBlockN) of K
