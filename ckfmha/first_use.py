@@ -167,7 +167,7 @@ def plans_for(key: Key, gen: Any) -> list[list[Any]]:
     return _appendkv_plans(key, gen)
 
 
-def kernels_for(key: Key, arch: str | None = None) -> list[Any]:
+def kernels_for(key: Key, arch: int | str | None = None) -> list[Any]:
     """KernelConfigs of the best plan the generator can build for ``key`` on ``arch`` (default:
     this GPU's), every stage on its preferred template; [] if no plan can be built."""
     from ckfmha import jit
@@ -183,27 +183,32 @@ def kernels_for(key: Key, arch: str | None = None) -> list[Any]:
     return []
 
 
+# A key served on one arch says nothing of another: a process that runs on GPUs of two archs
+# (calls follow their arrays' device) builds each arch's kernels on its first call there.
+ArchKey = tuple[int | None, Key]
+
+
 class _FirstUse:
-    """Which keys were already served; builds one key at a time (concurrent callers that need
-    the same kernels wait for the first, then find them registered)."""
+    """Which (arch, key) pairs were already served; builds one at a time (concurrent callers
+    that need the same kernels wait for the first, then find them registered)."""
 
     def __init__(self) -> None:
-        self.served: set[Key] = set()
-        # Kernels a served key lacks, and why they were not built.
-        self.missing: dict[Key, tuple[list[str], str]] = {}
+        self.served: set[ArchKey] = set()
+        # Kernels a served pair lacks, and why they were not built.
+        self.missing: dict[ArchKey, tuple[list[str], str]] = {}
         self.lock = threading.Lock()
 
-    def ensure(self, key: Key) -> None:
-        if key in self.served:
+    def ensure(self, key: Key, arch: int | None) -> None:
+        if (arch, key) in self.served:
             return
         from ckfmha._registry import Registry
         from ckfmha.errors import NoDeviceError
 
         with self.lock:
-            if key in self.served:
+            if (arch, key) in self.served:
                 return
             try:
-                names = [config.name for config in kernels_for(key)]
+                names = [config.name for config in kernels_for(key, arch)]
             except NoDeviceError:
                 return  # the launch reports it, after its own argument checks
             registered = set(Registry().names())
@@ -220,18 +225,20 @@ class _FirstUse:
                     # launch's error says what is missing (explain_failure).
                     why = f"compiling on first use needs {error}"
             if absent:
-                self.missing[key] = (absent, why)
-            self.served.add(key)
+                self.missing[(arch, key)] = (absent, why)
+            self.served.add((arch, key))
 
-    def explain_failure(self, key: Key, error: UnsupportedError) -> UnsupportedError:
+    def explain_failure(
+        self, key: Key, arch: int | None, error: UnsupportedError
+    ) -> UnsupportedError:
         """The run found no kernel: say what first use would build, and how to build it."""
-        if key not in self.missing:
+        if (arch, key) not in self.missing:
             return error
-        absent, why = self.missing[key]
+        absent, why = self.missing[(arch, key)]
         from ckfmha import jit
 
-        arch = jit.arch_spec_name(None, jit.generator_modules().specs.load_specs())
-        command = f"python -m ckfmha build --arch {arch} --kernels {','.join(absent)}"
+        target = jit.arch_spec_name(arch, jit.generator_modules().specs.load_specs())
+        command = f"python -m ckfmha build --arch {target} --kernels {','.join(absent)}"
         return UnsupportedError(
             f"{error} The kernels this problem needs are not built ({why}): "
             f"{', '.join(absent)}. Prebuild them with: {command}",
@@ -241,9 +248,27 @@ class _FirstUse:
 
 _FIRST_USE = _FirstUse()
 _KEY_TYPES = {"fwd": FwdKey, "bwd": BwdKey, "appendkv": AppendKvKey}
-# Raw keys (operation, field tuple) already served, read without the lock: a call whose
-# kernels are there costs one set lookup.
-_SERVED_RAW: set[tuple[str, tuple[Any, ...]]] = set()
+# (arch, raw key) pairs already served, read without the lock: a call whose kernels are there
+# costs a current-device query and one set lookup.
+_SERVED_RAW: set[tuple[int | None, tuple[str, tuple[Any, ...]]]] = set()
+# Each device index's arch, asked once.
+_ARCH_OF_DEVICE: dict[int, int] = {}
+
+
+def current_arch() -> int | None:
+    """The current device's arch (10 * major + minor), or None without a usable device (the
+    launch then reports it, after its own argument checks)."""
+    from ckfmha._device import current_device, device_arch
+    from ckfmha.errors import CudaError, NoDeviceError
+
+    try:
+        index = current_device()
+        arch = _ARCH_OF_DEVICE.get(index)
+        if arch is None:
+            arch = _ARCH_OF_DEVICE[index] = device_arch(index)
+    except (NoDeviceError, CudaError):
+        return None
+    return arch
 
 
 def key_of(raw: tuple[str, tuple[Any, ...]]) -> Key:
@@ -254,12 +279,13 @@ def key_of(raw: tuple[str, tuple[Any, ...]]) -> Key:
 def ensure(raw: tuple[str, tuple[Any, ...]]) -> None:
     """Makes the kernels for a runner's raw key (operation, the key's fields in order)
     available, compiling them on first use; called before the plan is made."""
-    if raw in _SERVED_RAW:
+    arch = current_arch()
+    if (arch, raw) in _SERVED_RAW:
         return
     key = key_of(raw)
-    _FIRST_USE.ensure(key)
-    if key in _FIRST_USE.served:
-        _SERVED_RAW.add(raw)
+    _FIRST_USE.ensure(key, arch)
+    if (arch, key) in _FIRST_USE.served:
+        _SERVED_RAW.add((arch, raw))
 
 
 def ensure_named(name: str) -> None:
@@ -279,7 +305,7 @@ def ensure_named(name: str) -> None:
 def explain(raw: tuple[str, tuple[Any, ...]], error: UnsupportedError) -> UnsupportedError:
     """The error to raise when a launch found no kernel: ``error``, plus the kernels first use
     did not build and the command that prebuilds them."""
-    return _FIRST_USE.explain_failure(key_of(raw), error)
+    return _FIRST_USE.explain_failure(key_of(raw), current_arch(), error)
 
 
 def forget() -> None:

@@ -167,6 +167,7 @@ def fresh_first_use(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(first_use, "_SERVED_RAW", set())
     configs = first_use.kernels_for(_fwd(softcap=True), "sm_90a")
     monkeypatch.setattr(first_use, "kernels_for", lambda key, arch=None: configs)
+    monkeypatch.setattr(first_use, "current_arch", lambda: 90)
     monkeypatch.setattr(jit, "arch_spec_name", lambda arch, specs: "sm_90a")
     monkeypatch.setattr("ckfmha._registry.Registry", lambda: _FakeRegistry([]))
     return state, [c.name for c in configs]
@@ -185,7 +186,21 @@ def test_missing_kernels_are_built_once_per_key(fresh_first_use, monkeypatch) ->
     first_use.ensure(raw)
     first_use.ensure(raw)
     assert calls == [(names, "line")]
-    assert raw in first_use._SERVED_RAW and not state.missing
+    assert (90, raw) in first_use._SERVED_RAW and not state.missing
+
+
+def test_each_arch_builds_its_own_kernels(fresh_first_use, monkeypatch) -> None:
+    # Calls follow their arrays' device: a key served on an sm_90 GPU still needs sm_80
+    # kernels when the next call runs on an sm_80 GPU of the same process.
+    asked, built = [], []
+    monkeypatch.setattr(first_use, "kernels_for", lambda key, arch=None: asked.append(arch) or [])
+    monkeypatch.setattr(jit, "build", lambda names, progress: built.append(names))
+    raw = _raw(_fwd(softcap=True))
+    for arch in (90, 80, 90, 80):
+        monkeypatch.setattr(first_use, "current_arch", lambda arch=arch: arch)
+        first_use.ensure(raw)
+    assert asked == [90, 80]
+    assert {(90, raw), (80, raw)} <= first_use._SERVED_RAW
 
 
 def test_concurrent_callers_build_once(fresh_first_use, monkeypatch) -> None:
@@ -251,7 +266,7 @@ def test_no_device_leaves_the_error_to_the_launch(monkeypatch) -> None:
         pytest.skip("a GPU is visible")
     raw = _raw(_fwd())
     first_use.ensure(raw)  # no NoDeviceError here: fwd's own checks come first
-    assert raw not in first_use._SERVED_RAW
+    assert not first_use._SERVED_RAW
 
 
 # ---- the cache key ----
