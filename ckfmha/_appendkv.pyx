@@ -282,7 +282,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     overflow raises InvalidArgumentError. Device-side lengths and page numbers are trusted
     as far as the kernel checks them: tokens that would land outside the cache, in a page
     outside [0, num_pages) or past the cos/sin rows are not written, and ``overflow`` (a
-    device int32 [1] array the caller zeroes) is set to 1. A host block_table is checked with
+    device int32 [1] array the caller zeroes) is set to 1; without ``overflow`` the next call
+    on the device (or ``ckfmha.check_errors()``) raises DeviceMetadataError. A host block_table is checked with
     host lengths: every entry the new tokens land in must be a page id in [0, num_pages).
     ``validate=True`` (or CKFMHA_VALIDATE=1) copies device lengths and block tables back and
     checks them the same way before the launch (waiting for the stream).

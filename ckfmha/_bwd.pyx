@@ -350,7 +350,7 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     ``return_dbias`` adds dbias [batch, nhead_q, max_seqlen_q, max_seqlen_k] as in ``bwd``:
     each sequence's gradient in its top-left corner, zeros elsewhere. Offsets are checked as
     in ``fwd_varlen`` (host ones always; device ones with ``validate=True`` or
-    CKFMHA_VALIDATE=1).
+    CKFMHA_VALIDATE=1, else bounded by the kernels and reported as DeviceMetadataError).
     """
     index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out,
                            dbias_out, cu_seqlens_q, cu_seqlens_k)

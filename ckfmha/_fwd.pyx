@@ -479,8 +479,10 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     Offsets given on the host (NumPy, lists) are checked before they are staged: they start
     at 0, never decrease, end within q and k, and no sequence is longer than max_seqlen_q/k
     (InvalidArgumentError naming the array, the index and the bound). Device offsets are
-    trusted, unless ``validate=True`` (or CKFMHA_VALIDATE=1 in the environment): they are
-    then copied back and checked the same way, which waits for the stream. Devices and
+    checked the same way when ``validate=True`` (or CKFMHA_VALIDATE=1 in the environment):
+    they are copied back, which waits for the stream. Otherwise the kernels bound them: a
+    sequence whose range leaves q or k, runs backwards or passes max_seqlen_q/k is skipped
+    and the next call on the device (or ``ckfmha.check_errors()``) raises DeviceMetadataError. Devices and
     ``out``/``lse_out`` overlaps are checked as in ``fwd``.
 
     Empty problems: batch 0 (one offset), no tokens or max_seqlen_q 0 launch nothing; a

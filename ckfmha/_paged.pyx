@@ -108,8 +108,11 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     page_size), every page id its keys use is in [0, num_pages), kv_indptr starts at 0, never
     decreases and ends within kv_indices, cu_seqlens_q likewise within q, and max_seqlen_q/k
     (when given) bound the lengths: InvalidArgumentError naming the array, the index and the
-    bound. Device metadata is trusted unless ``validate=True`` (or CKFMHA_VALIDATE=1): then
-    it is copied back and checked the same way, which waits for the stream. Devices and
+    bound. Device metadata is checked the same way when ``validate=True`` (or
+    CKFMHA_VALIDATE=1): it is copied back, which waits for the stream. Otherwise the kernels
+    bound it: a page id outside [0, num_pages) is read as zeros, and a sequence whose key count
+    or kv_indptr range is out of range is skipped; the next call on the device (or
+    ``ckfmha.check_errors()``) raises DeviceMetadataError. Devices and
     output overlaps are checked as in ``fwd``; a batch or query count of 0 launches nothing.
     """
     index = check_devices((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),

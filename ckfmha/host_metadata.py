@@ -2,9 +2,10 @@
 gave them, device arrays copied back only when the caller asks for validation.
 
 Host metadata is always checked (it is on the host already, before it is staged). Device
-metadata is trusted unless ``validate=True`` is passed to the runner, or ``CKFMHA_VALIDATE=1``
-is set in the environment: it is then copied to the host after the call's stream has finished
-its pending work (so the call waits for the GPU) and checked the same way.
+metadata is checked the same way when ``validate=True`` is passed to the runner, or
+``CKFMHA_VALIDATE=1`` is set in the environment: it is then copied to the host after the call's
+stream has finished its pending work (so the call waits for the GPU). Otherwise the kernels
+bound it and report what they met (``DeviceMetadataError``, see ``ckfmha.check_errors``).
 """
 
 from __future__ import annotations

@@ -525,7 +525,9 @@ typedef enum ckfmha_rope {
  * and page numbers are otherwise trusted only as far as the kernel checks
  * them: a token whose position is outside [0, capacity), whose page number is
  * outside [0, num_pages) or whose angle row is outside [0, rope_max_pos) is
- * not written, and args.overflow (when given) is set to 1.
+ * not written, and args.overflow (when given) is set to 1; without it the next
+ * call on the device fails with CKFMHA_ERROR_DEVICE_METADATA (see
+ * ckfmha_check_device_errors).
  *
  * rotate_q: q [batch, seqlen_q, nhead_q, hdim_k] is rotated too, query t of
  * sequence b at position cache_seqlens[b] + t (causal positions, as the keys
