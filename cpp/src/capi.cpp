@@ -67,15 +67,7 @@ int ckfmha_current_device(int* device) {
 }
 
 int ckfmha_set_device(int device) {
-  int count = 0;
-  if (int s = device_count(&count)) return s;
-  if (count == 0) return fail(CKFMHA_ERROR_NO_DEVICE, "no CUDA device is visible");
-  if (device < 0 || device >= count) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                "device " + std::to_string(device) + " does not exist; valid devices are 0.." +
-                    std::to_string(count - 1) + " (" + std::to_string(count) +
-                    " CUDA device(s) visible)");
-  }
+  if (int s = require_device_index(device)) return s;
   return set_device(device);
 }
 

@@ -46,6 +46,19 @@ int set_device(int device) {
   return succeed();
 }
 
+int require_device_index(int device) {
+  int count = 0;
+  if (int s = device_count(&count)) return s;
+  if (count == 0) return fail(CKFMHA_ERROR_NO_DEVICE, "no CUDA device is visible");
+  if (device < 0 || device >= count) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "device " + std::to_string(device) + " does not exist; valid devices are 0.." +
+                    std::to_string(count - 1) + " (" + std::to_string(count) +
+                    " CUDA device(s) visible)");
+  }
+  return CKFMHA_SUCCESS;
+}
+
 int device_arch(int device, int* arch) {
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);

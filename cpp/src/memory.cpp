@@ -69,14 +69,8 @@ int ckfmha_stream_synchronize(ckfmha_stream_t stream) {
 }
 
 int ckfmha_check_device_errors(int device, int synchronize) {
-  if (int s = require_device()) return s;
-  int count = 0;
-  if (int s = device_count(&count)) return s;
-  if (device >= count) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "device " + std::to_string(device) +
-                                                   " is out of range: " + std::to_string(count) +
-                                                   " CUDA device(s) are visible");
-  }
+  // device < 0: the current one.
+  if (int s = device < 0 ? require_device() : require_device_index(device)) return s;
   return check_device_errors(device, synchronize != 0);
 }
 

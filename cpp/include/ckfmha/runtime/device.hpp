@@ -10,6 +10,9 @@ int device_count(int* count);
 int current_device(int* device);
 // cudaSetDevice(device); the caller checks the range.
 int set_device(int device);
+// NO_DEVICE without a visible device, INVALID_ARGUMENT naming the valid
+// range when `device` is not one of them.
+int require_device_index(int device);
 int device_arch(int device, int* arch);
 // Arch of the current device, or a NO_DEVICE status.
 int current_device_arch(int* arch);
