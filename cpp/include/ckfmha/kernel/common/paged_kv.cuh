@@ -123,15 +123,15 @@ __device__ __forceinline__ void load_paged_kv(KDst& k_dst, VDst& v_dst, Coords c
     const int token = n_begin + get<0>(coords(0, m, 0));
     // Rows past the sequence (ragged tiles only) never read their table entry.
     const bool in_seq = !Ragged || token < seqlen_k;
-    const uint32_t id = in_seq ? static_cast<uint32_t>(keys.page_id(token)) : 0u;
-    const bool read = in_seq && id < static_cast<uint32_t>(p.num_pages);
+    const int32_t id = in_seq ? keys.page_id(token) : 0;
+    const bool read = in_seq && page_in_pool(id, p);
     bad_page |= in_seq && !read;
     // A row not read is zero-filled by the copy itself (source size 0): no
     // branch, so every row's vectors issue alike. Its address is clamped into
     // the pool anyway (one min: negative ids are huge unsigned), so no copy is
     // ever given an address outside the caches. Paged caches keep the page
     // stride where contiguous ones keep the batch stride.
-    const int64_t page = min(id, static_cast<uint32_t>(p.num_pages) - 1u);
+    const int64_t page = min(static_cast<uint32_t>(id), static_cast<uint32_t>(p.num_pages) - 1u);
     const int64_t slot = keys.slot(token);
     Element const* k_row = k_head + page * p.k_batch_stride + slot * p.k_row_stride;
     Element const* v_row = v_head + page * p.v_batch_stride + slot * p.v_row_stride;
