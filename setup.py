@@ -141,7 +141,14 @@ def _extensions() -> list[Extension]:
 setup(
     # The generator installs as a package of its own, so setup.py, `python -m generator` and the
     # first-use compiler import it the same way.
-    packages=["ckfmha", "generator", "generator.rules"],
+    packages=[
+        "ckfmha",
+        "ckfmha.serving",
+        "ckfmha.torch",
+        "ckfmha.transformers",
+        "generator",
+        "generator.rules",
+    ],
     package_data={"ckfmha": ["*.pxd", "*.pyi", "py.typed"]},
     # Only what package_data names: not the .pyx sources or Cython's generated .cpp files.
     include_package_data=False,

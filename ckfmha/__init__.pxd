@@ -155,6 +155,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         float softcap
         ckfmha_bias bias
         int32_t store_dbias
+        int32_t has_sink
         float dropout_p
         uint64_t dropout_seed
         uint64_t dropout_offset
@@ -187,6 +188,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const void* bias
         void* dbias
         const float* alibi_slopes
+        const float* sink
+        float* dsink
         const int32_t* cu_seqlens_q
         const int32_t* cu_seqlens_k
         void* workspace
@@ -214,6 +217,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_device_free(void* ptr)
     int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes)
     int ckfmha_memcpy_to_host(void* dst, const void* src, size_t bytes)
+    int ckfmha_memcpy_to_device_async(void* dst, const void* src, size_t bytes,
+                                      ckfmha_stream_t stream)
     int ckfmha_memset_device(void* dst, int value, size_t bytes)
     int ckfmha_stream_synchronize(ckfmha_stream_t stream)
     int ckfmha_check_device_errors(int device, int synchronize)

@@ -6,10 +6,12 @@ Quick start::
     o = ckfmha.fwd(q, k, v, causal=True)          # torch / CuPy / JAX / NumPy arrays
     o, lse = ckfmha.fwd(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = ckfmha.bwd(do, q, k, v, o, lse, causal=True)
-    o = ckfmha.torch.attention(q, k, v, causal=True)  # torch.autograd (import ckfmha.torch)
+    o = ckfmha.torch.attention(q, k, v, causal=True)  # torch ops + autograd (import ckfmha.torch)
+    o = ckfmha.torch.sdpa(q, k, v, is_causal=True)    # F.scaled_dot_product_attention's call
     o = ckfmha.fwd_paged(q, k_cache, v_cache, block_table=table, seqlens_k=lens)  # paged KV
     ckfmha.Dispatcher().explain(batch=2, nhead_q=16, seqlen_q=4096, hdim=128, arch=90)
     q = ckfmha.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, cos=cos, sin=sin, q=q)
+    decode = ckfmha.serving.BatchDecode(...)  # plan/run, replayable in a CUDA graph
 """
 
 from __future__ import annotations

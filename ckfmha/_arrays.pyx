@@ -120,6 +120,10 @@ def as_view(obj, stream=0, dtype=None, str name="array", int ndim=4, allowed=Non
             raise _invalid(f"{name}: dtype={_dtypes.NAMES[override]} given, but the array "
                            f"holds {_dtypes.NAMES[view.dtype]}")
         view.dtype = override
+    if 0 in view.shape:
+        # An empty array's strides describe no memory (torch keeps an expanded tensor's zero
+        # strides when it is empty): every check and launch sees contiguous ones.
+        view.strides = contiguous_strides(view.shape)
     _check(view, name, ndim, allowed)
     return view
 

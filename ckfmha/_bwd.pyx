@@ -34,7 +34,7 @@ from ckfmha.host_metadata import MetadataValues
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
 _F32 = (_dtypes.FP32,)
-_OUTPUT_NAMES = frozenset(("dq_out", "dk_out", "dv_out", "dbias_out"))
+_OUTPUT_NAMES = frozenset(("dq_out", "dk_out", "dv_out", "dbias_out", "dsink_out"))
 
 
 def _invalid(message: str) -> InvalidArgumentError:
@@ -212,20 +212,69 @@ cdef int _dbias_output(_Launch launch, str kind, like, out, handle, tuple shape,
     return 0
 
 
-def _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out, dbias_out,
-                   cu_seqlens_q=None, cu_seqlens_k=None):
+cdef int _sink_input(_Launch launch, sink, return_dsink, dsink_out, handle,
+                     int nhead_q) except -1:
+    """The forward's sink logits, fp32 [nhead_q]. dq, dk and dv need only the LSE (which
+    includes the sinks); the sink logits are read for their gradient, ``return_dsink``."""
+    cdef ArrayView sv
+    if sink is None:
+        if return_dsink:
+            raise _invalid(f"return_dsink needs `sink`, the forward's sink logits (fp32 "
+                           f"[{nhead_q}]): dsink is their gradient")
+    else:
+        sv = launch.view(sink, handle, None, "sink", 1, _F32)
+        if sv.shape != (nhead_q,) or (sv.strides[0] != 1 and nhead_q > 1):
+            raise _invalid(f"sink must be contiguous fp32 [{nhead_q}], got shape {sv.shape}")
+        if return_dsink:
+            launch.problem.has_sink = 1
+            launch.args.sink = <const float*>sv.ptr
+    if dsink_out is not None and not return_dsink:
+        raise _invalid("dsink_out is given but return_dsink is False")
+    return 0
+
+
+cdef int _dsink_output(_Launch launch, str kind, like, out, handle, int nhead_q,
+                       list keep) except -1:
+    """The sink gradient, fp32 [nhead_q]."""
+    cdef ArrayView view = _output(launch, kind, like, out, handle, (nhead_q,), _dtypes.FP32,
+                                  "dsink_out", keep)
+    launch.args.dsink = <float*>view.ptr
+    return 0
+
+
+cdef list _given(dq_out, dk_out, dv_out, return_dbias, dbias_out, return_dsink, dsink_out):
+    """The caller's ``*_out`` arrays (or None) of the gradients returned, in their order."""
+    given = [dq_out, dk_out, dv_out]
+    if return_dbias:
+        given.append(dbias_out)
+    if return_dsink:
+        given.append(dsink_out)
+    return given
+
+
+cdef tuple _results(str kind, handle, list keep, list given):
+    """The gradients in order: those allocated here converted to the caller's kind, the
+    caller's own ``*_out`` arrays as given."""
+    return tuple(finish(kind, obj, handle) if out is None else out
+                 for obj, out in zip(keep, given))
+
+
+def _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, sink, dq_out, dk_out, dv_out,
+                   dbias_out, dsink_out, cu_seqlens_q=None, cu_seqlens_k=None):
     """The arrays' CUDA device index (None: host data), see ckfmha.array_devices."""
     return check_devices((("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse),
                           ("bias", bias), ("dq_out", dq_out), ("dk_out", dk_out),
-                          ("dv_out", dv_out), ("dbias_out", dbias_out)),
-                         (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
-                          ("cu_seqlens_k", cu_seqlens_k)))
+                          ("dv_out", dv_out), ("dbias_out", dbias_out),
+                          ("dsink_out", dsink_out)),
+                         (("alibi_slopes", alibi_slopes), ("sink", sink),
+                          ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)))
 
 
 def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", window=None,
-        scale=None, softcap=0.0, bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0,
-        dropout_offset=0, deterministic=False, layout="bhsd", dq_out=None, dk_out=None,
-        dv_out=None, return_dbias=False, dbias_out=None, kernel=None, stream=None, dtype=None):
+        scale=None, softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0,
+        dropout_seed=0, dropout_offset=0, deterministic=False, layout="bhsd", dq_out=None,
+        dk_out=None, dv_out=None, return_dbias=False, dbias_out=None, return_dsink=False,
+        dsink_out=None, kernel=None, stream=None, dtype=None):
     """Gradients of attention: (dq, dk, dv) for upstream gradient ``do``.
 
     q, k, v, o and the fp32 ``lse`` [batch, nhead_q, seqlen_q] are the forward's inputs and
@@ -240,28 +289,37 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
     written entirely (0 where the mask hides a score); the gradient of a bias that broadcasts
     over batch or heads is its sum over those axes. ``dbias_out`` receives it if given.
 
+    Sinks: a forward with ``sink`` (fp32 [nhead_q]) gives an LSE that includes them, and dq,
+    dk and dv need nothing more. ``return_dsink`` (which needs ``sink``, staged like
+    alibi_slopes) also returns the sink gradient dsink[h] = -sum over batch and queries of
+    exp(sink[h] - lse) * rowsum(do * o), fp32 [nhead_q], after dq, dk, dv (and dbias); it is
+    reduced in a fixed order, bit-identical across runs in either mode. ``dsink_out``
+    receives it if given.
+
     ``deterministic`` makes dq bit-identical across runs (no fp32 atomics; see ckfmha.h);
     the default adds dQ partials atomically, which is faster. ``kernel`` forces the
     bwd_dq_dk_dv kernel by name; the other two stages are chosen to match. The workspace
     (ckfmha_bwd_workspace_size bytes) is allocated like the outputs, by q's framework.
 
-    Arrays share one device, where the call runs, as in ``fwd``; dq_out, dk_out, dv_out and
-    dbias_out must not share memory with an input or with each other (InvalidArgumentError
-    naming both; views of one packed dqkv buffer that do not overlap are fine). Empty
-    problems: batch 0, or no queries and no keys, launch nothing; without queries dk = dv = 0,
-    without keys dq = 0 (memsets, no kernel).
+    Arrays share one device, where the call runs, as in ``fwd``; dq_out, dk_out, dv_out,
+    dbias_out and dsink_out must not share memory with an input or with each other
+    (InvalidArgumentError naming both; views of one packed dqkv buffer that do not overlap are
+    fine). Empty problems: batch 0, or no queries and no keys, launch nothing; without queries
+    dk = dv = 0, without keys dq = 0, and dsink = 0 in both cases (memsets, no kernel).
     """
-    index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out,
-                           dbias_out)
+    index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, sink, dq_out, dk_out, dv_out,
+                           dbias_out, dsink_out)
     with on_device(index):
         return _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, scale, softcap,
-                    bias, alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic,
-                    layout, dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype)
+                    bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                    deterministic, layout, dq_out, dk_out, dv_out, return_dbias, dbias_out,
+                    return_dsink, dsink_out, kernel, stream, dtype)
 
 
 cdef object _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, scale, softcap,
-                 bias, alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic, layout,
-                 dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype):
+                 bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset, deterministic,
+                 layout, dq_out, dk_out, dv_out, return_dbias, dbias_out, return_dsink, dsink_out,
+                 kernel, stream, dtype):
     """``bwd`` with the arrays' device (``index``) current."""
     cdef int c_layout = layout_code(layout)
     kind = array_kind(q)
@@ -300,6 +358,7 @@ cdef object _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, s
     launch.scalars(causal, causal_alignment, window, scale, softcap, dropout_p, dropout_seed,
                    dropout_offset, deterministic)
     launch.biases(bias, alibi_slopes, handle, qv.dtype, batch, nhead_q, seqlen_q, seqlen_k)
+    _sink_input(launch, sink, return_dsink, dsink_out, handle, nhead_q)
     check(capi.ckfmha_bwd_problem_validate(&launch.problem))
 
     keep = []
@@ -324,12 +383,14 @@ cdef object _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, s
                       qv.dtype, keep)
     elif dbias_out is not None:
         raise _invalid("dbias_out is given but return_dbias is False")
+    if return_dsink:
+        _dsink_output(launch, kind, q, dsink_out, handle, nhead_q, keep)
     launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
-    launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out) if out is not None])
+    launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out, dsink_out)
+                          if out is not None])
     launch.run(kind, q, handle, kernel)
-    outs = (dq_out, dk_out, dv_out, dbias_out)
-    return tuple(finish(kind, obj, handle) if given is None else given
-                 for obj, given in zip(keep, outs))
+    return _results(kind, handle, keep, _given(dq_out, dk_out, dv_out, return_dbias, dbias_out,
+                                               return_dsink, dsink_out))
 
 
 def _offset_array(obj):
@@ -338,9 +399,10 @@ def _offset_array(obj):
 
 def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                causal=False, causal_alignment="top_left", window=None, scale=None, softcap=0.0,
-               bias=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
-               deterministic=False, dq_out=None, dk_out=None, dv_out=None, return_dbias=False,
-               dbias_out=None, kernel=None, stream=None, dtype=None, validate=None):
+               bias=None, alibi_slopes=None, sink=None, dropout_p=0.0, dropout_seed=0,
+               dropout_offset=0, deterministic=False, dq_out=None, dk_out=None, dv_out=None,
+               return_dbias=False, dbias_out=None, return_dsink=False, dsink_out=None,
+               kernel=None, stream=None, dtype=None, validate=None):
     """Gradients over a packed batch of variable-length sequences (group mode).
 
     Arrays as ``fwd_varlen`` takes and returns them: q [total_q, nhead_q, hdim], k and v
@@ -348,25 +410,27 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     ``lse`` [nhead_q, total_q]; offsets and features as in ``fwd_varlen``. Returns (dq, dk,
     dv) shaped like q, k and v; keys of a sequence with no queries get zero gradients.
     ``return_dbias`` adds dbias [batch, nhead_q, max_seqlen_q, max_seqlen_k] as in ``bwd``:
-    each sequence's gradient in its top-left corner, zeros elsewhere. Offsets are checked as
+    each sequence's gradient in its top-left corner, zeros elsewhere. ``sink`` and
+    ``return_dsink`` as in ``bwd``: dsink [nhead_q] sums over every sequence's queries (0 when
+    no sequence has any). Offsets are checked as
     in ``fwd_varlen`` (host ones always; device ones with ``validate=True`` or
     CKFMHA_VALIDATE=1, else bounded by the kernels and reported as DeviceMetadataError).
     """
-    index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, dq_out, dk_out, dv_out,
-                           dbias_out, cu_seqlens_q, cu_seqlens_k)
+    index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, sink, dq_out, dk_out, dv_out,
+                           dbias_out, dsink_out, cu_seqlens_q, cu_seqlens_k)
     with on_device(index):
         return _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                            max_seqlen_k, causal, causal_alignment, window, scale, softcap, bias,
-                           alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic,
-                           dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype,
-                           validate)
+                           alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                           deterministic, dq_out, dk_out, dv_out, return_dbias, dbias_out,
+                           return_dsink, dsink_out, kernel, stream, dtype, validate)
 
 
 cdef object _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, causal, causal_alignment, window, scale, softcap, bias,
-                        alibi_slopes, dropout_p, dropout_seed, dropout_offset, deterministic,
-                        dq_out, dk_out, dv_out, return_dbias, dbias_out, kernel, stream, dtype,
-                        validate):
+                        alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
+                        deterministic, dq_out, dk_out, dv_out, return_dbias, dbias_out,
+                        return_dsink, dsink_out, kernel, stream, dtype, validate):
     """``bwd_varlen`` with the arrays' device (``index``) current."""
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
@@ -412,6 +476,7 @@ cdef object _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, 
                    dropout_offset, deterministic)
     launch.biases(bias, alibi_slopes, handle, qv.dtype, batch, nhead_q, launch.problem.seqlen_q,
                   launch.problem.seqlen_k)
+    _sink_input(launch, sink, return_dsink, dsink_out, handle, nhead_q)
     check(capi.ckfmha_bwd_problem_validate(&launch.problem))
     meta = MetadataValues(validate)
     meta.given("cu_seqlens_q", cu_seqlens_q)
@@ -447,11 +512,13 @@ cdef object _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, 
                       qv.dtype, keep)
     elif dbias_out is not None:
         raise _invalid("dbias_out is given but return_dbias is False")
+    if return_dsink:
+        _dsink_output(launch, kind, q, dsink_out, handle, nhead_q, keep)
     launch.tensors(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv)
     launch.args.cu_seqlens_q = <const int32_t*>cqv.ptr
     launch.args.cu_seqlens_k = <const int32_t*>ckv.ptr
-    launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out) if out is not None])
+    launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out, dsink_out)
+                          if out is not None])
     launch.run(kind, q, handle, kernel)
-    outs = (dq_out, dk_out, dv_out, dbias_out)
-    return tuple(finish(kind, obj, handle) if given is None else given
-                 for obj, given in zip(keep, outs))
+    return _results(kind, handle, keep, _given(dq_out, dk_out, dv_out, return_dbias, dbias_out,
+                                               return_dsink, dsink_out))

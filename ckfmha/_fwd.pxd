@@ -20,7 +20,7 @@ cdef int _set_scalars(capi.ckfmha_fwd_problem* problem, causal, causal_alignment
 cdef int _set_tensors(capi.ckfmha_fwd_args* args, ArrayView qv, ArrayView kv, ArrayView vv,
                       ArrayView ov, ArrayView lv) except -1
 cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle,
-                 str kind, like)
+                 str kind, like, ArrayView workspace=*)
 cdef int _offset_count(obj, str name) except -1
 cdef ArrayView _offsets(obj, handle, str name, int count)
 cdef int _check_outputs(out, lse_out, ArrayView ov, ArrayView lv, list inputs) except -1

@@ -18,7 +18,7 @@ from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
-from ckfmha.errors import InvalidArgumentError
+from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_varlen
 from ckfmha.problem import layout_code, mask_code, window_bounds
@@ -169,7 +169,9 @@ cdef bint _launches_kernels(capi.ckfmha_fwd_problem* p):
 
 
 cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, kernel, handle,
-                 str kind, like):
+                 str kind, like, ArrayView workspace=None):
+    """Plans and launches ``problem``. ``workspace`` (a uint8 view the caller owns) serves a
+    split-KV plan instead of scratch memory allocated here; it must hold the plan's bytes."""
     check(capi.ckfmha_fwd_problem_validate(problem))
     cdef const char* c_kernel = NULL
     cdef uintptr_t c_stream = <uintptr_t>handle
@@ -189,19 +191,28 @@ cdef object _run(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args, k
         # Kernels this problem's best plan needs and the library lacks compile here, before
         # the plan (and its workspace size) is made.
         first_use.ensure(key)
-    # Two-stage (split-KV) plans need scratch memory: allocated like the outputs
-    # (torch's caching allocator for torch inputs, else ckfmha device memory),
+    # Two-stage (split-KV) plans need scratch memory: the caller's, or allocated like the
+    # outputs (torch's caching allocator for torch inputs, else ckfmha device memory),
     # and held here until the launches are queued; stream order keeps it valid.
     # A failed size query (no device, no plan) is left to the run to report, after
     # its argument checks, so errors come in the same order as without a workspace.
     cdef size_t workspace_bytes = 0
     cdef int size_status = capi.ckfmha_fwd_workspace_size(problem, -1, c_kernel,
                                                           &workspace_bytes)
-    cdef ArrayView wv = None
-    workspace = None
-    if size_status == capi.CKFMHA_SUCCESS and workspace_bytes > 0:
-        workspace = allocate(kind, like, (workspace_bytes,), _dtypes.UINT8)
-        wv = as_view(workspace, handle, None, "workspace", 1, _U8, True)
+    cdef ArrayView wv = workspace
+    scratch = None
+    if wv is not None:
+        if size_status == capi.CKFMHA_SUCCESS and wv.shape[0] < <int64_t>workspace_bytes:
+            raise BufferTooSmallError(
+                f"workspace holds {wv.shape[0]} bytes; this problem's split-KV plan needs "
+                f"{workspace_bytes} (Dispatcher.workspace_size says how many)", 5)
+        # Passed even when the plan needs none, so the run plans as the size query did
+        # (with a workspace at hand).
+        args.workspace = <void*>wv.ptr
+        args.workspace_bytes = <size_t>wv.shape[0]
+    elif size_status == capi.CKFMHA_SUCCESS and workspace_bytes > 0:
+        scratch = allocate(kind, like, (workspace_bytes,), _dtypes.UINT8)
+        wv = as_view(scratch, handle, None, "workspace", 1, _U8, True)
         args.workspace = <void*>wv.ptr
         args.workspace_bytes = workspace_bytes
     with nogil:

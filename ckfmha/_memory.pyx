@@ -213,8 +213,20 @@ cdef class DeviceArray:
         )
         return np.array(view)
 
-    def copy_from_host(self, array) -> None:
-        """Fill a contiguous DeviceArray from a host array of the same shape and dtype."""
+    def copy_from_host(self, array, stream=None) -> None:
+        """Fill a contiguous DeviceArray from a host array of the same shape and dtype.
+
+        Without ``stream`` the copy is done when this returns. With one (an int handle or a
+        stream object: torch, CuPy, ``__cuda_stream__``) it is queued on that stream after
+        the work already there, so a kernel still reading this memory on it finishes first;
+        consumers on other streams wait for it (``stream`` is recorded as the last write).
+        A host array in pageable memory (NumPy's) is consumed before this returns and may be
+        reused at once; one in page-locked memory must stay unchanged until the stream has
+        reached the copy.
+        """
+        cdef uintptr_t handle = 0
+        if stream is not None:
+            handle = <uintptr_t>stream_handle(stream)
         host = np.ascontiguousarray(array)
         if tuple(host.shape) != self.shape:
             raise InvalidArgumentError(f"shape {host.shape} does not match {self.shape}", 1)
@@ -227,11 +239,19 @@ cdef class DeviceArray:
             raise InvalidArgumentError("copy_from_host needs a contiguous DeviceArray", 1)
         cdef size_t nbytes = host.nbytes
         cdef uintptr_t src = <uintptr_t>host.ctypes.data
-        if nbytes:
+        if not nbytes:
+            return
+        if stream is None:
             with nogil:
                 status = capi.ckfmha_memcpy_to_device(<void*>self._ptr, <const void*>src,
                                                       nbytes)
             check(status)
+            return
+        with nogil:
+            status = capi.ckfmha_memcpy_to_device_async(
+                <void*>self._ptr, <const void*>src, nbytes, <capi.ckfmha_stream_t>handle)
+        check(status)
+        self.stream = <object>handle
 
 
 def device_ptr(ptr, shape, dtype="fp16", strides=None, *, device=0, owner=None) -> DeviceArray:

@@ -29,4 +29,5 @@ def fwd_paged(
     stream: Any = None,
     dtype: Any = None,
     validate: bool | None = None,
+    workspace: Any = None,
 ) -> Any: ...

@@ -26,6 +26,7 @@ from ckfmha.problem import layout_code, page_layout_code
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
 _F32 = (_dtypes.FP32,)
 _I32 = (_dtypes.INT32,)
+_U8 = (_dtypes.UINT8,)
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -73,7 +74,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
               causal=False, causal_alignment="top_left", window=None, scale=None,
               softcap=0.0, return_lse=False, layout="bhsd", page_layout="linear",
               num_splits=0, out=None, lse_out=None, kernel=None, stream=None, dtype=None,
-              validate=None):
+              validate=None, workspace=None):
     """Attention over a paged K/V cache: decode steps (fwd_pagedkv) and batch prefill.
 
     k_cache and v_cache are [num_pages, page_size, nhead_k, hdim] (vLLM's flash
@@ -103,6 +104,14 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     ways. Returns o (like q) and, with ``return_lse``, the fp32 LSE
     ([batch, nhead_q, seqlen_q], or [nhead_q, total_q] for packed queries).
 
+    Split-KV plans of two or more splits need scratch memory, allocated per call like the
+    outputs. ``workspace`` (a 1-D uint8 device array, 16-byte aligned, e.g.
+    ``ckfmha.empty((n,), "uint8")``) is used instead, so that a call with ``out`` (and
+    ``lse_out``) allocates nothing; it must hold at least
+    ``Dispatcher().workspace_size(problem)`` bytes, else BufferTooSmallError names how many
+    the plan needs. The call's stream must be the only one using it until the call's
+    kernels finish.
+
     Metadata given on the host (NumPy, lists) is checked before it is staged: each
     sequence's length fits its pages (seqlens_k <= the table row's or kv_indptr's pages x
     page_size), every page id its keys use is in [0, num_pages), kv_indptr starts at 0, never
@@ -116,7 +125,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     output overlaps are checked as in ``fwd``; a batch or query count of 0 launches nothing.
     """
     index = check_devices((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
-                           ("lse_out", lse_out)),
+                           ("lse_out", lse_out), ("workspace", workspace)),
                           (("block_table", block_table), ("seqlens_k", seqlens_k),
                            ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
                            ("cu_seqlens_q", cu_seqlens_q)))
@@ -124,13 +133,13 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
         return _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
                           cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment,
                           window, scale, softcap, return_lse, layout, page_layout, num_splits, out,
-                          lse_out, kernel, stream, dtype, validate)
+                          lse_out, kernel, stream, dtype, validate, workspace)
 
 
 cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
                        cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment, window,
                        scale, softcap, return_lse, layout, page_layout, num_splits, out, lse_out,
-                       kernel, stream, dtype, validate):
+                       kernel, stream, dtype, validate, workspace):
     """``fwd_paged`` with the arrays' device (``index``) current."""
     cdef int c_page_layout = page_layout_code(page_layout)
     cdef bint indptr = kv_indices is not None or kv_indptr is not None
@@ -215,6 +224,9 @@ cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_in
     if not qv.dtype == kcv.dtype == vcv.dtype:
         raise _invalid(f"q, k_cache and v_cache must have one dtype, got {qv.dtype_name}, "
                        f"{kcv.dtype_name}, {vcv.dtype_name}")
+    cdef ArrayView wv = None
+    if workspace is not None:
+        wv = as_view(workspace, handle, None, "workspace", 1, _U8, True)
 
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
@@ -294,9 +306,10 @@ cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_in
     _check_outputs(out, lse_out, ov, lv, [
         view.region(name) for name, view in (
             ("q", qv), ("k_cache", kcv), ("v_cache", vcv), ("block_table", tv),
-            ("seqlens_k", sv), ("kv_indices", iv), ("kv_indptr", pv), ("cu_seqlens_q", cqv))
+            ("seqlens_k", sv), ("kv_indices", iv), ("kv_indptr", pv), ("cu_seqlens_q", cqv),
+            ("workspace", wv))
         if view is not None])
-    _run(&problem, &args, kernel, handle, kind, q)
+    _run(&problem, &args, kernel, handle, kind, q, wv)
 
     # The views (staged copies, DLPack owners) live until here, past the launch.
     o_result = finish(kind, o_obj, handle) if out is None else out

@@ -175,8 +175,6 @@ cdef int fill_bwd_problem(object problem, bint deterministic,
     fill_fwd_problem(problem, &forward)
     if forward.v_col_major:
         raise InvalidArgumentError("the backward takes row-major V (v_col_major=False)", 1)
-    if forward.has_sink:
-        raise InvalidArgumentError("the backward does not take sinks", 1)
     check(capi.ckfmha_bwd_problem_init(
         out, forward.dtype, <capi.ckfmha_layout>problem.layout_code, forward.batch,
         forward.nhead_q, forward.nhead_k, forward.seqlen_q, forward.seqlen_k, forward.hdim_q,
@@ -188,6 +186,8 @@ cdef int fill_bwd_problem(object problem, bint deterministic,
     out.scale = forward.scale
     out.softcap = forward.softcap
     out.bias = forward.bias
+    # A forward with sinks: the backward also writes their gradient (the same kernels).
+    out.has_sink = forward.has_sink
     out.dropout_p = forward.dropout_p
     out.deterministic = 1 if deterministic else 0
     out.total_q = forward.total_q

@@ -236,6 +236,36 @@ def _bwd_signatures() -> tuple[BwdSignature, ...]:
     return tuple(dict.fromkeys(sig for plan in plans for sig in plan))
 
 
+# What models train with: each feature a model family uses, with the mask it uses it with, as
+# a forward (with LSE) and the backward plan that differentiates it. The backward takes no
+# sink flag (the forward's LSE carries the sink), so a sink forward pairs with the plain plan.
+TRAINING_COMBOS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("causal", {"softcap": True}),  # Gemma 2, global layers
+    ("window", {"softcap": True}),  # Gemma 2, sliding-window layers
+    ("causal", {"sink": True}),  # gpt-oss, full layers
+    ("window", {"sink": True}),  # gpt-oss, sliding-window layers
+    ("causal", {"bias": "alibi"}),  # BLOOM, MPT
+    ("causal", {"dropout": True}),  # decoders trained with attention dropout
+    ("none", {"dropout": True}),  # encoders trained with attention dropout
+    ("none", {"bias": "elementwise"}),  # padding masks passed as a bias (SDPA's attn_mask)
+)
+
+
+def _unique(signatures: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(signatures))
+
+
+def _training_signatures() -> tuple[FwdSignature | BwdSignature, ...]:
+    signatures: list[FwdSignature | BwdSignature] = []
+    for dtype, hdims, (mask, features) in itertools.product(
+        DTYPES, FEATURE_HDIMS, TRAINING_COMBOS
+    ):
+        signatures.append(_fwd(dtype, hdims, mask, True, **features))
+        backward = {name: value for name, value in features.items() if name != "sink"}
+        signatures.extend(_bwd_plan(dtype, hdims, mask, **backward))
+    return tuple(dict.fromkeys(signatures))
+
+
 # Appending to a KV cache: every RoPE mode, contiguous and paged caches.
 APPENDKV_HDIMS = (32, 64, 96, 128, 256)
 APPENDKV_FP32_HDIMS = (64, 128)
@@ -354,21 +384,30 @@ RECEIPTS: dict[str, Receipt] = {
             "masks x {batch,group}; paged K/V (fwd_pagedkv in batch mode, batch_prefill in "
             "group mode) for {fp16,bf16} x d{64,128} x masks x {linear,vectorized} pages; backward plans for {fp16,bf16} x every mask x {batch,group} "
             "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
+            "forward and backward pairs for the features models train with (soft-cap, sinks, "
+            "ALiBi, dropout with the masks their models use) at d64/d128, "
             "and no mask or causal at the other head dims; KV-cache appends for {fp16,bf16} x "
             "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "
             "{contiguous,paged}; default tiles (split-KV: every tile)",
-            signatures=_mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
-            + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
-            + _paged_signatures() + _bwd_signatures() + _appendkv_signatures(),
+            # Training pairs repeat signatures other layers hold: each is listed once.
+            signatures=_unique(
+                _mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
+                + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
+                + _paged_signatures() + _bwd_signatures() + _training_signatures()
+                + _appendkv_signatures()
+            ),
             all_tiles=False,
         ),
         Receipt(
             name="full",
             description="default plus no-LSE variants, fp32 at every head dim and every "
             "alternative tile",
-            signatures=_mask_signatures((True, False)) + _group_signatures()
-            + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
-            + _splitkv_signatures() + _paged_signatures() + _bwd_signatures() + _appendkv_signatures(),
+            signatures=_unique(
+                _mask_signatures((True, False)) + _group_signatures()
+                + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
+                + _splitkv_signatures() + _paged_signatures() + _bwd_signatures()
+                + _training_signatures() + _appendkv_signatures()
+            ),
             all_tiles=True,
         ),
     )

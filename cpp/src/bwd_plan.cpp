@@ -200,6 +200,10 @@ std::string explain_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
       }
     }
     if (listed == 0) out << "  (no kernels of this family are registered)\n";
+    if (family == CKFMHA_FAMILY_BWD_DOT_DO_O && p.has_sink) {
+      out << "  + dsink: a second kernel of this stage reduces it from D and the LSE, one CTA "
+             "per query head\n";
+    }
   }
   if (!plan.found) out << "no plan: " << plan.why_none << "\n";
   return out.str();

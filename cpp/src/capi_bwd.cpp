@@ -45,6 +45,9 @@ int check_bwd_pointers(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a, bo
                       "elementwise bias needs args.bias"},
       RequiredPointer{bool(p.store_dbias), a.dbias, "store_dbias is set but args.dbias is NULL"},
       RequiredPointer{p.bias == CKFMHA_BIAS_ALIBI, a.alibi_slopes, "ALiBi needs args.alibi_slopes"},
+      RequiredPointer{bool(p.has_sink), a.sink,
+                      "has_sink is set but args.sink is NULL: the backward reads the forward's "
+                      "sink logits, fp32 [nhead_q]"},
       RequiredPointer{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_q,
                       "group mode needs args.cu_seqlens_q (batch + 1 int32 offsets)"},
       RequiredPointer{p.mode == CKFMHA_MODE_GROUP, a.cu_seqlens_k,
@@ -141,7 +144,7 @@ int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf, s
     const char* why = bwd_run_work(*problem) == RunWork::kNothing
                           ? "no kernel runs: every gradient is empty"
                           : "no kernel runs: without queries (or keys) ckfmha_bwd_run sets the "
-                            "non-empty gradients to 0 with memsets";
+                            "non-empty gradients (dsink too, with sinks) to 0 with memsets";
     return copy_text_out(describe(*problem) + "\n" + why + "\n", buf, buf_len, needed);
   }
   int device_arch = 0;
@@ -155,13 +158,21 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
                    const char* kernel_name, ckfmha_stream_t stream) {
   if (int s = checked_bwd_problem(problem)) return s;
   if (int s = require(args != nullptr, "args is NULL")) return s;
+  // dsink [nhead_q] is written whatever else is empty.
+  if (int s = require_pointers({RequiredPointer{
+          bool(problem->has_sink), args->dsink,
+          "has_sink is set but args.dsink is NULL: the backward writes the sink gradient, "
+          "fp32 [nhead_q]"}})) {
+    return s;
+  }
   const RunWork work = bwd_run_work(*problem);
   if (work == RunWork::kNothing) return succeed();
   if (work == RunWork::kFill) {
     if (int s = require_pointers({
-            RequiredPointer{problem->seqlen_q > 0, args->dq, "dq is NULL"},
-            RequiredPointer{problem->seqlen_k > 0, args->dk, "dk is NULL"},
-            RequiredPointer{problem->seqlen_k > 0, args->dv, "dv is NULL"},
+            // With sinks a batch of 0 fills dsink alone: the other gradients are empty.
+            RequiredPointer{problem->batch > 0 && problem->seqlen_q > 0, args->dq, "dq is NULL"},
+            RequiredPointer{problem->batch > 0 && problem->seqlen_k > 0, args->dk, "dk is NULL"},
+            RequiredPointer{problem->batch > 0 && problem->seqlen_k > 0, args->dv, "dv is NULL"},
         })) {
       return s;
     }
@@ -169,10 +180,16 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
     return succeed();
   }
   const bool queries = problem->seqlen_q > 0, keys = problem->seqlen_k > 0;
-  // From here on the kernels' problem: zero length bounds raised to 1.
+  // From here on the kernels' problem: zero length bounds raised to 1, and no
+  // sink without queries (dsink is then 0, set by a memset before the kernels).
   const ckfmha_bwd_problem launch = bwd_launch_problem(*problem);
+  const bool dsink_is_zero = problem->has_sink && !launch.has_sink;
   problem = &launch;
   if (int s = check_bwd_pointers(*problem, *args, queries, keys)) return s;
+  if (problem->has_sink && (!aligned_to(args->sink, 4) || !aligned_to(args->dsink, 4))) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "args.sink and args.dsink must be 4-byte aligned (fp32 arrays)");
+  }
   size_t needed = workspace_bytes(*problem);
   if (args->workspace_bytes < needed) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
@@ -218,6 +235,9 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
+  if (dsink_is_zero) {
+    if (int s = zero_bwd_dsink(*problem, *args, stream)) return s;
+  }
   for (ckfmha_kernel_entry const* stage : {&plan.dot_do_o, &plan.dq_dk_dv, &plan.convert_dq}) {
     if (int s = from_launch_result(stage->launch(problem, args, &launch_context, stream),
                                    stage->name)) {

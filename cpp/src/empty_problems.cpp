@@ -116,7 +116,10 @@ RunWork fwd_run_work(ckfmha_fwd_problem const& p) {
 }
 
 RunWork bwd_run_work(ckfmha_bwd_problem const& p) {
-  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return RunWork::kNothing;
+  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) {
+    // dsink [nhead_q] is never empty: 0 without queries.
+    return p.has_sink ? RunWork::kFill : RunWork::kNothing;
+  }
   if (p.seqlen_q == 0 || p.seqlen_k == 0) {
     return p.mode == CKFMHA_MODE_BATCH ? RunWork::kFill : RunWork::kKernels;
   }
@@ -145,6 +148,8 @@ ckfmha_bwd_problem bwd_launch_problem(ckfmha_bwd_problem const& p) {
     launch.seqlen_k = std::max(launch.seqlen_k, 1);
     launch.store_dbias = 0;  // [batch, nhead_q, seqlen_q, seqlen_k] with a zero axis
   }
+  // No sequence has queries: dsink is 0 (zero_bwd_dsink), sink need not be read.
+  if (p.seqlen_q == 0) launch.has_sink = 0;
   return launch;
 }
 
@@ -177,9 +182,20 @@ int fill_fwd_without_keys(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a,
   return CKFMHA_SUCCESS;
 }
 
+int zero_bwd_dsink(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a,
+                   ckfmha_stream_t stream) {
+  return cuda_status(cudaMemsetAsync(a.dsink, 0, size_t(p.nhead_q) * sizeof(float),
+                                     reinterpret_cast<cudaStream_t>(stream)),
+                     "cudaMemsetAsync(dsink)");
+}
+
 int zero_bwd_gradients(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a,
                        ckfmha_stream_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (p.has_sink) {
+    if (int status = zero_bwd_dsink(p, a, stream)) return status;
+  }
+  if (p.batch == 0) return CKFMHA_SUCCESS;  // dsink was all there was to write
   const int bytes = element_bytes(p.dtype);
   const int64_t query_rows[3] = {p.batch, p.nhead_q, p.seqlen_q};
   const int64_t key_rows[3] = {p.batch, p.nhead_k, p.seqlen_k};

@@ -52,6 +52,14 @@ int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes) {
   return check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy host->device");
 }
 
+int ckfmha_memcpy_to_device_async(void* dst, const void* src, size_t bytes,
+                                  ckfmha_stream_t stream) {
+  if (int s = require_device()) return s;
+  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                               reinterpret_cast<cudaStream_t>(stream)),
+               "cudaMemcpyAsync host->device");
+}
+
 int ckfmha_memcpy_to_host(void* dst, const void* src, size_t bytes) {
   if (int s = require_device()) return s;
   return check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device->host");

@@ -265,6 +265,7 @@ ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
   f.scale = b.scale;
   f.softcap = b.softcap;
   f.bias = b.bias;
+  f.has_sink = b.has_sink;
   f.dropout_p = b.dropout_p;
   f.dropout_seed = b.dropout_seed;
   f.dropout_offset = b.dropout_offset;

@@ -125,10 +125,22 @@ def test_unsupported_backward_says_what_exists(bwd_kernels):
                                        **_problem_fields(kernel, hdim=72, hdim_v=72))  # fmt: skip
 
 
+def test_sink_problem_runs_the_same_plan_and_explains_dsink(bwd_kernels):
+    """Sinks change no kernel: the dot_do_o stage's launcher adds the dsink reduction."""
+    if not bwd_kernels:
+        pytest.skip("library built without backward kernels")
+    kernel = bwd_kernels[0]
+    dispatcher = ckfmha.Dispatcher()
+    fields = _problem_fields(kernel)
+    plan = dispatcher.select_bwd(arch=kernel["arch_name"], **fields)
+    assert dispatcher.select_bwd(arch=kernel["arch_name"], sink=True, **fields) == plan
+    text = dispatcher.explain_bwd(arch=kernel["arch_name"], sink=True, **fields)
+    assert " sink on " in text.splitlines()[0], text
+    assert "+ dsink: a second kernel of this stage" in text, text
+    assert "dsink" not in dispatcher.explain_bwd(arch=kernel["arch_name"], **fields)
+
+
 def test_backward_rejects_forward_only_features():
-    with pytest.raises(errors.InvalidArgumentError, match="sinks"):
-        ckfmha.Dispatcher().select_bwd(arch=90, batch=1, nhead_q=2, seqlen_q=8, hdim=64,
-                                       sink=True)  # fmt: skip
     with pytest.raises(errors.InvalidArgumentError, match="row-major V"):
         ckfmha.Dispatcher().select_bwd(arch=90, batch=1, nhead_q=2, seqlen_q=8, hdim=64,
                                        v_col_major=True)  # fmt: skip
@@ -186,6 +198,61 @@ def test_bwd_varlen_argument_errors():
     with pytest.raises(errors.InvalidArgumentError, match=r"lse must be fp32 \[2, 10\]"):
         ckfmha.bwd_varlen(q, q, q, q, q, _ptr((10, 2), "fp32"), cu, cu, max_seqlen_q=6,
                           max_seqlen_k=10)  # fmt: skip
+
+
+def _ptr_at(address: int, shape, dtype="fp16"):
+    return ckfmha.device_ptr(address, shape, dtype)
+
+
+# Outputs apart from the inputs (which all lie at 0x7F000000), so the aliasing checks pass.
+OUTPUTS = {"dq_out": _ptr_at(0x7F100000, (1, 2, 16, 64)),
+           "dk_out": _ptr_at(0x7F200000, (1, 2, 16, 64)),
+           "dv_out": _ptr_at(0x7F300000, (1, 2, 16, 64))}  # fmt: skip
+SINK = _ptr_at(0x7F400000, (2,), "fp32")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"return_dsink": True}, r"return_dsink needs `sink`, the forward's sink logits"),
+        ({"sink": _ptr((3,), "fp32"), "return_dsink": True},
+         r"sink must be contiguous fp32 \[2\], got shape \(3,\)"),
+        ({"sink": _ptr((2,), "fp16"), "return_dsink": True}, r"sink must be fp32"),
+        ({"sink": _ptr((1, 2), "fp32"), "return_dsink": True}, r"sink must be 1-D"),
+        ({"sink": ckfmha.device_ptr(0x7F400000, (2,), "fp32", strides=(2,)),
+          "return_dsink": True}, r"sink: the last dimension must be contiguous"),
+        ({"sink": SINK, "dsink_out": _ptr_at(0x7F500000, (2,), "fp32")},
+         r"dsink_out is given but return_dsink is False"),
+        ({"dsink_out": _ptr_at(0x7F500000, (2,), "fp32")},
+         r"dsink_out is given but return_dsink is False"),
+        ({"sink": SINK, "return_dsink": True, "dsink_out": _ptr_at(0x7F500000, (3,), "fp32"),
+          **OUTPUTS}, r"dsink_out must have shape \(2,\), got \(3,\)"),
+        ({"sink": SINK, "return_dsink": True, "dsink_out": _ptr_at(0x7F500000, (2,), "fp16"),
+          **OUTPUTS}, r"dsink_out must be fp32"),
+        ({"sink": SINK, "return_dsink": True, "dsink_out": _ptr_at(0x7F400004, (2,), "fp32"),
+          **OUTPUTS}, r"dsink_out overlaps the input sink"),
+        ({"sink": SINK, "return_dsink": True, "dsink_out": _ptr_at(0x7F300000, (2,), "fp32"),
+          **OUTPUTS}, r"dv_out overlaps the output dsink_out"),
+    ],
+    ids=["no_sink", "sink_shape", "sink_dtype", "sink_2d", "sink_strided", "dsink_out_unasked",
+         "dsink_out_without_sink", "dsink_out_shape", "dsink_out_dtype", "dsink_out_over_sink",
+         "dsink_out_over_dv_out"],
+)  # fmt: skip
+def test_bwd_sink_argument_errors(options, message):
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        ckfmha.bwd(*BASE.values(), **options)
+
+
+def test_bwd_varlen_sink_argument_errors():
+    q = _ptr((10, 2, 64))
+    lse = _ptr((2, 10), "fp32")
+    cu = ckfmha.device_ptr(0x7F000000, (3,), "int32")
+    with pytest.raises(errors.InvalidArgumentError, match="return_dsink needs `sink`"):
+        ckfmha.bwd_varlen(q, q, q, q, q, lse, cu, cu, max_seqlen_q=6, max_seqlen_k=10,
+                          return_dsink=True)  # fmt: skip
+    with pytest.raises(errors.InvalidArgumentError, match=r"sink must be contiguous fp32 \[2\]"):
+        ckfmha.bwd_varlen(q, q, q, q, q, lse, cu, cu, max_seqlen_q=6, max_seqlen_k=10,
+                          sink=_ptr((8,), "fp32"), return_dsink=True)  # fmt: skip
 
 
 @no_gpu
@@ -251,6 +318,29 @@ int main(void) {
   a.workspace = dummy;
   a.workspace_bytes = 64;
   report("run_small_workspace", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  p.has_sink = 1;
+  size_t with_sink = 0;
+  report("size_sink", ckfmha_bwd_workspace_size(&p, &with_sink));
+  printf("sink_bytes %zu\n", with_sink);
+  report("run_sink_no_dsink", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  static float dsink[8];
+  a.dsink = dsink;
+  report("run_sink_no_sink", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  char text[8192];
+  size_t needed = 0;
+  report("explain_sink", ckfmha_bwd_explain(&p, 90, text, sizeof text, &needed));
+  printf("explain_sink_mentions %d %d\n", strstr(text, " sink on sm_90") != NULL,
+         strstr(text, "+ dsink") != NULL);
+  /* Empty problems: dsink is still written (a memset), so its pointer is still required. */
+  a.dsink = NULL;
+  p.batch = 0;
+  report("run_empty_sink_no_dsink", ckfmha_bwd_run(&p, &a, NULL, NULL));
+  report("explain_empty_sink", ckfmha_bwd_explain(&p, 90, text, sizeof text, &needed));
+  printf("explain_empty_sink_text %s", strchr(text, '\n') + 1);
+  p.has_sink = 0;
+  report("explain_empty", ckfmha_bwd_explain(&p, 90, text, sizeof text, &needed));
+  printf("explain_empty_text %s", strchr(text, '\n') + 1);
+  p.batch = 2;
   p.hdim_q = p.hdim_v = 72;
   char names[1024];
   report("select_unsupported", ckfmha_bwd_select(&p, 90, names, sizeof names));
@@ -295,6 +385,16 @@ def test_c_api_checks_and_workspace_size(tmp_path: Path):
     assert lines["run_no_lse"].startswith("1 lse is NULL")
     assert lines["run_no_workspace"].startswith("1 workspace is NULL")
     assert lines["run_small_workspace"].startswith("1 workspace of 64 bytes is too small")
+    # Sinks need no workspace of their own: dsink is reduced from D and the LSE rows.
+    assert lines["size_sink"].startswith("0") and int(lines["sink_bytes"]) == fast
+    assert lines["run_sink_no_dsink"].startswith("1 has_sink is set but args.dsink is NULL")
+    assert lines["run_sink_no_sink"].startswith("1 has_sink is set but args.sink is NULL")
+    assert lines["explain_sink_mentions"] == "1 1"
+    assert lines["run_empty_sink_no_dsink"].startswith(
+        "1 has_sink is set but args.dsink is NULL")
+    # Without queries dsink is 0 (a memset); other gradients are then empty as well.
+    assert "dsink too, with sinks" in lines["explain_empty_sink_text"]
+    assert lines["explain_empty_text"] == "no kernel runs: every gradient is empty"
     assert lines["select_unsupported"].startswith("2 no compiled bwd_dq_dk_dv kernel fits bwd")
 
 

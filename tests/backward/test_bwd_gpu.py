@@ -578,3 +578,324 @@ def test_return_dbias_argument_errors() -> None:
     with pytest.raises(ckfmha.InvalidArgumentError, match="dbias"):
         ckfmha.bwd(q3, q3, q3, q3, q3, torch.zeros(3, 2, 16, device="cuda"), bias=bias,
                    return_dbias=True, dbias_out=broadcast)  # fmt: skip
+
+
+# ---- attention sinks: dq, dk, dv from a sink-inclusive LSE, and dsink
+
+# O reaches the kernels rounded to the input dtype, so each D = rowsum(dO * O) they form is off
+# by at most u * rowsum(|dO * O|) from the reference's (u: the dtype's unit roundoff).
+UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+# dsink against the same sum formed in float64 from the rounded O the kernels read: fp32
+# accumulation and exp2 of the log2-domain LSE, relative to sum(share * |dO * O|).
+DSINK_SUM_TOL = 1e-4
+
+
+def _sink_logits(inputs: Inputs, hq: int) -> Any:
+    """fp32 [hq] sinks spread so the sink takes from ~0.1% to most of a row's softmax."""
+    t = torch.rand((hq,), generator=inputs.generator) * 7.0 - 2.0
+    return t.to("cuda")
+
+
+def _selection_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """FwdProblem features of ckfmha.bwd keyword arguments, for Dispatcher.select_bwd."""
+    fields = {k: options[k] for k in ("causal", "causal_alignment", "window", "softcap",
+                                      "dropout_p") if k in options}  # fmt: skip
+    if "alibi_slopes" in options:
+        fields["bias"] = "alibi"
+    elif "bias" in options:
+        fields["bias"] = "elementwise"
+    return fields
+
+
+def _sink_kernel(deterministic: bool, **fields: Any) -> str:
+    """The bwd_dq_dk_dv kernel the dispatcher picks among the registered ones (never compiled
+    on first use here: the case is skipped when the build lacks it)."""
+    try:
+        plan = ckfmha.Dispatcher().select_bwd(sink=True, deterministic=deterministic, **fields)
+    except ckfmha.UnsupportedError:
+        pytest.skip(f"no registered backward kernel for {fields}")
+    return plan[1]
+
+
+def _head_rows(x: np.ndarray, layout: str) -> np.ndarray:
+    """[b, h, s, d] (bhsd) or [b, s, h, d] (bshd) as [h, b * s, d]."""
+    x = x.transpose(1, 0, 2, 3) if layout == "bhsd" else x.transpose(2, 0, 1, 3)
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+def _check_dsink(dtype: str, got: Any, ref_dsink: np.ndarray, sink: np.ndarray,
+                 lse_rows: np.ndarray, do_rows: np.ndarray, o_rows: np.ndarray,
+                 o_exact_rows: np.ndarray, what: str) -> None:  # fmt: skip
+    """dsink against the float64 reference (within what O's rounding to the dtype allows) and
+    against the same sum over the rounded O the kernels read (tightly: a row left out or
+    counted twice shows). Rows are [hq, rows(, dv)]; lse_rows is the reference's LSE."""
+    g = _f64(got)
+    assert not np.isnan(g).any(), f"unwritten (NaN) dsink: {what}"
+    share = np.exp(sink[:, None] - lse_rows)
+    scale = (share * np.abs(do_rows * o_exact_rows).sum(-1)).sum(-1)
+    from_rounded_o = -(share * (do_rows * o_rows).sum(-1)).sum(-1)
+    tight = DSINK_SUM_TOL * scale + 1e-6
+    assert (np.abs(g - from_rounded_o) <= tight).all(), (
+        f"dsink {what}: got {g}, want {from_rounded_o} from the rounded O (tolerance {tight})")
+    loose = (UNIT_ROUNDOFF[dtype] + DSINK_SUM_TOL) * scale + 1e-6
+    assert (np.abs(g - ref_dsink) <= loose).all(), (
+        f"dsink {what}: got {g}, float64 reference {ref_dsink} (tolerance {loose})")
+
+
+def _check_batch_dsink(dtype: str, got: Any, ref: Any, sink: Any, do: Any, o: Any,
+                       layout: str, what: str) -> None:  # fmt: skip
+    """_check_dsink for batch-mode tensors (``ref``: the reference's AttentionGrads)."""
+    hq = ref.dsink.shape[0]
+    _check_dsink(dtype, got, ref.dsink, _f64(sink), ref.lse.transpose(1, 0, 2).reshape(hq, -1),
+                 _head_rows(_f64(do), layout), _head_rows(_f64(o), layout),
+                 _head_rows(ref.o, layout), what)  # fmt: skip
+
+
+def _kernel_features(features: dict[str, Any]) -> dict[str, Any]:
+    """A case's features in the fields of a kernel dict, as _feature_options reads them."""
+    return {"bias": features.get("bias", "none"), "softcap": features.get("softcap", False),
+            "dropout": features.get("dropout", False)}  # fmt: skip
+
+
+def _nan_dsink(hq: int) -> Any:
+    return torch.full((hq,), float("nan"), dtype=torch.float32, device="cuda")
+
+
+SINK_BATCH_CASES = [
+    # dtype, hdim, (hq, hk), (sq, sk), mask, features, layout
+    pytest.param("fp16", 64, (8, 2), (77, 300), {"causal": True}, {}, "bhsd",
+                 id="fp16-d64-gqa-causal_tl-77x300"),
+    pytest.param("bf16", 128, (8, 2), (300, 77),
+                 {"causal": True, "causal_alignment": "bottom_right"}, {}, "bshd",
+                 id="bf16-d128-gqa-causal_br-300x77"),
+    pytest.param("fp16", 128, (4, 4), (1, 300), {}, {}, "bhsd", id="fp16-d128-none-1x300"),
+    pytest.param("bf16", 64, (8, 2), (300, 1), {}, {}, "bhsd", id="bf16-d64-gqa-none-300x1"),
+    pytest.param("bf16", 64, (4, 1), (1, 1), {"causal": True}, {}, "bshd",
+                 id="bf16-d64-mqa-causal-1x1"),
+    pytest.param("fp16", 64, (8, 2), (77, 300),
+                 {"window": (100, 3), "causal_alignment": "bottom_right"}, {}, "bhsd",
+                 id="fp16-d64-gqa-window_br-77x300"),
+    pytest.param("bf16", 128, (8, 2), (300, 300), {"window": (16, 0)}, {}, "bhsd",
+                 id="bf16-d128-gqa-window-300x300"),
+    pytest.param("fp16", 128, (8, 2), (77, 300), {"window": (100, 3)}, {"dropout": True},
+                 "bhsd", id="fp16-d128-gqa-window-dropout-77x300"),
+    pytest.param("bf16", 64, (8, 2), (300, 77), {"causal": True}, {"softcap": True}, "bshd",
+                 id="bf16-d64-gqa-causal-softcap-300x77"),
+    pytest.param("fp16", 64, (8, 2), (77, 77), {"causal": True}, {"bias": "alibi"}, "bhsd",
+                 id="fp16-d64-gqa-causal-alibi-77x77"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "hdim", "heads", "lengths", "mask", "features", "layout"),
+                         SINK_BATCH_CASES)  # fmt: skip
+def test_sink_gradient_batch_mode(dtype: str, hdim: int, heads: tuple[int, int],
+                                  lengths: tuple[int, int], mask: dict[str, Any],
+                                  features: dict[str, Any], layout: str) -> None:  # fmt: skip
+    """dsink and dq, dk, dv of a forward with sinks, outputs NaN-poisoned first."""
+    tdtype = _torch_dtype(dtype)
+    (hq, hk), (sq, sk) = heads, lengths
+    b = 2
+    inputs = Inputs(zlib.crc32(repr((dtype, hdim, heads, lengths, mask, features)).encode()))
+
+    def shape(heads: int, seqlen: int) -> tuple[int, ...]:
+        return (b, seqlen, heads, hdim) if layout == "bshd" else (b, heads, seqlen, hdim)
+
+    q, k, v, do = (inputs.normal(shape(h, s), tdtype) for h, s in ((hq, sq), (hk, sk),
+                                                                   (hk, sk), (hq, sq)))
+    sink = _sink_logits(inputs, hq)
+    options = {**mask, **_feature_options(_kernel_features(features), inputs, b, hq, sq, sk,
+                                           tdtype)}  # fmt: skip
+    ref_options = {**_reference_options(options, b, hq, sq, sk), "sink": _f64(sink)}
+    kernel = _sink_kernel(False, batch=b, nhead_q=hq, nhead_k=hk, seqlen_q=sq, seqlen_k=sk,
+                          hdim=hdim, dtype=dtype, layout=layout, **_selection_fields(options))
+    o, lse = _forward_outputs(q, k, v, tdtype, layout=layout, **ref_options)
+    dq, dk, dv = (_poisoned_like(t) for t in (q, k, v))
+    dsink = _nan_dsink(hq)
+    # The single-query case hands the sinks over as a host array, staged like ALiBi slopes.
+    sink_arg = sink.cpu().numpy() if sq == 1 else sink
+    got = ckfmha.bwd(do, q, k, v, o, lse, layout=layout, dq_out=dq, dk_out=dk, dv_out=dv,
+                     sink=sink_arg, return_dsink=True, dsink_out=dsink, kernel=kernel,
+                     **options)  # fmt: skip
+    torch.cuda.synchronize()
+    assert len(got) == 4 and got[3] is dsink, "dsink follows dq, dk, dv; dsink_out= in place"
+    ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), layout=layout,
+                                       **ref_options)  # fmt: skip
+    what = f"{kernel} b={b} h={hq}/{hk} sq={sq} sk={sk} {layout} {mask} {features}"
+    _compare(dtype, got[0], ref.dq, "dq " + what)
+    _compare(dtype, got[1], ref.dk, "dk " + what)
+    _compare(dtype, got[2], ref.dv, "dv " + what)
+    _check_batch_dsink(dtype, dsink, ref, sink, do, o, layout, what)
+
+
+def _offsets_cuda(lengths) -> Any:
+    return torch.from_numpy(_offsets(lengths)).cuda()
+
+
+# A sequence of one query and no key (o = 0, LSE = the sink), one of no query, odd lengths.
+SINK_VARLEN_Q = [77, 0, 1, 300, 5]
+SINK_VARLEN_K = [300, 7, 0, 77, 5]
+
+
+def _run_sink_varlen(dtype: str, hdim: int, heads: tuple[int, int], mask: dict[str, Any],
+                     features: dict[str, Any], deterministic: bool,
+                     inputs: Inputs) -> tuple[Any, ...]:  # fmt: skip
+    """bwd_varlen with sinks over SINK_VARLEN_Q/K, checked against the reference; returns
+    its outputs."""
+    tdtype = _torch_dtype(dtype)
+    hq, hk = heads
+    lens_q, lens_k = np.array(SINK_VARLEN_Q), np.array(SINK_VARLEN_K)
+    cu_q, cu_k = _offsets(lens_q), _offsets(lens_k)
+    max_q, max_k, batch = int(lens_q.max()), int(lens_k.max()), len(lens_q)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    q, do = inputs.normal((total_q, hq, hdim), tdtype), inputs.normal((total_q, hq, hdim), tdtype)
+    k, v = inputs.normal((total_k, hk, hdim), tdtype), inputs.normal((total_k, hk, hdim), tdtype)
+    sink = _sink_logits(inputs, hq)
+    options = {**mask, **_feature_options(_kernel_features(features), inputs, batch, hq, max_q,
+                                           max_k, tdtype)}  # fmt: skip
+    ref_options = {**_reference_options(options, batch, hq, max_q, max_k), "sink": _f64(sink)}
+    kernel = _sink_kernel(deterministic, batch=batch, nhead_q=hq, nhead_k=hk, seqlen_q=max_q,
+                          seqlen_k=max_k, hdim=hdim, dtype=dtype, mode="group",
+                          total_q=total_q, total_k=total_k, **_selection_fields(options))
+    out, lse = varlen_attention_reference(_f64(q), _f64(k), _f64(v), cu_q, cu_k, **ref_options)
+    o = torch.from_numpy(np.nan_to_num(out)).to(device="cuda", dtype=tdtype)
+    lse_t = torch.from_numpy(lse).to(device="cuda", dtype=torch.float32)
+    dq, dk, dv = (_poisoned_like(t) for t in (q, k, v))
+    got = ckfmha.bwd_varlen(
+        do, q, k, v, o, lse_t, _offsets_cuda(lens_q), _offsets_cuda(lens_k), max_seqlen_q=max_q,
+        max_seqlen_k=max_k, dq_out=dq, dk_out=dk, dv_out=dv, sink=sink, return_dsink=True,
+        dsink_out=_nan_dsink(hq), kernel=kernel, deterministic=deterministic, **options,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    ref = varlen_attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), cu_q, cu_k,
+                                              **ref_options)  # fmt: skip
+    what = f"{kernel} varlen h={hq}/{hk} lens_q={SINK_VARLEN_Q} lens_k={SINK_VARLEN_K} {mask}"
+    _compare(dtype, got[0], ref.dq, "dq " + what)
+    _compare(dtype, got[1], ref.dk, "dk " + what)
+    _compare(dtype, got[2], ref.dv, "dv " + what)
+    _check_dsink(dtype, got[3], ref.dsink, _f64(sink), ref.lse, _f64(do).transpose(1, 0, 2),
+                 _f64(o).transpose(1, 0, 2), np.nan_to_num(out).transpose(1, 0, 2), what)
+    return got
+
+
+SINK_VARLEN_CASES = [
+    pytest.param("fp16", 64, (8, 2), {"window": (100, 3), "causal_alignment": "bottom_right"},
+                 {}, id="fp16-d64-gqa-window_br"),
+    pytest.param("bf16", 128, (8, 2), {"causal": True}, {}, id="bf16-d128-gqa-causal_tl"),
+    pytest.param("bf16", 64, (4, 4), {}, {}, id="bf16-d64-none"),
+    pytest.param("fp16", 128, (8, 2), {"causal": True, "causal_alignment": "bottom_right"},
+                 {"bias": "alibi", "dropout": True, "softcap": True},
+                 id="fp16-d128-gqa-causal_br-alibi-dropout-softcap"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "hdim", "heads", "mask", "features"), SINK_VARLEN_CASES)
+def test_sink_gradient_group_mode(dtype: str, hdim: int, heads: tuple[int, int],
+                                  mask: dict[str, Any], features: dict[str, Any]) -> None:
+    inputs = Inputs(zlib.crc32(repr((dtype, hdim, heads, mask, features)).encode()))
+    _run_sink_varlen(dtype, hdim, heads, mask, features, False, inputs)
+
+
+@pytest.mark.parametrize("mode", ["batch", "group"])
+def test_sink_gradient_is_bit_identical_across_runs_and_modes(mode: str) -> None:
+    """dsink is reduced in a fixed order: two deterministic runs give the same bits as each
+    other and as fast mode (which only changes how dQ is summed); without return_dsink the
+    other gradients do not change."""
+    if mode == "group":
+        def run(deterministic: bool) -> tuple[Any, ...]:
+            return _run_sink_varlen("bf16", 128, (8, 2), {"window": (16, 0)}, {}, deterministic,
+                                    Inputs(31))  # fmt: skip
+
+        first, second, fast = run(True), run(True), run(False)
+    else:
+        inputs = Inputs(32)
+        b, hq, hk, sq, sk, d = 2, 8, 2, 300, 300, 64
+        q, do = inputs.normal((b, hq, sq, d), torch.float16), inputs.normal((b, hq, sq, d),
+                                                                            torch.float16)
+        k, v = inputs.normal((b, hk, sk, d), torch.float16), inputs.normal((b, hk, sk, d),
+                                                                           torch.float16)
+        sink = _sink_logits(inputs, hq)
+        options = {"causal": True, "causal_alignment": "bottom_right"}
+        o, lse = _forward_outputs(q, k, v, torch.float16, sink=_f64(sink), **options)
+        fields = {"batch": b, "nhead_q": hq, "nhead_k": hk, "seqlen_q": sq, "seqlen_k": sk,
+                  "hdim": d, "dtype": "fp16", **options}  # fmt: skip
+
+        def run(deterministic: bool, return_dsink: bool = True) -> tuple[Any, ...]:
+            return ckfmha.bwd(do, q, k, v, o, lse, sink=sink, return_dsink=return_dsink,
+                              deterministic=deterministic,
+                              kernel=_sink_kernel(deterministic, **fields), **options)
+
+        first, second, fast = run(True), run(True), run(False)
+        plain = run(True, return_dsink=False)
+        assert len(plain) == 3
+        assert all(torch.equal(a, b_) for a, b_ in zip(plain, first)), (
+            "asking for dsink must not change dq, dk or dv")
+        ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do),
+                                           sink=_f64(sink), **options)  # fmt: skip
+        _check_batch_dsink("fp16", first[3], ref, sink, do, o, "bhsd", "deterministic")
+    for a, b_ in zip(first, second):
+        assert torch.equal(a, b_), "deterministic mode must give bit-identical gradients"
+    assert torch.equal(first[3], fast[3]), "dsink must not depend on the dQ mode"
+
+
+def test_sink_gradient_of_empty_problems() -> None:
+    """Without queries dsink is 0, and without keys too (o = 0 makes D = 0): batch mode
+    writes it with a memset (no kernel); group mode with no keys in any sequence runs the
+    kernels, whose rows then add nothing."""
+    inputs = Inputs(33)
+    hq, hk, d = 4, 2, 64
+    sink = _sink_logits(inputs, hq)
+    for b, sq, sk in ((2, 5, 0), (2, 0, 7), (0, 5, 7)):
+        q, do = inputs.normal((b, hq, sq, d), torch.float16), inputs.normal((b, hq, sq, d),
+                                                                            torch.float16)
+        k, v = inputs.normal((b, hk, sk, d), torch.float16), inputs.normal((b, hk, sk, d),
+                                                                           torch.float16)
+        o = torch.zeros_like(do)
+        lse = sink[None, :, None].expand(b, hq, sq).contiguous()
+        dsink = _nan_dsink(hq)
+        got = ckfmha.bwd(do, q, k, v, o, lse, sink=sink, return_dsink=True, dsink_out=dsink)
+        torch.cuda.synchronize()
+        assert got[3] is dsink
+        assert torch.equal(dsink, torch.zeros_like(dsink)), f"b={b} sq={sq} sk={sk}: {dsink}"
+        assert all(bool((t == 0).all()) for t in got[:3]), f"b={b} sq={sq} sk={sk}"
+    # Group mode: queries but no key in any sequence, and no query in any sequence.
+    for lens_q, lens_k in (([3, 0, 5], [0, 0, 0]), ([0, 0, 0], [3, 0, 5])):
+        total_q, total_k = sum(lens_q), sum(lens_k)
+        fields = {"batch": 3, "nhead_q": hq, "nhead_k": hk, "seqlen_q": max(lens_q),
+                  "seqlen_k": max(lens_k), "hdim": d, "dtype": "fp16", "mode": "group",
+                  "total_q": total_q, "total_k": total_k}  # fmt: skip
+        # The plan of the kernels' problem, whose zero length bound is raised to 1.
+        kernel = _sink_kernel(False, **{**fields, "seqlen_q": 1, "seqlen_k": 1})
+        q, do = inputs.normal((total_q, hq, d), torch.float16), inputs.normal((total_q, hq, d),
+                                                                              torch.float16)
+        k, v = inputs.normal((total_k, hk, d), torch.float16), inputs.normal((total_k, hk, d),
+                                                                             torch.float16)
+        o = torch.zeros_like(do)
+        lse = sink[:, None].expand(hq, total_q).contiguous()
+        dsink = _nan_dsink(hq)
+        ckfmha.bwd_varlen(do, q, k, v, o, lse, _offsets_cuda(lens_q), _offsets_cuda(lens_k),
+                          max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), sink=sink,
+                          return_dsink=True, dsink_out=dsink, kernel=kernel)  # fmt: skip
+        torch.cuda.synchronize()
+        assert torch.equal(dsink, torch.zeros_like(dsink)), f"{lens_q} {lens_k}: {dsink}"
+
+
+@pytest.mark.skipif(not KERNELS, reason="no backward kernel for this device")
+def test_sink_and_bias_gradients_come_back_in_order() -> None:
+    """return_dbias and return_dsink together: (dq, dk, dv, dbias, dsink)."""
+    kernel = _first(mode="batch", dbias=True, mask="causal", softcap=False, dropout=False)
+    dtype = _torch_dtype(kernel["dtype"])
+    d, b, hq, hk, sq, sk = kernel["hdim_q"], 2, 8, 2, 77, 130
+    inputs = Inputs(34)
+    q, do = inputs.normal((b, hq, sq, d), dtype), inputs.normal((b, hq, sq, d), dtype)
+    k, v = inputs.normal((b, hk, sk, d), dtype), inputs.normal((b, hk, sk, d), dtype)
+    bias = inputs.normal((b, hq, sq, sk), dtype)
+    sink = _sink_logits(inputs, hq)
+    ref_options = {"causal": True, "bias": _f64(bias), "sink": _f64(sink)}
+    o, lse = _forward_outputs(q, k, v, dtype, **ref_options)
+    got = ckfmha.bwd(do, q, k, v, o, lse, causal=True, bias=bias, sink=sink, return_dbias=True,
+                     return_dsink=True, kernel=kernel["name"])  # fmt: skip
+    torch.cuda.synchronize()
+    assert len(got) == 5 and got[3].shape == (b, hq, sq, sk) and got[4].shape == (hq,)
+    ref = attention_backward_reference(_f64(q), _f64(k), _f64(v), _f64(do), **ref_options)
+    _compare_dbias(kernel["dtype"], got[3], ref.dbias, f"dbias with sinks {kernel['name']}")
+    _check_batch_dsink(kernel["dtype"], got[4], ref, sink, do, o, "bhsd", "with dbias")

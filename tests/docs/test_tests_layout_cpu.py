@@ -41,6 +41,16 @@ def test_helper_modules_live_in_support() -> None:
     assert not helpers, f"move these helpers into tests/support/: {helpers}"
 
 
+def test_every_domain_is_listed_in_the_readme() -> None:
+    # The README's "Tests" section is the list of domains: a new folder of tests joins it.
+    readme = (REPO_ROOT / "README.md").read_text()
+    tests_section = readme.split("\n## Tests\n", 1)[1].split("\n## ", 1)[0]
+    domains = sorted({p.parent.relative_to(TESTS).parts[0] for p in _python_files()
+                      if _is_test(p) and p.parent != TESTS})  # fmt: skip
+    missing = [d for d in domains if f"`tests/{d}/`" not in tests_section]
+    assert not missing, f"list these domains in the README's Tests section: {missing}"
+
+
 def test_test_basenames_are_unique() -> None:
     # pytest's default (prepend) import mode imports each test file under its basename.
     counts = Counter(p.name for p in _python_files() if _is_test(p))

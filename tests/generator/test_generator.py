@@ -223,6 +223,20 @@ def test_receipt_sizes(arch: str) -> None:
     bwd_default, bwd_full = _bwd_sizes(specs[arch])
     sizes = {name: size - (bwd_full if name == "full" else bwd_default if name == "default" else 6)
              for name, size in sizes.items()}  # fmt: skip
+    # Training pairs: 7 new forwards x 2 dtypes x d64/d128 (the eighth, an unmasked elementwise
+    # bias, is a feature-layer kernel already), and backward main stages for the five whose
+    # plan the backward set lacks (soft-cap with causal/window, dropout with causal/none, an
+    # unmasked bias without dbias); their row-wise stages are shared.
+    fwd_tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
+    bwd_tiles = specs[arch].tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]
+    hdims = ((64, 64), (128, 128))
+    training = {
+        "ci": 0,
+        "default": 7 * 2 * 2 + 5 * 2 * 2,
+        "full": 7 * 2 * sum(len(fwd_tiles[h]) for h in hdims)
+        + 5 * 2 * sum(len(bwd_tiles[h]) for h in hdims),
+    }
+    sizes = {name: size - training[name] for name, size in sizes.items()}
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
     # masks), plus the pairwise feature layer.
     features = len(_feature_combos()) * 2 * 2
@@ -302,8 +316,13 @@ def test_filter_selects_by_regex() -> None:
     # split-KV kernels (d64/d128 x batch/group x 2 tiles), the causal paged kernels (2 families
     # x d64/d128 x 2 page layouts x 2 tiles), and the causal backward kernels: 6 head dims in
     # batch mode, d64/d128 in group mode, and the causal feature combinations (ALiBi in batch
-    # mode, all features in group mode), and the causal bf16 dbias kernels (d64/d128).
-    assert len(selection.accepted) == 6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 2 + 4 + 2
+    # mode, all features in group mode), and the causal bf16 dbias kernels (d64/d128); the
+    # causal training pairs add 4 forwards (soft-cap, sink, ALiBi, dropout) and 2 backward main
+    # stages (soft-cap, dropout) at d64/d128.
+    training = 4 * 2 + 2 * 2
+    assert len(selection.accepted) == (
+        6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 2 + 4 + 2 + training
+    )
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
         compile_filter("(")
@@ -900,7 +919,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"7 {len(configs)}"
+    assert lines[0] == f"8 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {

@@ -177,3 +177,47 @@ def test_varlen_matches_finite_differences_with_empty_sequences():
     # Keys of sequence 1 (no queries) get no gradient.
     np.testing.assert_array_equal(grads.dk[4:6], 0.0)
     np.testing.assert_array_equal(grads.dv[4:6], 0.0)
+
+
+def test_sink_gradient_with_rows_that_see_no_key_and_dropout():
+    """dsink sums exp(sink - lse) * D over batch and queries: rows that see no key (o = 0,
+    lse = sink) add nothing, and with dropout D comes from the dropped O."""
+    q, k, v, do, rng = random_problem(10, batch=2, hq=4, hk=2, sq=6, sk=3)
+    sink = rng.standard_normal(4) + 1.0
+    keep = rng.random((2, 4, 6, 3)) >= 0.3
+    options = {"causal": True, "causal_alignment": "bottom_right", "dropout_p": 0.3,
+               "dropout_keep": keep}  # fmt: skip
+    check_against_fd(q, k, v, do, {"sink": sink}, **options)
+    grads = attention_backward_reference(q, k, v, do, sink=sink, **options)
+    # The first three rows see no key: their share of the softmax is all the sink's.
+    np.testing.assert_allclose(grads.lse[:, :, :3], np.broadcast_to(sink[None, :, None],
+                                                                    (2, 4, 3)))  # fmt: skip
+    share = np.exp(sink[None, :, None] - grads.lse)
+    np.testing.assert_allclose(grads.dsink, -(share * grads.delta).sum(axis=(0, 2)),
+                               rtol=1e-12, atol=1e-12)  # fmt: skip
+
+
+def test_varlen_sink_gradient_matches_finite_differences():
+    """Group mode: dsink sums over every sequence's queries; a sequence with queries and no
+    keys (o = 0) and one with no queries add nothing."""
+    rng = np.random.default_rng(11)
+    lens_q, lens_k = [3, 0, 1, 2], [4, 2, 0, 3]
+    cu_q, cu_k = offsets(lens_q), offsets(lens_k)
+    hq, hk, d = 4, 2, 4
+    q = rng.standard_normal((sum(lens_q), hq, d))
+    k = rng.standard_normal((sum(lens_k), hk, d))
+    v = rng.standard_normal((sum(lens_k), hk, d))
+    do = rng.standard_normal((sum(lens_q), hq, d))
+    sink = rng.standard_normal(hq)
+    options = {"window": (1, 0), "softcap": 2.0}
+    grads = varlen_attention_backward_reference(q, k, v, do, cu_q, cu_k, sink=sink, **options)
+
+    def loss() -> float:
+        out, _ = varlen_attention_reference(q, k, v, cu_q, cu_k, sink=sink, **options)
+        return float((np.nan_to_num(out) * do).sum())
+
+    assert grads.dsink is not None and grads.dsink.shape == (hq,)
+    np.testing.assert_allclose(grads.dsink, numeric_grad(loss, sink), rtol=0, atol=FD_TOL)
+    share = np.exp(sink[:, None] - grads.lse)
+    np.testing.assert_allclose(grads.dsink, -(share * grads.delta).sum(axis=1), rtol=1e-12,
+                               atol=1e-12)  # fmt: skip

@@ -266,6 +266,8 @@ typedef struct ckfmha_fwd_args {
  * Backward problem: gradients of sum(dO * O) for the forward problem with the
  * same fields. Runs as a plan of three kernels on one stream:
  *   bwd_dot_do_o   D = rowsum(dO * O) in fp32, and zeroes the dQ accumulator;
+ *                  with has_sink, a second kernel of this stage then reduces
+ *                  the sink gradient from D and the LSE (see has_sink);
  *   bwd_dq_dk_dv   one CTA per key tile (and KV head) recomputes P from the
  *                  forward's LSE, accumulates dK and dV over the query tiles of
  *                  every query head of its group (GQA/MQA sums in registers)
@@ -311,6 +313,12 @@ typedef struct ckfmha_bwd_problem {
   ckfmha_bias bias;     /* elementwise biases may also ask for dbias */
   int32_t store_dbias;  /* write dbias = dL/d(bias) per (batch, head, query, key); elementwise
                            bias only, sm80 backward (see dbias_stride) */
+  /* The forward had sink logits (args.sink, fp32 [nhead_q]) and lse includes their
+   * exp(sink[h]) terms; dq, dk and dv need nothing more. has_sink also writes the sink
+   * gradient args.dsink[h] = -sum over (batch, query) of exp(sink[h] - lse) * D, with
+   * D = rowsum(dO * O), 0 for a head without queries. It is reduced in a fixed order, so
+   * it is bit-identical across runs in either mode. */
+  int32_t has_sink;
   float dropout_p;      /* the forward's dropout: same p, seed and offset */
   uint64_t dropout_seed;
   uint64_t dropout_offset;
@@ -350,6 +358,8 @@ typedef struct ckfmha_bwd_args {
   const void* bias;          /* required for elementwise bias */
   void* dbias;               /* required when store_dbias */
   const float* alibi_slopes; /* required for ALiBi */
+  const float* sink;         /* has_sink: fp32 [nhead_q], the forward's sink logits */
+  float* dsink;              /* has_sink: fp32 [nhead_q], receives the sink gradient */
   const int32_t* cu_seqlens_q; /* required in group mode */
   const int32_t* cu_seqlens_k; /* required in group mode */
   void* workspace;           /* ckfmha_bwd_workspace_size() bytes, 16-byte aligned */
@@ -370,6 +380,9 @@ typedef struct ckfmha_bwd_args {
  *     the stream); no kernel runs, q, k and v are not read and may be NULL;
  *   - backward, batch mode, seqlen_q or seqlen_k 0: the non-empty gradients are
  *     0 (dk and dv without queries, dq without keys), written with memsets;
+ *   - backward with has_sink: dsink [nhead_q] is never empty. Without queries
+ *     (batch 0, seqlen_q 0) it is 0, and in batch mode without keys too (O = 0
+ *     makes D = 0): a memset writes it and sink is not read (it may be NULL);
  *   - group mode and paged K/V, a zero bound (seqlen_k 0: no sequence has keys;
  *     backward seqlen_q or seqlen_k 0): the kernels run with the bound raised
  *     to 1, so each sequence's own length (0) decides: O = 0 and LSE = -inf
@@ -412,6 +425,13 @@ CKFMHA_API int ckfmha_device_malloc(void** ptr, size_t bytes);
 CKFMHA_API int ckfmha_device_free(void* ptr);
 CKFMHA_API int ckfmha_memcpy_to_device(void* dst, const void* src, size_t bytes);
 CKFMHA_API int ckfmha_memcpy_to_host(void* dst, const void* src, size_t bytes);
+/* Queues a host -> device copy on `stream`, after the work already queued there, so a
+ * kernel still reading dst on that stream finishes first. A src in pageable host memory is
+ * consumed before the call returns (the driver stages it, and may first wait for `stream`),
+ * so the caller may reuse it at once; a src in page-locked memory is read when the stream
+ * reaches the copy and must stay unchanged until then. */
+CKFMHA_API int ckfmha_memcpy_to_device_async(void* dst, const void* src, size_t bytes,
+                                             ckfmha_stream_t stream);
 CKFMHA_API int ckfmha_memset_device(void* dst, int value, size_t bytes);
 CKFMHA_API int ckfmha_stream_synchronize(ckfmha_stream_t stream);
 /* Out-of-range device metadata met by earlier kernels on `device` (< 0: the

@@ -22,7 +22,7 @@ RunWork appendkv_run_work(ckfmha_appendkv_problem const& problem);
 // paged problem (every sequence without keys, or without queries in the backward) becomes 1:
 // each sequence's own length, 0, then decides, through the kernels' path for an empty range
 // (O = 0, LSE = -inf; zero gradients). Optional outputs with no elements then (dropout bytes,
-// dbias) are not stored.
+// dbias) are not stored; without queries neither is dsink (the run zeroes it with a memset).
 ckfmha_fwd_problem fwd_launch_problem(ckfmha_fwd_problem const& problem);
 ckfmha_bwd_problem bwd_launch_problem(ckfmha_bwd_problem const& problem);
 
@@ -30,9 +30,13 @@ ckfmha_bwd_problem bwd_launch_problem(ckfmha_bwd_problem const& problem);
 // with sinks, on `stream`.
 int fill_fwd_without_keys(ckfmha_fwd_problem const& problem, ckfmha_fwd_args const& args,
                           ckfmha_stream_t stream);
-// kFill of a backward problem (batch mode, seqlen_q or seqlen_k = 0): the non-empty gradients
-// are 0 (dk and dv without queries, dq without keys), on `stream`.
+// kFill of a backward problem (batch mode, seqlen_q or seqlen_k = 0; with sinks, also batch 0
+// or both lengths 0): the non-empty gradients are 0 (dk and dv without queries, dq without
+// keys, dsink with sinks), on `stream`.
 int zero_bwd_gradients(ckfmha_bwd_problem const& problem, ckfmha_bwd_args const& args,
                        ckfmha_stream_t stream);
+// dsink = 0 on `stream`: a problem with sinks where no sequence has queries.
+int zero_bwd_dsink(ckfmha_bwd_problem const& problem, ckfmha_bwd_args const& args,
+                   ckfmha_stream_t stream);
 
 }  // namespace ckfmha::runtime

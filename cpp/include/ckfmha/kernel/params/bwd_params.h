@@ -21,6 +21,8 @@ struct BwdParams {
   const void* bias;
   void* dbias;
   const float* alibi_slopes;
+  const float* sink;  // has_sink: the forward's sink logits [nhead_q]
+  float* dsink;       // has_sink: their gradient [nhead_q]; null: not asked for
   const int32_t* cu_seqlens_q;  // group mode: sequence starts, batch + 1 entries
   const int32_t* cu_seqlens_k;
   DeviceErrors* errors;  // where out-of-range device metadata is reported

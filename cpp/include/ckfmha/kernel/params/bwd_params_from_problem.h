@@ -29,6 +29,8 @@ inline BwdParams make_bwd_params(ckfmha_bwd_problem const& problem, ckfmha_bwd_a
   p.bias = args.bias;
   p.dbias = problem.store_dbias ? args.dbias : nullptr;
   p.alibi_slopes = args.alibi_slopes;
+  p.sink = problem.has_sink ? args.sink : nullptr;
+  p.dsink = problem.has_sink ? args.dsink : nullptr;
   p.cu_seqlens_q = args.cu_seqlens_q;
   p.cu_seqlens_k = args.cu_seqlens_k;
 

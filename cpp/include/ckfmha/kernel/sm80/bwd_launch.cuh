@@ -6,6 +6,7 @@
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/common/launch.cuh"
 #include "ckfmha/kernel/params/bwd_params_from_problem.h"
+#include "ckfmha/kernel/sm80/bwd_dsink_kernel.cuh"
 #include "ckfmha/kernel/sm80/bwd_kernel.cuh"
 #include "ckfmha/kernel/sm80/bwd_traits.cuh"
 #include "ckfmha/kernel_entry.h"
@@ -17,13 +18,19 @@ inline dim3 bwd_row_grid(ckfmha_bwd_problem const& problem, int block_m) {
   return dim3((problem.seqlen_q + block_m - 1) / block_m, problem.nhead_q, problem.batch);
 }
 
+// With sinks the stage also reduces dsink from the D and LSE rows it has just
+// written (bwd_dsink_kernel.cuh): one CTA per query head, on the same stream.
 template <class Traits>
 int launch_bwd_dot_do_o(void const* problem, void const* args,
     ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
-  return launch_kernel(&bwd_dot_do_o_kernel<Traits>, bwd_row_grid(pr, Traits::kBlockM),
-                       Traits::kThreads, 0, stream,
-                       make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args), context));
+  BwdParams const params =
+      make_bwd_params(pr, *static_cast<ckfmha_bwd_args const*>(args), context);
+  int status = launch_kernel(&bwd_dot_do_o_kernel<Traits>, bwd_row_grid(pr, Traits::kBlockM),
+                             Traits::kThreads, 0, stream, params);
+  if (status != 0 || params.dsink == nullptr) return status;
+  return launch_kernel(&bwd_dsink_kernel<Traits::kIsGroupMode>, dim3(pr.nhead_q),
+                       kBwdDsinkThreads, 0, stream, params);
 }
 
 template <class Traits>

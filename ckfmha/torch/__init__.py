@@ -1,0 +1,18 @@
+"""PyTorch integration: custom ops, autograd and an SDPA-shaped entry.
+
+    import ckfmha.torch
+    o = ckfmha.torch.attention(q, k, v, causal=True, softcap=30.0, sink=sinks)
+    o = ckfmha.torch.sdpa(q, k, v, is_causal=True)      # F.scaled_dot_product_attention's call
+    compiled = torch.compile(model, fullgraph=True)      # no graph break at attention
+
+Importing this package registers the ``torch.ops.ckfmha`` operators (``fwd``, ``bwd``,
+``fwd_varlen``, ``bwd_varlen``, ``fwd_paged``, ``append_kv``) with fake implementations and
+autograd formulas. Importing it imports torch; ``import ckfmha`` alone never does.
+"""
+
+from __future__ import annotations
+
+from ckfmha.torch.functional import append_kv, attention, attention_varlen, fwd_paged
+from ckfmha.torch.sdpa import sdpa
+
+__all__ = ["append_kv", "attention", "attention_varlen", "fwd_paged", "sdpa"]

@@ -1,0 +1,247 @@
+"""The attention entry points as torch.library custom ops, with fake (meta) implementations.
+
+``torch.ops.ckfmha.fwd`` / ``bwd`` / ``fwd_varlen`` / ``bwd_varlen`` are opaque to
+torch.compile: Dynamo records a call, the fake implementation gives its output shapes and
+dtypes, and the real one runs ``ckfmha.fwd``/``ckfmha.bwd`` at run time. The forward ops
+return ``rng_state``, an int64 CPU tensor (dropout seed, offset), so the backward replays the
+same Philox stream without a host read of device memory.
+
+Outputs are freshly allocated and contiguous in their documented shapes (what ckfmha's
+runners allocate), which the fake implementations state exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import ckfmha
+
+# One Philox stream per call: a 63-bit seed drawn from torch's CPU generator, so
+# torch.manual_seed makes dropout reproducible.
+_SEED_BOUND = 1 << 62
+
+# The forward's options, shared by every attention op; ``deterministic`` (on the forward ops)
+# is the mode their backward will run in.
+_FEATURES = (
+    "Tensor? bias, Tensor? alibi_slopes, Tensor? sink, bool causal, str causal_alignment, "
+    "int[]? window, float? scale, float softcap, float dropout_p"
+)
+
+
+def _window(window: list[int] | None) -> tuple[int, int] | None:
+    return None if window is None else (int(window[0]), int(window[1]))
+
+
+def _rng_state(dropout_p: float, dropout_seed: int | None) -> torch.Tensor:
+    """(seed, offset) for this call: the given seed, else a fresh one when dropout is on."""
+    if dropout_p <= 0.0:
+        seed = 0
+    elif dropout_seed is None:
+        seed = int(torch.randint(_SEED_BOUND, (1,), dtype=torch.int64).item())
+    else:
+        seed = int(dropout_seed)
+    return torch.tensor([seed, 0], dtype=torch.int64)
+
+
+def _features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+              dropout_p) -> dict[str, Any]:  # fmt: skip
+    return {
+        "bias": None if bias is None else bias.detach(),
+        "alibi_slopes": None if alibi_slopes is None else alibi_slopes.detach(),
+        "sink": None if sink is None else sink.detach(),
+        "causal": causal, "causal_alignment": causal_alignment, "window": _window(window),
+        "scale": scale, "softcap": softcap, "dropout_p": dropout_p,
+    }  # fmt: skip
+
+
+def _empty_like_input(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder a backward returns for a gradient nobody asked for."""
+    return like.new_empty((0,))
+
+
+# ---- forward, batch mode ----
+
+torch.library.define(
+    "ckfmha::fwd",
+    f"(Tensor q, Tensor k, Tensor v, {_FEATURES}, int? dropout_seed, str layout, "
+    "bool deterministic) "
+    "-> (Tensor out, Tensor lse, Tensor rng_state)",
+)
+
+
+@torch.library.impl("ckfmha::fwd", "CUDA")
+def _fwd_cuda(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
+              softcap, dropout_p, dropout_seed, layout, deterministic):  # fmt: skip
+    rng_state = _rng_state(dropout_p, dropout_seed)
+    seed = int(rng_state[0])
+    o, lse = ckfmha.fwd(
+        q.detach(), k.detach(), v.detach(), return_lse=True, layout=layout, dropout_seed=seed,
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+    )  # fmt: skip
+    return o, lse, rng_state
+
+
+def _bhsd_dims(shape: torch.Size, layout: str) -> tuple[int, int, int, int]:
+    batch, a, b, d = shape
+    return (batch, a, b, d) if layout == "bhsd" else (batch, b, a, d)
+
+
+@torch.library.register_fake("ckfmha::fwd")
+def _fwd_fake(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
+              softcap, dropout_p, dropout_seed, layout, deterministic):  # fmt: skip
+    batch, heads, seqlen_q, _ = _bhsd_dims(q.shape, layout)
+    hdim_v = v.shape[-1]
+    o_shape = (batch, heads, seqlen_q, hdim_v) if layout == "bhsd" else (
+        batch, seqlen_q, heads, hdim_v)
+    o = q.new_empty(o_shape)
+    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    return o, lse, torch.empty((2,), dtype=torch.int64, device="cpu")
+
+
+# ---- backward, batch mode ----
+
+torch.library.define(
+    "ckfmha::bwd",
+    f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
+    f"{_FEATURES}, str layout, bool deterministic, bool want_dbias, bool want_dsink) "
+    "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor dsink)",
+)
+
+
+def _gradients(grads: tuple, q, bias, sink, want_dbias: bool, want_dsink: bool) -> tuple:
+    """(dq, dk, dv, dbias, dsink) with empty placeholders for gradients not asked for."""
+    dq, dk, dv = grads[:3]
+    rest = list(grads[3:])
+    dbias = rest.pop(0) if want_dbias else _empty_like_input(q)
+    dsink = rest.pop(0) if want_dsink else _empty_like_input(q).float()
+    return dq, dk, dv, dbias, dsink
+
+
+@torch.library.impl("ckfmha::bwd", "CUDA")
+def _bwd_cuda(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, causal,
+              causal_alignment, window, scale, softcap, dropout_p, layout, deterministic,
+              want_dbias, want_dsink):  # fmt: skip
+    seed, offset = (int(x) for x in rng_state.tolist())
+    grads = ckfmha.bwd(
+        _grad_ready(dout), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+        layout=layout, deterministic=deterministic, dropout_seed=seed, dropout_offset=offset,
+        return_dbias=want_dbias, return_dsink=want_dsink,
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+    )  # fmt: skip
+    return _gradients(grads, q, bias, sink, want_dbias, want_dsink)
+
+
+@torch.library.register_fake("ckfmha::bwd")
+def _bwd_fake(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, causal,
+              causal_alignment, window, scale, softcap, dropout_p, layout, deterministic,
+              want_dbias, want_dsink):  # fmt: skip
+    batch, heads, seqlen_q, _ = _bhsd_dims(q.shape, layout)
+    seqlen_k = _bhsd_dims(k.shape, layout)[2]
+    dbias = (q.new_empty((batch, heads, seqlen_q, seqlen_k)) if want_dbias
+             else _empty_like_input(q))  # fmt: skip
+    dsink = q.new_empty((heads,) if want_dsink else (0,), dtype=torch.float32)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink)
+
+
+def _grad_ready(t: torch.Tensor) -> torch.Tensor:
+    """Upstream gradients may be views with any strides (expanded zeros, transposes): the
+    kernels need a contiguous head dim and 16-byte aligned rows."""
+    t = t.detach()
+    if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+        return t.contiguous()
+    return t
+
+
+# ---- forward and backward, group mode (packed variable-length sequences) ----
+
+_VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
+
+torch.library.define(
+    "ckfmha::fwd_varlen",
+    f"(Tensor q, Tensor k, Tensor v, {_VARLEN}, {_FEATURES}, int? dropout_seed, "
+    "bool deterministic) "
+    "-> (Tensor out, Tensor lse, Tensor rng_state)",
+)
+
+
+@torch.library.impl("ckfmha::fwd_varlen", "CUDA")
+def _fwd_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bias,
+                     alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                     dropout_p, dropout_seed, deterministic):  # fmt: skip
+    rng_state = _rng_state(dropout_p, dropout_seed)
+    o, lse = ckfmha.fwd_varlen(
+        q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=True,
+        dropout_seed=int(rng_state[0]),
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+    )  # fmt: skip
+    return o, lse, rng_state
+
+
+@torch.library.register_fake("ckfmha::fwd_varlen")
+def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bias,
+                     alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                     dropout_p, dropout_seed, deterministic):  # fmt: skip
+    total_q, heads, _ = q.shape
+    o = q.new_empty((total_q, heads, v.shape[-1]))
+    lse = q.new_empty((heads, total_q), dtype=torch.float32)
+    return o, lse, torch.empty((2,), dtype=torch.int64, device="cpu")
+
+
+torch.library.define(
+    "ckfmha::bwd_varlen",
+    f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
+    f"{_VARLEN}, {_FEATURES}, bool deterministic, bool want_dbias, bool want_dsink) "
+    "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor dsink)",
+)
+
+
+@torch.library.impl("ckfmha::bwd_varlen", "CUDA")
+def _bwd_varlen_cuda(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, bias, alibi_slopes, sink, causal,
+                     causal_alignment, window, scale, softcap, dropout_p, deterministic,
+                     want_dbias, want_dsink):  # fmt: skip
+    seed, offset = (int(x) for x in rng_state.tolist())
+    grads = ckfmha.bwd_varlen(
+        _grad_ready(dout), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic, dropout_seed=seed, dropout_offset=offset,
+        return_dbias=want_dbias, return_dsink=want_dsink,
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+    )  # fmt: skip
+    return _gradients(grads, q, bias, sink, want_dbias, want_dsink)
+
+
+@torch.library.register_fake("ckfmha::bwd_varlen")
+def _bwd_varlen_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, bias, alibi_slopes, sink, causal,
+                     causal_alignment, window, scale, softcap, dropout_p, deterministic,
+                     want_dbias, want_dsink):  # fmt: skip
+    heads = q.shape[1]
+    batch = cu_seqlens_q.shape[0] - 1
+    dbias = (q.new_empty((batch, heads, max_seqlen_q, max_seqlen_k)) if want_dbias
+             else _empty_like_input(q))  # fmt: skip
+    dsink = q.new_empty((heads,) if want_dsink else (0,), dtype=torch.float32)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink)
+
+
+def refuse_host_tensors(op: str) -> None:
+    """Registers a CPU kernel for ``op`` that says what it needs instead of torch's generic
+    'could not run with arguments from the CPU backend'."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ckfmha.InvalidArgumentError(
+            f"torch.ops.{op.replace('::', '.')} runs on CUDA tensors; got CPU tensors "
+            "(move them with .cuda(), or use ckfmha.reference for a CPU result)", 1)
+
+    torch.library.impl(op, "CPU")(refuse)
+
+
+for _op in ("ckfmha::fwd", "ckfmha::bwd", "ckfmha::fwd_varlen", "ckfmha::bwd_varlen"):
+    refuse_host_tensors(_op)

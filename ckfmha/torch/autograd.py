@@ -1,0 +1,108 @@
+"""Autograd for the forward ops: their backward is the matching backward op.
+
+Registered with torch.library.register_autograd, so the gradient is traced by torch.compile
+(AOTAutograd sees ``ckfmha.bwd`` as one more op) and eager autograd alike. Gradients flow to
+q, k, v, an elementwise bias (summed over the axes it broadcasts along) and the sinks; the
+ALiBi slopes, offsets and scalars get none. The LSE and rng_state outputs are not
+differentiable: the backward kernels take no LSE gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ckfmha.torch import attention_ops  # noqa: F401  (defines the ops registered here)
+
+# The forward ops' inputs in schema order: the backward returns one gradient (or None) each.
+_FWD_INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "causal", "causal_alignment",
+               "window", "scale", "softcap", "dropout_p", "dropout_seed", "layout",
+               "deterministic")  # fmt: skip
+_VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                  "max_seqlen_k", "bias", "alibi_slopes", "sink", "causal", "causal_alignment",
+                  "window", "scale", "softcap", "dropout_p", "dropout_seed",
+                  "deterministic")  # fmt: skip
+_OPTIONS = ("causal", "causal_alignment", "window", "scale", "softcap", "dropout_p")
+
+
+def _bias_grad(dbias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The kernels write the full [batch, nhead_q, seqlen_q, seqlen_k] gradient; a bias that
+    broadcasts along an axis gets the sum over it (in fp32, rounded once)."""
+    axes = [d for d in range(4) if bias.shape[d] == 1 and dbias.shape[d] != 1]
+    if not axes:
+        return dbias
+    return dbias.float().sum(dim=axes, keepdim=True).to(bias.dtype)
+
+
+def _setup(ctx: Any, names: tuple[str, ...], inputs: tuple, output: tuple) -> dict[str, Any]:
+    args = dict(zip(names, inputs))
+    o, lse, rng_state = output
+    ctx.mark_non_differentiable(lse, rng_state)
+    ctx.save_for_backward(args["q"], args["k"], args["v"], o, lse, rng_state, args["bias"],
+                          args["alibi_slopes"], args["sink"])  # fmt: skip
+    ctx.options = {name: args[name] for name in _OPTIONS}
+    # torch.use_deterministic_algorithms(True) asks for the deterministic backward too.
+    ctx.deterministic = (bool(args["deterministic"])
+                         or torch.are_deterministic_algorithms_enabled())  # fmt: skip
+    ctx.bias_index = names.index("bias")
+    ctx.sink_index = names.index("sink")
+    return args
+
+
+def _wants(ctx: Any) -> tuple[bool, bool]:
+    bias, sink = ctx.saved_tensors[6], ctx.saved_tensors[8]
+    want_dbias = bias is not None and ctx.needs_input_grad[ctx.bias_index]
+    want_dsink = sink is not None and ctx.needs_input_grad[ctx.sink_index]
+    return want_dbias, want_dsink
+
+
+def _input_grads(ctx: Any, names: tuple[str, ...], grads: tuple, want_dbias: bool,
+                 want_dsink: bool) -> tuple:  # fmt: skip
+    dq, dk, dv, dbias, dsink = grads
+    bias, sink = ctx.saved_tensors[6], ctx.saved_tensors[8]
+    by_name: dict[str, Any] = {"q": dq, "k": dk, "v": dv}
+    if want_dbias:
+        by_name["bias"] = _bias_grad(dbias, bias)
+    if want_dsink:
+        by_name["sink"] = dsink.to(sink.dtype)
+    return tuple(by_name.get(name) for name in names)
+
+
+def _setup_fwd(ctx: Any, inputs: tuple, output: tuple) -> None:
+    args = _setup(ctx, _FWD_INPUTS, inputs, output)
+    ctx.layout = args["layout"]
+
+
+def _backward_fwd(ctx: Any, grad_o: torch.Tensor, _grad_lse: Any, _grad_rng: Any) -> tuple:
+    q, k, v, o, lse, rng_state, bias, alibi_slopes, sink = ctx.saved_tensors
+    want_dbias, want_dsink = _wants(ctx)
+    grads = torch.ops.ckfmha.bwd(
+        grad_o, q, k, v, o, lse, rng_state, bias, alibi_slopes, sink, **ctx.options,
+        layout=ctx.layout, deterministic=ctx.deterministic, want_dbias=want_dbias,
+        want_dsink=want_dsink,
+    )  # fmt: skip
+    return _input_grads(ctx, _FWD_INPUTS, grads, want_dbias, want_dsink)
+
+
+def _setup_varlen(ctx: Any, inputs: tuple, output: tuple) -> None:
+    args = _setup(ctx, _VARLEN_INPUTS, inputs, output)
+    ctx.offsets = (args["cu_seqlens_q"], args["cu_seqlens_k"])
+    ctx.max_seqlens = (args["max_seqlen_q"], args["max_seqlen_k"])
+
+
+def _backward_varlen(ctx: Any, grad_o: torch.Tensor, _grad_lse: Any, _grad_rng: Any) -> tuple:
+    q, k, v, o, lse, rng_state, bias, alibi_slopes, sink = ctx.saved_tensors
+    want_dbias, want_dsink = _wants(ctx)
+    cu_q, cu_k = ctx.offsets
+    grads = torch.ops.ckfmha.bwd_varlen(
+        grad_o, q, k, v, o, lse, rng_state, cu_q, cu_k, *ctx.max_seqlens, bias, alibi_slopes,
+        sink, **ctx.options, deterministic=ctx.deterministic, want_dbias=want_dbias,
+        want_dsink=want_dsink,
+    )  # fmt: skip
+    return _input_grads(ctx, _VARLEN_INPUTS, grads, want_dbias, want_dsink)
+
+
+torch.library.register_autograd("ckfmha::fwd", _backward_fwd, setup_context=_setup_fwd)
+torch.library.register_autograd("ckfmha::fwd_varlen", _backward_varlen,
+                                setup_context=_setup_varlen)  # fmt: skip
