@@ -111,7 +111,7 @@ torch.library.define(
 )
 
 
-def _gradients(grads: tuple, q, bias, sink, want_dbias: bool, want_dsink: bool) -> tuple:
+def _gradients(grads: tuple, q: torch.Tensor, want_dbias: bool, want_dsink: bool) -> tuple:
     """(dq, dk, dv, dbias, dsink) with empty placeholders for gradients not asked for."""
     dq, dk, dv = grads[:3]
     rest = list(grads[3:])
@@ -132,7 +132,7 @@ def _bwd_cuda(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, caus
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
                     dropout_p),
     )  # fmt: skip
-    return _gradients(grads, q, bias, sink, want_dbias, want_dsink)
+    return _gradients(grads, q, want_dbias, want_dsink)
 
 
 @torch.library.register_fake("ckfmha::bwd")
@@ -215,7 +215,7 @@ def _bwd_varlen_cuda(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
                     dropout_p),
     )  # fmt: skip
-    return _gradients(grads, q, bias, sink, want_dbias, want_dsink)
+    return _gradients(grads, q, want_dbias, want_dsink)
 
 
 @torch.library.register_fake("ckfmha::bwd_varlen")

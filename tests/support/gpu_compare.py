@@ -50,8 +50,9 @@ class Inputs:
 
 
 def compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
-            ref_lse: np.ndarray, what: str) -> None:
-    """O against the reference; the LSE too unless got_lse is None (a kernel without LSE)."""
+            ref_lse: np.ndarray, what: str) -> float:
+    """O against the reference; the LSE too unless got_lse is None (a kernel without LSE).
+    Returns O's relative L2 error."""
     dtype = kernel["dtype"]
     o64 = f64(got)
     rows = ~np.isnan(ref)  # NaN rows in the reference mark skipped sequences
@@ -61,7 +62,7 @@ def compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
     assert rel < REL_L2_TOL[dtype], f"relative L2 error {rel:.3e} ({what})"
     assert np.abs(err).max() < MAX_ABS_TOL[dtype], f"max abs error {np.abs(err).max():.3e} ({what})"
     if got_lse is None:
-        return
+        return float(rel)
     lse64 = f64(got_lse)
     written = ~np.isnan(ref_lse)
     assert np.array_equal(np.isnan(lse64), ~written), f"LSE rows unwritten ({what})"
@@ -69,3 +70,4 @@ def compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
     np.testing.assert_array_equal(np.isfinite(lse64[written]), finite[written], err_msg=what)
     np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=0, atol=LSE_TOL[dtype],
                                err_msg=what)
+    return float(rel)
