@@ -14,9 +14,7 @@ against the peers measured in the same run. ckfmha's time is its whole three-sta
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from bench_fwd import (
     HIDDEN,
+    STANDARD_HDIMS,
+    STANDARD_SEQLENS,
     TOTAL_TOKENS,
     fmt,
     geomean,
@@ -34,6 +34,8 @@ from bench_fwd import (
     plot,
     print_table,
     ratio,
+    results_stem,
+    run_record,
 )
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -82,11 +84,12 @@ def standard_suite(hdims: list[int], seqlens: list[int]) -> list[Case]:
 
 
 def sdpa_backward(backend: SDPBackend, q: Any, k: Any, v: Any, do: Any,
-                  causal: bool) -> Callable[[], Any]:  # fmt: skip
-    """A backward through SDPA: the forward runs once here, each call replays the backward."""
+                  causal: bool, **sdpa_kwargs: Any) -> Callable[[], Any]:  # fmt: skip
+    """A backward through SDPA: the forward runs once here, each call replays the backward;
+    sdpa_kwargs (enable_gqa, attn_mask) pass on to the forward."""
     qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
     with sdpa_kernel(backend):
-        out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, **sdpa_kwargs)
 
     def call() -> Any:
         return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
@@ -151,8 +154,8 @@ def summary(rows: list[Row]) -> dict[str, float | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
-    parser.add_argument("--seqlens", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--hdims", type=int, nargs="+", default=list(STANDARD_HDIMS))
+    parser.add_argument("--seqlens", type=int, nargs="+", default=list(STANDARD_SEQLENS))
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
@@ -177,18 +180,15 @@ def main() -> None:
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        date = dt.date.today().isoformat()
-        stem = f"bwd_{device.replace(' ', '_')}_{date}_{args.commit}"
         record = {
-            "benchmark": "bwd", "device": device, "date": date, "commit": args.commit,
-            "dtype": args.dtype, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+            **run_record("bwd", device, args.commit, args.dtype),
             "flops_convention": "2.5 * 4*b*h*sq*sk*d, halved for causal",
             "summary": result_summary,
             "rows": [{**asdict(r.case), "flops": r.case.flops, **asdict(r)} for r in rows],
         }  # fmt: skip
         for entry in record["rows"]:
             del entry["case"]
+        stem = results_stem(record)
         (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
         plot(rows, args.out / f"{stem}.png")  # type: ignore[arg-type]
 

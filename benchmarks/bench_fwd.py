@@ -30,6 +30,9 @@ import ckfmha
 
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
+# The standard suite's head dims and lengths (bench_bwd.py and bench_broad.py take them too).
+STANDARD_HDIMS = (64, 128, 256)
+STANDARD_SEQLENS = (512, 2048, 8192)
 
 
 @dataclass
@@ -79,10 +82,12 @@ def median_ms(fn: Callable[[], Any], warmup: int, iters: int, repeats: int) -> f
     return statistics.median(times)
 
 
-def sdpa(backend: SDPBackend, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], Any]:
+def sdpa(backend: SDPBackend, q: Any, k: Any, v: Any, causal: bool,
+         **sdpa_kwargs: Any) -> Callable[[], Any]:  # fmt: skip
+    """A forward through SDPA on one backend; sdpa_kwargs (enable_gqa, attn_mask) pass on."""
     def call() -> Any:
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **sdpa_kwargs)
     return call
 
 
@@ -127,6 +132,21 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def geomean(values: list[float]) -> float | None:
     values = [v for v in values if v]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def run_record(benchmark: str, device: str, commit: str, dtype: str) -> dict[str, Any]:
+    """The fields a results file opens with: which suite ran, where, when, on what versions."""
+    return {
+        "benchmark": benchmark, "device": device, "date": dt.date.today().isoformat(),
+        "commit": commit, "dtype": dtype, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+    }  # fmt: skip
+
+
+def results_stem(record: dict[str, Any]) -> str:
+    """<suite>_<device>_<date>_<commit>: the name of a run's JSON and plot."""
+    device = record["device"].replace(" ", "_")
+    return f"{record['benchmark']}_{device}_{record['date']}_{record['commit']}"
 
 
 def fmt(x: float | None, spec: str) -> str:
@@ -177,8 +197,8 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
-    parser.add_argument("--seqlens", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--hdims", type=int, nargs="+", default=list(STANDARD_HDIMS))
+    parser.add_argument("--seqlens", type=int, nargs="+", default=list(STANDARD_SEQLENS))
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
@@ -198,12 +218,8 @@ def main() -> None:
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        date = dt.date.today().isoformat()
-        stem = f"fwd_{device.replace(' ', '_')}_{date}_{args.commit}"
         record = {
-            "benchmark": "fwd", "device": device, "date": date, "commit": args.commit,
-            "dtype": args.dtype, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+            **run_record("fwd", device, args.commit, args.dtype),
             "flops_convention": "4*b*h*sq*sk*d, halved for causal",
             "summary": result_summary,
             "rows": [{**asdict(r.case), "flops": r.case.flops, **asdict(r)} | {"case": None}
@@ -211,6 +227,7 @@ def main() -> None:
         }
         for entry in record["rows"]:
             del entry["case"]
+        stem = results_stem(record)
         (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
         plot(rows, args.out / f"{stem}.png")
 
