@@ -141,9 +141,14 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, caus
               want_dbias, want_dsink):  # fmt: skip
     batch, heads, seqlen_q, _ = _bhsd_dims(q.shape, layout)
     seqlen_k = _bhsd_dims(k.shape, layout)[2]
-    dbias = (q.new_empty((batch, heads, seqlen_q, seqlen_k)) if want_dbias
-             else _empty_like_input(q))  # fmt: skip
-    dsink = q.new_empty((heads,) if want_dsink else (0,), dtype=torch.float32)
+    return _fake_gradients(q, k, v, (batch, heads, seqlen_q, seqlen_k), want_dbias, want_dsink)
+
+
+def _fake_gradients(q, k, v, bias_shape: tuple, want_dbias: bool, want_dsink: bool) -> tuple:
+    """(dq, dk, dv, dbias, dsink) as the backward ops allocate them: like q, k and v, the full
+    bias gradient and the fp32 [nhead_q] sink gradient, or empty placeholders when not asked."""
+    dbias = q.new_empty(bias_shape) if want_dbias else _empty_like_input(q)
+    dsink = q.new_empty((bias_shape[1],) if want_dsink else (0,), dtype=torch.float32)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink)
 
 
@@ -223,12 +228,8 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
                      max_seqlen_q, max_seqlen_k, bias, alibi_slopes, sink, causal,
                      causal_alignment, window, scale, softcap, dropout_p, deterministic,
                      want_dbias, want_dsink):  # fmt: skip
-    heads = q.shape[1]
-    batch = cu_seqlens_q.shape[0] - 1
-    dbias = (q.new_empty((batch, heads, max_seqlen_q, max_seqlen_k)) if want_dbias
-             else _empty_like_input(q))  # fmt: skip
-    dsink = q.new_empty((heads,) if want_dsink else (0,), dtype=torch.float32)
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink)
+    bias_shape = (cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, max_seqlen_k)
+    return _fake_gradients(q, k, v, bias_shape, want_dbias, want_dsink)
 
 
 def refuse_host_tensors(op: str) -> None:

@@ -16,6 +16,7 @@ import torch
 
 import ckfmha
 from ckfmha.torch.functional import attention
+from ckfmha.torch.masks import additive_bias
 
 
 def _as_bias(attn_mask: torch.Tensor, q: torch.Tensor, seqlen_k: int) -> torch.Tensor:
@@ -24,18 +25,10 @@ def _as_bias(attn_mask: torch.Tensor, q: torch.Tensor, seqlen_k: int) -> torch.T
         raise ckfmha.InvalidArgumentError(
             f"attn_mask must have at most 4 dims, got shape {tuple(attn_mask.shape)}", 1)
     mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-    if mask.dtype == torch.bool:
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(~mask, float("-inf"))
-    elif mask.dtype == q.dtype:
-        bias = mask
-    else:
+    if mask.dtype not in (torch.bool, q.dtype):
         raise ckfmha.InvalidArgumentError(
             f"attn_mask must be bool or {q.dtype} like the query, got {mask.dtype}", 1)
-    # The kernels broadcast a bias over batch, heads and query rows, not over keys.
-    if bias.shape[-1] != seqlen_k or bias.stride(-1) != 1:
-        bias = bias.expand(*bias.shape[:-1], seqlen_k).contiguous()
-    return bias
+    return additive_bias(mask, q.dtype, seqlen_k)
 
 
 def sdpa(

@@ -10,9 +10,9 @@ import torch
 
 import ckfmha
 import ckfmha.torch
+from ckfmha.torch.masks import keys_contiguous
 from ckfmha.transformers.masks import (
     _ALL_KEYS,
-    _keys_contiguous,
     _layer_visibility,
     _mask_plan,
     _Visibility,
@@ -80,7 +80,7 @@ def kernel_options(
             visibility, bias = _ALL_KEYS, plan
     if position_bias is not None:
         position_bias = position_bias.to(dtype)
-        bias = _keys_contiguous(position_bias if bias is None else bias + position_bias)
+        bias = keys_contiguous(position_bias if bias is None else bias + position_bias)
     return KernelOptions(
         causal=visibility.causal,
         causal_alignment=visibility.causal_alignment,

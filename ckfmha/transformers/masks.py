@@ -18,6 +18,7 @@ from transformers.masking_utils import (
 )
 from transformers.utils.import_utils import is_tracing
 
+from ckfmha.torch.masks import additive_bias
 from ckfmha.transformers.routing import _attention_routed
 
 # Attribute under which a mask tensor keeps what the attention function learned about it:
@@ -90,19 +91,6 @@ def _matching_visibility(
     return next((c for c, hit in zip(candidates, found[1:], strict=True) if hit), None)
 
 
-def _keys_contiguous(bias: torch.Tensor) -> torch.Tensor:
-    # The kernels read bias rows along the keys.
-    return bias if bias.stride(-1) == 1 else bias.contiguous()
-
-
-def _additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        zero = torch.zeros((), dtype=dtype, device=mask.device)
-        blocked = torch.full((), float("-inf"), dtype=dtype, device=mask.device)
-        return _keys_contiguous(torch.where(mask, zero, blocked))
-    return _keys_contiguous(mask.to(dtype))
-
-
 def _mask_plan(
     mask: torch.Tensor, candidates: list[_Visibility], seqlen_q: int, seqlen_k: int,
     dtype: torch.dtype,
@@ -112,13 +100,13 @@ def _mask_plan(
     share it skip the device sync. Inference tensors have no version counter (nor are they
     changed in place between a model's layers). While tracing, the mask is used as a bias."""
     if is_tracing(mask):
-        return _additive_bias(mask, dtype)
+        return additive_bias(mask, dtype)
     version = None if mask.is_inference() else mask._version
     key = (version, seqlen_q, seqlen_k, dtype, tuple(candidates))
     memo: dict[Any, Any] = getattr(mask, _MASK_MEMO, None) or {}
     if key not in memo:
         match = _matching_visibility(mask, candidates, seqlen_q, seqlen_k)
-        memo[key] = match if match is not None else _additive_bias(mask, dtype)
+        memo[key] = match if match is not None else additive_bias(mask, dtype)
         setattr(mask, _MASK_MEMO, memo)
     return memo[key]
 
