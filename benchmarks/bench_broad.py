@@ -503,6 +503,8 @@ def main() -> None:
         "rows": [row_record(r) for r in rows],
     }  # fmt: skip
     stem = results_stem(record)
+    if args.kinds != list(KINDS):  # a run of some kinds names them: broad-fwd-decode_...
+        stem = stem.replace("broad", "broad-" + "-".join(args.kinds), 1)
     path = args.out / f"{stem}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     plot_ratios(rows, args.out / f"{stem}.png")
