@@ -9,18 +9,18 @@ from .common import ELEMENT_BYTES, TemplateRules, named_if_on, template_basics
 from .traits_assertions import TraitsAssertion, assertions_from
 
 # The sm90 backward main stage: a TMA producer warpgroup, two consumer warpgroups, 64 query rows
-# per step and a two-stage Q/dO ring. At head dims 64 and 128 the warpgroups own 64 keys each
+# per step and a two-stage Q/dO ring. At head dims 64, 96 and 128 the warpgroups own 64 keys each
 # (128 keys per CTA); at 256 they share 64 keys and split the head dim (dK and dV of 64 keys
 # would not fit one warpgroup's registers).
 BWD_SM90_TILE_M = 64
-BWD_SM90_KEYS_BY_HDIM = {64: 128, 128: 128, 256: 64}
+BWD_SM90_KEYS_BY_HDIM = {64: 128, 96: 128, 128: 128, 256: 64}
 BWD_SM90_WARPS = 12
 BWD_SM90_CONSUMER_WARPGROUPS = 2
 BWD_SM90_STAGES = 2
 BWD_SM90_HDIMS = tuple(BWD_SM90_KEYS_BY_HDIM)
 BWD_SM90_MASKS = ("none", "causal")
 BWD_SM90_COVERS = (
-    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 128 and 256, no mask and causal "
+    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 96, 128 and 256, no mask and causal "
     "masks, GQA/MQA, batch mode and fast (atomic dQ) mode; sm80_cpasync_mma covers the rest"
 )
 # The mbarriers after the last tile: K/V full, Q/dO full and empty per stage, and dQ full and
@@ -46,7 +46,7 @@ def bwd_sm90_smem_bytes(hdim: int, elem: int = 2) -> int:
     """Shared memory of the sm90 backward main stage at `hdim`, barriers aside (the traits'
     kSmemBytes is bwd_sm90_traits_smem_bytes). Both layouts hold K and V (their keys x hdim),
     two stages of Q and dO (64 rows) with their rows' fp32 LSE and D, two dS^T buffers (keys x
-    64) and the 1 KiB the base is rounded up by. The key split (d64, d128) adds the fp32 dQ
+    64) and the 1 KiB the base is rounded up by. The key split (d64, d96, d128) adds the fp32 dQ
     staging tile (64 x hdim); the head split (d256) adds two P^T buffers instead, as it stages
     dQ in the bytes of the Q/dO stage its products are done with."""
     tiles, rows = _bwd_sm90_parts(hdim, elem)

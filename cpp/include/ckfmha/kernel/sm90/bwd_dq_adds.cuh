@@ -1,5 +1,5 @@
 // The dQ reduce-adds of the Hopper backward main stage (key-split layout,
-// d64 and d128), issued by one thread of the producer warpgroup instead of
+// d64, d96 and d128), issued by one thread of the producer warpgroup instead of
 // by the consumers: each consumer warpgroup stages its half of a query
 // tile's dQ in shared memory and arrives on dq_full; this thread adds the
 // half to the fp32 accumulator with a TMA reduce-add and arrives on dq_empty

@@ -1,4 +1,4 @@
-// Backward attention on Hopper at head dims 64 and 128, the main stage
+// Backward attention on Hopper at head dims 64, 96 and 128, the main stage
 // (bwd_dq_dk_dv): TMA loads and wgmma, warp-specialized. One CTA per key
 // tile (128 keys of one KV head and batch entry); it walks the query tiles
 // (64 rows) of every query head of the KV head's group, so GQA and MQA sum

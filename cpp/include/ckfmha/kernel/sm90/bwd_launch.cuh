@@ -21,7 +21,7 @@
 namespace ckfmha::kernel {
 
 // The generator's traits name for the sm90 backward: 128-key tiles split
-// their keys across the consumer warpgroups (d64, d128); 64-key tiles split
+// their keys across the consumer warpgroups (d64, d96, d128); 64-key tiles split
 // the head dim (d256).
 template <class Element, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasDropout, bool HasSoftcap,

@@ -1,5 +1,5 @@
 // Compile-time configuration of the Hopper backward main stage (bwd_dq_dk_dv
-// on TMA + wgmma, warp-specialized) at head dims 64 and 128: one producer
+// on TMA + wgmma, warp-specialized) at head dims 64, 96 and 128: one producer
 // warpgroup streams K and V once and then the query tiles' Q and dO through
 // a two-stage ring; two consumer warpgroups own 64 of the CTA's 128 keys
 // each and run all five products on the tensor cores. (Head dim 256 splits
@@ -12,6 +12,7 @@
 #include <cute/tensor.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace ckfmha::kernel {
 
@@ -31,7 +32,7 @@ struct BwdSm90KeySplitTraits
   using Base::kBlockM;
   using Base::kConsumerWarpgroups;
   using Base::kHeadDim;
-  static_assert(HeadDimQK == 64 || HeadDimQK == 128, "head dims 64 and 128");
+  static_assert(HeadDimQK == 64 || HeadDimQK == 96 || HeadDimQK == 128, "head dims 64, 96 and 128");
   static constexpr bool kSplitsHeadDim = false;
   // A wgmma covers 64 rows: each consumer warpgroup owns 64 keys.
   static_assert(BlockN == 64 * kConsumerWarpgroups, "128 keys over two consumer warpgroups");
@@ -71,13 +72,16 @@ struct BwdSm90KeySplitTraits
   // warpgroup's half of the columns is its own (64, d/2) tile of 128-byte
   // swizzled rows, so the accumulator's column pairs store without bank
   // conflicts and each half is one contiguous TMA source.
+  // At d96 a half is 48 columns, not whole 32-float (128-byte) swizzle
+  // atoms: it takes 16-float (64-byte) atoms instead.
   static constexpr int kDqColsPerWarpgroup = kHeadDim / kConsumerWarpgroups;
+  using DqAtom = std::conditional_t<kDqColsPerWarpgroup % 32 == 0,
+                                    cute::GMMA::Layout_K_SW128_Atom<float>,
+                                    cute::GMMA::Layout_K_SW64_Atom<float>>;
   using DqBox = cute::Shape<M, cute::Int<kDqColsPerWarpgroup>>;
-  using SmemLayoutdQBox =
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, DqBox{}));
+  using SmemLayoutdQBox = decltype(cute::tile_to_shape(DqAtom{}, DqBox{}));
   // Both halves side by side: the (64, d) tile the dQ product partitions.
-  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
-                                                    cute::Shape<M, D>{}));
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(DqAtom{}, cute::Shape<M, D>{}));
   static_assert(cute::cosize_v<SmemLayoutdQ> == kConsumerWarpgroups *
                                                      cute::cosize_v<SmemLayoutdQBox>,
                 "each warpgroup's columns are one contiguous half of the dQ tile");

@@ -3,7 +3,7 @@
 // warpgroup and two consumer warpgroups with their register split, K and V
 // and the two-stage Q/dO ring in shared memory with their TMA copies, and
 // the ring's barriers. The layouts: bwd_traits.cuh (keys split across
-// the warpgroups, d64 and d128) and bwd_head_split_traits.cuh (d256).
+// the warpgroups, d64, d96 and d128) and bwd_head_split_traits.cuh (d256).
 #pragma once
 
 #include "ckfmha/kernel/common/features.h"
