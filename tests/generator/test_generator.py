@@ -196,9 +196,9 @@ def test_receipt_sizes(arch: str) -> None:
     # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
     # the signatures without LSE, and builds d64's 128-row tile beside the 192-row default of
     # its unmasked batch-mode signatures (fp16/bf16 x LSE on/off).
-    # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x d64/d96/d128/d256
-    # x none/causal in batch mode of default and full (one tile each).
-    hopper = {"ci": 4 + 1, "default": 42 + 16, "full": 84 + 4 + 16}
+    # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x
+    # d64/d96/d128/d256/d192x128 x none/causal in batch mode of default and full (one tile each).
+    hopper = {"ci": 4 + 1, "default": 42 + 20, "full": 84 + 4 + 20}
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
     # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
@@ -1090,9 +1090,8 @@ def test_bwd_sm90_accepts_its_scope() -> None:
         ({"dropout": True, "softcap": True}, (r"dropout, softcap not implemented yet; .* "
                                              r"sm80_cpasync_mma covers the rest")),
         ({"hdim_q": 32, "hdim_v": 32, "tile_k": 32},
-         (r"head dims 32x32: sm90_tma_wgmma's backward takes equal q/k and v head dims of 64, "
-         r"96, 128, 256")),
-        ({"hdim_q": 192, "hdim_v": 128, "tile_k": 192}, r"head dims 192x128"),
+         (r"head dims 32x32: sm90_tma_wgmma's backward takes head dims of 64, 96, 128, 256, "
+          r"192x128")),
         ({"tile_m": 128}, (r"tile_m=128, tile_n=128, warps=12: the sm90_tma_wgmma backward at "
                           r"head dim 128 is tile_m=64 query rows per step and tile_n=128 keys "
                           r"per CTA")),
@@ -1123,6 +1122,15 @@ def test_bwd_sm90_smem_matches_the_traits_layout() -> None:
     # d256: K and V 64 x 256, the Q/dO ring, two P^T and two dS^T buffers 64 x 64; no dQ tile.
     bf16_tiles = (2 * 64 * 256 + 4 * 64 * 256 + 4 * 64 * 64) * 2
     assert rules.bwd_sm90_smem_bytes(256) == bf16_tiles + 4 * 64 * 4 + 1024
+    # d192x128: the head split with K 64 x 192, V 64 x 128, Q and dO stages of 64 x 192 and
+    # 64 x 128, P^T and dS^T, and a dQ staging tile of its own (64 x 192 fp32).
+    bf16_tiles = (64 * 320 + 2 * 64 * 320 + 4 * 64 * 64) * 2
+    assert rules.bwd_sm90_smem_bytes(192, hdim_v=128) == (
+        bf16_tiles + (4 * 64 + 64 * 192) * 4 + 1024
+    )
+    assert bwd_sm90_traits_smem_bytes(192, hdim_v=128) <= (
+        load_specs()["sm_90a"].max_dynamic_smem_per_block
+    )
     # d96 takes the key-split layout of d128 at 96 columns.
     bf16_tiles = (2 * 128 * 96 + 4 * 64 * 96 + 2 * 128 * 64) * 2
     assert rules.bwd_sm90_smem_bytes(96) == bf16_tiles + (4 * 64 + 64 * 96) * 4 + 1024
@@ -1148,8 +1156,10 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     accepted = select(get_receipt("default"), load_specs()["sm_90a"]).accepted
     names = [c.name for c in accepted if c.name.startswith("bwd_") and "_sm90_tma_wgmma_" in c.name]
     assert sorted(names) == sorted(
-        f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{d}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
-        for dtype in ("fp16", "bf16") for d, n in ((64, 128), (96, 128), (128, 128), (256, 64))
+        f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{dv}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
+        for dtype in ("fp16", "bf16")
+        for d, dv, n in ((64, 64, 128), (96, 96, 128), (128, 128, 128), (256, 256, 64),
+                         (192, 128, 64))
         for mask in ("none", "causal")
     )
     # Every sm90 main stage's plan finds its row-wise stages in the same set.

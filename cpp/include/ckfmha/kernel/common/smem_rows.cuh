@@ -15,10 +15,14 @@ namespace ckfmha::kernel {
 // 32-element chunks XOR-swizzled at 16-byte granularity so that ldmatrix
 // (8 rows x 16 B) hits 8 distinct bank groups; global loads are 16 bytes per
 // thread with whole chunks per row.
-template <class Element, int Cols, int Threads, bool Stream = false>
+// `Chunk` (64 where the columns allow, else 32) is set to 32 where the
+// tile's writers own column ranges that are multiples of 32 only.
+template <class Element, int Cols, int Threads, bool Stream = false,
+          int Chunk = (Cols % 64 == 0 ? 64 : 32)>
 struct SmemRows {
   static_assert(Cols % 32 == 0, "head dims are multiples of 32");
-  static constexpr int kChunk = Cols % 64 == 0 ? 64 : 32;
+  static_assert((Chunk == 64 || Chunk == 32) && Cols % Chunk == 0, "whole 32- or 64-column chunks");
+  static constexpr int kChunk = Chunk;
   static constexpr int kSwizzleBits = kChunk == 64 ? 3 : 2;
   using Atom = decltype(cute::composition(
       cute::Swizzle<kSwizzleBits, 3, 3>{},

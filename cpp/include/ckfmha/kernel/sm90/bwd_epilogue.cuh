@@ -24,55 +24,84 @@
 
 namespace ckfmha::kernel {
 
+// dK or dV of the CTA's keys (`Cols` columns), staged in shared memory by
+// stmatrix from `rows_in_registers` (the accumulator of `mma`, converted)
+// and stored from there as row vectors.
+template <class Traits, int Cols>
+struct BwdSm90KeyRows {
+  using Element = typename Traits::Element;
+  using Tile = cute::Shape<cute::Int<Traits::kBlockN>, cute::Int<Cols>>;
+  // Where the warpgroups split the columns, each one's half is whole
+  // swizzle chunks.
+  static constexpr int kOwnedCols = Traits::kSplitsHeadDim ? Cols / 2 : Cols;
+  using Rows = SmemRows<Element, Cols, Traits::kConsumerThreads, false,
+                        (kOwnedCols % 64 == 0 ? 64 : 32)>;
+  using SmemLayout = typename Rows::template Layout<Traits::kBlockN>;
+
+  template <class Fragment, class TiledMma>
+  __device__ __forceinline__ static void stage(Fragment const& rows_in_registers,
+                                               TiledMma const& mma, int tid, Element* smem) {
+    using namespace cute;
+    // stmatrix: the rows layout keeps 8-element runs contiguous and 16-byte
+    // aligned, as its rows need.
+    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
+    auto r2s_thr = r2s.get_thread_slice(tid);
+    Tensor staged = make_tensor(make_smem_ptr(smem), SmemLayout{});
+    copy(r2s, r2s_thr.retile_S(rows_in_registers), r2s_thr.partition_D(staged));
+  }
+
+  __device__ __forceinline__ static void store(Element const* smem, Element* rows,
+                                               int64_t row_stride, int tid, int rows_left) {
+    using namespace cute;
+    Tensor staged = make_tensor(make_smem_ptr(smem), SmemLayout{});
+    Tensor out = make_tensor(make_gmem_ptr(rows), Tile{}, make_stride(row_stride, _1{}));
+    typename Rows::Store copier;
+    auto thr = copier.get_thread_slice(tid);
+    Tensor coords = thr.partition_S(make_identity_tensor(Tile{}));
+    Tensor dst = thr.partition_D(out);
+    store_rows(copier, thr.partition_S(staged), dst, coords, rows_left);
+  }
+};
+
 // Run by every consumer thread (`tid` counts from 0 over both warpgroups)
-// once its own products are done; `smem_k` and `smem_v` hold (kBlockN,
-// kHeadDim) elements each and are overwritten.
-template <class Traits, class Accumulator, class TiledMma>
-__device__ __forceinline__ void bwd_sm90_store_dk_dv(Accumulator& acc_dk, Accumulator const& acc_dv,
-                                                     TiledMma const& mma_dkv, int tid,
+// once its own products are done; `smem_k` and `smem_v` hold K's and V's
+// tiles and are overwritten. `mma_dk` and `mma_dv` are the products whose
+// accumulators dK and dV are (one product for both in the key-split layout).
+template <class Traits, class AccumulatorK, class AccumulatorV, class TiledMmaK, class TiledMmaV>
+__device__ __forceinline__ void bwd_sm90_store_dk_dv(AccumulatorK& acc_dk,
+                                                     AccumulatorV const& acc_dv,
+                                                     TiledMmaK const& mma_dk,
+                                                     TiledMmaV const& mma_dv, int tid,
                                                      typename Traits::Element* smem_k,
                                                      typename Traits::Element* smem_v,
                                                      BwdParams const& p, int batch, int head_k,
                                                      int n_begin) {
   using namespace cute;
   using Element = typename Traits::Element;
-  using Tile = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
-  using Rows = SmemRows<Element, Traits::kHeadDim, Traits::kConsumerThreads>;
-  using SmemLayoutRows = typename Rows::template Layout<Traits::kBlockN>;
-  static_assert(cosize_v<SmemLayoutRows> <= cosize_v<typename Traits::SmemLayoutK>,
+  using RowsK = BwdSm90KeyRows<Traits, Traits::kHeadDim>;
+  using RowsV = BwdSm90KeyRows<Traits, Traits::kHeadDimV>;
+  static_assert(cosize_v<typename RowsK::SmemLayout> <= cosize_v<typename Traits::SmemLayoutK> &&
+                    cosize_v<typename RowsV::SmemLayout> <= cosize_v<typename Traits::SmemLayoutV>,
                 "dK and dV are staged over K and V");
 
   CUTE_UNROLL
   for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= p.scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
   Tensor rdV = convert_fragment<Element>(acc_dv);
-  Tensor sdK = make_tensor(make_smem_ptr(smem_k), SmemLayoutRows{});
-  Tensor sdV = make_tensor(make_smem_ptr(smem_v), SmemLayoutRows{});
 
   // The other warpgroup's last products may still read K and V.
   cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
-  // stmatrix: the rows layout keeps 8-element runs contiguous and 16-byte
-  // aligned, as its rows need.
-  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-  auto r2s_thr = r2s.get_thread_slice(tid);
-  copy(r2s, r2s_thr.retile_S(rdK), r2s_thr.partition_D(sdK));
-  copy(r2s, r2s_thr.retile_S(rdV), r2s_thr.partition_D(sdV));
+  RowsK::stage(rdK, mma_dk, tid, smem_k);
+  RowsV::stage(rdV, mma_dv, tid, smem_v);
   cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
 
   auto* dk_tile = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
                   head_k * p.dk_head_stride + int64_t(n_begin) * p.dk_row_stride;
   auto* dv_tile = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
                   head_k * p.dv_head_stride + int64_t(n_begin) * p.dv_row_stride;
-  Tensor gdK = make_tensor(make_gmem_ptr(dk_tile), Tile{}, make_stride(p.dk_row_stride, _1{}));
-  Tensor gdV = make_tensor(make_gmem_ptr(dv_tile), Tile{}, make_stride(p.dv_row_stride, _1{}));
-  typename Rows::Store store;
-  auto store_thr = store.get_thread_slice(tid);
-  Tensor coords = store_thr.partition_S(make_identity_tensor(Tile{}));
-  Tensor tdKgdK = store_thr.partition_D(gdK);
-  Tensor tdVgdV = store_thr.partition_D(gdV);
   const int rows_left = p.seqlen_k - n_begin;
-  store_rows(store, store_thr.partition_S(sdK), tdKgdK, coords, rows_left);
-  store_rows(store, store_thr.partition_S(sdV), tdVgdV, coords, rows_left);
+  RowsK::store(smem_k, dk_tile, p.dk_row_stride, tid, rows_left);
+  RowsV::store(smem_v, dv_tile, p.dv_row_stride, tid, rows_left);
 }
 
 }  // namespace ckfmha::kernel

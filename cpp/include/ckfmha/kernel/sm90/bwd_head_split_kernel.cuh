@@ -1,4 +1,4 @@
-// Backward attention on Hopper at head dim 256, the main stage
+// Backward attention on Hopper at head dims 256 and 192x128, the main stage
 // (bwd_dq_dk_dv): TMA loads and wgmma, warp-specialized. One CTA per key
 // tile (64 keys of one KV head and batch entry) walks the query tiles (64
 // rows) of every query head of the KV head's group, so GQA and MQA sum dK
@@ -7,13 +7,13 @@
 // per query tile:
 //   S^T = K Q^T and dP^T = V dO^T, each warpgroup for its 32 queries (P^T is
 //   computed and stored while dP^T runs); P^T and dS^T = P^T (dP^T - D) go
-//   to shared memory; after a barrier each warpgroup computes its 128
-//   columns of dQ = dS K, dV += P^T dO and dK += dS^T Q over all 64 queries
-//   and keys. dQ is then staged in the bytes of the tile's Q/dO stage that
-//   only its warpgroup read, and added to the fp32 accumulator by TMA
-//   reduce-adds (fast mode only: the order of the adds is not fixed); the
-//   stage is released once they have read it, behind the next tile's
-//   products.
+//   to shared memory; after a barrier each warpgroup computes its half of
+//   the columns of dQ = dS K, dV += P^T dO and dK += dS^T Q over all 64
+//   queries and keys. dQ is then staged (d256: in the bytes of the tile's
+//   Q/dO stage that only its warpgroup read; d192x128: in a tile of its own)
+//   and added to the fp32 accumulator by TMA reduce-adds (fast mode only:
+//   the order of the adds is not fixed); a ring stage is released once they
+//   have read it, behind the next tile's products.
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"
@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
+  constexpr bool kDqInRing = Traits::kDqInRing;
   BwdParams const& p = params.p;
 
   const BwdSm90KeyTile tile = bwd_sm90_key_tile(params);
@@ -86,36 +87,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = int(threadIdx.x) - 128;
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutKt{});
-  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutV{});
   Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQt{});
-  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQ{});
-  Tensor sdOt = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutdO{});
+  Tensor sdOt = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutdOt{});
   Tensor sPt = make_tensor(make_smem_ptr(storage->pt.data()), typename Traits::SmemLayoutPt{});
   Tensor sdS = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutPt{});
   Tensor sdSt = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutdSt{});
 
   typename Traits::TiledMmaSdP mma_sdp;
-  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadK mma_dk;
+  typename Traits::TiledMmadV mma_dv;
   typename Traits::TiledMmadQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
-  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dk = mma_dk.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
   // Shared-memory descriptors: (MMA, M or N, K[, stage or buffer]).
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);
   Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
   Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
   Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrdS = thr_dkv.partition_fragment_A(sdS);
-  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdVrPt = thr_dv.partition_fragment_A(sPt);
+  Tensor tdVrdOt = thr_dv.partition_fragment_B(sdOt);
+  Tensor tdKrdS = thr_dk.partition_fragment_A(sdS);
+  Tensor tdKrQt = thr_dk.partition_fragment_B(sQt);
   Tensor tdQrdSt = thr_dq.partition_fragment_A(sdSt);
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
 
   using TileSt = Shape<N, M>;  // (keys, queries)
-  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<N, D>{});
-  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<N, D>{});
+  Tensor acc_dk = partition_fragment_C(mma_dk, Shape<N, D>{});
+  Tensor acc_dv = partition_fragment_C(mma_dv, Shape<N, typename Traits::DV>{});
   Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});
   Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(TileSt{}));
@@ -130,18 +133,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // One thread per warpgroup adds the warpgroup's staged dQ.
   const bool issues_dq = tid % 128 == 0;
   const uint32_t warpgroup_barrier = kBwdSm90FirstWarpgroupBarrierId + warpgroup;
-  // This thread's part of a stage's dQ tile (staged in Q's and dO's bytes),
-  // and piece `half` of this warpgroup's columns as a TMA source.
-  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<float*>(storage->q.data())),
-                           typename Traits::SmemLayoutdQStages{});
+  // This thread's part of a stage's dQ tile (in the ring: staged in Q's and
+  // dO's bytes; else in the tile of its own), and piece `piece` of this
+  // warpgroup's columns as a TMA source.
   auto dq_r2s = make_tiled_copy_C(typename Traits::SmemStoreAtomdQ{}, mma_dq);
   auto dq_r2s_thr = dq_r2s.get_thread_slice(tid);
-  Tensor tdQsdQ = dq_r2s_thr.partition_D(sdQ);  // (CPY, CPY_M, CPY_N, stage)
-  auto dq_piece = [&](int stage, int half) __attribute__((always_inline)) {
-    float* piece = reinterpret_cast<float*>(storage->q.data()) +
-                   stage * Traits::kDqStageStride + half * Traits::kDqRingStride +
-                   warpgroup * Traits::kDqWarpgroupStride;
-    return make_tensor(make_smem_ptr(piece), typename Traits::SmemLayoutdQBox{});
+  auto staged_dq = [&]() __attribute__((always_inline)) {
+    if constexpr (kDqInRing) {
+      return dq_r2s_thr.partition_D(  // (CPY, CPY_M, CPY_N, stage)
+          make_tensor(make_smem_ptr(reinterpret_cast<float*>(storage->q.data())),
+                      typename Traits::SmemLayoutdQStages{}));
+    } else {
+      return dq_r2s_thr.partition_D(  // (CPY, CPY_M, CPY_N)
+          make_tensor(make_smem_ptr(storage->dq.data()), typename Traits::SmemLayoutdQTile{}));
+    }
+  };
+  Tensor tdQsdQ = staged_dq();
+  auto dq_piece = [&](int stage, int piece) __attribute__((always_inline)) {
+    float* start;
+    if constexpr (kDqInRing) {
+      start = reinterpret_cast<float*>(storage->q.data()) + stage * Traits::kDqStageStride +
+              piece * Traits::kDqRingStride + warpgroup * Traits::kDqWarpgroupStride;
+    } else {
+      start = storage->dq.data() + (Traits::kDqPieces * warpgroup + piece) *
+                                       cute::cosize_v<typename Traits::SmemLayoutdQBox>;
+    }
+    return make_tensor(make_smem_ptr(start), typename Traits::SmemLayoutdQBox{});
   };
   Tensor mdQ = params.tma_dq.get_tma_tensor(make_shape(p.workspace_rows, kD, p.nhead_q * p.batch));
   auto dq_tma = params.tma_dq.get_slice(Int<0>{});
@@ -196,21 +213,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     copy(st_r2s, st_r2s_thr.retile_S(rdS), tdSsdS(_, _, _, buffer));
     // wgmma reads shared memory through the async proxy.
     cutlass::arch::fence_view_async_shared();
+    // A staging tile of its own is written again below: the previous tile's
+    // reduce-adds have read it before this warpgroup passes the barrier.
+    if constexpr (!kDqInRing) {
+      if (it > 0 && issues_dq) tma_store_wait<0>();
+    }
     // Both warpgroups' queries of P^T and dS^T are in shared memory.
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
     // The previous tile's stage is released, so that the producer refills it
     // for the next tile while this one finishes: each thread is done with
-    // it, and the thread that added its staged dQ arrives once the
-    // reduce-adds have read it (long done by now: S^T and dP^T ran since).
+    // it, and (dQ staged in the ring) the thread that added its staged dQ
+    // arrives once the reduce-adds have read it (long done by now: S^T and
+    // dP^T ran since).
     if (it > 0) {
-      if (issues_dq) tma_store_wait<0>();
+      if constexpr (kDqInRing) {
+        if (issues_dq) tma_store_wait<0>();
+      }
       Barrier::arrive(&bar.q_empty[(it - 1) % kStages]);
     }
 
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<M, D>{});
     issue(mma_dq, tdQrdSt(_, _, _, buffer), tdQrKt, acc_dq, true);
-    issue(mma_dkv, tdVrPt(_, _, _, buffer), tdVrdOt(_, _, _, stage), acc_dv, false);
-    issue(mma_dkv, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
+    issue(mma_dv, tdVrPt(_, _, _, buffer), tdVrdOt(_, _, _, stage), acc_dv, false);
+    issue(mma_dk, tdKrdS(_, _, _, buffer), tdKrQt(_, _, _, stage), acc_dk, false);
 
     // dQ, dV and dK are done: this warpgroup's columns of the stage's Q and
     // dO are read by no one else (the other warpgroup's S^T and dP^T of
@@ -219,7 +244,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_fence_operand(acc_dq);
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dk);
-    copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ(_, _, _, stage));
+    if constexpr (kDqInRing) {
+      copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ(_, _, _, stage));
+    } else {
+      copy(dq_r2s, dq_r2s_thr.retile_S(acc_dq), tdQsdQ);
+    }
     // The TMA unit reads shared memory through the async proxy.
     tma_store_fence();
     cutlass::arch::NamedBarrier::sync(128, warpgroup_barrier);
@@ -228,10 +257,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // seqlen_q add zeros there, as their P is 0).
       Tensor gdQ = mdQ(_, _, batch * p.nhead_q + walk.head(it));
       CUTE_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        Tensor gdQ_piece = local_tile(gdQ, typename Traits::DqBox{},
-                                      make_coord(walk.m_block(it), 2 * warpgroup + half));
-        copy(params.tma_dq, dq_tma.partition_S(dq_piece(stage, half)),
+      for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
+        Tensor gdQ_piece =
+            local_tile(gdQ, typename Traits::DqBox{},
+                       make_coord(walk.m_block(it), Traits::kDqPieces * warpgroup + piece));
+        copy(params.tma_dq, dq_tma.partition_S(dq_piece(stage, piece)),
              dq_tma.partition_D(gdQ_piece));
       }
       tma_store_arrive();
@@ -242,8 +272,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // memory) goes away and before convert_dq reads the accumulator.
   if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
-  bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dkv, tid, storage->k.data(), storage->v.data(),
-                               p, batch, head_k, n_begin);
+  bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dk, mma_dv, tid, storage->k.data(),
+                               storage->v.data(), p, batch, head_k, n_begin);
 }
 
 }  // namespace ckfmha::kernel

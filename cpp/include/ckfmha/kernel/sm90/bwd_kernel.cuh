@@ -79,11 +79,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto& bar = storage->bar;
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutKt{});
-  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutV{});
   Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQt{});
-  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQ{});
-  Tensor sdOt = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutdO{});
+  Tensor sdOt = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutdOt{});
   Tensor sdS = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutdS{});
   Tensor sdSt = make_tensor(make_smem_ptr(storage->ds.data()), typename Traits::SmemLayoutdSt{});
 
@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
 
-  bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dkv, tid, storage->k.data(), storage->v.data(),
+  bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dkv, mma_dkv, tid, storage->k.data(),
+                               storage->v.data(),
                                p, batch, head_k, n_begin);
 }
 

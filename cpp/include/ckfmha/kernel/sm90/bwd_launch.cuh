@@ -21,8 +21,8 @@
 namespace ckfmha::kernel {
 
 // The generator's traits name for the sm90 backward: 128-key tiles split
-// their keys across the consumer warpgroups (d64, d96, d128); 64-key tiles split
-// the head dim (d256).
+// their keys across the consumer warpgroups (d64, d96, d128); 64-key tiles
+// split the head dims (d256, d192x128).
 template <class Element, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasDropout, bool HasSoftcap,
           bool HasDbias, bool IsGroupMode, int MinCtasPerSm = 1>
@@ -36,11 +36,11 @@ using BwdSm90Traits = std::conditional_t<
 // (rows, head dim, heads, batch) view of a [batch, heads, rows, dim] tensor
 // with arbitrary strides (BHSD, BSHD, ...); the head dim is contiguous.
 template <class Traits>
-typename Traits::GmemTensor bwd_sm90_gmem_view(void const* data, int rows, int heads, int batch,
-                                               int64_t const (&stride)[3]) {
+typename Traits::GmemTensor bwd_sm90_gmem_view(void const* data, int rows, int cols, int heads,
+                                               int batch, int64_t const (&stride)[3]) {
   using Element = typename Traits::Element;
   return cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(data)),
-                           cute::make_shape(rows, int(Traits::kHeadDim), heads, batch),
+                           cute::make_shape(rows, cols, heads, batch),
                            cute::make_stride(stride[2], cute::_1{}, stride[1], stride[0]));
 }
 
@@ -51,24 +51,28 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
   auto const& pr = *static_cast<ckfmha_bwd_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_bwd_args const*>(args);
   using TileQ = Shape<typename Traits::M, typename Traits::D>;
+  using TileDo = Shape<typename Traits::M, typename Traits::DV>;
   using TileK = Shape<typename Traits::N, typename Traits::D>;
+  using TileV = Shape<typename Traits::N, typename Traits::DV>;
   auto q_smem = take<0, 2>(typename Traits::SmemLayoutQ{});
+  auto do_smem = take<0, 2>(typename Traits::SmemLayoutdO{});
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
   BwdParams const bwd = make_bwd_params(pr, ar, context);
   auto tma_load = [&](void const* data, int rows, int heads, int64_t const(&stride)[3],
                       auto smem_layout, auto tile) {
+    const int cols = int(size<1>(tile));
     return make_tma_copy(SM90_TMA_LOAD{},
-                         bwd_sm90_gmem_view<Traits>(data, rows, heads, pr.batch, stride),
+                         bwd_sm90_gmem_view<Traits>(data, rows, cols, heads, pr.batch, stride),
                          smem_layout, tile, _1{});
   };
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   auto tma_q = tma_load(ar.q, pr.seqlen_q, pr.nhead_q, pr.q_stride, q_smem, TileQ{});
-  auto tma_do = tma_load(ar.do_, pr.seqlen_q, pr.nhead_q, pr.do_stride, q_smem, TileQ{});
+  auto tma_do = tma_load(ar.do_, pr.seqlen_q, pr.nhead_q, pr.do_stride, do_smem, TileDo{});
   auto tma_k = tma_load(ar.k, pr.seqlen_k, pr.nhead_k, pr.k_stride,
                         typename Traits::SmemLayoutK{}, TileK{});
   auto tma_v = tma_load(ar.v, pr.seqlen_k, pr.nhead_k, pr.v_stride,
-                        typename Traits::SmemLayoutK{}, TileK{});
+                        typename Traits::SmemLayoutV{}, TileV{});
   // The fp32 dQ accumulator as (padded rows, head dim, batch x heads), added
   // to by TMA reduce-adds of the tiles the traits stage.
   auto dq_accum = make_tensor(make_gmem_ptr(bwd.dq_accum),

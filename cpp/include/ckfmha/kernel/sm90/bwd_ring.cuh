@@ -1,6 +1,6 @@
 // The Q/dO ring of the Hopper backward main stage, shared by both of its
 // consumer layouts (keys split across the warpgroups at d <= 128, the head
-// dim split at d256): the walk over a key tile's query tiles, the ring's
+// dims split at d256 and d192x128): the walk over a key tile's query tiles, the ring's
 // barriers, and the producer: one thread loads K and V once, then each
 // query tile's Q and dO (TMA) and its rows' LSE and D (bulk copies from the
 // workspace, written by dot_do_o) into the ring's stages; a stage is
@@ -73,9 +73,9 @@ template <class Traits>
 struct BwdSm90Params {
   BwdParams p;
   typename Traits::TmaQ tma_q;
-  typename Traits::TmaQ tma_do;
+  typename Traits::TmaDo tma_do;
   typename Traits::TmaK tma_k;
-  typename Traits::TmaK tma_v;
+  typename Traits::TmaV tma_v;
   typename Traits::TmaDq tma_dq;
   // Causal launch order (bwd_sm90_key_tile): (KV head, batch) pairs per
   // chunk, 0 for plain grid order; the pairs, and the KV heads as a divisor.
@@ -137,31 +137,33 @@ __device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const&
   using M = typename Traits::M;
   using N = typename Traits::N;
   using D = typename Traits::D;
+  using DV = typename Traits::DV;
   constexpr int kD = Traits::kHeadDim;
+  constexpr int kDV = Traits::kHeadDimV;
   constexpr int kStages = Traits::kStages;
   BwdParams const& p = params.p;
   auto& bar = storage->bar;
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutV{});
   Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutdO{});
 
   const int nhead_k = p.nhead_q / p.head_group;
   // Coordinate tensors over the shapes the descriptors were encoded with.
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, kD, p.nhead_q, p.batch));
-  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, kD, p.nhead_q, p.batch));
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, kDV, p.nhead_q, p.batch));
   Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, kD, nhead_k, p.batch));
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, kD, nhead_k, p.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, kDV, nhead_k, p.batch));
   {
     Tensor gK = local_tile(mK(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
-    Tensor gV = local_tile(mV(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
+    Tensor gV = local_tile(mV(_, _, head_k, batch), Shape<N, DV>{}, make_coord(_, 0));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sV), group_modes<0, 2>(gV));
     // Rows past seqlen_k fall outside the tensor: TMA fills them with zeros
     // and still counts the whole box's bytes.
-    Barrier::arrive_and_expect_tx(&bar.kv_full, 2 * Traits::kTmaBytesK);
+    Barrier::arrive_and_expect_tx(&bar.kv_full, Traits::kTmaBytesKV);
     copy(params.tma_k.with(bar.kv_full), tKgK(_, n_block), tKsK);
     copy(params.tma_v.with(bar.kv_full), tVgV(_, n_block), tVsV);
   }
@@ -172,13 +174,13 @@ __device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const&
     Barrier::wait(&bar.q_empty[stage], ((it / kStages) & 1) ^ 1);
     const int head = walk.head(it);
     Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
-    Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
+    Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<M, DV>{}, make_coord(_, 0));
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
                                           group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
     Barrier::arrive_and_expect_tx(&bar.q_full[stage],
-                                  2 * Traits::kTmaBytesQ + 2 * Traits::kBulkBytesRows);
+                                  Traits::kTmaBytesQdO + 2 * Traits::kBulkBytesRows);
     copy(params.tma_q.with(bar.q_full[stage]), tQgQ(_, walk.m_block(it)), tQsQ(_, stage));
     copy(params.tma_do.with(bar.q_full[stage]), tdOgdO(_, walk.m_block(it)), tdOsdO(_, stage));
     // The workspace pads every head to whole 64-row blocks, so these rows

@@ -21,10 +21,10 @@ template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, i
           bool HasDbias, bool IsGroupMode, int MinCtasPerSm = 1>
 struct BwdSm90KeySplitTraits
     : BwdSm90TraitsBase<Element_, HeadDimQK, HeadDimV, BlockM, BlockN, Warps, Stages, Mask, Bias,
-                        HasDropout, HasSoftcap, HasDbias, IsGroupMode, MinCtasPerSm> {
+                        HasDropout, HasSoftcap, HasDbias, IsGroupMode, MinCtasPerSm, false> {
   using Base = BwdSm90TraitsBase<Element_, HeadDimQK, HeadDimV, BlockM, BlockN, Warps, Stages,
                                  Mask, Bias, HasDropout, HasSoftcap, HasDbias, IsGroupMode,
-                                 MinCtasPerSm>;
+                                 MinCtasPerSm, false>;
   using typename Base::D;
   using typename Base::Element;
   using typename Base::M;
@@ -33,6 +33,7 @@ struct BwdSm90KeySplitTraits
   using Base::kConsumerWarpgroups;
   using Base::kHeadDim;
   static_assert(HeadDimQK == 64 || HeadDimQK == 96 || HeadDimQK == 128, "head dims 64, 96 and 128");
+  static_assert(HeadDimQK == HeadDimV, "one head dim for Q, K and V");
   static constexpr bool kSplitsHeadDim = false;
   // A wgmma covers 64 rows: each consumer warpgroup owns 64 keys.
   static_assert(BlockN == 64 * kConsumerWarpgroups, "128 keys over two consumer warpgroups");

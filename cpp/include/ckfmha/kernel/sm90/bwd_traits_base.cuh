@@ -3,7 +3,8 @@
 // warpgroup and two consumer warpgroups with their register split, K and V
 // and the two-stage Q/dO ring in shared memory with their TMA copies, and
 // the ring's barriers. The layouts: bwd_traits.cuh (keys split across
-// the warpgroups, d64, d96 and d128) and bwd_head_split_traits.cuh (d256).
+// the warpgroups, d64, d96 and d128) and bwd_head_split_traits.cuh (d256
+// and d192x128).
 #pragma once
 
 #include "ckfmha/kernel/common/features.h"
@@ -38,10 +39,13 @@ using GmmaTransposedStages = decltype(cute::composition(
 
 // The parameter list is the sm80 backward's, so the generator writes every
 // backward instance alike; what these templates do not implement is
-// rejected by the generator's rules and asserted here.
+// rejected by the generator's rules and asserted here. `SplitsHeadDim`:
+// the layout splits the head dims of dK, dV and dQ between the consumer
+// warpgroups, so each warpgroup reads half of Q's and dO's columns as an
+// MN-major operand.
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasDropout, bool HasSoftcap,
-          bool HasDbias, bool IsGroupMode, int MinCtasPerSm>
+          bool HasDbias, bool IsGroupMode, int MinCtasPerSm, bool SplitsHeadDim>
 struct BwdSm90TraitsBase {
   using Element = Element_;
   static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasDbias,
@@ -53,9 +57,10 @@ struct BwdSm90TraitsBase {
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
                 "wgmma takes fp16 or bf16 operands here");
-  static_assert(HeadDimQK == HeadDimV, "one head dim for Q, K and V");
+  static_assert(HeadDimQK % 32 == 0 && HeadDimV % 32 == 0, "head dims are multiples of 32");
 
-  static constexpr int kHeadDim = HeadDimQK;
+  static constexpr int kHeadDim = HeadDimQK;  // Q, K, dQ and dK
+  static constexpr int kHeadDimV = HeadDimV;  // V, dO and dV
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kBlockM = BlockM;
   static constexpr int kBlockN = BlockN;
@@ -73,6 +78,7 @@ struct BwdSm90TraitsBase {
                 "the register split must fit the SM's register file");
 
   using D = cute::Int<kHeadDim>;
+  using DV = cute::Int<kHeadDimV>;
   using M = cute::Int<kBlockM>;
   using N = cute::Int<kBlockN>;
   using AtomAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumerWarpgroups>, cute::_1>>;
@@ -82,9 +88,19 @@ struct BwdSm90TraitsBase {
   using SmemLayoutK = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<Element, kHeadDim / kConsumerWarpgroups>{}, cute::Shape<N, D>{}));
   using SmemLayoutKt = GmmaTransposed<SmemLayoutK, kBlockN, kHeadDim>;  // (d, keys)
-  using SmemLayoutQ = decltype(cute::tile_to_shape(GmmaRowMajorAtom<Element, kHeadDim>{},
-                                                   cute::Shape<M, D, cute::Int<Stages>>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, kHeadDimV / kConsumerWarpgroups>{}, cute::Shape<N, DV>{}));
+  // Q and dO: with the head dim split, each warpgroup's half of the columns
+  // (an MN-major operand of dK or dV) is whole atoms.
+  static constexpr int kOperandSplit = SplitsHeadDim ? kConsumerWarpgroups : 1;
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(GmmaRowMajorAtom<Element, kHeadDim / kOperandSplit>{},
+                                   cute::Shape<M, D, cute::Int<Stages>>{}));
   using SmemLayoutQt = GmmaTransposedStages<SmemLayoutQ, kBlockM, kHeadDim, Stages>;
+  using SmemLayoutdO =
+      decltype(cute::tile_to_shape(GmmaRowMajorAtom<Element, kHeadDimV / kOperandSplit>{},
+                                   cute::Shape<M, DV, cute::Int<Stages>>{}));
+  using SmemLayoutdOt = GmmaTransposedStages<SmemLayoutdO, kBlockM, kHeadDimV, Stages>;
   // (keys, queries) tiles that leave the registers for shared memory (dS^T,
   // and P^T at d256), queries contiguous, two buffers each: one query
   // tile's is written while the other warpgroup may still read the
@@ -107,8 +123,13 @@ struct BwdSm90TraitsBase {
   using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
                                             cute::take<0, 2>(SmemLayoutQ{}),
                                             cute::Shape<M, D>{}, cute::_1{}));
+  using TmaDo = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                             cute::take<0, 2>(SmemLayoutdO{}),
+                                             cute::Shape<M, DV>{}, cute::_1{}));
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                             cute::Shape<N, D>{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{},
+                                            cute::Shape<N, DV>{}, cute::_1{}));
 
   // The fp32 accumulator as (rows, head dim, batch x heads), rows padded to
   // whole 64-row blocks per head (params/bwd_workspace.h).
@@ -123,10 +144,11 @@ struct BwdSm90TraitsBase {
   // Register-to-shared stores of the fp32 dQ accumulator's column pairs.
   using SmemStoreAtomdQ = cute::Copy_Atom<SharedStore64, float>;
 
-  static constexpr int kTmaBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
+  // A query tile's Q and dO, and the CTA's K and V.
+  static constexpr int kTmaBytesQdO = kBlockM * (kHeadDim + kHeadDimV) * int(sizeof(Element));
+  static constexpr int kTmaBytesKV = kBlockN * (kHeadDim + kHeadDimV) * int(sizeof(Element));
   // A query tile's LSE (log2 domain) and D rows, bulk-copied with Q and dO.
   static constexpr int kBulkBytesRows = kBlockM * int(sizeof(float));
-  static constexpr int kTmaBytesK = kBlockN * kHeadDim * int(sizeof(Element));
 
   struct Barriers {
     uint64_t kv_full;
@@ -145,9 +167,9 @@ struct BwdSm90TraitsBase {
   // where used instead of held in registers) and the barriers.
   struct TileStorage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> v;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>> dout;
   };
 };
 
