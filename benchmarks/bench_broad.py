@@ -60,6 +60,7 @@ from broad_cases import (
     select,
     suite,
 )
+from broad_plot import plot_ratio_records
 from torch.nn.attention import SDPBackend
 from torch.nn.attention.bias import causal_lower_right
 
@@ -373,41 +374,6 @@ def print_tables(rows: list[Row], summary: dict[str, dict[str, Any]],
                   f"bandwidth ({copy_rate:.0f} GB/s, read + written)")
 
 
-def plot_ratios(rows: list[Row], path: Path) -> None:
-    """ckfmha over cuDNN per case, one panel per kind, one marker per head dim."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    kinds = [kind for kind in KINDS if any(r.case.kind == kind for r in rows)]
-    markers = {"d64": "o", "d96": "s", "d128": "^", "d192x128": "D", "d256": "v"}
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        kind_rows = [r for r in rows if r.case.kind == kind]
-        for hdim in dict.fromkeys(r.case.hdim_label for r in kind_rows):
-            points = [(i, r.ratio("torch_cudnn")) for i, r in enumerate(kind_rows)
-                      if r.case.hdim_label == hdim and r.ratio("torch_cudnn")]  # fmt: skip
-            if points:
-                xs, ys = zip(*points)
-                ax.scatter(xs, ys, marker=markers.get(hdim, "x"), label=hdim)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.axhline(0.95, color="red", linewidth=0.8, linestyle="--")
-        standard = sum(r.case.standard for r in kind_rows)
-        if standard:
-            ax.axvline(standard - 0.5, color="gray", linewidth=0.8, linestyle=":")
-        ax.set_title(f"{kind}: ckfmha / cuDNN")
-        ax.set_xlabel("case (the standard ones left of the dotted line)" if standard else "case")
-        ax.set_ylabel("speed-up over cuDNN")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def row_record(row: Row) -> dict[str, Any]:
     case = row.case
     return {
@@ -507,7 +473,8 @@ def main() -> None:
         stem = stem.replace("broad", "broad-" + "-".join(args.kinds), 1)
     path = args.out / f"{stem}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    plot_ratios(rows, args.out / f"{stem}.png")
+    plot_ratio_records(record["rows"], args.out / f"{stem}.png",
+                       f"{device}, {args.dtype}, commit {args.commit}")  # fmt: skip
     print(f"wrote {path}")
 
 

@@ -10,10 +10,12 @@ needs no torch; the checks against bench_fwd.py and bench_bwd.py import it and s
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -152,3 +154,39 @@ def test_readme_counts_the_cases(bench_broad: ModuleType) -> None:
     readme = " ".join((REPO_ROOT / "README.md").read_text().split())
     claim = f"{counts['fwd']} forward, {counts['bwd']} backward and {counts['decode']} decode cases"
     assert claim in readme
+
+
+@pytest.fixture(scope="module")
+def broad_plot(benchmarks_importable: None) -> ModuleType:
+    return importlib.import_module("broad_plot")
+
+
+def _committed_runs() -> list[dict]:
+    runs = sorted((BENCHMARKS / "results" / "broad").glob("*.json"))
+    return [json.loads(path.read_text()) for path in runs]
+
+
+def test_committed_runs_hold_what_the_plot_reads(broad_plot: ModuleType) -> None:
+    runs = _committed_runs()
+    assert runs, "the broad suite's latest runs are committed under benchmarks/results/broad"
+    for run in runs:
+        for row in run["rows"]:
+            assert row["kind"] in broad_plot.KINDS
+            assert broad_plot.hdim_label(row) in broad_plot.HDIM_COLOURS, row["label"]
+            assert row["group"] == row["nhead_q"] // row["nhead_k"]
+            assert row["seqlen_k"] > 0 and isinstance(row["causal"], bool)
+        assert any(row.get("ratio_vs_torch_cudnn") for row in run["rows"])
+
+
+def test_plot_draws_each_committed_run(broad_plot: ModuleType, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    run = _committed_runs()[0]
+    # Without matplotlib the plot is skipped, not an error.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert broad_plot.plot_ratio_records(run["rows"], tmp_path / "none.png") is False
+    monkeypatch.delitem(sys.modules, "matplotlib")
+    pytest.importorskip("matplotlib")
+    for i, run in enumerate(_committed_runs()):
+        path = tmp_path / f"run{i}.png"
+        assert broad_plot.plot_ratio_records(run["rows"], path, "title") is True
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
