@@ -1,0 +1,258 @@
+"""Selection oracle: time every kernel and plan that can run a problem, beside the dispatcher's
+own choice, and say how far the hand-written rules are from the fastest candidate.
+
+For each problem of oracle_shapes.py the dispatcher's explain output names the candidates: the
+one-stage forward kernels and split-KV kernels that fit (each split kernel at several split
+counts), or the backward main stages that fit. Each candidate is forced by name (and split
+count) and timed with CUDA events, as is the automatic call. Candidates are the kernels the
+library holds: build the alternatives first (``python -m ckfmha build --kernels full --arch
+sm_90a -j 16``) for a wider search.
+
+The run writes one CSV row per (problem, candidate) with the device and commit, and a JSON
+summary: per kind, the dispatcher's efficiency (oracle time / its time) over all problems and
+over the held-out ones (oracle_shapes.held_out): mean, median, P10 and worst.
+
+    python benchmarks/oracle.py --commit $(git rev-parse --short HEAD) --count 50
+    python benchmarks/oracle.py --list --kinds decode        # the problems, no GPU needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import re
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle_shapes import KINDS, OracleProblem, draw
+
+RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
+# Split counts tried for each split-KV candidate, beside the dispatcher's own.
+SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+HEURISTIC = "heuristic"
+CSV_FIELDS = ("device", "commit", "problem", "label", "kind", "held_out", "dtype", "batch",
+              "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "hdim", "hdim_v", "causal",
+              "candidate", "num_splits", "ms", "error")  # fmt: skip
+_LISTED = re.compile(r"^  (selected|fits)\s+(\S+)$")
+_PLAN = re.compile(r"^plan: (one-stage|split-KV), ([^\s:,]+)")
+_SPLITS = re.compile(r"num_splits=(\d+)")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kernel: str  # a kernel name, or HEURISTIC for the automatic call
+    num_splits: int = 0  # split-KV candidates: the count forced; 0 otherwise
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the dispatcher's plan line says it runs."""
+
+    kernel: str
+    num_splits: int
+
+
+def fwd_candidates(explain: str) -> tuple[list[Candidate], Choice]:
+    """The forward candidates an explain text lists (one-stage kernels once each, split-KV
+    kernels at every count of SPLIT_COUNTS and the plan's own), and the plan's choice."""
+    plan = next((line for line in explain.splitlines() if line.startswith("plan: ")), "")
+    match = _PLAN.match(plan)
+    if match is None:
+        raise ValueError(f"no plan in the explain text: {plan or explain[-200:]!r}")
+    splits = _SPLITS.search(plan)
+    choice = Choice(match.group(2), int(splits.group(1)) if splits else 0)
+    found: dict[Candidate, None] = {}
+    for line in explain.splitlines():
+        listed = _LISTED.match(line)
+        if listed is None:
+            continue
+        name = listed.group(2)
+        if name.startswith("fwd_splitkv_combine_"):
+            continue  # a stage of split plans, not a candidate of its own
+        if name.startswith("fwd_splitkv_"):
+            for count in sorted({*SPLIT_COUNTS, max(choice.num_splits, 1)}):
+                found[Candidate(name, count)] = None
+        else:
+            found[Candidate(name)] = None
+    return list(found), choice
+
+
+def bwd_candidates(explain: str) -> tuple[list[Candidate], Choice]:
+    """The backward main stages (bwd_dq_dk_dv) an explain_bwd text lists, and the selected one."""
+    found, selected = [], ""
+    in_main_stage = False
+    for line in explain.splitlines():
+        if line.startswith("stage "):
+            in_main_stage = line.startswith("stage bwd_dq_dk_dv")
+            continue
+        listed = _LISTED.match(line)
+        if in_main_stage and listed is not None:
+            found.append(Candidate(listed.group(2)))
+            if listed.group(1) == "selected":
+                selected = listed.group(2)
+    if not selected:
+        raise ValueError("explain_bwd selects no main stage")
+    return found, Choice(selected, 0)
+
+
+def efficiency_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per kind, the dispatcher's time against the fastest candidate's: over all problems and
+    over the held-out ones. Rows are CSV rows (an error row has no time)."""
+    best: dict[tuple[str, int], float] = {}
+    chosen: dict[tuple[str, int], float] = {}
+    held: dict[tuple[str, int], bool] = {}
+    labels: dict[tuple[str, int], str] = {}
+    for row in rows:
+        if row["ms"] in ("", None):
+            continue
+        key = (row["kind"], int(row["problem"]))
+        ms = float(row["ms"])
+        held[key], labels[key] = str(row["held_out"]) == "True", row["label"]
+        if row["candidate"] == HEURISTIC:
+            chosen[key] = ms
+        else:
+            best[key] = min(ms, best.get(key, ms))
+    summary: dict[str, Any] = {}
+    for kind in KINDS:
+        keys = [k for k in chosen if k[0] == kind and k in best]
+        for scope, scoped in (("all", keys), ("held_out", [k for k in keys if held[k]])):
+            if not scoped:
+                continue
+            ratio = {k: min(best[k], chosen[k]) / chosen[k] for k in scoped}
+            ordered = sorted(ratio.values())
+            worst = min(ratio, key=ratio.get)
+            summary.setdefault(kind, {})[scope] = {
+                "problems": len(scoped),
+                "mean": statistics.fmean(ordered),
+                "median": statistics.median(ordered),
+                "p10": ordered[int(0.1 * (len(ordered) - 1))],
+                "worst": ratio[worst],
+                "worst_problem": labels[worst],
+            }
+    return summary
+
+
+def _time_ms(fn: Callable[[], Any], warmup: int, iters: int, repeats: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
+def _inputs(problem: OracleProblem) -> dict[str, Any]:
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
+    b, hq, hk = problem.batch, problem.nhead_q, problem.nhead_k
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    tensors = {"q": randn(b, hq, problem.seqlen_q, problem.hdim),
+               "k": randn(b, hk, problem.seqlen_k, problem.hdim),
+               "v": randn(b, hk, problem.seqlen_k, problem.hdim_v)}  # fmt: skip
+    if problem.kind == "bwd":
+        import ckfmha
+
+        tensors["do"] = randn(b, hq, problem.seqlen_q, problem.hdim_v)
+        tensors["o"], tensors["lse"] = ckfmha.fwd(tensors["q"], tensors["k"], tensors["v"],
+                                                  return_lse=True, **problem.mask_options)
+    return tensors
+
+
+def time_problem(problem: OracleProblem, index: int, args: argparse.Namespace,
+                 device: str) -> list[dict[str, Any]]:  # fmt: skip
+    """One CSV row per candidate of `problem` and one for the automatic call."""
+    import ckfmha
+
+    dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
+    if problem.kind == "bwd":
+        candidates, _ = bwd_candidates(dispatcher.explain_bwd(**problem.fields(), arch=arch))
+    else:
+        candidates, _ = fwd_candidates(dispatcher.explain(**problem.fields(), arch=arch))
+    t = _inputs(problem)
+    mask = problem.mask_options
+
+    def call(candidate: Candidate) -> Callable[[], Any]:
+        forced = {} if candidate.kernel == HEURISTIC else {"kernel": candidate.kernel}
+        if problem.kind == "bwd":
+            return lambda: ckfmha.bwd(t["do"], t["q"], t["k"], t["v"], t["o"], t["lse"],
+                                      **mask, **forced)  # fmt: skip
+        return lambda: ckfmha.fwd(t["q"], t["k"], t["v"], num_splits=candidate.num_splits,
+                                  **mask, **forced)  # fmt: skip
+
+    rows = []
+    for candidate in [Candidate(HEURISTIC), *candidates]:
+        ms, error = None, ""
+        try:
+            ms = _time_ms(call(candidate), args.warmup, args.iters, args.repeats)
+        except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
+            error = str(exc).splitlines()[0][:200]
+        rows.append({"device": device, "commit": args.commit, "problem": index,
+                     "label": problem.label, **problem.record(),
+                     "candidate": candidate.kernel, "num_splits": candidate.num_splits,
+                     "ms": ms, "error": error})  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--count", type=int, default=20, help="problems per kind")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--list", action="store_true", help="print the problems and exit")
+    parser.add_argument("--commit", default="unknown", help="commit the library was built from")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    problems = [(kind, p) for kind in args.kinds for p in draw(kind, args.count, args.seed)]
+    if args.list:
+        for i, (_, p) in enumerate(problems):
+            print(f"{i:4d} {p.label}{'  (held out)' if p.held_out else ''}")
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("timing needs a CUDA device (--list works without one)")
+    device = torch.cuda.get_device_name()
+    rows = []
+    for i, (_, problem) in enumerate(problems):
+        print(f"[{i + 1}/{len(problems)}] {problem.label}", flush=True)
+        rows += time_problem(problem, i, args, device)
+        torch.cuda.empty_cache()
+    summary = efficiency_summary(rows)
+    print(json.dumps(summary, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"oracle_{device.replace(' ', '_')}_{dt.date.today().isoformat()}_{args.commit}"
+    with (args.out / f"{stem}.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    settings = {k: getattr(args, k) for k in ("kinds", "count", "seed", "warmup", "iters",
+                                              "repeats")}  # fmt: skip
+    (args.out / f"{stem}.json").write_text(json.dumps(
+        {"device": device, "commit": args.commit, "settings": settings, "summary": summary},
+        indent=2) + "\n")  # fmt: skip
+    print(f"wrote {args.out / stem}.csv and .json")
+
+
+if __name__ == "__main__":
+    main()

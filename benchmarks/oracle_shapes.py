@@ -1,0 +1,125 @@
+"""Problems for the selection oracle (oracle.py): shapes drawn to cover what models use.
+
+Forward and backward problems take 8-64 query heads with GQA groups of 1, 2, 4 and 8, lengths
+from 64 to 32k drawn log-uniformly (mostly not powers of two, a few with seqlen_q != seqlen_k),
+head dims 64, 96, 128, 192x128 and 256, no mask or a causal one, and a batch that keeps the
+work per problem bounded. Decode problems take one query token per sequence, batch 1-256 and
+256-128k keys. Draws are seeded, so a list is the same on every machine.
+
+Whole head counts and a band of lengths are held out (``held_out``): a model trained on the
+rest is judged on shapes it has not seen, not on random neighbours of its training shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+KINDS = ("fwd", "decode", "bwd")
+HEADS = (8, 12, 16, 24, 32, 40, 64)
+GROUPS = (1, 2, 4, 8)
+HDIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+# Held out of training: every problem with these query-head counts or with its key length in
+# this band.
+HELD_OUT_HEADS = frozenset({12, 40})
+HELD_OUT_KEYS = (3000, 5000)
+# The batch: at most this many (query, key) pairs over the batch and query heads (and at least
+# one sequence, so the longest lengths with many heads go past it), and for decode at most this
+# many keys over the batch.
+MAX_PAIRS = 1 << 31
+MAX_DECODE_KEYS = 1 << 24
+
+
+@dataclass(frozen=True)
+class OracleProblem:
+    kind: str
+    dtype: str
+    batch: int
+    nhead_q: int
+    nhead_k: int
+    seqlen_q: int
+    seqlen_k: int
+    hdim: int
+    hdim_v: int
+    causal: bool
+
+    @property
+    def group(self) -> int:
+        return self.nhead_q // self.nhead_k
+
+    @property
+    def held_out(self) -> bool:
+        low, high = HELD_OUT_KEYS
+        return self.nhead_q in HELD_OUT_HEADS or low <= self.seqlen_k < high
+
+    @property
+    def label(self) -> str:
+        heads = f"h{self.nhead_q}" if self.group == 1 else f"h{self.nhead_q}/{self.nhead_k}"
+        lengths = (f"s{self.seqlen_q}" if self.seqlen_q == self.seqlen_k
+                   else f"q{self.seqlen_q} k{self.seqlen_k}")  # fmt: skip
+        dims = f"d{self.hdim}" if self.hdim == self.hdim_v else f"d{self.hdim}x{self.hdim_v}"
+        mask = " causal" if self.causal else ""
+        return f"{self.kind} b{self.batch} {heads} {lengths} {dims}{mask} {self.dtype}"
+
+    @property
+    def mask_options(self) -> dict[str, Any]:
+        """The mask as ckfmha.fwd/bwd take it: causal masks with unequal lengths align
+        bottom-right, as in decoding with a KV cache."""
+        if not self.causal:
+            return {}
+        aligned = "top_left" if self.seqlen_q == self.seqlen_k else "bottom_right"
+        return {"causal": True, "causal_alignment": aligned}
+
+    def fields(self) -> dict[str, Any]:
+        """The dispatcher's problem fields (Dispatcher.explain / explain_bwd keywords)."""
+        return {"batch": self.batch, "nhead_q": self.nhead_q, "nhead_k": self.nhead_k,
+                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "hdim": self.hdim,
+                "hdim_v": self.hdim_v, "dtype": self.dtype, **self.mask_options}  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        return {**asdict(self), "group": self.group, "held_out": self.held_out}
+
+
+def _log_uniform(rng: random.Random, low: int, high: int) -> int:
+    return round(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def _heads(rng: random.Random) -> tuple[int, int]:
+    nhead_q = rng.choice(HEADS)
+    group = rng.choice([g for g in GROUPS if nhead_q % g == 0])
+    return nhead_q, nhead_q // group
+
+
+def _prefill(rng: random.Random, kind: str) -> OracleProblem:
+    nhead_q, nhead_k = _heads(rng)
+    hdim, hdim_v = rng.choice(HDIMS)
+    seqlen_k = _log_uniform(rng, 64, 32768)
+    # One problem in five has its own query length (causal ones align bottom-right).
+    seqlen_q = _log_uniform(rng, 64, seqlen_k) if rng.random() < 0.2 else seqlen_k
+    batch = max(1, min(64, MAX_PAIRS // (seqlen_q * seqlen_k * nhead_q)))
+    batch = rng.randint(max(1, batch // 2), batch)
+    return OracleProblem(kind, rng.choice(("bf16", "fp16")), batch, nhead_q, nhead_k, seqlen_q,
+                         seqlen_k, hdim, hdim_v, rng.random() < 0.5)  # fmt: skip
+
+
+def _decode(rng: random.Random) -> OracleProblem:
+    nhead_q, nhead_k = _heads(rng)
+    hdim = rng.choice((64, 128, 128, 256))  # d128 is what most served models use
+    seqlen_k = _log_uniform(rng, 256, 131072)
+    batch = min(_log_uniform(rng, 1, 256), max(1, MAX_DECODE_KEYS // seqlen_k))
+    return OracleProblem("decode", rng.choice(("bf16", "fp16")), batch, nhead_q, nhead_k, 1,
+                         seqlen_k, hdim, hdim, False)  # fmt: skip
+
+
+def draw(kind: str, count: int, seed: int = 0) -> list[OracleProblem]:
+    """`count` distinct problems of `kind`, the same for the same seed."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
+    rng = random.Random(f"{kind}:{seed}")
+    found: dict[OracleProblem, None] = {}
+    while len(found) < count:
+        problem = _decode(rng) if kind == "decode" else _prefill(rng, kind)
+        found[problem] = None
+    return list(found)
