@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_shapes import KINDS, OracleProblem, draw
+from broad_cases import BroadCase
+from oracle_shapes import KINDS, draw, held_out, mask_options, problem_fields, problem_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
 # Split counts tried for each split-KV candidate, beside the dispatcher's own.
@@ -137,24 +138,7 @@ def efficiency_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _time_ms(fn: Callable[[], Any], warmup: int, iters: int, repeats: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
-
-
-def _inputs(problem: OracleProblem) -> dict[str, Any]:
+def _inputs(problem: BroadCase) -> dict[str, Any]:
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
@@ -171,22 +155,25 @@ def _inputs(problem: OracleProblem) -> dict[str, Any]:
 
         tensors["do"] = randn(b, hq, problem.seqlen_q, problem.hdim_v)
         tensors["o"], tensors["lse"] = ckfmha.fwd(tensors["q"], tensors["k"], tensors["v"],
-                                                  return_lse=True, **problem.mask_options)
+                                                  return_lse=True, **mask_options(problem))
     return tensors
 
 
-def time_problem(problem: OracleProblem, index: int, args: argparse.Namespace,
+def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
                  device: str) -> list[dict[str, Any]]:  # fmt: skip
     """One CSV row per candidate of `problem` and one for the automatic call."""
+    from bench_fwd import median_ms
+
     import ckfmha
 
     dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
+    fields = problem_fields(problem)
     if problem.kind == "bwd":
-        candidates, _ = bwd_candidates(dispatcher.explain_bwd(**problem.fields(), arch=arch))
+        candidates, _ = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
     else:
-        candidates, _ = fwd_candidates(dispatcher.explain(**problem.fields(), arch=arch))
+        candidates, _ = fwd_candidates(dispatcher.explain(**fields, arch=arch))
     t = _inputs(problem)
-    mask = problem.mask_options
+    mask = mask_options(problem)
 
     def call(candidate: Candidate) -> Callable[[], Any]:
         forced = {} if candidate.kernel == HEURISTIC else {"kernel": candidate.kernel}
@@ -200,11 +187,11 @@ def time_problem(problem: OracleProblem, index: int, args: argparse.Namespace,
     for candidate in [Candidate(HEURISTIC), *candidates]:
         ms, error = None, ""
         try:
-            ms = _time_ms(call(candidate), args.warmup, args.iters, args.repeats)
+            ms = median_ms(call(candidate), args.warmup, args.iters, args.repeats)
         except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
             error = str(exc).splitlines()[0][:200]
         rows.append({"device": device, "commit": args.commit, "problem": index,
-                     "label": problem.label, **problem.record(),
+                     "label": f"{problem.label} {problem.dtype}", **problem_record(problem),
                      "candidate": candidate.kernel, "num_splits": candidate.num_splits,
                      "ms": ms, "error": error})  # fmt: skip
     return rows
@@ -226,7 +213,7 @@ def main() -> None:
     problems = [(kind, p) for kind in args.kinds for p in draw(kind, args.count, args.seed)]
     if args.list:
         for i, (_, p) in enumerate(problems):
-            print(f"{i:4d} {p.label}{'  (held out)' if p.held_out else ''}")
+            print(f"{i:4d} {p.kind} {p.label} {p.dtype}{'  (held out)' if held_out(p) else ''}")
         return
     import torch
 
@@ -235,7 +222,7 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     rows = []
     for i, (_, problem) in enumerate(problems):
-        print(f"[{i + 1}/{len(problems)}] {problem.label}", flush=True)
+        print(f"[{i + 1}/{len(problems)}] {problem.kind} {problem.label}", flush=True)
         rows += time_problem(problem, i, args, device)
         torch.cuda.empty_cache()
     summary = efficiency_summary(rows)

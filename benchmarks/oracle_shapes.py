@@ -6,7 +6,8 @@ head dims 64, 96, 128, 192x128 and 256, no mask or a causal one, and a batch tha
 work per problem bounded. Decode problems take one query token per sequence, batch 1-256 and
 256-128k keys. Draws are seeded, so a list is the same on every machine.
 
-Whole head counts and a band of lengths are held out (``held_out``): a model trained on the
+Problems are broad_cases.BroadCase values (its label, group and FLOP count apply). Whole head
+counts and a band of lengths are held out (``held_out``): a model trained on the
 rest is judged on shapes it has not seen, not on random neighbours of its training shapes.
 """
 
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
 from typing import Any
+
+from broad_cases import BroadCase
 
 KINDS = ("fwd", "decode", "bwd")
 HEADS = (8, 12, 16, 24, 32, 40, 64)
@@ -32,54 +34,33 @@ MAX_PAIRS = 1 << 31
 MAX_DECODE_KEYS = 1 << 24
 
 
-@dataclass(frozen=True)
-class OracleProblem:
-    kind: str
-    dtype: str
-    batch: int
-    nhead_q: int
-    nhead_k: int
-    seqlen_q: int
-    seqlen_k: int
-    hdim: int
-    hdim_v: int
-    causal: bool
+def held_out(problem: BroadCase) -> bool:
+    """Whether `problem` is kept out of training: its head count or its key length."""
+    low, high = HELD_OUT_KEYS
+    return problem.nhead_q in HELD_OUT_HEADS or low <= problem.seqlen_k < high
 
-    @property
-    def group(self) -> int:
-        return self.nhead_q // self.nhead_k
 
-    @property
-    def held_out(self) -> bool:
-        low, high = HELD_OUT_KEYS
-        return self.nhead_q in HELD_OUT_HEADS or low <= self.seqlen_k < high
+def mask_options(problem: BroadCase) -> dict[str, Any]:
+    """The mask as ckfmha.fwd/bwd take it (causal masks with unequal lengths align
+    bottom-right, BroadCase's convention)."""
+    if not problem.causal:
+        return {}
+    return {"causal": True, "causal_alignment": problem.causal_alignment}
 
-    @property
-    def label(self) -> str:
-        heads = f"h{self.nhead_q}" if self.group == 1 else f"h{self.nhead_q}/{self.nhead_k}"
-        lengths = (f"s{self.seqlen_q}" if self.seqlen_q == self.seqlen_k
-                   else f"q{self.seqlen_q} k{self.seqlen_k}")  # fmt: skip
-        dims = f"d{self.hdim}" if self.hdim == self.hdim_v else f"d{self.hdim}x{self.hdim_v}"
-        mask = " causal" if self.causal else ""
-        return f"{self.kind} b{self.batch} {heads} {lengths} {dims}{mask} {self.dtype}"
 
-    @property
-    def mask_options(self) -> dict[str, Any]:
-        """The mask as ckfmha.fwd/bwd take it: causal masks with unequal lengths align
-        bottom-right, as in decoding with a KV cache."""
-        if not self.causal:
-            return {}
-        aligned = "top_left" if self.seqlen_q == self.seqlen_k else "bottom_right"
-        return {"causal": True, "causal_alignment": aligned}
+def problem_fields(problem: BroadCase) -> dict[str, Any]:
+    """The dispatcher's problem fields (Dispatcher.explain / explain_bwd keywords)."""
+    return {"batch": problem.batch, "nhead_q": problem.nhead_q, "nhead_k": problem.nhead_k,
+            "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k, "hdim": problem.hdim,
+            "hdim_v": problem.hdim_v, "dtype": problem.dtype, **mask_options(problem)}  # fmt: skip
 
-    def fields(self) -> dict[str, Any]:
-        """The dispatcher's problem fields (Dispatcher.explain / explain_bwd keywords)."""
-        return {"batch": self.batch, "nhead_q": self.nhead_q, "nhead_k": self.nhead_k,
-                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "hdim": self.hdim,
-                "hdim_v": self.hdim_v, "dtype": self.dtype, **self.mask_options}  # fmt: skip
 
-    def record(self) -> dict[str, Any]:
-        return {**asdict(self), "group": self.group, "held_out": self.held_out}
+def problem_record(problem: BroadCase) -> dict[str, Any]:
+    """The problem's CSV columns."""
+    return {"kind": problem.kind, "held_out": held_out(problem), "dtype": problem.dtype,
+            "batch": problem.batch, "nhead_q": problem.nhead_q, "nhead_k": problem.nhead_k,
+            "group": problem.group, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
+            "hdim": problem.hdim, "hdim_v": problem.hdim_v, "causal": problem.causal}  # fmt: skip
 
 
 def _log_uniform(rng: random.Random, low: int, high: int) -> int:
@@ -92,7 +73,7 @@ def _heads(rng: random.Random) -> tuple[int, int]:
     return nhead_q, nhead_q // group
 
 
-def _prefill(rng: random.Random, kind: str) -> OracleProblem:
+def _prefill(rng: random.Random, kind: str) -> BroadCase:
     nhead_q, nhead_k = _heads(rng)
     hdim, hdim_v = rng.choice(HDIMS)
     seqlen_k = _log_uniform(rng, 64, 32768)
@@ -100,25 +81,25 @@ def _prefill(rng: random.Random, kind: str) -> OracleProblem:
     seqlen_q = _log_uniform(rng, 64, seqlen_k) if rng.random() < 0.2 else seqlen_k
     batch = max(1, min(64, MAX_PAIRS // (seqlen_q * seqlen_k * nhead_q)))
     batch = rng.randint(max(1, batch // 2), batch)
-    return OracleProblem(kind, rng.choice(("bf16", "fp16")), batch, nhead_q, nhead_k, seqlen_q,
-                         seqlen_k, hdim, hdim_v, rng.random() < 0.5)  # fmt: skip
+    return BroadCase(kind, batch, nhead_q, nhead_k, seqlen_q, seqlen_k, hdim, hdim_v,
+                     rng.random() < 0.5, rng.choice(("bf16", "fp16")))  # fmt: skip
 
 
-def _decode(rng: random.Random) -> OracleProblem:
+def _decode(rng: random.Random) -> BroadCase:
     nhead_q, nhead_k = _heads(rng)
     hdim = rng.choice((64, 128, 128, 256))  # d128 is what most served models use
     seqlen_k = _log_uniform(rng, 256, 131072)
     batch = min(_log_uniform(rng, 1, 256), max(1, MAX_DECODE_KEYS // seqlen_k))
-    return OracleProblem("decode", rng.choice(("bf16", "fp16")), batch, nhead_q, nhead_k, 1,
-                         seqlen_k, hdim, hdim, False)  # fmt: skip
+    return BroadCase("decode", batch, nhead_q, nhead_k, 1, seqlen_k, hdim, hdim, False,
+                     rng.choice(("bf16", "fp16")))  # fmt: skip
 
 
-def draw(kind: str, count: int, seed: int = 0) -> list[OracleProblem]:
+def draw(kind: str, count: int, seed: int = 0) -> list[BroadCase]:
     """`count` distinct problems of `kind`, the same for the same seed."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
     rng = random.Random(f"{kind}:{seed}")
-    found: dict[OracleProblem, None] = {}
+    found: dict[BroadCase, None] = {}
     while len(found) < count:
         problem = _decode(rng) if kind == "decode" else _prefill(rng, kind)
         found[problem] = None

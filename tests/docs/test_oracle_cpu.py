@@ -37,10 +37,13 @@ def test_draws_cover_the_asked_counts_and_shapes(modules: tuple[ModuleType, Modu
     assert all(p.seqlen_q == 1 and not p.causal for p in decode)
     assert max(p.seqlen_k for p in decode) > 100_000 and max(p.batch for p in decode) >= 128
     # Held out: whole head counts and a band of lengths, and at least 300 shapes in all.
-    held = [p for p in fwd + decode + bwd if p.held_out]
+    held = [p for p in fwd + decode + bwd if shapes.held_out(p)]
     assert len(held) >= 300
     assert {p.nhead_q for p in held} >= shapes.HELD_OUT_HEADS
-    assert not any(p.nhead_q in shapes.HELD_OUT_HEADS for p in fwd + decode + bwd if not p.held_out)
+    kept = [p for p in fwd + decode + bwd if not shapes.held_out(p)]
+    assert not any(p.nhead_q in shapes.HELD_OUT_HEADS for p in kept)
+    low, high = shapes.HELD_OUT_KEYS
+    assert not any(low <= p.seqlen_k < high for p in kept) and len(kept) >= 1000
 
 
 def test_draws_are_reproducible_and_seeded(modules: tuple[ModuleType, ModuleType]) -> None:
@@ -54,10 +57,10 @@ def test_draws_are_reproducible_and_seeded(modules: tuple[ModuleType, ModuleType
 def test_causal_problems_with_unequal_lengths_align_bottom_right(
         modules: tuple[ModuleType, ModuleType]) -> None:  # fmt: skip
     shapes, _ = modules
-    p = shapes.OracleProblem("fwd", "bf16", 1, 8, 8, 100, 300, 64, 64, True)
-    assert p.mask_options == {"causal": True, "causal_alignment": "bottom_right"}
-    assert p.fields()["causal_alignment"] == "bottom_right"
-    assert shapes.OracleProblem("fwd", "bf16", 1, 8, 8, 300, 300, 64, 64, False).mask_options == {}
+    p = shapes.BroadCase("fwd", 1, 8, 8, 100, 300, 64, 64, True)
+    assert shapes.mask_options(p) == {"causal": True, "causal_alignment": "bottom_right"}
+    assert shapes.problem_fields(p)["causal_alignment"] == "bottom_right"
+    assert shapes.mask_options(shapes.BroadCase("fwd", 1, 8, 8, 300, 300, 64, 64, False)) == {}
 
 
 def test_forward_candidates_are_what_explain_lists(modules: tuple[ModuleType, ModuleType]) -> None:

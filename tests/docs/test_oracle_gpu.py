@@ -27,9 +27,9 @@ def test_oracle_times_every_candidate_and_the_dispatcher(
         modules: tuple[ModuleType, ModuleType]) -> None:  # fmt: skip
     shapes, oracle = modules
     args = argparse.Namespace(commit="test", warmup=1, iters=2, repeats=2)
-    for problem in (shapes.OracleProblem("fwd", "bf16", 2, 8, 2, 300, 300, 128, 128, True),
-                    shapes.OracleProblem("decode", "bf16", 4, 32, 4, 1, 4000, 128, 128, False),
-                    shapes.OracleProblem("bwd", "bf16", 2, 8, 2, 300, 300, 128, 128, True)):
+    for problem in (shapes.BroadCase("fwd", 2, 8, 2, 300, 300, 128, 128, True),
+                    shapes.BroadCase("decode", 4, 32, 4, 1, 4000, 128, 128, False),
+                    shapes.BroadCase("bwd", 2, 8, 2, 300, 300, 128, 128, True)):
         rows = oracle.time_problem(problem, 0, args, "device")
         assert rows[0]["candidate"] == oracle.HEURISTIC and rows[0]["ms"] > 0, rows[0]
         timed = [r for r in rows[1:] if r["ms"] is not None]
