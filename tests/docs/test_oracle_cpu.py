@@ -72,12 +72,19 @@ def _plain(kernel: dict, family: str) -> bool:
                      or kernel["v_col_major"] or kernel["dbias"]))  # fmt: skip
 
 
-def test_forward_candidates_are_what_explain_lists(modules: tuple[ModuleType, ModuleType]) -> None:
-    _, oracle = modules
-    kernel = next(k for k in ckfmha.Registry().kernels() if _plain(k, "fwd"))
+def _plain_problem(family: str) -> tuple[dict, dict]:
+    """The registry's first plain kernel of `family` and the dispatcher fields of a small
+    problem it runs."""
+    kernel = next(k for k in ckfmha.Registry().kernels() if _plain(k, family))
     fields = {"batch": 2, "nhead_q": 4, "seqlen_q": 300, "hdim": kernel["hdim_q"],
               "hdim_v": kernel["hdim_v"], "dtype": kernel["dtype"],
               "causal": kernel["mask"] == "causal"}  # fmt: skip
+    return kernel, fields
+
+
+def test_forward_candidates_are_what_explain_lists(modules: tuple[ModuleType, ModuleType]) -> None:
+    _, oracle = modules
+    kernel, fields = _plain_problem("fwd")
     explain = ckfmha.Dispatcher().explain(**fields, arch=kernel["arch"])
     candidates, choice = oracle.fwd_candidates(explain)
     assert oracle.Candidate(kernel["name"]) in candidates
@@ -112,10 +119,7 @@ def test_split_kernels_are_tried_at_every_count(modules: tuple[ModuleType, Modul
 
 def test_backward_candidates_are_the_main_stages(modules: tuple[ModuleType, ModuleType]) -> None:
     _, oracle = modules
-    kernel = next(k for k in ckfmha.Registry().kernels() if _plain(k, "bwd_dq_dk_dv"))
-    fields = {"batch": 2, "nhead_q": 4, "seqlen_q": 300, "hdim": kernel["hdim_q"],
-              "hdim_v": kernel["hdim_v"], "dtype": kernel["dtype"],
-              "causal": kernel["mask"] == "causal"}  # fmt: skip
+    kernel, fields = _plain_problem("bwd_dq_dk_dv")
     explain = ckfmha.Dispatcher().explain_bwd(**fields, arch=kernel["arch"])
     candidates, choice = oracle.bwd_candidates(explain)
     assert candidates and all(c.kernel.startswith("bwd_dq_dk_dv_") for c in candidates)
