@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import re
 import statistics
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +37,15 @@ RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
 # Split counts tried for each split-KV candidate, beside the dispatcher's own.
 SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 HEURISTIC = "heuristic"
-CSV_FIELDS = ("device", "commit", "problem", "label", "kind", "held_out", "dtype", "batch",
-              "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "hdim", "hdim_v", "causal",
-              "candidate", "num_splits", "ms", "error")  # fmt: skip
+CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_out", "dtype",
+              "batch", "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
+              "causal", "candidate", "num_splits", "family", "pipeline", "tile_m", "tile_n",
+              "warps", "stages", "chosen", "chosen_splits", "repeats", "ms",
+              "error")  # fmt: skip
+# A candidate whose single timed call takes more than this many times the fastest single call
+# of its problem cannot be the fastest: it keeps that one measurement (repeats=1) and is not
+# timed again, which keeps a run of a thousand problems within minutes.
+PRUNE_RATIO = 1.3
 _LISTED = re.compile(r"^  (selected|fits)\s+(\S+)$")
 _PLAN = re.compile(r"^plan: (one-stage|split-KV), ([^\s:,]+)")
 _SPLITS = re.compile(r"num_splits=(\d+)")
@@ -159,19 +166,42 @@ def _inputs(problem: BroadCase) -> dict[str, Any]:
     return tensors
 
 
+def kernel_features(registry: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kernel name, the algorithm columns a candidate row carries."""
+    keys = ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")
+    return {k["name"]: {key: k[key] for key in keys} for k in registry}
+
+
+def _single_ms(fn: Callable[[], Any]) -> float:
+    """One call after one warm-up call (lazy module loading and first-launch costs land there)."""
+    import torch
+
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
-                 device: str) -> list[dict[str, Any]]:  # fmt: skip
-    """One CSV row per candidate of `problem` and one for the automatic call."""
+                 device: str, features: dict[str, dict[str, Any]] | None = None,
+                 num_sms: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """One CSV row per candidate of `problem` and one for the automatic call. Every candidate
+    gets one timed call; the automatic call and the candidates within PRUNE_RATIO of the
+    fastest such call are then timed in full (median of `repeats` rounds of `iters` calls)."""
     from bench_fwd import median_ms
 
     import ckfmha
 
     dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
+    features = features if features is not None else kernel_features(ckfmha.Registry().kernels())
     fields = problem_fields(problem)
     if problem.kind == "bwd":
-        candidates, _ = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
+        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
     else:
-        candidates, _ = fwd_candidates(dispatcher.explain(**fields, arch=arch))
+        candidates, choice = fwd_candidates(dispatcher.explain(**fields, arch=arch))
     t = _inputs(problem)
     mask = mask_options(problem)
 
@@ -183,18 +213,36 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
         return lambda: ckfmha.fwd(t["q"], t["k"], t["v"], num_splits=candidate.num_splits,
                                   **mask, **forced)  # fmt: skip
 
+    coarse: dict[Candidate, float] = {}
+    errors: dict[Candidate, str] = {}
+    for candidate in candidates:
+        try:
+            coarse[candidate] = _single_ms(call(candidate))
+        except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
+            errors[candidate] = str(exc).splitlines()[0][:200]
+    fastest = min(coarse.values(), default=0.0)
     rows = []
     for candidate in [Candidate(HEURISTIC), *candidates]:
-        ms, error = None, ""
-        try:
+        ms, repeats = coarse.get(candidate), 1
+        if candidate.kernel == HEURISTIC or (ms is not None and ms <= PRUNE_RATIO * fastest):
             ms = median_ms(call(candidate), args.warmup, args.iters, args.repeats)
-        except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
-            error = str(exc).splitlines()[0][:200]
-        rows.append({"device": device, "commit": args.commit, "problem": index,
-                     "label": f"{problem.label} {problem.dtype}", **problem_record(problem),
-                     "candidate": candidate.kernel, "num_splits": candidate.num_splits,
-                     "ms": ms, "error": error})  # fmt: skip
+            repeats = args.repeats
+        algorithm = features.get(candidate.kernel, {})
+        rows.append({"device": device, "commit": args.commit, "num_sms": num_sms,
+                     "problem": index, "label": f"{problem.label} {problem.dtype}",
+                     **problem_record(problem), "candidate": candidate.kernel,
+                     "num_splits": candidate.num_splits,
+                     **{key: algorithm.get(key, "") for key in
+                        ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")},
+                     "chosen": choice.kernel, "chosen_splits": choice.num_splits,
+                     "repeats": repeats if ms is not None else 0, "ms": ms,
+                     "error": errors.get(candidate, "")})  # fmt: skip
     return rows
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def main() -> None:
@@ -208,6 +256,10 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the problems and exit")
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--stem", help="file name without suffix (default: device, date, commit)")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="stop after this many seconds; a later run with the same --stem "
+                             "goes on from the problems already in its CSV")  # fmt: skip
     args = parser.parse_args()
 
     problems = [(kind, p) for kind in args.kinds for p in draw(kind, args.count, args.seed)]
@@ -217,26 +269,42 @@ def main() -> None:
         return
     import torch
 
+    import ckfmha
+
     if not torch.cuda.is_available():
         parser.error("timing needs a CUDA device (--list works without one)")
     device = torch.cuda.get_device_name()
-    rows = []
-    for i, (_, problem) in enumerate(problems):
-        print(f"[{i + 1}/{len(problems)}] {problem.kind} {problem.label}", flush=True)
-        rows += time_problem(problem, i, args, device)
-        torch.cuda.empty_cache()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    stem = args.stem or f"oracle_{device.replace(' ', '_')}_{dt.date.today().isoformat()}_{args.commit}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / f"{stem}.csv"
+    rows = _read_rows(csv_path) if csv_path.exists() else []
+    done = {int(row["problem"]) for row in rows}
+    features = kernel_features(ckfmha.Registry().kernels())
+    started = time.monotonic()
+    with csv_path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if not rows:
+            writer.writeheader()
+        for i, (_, problem) in enumerate(problems):
+            if i in done:
+                continue
+            if args.budget_s and time.monotonic() - started > args.budget_s:
+                print(f"stopped at problem {i} of {len(problems)} (--budget-s)")
+                break
+            print(f"[{i + 1}/{len(problems)}] {problem.kind} {problem.label}", flush=True)
+            new = time_problem(problem, i, args, device, features, num_sms)
+            writer.writerows(new)
+            f.flush()
+            rows += new
+            torch.cuda.empty_cache()
     summary = efficiency_summary(rows)
     print(json.dumps(summary, indent=2))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"oracle_{device.replace(' ', '_')}_{dt.date.today().isoformat()}_{args.commit}"
-    with (args.out / f"{stem}.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
     settings = {k: getattr(args, k) for k in ("kinds", "count", "seed", "warmup", "iters",
                                               "repeats")}  # fmt: skip
     (args.out / f"{stem}.json").write_text(json.dumps(
-        {"device": device, "commit": args.commit, "settings": settings, "summary": summary},
+        {"device": device, "commit": args.commit, "settings": settings,
+         "problems": len({int(row["problem"]) for row in rows}), "summary": summary},
         indent=2) + "\n")  # fmt: skip
     print(f"wrote {args.out / stem}.csv and .json")
 

@@ -34,6 +34,11 @@ def test_oracle_times_every_candidate_and_the_dispatcher(
         assert rows[0]["candidate"] == oracle.HEURISTIC and rows[0]["ms"] > 0, rows[0]
         timed = [r for r in rows[1:] if r["ms"] is not None]
         assert timed, rows
+        # Every candidate row names its kernel's algorithm, and the fastest single call is
+        # timed in full.
+        assert all(r["pipeline"] and r["tile_m"] > 0 for r in rows[1:]), rows
+        assert min(timed, key=lambda r: r["ms"])["repeats"] == args.repeats
+        assert rows[0]["chosen"] in {r["candidate"] for r in rows[1:]}
         assert set(rows[0]) == set(oracle.CSV_FIELDS)
         summary = oracle.efficiency_summary(rows)[problem.kind]["all"]
         assert 0 < summary["worst"] <= 1.0
