@@ -191,6 +191,7 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
     """One CSV row per candidate of `problem` and one for the automatic call. Every candidate
     gets one timed call; the automatic call and the candidates within PRUNE_RATIO of the
     fastest such call are then timed in full (median of `repeats` rounds of `iters` calls)."""
+    import torch
     from bench_fwd import median_ms
 
     import ckfmha
@@ -220,6 +221,9 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
             coarse[candidate] = _single_ms(call(candidate))
         except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
             errors[candidate] = str(exc).splitlines()[0][:200]
+        except torch.OutOfMemoryError:  # e.g. a split count whose workspace does not fit
+            errors[candidate] = "out of device memory"
+            torch.cuda.empty_cache()
     fastest = min(coarse.values(), default=0.0)
     rows = []
     for candidate in [Candidate(HEURISTIC), *candidates]:

@@ -32,6 +32,8 @@ HELD_OUT_KEYS = (3000, 5000)
 # many keys over the batch.
 MAX_PAIRS = 1 << 31
 MAX_DECODE_KEYS = 1 << 24
+# Decode K/V bytes (both tensors, 2-byte elements) stay under this, so the largest fit a GPU.
+MAX_DECODE_KV_BYTES = 16 << 30
 
 
 def held_out(problem: BroadCase) -> bool:
@@ -90,6 +92,7 @@ def _decode(rng: random.Random) -> BroadCase:
     hdim = rng.choice((64, 128, 128, 256))  # d128 is what most served models use
     seqlen_k = _log_uniform(rng, 256, 131072)
     batch = min(_log_uniform(rng, 1, 256), max(1, MAX_DECODE_KEYS // seqlen_k))
+    batch = min(batch, max(1, MAX_DECODE_KV_BYTES // (4 * seqlen_k * nhead_k * hdim)))
     return BroadCase("decode", batch, nhead_q, nhead_k, 1, seqlen_k, hdim, hdim, False,
                      rng.choice(("bf16", "fp16")))  # fmt: skip
 
