@@ -1,16 +1,19 @@
-"""Selection oracle: time every kernel and plan that can run a problem, beside the dispatcher's
-own choice, and say how far the hand-written rules are from the fastest candidate.
+"""Selection oracle: time every kernel and plan that can run a problem and say how far the
+hand-written rules are from the fastest candidate.
 
 For each problem of oracle_shapes.py the dispatcher's explain output names the candidates: the
 one-stage forward kernels and split-KV kernels that fit (each split kernel at several split
-counts), or the backward main stages that fit. Each candidate is forced by name (and split
-count) and timed with CUDA events, as is the automatic call. Candidates are the kernels the
-library holds: build the alternatives first (``python -m ckfmha build --kernels full --arch
-sm_90a -j 16``) for a wider search.
+counts), or the backward main stages that fit, and the plan the hand rules choose. Each
+candidate is forced by name (and split count); the ones near the fastest are timed on the GPU
+alone (CUDA graphs, in rounds). Candidates are the kernels the library holds: build the
+alternatives first (``python -m ckfmha build --kernels full --arch sm_90a -j 16``) for a wider
+search.
 
-The run writes one CSV row per (problem, candidate) with the device and commit, and a JSON
-summary: per kind, the dispatcher's efficiency (oracle time / its time) over all problems and
-over the held-out ones (oracle_shapes.held_out): mean, median, P10 and worst.
+The run writes one CSV row per (problem, candidate) with the device and commit, the candidate's
+algorithm (tile, warps, stages, pipeline) and the hand rules' choice, and a JSON summary: per
+kind, the hand rules' efficiency (fastest time / the chosen plan's time) over all problems and
+over the held-out ones (oracle_shapes.held_out): mean, median, P10 and worst. The CSV is the
+training set of the learned selection (train_selection.py).
 
     python benchmarks/oracle.py --commit $(git rev-parse --short HEAD) --count 50
     python benchmarks/oracle.py --list --kinds decode        # the problems, no GPU needed
@@ -36,7 +39,6 @@ from oracle_shapes import KINDS, draw, held_out, mask_options, problem_fields, p
 RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
 # Split counts tried for each split-KV candidate, beside the dispatcher's own.
 SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-HEURISTIC = "heuristic"
 CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_out", "dtype",
               "batch", "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
               "causal", "candidate", "num_splits", "family", "pipeline", "tile_m", "tile_n",
@@ -44,7 +46,9 @@ CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_o
               "error")  # fmt: skip
 # A candidate whose single timed call takes more than this many times the fastest single call
 # of its problem cannot be the fastest: it keeps that one measurement (repeats=1) and is not
-# timed again, which keeps a run of a thousand problems within minutes.
+# timed again, which keeps a run of a thousand problems within minutes. (A single eager call
+# also pays the host path, tens of microseconds: at the smallest problems every candidate
+# stays near the fastest and is timed in full.)
 PRUNE_RATIO = 1.3
 _LISTED = re.compile(r"^  (selected|fits)\s+(\S+)$")
 _PLAN = re.compile(r"^plan: (one-stage|split-KV), ([^\s:,]+)")
@@ -53,7 +57,7 @@ _SPLITS = re.compile(r"num_splits=(\d+)")
 
 @dataclass(frozen=True)
 class Candidate:
-    kernel: str  # a kernel name, or HEURISTIC for the automatic call
+    kernel: str
     num_splits: int = 0  # split-KV candidates: the count forced; 0 otherwise
 
 
@@ -108,11 +112,19 @@ def bwd_candidates(explain: str) -> tuple[list[Candidate], Choice]:
     return found, Choice(selected, 0)
 
 
-def efficiency_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Per kind, the dispatcher's time against the fastest candidate's: over all problems and
-    over the held-out ones. Rows are CSV rows (an error row has no time)."""
+def is_choice(row: dict[str, Any]) -> bool:
+    """Whether a candidate row is the plan the hand-written rules choose for its problem."""
+    return (row["candidate"] == row["chosen"]
+            and int(row["num_splits"] or 0) == int(row["chosen_splits"] or 0))  # fmt: skip
+
+
+def efficiency_summary(rows: Iterable[dict[str, Any]],
+                       chosen: Callable[[dict[str, Any]], bool] = is_choice) -> dict[str, Any]:  # fmt: skip
+    """Per kind, the chosen candidate's time against the fastest candidate's, over all problems
+    and over the held-out ones. `chosen` marks the row of each problem a selection picks (the
+    hand rules' by default). Rows are CSV rows (an error row has no time)."""
     best: dict[tuple[str, int], float] = {}
-    chosen: dict[tuple[str, int], float] = {}
+    picked: dict[tuple[str, int], float] = {}
     held: dict[tuple[str, int], bool] = {}
     labels: dict[tuple[str, int], str] = {}
     for row in rows:
@@ -121,17 +133,16 @@ def efficiency_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         key = (row["kind"], int(row["problem"]))
         ms = float(row["ms"])
         held[key], labels[key] = str(row["held_out"]) == "True", row["label"]
-        if row["candidate"] == HEURISTIC:
-            chosen[key] = ms
-        else:
-            best[key] = min(ms, best.get(key, ms))
+        best[key] = min(ms, best.get(key, ms))
+        if chosen(row):
+            picked[key] = ms
     summary: dict[str, Any] = {}
     for kind in KINDS:
-        keys = [k for k in chosen if k[0] == kind and k in best]
+        keys = [k for k in picked if k[0] == kind]
         for scope, scoped in (("all", keys), ("held_out", [k for k in keys if held[k]])):
             if not scoped:
                 continue
-            ratio = {k: min(best[k], chosen[k]) / chosen[k] for k in scoped}
+            ratio = {k: best[k] / picked[k] for k in scoped}
             ordered = sorted(ratio.values())
             worst = min(ratio, key=ratio.get)
             summary.setdefault(kind, {})[scope] = {
@@ -173,7 +184,8 @@ def kernel_features(registry: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def _single_ms(fn: Callable[[], Any]) -> float:
-    """One call after one warm-up call (lazy module loading and first-launch costs land there)."""
+    """One call after one warm-up call (lazy module loading and first-launch costs land there):
+    enough to tell which candidates cannot be the fastest."""
     import torch
 
     fn()
@@ -185,14 +197,45 @@ def _single_ms(fn: Callable[[], Any]) -> float:
     return start.elapsed_time(end)
 
 
+def _graph(fn: Callable[[], Any], calls: int, pool: Any) -> Any:
+    """`calls` calls of fn captured in one CUDA graph: replaying it times the GPU work alone,
+    without the host path (which differs between forced and automatic calls, not between
+    kernels). The graphs of a problem share one memory pool: they replay one at a time on one
+    stream, and nothing reads their outputs."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def _replay_ms(graph: Any, calls: int) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
                  device: str, features: dict[str, dict[str, Any]] | None = None,
                  num_sms: int = 0) -> list[dict[str, Any]]:  # fmt: skip
-    """One CSV row per candidate of `problem` and one for the automatic call. Every candidate
-    gets one timed call; the automatic call and the candidates within PRUNE_RATIO of the
-    fastest such call are then timed in full (median of `repeats` rounds of `iters` calls)."""
+    """One CSV row per candidate of `problem`. Every candidate gets one timed call; those within
+    PRUNE_RATIO of the fastest such call are captured in CUDA graphs and timed in rounds that
+    visit each in turn (so clock and temperature drift spread over all of them): the median of
+    `repeats` rounds of `iters` calls. The row of the hand rules' own plan is marked by its
+    `chosen` columns (is_choice)."""
     import torch
-    from bench_fwd import median_ms
 
     import ckfmha
 
@@ -207,7 +250,7 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
     mask = mask_options(problem)
 
     def call(candidate: Candidate) -> Callable[[], Any]:
-        forced = {} if candidate.kernel == HEURISTIC else {"kernel": candidate.kernel}
+        forced = {"kernel": candidate.kernel}
         if problem.kind == "bwd":
             return lambda: ckfmha.bwd(t["do"], t["q"], t["k"], t["v"], t["o"], t["lse"],
                                       **mask, **forced)  # fmt: skip
@@ -225,12 +268,27 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
             errors[candidate] = "out of device memory"
             torch.cuda.empty_cache()
     fastest = min(coarse.values(), default=0.0)
+    near = [c for c in candidates if c in coarse and coarse[c] <= PRUNE_RATIO * fastest]
+    calls = max(1, min(args.iters, round(args.iters * 0.5 / max(fastest, 1e-3))))
+    pool, graphs = torch.cuda.graph_pool_handle(), {}
+    for c in near:
+        try:
+            graphs[c] = _graph(call(c), calls, pool)
+        except (ckfmha.CkfmhaError, RuntimeError) as exc:  # not capturable: keep its one call
+            errors[c] = f"graph capture: {str(exc).splitlines()[0][:180]}"
+    near = [c for c in near if c in graphs]
+    rounds: dict[Candidate, list[float]] = {c: [] for c in near}
+    for r in range(args.warmup + args.repeats):
+        for c in near[r % len(near):] + near[: r % len(near)]:
+            ms = _replay_ms(graphs[c], calls)
+            if r >= args.warmup:
+                rounds[c].append(ms)
+    del graphs, pool
     rows = []
-    for candidate in [Candidate(HEURISTIC), *candidates]:
+    for candidate in candidates:
         ms, repeats = coarse.get(candidate), 1
-        if candidate.kernel == HEURISTIC or (ms is not None and ms <= PRUNE_RATIO * fastest):
-            ms = median_ms(call(candidate), args.warmup, args.iters, args.repeats)
-            repeats = args.repeats
+        if candidate in rounds:
+            ms, repeats = statistics.median(rounds[candidate]), args.repeats
         algorithm = features.get(candidate.kernel, {})
         rows.append({"device": device, "commit": args.commit, "num_sms": num_sms,
                      "problem": index, "label": f"{problem.label} {problem.dtype}",

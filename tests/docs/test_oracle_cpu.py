@@ -130,17 +130,24 @@ def test_summary_rates_the_dispatcher_against_the_fastest(
         modules: tuple[ModuleType, ModuleType]) -> None:  # fmt: skip
     _, oracle = modules
 
-    def row(problem: int, candidate: str, ms: float | None, held: bool = False) -> dict:
+    def row(problem: int, candidate: str, ms: float | None, held: bool = False,
+            chosen: str = "a", splits: int = 0) -> dict:  # fmt: skip
         return {"kind": "fwd", "problem": problem, "label": f"p{problem}", "held_out": held,
-                "candidate": candidate, "ms": "" if ms is None else ms}  # fmt: skip
+                "candidate": candidate, "num_splits": splits, "chosen": chosen,
+                "chosen_splits": 4, "ms": "" if ms is None else ms}  # fmt: skip
 
-    rows = [row(0, "heuristic", 2.0), row(0, "a", 1.0), row(0, "b", 4.0),
-            row(1, "heuristic", 1.0, True), row(1, "a", 1.0, True), row(1, "b", None, True),
-            row(2, "heuristic", 0.9), row(2, "a", 1.0)]  # fmt: skip
+    # Problem 0 chooses b (4 splits, 2x the fastest), problem 1 its fastest, problem 2 a
+    # 0.8x one; a candidate without a time (an error row) counts for nothing.
+    rows = [row(0, "a", 1.0, chosen="b"), row(0, "b", 2.0, chosen="b", splits=4),
+            row(0, "b", 1.5, chosen="b", splits=8),
+            row(1, "a", 1.0, True, splits=4), row(1, "b", None, True),
+            row(2, "a", 1.0, chosen="c"), row(2, "c", 1.25, chosen="c", splits=4)]  # fmt: skip
     summary = oracle.efficiency_summary(rows)["fwd"]
     assert summary["all"]["problems"] == 3
-    assert summary["all"]["mean"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
+    assert summary["all"]["mean"] == pytest.approx((0.5 + 1.0 + 0.8) / 3)
     assert summary["all"]["worst"] == 0.5 and summary["all"]["worst_problem"] == "p0"
-    assert summary["all"]["p10"] == 0.5 and summary["all"]["median"] == 1.0
+    assert summary["all"]["p10"] == 0.5 and summary["all"]["median"] == 0.8
     assert summary["held_out"]["problems"] == 1 and summary["held_out"]["mean"] == 1.0
-
+    # Another selection's picks: here always candidate a.
+    picked_a = oracle.efficiency_summary(rows, lambda r: r["candidate"] == "a")["fwd"]["all"]
+    assert picked_a["mean"] == 1.0

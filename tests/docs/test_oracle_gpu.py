@@ -31,14 +31,13 @@ def test_oracle_times_every_candidate_and_the_dispatcher(
                     shapes.BroadCase("decode", 4, 32, 4, 1, 4000, 128, 128, False),
                     shapes.BroadCase("bwd", 2, 8, 2, 300, 300, 128, 128, True)):
         rows = oracle.time_problem(problem, 0, args, "device")
-        assert rows[0]["candidate"] == oracle.HEURISTIC and rows[0]["ms"] > 0, rows[0]
-        timed = [r for r in rows[1:] if r["ms"] is not None]
-        assert timed, rows
-        # Every candidate row names its kernel's algorithm, and the fastest single call is
-        # timed in full.
-        assert all(r["pipeline"] and r["tile_m"] > 0 for r in rows[1:]), rows
+        assert rows and set(rows[0]) == set(oracle.CSV_FIELDS)
+        timed = [r for r in rows if r["ms"] is not None]
+        assert timed and all(r["ms"] > 0 for r in timed), rows
+        # Every candidate row names its kernel's algorithm; the fastest is timed in full, and
+        # the hand rules' plan is one of the candidates.
+        assert all(r["pipeline"] and r["tile_m"] > 0 for r in rows), rows
         assert min(timed, key=lambda r: r["ms"])["repeats"] == args.repeats
-        assert rows[0]["chosen"] in {r["candidate"] for r in rows[1:]}
-        assert set(rows[0]) == set(oracle.CSV_FIELDS)
+        assert sum(oracle.is_choice(r) for r in rows) == 1, rows
         summary = oracle.efficiency_summary(rows)[problem.kind]["all"]
         assert 0 < summary["worst"] <= 1.0
