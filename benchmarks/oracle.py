@@ -46,9 +46,7 @@ CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_o
               "error")  # fmt: skip
 # A candidate whose single timed call takes more than this many times the fastest single call
 # of its problem cannot be the fastest: it keeps that one measurement (repeats=1) and is not
-# timed again, which keeps a run of a thousand problems within minutes. (A single eager call
-# also pays the host path, tens of microseconds: at the smallest problems every candidate
-# stays near the fastest and is timed in full.)
+# timed again, which keeps a run of a thousand problems within minutes.
 PRUNE_RATIO = 1.3
 _LISTED = re.compile(r"^  (selected|fits)\s+(\S+)$")
 _PLAN = re.compile(r"^plan: (one-stage|split-KV), ([^\s:,]+)")
@@ -183,22 +181,8 @@ def kernel_features(registry: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return {k["name"]: {key: k[key] for key in keys} for k in registry}
 
 
-def _single_ms(fn: Callable[[], Any]) -> float:
-    """One call after one warm-up call (lazy module loading and first-launch costs land there):
-    enough to tell which candidates cannot be the fastest."""
-    import torch
-
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def _graph(fn: Callable[[], Any], calls: int, pool: Any) -> Any:
-    """`calls` calls of fn captured in one CUDA graph: replaying it times the GPU work alone,
+def _graph(fn: Callable[[], Any], pool: Any) -> Any:
+    """One call of fn captured in a CUDA graph: replaying it times the GPU work alone,
     without the host path (which differs between forced and automatic calls, not between
     kernels). The graphs of a problem share one memory pool: they replay one at a time on one
     stream, and nothing reads their outputs."""
@@ -211,17 +195,18 @@ def _graph(fn: Callable[[], Any], calls: int, pool: Any) -> Any:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        for _ in range(calls):
-            fn()
+        fn()
     return graph
 
 
 def _replay_ms(graph: Any, calls: int) -> float:
+    """Milliseconds per replay over `calls` back-to-back replays."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    graph.replay()
+    for _ in range(calls):
+        graph.replay()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / calls
@@ -230,10 +215,10 @@ def _replay_ms(graph: Any, calls: int) -> float:
 def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
                  device: str, features: dict[str, dict[str, Any]] | None = None,
                  num_sms: int = 0) -> list[dict[str, Any]]:  # fmt: skip
-    """One CSV row per candidate of `problem`. Every candidate gets one timed call; those within
-    PRUNE_RATIO of the fastest such call are captured in CUDA graphs and timed in rounds that
+    """One CSV row per candidate of `problem`. Every candidate is captured in a CUDA graph and
+    gets one timed replay; those within PRUNE_RATIO of the fastest are timed in rounds that
     visit each in turn (so clock and temperature drift spread over all of them): the median of
-    `repeats` rounds of `iters` calls. The row of the hand rules' own plan is marked by its
+    `repeats` rounds of `iters` replays. The row of the hand rules' own plan is marked by its
     `chosen` columns (is_choice)."""
     import torch
 
@@ -257,30 +242,29 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
         return lambda: ckfmha.fwd(t["q"], t["k"], t["v"], num_splits=candidate.num_splits,
                                   **mask, **forced)  # fmt: skip
 
+    # Every candidate is captured and timed once (after one warm replay); the ones within
+    # PRUNE_RATIO of the fastest are then timed in rounds.
+    pool, graphs = torch.cuda.graph_pool_handle(), {}
     coarse: dict[Candidate, float] = {}
     errors: dict[Candidate, str] = {}
     for candidate in candidates:
         try:
-            coarse[candidate] = _single_ms(call(candidate))
+            graphs[candidate] = _graph(call(candidate), pool)
+            _replay_ms(graphs[candidate], 1)
+            coarse[candidate] = _replay_ms(graphs[candidate], 1)
         except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
             errors[candidate] = str(exc).splitlines()[0][:200]
         except torch.OutOfMemoryError:  # e.g. a split count whose workspace does not fit
             errors[candidate] = "out of device memory"
             torch.cuda.empty_cache()
+        except RuntimeError as exc:  # a call the graph could not capture
+            errors[candidate] = f"graph capture: {str(exc).splitlines()[0][:180]}"
     fastest = min(coarse.values(), default=0.0)
     near = [c for c in candidates if c in coarse and coarse[c] <= PRUNE_RATIO * fastest]
-    calls = max(1, min(args.iters, round(args.iters * 0.5 / max(fastest, 1e-3))))
-    pool, graphs = torch.cuda.graph_pool_handle(), {}
-    for c in near:
-        try:
-            graphs[c] = _graph(call(c), calls, pool)
-        except (ckfmha.CkfmhaError, RuntimeError) as exc:  # not capturable: keep its one call
-            errors[c] = f"graph capture: {str(exc).splitlines()[0][:180]}"
-    near = [c for c in near if c in graphs]
     rounds: dict[Candidate, list[float]] = {c: [] for c in near}
     for r in range(args.warmup + args.repeats):
         for c in near[r % len(near):] + near[: r % len(near)]:
-            ms = _replay_ms(graphs[c], calls)
+            ms = _replay_ms(graphs[c], args.iters)
             if r >= args.warmup:
                 rounds[c].append(ms)
     del graphs, pool
