@@ -146,10 +146,11 @@ setup(
         "ckfmha.serving",
         "ckfmha.torch",
         "ckfmha.transformers",
+        "ckfmha.tuning",
         "generator",
         "generator.rules",
     ],
-    package_data={"ckfmha": ["*.pxd", "*.pyi", "py.typed"]},
+    package_data={"ckfmha": ["*.pxd", "*.pyi", "py.typed", "data/*.model"]},
     # Only what package_data names: not the .pyx sources or Cython's generated .cpp files.
     include_package_data=False,
     ext_modules=_extensions(),

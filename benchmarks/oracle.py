@@ -5,7 +5,8 @@ For each problem of oracle_shapes.py the dispatcher's explain output names the c
 one-stage forward kernels and split-KV kernels that fit (each split kernel at several split
 counts), or the backward main stages that fit, and the plan the hand rules choose. Each
 candidate is forced by name (and split count); the ones near the fastest are timed on the GPU
-alone (CUDA graphs, in rounds). Candidates are the kernels the library holds: build the
+alone (CUDA graphs, in rounds), by ckfmha.tuning.time_candidates, the timing behind
+``python -m ckfmha tune``. Candidates are the kernels the library holds: build the
 alternatives first (``python -m ckfmha build --kernels full --arch sm_90a -j 16``) for a wider
 search.
 
@@ -25,89 +26,23 @@ import argparse
 import csv
 import datetime as dt
 import json
-import re
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from broad_cases import BroadCase
-from oracle_shapes import KINDS, draw, held_out, mask_options, problem_fields, problem_record
+from oracle_shapes import KINDS, draw, held_out, problem_fields, problem_record
+
+from ckfmha.tuning import time_candidates
 
 RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
-# Split counts tried for each split-KV candidate, beside the dispatcher's own.
-SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_out", "dtype",
               "batch", "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
               "causal", "candidate", "num_splits", "family", "pipeline", "tile_m", "tile_n",
               "warps", "stages", "chosen", "chosen_splits", "repeats", "ms",
               "error")  # fmt: skip
-# A candidate whose single timed call takes more than this many times the fastest single call
-# of its problem cannot be the fastest: it keeps that one measurement (repeats=1) and is not
-# timed again, which keeps a run of a thousand problems within minutes.
-PRUNE_RATIO = 1.3
-_LISTED = re.compile(r"^  (selected|fits)\s+(\S+)$")
-_PLAN = re.compile(r"^plan: (one-stage|split-KV), ([^\s:,]+)")
-_SPLITS = re.compile(r"num_splits=(\d+)")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    kernel: str
-    num_splits: int = 0  # split-KV candidates: the count forced; 0 otherwise
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What the dispatcher's plan line says it runs."""
-
-    kernel: str
-    num_splits: int
-
-
-def fwd_candidates(explain: str) -> tuple[list[Candidate], Choice]:
-    """The forward candidates an explain text lists (one-stage kernels once each, split-KV
-    kernels at every count of SPLIT_COUNTS and the plan's own), and the plan's choice."""
-    plan = next((line for line in explain.splitlines() if line.startswith("plan: ")), "")
-    match = _PLAN.match(plan)
-    if match is None:
-        raise ValueError(f"no plan in the explain text: {plan or explain[-200:]!r}")
-    splits = _SPLITS.search(plan)
-    choice = Choice(match.group(2), int(splits.group(1)) if splits else 0)
-    found: dict[Candidate, None] = {}
-    for line in explain.splitlines():
-        listed = _LISTED.match(line)
-        if listed is None:
-            continue
-        name = listed.group(2)
-        if name.startswith("fwd_splitkv_combine_"):
-            continue  # a stage of split plans, not a candidate of its own
-        if name.startswith("fwd_splitkv_"):
-            for count in sorted({*SPLIT_COUNTS, max(choice.num_splits, 1)}):
-                found[Candidate(name, count)] = None
-        else:
-            found[Candidate(name)] = None
-    return list(found), choice
-
-
-def bwd_candidates(explain: str) -> tuple[list[Candidate], Choice]:
-    """The backward main stages (bwd_dq_dk_dv) an explain_bwd text lists, and the selected one."""
-    found, selected = [], ""
-    in_main_stage = False
-    for line in explain.splitlines():
-        if line.startswith("stage "):
-            in_main_stage = line.startswith("stage bwd_dq_dk_dv")
-            continue
-        listed = _LISTED.match(line)
-        if in_main_stage and listed is not None:
-            found.append(Candidate(listed.group(2)))
-            if listed.group(1) == "selected":
-                selected = listed.group(2)
-    if not selected:
-        raise ValueError("explain_bwd selects no main stage")
-    return found, Choice(selected, 0)
 
 
 def is_choice(row: dict[str, Any]) -> bool:
@@ -154,135 +89,38 @@ def efficiency_summary(rows: Iterable[dict[str, Any]],
     return summary
 
 
-def _inputs(problem: BroadCase) -> dict[str, Any]:
-    import torch
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
-    b, hq, hk = problem.batch, problem.nhead_q, problem.nhead_k
-
-    def randn(*shape: int) -> Any:
-        return torch.randn(*shape, device="cuda", dtype=dtype)
-
-    tensors = {"q": randn(b, hq, problem.seqlen_q, problem.hdim),
-               "k": randn(b, hk, problem.seqlen_k, problem.hdim),
-               "v": randn(b, hk, problem.seqlen_k, problem.hdim_v)}  # fmt: skip
-    if problem.kind == "bwd":
-        import ckfmha
-
-        tensors["do"] = randn(b, hq, problem.seqlen_q, problem.hdim_v)
-        tensors["o"], tensors["lse"] = ckfmha.fwd(tensors["q"], tensors["k"], tensors["v"],
-                                                  return_lse=True, **mask_options(problem))
-    return tensors
-
-
 def kernel_features(registry: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per kernel name, the algorithm columns a candidate row carries."""
     keys = ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")
     return {k["name"]: {key: k[key] for key in keys} for k in registry}
 
 
-def _graph(fn: Callable[[], Any], pool: Any) -> Any:
-    """One call of fn captured in a CUDA graph: replaying it times the GPU work alone,
-    without the host path (which differs between forced and automatic calls, not between
-    kernels). The graphs of a problem share one memory pool: they replay one at a time on one
-    stream, and nothing reads their outputs."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
-    return graph
-
-
-def _replay_ms(graph: Any, calls: int) -> float:
-    """Milliseconds per replay over `calls` back-to-back replays."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
 def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
                  device: str, features: dict[str, dict[str, Any]] | None = None,
                  num_sms: int = 0) -> list[dict[str, Any]]:  # fmt: skip
-    """One CSV row per candidate of `problem`. Every candidate is captured in a CUDA graph and
-    gets one timed replay; those within PRUNE_RATIO of the fastest are timed in rounds that
-    visit each in turn (so clock and temperature drift spread over all of them): the median of
-    `repeats` rounds of `iters` replays. The row of the hand rules' own plan is marked by its
-    `chosen` columns (is_choice)."""
-    import torch
-
+    """One CSV row per candidate of `problem`, timed by ckfmha.tuning.time_candidates (every
+    candidate captured in a CUDA graph and timed by one replay; those within PRUNE_RATIO of the
+    fastest by the median of `repeats` rounds of `iters` replays). The row of the hand rules'
+    own plan is marked by its `chosen` columns (is_choice)."""
     import ckfmha
 
-    dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
     features = features if features is not None else kernel_features(ckfmha.Registry().kernels())
-    fields = problem_fields(problem)
-    if problem.kind == "bwd":
-        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
-    else:
-        candidates, choice = fwd_candidates(dispatcher.explain(**fields, arch=arch))
-    t = _inputs(problem)
-    mask = mask_options(problem)
-
-    def call(candidate: Candidate) -> Callable[[], Any]:
-        forced = {"kernel": candidate.kernel}
-        if problem.kind == "bwd":
-            return lambda: ckfmha.bwd(t["do"], t["q"], t["k"], t["v"], t["o"], t["lse"],
-                                      **mask, **forced)  # fmt: skip
-        return lambda: ckfmha.fwd(t["q"], t["k"], t["v"], num_splits=candidate.num_splits,
-                                  **mask, **forced)  # fmt: skip
-
-    # Every candidate is captured and timed once (after one warm replay); the ones within
-    # PRUNE_RATIO of the fastest are then timed in rounds.
-    pool, graphs = torch.cuda.graph_pool_handle(), {}
-    coarse: dict[Candidate, float] = {}
-    errors: dict[Candidate, str] = {}
-    for candidate in candidates:
-        try:
-            graphs[candidate] = _graph(call(candidate), pool)
-            _replay_ms(graphs[candidate], 1)
-            coarse[candidate] = _replay_ms(graphs[candidate], 1)
-        except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
-            errors[candidate] = str(exc).splitlines()[0][:200]
-        except torch.OutOfMemoryError:  # e.g. a split count whose workspace does not fit
-            errors[candidate] = "out of device memory"
-            torch.cuda.empty_cache()
-        except RuntimeError as exc:  # a call the graph could not capture
-            errors[candidate] = f"graph capture: {str(exc).splitlines()[0][:180]}"
-    fastest = min(coarse.values(), default=0.0)
-    near = [c for c in candidates if c in coarse and coarse[c] <= PRUNE_RATIO * fastest]
-    rounds: dict[Candidate, list[float]] = {c: [] for c in near}
-    for r in range(args.warmup + args.repeats):
-        for c in near[r % len(near):] + near[: r % len(near)]:
-            ms = _replay_ms(graphs[c], args.iters)
-            if r >= args.warmup:
-                rounds[c].append(ms)
-    del graphs, pool
+    kind = "bwd" if problem.kind == "bwd" else "fwd"  # a decode step is a forward problem
+    timing = time_candidates(kind, problem_fields(problem), warmup=args.warmup,
+                             iters=args.iters, repeats=args.repeats)  # fmt: skip
+    choice = timing.choice
     rows = []
-    for candidate in candidates:
-        ms, repeats = coarse.get(candidate), 1
-        if candidate in rounds:
-            ms, repeats = statistics.median(rounds[candidate]), args.repeats
-        algorithm = features.get(candidate.kernel, {})
+    for result in timing.results:
+        algorithm = features.get(result.candidate.kernel, {})
         rows.append({"device": device, "commit": args.commit, "num_sms": num_sms,
                      "problem": index, "label": f"{problem.label} {problem.dtype}",
-                     **problem_record(problem), "candidate": candidate.kernel,
-                     "num_splits": candidate.num_splits,
+                     **problem_record(problem), "candidate": result.candidate.kernel,
+                     "num_splits": result.candidate.num_splits,
                      **{key: algorithm.get(key, "") for key in
                         ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")},
                      "chosen": choice.kernel, "chosen_splits": choice.num_splits,
-                     "repeats": repeats if ms is not None else 0, "ms": ms,
-                     "error": errors.get(candidate, "")})  # fmt: skip
+                     "repeats": result.repeats, "ms": result.ms,
+                     "error": result.error})  # fmt: skip
     return rows
 
 

@@ -253,6 +253,23 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                        const char* kernel_name, ckfmha_stream_t stream)
 
+    # plan selection: hand rules, a learned cost model, a tuning table
+    ctypedef enum ckfmha_selection:
+        CKFMHA_SELECTION_HEURISTIC
+        CKFMHA_SELECTION_LEARNED
+        CKFMHA_SELECTION_TUNED
+    int ckfmha_set_selection(ckfmha_selection mode)
+    int ckfmha_get_selection(ckfmha_selection* mode)
+    int ckfmha_selection_model_load(const char* path)
+    int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* needed)
+    int ckfmha_tuning_add_fwd(const ckfmha_fwd_problem* problem, const char* kernel_name,
+                              int num_splits, float ms)
+    int ckfmha_tuning_add_bwd(const ckfmha_bwd_problem* problem, const char* kernel_name,
+                              float ms)
+    int ckfmha_tuning_save(const char* path, int* entries)
+    int ckfmha_tuning_load(const char* path, int* entries)
+    int ckfmha_tuning_clear()
+
     # appending to a KV cache (family fwd_appendkv)
     ctypedef enum ckfmha_rope:
         CKFMHA_ROPE_NONE

@@ -53,6 +53,18 @@ from ckfmha.errors import (
 )
 from ckfmha.page_layouts import to_linear_pages, to_vectorized_pages
 from ckfmha.problem import FwdProblem
+from ckfmha.selection import (
+    clear_tuning,
+    default_tuning_path,
+    get_selection,
+    load_selection_model,
+    load_tuning,
+    save_tuning,
+    selection,
+    selection_model_info,
+    set_selection,
+    tuning_add,
+)
 
 __version__ = "0.1.0"
 
@@ -97,7 +109,9 @@ __all__ = [
     "bwd",
     "bwd_varlen",
     "check_errors",
+    "clear_tuning",
     "current_device",
+    "default_tuning_path",
     "device_arch",
     "device_count",
     "device_ptr",
@@ -109,13 +123,21 @@ __all__ = [
     "fwd_varlen",
     "get_include",
     "get_library_dir",
+    "get_selection",
     "header_version",
     "last_error",
+    "load_selection_model",
+    "load_tuning",
+    "save_tuning",
     "select_append_kv",
+    "selection",
+    "selection_model_info",
     "set_device",
+    "set_selection",
     "status_name",
     "synchronize",
     "to_linear_pages",
     "to_vectorized_pages",
+    "tuning_add",
     "version",
 ]

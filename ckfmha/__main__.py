@@ -1,4 +1,4 @@
-"""Command line: ``python -m ckfmha {list,explain,run,build,doctor}``."""
+"""Command line: ``python -m ckfmha {list,explain,run,build,doctor,tune}``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ckfmha import jit
 from ckfmha._registry import Dispatcher, Registry
 from ckfmha.errors import CkfmhaError, NoDeviceError
 from ckfmha.problem import FwdProblem
+from ckfmha.tuning.command import add_tune_arguments, tune_command
 
 
 def _add_problem_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -105,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_problem_arguments(doctor, required=False)
     doctor.add_argument("--arch", default=None, help="e.g. sm_90a (default: this GPU's)")
+
+    tune = commands.add_parser(
+        "tune", help="time every plan of your problems on this GPU; the dispatcher then "
+        "prefers the fastest (selection mode 'tuned')",
+    )  # fmt: skip
+    add_tune_arguments(tune)
     return parser
 
 
@@ -146,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             given = args.heads is not None and args.seqlen is not None and args.hdim is not None
             return doctor_command(args, problem_from_args(args) if given else None)
+        if args.command == "tune":
+            return tune_command(args)
         from ckfmha._bench import run_command
 
         return run_command(args, problem_from_args(args))

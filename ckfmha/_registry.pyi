@@ -15,13 +15,16 @@ class Registry:
 
 class Dispatcher:
     def select(
-        self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
+        self, problem: FwdProblem | None = None, *, arch: int | str | None = None,
+        selection: str | None = None, **fields: Any
     ) -> str: ...
     def explain(
-        self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
+        self, problem: FwdProblem | None = None, *, arch: int | str | None = None,
+        selection: str | None = None, **fields: Any
     ) -> str: ...
     def workspace_size(
-        self, problem: FwdProblem | None = None, *, arch: int | str | None = None, **fields: Any
+        self, problem: FwdProblem | None = None, *, arch: int | str | None = None,
+        selection: str | None = None, **fields: Any
     ) -> int: ...
     def select_bwd(
         self,
@@ -29,6 +32,7 @@ class Dispatcher:
         *,
         arch: int | str | None = None,
         deterministic: bool = False,
+        selection: str | None = None,
         **fields: Any,
     ) -> tuple[str, str, str]: ...
     def explain_bwd(
@@ -37,5 +41,6 @@ class Dispatcher:
         *,
         arch: int | str | None = None,
         deterministic: bool = False,
+        selection: str | None = None,
         **fields: Any,
     ) -> str: ...

@@ -1,6 +1,7 @@
 # cython: language_level=3
 """The kernel registry and the dispatcher's selection, as Python objects."""
 
+import contextlib
 import json
 import os
 
@@ -130,31 +131,44 @@ def _as_problem(problem, kwargs) -> FwdProblem:
     return problem
 
 
+def _selection_scope(selection):
+    """The selection mode for one dispatcher call (None: the thread's own)."""
+    if selection is None:
+        return contextlib.nullcontext()
+    from ckfmha.selection import selection as scope
+
+    return scope(selection)
+
+
 cdef class Dispatcher:
     """Chooses a kernel for a problem, and says why the others do not fit.
 
     ``arch`` (90, "sm_90a", ...) defaults to the current device's, which needs a
     GPU; pass it to ask about another architecture, or on a machine without one.
+    ``selection`` ("heuristic", "learned" or "tuned"; default: the thread's mode,
+    see ckfmha.selection) says who picks the plan.
     """
 
-    def select(self, problem=None, *, arch=None, **fields) -> str:
+    def select(self, problem=None, *, arch=None, selection=None, **fields) -> str:
         """Name of the kernel ``fwd`` would launch for ``problem`` (or FwdProblem fields)."""
         cdef capi.ckfmha_fwd_problem c_problem
         cdef char buf[NAME_CAPACITY]
         fill_fwd_problem(_as_problem(problem, fields), &c_problem)
-        check(capi.ckfmha_fwd_select(&c_problem, parse_arch(arch), buf, NAME_CAPACITY))
+        with _selection_scope(selection):
+            check(capi.ckfmha_fwd_select(&c_problem, parse_arch(arch), buf, NAME_CAPACITY))
         return _decode(buf)
 
-    def explain(self, problem=None, *, arch=None, **fields) -> str:
+    def explain(self, problem=None, *, arch=None, selection=None, **fields) -> str:
         """Kernel-by-kernel account of which fit ``problem`` and why the rest do not."""
         cdef capi.ckfmha_fwd_problem c_problem
         fill_fwd_problem(_as_problem(problem, fields), &c_problem)
         cdef ExplainRequest request
         request.problem = &c_problem
         request.arch = parse_arch(arch)
-        return _read_text(_explanation, &request, "explanation")
+        with _selection_scope(selection):
+            return _read_text(_explanation, &request, "explanation")
 
-    def workspace_size(self, problem=None, *, arch=None, **fields) -> int:
+    def workspace_size(self, problem=None, *, arch=None, selection=None, **fields) -> int:
         """Bytes of workspace the plan for ``problem`` needs (0 for one-stage plans).
 
         ``fwd`` allocates it by itself; this is for callers managing their own memory.
@@ -162,19 +176,23 @@ cdef class Dispatcher:
         cdef capi.ckfmha_fwd_problem c_problem
         cdef size_t size = 0
         fill_fwd_problem(_as_problem(problem, fields), &c_problem)
-        check(capi.ckfmha_fwd_workspace_size(&c_problem, parse_arch(arch), NULL, &size))
+        with _selection_scope(selection):
+            check(capi.ckfmha_fwd_workspace_size(&c_problem, parse_arch(arch), NULL, &size))
         return size
 
-    def select_bwd(self, problem=None, *, arch=None, deterministic=False, **fields) -> tuple:
+    def select_bwd(self, problem=None, *, arch=None, deterministic=False, selection=None,
+                   **fields) -> tuple:
         """(bwd_dot_do_o, bwd_dq_dk_dv, bwd_convert_dq) kernel names ``bwd`` would launch for
         the gradients of ``problem`` (a FwdProblem, or its fields)."""
         cdef capi.ckfmha_bwd_problem c_problem
         cdef char buf[3 * NAME_CAPACITY]
         fill_bwd_problem(_as_problem(problem, fields), deterministic, &c_problem)
-        check(capi.ckfmha_bwd_select(&c_problem, parse_arch(arch), buf, 3 * NAME_CAPACITY))
+        with _selection_scope(selection):
+            check(capi.ckfmha_bwd_select(&c_problem, parse_arch(arch), buf, 3 * NAME_CAPACITY))
         return tuple(_decode(buf).split())
 
-    def explain_bwd(self, problem=None, *, arch=None, deterministic=False, **fields) -> str:
+    def explain_bwd(self, problem=None, *, arch=None, deterministic=False, selection=None,
+                    **fields) -> str:
         """Stage-by-stage account of the backward plan for ``problem`` and why kernels do not
         fit."""
         cdef capi.ckfmha_bwd_problem c_problem
@@ -182,7 +200,8 @@ cdef class Dispatcher:
         cdef BwdExplainRequest request
         request.problem = &c_problem
         request.arch = parse_arch(arch)
-        return _read_text(_bwd_explanation, &request, "explanation")
+        with _selection_scope(selection):
+            return _read_text(_bwd_explanation, &request, "explanation")
 
     def __repr__(self) -> str:
         return "<ckfmha.Dispatcher>"

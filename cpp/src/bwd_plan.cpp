@@ -154,13 +154,17 @@ std::string why_no_stage(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha
 }  // namespace
 
 BwdPlan select_bwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_bwd_problem const& p,
-                   int device_arch, ckfmha_kernel_entry const* forced) {
+                   int device_arch, ckfmha_kernel_entry const* forced,
+                   BwdSelection const& selection) {
   BwdPlan plan;
   if (forced != nullptr) {
     plan.dq_dk_dv = *forced;
   } else if (!pick_stage(kernels, CKFMHA_FAMILY_BWD_DQ_DK_DV, p, device_arch, &plan.dq_dk_dv)) {
     plan.why_none = why_no_stage(kernels, CKFMHA_FAMILY_BWD_DQ_DK_DV, p, device_arch);
     return plan;
+  } else if (selection.mode != CKFMHA_SELECTION_HEURISTIC) {
+    plan.dq_dk_dv =
+        select_main_stage(kernels, p, device_arch, selection, plan.dq_dk_dv, &plan.why);
   }
   if (!pick_stage(kernels, CKFMHA_FAMILY_BWD_DOT_DO_O, p, device_arch, &plan.dot_do_o)) {
     plan.why_none = why_no_stage(kernels, CKFMHA_FAMILY_BWD_DOT_DO_O, p, device_arch);
@@ -175,10 +179,11 @@ BwdPlan select_bwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_bwd_p
 }
 
 std::string explain_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
-                        ckfmha_bwd_problem const& p, int device_arch) {
+                        ckfmha_bwd_problem const& p, int device_arch,
+                        BwdSelection const& selection) {
   std::ostringstream out;
   out << "problem: " << describe(p) << " on " << arch_label(device_arch) << "\n";
-  BwdPlan plan = select_bwd(kernels, p, device_arch);
+  BwdPlan plan = select_bwd(kernels, p, device_arch, nullptr, selection);
   struct Stage {
     ckfmha_family family;
     ckfmha_kernel_entry const* chosen;
@@ -205,6 +210,8 @@ std::string explain_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
              "per query head\n";
     }
   }
+  out << explain_bwd_predictions(kernels, p, device_arch, selection);
+  if (!plan.why.empty()) out << "main stage: " << plan.why << "\n";
   if (!plan.found) out << "no plan: " << plan.why_none << "\n";
   return out.str();
 }

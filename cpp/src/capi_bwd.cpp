@@ -8,8 +8,10 @@
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/device_errors.hpp"
 #include "ckfmha/runtime/empty_problems.hpp"
+#include "ckfmha/runtime/fwd_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
+#include "ckfmha/runtime/selection_mode.hpp"
 #include "ckfmha/runtime/status.hpp"
 
 #include <cstdint>
@@ -59,6 +61,25 @@ int check_bwd_pointers(ckfmha_bwd_problem const& p, ckfmha_bwd_args const& a, bo
 size_t workspace_bytes(ckfmha_bwd_problem const& p) {
   if (bwd_run_work(p) != RunWork::kKernels) return 0;
   return size_t(ckfmha::kernel::bwd_workspace_layout(bwd_launch_problem(p)).bytes);
+}
+
+}  // namespace
+
+namespace {
+
+// The thread's selection mode and the SM count its cost features use: the
+// current device's when it has `device_arch`, else the arch's reference part.
+BwdSelection bwd_selection(int device_arch) {
+  BwdSelection selection;
+  selection.mode = current_selection();
+  if (selection.mode == CKFMHA_SELECTION_HEURISTIC) return selection;
+  selection.num_sms = reference_sm_count(device_arch);
+  int count = 0, arch_now = 0;
+  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
+      current_device_arch(&arch_now) == CKFMHA_SUCCESS && arch_now == device_arch) {
+    current_device_sm_count(&selection.num_sms);
+  }
+  return selection;
 }
 
 }  // namespace
@@ -130,7 +151,7 @@ int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_b
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   BwdPlan plan = select_bwd(Registry::instance().entries(), bwd_launch_problem(*problem),
-                            device_arch);
+                            device_arch, nullptr, bwd_selection(device_arch));
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   std::string names = std::string(plan.dot_do_o.name) + "\n" + plan.dq_dk_dv.name + "\n" +
                       plan.convert_dq.name + "\n";
@@ -150,8 +171,9 @@ int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf, s
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   return copy_text_out(
-      explain_bwd(Registry::instance().entries(), bwd_launch_problem(*problem), device_arch), buf,
-      buf_len, needed);
+      explain_bwd(Registry::instance().entries(), bwd_launch_problem(*problem), device_arch,
+                  bwd_selection(device_arch)),
+      buf, buf_len, needed);
 }
 
 int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
@@ -231,7 +253,8 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
                   std::string("kernel ") + kernel_name + " cannot run this problem: " + why);
     }
   }
-  BwdPlan plan = select_bwd(kernels, *problem, device_arch, kernel_name ? &forced : nullptr);
+  BwdPlan plan = select_bwd(kernels, *problem, device_arch, kernel_name ? &forced : nullptr,
+                            bwd_selection(device_arch));
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;

@@ -9,6 +9,8 @@
 #include "ckfmha/runtime/fwd_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
 #include "ckfmha/runtime/registry.hpp"
+#include "ckfmha/runtime/selection_mode.hpp"
+#include "ckfmha/runtime/selection_model.hpp"
 #include "ckfmha/runtime/status.hpp"
 
 #include <cmath>
@@ -55,6 +57,8 @@ int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a
 // has that arch, else the arch's reference part (documented in ckfmha.h).
 int plan_context(int arch, PlanContext* context) {
   if (int s = resolve_arch(arch, &context->device_arch)) return s;
+  context->selection = current_selection();
+  context->selection_generation = selection_generation();
   int count = 0, device_arch_now = 0;
   context->num_sms = reference_sm_count(context->device_arch);
   if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&

@@ -1,4 +1,6 @@
 #include "ckfmha/runtime/fwd_plan.hpp"
+#include "ckfmha/runtime/fwd_plan_parts.hpp"
+#include "ckfmha/runtime/fwd_selection.hpp"
 
 #include "ckfmha/kernel/params/splitkv_workspace.h"
 #include "ckfmha/runtime/dispatcher.hpp"
@@ -112,20 +114,6 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
   return true;
 }
 
-bool find_combine(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
-                  int device_arch, ckfmha_kernel_entry* out) {
-  bool found = false;
-  for (auto const& k : kernels) {
-    if (k.family != CKFMHA_FAMILY_FWD_SPLITKV_COMBINE || k.hdim_v != p.hdim_v ||
-        !combine_reject_reason(k, p, device_arch).empty()) {
-      continue;
-    }
-    if (!found || (k.arch == device_arch && out->arch != device_arch)) *out = k;
-    found = true;
-  }
-  return found;
-}
-
 // Why no split-KV plan exists: the first reasons of the split kernels of this
 // dtype, or that none is registered.
 std::string why_no_split(std::vector<ckfmha_kernel_entry> const& kernels,
@@ -156,40 +144,6 @@ std::string why_no_split(std::vector<ckfmha_kernel_entry> const& kernels,
            "group mode)";
   }
   return why.str();
-}
-
-FwdPlan one_stage(ckfmha_kernel_entry const& kernel, std::string why) {
-  FwdPlan plan;
-  plan.found = true;
-  plan.kernel = kernel;
-  plan.why = std::move(why);
-  return plan;
-}
-
-FwdPlan not_found(std::string why) {
-  FwdPlan plan;
-  plan.why = std::move(why);
-  return plan;
-}
-
-FwdPlan split_plan(ckfmha_kernel_entry const& split, ckfmha_kernel_entry const& combine,
-                   ckfmha_fwd_problem const& p, int num_splits, std::string why) {
-  const int64_t m_blocks = ceil_div(packed_rows(p), split.tile_m);
-  if (m_blocks * num_splits > INT32_MAX) {
-    std::ostringstream msg;
-    msg << "a split-KV grid of " << m_blocks << " query tiles x " << num_splits
-        << " splits exceeds 2^31 - 1 CTAs; ask for fewer splits";
-    return not_found(msg.str());
-  }
-  FwdPlan plan;
-  plan.found = true;
-  plan.split = true;
-  plan.kernel = split;
-  plan.combine = combine;
-  plan.num_splits = num_splits;
-  plan.workspace_bytes = size_t(kernel::splitkv_workspace(p, num_splits).bytes);
-  plan.why = std::move(why);
-  return plan;
 }
 
 // Why no paged plan exists: the first reasons of the kernels of the
@@ -284,6 +238,54 @@ FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_
 
 }  // namespace
 
+bool find_combine(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                  int device_arch, ckfmha_kernel_entry* out) {
+  bool found = false;
+  for (auto const& k : kernels) {
+    if (k.family != CKFMHA_FAMILY_FWD_SPLITKV_COMBINE || k.hdim_v != p.hdim_v ||
+        !combine_reject_reason(k, p, device_arch).empty()) {
+      continue;
+    }
+    if (!found || (k.arch == device_arch && out->arch != device_arch)) *out = k;
+    found = true;
+  }
+  return found;
+}
+
+FwdPlan one_stage(ckfmha_kernel_entry const& kernel, std::string why) {
+  FwdPlan plan;
+  plan.found = true;
+  plan.kernel = kernel;
+  plan.why = std::move(why);
+  return plan;
+}
+
+FwdPlan not_found(std::string why) {
+  FwdPlan plan;
+  plan.why = std::move(why);
+  return plan;
+}
+
+FwdPlan split_plan(ckfmha_kernel_entry const& split, ckfmha_kernel_entry const& combine,
+                   ckfmha_fwd_problem const& p, int num_splits, std::string why) {
+  const int64_t m_blocks = ceil_div(packed_rows(p), split.tile_m);
+  if (m_blocks * num_splits > INT32_MAX) {
+    std::ostringstream msg;
+    msg << "a split-KV grid of " << m_blocks << " query tiles x " << num_splits
+        << " splits exceeds 2^31 - 1 CTAs; ask for fewer splits";
+    return not_found(msg.str());
+  }
+  FwdPlan plan;
+  plan.found = true;
+  plan.split = true;
+  plan.kernel = split;
+  plan.combine = combine;
+  plan.num_splits = num_splits;
+  plan.workspace_bytes = size_t(kernel::splitkv_workspace(p, num_splits).bytes);
+  plan.why = std::move(why);
+  return plan;
+}
+
 int reference_sm_count(int arch) {
   switch (arch) {
     case 86: return 84;    // RTX A6000 class
@@ -336,6 +338,14 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
                  PlanContext const& context) {
   if (is_paged(p)) return plan_paged(kernels, p, context);
   if (context.forced != nullptr) return plan_forced(kernels, p, context);
+  FwdPlan rules = plan_fwd_rules(kernels, p, context);
+  // A split count the caller fixed is theirs to keep.
+  if (context.selection == CKFMHA_SELECTION_HEURISTIC || p.num_splits != 0) return rules;
+  return plan_fwd_selected(kernels, p, context, std::move(rules));
+}
+
+FwdPlan plan_fwd_rules(std::vector<ckfmha_kernel_entry> const& kernels,
+                       ckfmha_fwd_problem const& p, PlanContext const& context) {
   const int arch = context.device_arch;
   Selection one = select_fwd(kernels, p, arch);
   if (p.num_splits == 1) {
@@ -422,6 +432,7 @@ std::string explain_fwd_plan(std::vector<ckfmha_kernel_entry> const& kernels,
       out << "  rejected  " << k.name << ": " << why << "\n";
     }
   }
+  out << explain_fwd_predictions(kernels, p, context);
   out << "plan: ";
   if (!plan.found) {
     out << "none: " << plan.why << "\n";

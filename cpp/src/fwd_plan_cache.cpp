@@ -18,6 +18,8 @@ struct CachedPlan {
   int device_arch = 0;
   int num_sms = 0;
   bool workspace_available = false;
+  ckfmha_selection selection = CKFMHA_SELECTION_HEURISTIC;
+  uint64_t selection_generation = 0;
   std::string forced_name;  // empty: automatic selection
   // Registering a module only appends kernels, so the count identifies the
   // registry's contents for the plans made from it.
@@ -37,6 +39,8 @@ bool same_key(CachedPlan const& entry, std::vector<ckfmha_kernel_entry> const& k
   return entry.valid && entry.kernel_count == kernels.size() &&
          entry.device_arch == context.device_arch && entry.num_sms == context.num_sms &&
          entry.workspace_available == context.workspace_available &&
+         entry.selection == context.selection &&
+         entry.selection_generation == context.selection_generation &&
          entry.forced_name == forced &&
          std::memcmp(&entry.problem, &problem, sizeof(problem)) == 0;
 }
@@ -61,6 +65,8 @@ FwdPlan const& cached_plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   slot.device_arch = context.device_arch;
   slot.num_sms = context.num_sms;
   slot.workspace_available = context.workspace_available;
+  slot.selection = context.selection;
+  slot.selection_generation = context.selection_generation;
   slot.forced_name =
       context.forced != nullptr && context.forced->name != nullptr ? context.forced->name : "";
   slot.kernel_count = kernels.size();

@@ -1,7 +1,8 @@
 """The selection oracle (benchmarks/oracle.py, oracle_shapes.py) without a GPU: its problems
 cover what the issue asks and hold out whole head counts and a length band, the candidates it
-times are the ones the dispatcher's explain output lists, and its summary compares the
-dispatcher's time with the fastest candidate's."""
+times are the ones the dispatcher's explain output lists (parsed by ckfmha.tuning, which
+``python -m ckfmha tune`` shares), and its summary compares the dispatcher's time with the
+fastest candidate's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from support.paths import REPO_ROOT
 
 import ckfmha
+from ckfmha import tuning
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
 
@@ -82,18 +84,16 @@ def _plain_problem(family: str) -> tuple[dict, dict]:
     return kernel, fields
 
 
-def test_forward_candidates_are_what_explain_lists(modules: tuple[ModuleType, ModuleType]) -> None:
-    _, oracle = modules
+def test_forward_candidates_are_what_explain_lists() -> None:
     kernel, fields = _plain_problem("fwd")
     explain = ckfmha.Dispatcher().explain(**fields, arch=kernel["arch"])
-    candidates, choice = oracle.fwd_candidates(explain)
-    assert oracle.Candidate(kernel["name"]) in candidates
+    candidates, choice = tuning.fwd_candidates(explain)
+    assert tuning.Candidate(kernel["name"]) in candidates
     assert choice.kernel == ckfmha.Dispatcher().select(**fields, arch=kernel["arch"])
     assert all(c.num_splits == 0 for c in candidates if not c.kernel.startswith("fwd_splitkv_"))
 
 
-def test_split_kernels_are_tried_at_every_count(modules: tuple[ModuleType, ModuleType]) -> None:
-    _, oracle = modules
+def test_split_kernels_are_tried_at_every_count() -> None:
     lines = [
         "problem: fwd bf16 batch ...",
         "  selected  fwd_bf16_batch_d128x128_none_lse__one",
@@ -105,23 +105,22 @@ def test_split_kernels_are_tried_at_every_count(modules: tuple[ModuleType, Modul
          "fwd_splitkv_combine_bf16_batch_d128x128_none_lse__combine, num_splits=24, workspace 1 "
          "bytes (132 SMs): the wave model"),
     ]  # fmt: skip
-    candidates, choice = oracle.fwd_candidates("\n".join(lines))
-    assert choice == oracle.Choice("fwd_splitkv_bf16_batch_d128x128_none_lse__split", 24)
+    candidates, choice = tuning.fwd_candidates("\n".join(lines))
+    assert choice == tuning.Choice("fwd_splitkv_bf16_batch_d128x128_none_lse__split", 24)
     names = {c.kernel for c in candidates}
     assert names == {"fwd_bf16_batch_d128x128_none_lse__one",
                      "fwd_splitkv_bf16_batch_d128x128_none_lse__split",
                      "fwd_splitkv_bf16_batch_d128x128_none_lse__other"}  # fmt: skip
     counts = {c.num_splits for c in candidates if c.kernel.endswith("__split")}
-    assert counts == {*oracle.SPLIT_COUNTS, 24}
+    assert counts == {*tuning.SPLIT_COUNTS, 24}
     with pytest.raises(ValueError, match="no plan"):
-        oracle.fwd_candidates("problem: fwd\n  selected  x\n")
+        tuning.fwd_candidates("problem: fwd\n  selected  x\n")
 
 
-def test_backward_candidates_are_the_main_stages(modules: tuple[ModuleType, ModuleType]) -> None:
-    _, oracle = modules
+def test_backward_candidates_are_the_main_stages() -> None:
     kernel, fields = _plain_problem("bwd_dq_dk_dv")
     explain = ckfmha.Dispatcher().explain_bwd(**fields, arch=kernel["arch"])
-    candidates, choice = oracle.bwd_candidates(explain)
+    candidates, choice = tuning.bwd_candidates(explain)
     assert candidates and all(c.kernel.startswith("bwd_dq_dk_dv_") for c in candidates)
     assert choice.kernel == ckfmha.Dispatcher().select_bwd(**fields, arch=kernel["arch"])[1]
 

@@ -499,6 +499,56 @@ CKFMHA_API int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, c
 CKFMHA_API int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* args,
                               const char* kernel_name, ckfmha_stream_t stream);
 
+/* ---- plan selection: hand rules, a learned cost model, or a tuning table ---- */
+
+/*
+ * How automatic plans (no kernel forced by name) choose among the kernels and
+ * split counts that can run a problem. The mode is per thread; a thread starts
+ * in the mode named by the environment variable CKFMHA_SELECTION
+ * ("heuristic", "learned" or "tuned"), else heuristic.
+ *
+ * heuristic: hand-written rules (pipeline rank, tile padding, a wave model
+ *   for split counts).
+ * learned: a cost model (gradient-boosted trees, loaded with
+ *   ckfmha_selection_model_load) predicts each candidate's time from problem
+ *   and algorithm features and the fastest prediction wins. It covers batch-
+ *   mode fp16/bf16 forward plans (one-stage and split-KV at split counts
+ *   1, 2, 4, .. 64 and the hand rules' own count) and the backward main stage,
+ *   on the arch it was trained for; other problems, or no model, fall back to
+ *   the hand rules. explain lists each candidate's predicted time.
+ * tuned: the plan a tuning table (ckfmha_tuning_load) holds for this exact
+ *   problem, when its kernel is registered and fits; otherwise as learned.
+ */
+typedef enum ckfmha_selection {
+  CKFMHA_SELECTION_HEURISTIC = 0,
+  CKFMHA_SELECTION_LEARNED = 1,
+  CKFMHA_SELECTION_TUNED = 2
+} ckfmha_selection;
+
+CKFMHA_API int ckfmha_set_selection(ckfmha_selection mode);
+CKFMHA_API int ckfmha_get_selection(ckfmha_selection* mode);
+/* Parses a cost model file (written by benchmarks/train_selection.py) and
+ * makes it the process's model, replacing any earlier one. A file that does
+ * not parse, or lists other features than this library computes, is
+ * CKFMHA_ERROR_INVALID_ARGUMENT naming the line. */
+CKFMHA_API int ckfmha_selection_model_load(const char* path);
+/* One line on the loaded model (trained device, arch, trees), or "none". */
+CKFMHA_API int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* needed);
+/* Tuning table: the fastest plan timed for exact problems (python -m ckfmha
+ * tune). add records one (num_splits: 0 = one stage, n >= 1 = split-KV with n
+ * splits; backward problems name the main-stage kernel); save writes the
+ * table with this library's version, the CUDA driver's and the current
+ * device's name; load reads one, failing with CKFMHA_ERROR_INVALID_ARGUMENT
+ * when any of the three differs (a stale table: tune again), and adds its
+ * entries (`entries`, may be NULL, gets how many). */
+CKFMHA_API int ckfmha_tuning_add_fwd(const ckfmha_fwd_problem* problem, const char* kernel_name,
+                                     int num_splits, float ms);
+CKFMHA_API int ckfmha_tuning_add_bwd(const ckfmha_bwd_problem* problem, const char* kernel_name,
+                                     float ms);
+CKFMHA_API int ckfmha_tuning_save(const char* path, int* entries);
+CKFMHA_API int ckfmha_tuning_load(const char* path, int* entries);
+CKFMHA_API int ckfmha_tuning_clear(void);
+
 /* ---- appending to a KV cache (family fwd_appendkv) ---- */
 
 /* Rotary position embedding applied to appended keys (and, when asked, to

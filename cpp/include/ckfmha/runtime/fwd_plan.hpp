@@ -8,6 +8,7 @@
 #include "ckfmha/kernel_entry.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct PlanContext {
   bool workspace_available = true;
   // A kernel the caller forces by name, or nullptr.
   ckfmha_kernel_entry const* forced = nullptr;
+  // Who decides automatic plans (ckfmha_set_selection), and the generation of
+  // the model and tuning table they were made under (selection_model.hpp).
+  ckfmha_selection selection = CKFMHA_SELECTION_HEURISTIC;
+  uint64_t selection_generation = 0;
 };
 
 FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,

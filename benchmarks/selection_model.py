@@ -1,0 +1,147 @@
+"""The learned selection's cost model on the Python side: the candidate features (the same list,
+in the same order, as cpp/src/selection_features.cpp computes), the model file the C++
+dispatcher reads (ckfmha-selection-model 1), and a reader and evaluator of that file.
+
+train_selection.py trains LightGBM on the oracle's timings with these features and writes the
+file; the tests evaluate the file here and through the dispatcher and compare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FEATURES = ("log_batch", "nhead_q", "group", "log_seqlen_q", "log_seqlen_k", "hdim_q", "hdim_v",
+            "causal", "sm90", "split", "num_splits", "tile_m", "tile_n", "warps", "stages",
+            "log_ctas", "waves", "log_key_tiles", "pad", "log_work")  # fmt: skip
+HEADER = "ckfmha-selection-model 1"
+
+
+def candidate_features(problem: Mapping[str, Any], kernel: Mapping[str, Any], num_splits: int,
+                       num_sms: int) -> list[float]:  # fmt: skip
+    """One candidate's features. `problem`: batch, nhead_q, nhead_k, seqlen_q, seqlen_k, hdim,
+    hdim_v, causal (any mask); `kernel`: family, pipeline, tile_m, tile_n, warps, stages (a
+    registry record or an oracle CSV row)."""
+    b, hq, hk = int(problem["batch"]), int(problem["nhead_q"]), int(problem["nhead_k"])
+    sq, sk = int(problem["seqlen_q"]), int(problem["seqlen_k"])
+    dq, dv = int(problem["hdim"]), int(problem["hdim_v"])
+    masked = str(problem["causal"]) in ("True", "true", "1")
+    split = kernel["family"] == "fwd_splitkv"
+    splits = float(max(int(num_splits), 1)) if split else 0.0
+    group = hq / max(hk, 1)
+    rows = sq * group if split else float(sq)
+    heads = float(hk if split else hq)
+    tile_m, tile_n = float(max(int(kernel["tile_m"]), 1)), float(max(int(kernel["tile_n"]), 1))
+    query_tiles = math.ceil(rows / tile_m)
+    ctas = query_tiles * heads * b * max(splits, 1.0)
+    key_tiles = math.ceil(math.ceil(sk / tile_n) / max(splits, 1.0))
+    work = b * hq * sq * sk * (dq + dv) * (0.5 if masked else 1.0)
+    return [math.log2(b), float(hq), group, math.log2(sq), math.log2(sk), float(dq), float(dv),
+            1.0 if masked else 0.0, 1.0 if kernel["pipeline"] == "sm90_tma_wgmma" else 0.0,
+            1.0 if split else 0.0, splits, tile_m, tile_n, float(kernel["warps"]),
+            float(kernel["stages"]), math.log2(ctas), ctas / max(num_sms, 1),
+            math.log2(key_tiles), (query_tiles * tile_m - rows) / (query_tiles * tile_m),
+            math.log2(work)]  # fmt: skip
+
+
+@dataclass
+class Node:
+    feature: int  # < 0: a leaf
+    threshold: float
+    left: int
+    right: int
+    value: float
+
+
+@dataclass
+class CostModel:
+    device: str
+    arch: int
+    num_sms: int
+    margin: float
+    trees: dict[str, list[list[Node]]] = field(default_factory=dict)  # "fwd", "bwd"
+
+    def predict_log_ms(self, family: str, x: list[float]) -> float:
+        total = 0.0
+        for tree in self.trees.get(family, []):
+            node = tree[0]
+            while node.feature >= 0:
+                node = tree[node.left if x[node.feature] <= node.threshold else node.right]
+            total += node.value
+        return total
+
+
+def write_model(model: CostModel, path: Path) -> None:
+    lines = [HEADER, ("# gradient-boosted trees predicting log(ms) of a candidate plan; "
+                      "benchmarks/train_selection.py"), f"device {model.device}", f"arch {model.arch}",
+             f"num_sms {model.num_sms}", f"margin {model.margin!r}",
+             "features " + " ".join(FEATURES)]  # fmt: skip
+    for family, trees in model.trees.items():
+        lines.append(f"model {family} {len(trees)}")
+        for tree in trees:
+            lines.append(f"tree {len(tree)}")
+            lines += [f"{n.feature} {n.threshold!r} {n.left} {n.right} {n.value!r}" for n in tree]
+    lines.append("end")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def read_model(path: Path) -> CostModel:
+    """Reads a model file (the C++ reader checks it fully; this one is for tests and reports)."""
+    lines = iter(l for l in path.read_text().splitlines() if l and not l.startswith("#"))
+    if next(lines) != HEADER:
+        raise ValueError(f"{path}: not a ckfmha cost model")
+    model = CostModel("", 0, 0, 0.0)
+    for line in lines:
+        key, _, rest = line.partition(" ")
+        if key == "device":
+            model.device = rest
+        elif key in ("arch", "num_sms"):
+            setattr(model, key, int(rest))
+        elif key == "margin":
+            model.margin = float(rest)
+        elif key == "features":
+            if tuple(rest.split()) != FEATURES:
+                raise ValueError(f"{path}: features differ from this module's")
+        elif key == "model":
+            family, count = rest.split()
+            model.trees[family] = [_read_tree(lines) for _ in range(int(count))]
+        elif key == "end":
+            return model
+    raise ValueError(f"{path}: no 'end' line")
+
+
+def _read_tree(lines: Iterable[str]) -> list[Node]:
+    it = iter(lines)
+    count = int(next(it).split()[1])
+    tree = []
+    for _ in range(count):
+        f, t, left, right, v = next(it).split()
+        tree.append(Node(int(f), float(t), int(left), int(right), float(v)))
+    return tree
+
+
+def from_lightgbm(dump: Mapping[str, Any]) -> list[list[Node]]:
+    """The trees of a LightGBM Booster.dump_model(), numbered so that children follow parents."""
+    return [_flatten(info["tree_structure"]) for info in dump["tree_info"]]
+
+
+def _flatten(root: Mapping[str, Any]) -> list[Node]:
+    nodes: list[Node] = []
+
+    def add(entry: Mapping[str, Any]) -> int:
+        index = len(nodes)
+        if "leaf_value" in entry or "split_feature" not in entry:
+            nodes.append(Node(-1, 0.0, -1, -1, float(entry.get("leaf_value", 0.0))))
+            return index
+        if entry.get("decision_type", "<=") != "<=":
+            raise ValueError(f"decision type {entry['decision_type']!r}: only '<=' splits")
+        nodes.append(Node(int(entry["split_feature"]), float(entry["threshold"]), -1, -1, 0.0))
+        nodes[index].left = add(entry["left_child"])
+        nodes[index].right = add(entry["right_child"])
+        return index
+
+    add(root)
+    return nodes

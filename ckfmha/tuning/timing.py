@@ -1,0 +1,148 @@
+"""Every candidate plan of one problem timed on this GPU, and the dispatcher's own choice.
+
+Each candidate the explain text lists is forced by name (and split count), captured in a CUDA
+graph and timed by one replay; the ones within PRUNE_RATIO of the fastest are then timed in
+rounds that visit each in turn, so clock and temperature drift spread over all of them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ckfmha.tuning.candidates import Candidate, Choice, bwd_candidates, fwd_candidates
+from ckfmha.tuning.cuda_graphs import capture_graph, replay_ms
+from ckfmha.tuning.inputs import mask_options, problem_inputs
+
+# Decode steps are "fwd" problems with seqlen_q = 1.
+KINDS = ("fwd", "bwd")
+# A candidate whose single timed call takes more than this many times the fastest single call
+# of its problem cannot be the fastest: it keeps that one measurement (repeats=1) and is not
+# timed again, which keeps a run of a thousand problems within minutes.
+PRUNE_RATIO = 1.3
+
+
+@dataclass(frozen=True)
+class CandidateTime:
+    """One candidate's time on this GPU, or why it has none."""
+
+    candidate: Candidate
+    ms: float | None  # None: the candidate failed, `error` says why
+    repeats: int  # 0 failed, 1 one timed replay (pruned), else the rounds its median is over
+    error: str = ""
+
+
+def _time_or_inf(result: CandidateTime) -> float:
+    return math.inf if result.ms is None else result.ms
+
+
+@dataclass(frozen=True)
+class ProblemTiming:
+    results: tuple[CandidateTime, ...]  # one per candidate, in the explain text's order
+    choice: Choice  # the dispatcher's plan under the current selection mode
+
+    def fastest(self) -> CandidateTime | None:
+        """The timed candidate with the least time (None if every candidate failed)."""
+        timed = [r for r in self.results if r.ms is not None]
+        return min(timed, key=_time_or_inf, default=None)
+
+    def chosen(self) -> CandidateTime | None:
+        """The result of the dispatcher's own plan (None if it is not among the candidates)."""
+        plan = Candidate(self.choice.kernel, self.choice.num_splits)
+        return next((r for r in self.results if r.candidate == plan), None)
+
+
+def _forced_call(kind: str, tensors: dict[str, Any], mask: dict[str, Any],
+                 candidate: Candidate) -> Callable[[], Any]:  # fmt: skip
+    import ckfmha
+
+    t, forced = tensors, {"kernel": candidate.kernel}
+    if kind == "bwd":
+        return lambda: ckfmha.bwd(t["do"], t["q"], t["k"], t["v"], t["o"], t["lse"],
+                                  **mask, **forced)  # fmt: skip
+    return lambda: ckfmha.fwd(t["q"], t["k"], t["v"], num_splits=candidate.num_splits,
+                              **mask, **forced)  # fmt: skip
+
+
+Captured = tuple[dict[Candidate, Any], dict[Candidate, float], dict[Candidate, str]]
+
+
+def _capture_all(calls: dict[Candidate, Callable[[], Any]], pool: Any) -> Captured:
+    """Each call's graph and one timed replay (after one warm replay), or why it failed:
+    (graphs, milliseconds, errors), each keyed by candidate."""
+    import torch
+
+    import ckfmha
+
+    graphs: dict[Candidate, Any] = {}
+    coarse: dict[Candidate, float] = {}
+    errors: dict[Candidate, str] = {}
+    for candidate, call in calls.items():
+        try:
+            graphs[candidate] = capture_graph(call, pool)
+            replay_ms(graphs[candidate], 1)
+            coarse[candidate] = replay_ms(graphs[candidate], 1)
+        except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
+            errors[candidate] = str(exc).splitlines()[0][:200]
+        except torch.OutOfMemoryError:  # e.g. a split count whose workspace does not fit
+            errors[candidate] = "out of device memory"
+            torch.cuda.empty_cache()
+        except RuntimeError as exc:  # a call the graph could not capture
+            errors[candidate] = f"graph capture: {str(exc).splitlines()[0][:180]}"
+    return graphs, coarse, errors
+
+
+def _rounds(graphs: dict[Candidate, Any], near: list[Candidate], warmup: int, iters: int,
+            repeats: int) -> dict[Candidate, list[float]]:  # fmt: skip
+    """`repeats` timed rounds after `warmup` untimed ones; each round starts one candidate
+    later than the last, so no candidate always runs first."""
+    rounds: dict[Candidate, list[float]] = {c: [] for c in near}
+    for r in range(warmup + repeats) if near else ():
+        for c in near[r % len(near):] + near[: r % len(near)]:
+            ms = replay_ms(graphs[c], iters)
+            if r >= warmup:
+                rounds[c].append(ms)
+    return rounds
+
+
+def time_candidates(kind: str, fields: Mapping[str, Any], *, warmup: int = 2, iters: int = 5,
+                    repeats: int = 3) -> ProblemTiming:  # fmt: skip
+    """Times every candidate of the problem `fields` (Dispatcher.explain's keywords) of `kind`
+    ("fwd" or "bwd") on the current device: the median of `repeats` rounds of `iters` graph
+    replays for those within PRUNE_RATIO of the fastest single replay, that replay for the
+    rest. Raises ValueError when no kernel can run the problem."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
+    if warmup < 0 or iters < 1 or repeats < 1:
+        raise ValueError(f"warmup {warmup}, iters {iters}, repeats {repeats}: "
+                         "warmup >= 0 and iters, repeats >= 1")  # fmt: skip
+    import torch
+
+    import ckfmha
+
+    dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
+    if kind == "bwd":
+        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
+    else:
+        candidates, choice = fwd_candidates(dispatcher.explain(**fields, arch=arch))
+    tensors, mask = problem_inputs(kind, fields), mask_options(fields)
+    calls = {c: _forced_call(kind, tensors, mask, c) for c in candidates}
+    pool = torch.cuda.graph_pool_handle()
+    graphs, coarse, errors = _capture_all(calls, pool)
+    fastest = min(coarse.values(), default=0.0)
+    near = [c for c in candidates if c in coarse and coarse[c] <= PRUNE_RATIO * fastest]
+    rounds = _rounds(graphs, near, warmup, iters, repeats)
+    del graphs, pool
+    results = []
+    for candidate in candidates:
+        if candidate in rounds:
+            results.append(CandidateTime(candidate, statistics.median(rounds[candidate]),
+                                         repeats))  # fmt: skip
+        elif candidate in coarse:
+            results.append(CandidateTime(candidate, coarse[candidate], 1))
+        else:
+            results.append(CandidateTime(candidate, None, 0, errors.get(candidate, "")))
+    return ProblemTiming(tuple(results), choice)

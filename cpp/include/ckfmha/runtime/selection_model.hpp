@@ -1,0 +1,65 @@
+// A learned cost model: gradient-boosted regression trees that predict the
+// log of a candidate plan's milliseconds from its features
+// (selection_features.hpp), one tree set for forward plans and one for the
+// backward main stage. benchmarks/train_selection.py trains it on the
+// oracle's timings and writes the text format parse_selection_model reads.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/runtime/selection_features.hpp"
+
+#include <cstdint>
+#include <istream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ckfmha::runtime {
+
+struct TreeNode {
+  int32_t feature = -1;  // < 0: a leaf
+  double threshold = 0;  // x[feature] <= threshold goes left
+  int32_t left = -1;
+  int32_t right = -1;
+  double value = 0;  // leaves: this tree's contribution
+};
+
+struct CostModel {
+  std::vector<std::vector<TreeNode>> trees;  // node 0 is each tree's root
+  bool empty() const { return trees.empty(); }
+  double predict_log_ms(Features const& x) const;
+};
+
+struct SelectionModel {
+  std::string device;  // the GPU it was trained on
+  int arch = 0;        // 10*major+minor; the model serves this arch only
+  int num_sms = 0;
+  // The hand rules' plan is kept unless the model predicts another at least
+  // this fraction faster: timings within it are noise the model cannot rank.
+  double margin = 0;
+  CostModel fwd;
+  CostModel bwd;
+  std::string describe() const;
+};
+
+// Why `model` (may be null) cannot rank the plans of a `mode`/`dtype` problem
+// on `arch` with its `family` ("fwd" or "bwd") trees, or "".
+std::string model_gap(SelectionModel const* model, const char* family, ckfmha_mode mode,
+                      ckfmha_dtype dtype, int arch);
+
+// A predicted or measured time as explain prints it.
+std::string format_ms(double ms);
+
+// Parses a model file; returns "" or what is wrong, with the line number.
+std::string parse_selection_model(std::istream& in, SelectionModel* model);
+
+// The process's model (ckfmha_selection_model_load), or null.
+std::shared_ptr<const SelectionModel> current_selection_model();
+void set_selection_model(std::shared_ptr<const SelectionModel> model);
+
+// Bumped whenever the model or the tuning table changes, so remembered plans
+// made under the old ones are not reused.
+uint64_t selection_generation();
+void bump_selection_generation();
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,108 @@
+// The backward main stage chosen by the tuning table or the learned cost
+// model; the row-wise stages follow the main stage as under the hand rules.
+#include "ckfmha/runtime/bwd_plan.hpp"
+#include "ckfmha/runtime/selection_features.hpp"
+#include "ckfmha/runtime/selection_mode.hpp"
+#include "ckfmha/runtime/selection_model.hpp"
+#include "ckfmha/runtime/tuning_table.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <utility>
+
+namespace ckfmha::runtime {
+
+namespace {
+
+struct Rated {
+  ckfmha_kernel_entry kernel{};
+  double predicted_ms = 0;
+};
+
+
+std::vector<Rated> rated_main_stages(std::vector<ckfmha_kernel_entry> const& kernels,
+                                     ckfmha_bwd_problem const& p, int arch, int num_sms,
+                                     CostModel const& model) {
+  std::vector<Rated> out;
+  const CostShape shape = cost_shape(p);
+  for (auto const& k : kernels) {
+    if (k.family != CKFMHA_FAMILY_BWD_DQ_DK_DV || !reject_reason_bwd(k, p, arch).empty()) continue;
+    out.push_back({k, std::exp(model.predict_log_ms(candidate_features(shape, k, 0, num_sms)))});
+  }
+  return out;
+}
+
+}  // namespace
+
+ckfmha_kernel_entry select_main_stage(std::vector<ckfmha_kernel_entry> const& kernels,
+                                      ckfmha_bwd_problem const& p, int arch,
+                                      BwdSelection const& selection,
+                                      ckfmha_kernel_entry const& rules_choice, std::string* why) {
+  std::string note;
+  if (selection.mode == CKFMHA_SELECTION_TUNED) {
+    TunedPlan tuned;
+    if (!tuning_find(tuning_key(p), &tuned)) {
+      note = "the tuning table has no entry for this problem; ";
+    } else {
+      auto it = std::find_if(kernels.begin(), kernels.end(), [&](ckfmha_kernel_entry const& k) {
+        return tuned.kernel == k.name && k.family == CKFMHA_FAMILY_BWD_DQ_DK_DV;
+      });
+      std::string reason = it == kernels.end() ? std::string("is not a registered main stage")
+                                               : reject_reason_bwd(*it, p, arch);
+      if (reason.empty()) {
+        *why = "tuned: the tuning table's main stage for this problem (" + format_ms(tuned.ms) +
+               " when timed)";
+        return *it;
+      }
+      note = "the tuning table's kernel " + tuned.kernel + " " + reason + "; ";
+    }
+  }
+  auto model = current_selection_model();
+  if (auto gap = model_gap(model.get(), "bwd", p.mode, p.dtype, arch); !gap.empty()) {
+    *why = std::string(selection_name(selection.mode)) + " selection: " + note + gap +
+           "; the hand rules decide";
+    return rules_choice;
+  }
+  auto rated = rated_main_stages(kernels, p, arch, selection.num_sms, model->bwd);
+  auto best = std::min_element(rated.begin(), rated.end(), [](auto const& a, auto const& b) {
+    return a.predicted_ms < b.predicted_ms;
+  });
+  auto mine = std::find_if(rated.begin(), rated.end(), [&](Rated const& r) {
+    return std::string(r.kernel.name) == rules_choice.name;
+  });
+  if (best == rated.end()) return rules_choice;
+  if (mine != rated.end() && best->predicted_ms >= mine->predicted_ms * (1 - model->margin)) {
+    *why = "learned: " + note + "the hand rules' main stage is predicted " +
+           format_ms(mine->predicted_ms) + ", within the model's margin of the fastest (" +
+           format_ms(best->predicted_ms) + ")";
+    return rules_choice;
+  }
+  *why = "learned: " + note + "predicted " + format_ms(best->predicted_ms) + ", the fastest of " +
+         std::to_string(rated.size()) + " main stages";
+  return best->kernel;
+}
+
+std::string explain_bwd_predictions(std::vector<ckfmha_kernel_entry> const& kernels,
+                                    ckfmha_bwd_problem const& p, int arch,
+                                    BwdSelection const& selection) {
+  if (selection.mode == CKFMHA_SELECTION_HEURISTIC) return {};
+  std::ostringstream out;
+  out << "selection: " << selection_name(selection.mode) << "\n";
+  auto model = current_selection_model();
+  if (auto gap = model_gap(model.get(), "bwd", p.mode, p.dtype, arch); !gap.empty()) {
+    out << "  model     " << gap << "\n";
+    return out.str();
+  }
+  out << "  model     " << model->describe() << "\n";
+  auto rated = rated_main_stages(kernels, p, arch, selection.num_sms, model->bwd);
+  std::stable_sort(rated.begin(), rated.end(),
+                   [](auto const& a, auto const& b) { return a.predicted_ms < b.predicted_ms; });
+  for (auto const& r : rated) {
+    out << "  predicted " << format_ms(r.predicted_ms) << "  " << r.kernel.name << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,194 @@
+#include "ckfmha/runtime/fwd_selection.hpp"
+
+#include "ckfmha/runtime/fwd_plan_parts.hpp"
+#include "ckfmha/runtime/fwd_select.hpp"
+#include "ckfmha/runtime/selection_features.hpp"
+#include "ckfmha/runtime/selection_mode.hpp"
+#include "ckfmha/runtime/selection_model.hpp"
+#include "ckfmha/runtime/tuning_table.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace ckfmha::runtime {
+
+namespace {
+
+// Split counts the model rates for each split kernel, beside the hand rules'
+// own count: the counts the oracle timed.
+constexpr int kModelSplitCounts[] = {1, 2, 4, 8, 16, 32, 64};
+
+struct FwdCandidate {
+  ckfmha_kernel_entry kernel{};
+  int num_splits = 0;  // 0: one stage
+  double predicted_ms = 0;
+};
+
+
+// Every plan that can run `p` as the model sees them: the fitting one-stage
+// kernels, and each fitting split kernel at the model's split counts and the
+// hand rules' count (counts above one need the combine kernel and a
+// workspace), with its predicted time.
+std::vector<FwdCandidate> rated_candidates(std::vector<ckfmha_kernel_entry> const& kernels,
+                                           ckfmha_fwd_problem const& p,
+                                           PlanContext const& context, CostModel const& model) {
+  const int arch = context.device_arch;
+  std::vector<FwdCandidate> out;
+  for (auto const& k : kernels) {
+    if (same_shape(k, p, CKFMHA_FAMILY_FWD) && reject_reason(k, p, arch).empty()) {
+      out.push_back({k, 0});
+    }
+  }
+  ckfmha_kernel_entry combine{};
+  const bool can_combine =
+      context.workspace_available && find_combine(kernels, p, arch, &combine);
+  for (auto const& k : kernels) {
+    if (!same_shape(k, p, CKFMHA_FAMILY_FWD_SPLITKV) ||
+        !reject_reason(k, p, arch, CKFMHA_FAMILY_FWD_SPLITKV).empty()) {
+      continue;
+    }
+    std::set<int> counts(std::begin(kModelSplitCounts), std::end(kModelSplitCounts));
+    counts.insert(heuristic_num_splits(p, k, arch, context.num_sms));
+    for (int n : counts) {
+      if (n <= kMaxSplits && (n == 1 || can_combine)) out.push_back({k, n});
+    }
+  }
+  const CostShape shape = cost_shape(p);
+  for (auto& c : out) {
+    c.predicted_ms = std::exp(model.predict_log_ms(
+        candidate_features(shape, c.kernel, c.num_splits, context.num_sms)));
+  }
+  return out;
+}
+
+FwdPlan plan_of(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                int arch, ckfmha_kernel_entry const& kernel, int num_splits, std::string why) {
+  if (kernel.family == CKFMHA_FAMILY_FWD) return one_stage(kernel, std::move(why));
+  ckfmha_kernel_entry combine{};  // one split writes O itself: no combine stage runs
+  if (num_splits > 1 && !find_combine(kernels, p, arch, &combine)) {
+    return not_found("no fwd_splitkv_combine kernel fits the selected split plan");
+  }
+  return split_plan(kernel, combine, p, std::max(num_splits, 1), std::move(why));
+}
+
+// The tuning table's plan, when it has one for `p` that still fits; else
+// false with *note saying why not.
+bool tuned_plan(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                PlanContext const& context, FwdPlan* plan, std::string* note) {
+  TunedPlan tuned;
+  if (!tuning_find(tuning_key(p), &tuned)) {
+    *note = "the tuning table has no entry for this problem; ";
+    return false;
+  }
+  const int arch = context.device_arch;
+  auto it = std::find_if(kernels.begin(), kernels.end(),
+                         [&](ckfmha_kernel_entry const& k) { return tuned.kernel == k.name; });
+  std::string why;
+  if (it == kernels.end()) {
+    why = "is not registered";
+  } else if (it->family == CKFMHA_FAMILY_FWD) {
+    why = reject_reason(*it, p, arch);
+  } else if (it->family == CKFMHA_FAMILY_FWD_SPLITKV) {
+    why = reject_reason(*it, p, arch, CKFMHA_FAMILY_FWD_SPLITKV);
+    if (why.empty() && tuned.num_splits > 1 && !context.workspace_available) {
+      why = "needs a workspace, and the call gives none";
+    }
+  } else {
+    why = "is not a forward kernel";
+  }
+  if (!why.empty()) {
+    *note = "the tuning table's kernel " + tuned.kernel + " " + why + "; ";
+    return false;
+  }
+  *plan = plan_of(kernels, p, arch, *it, it->family == CKFMHA_FAMILY_FWD ? 0 : tuned.num_splits,
+                  "tuned: the tuning table's plan for this problem (" + format_ms(tuned.ms) +
+                      " when timed)");
+  return plan->found;
+}
+
+bool is_rules_plan(FwdCandidate const& c, FwdPlan const& rules) {
+  return std::string(c.kernel.name) == rules.kernel.name &&
+         c.num_splits == (rules.split ? rules.num_splits : 0);
+}
+
+}  // namespace
+
+FwdPlan plan_fwd_selected(std::vector<ckfmha_kernel_entry> const& kernels,
+                          ckfmha_fwd_problem const& p, PlanContext const& context,
+                          FwdPlan rules) {
+  std::string note;
+  if (context.selection == CKFMHA_SELECTION_TUNED) {
+    FwdPlan tuned;
+    if (tuned_plan(kernels, p, context, &tuned, &note)) return tuned;
+  }
+  auto model = current_selection_model();
+  std::string gap = model_gap(model.get(), "fwd", p.mode, p.dtype, context.device_arch);
+  if (!rules.found) return rules;  // nothing fits: the rules' message says what exists
+  if (!gap.empty()) {
+    rules.why += std::string(" [") + selection_name(context.selection) + " selection: " + note +
+                 gap + "; the hand rules decide]";
+    return rules;
+  }
+  auto candidates = rated_candidates(kernels, p, context, model->fwd);
+  if (candidates.empty()) return rules;
+  auto best = std::min_element(candidates.begin(), candidates.end(),
+                               [](auto const& a, auto const& b) {
+                                 return a.predicted_ms < b.predicted_ms;
+                               });
+  auto mine = std::find_if(candidates.begin(), candidates.end(),
+                           [&](FwdCandidate const& c) { return is_rules_plan(c, rules); });
+  if (mine != candidates.end() && best->predicted_ms >= mine->predicted_ms * (1 - model->margin)) {
+    rules.why += " [learned: " + note + "the hand rules' plan is predicted " +
+                 format_ms(mine->predicted_ms) + ", within the model's margin of the fastest (" +
+                 format_ms(best->predicted_ms) + ")]";
+    return rules;
+  }
+  std::ostringstream why;
+  why << "learned: " << note << "predicted " << format_ms(best->predicted_ms)
+      << ", the fastest of " << candidates.size() << " candidates";
+  if (mine != candidates.end()) {
+    why << " (the hand rules' plan: " << format_ms(mine->predicted_ms) << ")";
+  }
+  return plan_of(kernels, p, context.device_arch, best->kernel, best->num_splits, why.str());
+}
+
+std::string explain_fwd_predictions(std::vector<ckfmha_kernel_entry> const& kernels,
+                                    ckfmha_fwd_problem const& p, PlanContext const& context) {
+  if (context.selection == CKFMHA_SELECTION_HEURISTIC || is_paged(p) ||
+      context.forced != nullptr) {
+    return {};
+  }
+  std::ostringstream out;
+  out << "selection: " << selection_name(context.selection) << "\n";
+  if (context.selection == CKFMHA_SELECTION_TUNED) {
+    TunedPlan tuned;
+    if (tuning_find(tuning_key(p), &tuned)) {
+      out << "  tuned     " << tuned.kernel << " num_splits=" << tuned.num_splits << " ("
+          << format_ms(tuned.ms) << " when timed)\n";
+    } else {
+      out << "  tuned     (no entry for this problem)\n";
+    }
+  }
+  auto model = current_selection_model();
+  auto gap = model_gap(model.get(), "fwd", p.mode, p.dtype, context.device_arch);
+  if (!gap.empty()) {
+    out << "  model     " << gap << "\n";
+    return out.str();
+  }
+  out << "  model     " << model->describe() << "\n";
+  auto candidates = rated_candidates(kernels, p, context, model->fwd);
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](auto const& a, auto const& b) { return a.predicted_ms < b.predicted_ms; });
+  for (auto const& c : candidates) {
+    out << "  predicted " << format_ms(c.predicted_ms) << "  " << c.kernel.name;
+    if (c.num_splits > 0) out << " num_splits=" << c.num_splits;
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,194 @@
+#include "ckfmha/runtime/selection_model.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+namespace ckfmha::runtime {
+
+double CostModel::predict_log_ms(Features const& x) const {
+  double sum = 0;
+  for (auto const& tree : trees) {
+    int32_t node = 0;
+    while (tree[size_t(node)].feature >= 0) {
+      TreeNode const& n = tree[size_t(node)];
+      node = x[size_t(n.feature)] <= n.threshold ? n.left : n.right;
+    }
+    sum += tree[size_t(node)].value;
+  }
+  return sum;
+}
+
+std::string SelectionModel::describe() const {
+  std::ostringstream out;
+  out << "cost model for sm_" << arch << " trained on " << device << " (" << num_sms
+      << " SMs): " << fwd.trees.size() << " forward trees, " << bwd.trees.size()
+      << " backward trees, margin " << margin;
+  return out.str();
+}
+
+std::string model_gap(SelectionModel const* model, const char* family, ckfmha_mode mode,
+                      ckfmha_dtype dtype, int arch) {
+  const bool bwd = std::string(family) == "bwd";
+  if (model == nullptr) return "no cost model is loaded (ckfmha_selection_model_load)";
+  if (model->arch != arch) {
+    return "the cost model is for sm_" + std::to_string(model->arch) + ", not sm_" +
+           std::to_string(arch);
+  }
+  if ((bwd ? model->bwd : model->fwd).empty()) {
+    return std::string("the cost model has no ") + (bwd ? "backward" : "forward") + " trees";
+  }
+  if (mode != CKFMHA_MODE_BATCH) return "the cost model covers batch mode only";
+  if (dtype != CKFMHA_DTYPE_FP16 && dtype != CKFMHA_DTYPE_BF16) {
+    return "the cost model covers fp16/bf16 only";
+  }
+  return {};
+}
+
+std::string format_ms(double ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.6g ms", ms);
+  return text;
+}
+
+namespace {
+
+// Reads lines and says where a problem is.
+struct LineReader {
+  std::istream& in;
+  int number = 0;
+  std::string line;
+
+  bool next() {
+    while (std::getline(in, line)) {
+      ++number;
+      if (!line.empty() && line[0] != '#') return true;
+    }
+    return false;
+  }
+  std::string error(std::string const& what) const {
+    return "line " + std::to_string(number) + ": " + what;
+  }
+};
+
+// Checks a tree's node links: every child in range and every path ending in
+// a leaf (links only go forward, so no cycle).
+std::string check_tree(std::vector<TreeNode> const& nodes) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    TreeNode const& n = nodes[i];
+    if (n.feature < 0) continue;
+    if (n.feature >= kNumFeatures) return "feature index " + std::to_string(n.feature);
+    for (int32_t child : {n.left, n.right}) {
+      if (child <= int32_t(i) || size_t(child) >= nodes.size()) {
+        return "node " + std::to_string(i) + " links to node " + std::to_string(child);
+      }
+    }
+  }
+  return {};
+}
+
+std::string parse_trees(LineReader& reader, int count, CostModel* model) {
+  for (int t = 0; t < count; ++t) {
+    int nodes = 0;
+    if (!reader.next() || std::sscanf(reader.line.c_str(), "tree %d", &nodes) != 1 || nodes < 1) {
+      return reader.error("expected 'tree <nodes>' for tree " + std::to_string(t));
+    }
+    std::vector<TreeNode> tree(static_cast<size_t>(nodes));
+    for (auto& n : tree) {
+      std::istringstream fields(reader.next() ? reader.line : std::string());
+      if (!(fields >> n.feature >> n.threshold >> n.left >> n.right >> n.value)) {
+        return reader.error("expected '<feature> <threshold> <left> <right> <value>'");
+      }
+    }
+    if (auto error = check_tree(tree); !error.empty()) {
+      return reader.error("tree " + std::to_string(t) + ": " + error);
+    }
+    model->trees.push_back(std::move(tree));
+  }
+  return {};
+}
+
+std::string check_features(LineReader const& reader) {
+  std::istringstream names(reader.line);
+  std::string word, name;
+  names >> word;
+  for (int i = 0; i < kNumFeatures; ++i) {
+    if (!(names >> name) || name != kFeatureNames[i]) {
+      return reader.error(std::string("feature ") + std::to_string(i) + " is '" + name +
+                          "'; this library computes '" + kFeatureNames[i] +
+                          "' there (retrain the model for this version)");
+    }
+  }
+  if (names >> name) return reader.error("more features than this library computes: " + name);
+  return {};
+}
+
+}  // namespace
+
+std::string parse_selection_model(std::istream& in, SelectionModel* model) {
+  LineReader reader{in, 0, {}};
+  if (!reader.next() || reader.line != "ckfmha-selection-model 1") {
+    return reader.error("not a ckfmha cost model (expected 'ckfmha-selection-model 1')");
+  }
+  bool have_features = false;
+  while (reader.next()) {
+    std::istringstream fields(reader.line);
+    std::string key;
+    fields >> key;
+    if (key == "device") {
+      std::getline(fields >> std::ws, model->device);
+    } else if (key == "arch") {
+      fields >> model->arch;
+    } else if (key == "num_sms") {
+      fields >> model->num_sms;
+    } else if (key == "margin") {
+      fields >> model->margin;
+    } else if (key == "features") {
+      if (auto error = check_features(reader); !error.empty()) return error;
+      have_features = true;
+    } else if (key == "model") {
+      std::string family;
+      int count = 0;
+      if (!(fields >> family >> count) || count < 0 || (family != "fwd" && family != "bwd")) {
+        return reader.error("expected 'model fwd|bwd <trees>'");
+      }
+      if (!have_features) return reader.error("the features line must come before the trees");
+      CostModel* target = family == "fwd" ? &model->fwd : &model->bwd;
+      target->trees.clear();
+      if (auto error = parse_trees(reader, count, target); !error.empty()) return error;
+    } else if (key == "end") {
+      if (model->arch <= 0) return reader.error("no 'arch' line before 'end'");
+      return {};
+    } else {
+      return reader.error("unknown line '" + reader.line + "'");
+    }
+    if (fields.fail()) return reader.error("cannot read '" + reader.line + "'");
+  }
+  return reader.error("the file ends before 'end'");
+}
+
+namespace {
+std::mutex model_mutex;
+std::shared_ptr<const SelectionModel> the_model;
+std::atomic<uint64_t> generation{1};
+}  // namespace
+
+std::shared_ptr<const SelectionModel> current_selection_model() {
+  std::lock_guard<std::mutex> lock(model_mutex);
+  return the_model;
+}
+
+void set_selection_model(std::shared_ptr<const SelectionModel> model) {
+  {
+    std::lock_guard<std::mutex> lock(model_mutex);
+    the_model = std::move(model);
+  }
+  bump_selection_generation();
+}
+
+uint64_t selection_generation() { return generation.load(std::memory_order_acquire); }
+void bump_selection_generation() { generation.fetch_add(1, std::memory_order_acq_rel); }
+
+}  // namespace ckfmha::runtime

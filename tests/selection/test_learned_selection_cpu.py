@@ -1,0 +1,157 @@
+"""The learned selection without a GPU: the shipped cost model evaluates as LightGBM trained it,
+the dispatcher's predictions and choice follow the model, a model for another arch or a broken
+file falls back or fails with a clear message, and the selection mode is per thread."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from support.paths import REPO_ROOT
+
+import ckfmha
+
+PACKAGED = REPO_ROOT / "ckfmha" / "data" / "selection_sm90.model"
+CHECK = REPO_ROOT / "tests" / "data" / "selection_check.json"
+# The SM counts the dispatcher assumes without such a device (reference_sm_count).
+REFERENCE_SMS = {80: 108, 90: 132}
+_PREDICTED = re.compile(r"^  predicted (\S+) ms  (\S+)(?: num_splits=(\d+))?$", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def model_module() -> Iterator[ModuleType]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+        yield importlib.import_module("selection_model")
+
+
+def _arch() -> int:
+    """sm_90 when this build registers sm_90a split-KV kernels (the shipped model's arch), else
+    sm_80."""
+    return 90 if _plain_kernels("fwd_splitkv", 90) else 80
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """The shipped trees for the arch this build has kernels of (relabelled for sm_80 when it has
+    no sm_90a ones), loaded; the shipped model is loaded back afterwards."""
+    arch = _arch()
+    path = tmp_path / f"sm{arch}.model"
+    path.write_text(PACKAGED.read_text().replace("\narch 90\n", f"\narch {arch}\n", 1))
+    ckfmha.load_selection_model(path)
+    yield path, arch
+    ckfmha.load_selection_model(PACKAGED)
+
+
+def _plain_kernels(family: str, arch: int) -> list[dict]:
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] == family and k["arch"] == arch and k["mode"] == "batch"
+            and k["mask"] == "none" and k["bias"] == "none" and k["dtype"] in ("fp16", "bf16")
+            and not (k["dropout"] or k["softcap"] or k["sink"] or k["v_col_major"]
+                     or k["dbias"])]  # fmt: skip
+
+
+def test_python_evaluator_reproduces_lightgbm(model_module: ModuleType) -> None:
+    model = model_module.read_model(PACKAGED)
+    assert model.arch == 90 and model.trees["fwd"] and model.trees["bwd"]
+    rows = json.loads(CHECK.read_text())
+    assert len(rows) >= 30 and {r["family"] for r in rows} == {"fwd", "bwd"}
+    for row in rows:
+        assert model.predict_log_ms(row["family"], row["x"]) == pytest.approx(row["log_ms"],
+                                                                              abs=1e-9)  # fmt: skip
+
+
+def test_dispatcher_predicts_and_picks_as_the_model(model_module: ModuleType,
+                                                    model: tuple[Path, int]) -> None:  # fmt: skip
+    path, arch = model
+    splits = _plain_kernels("fwd_splitkv", arch)
+    if not splits:
+        pytest.skip(f"this build registers no plain sm_{arch} split-KV kernel")
+    kernel = splits[0]
+    problem = {"batch": 3, "nhead_q": 8, "nhead_k": 2, "seqlen_q": 1, "seqlen_k": 5000,
+               "hdim": kernel["hdim_q"], "hdim_v": kernel["hdim_v"], "causal": False}  # fmt: skip
+    explain = ckfmha.Dispatcher().explain(**problem, dtype=kernel["dtype"], arch=arch,
+                                          selection="learned")  # fmt: skip
+    predicted = _PREDICTED.findall(explain)
+    assert len(predicted) >= 8, explain  # split counts 1..64 and the rules' count, at least
+    records = {k["name"]: k for k in ckfmha.Registry().kernels()}
+    trees = model_module.read_model(path)
+    for ms, name, count in predicted:
+        x = model_module.candidate_features(problem, records[name], int(count or 0),
+                                            REFERENCE_SMS[arch])  # fmt: skip
+        assert float(ms) == pytest.approx(math.exp(trees.predict_log_ms("fwd", x)), rel=1e-5)
+    # The plan is the fastest prediction, unless the rules' plan is within the margin.
+    plan = next(line for line in explain.splitlines() if line.startswith("plan: "))
+    _fastest_ms, fastest, fastest_count = predicted[0]
+    if "within the model's margin" not in plan:
+        assert "learned: predicted" in plan and fastest in plan, plan
+        if fastest_count and int(fastest_count) > 1:
+            assert f"num_splits={fastest_count}" in plan, plan
+
+
+def test_backward_main_stage_follows_the_model(model: tuple[Path, int]) -> None:
+    _, arch = model
+    mains = _plain_kernels("bwd_dq_dk_dv", arch)
+    if not mains:
+        pytest.skip(f"this build registers no plain sm_{arch} backward kernel")
+    k = mains[0]
+    explain = ckfmha.Dispatcher().explain_bwd(
+        batch=2, nhead_q=4, seqlen_q=700, hdim=k["hdim_q"], hdim_v=k["hdim_v"],
+        dtype=k["dtype"], causal=k["mask"] == "causal", arch=arch, selection="learned")  # fmt: skip
+    assert _PREDICTED.findall(explain), explain
+    assert re.search(r"^main stage: learned: ", explain, re.MULTILINE), explain
+
+
+def test_a_model_for_another_arch_leaves_the_hand_rules(model: tuple[Path, int]) -> None:
+    ckfmha.load_selection_model(PACKAGED)  # sm_90: does not rank sm_80 plans
+    kernel = (_plain_kernels("fwd", 80) or pytest.skip("no plain sm_80 forward kernel"))[0]
+    fields = {"batch": 2, "nhead_q": 4, "seqlen_q": 300, "hdim": kernel["hdim_q"],
+              "hdim_v": kernel["hdim_v"], "dtype": kernel["dtype"], "arch": 80}  # fmt: skip
+    explain = ckfmha.Dispatcher().explain(**fields, selection="learned")
+    assert "the cost model is for sm_90, not sm_80" in explain
+    dispatcher = ckfmha.Dispatcher()
+    assert dispatcher.select(**fields, selection="learned") == dispatcher.select(**fields)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda t: t.replace("ckfmha-selection-model 1", "something else", 1), "not a ckfmha cost"),
+    (lambda t: t.replace(" log_work", " log_flops", 1), "feature 19 is 'log_flops'"),
+    (lambda t: t.replace("\nend\n", "\n"), "ends before 'end'"),
+    (lambda t: re.sub(r"\ntree (\d+)\n(\d+) (\S+) \d+ ", r"\ntree \1\n\2 \3 0 ", t, count=1),
+     "links to node 0"),
+])  # fmt: skip
+def test_broken_model_files_fail_with_the_line(tmp_path: Path, edit: object,
+                                               message: str) -> None:  # fmt: skip
+    path = tmp_path / "broken.model"
+    path.write_text(edit(PACKAGED.read_text()))  # type: ignore[operator]
+    before = ckfmha.selection_model_info()
+    with pytest.raises(ckfmha.InvalidArgumentError, match=message):
+        ckfmha.load_selection_model(path)
+    assert ckfmha.selection_model_info() == before  # a failed load keeps the old model
+    with pytest.raises(ckfmha.NotFoundError, match="cannot read cost model"):
+        ckfmha.load_selection_model(tmp_path / "missing.model")
+
+
+def test_selection_mode_is_per_thread_and_scoped() -> None:
+    assert ckfmha.get_selection() == "heuristic"
+    with ckfmha.selection("learned"):
+        assert ckfmha.get_selection() == "learned"
+        assert ckfmha.selection_model_info().startswith("cost model for sm_90")
+        seen: list[str] = []
+        thread = threading.Thread(target=lambda: seen.append(ckfmha.get_selection()))
+        thread.start()
+        thread.join()
+        assert seen == ["heuristic"]
+        with ckfmha.selection("tuned"):
+            assert ckfmha.get_selection() == "tuned"
+        assert ckfmha.get_selection() == "learned"
+    assert ckfmha.get_selection() == "heuristic"
+    with pytest.raises(ValueError, match="'fastest': one of heuristic, learned, tuned"):
+        ckfmha.set_selection("fastest")
