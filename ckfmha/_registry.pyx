@@ -73,6 +73,11 @@ cdef int _bwd_explanation(void* context, char* buf, size_t size, size_t* needed)
     return capi.ckfmha_bwd_explain(request.problem, request.arch, buf, size, needed)
 
 
+# Registry.__contains__'s memo: the registered names, and the registry size they were read at.
+_known_names = frozenset()
+_known_count = -1
+
+
 cdef class Registry:
     """Every kernel the process can launch: the library's built-in set plus loaded modules.
 
@@ -97,7 +102,14 @@ cdef class Registry:
         return iter(self.names())
 
     def __contains__(self, name) -> bool:
-        return name in self.names()
+        # Every call that forces a kernel by name asks this first: the set of names is kept
+        # until the registry grows (it only appends, so its count names its contents), which
+        # spares reading hundreds of names through the C API per call.
+        global _known_names, _known_count
+        count = len(self)
+        if count != _known_count:
+            _known_names, _known_count = frozenset(self.names()), count
+        return name in _known_names
 
     def to_json(self) -> str:
         """JSON array with one object per kernel (signature and algorithm fields)."""
@@ -132,7 +144,7 @@ def _as_problem(problem, kwargs) -> FwdProblem:
 
 
 def _selection_scope(selection):
-    """The selection mode for one dispatcher call (None: the thread's own)."""
+    """The selection mode for one dispatcher call (None: the process's)."""
     if selection is None:
         return contextlib.nullcontext()
     from ckfmha.selection import selection as scope
@@ -145,7 +157,7 @@ cdef class Dispatcher:
 
     ``arch`` (90, "sm_90a", ...) defaults to the current device's, which needs a
     GPU; pass it to ask about another architecture, or on a machine without one.
-    ``selection`` ("heuristic", "learned" or "tuned"; default: the thread's mode,
+    ``selection`` ("heuristic", "learned" or "tuned"; default: the process's mode,
     see ckfmha.selection) says who picks the plan.
     """
 

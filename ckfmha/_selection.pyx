@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Plan selection from Python: the thread's mode, the learned cost model and the tuning table
+"""Plan selection from Python: the process's mode, the learned cost model and the tuning table
 (see "plan selection" in ckfmha.h). ckfmha.selection wraps these with defaults and a context
 manager."""
 
@@ -15,7 +15,7 @@ MODES = ("heuristic", "learned", "tuned")
 
 
 def set_selection(str mode) -> None:
-    """Who picks automatic plans on this thread: "heuristic", "learned" or "tuned"."""
+    """Who picks automatic plans in this process: "heuristic", "learned" or "tuned"."""
     if mode not in MODES:
         raise ValueError(f"selection {mode!r}: one of {', '.join(MODES)}")
     cdef int index = MODES.index(mode)
@@ -23,7 +23,7 @@ def set_selection(str mode) -> None:
 
 
 def get_selection() -> str:
-    """This thread's selection mode."""
+    """The process's selection mode."""
     cdef capi.ckfmha_selection mode
     check(capi.ckfmha_get_selection(&mode))
     return MODES[<int>mode]

@@ -1,7 +1,8 @@
 """Who picks automatic plans: the hand rules, the learned cost model, or the tuning table.
 
-``set_selection(mode)`` and the ``selection(mode)`` context manager set the calling thread's
-mode (a thread starts in $CKFMHA_SELECTION's, else "heuristic"):
+``set_selection(mode)`` and the ``selection(mode)`` context manager set the process's mode
+(one for all threads, so torch's autograd workers plan the backward as the caller's thread
+does; it starts as $CKFMHA_SELECTION names, else "heuristic"):
 
 - "heuristic": the hand-written rules.
 - "learned": the cost model shipped in ckfmha/data (trained on an H100 from the selection
@@ -78,7 +79,7 @@ def _load_sources(mode: str) -> None:
 
 
 def set_selection(mode: str) -> None:
-    """Sets this thread's selection mode, loading the model (and the default tuning table) the
+    """Sets the process's selection mode, loading the model (and the default tuning table) the
     mode needs the first time."""
     _set_mode(mode)
     _load_sources(mode)
@@ -86,7 +87,7 @@ def set_selection(mode: str) -> None:
 
 @contextmanager
 def selection(mode: str) -> Iterator[None]:
-    """This thread's selection mode inside the block; the previous one after it."""
+    """The selection mode inside the block (for every thread); the previous one after it."""
     previous = get_selection()
     set_selection(mode)
     try:

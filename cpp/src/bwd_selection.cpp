@@ -7,6 +7,8 @@
 #include "ckfmha/runtime/tuning_table.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -36,7 +38,9 @@ std::vector<Rated> rated_main_stages(std::vector<ckfmha_kernel_entry> const& ker
 
 }  // namespace
 
-ckfmha_kernel_entry select_main_stage(std::vector<ckfmha_kernel_entry> const& kernels,
+namespace {
+
+ckfmha_kernel_entry choose_main_stage(std::vector<ckfmha_kernel_entry> const& kernels,
                                       ckfmha_bwd_problem const& p, int arch,
                                       BwdSelection const& selection,
                                       ckfmha_kernel_entry const& rules_choice, std::string* why) {
@@ -82,6 +86,57 @@ ckfmha_kernel_entry select_main_stage(std::vector<ckfmha_kernel_entry> const& ke
   *why = "learned: " + note + "predicted " + format_ms(best->predicted_ms) + ", the fastest of " +
          std::to_string(rated.size()) + " main stages";
   return best->kernel;
+}
+
+// The backward has no plan cache: a training loop asks for the same shapes
+// every step, so the last few choices are remembered per thread (keyed by the
+// whole problem, the context and the model/table generation) and the trees
+// are walked once per shape.
+struct RememberedChoice {
+  bool valid = false;
+  ckfmha_bwd_problem problem{};
+  int arch = 0;
+  BwdSelection selection;
+  uint64_t generation = 0;
+  size_t kernel_count = 0;
+  std::string rules_choice;
+  ckfmha_kernel_entry chosen{};
+  std::string why;
+};
+
+constexpr size_t kRememberedChoices = 8;
+
+}  // namespace
+
+ckfmha_kernel_entry select_main_stage(std::vector<ckfmha_kernel_entry> const& kernels,
+                                      ckfmha_bwd_problem const& p, int arch,
+                                      BwdSelection const& selection,
+                                      ckfmha_kernel_entry const& rules_choice, std::string* why) {
+  thread_local std::array<RememberedChoice, kRememberedChoices> memo;
+  thread_local size_t next_slot = 0;
+  const uint64_t generation = selection_generation();
+  for (auto const& entry : memo) {
+    // Byte comparison: a difference in padding can only cause a miss.
+    if (entry.valid && entry.arch == arch && entry.selection.mode == selection.mode &&
+        entry.selection.num_sms == selection.num_sms && entry.generation == generation &&
+        entry.kernel_count == kernels.size() && entry.rules_choice == rules_choice.name &&
+        std::memcmp(&entry.problem, &p, sizeof(p)) == 0) {
+      *why = entry.why;
+      return entry.chosen;
+    }
+  }
+  RememberedChoice& slot = memo[next_slot];
+  next_slot = (next_slot + 1) % kRememberedChoices;
+  slot.chosen = choose_main_stage(kernels, p, arch, selection, rules_choice, &slot.why);
+  std::memcpy(&slot.problem, &p, sizeof(p));
+  slot.arch = arch;
+  slot.selection = selection;
+  slot.generation = generation;
+  slot.kernel_count = kernels.size();
+  slot.rules_choice = rules_choice.name;
+  slot.valid = true;
+  *why = slot.why;
+  return slot.chosen;
 }
 
 std::string explain_bwd_predictions(std::vector<ckfmha_kernel_entry> const& kernels,

@@ -1,5 +1,6 @@
 #include "ckfmha/runtime/selection_mode.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 
@@ -7,8 +8,8 @@ namespace ckfmha::runtime {
 
 namespace {
 
-// A thread's first plan reads CKFMHA_SELECTION; an unknown value is the
-// hand rules (ckfmha.set_selection validates what Python passes).
+// The process starts in the mode CKFMHA_SELECTION names; an unknown value is
+// the hand rules (ckfmha.set_selection validates what Python passes).
 ckfmha_selection from_environment() {
   const char* value = std::getenv("CKFMHA_SELECTION");
   std::string_view name = value ? value : "";
@@ -17,22 +18,22 @@ ckfmha_selection from_environment() {
   return CKFMHA_SELECTION_HEURISTIC;
 }
 
-thread_local bool chosen = false;
-thread_local ckfmha_selection mode = CKFMHA_SELECTION_HEURISTIC;
+// One mode for the whole process, not per thread: frameworks launch the
+// backward from their own worker threads (torch's autograd engine), which must
+// plan as the thread that set the mode does.
+std::atomic<int>& mode() {
+  static std::atomic<int> value{int(from_environment())};
+  return value;
+}
 
 }  // namespace
 
 ckfmha_selection current_selection() {
-  if (!chosen) {
-    mode = from_environment();
-    chosen = true;
-  }
-  return mode;
+  return ckfmha_selection(mode().load(std::memory_order_relaxed));
 }
 
 void set_current_selection(ckfmha_selection selection) {
-  mode = selection;
-  chosen = true;
+  mode().store(int(selection), std::memory_order_relaxed);
 }
 
 const char* selection_name(ckfmha_selection selection) {

@@ -503,9 +503,10 @@ CKFMHA_API int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bw
 
 /*
  * How automatic plans (no kernel forced by name) choose among the kernels and
- * split counts that can run a problem. The mode is per thread; a thread starts
- * in the mode named by the environment variable CKFMHA_SELECTION
- * ("heuristic", "learned" or "tuned"), else heuristic.
+ * split counts that can run a problem. The mode is one for the process (so a
+ * framework's backward worker threads plan as the thread that set it); it
+ * starts as the environment variable CKFMHA_SELECTION names ("heuristic",
+ * "learned" or "tuned"), else heuristic.
  *
  * heuristic: hand-written rules (pipeline rank, tile padding, a wave model
  *   for split counts).

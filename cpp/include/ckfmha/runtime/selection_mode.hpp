@@ -1,4 +1,4 @@
-// Which source decides automatic plans on this thread: the hand rules, the
+// Which source decides automatic plans in this process: the hand rules, the
 // learned cost model, or the tuning table (ckfmha_selection in ckfmha.h).
 #pragma once
 
