@@ -8,6 +8,8 @@
 #include "ckfmha/runtime/tuning_table.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -115,6 +117,104 @@ bool is_rules_plan(FwdCandidate const& c, FwdPlan const& rules) {
          c.num_splits == (rules.split ? rules.num_splits : 0);
 }
 
+// What the model decided for a problem: keep the hand rules' plan, or run
+// `kernel` with `num_splits`; `why` says so with the predictions.
+struct LearnedChoice {
+  bool keep_rules = true;
+  size_t kernel = 0;  // index into the registry's entries (the key holds their count)
+  int num_splits = 0;
+  std::string why;
+};
+
+LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
+                     PlanContext const& context, SelectionModel const& model,
+                     FwdPlan const& rules) {
+  LearnedChoice choice;
+  auto candidates = rated_candidates(kernels, p, context, model.fwd);
+  if (candidates.empty()) {
+    choice.why = "no candidate to rank";
+    return choice;
+  }
+  auto best = std::min_element(candidates.begin(), candidates.end(),
+                               [](auto const& a, auto const& b) {
+                                 return a.predicted_ms < b.predicted_ms;
+                               });
+  auto mine = std::find_if(candidates.begin(), candidates.end(),
+                           [&](FwdCandidate const& c) { return is_rules_plan(c, rules); });
+  if (mine != candidates.end() && best->predicted_ms >= mine->predicted_ms * (1 - model.margin)) {
+    choice.why = "the hand rules' plan is predicted " + format_ms(mine->predicted_ms) +
+                 ", within the model's margin of the fastest (" + format_ms(best->predicted_ms) +
+                 ")";
+    return choice;
+  }
+  std::ostringstream why;
+  why << "predicted " << format_ms(best->predicted_ms) << ", the fastest of "
+      << candidates.size() << " candidates";
+  if (mine != candidates.end()) {
+    why << " (the hand rules' plan: " << format_ms(mine->predicted_ms) << ")";
+  }
+  choice.keep_rules = false;
+  choice.kernel = size_t(std::find_if(kernels.begin(), kernels.end(),
+                                      [&](ckfmha_kernel_entry const& k) {
+                                        return std::string(k.name) == best->kernel.name;
+                                      }) -
+                         kernels.begin());
+  choice.num_splits = best->num_splits;
+  choice.why = why.str();
+  return choice;
+}
+
+// A shape as the learned choice is remembered: the fields that decide which
+// kernels fit and how fast they run, with the batch and lengths in steps of a
+// sixteenth of an octave (4.4%) above 16, the context, and the model/table
+// generation. Serving loops change the key length every step and the batch
+// often; neighbouring shapes get the same plan, and the trees are walked
+// again only when a length moves to the next step.
+using ShapeKey = std::array<int64_t, 25>;
+
+int64_t length_step(int64_t n) {
+  return n < 16 ? n : 16 + int64_t(std::floor(std::log2(double(n)) * 16));
+}
+
+ShapeKey shape_key(ckfmha_fwd_problem const& p, PlanContext const& context,
+                   size_t kernel_count) {
+  return {int64_t(p.dtype),          int64_t(p.mode),         length_step(p.batch),
+          p.nhead_q,                 p.nhead_k,               length_step(p.seqlen_q),
+          length_step(p.seqlen_k),   p.hdim_q,                p.hdim_v,
+          int64_t(p.mask),           p.window_left,           p.window_right,
+          int64_t(p.bias),           p.store_lse,             p.dropout_p > 0.f,
+          p.store_dropout_randval,   p.softcap > 0.f,         p.has_sink,
+          p.v_col_major,             context.device_arch,     context.num_sms,
+          context.workspace_available, int64_t(context.selection_generation),
+          int64_t(kernel_count),     int64_t(p.kv_storage)};
+}
+
+struct Remembered {
+  bool valid = false;
+  ShapeKey key{};
+  LearnedChoice choice;
+};
+
+constexpr size_t kRemembered = 32;
+thread_local std::array<Remembered, kRemembered> remembered_choices;
+thread_local size_t next_remembered = 0;
+
+bool remembered(ShapeKey const& key, LearnedChoice* choice) {
+  for (auto const& entry : remembered_choices) {
+    if (entry.valid && entry.key == key) {
+      *choice = entry.choice;
+      return true;
+    }
+  }
+  return false;
+}
+
+void remember(ShapeKey const& key, LearnedChoice const& choice) {
+  Remembered& slot = remembered_choices[next_remembered];
+  next_remembered = (next_remembered + 1) % kRemembered;
+  slot = Remembered{true, key, choice};
+}
+
 }  // namespace
 
 FwdPlan plan_fwd_selected(std::vector<ckfmha_kernel_entry> const& kernels,
@@ -133,27 +233,31 @@ FwdPlan plan_fwd_selected(std::vector<ckfmha_kernel_entry> const& kernels,
                  gap + "; the hand rules decide]";
     return rules;
   }
-  auto candidates = rated_candidates(kernels, p, context, model->fwd);
-  if (candidates.empty()) return rules;
-  auto best = std::min_element(candidates.begin(), candidates.end(),
-                               [](auto const& a, auto const& b) {
-                                 return a.predicted_ms < b.predicted_ms;
-                               });
-  auto mine = std::find_if(candidates.begin(), candidates.end(),
-                           [&](FwdCandidate const& c) { return is_rules_plan(c, rules); });
-  if (mine != candidates.end() && best->predicted_ms >= mine->predicted_ms * (1 - model->margin)) {
-    rules.why += " [learned: " + note + "the hand rules' plan is predicted " +
-                 format_ms(mine->predicted_ms) + ", within the model's margin of the fastest (" +
-                 format_ms(best->predicted_ms) + ")]";
+  const ShapeKey key = shape_key(p, context, kernels.size());
+  LearnedChoice choice;
+  bool known = remembered(key, &choice);
+  if (!known) choice = decide(kernels, p, context, *model, rules);
+  const char* reused = known ? " (remembered for this shape)" : "";
+  if (choice.keep_rules) {
+    if (!known) remember(key, choice);
+    rules.why += " [learned: " + note + choice.why + reused + "]";
     return rules;
   }
-  std::ostringstream why;
-  why << "learned: " << note << "predicted " << format_ms(best->predicted_ms)
-      << ", the fastest of " << candidates.size() << " candidates";
-  if (mine != candidates.end()) {
-    why << " (the hand rules' plan: " << format_ms(mine->predicted_ms) << ")";
+  auto it = kernels.begin() + std::ptrdiff_t(std::min(choice.kernel, kernels.size()));
+  if (it == kernels.end() || !reject_reason(*it, p, context.device_arch, it->family).empty()) {
+    // A kernel remembered for a neighbouring shape that this problem's strides or features
+    // rule out: decide afresh.
+    if (!known) return rules;
+    choice = decide(kernels, p, context, *model, rules);
+    reused = "";
+    if (choice.keep_rules) return rules;
+    it = kernels.begin() + std::ptrdiff_t(std::min(choice.kernel, kernels.size()));
+    if (it == kernels.end()) return rules;
+  } else if (!known) {
+    remember(key, choice);
   }
-  return plan_of(kernels, p, context.device_arch, best->kernel, best->num_splits, why.str());
+  return plan_of(kernels, p, context.device_arch, *it, choice.num_splits,
+                 "learned: " + note + choice.why + reused);
 }
 
 std::string explain_fwd_predictions(std::vector<ckfmha_kernel_entry> const& kernels,

@@ -156,3 +156,24 @@ def test_selection_mode_is_process_wide_and_scoped() -> None:
     assert ckfmha.get_selection() == "heuristic"
     with pytest.raises(ValueError, match="'fastest': one of heuristic, learned, tuned"):
         ckfmha.set_selection("fastest")
+
+
+def test_neighbouring_lengths_reuse_the_learned_choice(model: tuple[Path, int]) -> None:
+    _, arch = model
+    kernel = (_plain_kernels("fwd_splitkv", arch) or pytest.skip("no split-KV kernel"))[0]
+    fields = {"batch": 2, "nhead_q": 8, "nhead_k": 2, "seqlen_q": 1, "hdim": kernel["hdim_q"],
+              "hdim_v": kernel["hdim_v"], "dtype": kernel["dtype"], "arch": arch,
+              "selection": "learned"}  # fmt: skip
+
+    def plan(seqlen_k: int) -> str:
+        explain = ckfmha.Dispatcher().explain(seqlen_k=seqlen_k, **fields)
+        return next(line for line in explain.splitlines() if line.startswith("plan: "))
+
+    first = plan(20_000)
+    assert "learned: " in first and "remembered" not in first, first
+    # 0.5% more keys: the same step of lengths, the same choice, no trees walked.
+    neighbour = plan(20_100)
+    assert "(remembered for this shape)" in neighbour, neighbour
+    assert first.split(":")[1] == neighbour.split(":")[1]  # same plan kind and kernel
+    # Twice the keys: another step, decided afresh.
+    assert "remembered" not in plan(40_000)
