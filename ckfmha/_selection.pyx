@@ -62,8 +62,8 @@ def tuning_add(str kind, str kernel, int num_splits, float ms, **fields) -> None
 
 
 def save_tuning(path) -> int:
-    """Writes the tuning table (with this library's version, the driver's and the device's name);
-    returns the entries written."""
+    """Writes the tuning table (with this library's version and build, the driver's version and
+    the device's name); returns the entries written."""
     cdef int entries = 0
     encoded = os.fsencode(os.fspath(path))
     check(capi.ckfmha_tuning_save(encoded, &entries))
@@ -72,7 +72,7 @@ def save_tuning(path) -> int:
 
 def load_tuning(path) -> int:
     """Adds a tuning table's entries; raises CkfmhaError for a table of another library
-    version, driver or device. Returns the entries loaded."""
+    version or build, driver or device. Returns the entries loaded."""
     cdef int entries = 0
     encoded = os.fsencode(os.fspath(path))
     check(capi.ckfmha_tuning_load(encoded, &entries))

@@ -61,7 +61,7 @@ def _start_table(path: Path, merge: bool) -> None:
         loaded = ckfmha.load_tuning(str(path))
     except NoDeviceError:
         raise
-    except CkfmhaError as exc:  # e.g. written for another library version, driver or device
+    except CkfmhaError as exc:  # e.g. written for another library build, driver or device
         raise ValueError(f"--merge: cannot load {path}: {exc} (tune without --merge to "
                          "replace it)") from None  # fmt: skip
     print(f"merging {loaded} entries of {path}")

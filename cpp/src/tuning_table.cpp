@@ -5,6 +5,8 @@
 #include "ckfmha/runtime/status.hpp"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <map>
@@ -30,13 +32,26 @@ std::string key_of(const char* kind, Problem const& p) {
 
 constexpr int kKeyFields = 13;
 
-// What a table must match to be used: this library, this driver, this GPU.
+// What a table must match to be used: this library (its version, and the
+// size and modification time of its file, which a rebuild or reinstall
+// changes along with the kernels' speed), this driver, this GPU.
 struct Provenance {
-  std::string library, driver, device;
+  std::string library, build, driver, device;
 };
+
+std::string library_build() {
+  Dl_info info{};
+  struct stat file {};
+  if (dladdr(reinterpret_cast<void*>(&tuning_clear), &info) == 0 || info.dli_fname == nullptr ||
+      stat(info.dli_fname, &file) != 0) {
+    return "unknown";
+  }
+  return std::to_string(file.st_size) + "-" + std::to_string(file.st_mtime);
+}
 
 Provenance current_provenance() {
   Provenance now;
+  now.build = library_build();
   now.library = std::to_string(CKFMHA_VERSION_MAJOR) + "." +
                 std::to_string(CKFMHA_VERSION_MINOR) + "." + std::to_string(CKFMHA_VERSION_PATCH);
   int driver = 0, device = 0;
@@ -86,8 +101,8 @@ int tuning_save(const char* path, int* entries) {
   out << "ckfmha-tuning 1\n"
       << "# key: kind dtype mode batch nhead_q nhead_k seqlen_q seqlen_k hdim_q hdim_v mask "
          "window_left window_right; then kernel num_splits ms\n"
-      << "library " << now.library << "\ndriver " << now.driver << "\ndevice " << now.device
-      << "\n";
+      << "library " << now.library << "\nbuild " << now.build << "\ndriver " << now.driver
+      << "\ndevice " << now.device << "\n";
   std::lock_guard<std::mutex> lock(table_mutex);
   for (auto const& [key, plan] : table) {
     out << "entry " << key << ' ' << plan.kernel << ' ' << plan.num_splits << ' ' << plan.ms
@@ -126,9 +141,12 @@ int tuning_load(const char* path, int* entries) {
                  " (a stale table: run python -m ckfmha tune again)");
     };
     if (word == "library" && value != now.library) return stale("library", now.library);
+    if (word == "build" && value != now.build) return stale("library build", now.build);
     if (word == "driver" && value != now.driver) return stale("CUDA driver", now.driver);
     if (word == "device" && value != now.device) return stale("device", now.device);
-    if (word == "library" || word == "driver" || word == "device") ++provenance_lines;
+    if (word == "library" || word == "build" || word == "driver" || word == "device") {
+      ++provenance_lines;
+    }
     if (word != "entry") continue;
     std::istringstream parts(value);
     std::string key, part;
@@ -139,8 +157,8 @@ int tuning_load(const char* path, int* entries) {
     }
     found[key] = plan;
   }
-  if (provenance_lines != 3) {
-    return bad("the table does not name its library, driver and device (each once)");
+  if (provenance_lines != 4) {
+    return bad("the table does not name its library, build, driver and device (each once)");
   }
   {
     std::lock_guard<std::mutex> lock(table_mutex);

@@ -1,6 +1,6 @@
 """The tuning table without a GPU: an entry decides the "tuned" plan of its exact problem and no
-other, a saved table loads back, a table of another library version, driver or device is
-refused, and entries that name a missing or unfit kernel fail or fall back with a reason."""
+other, a saved table loads back, a table of another library version or build, driver or
+device is refused, and entries that name a missing or unfit kernel fail or fall back with a reason."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_an_entry_decides_its_problem_only(tmp_path: Path) -> None:
     assert "num_splits=3" in _plan(fields, "tuned")
 
 
-@pytest.mark.parametrize("line", ["library", "driver", "device"])
+@pytest.mark.parametrize("line", ["library", "build", "driver", "device"])
 def test_a_stale_table_is_refused(tmp_path: Path, line: str) -> None:
     kernel = _split_kernel()
     ckfmha.tuning_add("fwd", kernel["name"], 2, 0.5, **_problem(_fields(kernel)))
@@ -75,7 +75,7 @@ def test_a_stale_table_is_refused(tmp_path: Path, line: str) -> None:
     with pytest.raises(ckfmha.InvalidArgumentError, match="stale table"):
         ckfmha.load_tuning(path)
     path.write_text("\n".join(l for l in text.splitlines() if not l.startswith(f"{line} ")))
-    with pytest.raises(ckfmha.InvalidArgumentError, match="does not name its library"):
+    with pytest.raises(ckfmha.InvalidArgumentError, match="does not name its library, build"):
         ckfmha.load_tuning(path)
 
 

@@ -538,10 +538,11 @@ CKFMHA_API int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* ne
 /* Tuning table: the fastest plan timed for exact problems (python -m ckfmha
  * tune). add records one (num_splits: 0 = one stage, n >= 1 = split-KV with n
  * splits; backward problems name the main-stage kernel); save writes the
- * table with this library's version, the CUDA driver's and the current
- * device's name; load reads one, failing with CKFMHA_ERROR_INVALID_ARGUMENT
- * when any of the three differs (a stale table: tune again), and adds its
- * entries (`entries`, may be NULL, gets how many). */
+ * table with this library's version and build (its file's size and
+ * modification time), the CUDA driver's version and the current device's
+ * name; load reads one, failing with CKFMHA_ERROR_INVALID_ARGUMENT when any
+ * of them differs (a stale table: tune again), and adds its entries
+ * (`entries`, may be NULL, gets how many). */
 CKFMHA_API int ckfmha_tuning_add_fwd(const ckfmha_fwd_problem* problem, const char* kernel_name,
                                      int num_splits, float ms);
 CKFMHA_API int ckfmha_tuning_add_bwd(const ckfmha_bwd_problem* problem, const char* kernel_name,
