@@ -1,6 +1,8 @@
 #include "ckfmha/runtime/selection_model.hpp"
 
 #include <atomic>
+#include <dlfcn.h>
+#include <fstream>
 #include <cstdio>
 #include <mutex>
 #include <sstream>
@@ -172,11 +174,35 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
 namespace {
 std::mutex model_mutex;
 std::shared_ptr<const SelectionModel> the_model;
+bool looked_for_shipped = false;
 std::atomic<uint64_t> generation{1};
+
+// The model an installed package ships beside the library
+// (ckfmha/lib/libckfmha.so -> ckfmha/data/selection_sm90.model), so C callers
+// that never load one still get it; null when there is none or it does not
+// parse (a C caller then loads one with ckfmha_selection_model_load).
+std::shared_ptr<const SelectionModel> shipped_model() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&selection_generation), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return nullptr;
+  }
+  std::string library = info.dli_fname;
+  const size_t slash = library.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : library.substr(0, slash);
+  std::ifstream in(dir + "/../data/selection_sm90.model");
+  auto model = std::make_shared<SelectionModel>();
+  if (!in || !parse_selection_model(in, model.get()).empty()) return nullptr;
+  return model;
+}
 }  // namespace
 
 std::shared_ptr<const SelectionModel> current_selection_model() {
   std::lock_guard<std::mutex> lock(model_mutex);
+  if (the_model == nullptr && !looked_for_shipped) {
+    looked_for_shipped = true;
+    the_model = shipped_model();
+  }
   return the_model;
 }
 
@@ -184,6 +210,7 @@ void set_selection_model(std::shared_ptr<const SelectionModel> model) {
   {
     std::lock_guard<std::mutex> lock(model_mutex);
     the_model = std::move(model);
+    looked_for_shipped = true;
   }
   bump_selection_generation();
 }

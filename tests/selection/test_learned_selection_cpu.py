@@ -8,6 +8,8 @@ import importlib
 import json
 import math
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +179,12 @@ def test_neighbouring_lengths_reuse_the_learned_choice(model: tuple[Path, int]) 
     assert first.split(":")[1] == neighbour.split(":")[1]  # same plan kind and kernel
     # Twice the keys: another step, decided afresh.
     assert "remembered" not in plan(40_000)
+
+
+def test_the_shipped_model_loads_without_a_call() -> None:
+    # A C caller that sets "learned" without loading a model gets the one shipped beside the
+    # library; a fresh process shows it before anything is loaded.
+    code = "import ckfmha; print(ckfmha.selection_model_info())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=REPO_ROOT)  # fmt: skip
+    assert result.stdout.startswith("cost model for sm_90 trained on"), result.stdout

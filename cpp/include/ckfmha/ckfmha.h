@@ -531,7 +531,9 @@ CKFMHA_API int ckfmha_get_selection(ckfmha_selection* mode);
 /* Parses a cost model file (written by benchmarks/train_selection.py) and
  * makes it the process's model, replacing any earlier one. A file that does
  * not parse, or lists other features than this library computes, is
- * CKFMHA_ERROR_INVALID_ARGUMENT naming the line. */
+ * CKFMHA_ERROR_INVALID_ARGUMENT naming the line. Without a call, the model an
+ * installed package ships beside the library (../data/selection_sm90.model
+ * from the library's folder) is loaded when first needed. */
 CKFMHA_API int ckfmha_selection_model_load(const char* path);
 /* One line on the loaded model (trained device, arch, trees), or "none". */
 CKFMHA_API int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* needed);
