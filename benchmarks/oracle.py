@@ -43,6 +43,8 @@ CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_o
               "causal", "candidate", "num_splits", "family", "pipeline", "tile_m", "tile_n",
               "warps", "stages", "chosen", "chosen_splits", "repeats", "ms",
               "error")  # fmt: skip
+# The registry fields a candidate row carries: its algorithm.
+ALGORITHM_COLUMNS = ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")
 
 
 def is_choice(row: dict[str, Any]) -> bool:
@@ -76,23 +78,24 @@ def efficiency_summary(rows: Iterable[dict[str, Any]],
             if not scoped:
                 continue
             ratio = {k: best[k] / picked[k] for k in scoped}
-            ordered = sorted(ratio.values())
-            worst = min(ratio, key=ratio.get)
             summary.setdefault(kind, {})[scope] = {
-                "problems": len(scoped),
-                "mean": statistics.fmean(ordered),
-                "median": statistics.median(ordered),
-                "p10": ordered[int(0.1 * (len(ordered) - 1))],
-                "worst": ratio[worst],
-                "worst_problem": labels[worst],
+                **efficiency_stats(ratio.values()),
+                "worst_problem": labels[min(ratio, key=ratio.get)],
             }
     return summary
 
 
+def efficiency_stats(ratios: Iterable[float]) -> dict[str, float]:
+    """Problems, mean, median, P10 and worst of per-problem efficiencies (fastest / chosen)."""
+    ordered = sorted(ratios)
+    return {"problems": len(ordered), "mean": statistics.fmean(ordered),
+            "median": statistics.median(ordered), "p10": ordered[int(0.1 * (len(ordered) - 1))],
+            "worst": ordered[0]}  # fmt: skip
+
+
 def kernel_features(registry: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per kernel name, the algorithm columns a candidate row carries."""
-    keys = ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")
-    return {k["name"]: {key: k[key] for key in keys} for k in registry}
+    return {k["name"]: {key: k[key] for key in ALGORITHM_COLUMNS} for k in registry}
 
 
 def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
@@ -116,8 +119,7 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
                      "problem": index, "label": f"{problem.label} {problem.dtype}",
                      **problem_record(problem), "candidate": result.candidate.kernel,
                      "num_splits": result.candidate.num_splits,
-                     **{key: algorithm.get(key, "") for key in
-                        ("family", "pipeline", "tile_m", "tile_n", "warps", "stages")},
+                     **{key: algorithm.get(key, "") for key in ALGORITHM_COLUMNS},
                      "chosen": choice.kernel, "chosen_splits": choice.num_splits,
                      "repeats": result.repeats, "ms": result.ms,
                      "error": result.error})  # fmt: skip

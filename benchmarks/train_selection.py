@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oracle import efficiency_stats
 from selection_model import FEATURES, CostModel, candidate_features, from_lightgbm, write_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,13 +94,6 @@ def picks(rows: Any, margin: float) -> Any:
     return chosen
 
 
-def stats(ratios: list[float]) -> dict[str, float]:
-    ordered = sorted(ratios)
-    return {"problems": len(ordered), "mean": statistics.fmean(ordered),
-            "median": statistics.median(ordered), "p10": ordered[int(0.1 * (len(ordered) - 1))],
-            "worst": ordered[0]}  # fmt: skip
-
-
 def report(rows: Any, margins: dict[str, float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     best = rows.groupby("key").best.first()
@@ -112,8 +106,8 @@ def report(rows: Any, margins: dict[str, float]) -> dict[str, Any]:
         for scope in ("all", "held_out"):
             keys = [k for k in model if k in rules.index and (scope == "all" or held[k])]
             out.setdefault(kind, {})[scope] = {
-                "hand_rules": stats([best[k] / rules[k] for k in keys]),
-                "model": stats([best[k] / model[k] for k in keys]),
+                "hand_rules": efficiency_stats([best[k] / rules[k] for k in keys]),
+                "model": efficiency_stats([best[k] / model[k] for k in keys]),
                 "model_slower_than_rules_by_2pct": int(sum(model[k] > 1.02 * rules[k]
                                                            for k in keys)),
             }

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -26,10 +26,10 @@ constexpr int kModelSplitCounts[] = {1, 2, 4, 8, 16, 32, 64};
 
 struct FwdCandidate {
   ckfmha_kernel_entry kernel{};
+  size_t index = 0;    // the kernel's position in the registry's entries
   int num_splits = 0;  // 0: one stage
   double predicted_ms = 0;
 };
-
 
 // Every plan that can run `p` as the model sees them: the fitting one-stage
 // kernels, and each fitting split kernel at the model's split counts and the
@@ -40,15 +40,17 @@ std::vector<FwdCandidate> rated_candidates(std::vector<ckfmha_kernel_entry> cons
                                            PlanContext const& context, CostModel const& model) {
   const int arch = context.device_arch;
   std::vector<FwdCandidate> out;
-  for (auto const& k : kernels) {
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    auto const& k = kernels[i];
     if (same_shape(k, p, CKFMHA_FAMILY_FWD) && reject_reason(k, p, arch).empty()) {
-      out.push_back({k, 0});
+      out.push_back({k, i, 0});
     }
   }
   ckfmha_kernel_entry combine{};
   const bool can_combine =
       context.workspace_available && find_combine(kernels, p, arch, &combine);
-  for (auto const& k : kernels) {
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    auto const& k = kernels[i];
     if (!same_shape(k, p, CKFMHA_FAMILY_FWD_SPLITKV) ||
         !reject_reason(k, p, arch, CKFMHA_FAMILY_FWD_SPLITKV).empty()) {
       continue;
@@ -56,7 +58,7 @@ std::vector<FwdCandidate> rated_candidates(std::vector<ckfmha_kernel_entry> cons
     std::set<int> counts(std::begin(kModelSplitCounts), std::end(kModelSplitCounts));
     counts.insert(heuristic_num_splits(p, k, arch, context.num_sms));
     for (int n : counts) {
-      if (n <= kMaxSplits && (n == 1 || can_combine)) out.push_back({k, n});
+      if (n <= kMaxSplits && (n == 1 || can_combine)) out.push_back({k, i, n});
     }
   }
   const CostShape shape = cost_shape(p);
@@ -154,11 +156,7 @@ LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd
     why << " (the hand rules' plan: " << format_ms(mine->predicted_ms) << ")";
   }
   choice.keep_rules = false;
-  choice.kernel = size_t(std::find_if(kernels.begin(), kernels.end(),
-                                      [&](ckfmha_kernel_entry const& k) {
-                                        return std::string(k.name) == best->kernel.name;
-                                      }) -
-                         kernels.begin());
+  choice.kernel = best->index;
   choice.num_splits = best->num_splits;
   choice.why = why.str();
   return choice;
@@ -209,10 +207,28 @@ bool remembered(ShapeKey const& key, LearnedChoice* choice) {
   return false;
 }
 
+// Replaces the key's entry, if any (a choice that no longer fit), else the
+// oldest.
 void remember(ShapeKey const& key, LearnedChoice const& choice) {
+  for (auto& entry : remembered_choices) {
+    if (entry.valid && entry.key == key) {
+      entry.choice = choice;
+      return;
+    }
+  }
   Remembered& slot = remembered_choices[next_remembered];
   next_remembered = (next_remembered + 1) % kRemembered;
   slot = Remembered{true, key, choice};
+}
+
+// Whether a choice remembered for a neighbouring shape runs `p` too: its
+// kernel may be ruled out by this problem's strides.
+bool still_fits(LearnedChoice const& choice, std::vector<ckfmha_kernel_entry> const& kernels,
+                ckfmha_fwd_problem const& p, int arch) {
+  if (choice.keep_rules) return true;
+  if (choice.kernel >= kernels.size()) return false;
+  auto const& k = kernels[choice.kernel];
+  return reject_reason(k, p, arch, ckfmha_family(k.family)).empty();
 }
 
 }  // namespace
@@ -225,9 +241,9 @@ FwdPlan plan_fwd_selected(std::vector<ckfmha_kernel_entry> const& kernels,
     FwdPlan tuned;
     if (tuned_plan(kernels, p, context, &tuned, &note)) return tuned;
   }
+  if (!rules.found) return rules;  // nothing fits: the rules' message says what exists
   auto model = current_selection_model();
   std::string gap = model_gap(model.get(), "fwd", p.mode, p.dtype, context.device_arch);
-  if (!rules.found) return rules;  // nothing fits: the rules' message says what exists
   if (!gap.empty()) {
     rules.why += std::string(" [") + selection_name(context.selection) + " selection: " + note +
                  gap + "; the hand rules decide]";
@@ -235,28 +251,18 @@ FwdPlan plan_fwd_selected(std::vector<ckfmha_kernel_entry> const& kernels,
   }
   const ShapeKey key = shape_key(p, context, kernels.size());
   LearnedChoice choice;
-  bool known = remembered(key, &choice);
-  if (!known) choice = decide(kernels, p, context, *model, rules);
+  const bool known =
+      remembered(key, &choice) && still_fits(choice, kernels, p, context.device_arch);
+  if (!known) {
+    choice = decide(kernels, p, context, *model, rules);
+    remember(key, choice);
+  }
   const char* reused = known ? " (remembered for this shape)" : "";
   if (choice.keep_rules) {
-    if (!known) remember(key, choice);
     rules.why += " [learned: " + note + choice.why + reused + "]";
     return rules;
   }
-  auto it = kernels.begin() + std::ptrdiff_t(std::min(choice.kernel, kernels.size()));
-  if (it == kernels.end() || !reject_reason(*it, p, context.device_arch, it->family).empty()) {
-    // A kernel remembered for a neighbouring shape that this problem's strides or features
-    // rule out: decide afresh.
-    if (!known) return rules;
-    choice = decide(kernels, p, context, *model, rules);
-    reused = "";
-    if (choice.keep_rules) return rules;
-    it = kernels.begin() + std::ptrdiff_t(std::min(choice.kernel, kernels.size()));
-    if (it == kernels.end()) return rules;
-  } else if (!known) {
-    remember(key, choice);
-  }
-  return plan_of(kernels, p, context.device_arch, *it, choice.num_splits,
+  return plan_of(kernels, p, context.device_arch, kernels[choice.kernel], choice.num_splits,
                  "learned: " + note + choice.why + reused);
 }
 
