@@ -22,7 +22,9 @@ from ckfmha.tuning.timing import (
     PRUNE_RATIO,
     CandidateTime,
     ProblemTiming,
+    dispatcher_choice,
     time_candidates,
+    time_plans,
 )
 
 __all__ = [
@@ -34,8 +36,10 @@ __all__ = [
     "ProblemTiming",
     "TuningProblem",
     "bwd_candidates",
+    "dispatcher_choice",
     "fwd_candidates",
     "parse_problems",
     "read_problems",
     "time_candidates",
+    "time_plans",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,32 +108,30 @@ def _rounds(graphs: dict[Candidate, Any], near: list[Candidate], warmup: int, it
     return rounds
 
 
-def time_candidates(kind: str, fields: Mapping[str, Any], *, warmup: int = 2, iters: int = 5,
-                    repeats: int = 3) -> ProblemTiming:  # fmt: skip
-    """Times every candidate of the problem `fields` (Dispatcher.explain's keywords) of `kind`
-    ("fwd" or "bwd") on the current device: the median of `repeats` rounds of `iters` graph
-    replays for those within PRUNE_RATIO of the fastest single replay, that replay for the
-    rest. Raises ValueError when no kernel can run the problem."""
+def _check_settings(kind: str, warmup: int, iters: int, repeats: int) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
     if warmup < 0 or iters < 1 or repeats < 1:
         raise ValueError(f"warmup {warmup}, iters {iters}, repeats {repeats}: "
                          "warmup >= 0 and iters, repeats >= 1")  # fmt: skip
+
+
+def time_plans(kind: str, fields: Mapping[str, Any], candidates: Sequence[Candidate], *,
+               warmup: int = 2, iters: int = 5, repeats: int = 3,
+               prune: float = PRUNE_RATIO) -> tuple[CandidateTime, ...]:  # fmt: skip
+    """Times `candidates` (plans forced by name) of the problem `fields` of `kind` on the
+    current device, one result per candidate in their order: the median of `repeats` rounds of
+    `iters` graph replays for those within `prune` times the fastest single replay, that
+    replay for the rest."""
+    _check_settings(kind, warmup, iters, repeats)
     import torch
 
-    import ckfmha
-
-    dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
-    if kind == "bwd":
-        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
-    else:
-        candidates, choice = fwd_candidates(dispatcher.explain(**fields, arch=arch))
     tensors, mask = problem_inputs(kind, fields), mask_options(fields)
     calls = {c: _forced_call(kind, tensors, mask, c) for c in candidates}
     pool = torch.cuda.graph_pool_handle()
     graphs, coarse, errors = _capture_all(calls, pool)
     fastest = min(coarse.values(), default=0.0)
-    near = [c for c in candidates if c in coarse and coarse[c] <= PRUNE_RATIO * fastest]
+    near = [c for c in calls if c in coarse and coarse[c] <= prune * fastest]
     rounds = _rounds(graphs, near, warmup, iters, repeats)
     del graphs, pool
     results = []
@@ -145,4 +143,28 @@ def time_candidates(kind: str, fields: Mapping[str, Any], *, warmup: int = 2, it
             results.append(CandidateTime(candidate, coarse[candidate], 1))
         else:
             results.append(CandidateTime(candidate, None, 0, errors.get(candidate, "")))
-    return ProblemTiming(tuple(results), choice)
+    return tuple(results)
+
+
+def time_candidates(kind: str, fields: Mapping[str, Any], *, warmup: int = 2, iters: int = 5,
+                    repeats: int = 3) -> ProblemTiming:  # fmt: skip
+    """Times every candidate of the problem `fields` (Dispatcher.explain's keywords) of `kind`
+    ("fwd" or "bwd") on the current device (time_plans), beside the dispatcher's choice under
+    the current selection mode. Raises ValueError when no kernel can run the problem."""
+    _check_settings(kind, warmup, iters, repeats)
+    choice, candidates = dispatcher_choice(kind, fields)
+    results = time_plans(kind, fields, candidates, warmup=warmup, iters=iters, repeats=repeats)
+    return ProblemTiming(results, choice)
+
+
+def dispatcher_choice(kind: str, fields: Mapping[str, Any]) -> tuple[Choice, list[Candidate]]:
+    """The dispatcher's plan for the problem under the current selection mode, and every
+    candidate its explain text lists."""
+    import ckfmha
+
+    dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
+    if kind == "bwd":
+        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
+    else:
+        candidates, choice = fwd_candidates(dispatcher.explain(**fields, arch=arch))
+    return choice, candidates
