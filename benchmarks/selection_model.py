@@ -61,8 +61,10 @@ class CostModel:
     device: str
     arch: int
     num_sms: int
-    margin: float
-    trees: dict[str, list[list[Node]]] = field(default_factory=dict)  # "fwd", "bwd"
+    trees: dict[str, list[list[Node]]] = field(default_factory=dict)  # "fwd", "decode", "bwd"
+    # Per family: how much faster another plan must be predicted than the hand rules' plan
+    # before it replaces it.
+    margins: dict[str, float] = field(default_factory=dict)
 
     def predict_log_ms(self, family: str, x: list[float]) -> float:
         total = 0.0
@@ -77,10 +79,9 @@ class CostModel:
 def write_model(model: CostModel, path: Path) -> None:
     lines = [HEADER, ("# gradient-boosted trees predicting log(ms) of a candidate plan; "
                       "benchmarks/train_selection.py"), f"device {model.device}", f"arch {model.arch}",
-             f"num_sms {model.num_sms}", f"margin {model.margin!r}",
-             "features " + " ".join(FEATURES)]  # fmt: skip
+             f"num_sms {model.num_sms}", "features " + " ".join(FEATURES)]  # fmt: skip
     for family, trees in model.trees.items():
-        lines.append(f"model {family} {len(trees)}")
+        lines.append(f"model {family} {len(trees)} {model.margins.get(family, 0.0)!r}")
         for tree in trees:
             lines.append(f"tree {len(tree)}")
             lines += [f"{n.feature} {n.threshold!r} {n.left} {n.right} {n.value!r}" for n in tree]
@@ -93,20 +94,22 @@ def read_model(path: Path) -> CostModel:
     lines = iter(l for l in path.read_text().splitlines() if l and not l.startswith("#"))
     if next(lines) != HEADER:
         raise ValueError(f"{path}: not a ckfmha cost model")
-    model = CostModel("", 0, 0, 0.0)
+    model = CostModel("", 0, 0)
+    default_margin = 0.0
     for line in lines:
         key, _, rest = line.partition(" ")
         if key == "device":
             model.device = rest
         elif key in ("arch", "num_sms"):
             setattr(model, key, int(rest))
-        elif key == "margin":
-            model.margin = float(rest)
+        elif key == "margin":  # older files: one margin for every family
+            default_margin = float(rest)
         elif key == "features":
             if tuple(rest.split()) != FEATURES:
                 raise ValueError(f"{path}: features differ from this module's")
         elif key == "model":
-            family, count = rest.split()
+            family, count, *margin = rest.split()
+            model.margins[family] = float(margin[0]) if margin else default_margin
             model.trees[family] = [_read_tree(lines) for _ in range(int(count))]
         elif key == "end":
             return model

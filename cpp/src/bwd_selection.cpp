@@ -77,7 +77,7 @@ ckfmha_kernel_entry choose_main_stage(std::vector<ckfmha_kernel_entry> const& ke
     return std::string(r.kernel.name) == rules_choice.name;
   });
   if (best == rated.end()) return rules_choice;
-  if (mine != rated.end() && best->predicted_ms >= mine->predicted_ms * (1 - model->margin)) {
+  if (mine != rated.end() && best->predicted_ms >= mine->predicted_ms * (1 - model->bwd.margin)) {
     *why = "learned: " + note + "the hand rules' main stage is predicted " +
            format_ms(mine->predicted_ms) + ", within the model's margin of the fastest (" +
            format_ms(best->predicted_ms) + ")";

@@ -132,7 +132,8 @@ LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd
                      PlanContext const& context, SelectionModel const& model,
                      FwdPlan const& rules) {
   LearnedChoice choice;
-  auto candidates = rated_candidates(kernels, p, context, model.fwd);
+  CostModel const& trees = *model.family(forward_family(&model, p));
+  auto candidates = rated_candidates(kernels, p, context, trees);
   if (candidates.empty()) {
     choice.why = "no candidate to rank";
     return choice;
@@ -143,7 +144,7 @@ LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd
                                });
   auto mine = std::find_if(candidates.begin(), candidates.end(),
                            [&](FwdCandidate const& c) { return is_rules_plan(c, rules); });
-  if (mine != candidates.end() && best->predicted_ms >= mine->predicted_ms * (1 - model.margin)) {
+  if (mine != candidates.end() && best->predicted_ms >= mine->predicted_ms * (1 - trees.margin)) {
     choice.why = "the hand rules' plan is predicted " + format_ms(mine->predicted_ms) +
                  ", within the model's margin of the fastest (" + format_ms(best->predicted_ms) +
                  ")";
@@ -243,7 +244,8 @@ FwdPlan plan_fwd_selected(std::vector<ckfmha_kernel_entry> const& kernels,
   }
   if (!rules.found) return rules;  // nothing fits: the rules' message says what exists
   auto model = current_selection_model();
-  std::string gap = model_gap(model.get(), "fwd", p.mode, p.dtype, context.device_arch);
+  std::string gap = model_gap(model.get(), forward_family(model.get(), p), p.mode, p.dtype,
+                              context.device_arch);
   if (!gap.empty()) {
     rules.why += std::string(" [") + selection_name(context.selection) + " selection: " + note +
                  gap + "; the hand rules decide]";
@@ -284,13 +286,15 @@ std::string explain_fwd_predictions(std::vector<ckfmha_kernel_entry> const& kern
     }
   }
   auto model = current_selection_model();
-  auto gap = model_gap(model.get(), "fwd", p.mode, p.dtype, context.device_arch);
+  const char* family = forward_family(model.get(), p);
+  auto gap = model_gap(model.get(), family, p.mode, p.dtype, context.device_arch);
   if (!gap.empty()) {
     out << "  model     " << gap << "\n";
     return out.str();
   }
   out << "  model     " << model->describe() << "\n";
-  auto candidates = rated_candidates(kernels, p, context, model->fwd);
+  out << "  trees     " << family << "\n";
+  auto candidates = rated_candidates(kernels, p, context, *model->family(family));
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](auto const& a, auto const& b) { return a.predicted_ms < b.predicted_ms; });
   for (auto const& c : candidates) {

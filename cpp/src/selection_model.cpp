@@ -5,6 +5,7 @@
 #include <fstream>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -26,21 +27,41 @@ double CostModel::predict_log_ms(Features const& x) const {
 std::string SelectionModel::describe() const {
   std::ostringstream out;
   out << "cost model for sm_" << arch << " trained on " << device << " (" << num_sms
-      << " SMs): " << fwd.trees.size() << " forward trees, " << bwd.trees.size()
-      << " backward trees, margin " << margin;
+      << " SMs):";
+  const char* sep = " ";
+  for (const char* name : {"fwd", "decode", "bwd"}) {
+    auto const& trees = *family(name);
+    out << sep << name << " " << trees.trees.size() << " trees, margin " << trees.margin;
+    sep = "; ";
+  }
   return out.str();
+}
+
+CostModel const* SelectionModel::family(std::string const& name) const {
+  if (name == "fwd") return &fwd;
+  if (name == "decode") return &decode;
+  if (name == "bwd") return &bwd;
+  return nullptr;
+}
+
+CostModel* SelectionModel::family(std::string const& name) {
+  return const_cast<CostModel*>(std::as_const(*this).family(name));
+}
+
+const char* forward_family(SelectionModel const* model, ckfmha_fwd_problem const& p) {
+  return model != nullptr && p.seqlen_q == 1 && !model->decode.empty() ? "decode" : "fwd";
 }
 
 std::string model_gap(SelectionModel const* model, const char* family, ckfmha_mode mode,
                       ckfmha_dtype dtype, int arch) {
-  const bool bwd = std::string(family) == "bwd";
   if (model == nullptr) return "no cost model is loaded (ckfmha_selection_model_load)";
   if (model->arch != arch) {
     return "the cost model is for sm_" + std::to_string(model->arch) + ", not sm_" +
            std::to_string(arch);
   }
-  if ((bwd ? model->bwd : model->fwd).empty()) {
-    return std::string("the cost model has no ") + (bwd ? "backward" : "forward") + " trees";
+  auto const* trees = model->family(family);
+  if (trees == nullptr || trees->empty()) {
+    return std::string("the cost model has no ") + family + " trees";
   }
   if (mode != CKFMHA_MODE_BATCH) return "the cost model covers batch mode only";
   if (dtype != CKFMHA_DTYPE_FP16 && dtype != CKFMHA_DTYPE_BF16) {
@@ -135,6 +156,8 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
     return reader.error("not a ckfmha cost model (expected 'ckfmha-selection-model 1')");
   }
   bool have_features = false;
+  double default_margin = 0;
+  std::set<CostModel const*> with_margin;
   while (reader.next()) {
     std::istringstream fields(reader.line);
     std::string key;
@@ -145,23 +168,32 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
       fields >> model->arch;
     } else if (key == "num_sms") {
       fields >> model->num_sms;
-    } else if (key == "margin") {
-      fields >> model->margin;
+    } else if (key == "margin") {  // the default of families without their own
+      fields >> default_margin;
     } else if (key == "features") {
       if (auto error = check_features(reader); !error.empty()) return error;
       have_features = true;
     } else if (key == "model") {
       std::string family;
       int count = 0;
-      if (!(fields >> family >> count) || count < 0 || (family != "fwd" && family != "bwd")) {
-        return reader.error("expected 'model fwd|bwd <trees>'");
+      CostModel* target = nullptr;
+      if ((fields >> family >> count) && count >= 0) {
+        target = model->family(family);
       }
+      if (target == nullptr) return reader.error("expected 'model fwd|decode|bwd <trees> [margin]'");
       if (!have_features) return reader.error("the features line must come before the trees");
-      CostModel* target = family == "fwd" ? &model->fwd : &model->bwd;
+      if (double margin = 0; fields >> margin) {
+        target->margin = margin;
+        with_margin.insert(target);
+      }
+      fields.clear();  // no margin on the line is not an error
       target->trees.clear();
       if (auto error = parse_trees(reader, count, target); !error.empty()) return error;
     } else if (key == "end") {
       if (model->arch <= 0) return reader.error("no 'arch' line before 'end'");
+      for (CostModel* trees : {&model->fwd, &model->decode, &model->bwd}) {
+        if (with_margin.count(trees) == 0) trees->margin = default_margin;
+      }
       return {};
     } else {
       return reader.error("unknown line '" + reader.line + "'");

@@ -24,6 +24,7 @@ PACKAGED = REPO_ROOT / "ckfmha" / "data" / "selection_sm90.model"
 CHECK = REPO_ROOT / "tests" / "data" / "selection_check.json"
 # The SM counts the dispatcher assumes without such a device (reference_sm_count).
 REFERENCE_SMS = {80: 108, 90: 132}
+FAMILIES = ("fwd", "decode", "bwd")
 _PREDICTED = re.compile(r"^  predicted (\S+) ms  (\S+)(?: num_splits=(\d+))?$", re.MULTILINE)
 
 
@@ -62,25 +63,29 @@ def _plain_kernels(family: str, arch: int) -> list[dict]:
 
 def test_python_evaluator_reproduces_lightgbm(model_module: ModuleType) -> None:
     model = model_module.read_model(PACKAGED)
-    assert model.arch == 90 and model.trees["fwd"] and model.trees["bwd"]
+    assert model.arch == 90 and all(model.trees[f] for f in FAMILIES)
     rows = json.loads(CHECK.read_text())
-    assert len(rows) >= 30 and {r["family"] for r in rows} == {"fwd", "bwd"}
+    assert len(rows) >= 30 and {r["family"] for r in rows} == set(FAMILIES)
     for row in rows:
         assert model.predict_log_ms(row["family"], row["x"]) == pytest.approx(row["log_ms"],
                                                                               abs=1e-9)  # fmt: skip
 
 
+# A decode step (one query row) is ranked by the decode trees, a longer query by the forward's.
+@pytest.mark.parametrize(("seqlen_q", "family"), [(1, "decode"), (48, "fwd")])
 def test_dispatcher_predicts_and_picks_as_the_model(model_module: ModuleType,
-                                                    model: tuple[Path, int]) -> None:  # fmt: skip
+                                                    model: tuple[Path, int], seqlen_q: int,
+                                                    family: str) -> None:  # fmt: skip
     path, arch = model
     splits = _plain_kernels("fwd_splitkv", arch)
     if not splits:
         pytest.skip(f"this build registers no plain sm_{arch} split-KV kernel")
     kernel = splits[0]
-    problem = {"batch": 3, "nhead_q": 8, "nhead_k": 2, "seqlen_q": 1, "seqlen_k": 5000,
+    problem = {"batch": 3, "nhead_q": 8, "nhead_k": 2, "seqlen_q": seqlen_q, "seqlen_k": 5000,
                "hdim": kernel["hdim_q"], "hdim_v": kernel["hdim_v"], "causal": False}  # fmt: skip
     explain = ckfmha.Dispatcher().explain(**problem, dtype=kernel["dtype"], arch=arch,
                                           selection="learned")  # fmt: skip
+    assert f"\n  trees     {family}\n" in explain, explain
     predicted = _PREDICTED.findall(explain)
     assert len(predicted) >= 8, explain  # split counts 1..64 and the rules' count, at least
     records = {k["name"]: k for k in ckfmha.Registry().kernels()}
@@ -88,7 +93,7 @@ def test_dispatcher_predicts_and_picks_as_the_model(model_module: ModuleType,
     for ms, name, count in predicted:
         x = model_module.candidate_features(problem, records[name], int(count or 0),
                                             REFERENCE_SMS[arch])  # fmt: skip
-        assert float(ms) == pytest.approx(math.exp(trees.predict_log_ms("fwd", x)), rel=1e-5)
+        assert float(ms) == pytest.approx(math.exp(trees.predict_log_ms(family, x)), rel=1e-5)
     # The plan is the fastest prediction, unless the rules' plan is within the margin.
     plan = next(line for line in explain.splitlines() if line.startswith("plan: "))
     _fastest_ms, fastest, fastest_count = predicted[0]
@@ -126,6 +131,7 @@ def test_a_model_for_another_arch_leaves_the_hand_rules(model: tuple[Path, int])
     (lambda t: t.replace("ckfmha-selection-model 1", "something else", 1), "not a ckfmha cost"),
     (lambda t: t.replace(" log_work", " log_flops", 1), "feature 19 is 'log_flops'"),
     (lambda t: t.replace("\nend\n", "\n"), "ends before 'end'"),
+    (lambda t: t.replace("\nmodel decode ", "\nmodel prefill ", 1), "model fwd|decode|bwd"),
     (lambda t: re.sub(r"\ntree (\d+)\n(\d+) (\S+) \d+ ", r"\ntree \1\n\2 \3 0 ", t, count=1),
      "links to node 0"),
 ])  # fmt: skip
@@ -139,6 +145,26 @@ def test_broken_model_files_fail_with_the_line(tmp_path: Path, edit: object,
     assert ckfmha.selection_model_info() == before  # a failed load keeps the old model
     with pytest.raises(ckfmha.NotFoundError, match="cannot read cost model"):
         ckfmha.load_selection_model(tmp_path / "missing.model")
+
+
+def test_each_family_has_its_margin_and_a_file_wide_one_fills_in(tmp_path: Path) -> None:
+    text = PACKAGED.read_text()
+    own = re.search(r"^model fwd (\d+) \S+$", text, re.MULTILINE)
+    assert own, "the shipped model gives each family its own margin"
+    # A model line without a margin takes the file's `margin` line (older files have only it).
+    edited = text.replace(own.group(0), f"model fwd {own.group(1)}").replace(
+        "\nfeatures ", "\nmargin 0.25\nfeatures ", 1)
+    path = tmp_path / "file_margin.model"
+    path.write_text(edited)
+    before = ckfmha.selection_model_info()
+    try:
+        ckfmha.load_selection_model(path)
+        info = ckfmha.selection_model_info()
+        assert f"fwd {own.group(1)} trees, margin 0.25" in info, info
+        assert "decode " in info and "margin 0.25" not in info.split("; ", 1)[1], info
+    finally:
+        ckfmha.load_selection_model(PACKAGED)
+    assert ckfmha.selection_model_info() == before
 
 
 def test_selection_mode_is_process_wide_and_scoped() -> None:

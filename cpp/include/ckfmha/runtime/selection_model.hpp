@@ -1,6 +1,7 @@
 // A learned cost model: gradient-boosted regression trees that predict the
 // log of a candidate plan's milliseconds from its features
-// (selection_features.hpp), one tree set for forward plans and one for the
+// (selection_features.hpp): one tree set for prefill forward plans, one for
+// decode steps (a single query row, where split counts decide) and one for the
 // backward main stage. benchmarks/train_selection.py trains it on the
 // oracle's timings and writes the text format parse_selection_model reads.
 #pragma once
@@ -26,6 +27,9 @@ struct TreeNode {
 
 struct CostModel {
   std::vector<std::vector<TreeNode>> trees;  // node 0 is each tree's root
+  // The hand rules' plan is kept unless these trees predict another at least
+  // this fraction faster: timings within it are noise the trees cannot rank.
+  double margin = 0;
   bool empty() const { return trees.empty(); }
   double predict_log_ms(Features const& x) const;
 };
@@ -34,16 +38,21 @@ struct SelectionModel {
   std::string device;  // the GPU it was trained on
   int arch = 0;        // 10*major+minor; the model serves this arch only
   int num_sms = 0;
-  // The hand rules' plan is kept unless the model predicts another at least
-  // this fraction faster: timings within it are noise the model cannot rank.
-  double margin = 0;
   CostModel fwd;
+  CostModel decode;
   CostModel bwd;
   std::string describe() const;
+  // The trees of `family` ("fwd", "decode" or "bwd"), or null for another name.
+  CostModel const* family(std::string const& name) const;
+  CostModel* family(std::string const& name);
 };
 
+// The tree set that ranks a forward problem's plans: "decode" for a single
+// query row when the model has decode trees, else "fwd".
+const char* forward_family(SelectionModel const* model, ckfmha_fwd_problem const& p);
+
 // Why `model` (may be null) cannot rank the plans of a `mode`/`dtype` problem
-// on `arch` with its `family` ("fwd" or "bwd") trees, or "".
+// on `arch` with its `family` ("fwd", "decode" or "bwd") trees, or "".
 std::string model_gap(SelectionModel const* model, const char* family, ckfmha_mode mode,
                       ckfmha_dtype dtype, int arch);
 
