@@ -65,8 +65,11 @@ class CostModel:
     # Per family: how much faster another plan must be predicted than the hand rules' plan
     # before it replaces it.
     margins: dict[str, float] = field(default_factory=dict)
+    # "log_ratio_to_rules": the trees predict log(time / the hand rules' plan's time) for the
+    # same problem; "log_ms": log(milliseconds).
+    target: str = "log_ratio_to_rules"
 
-    def predict_log_ms(self, family: str, x: list[float]) -> float:
+    def predict_log(self, family: str, x: list[float]) -> float:
         total = 0.0
         for tree in self.trees.get(family, []):
             node = tree[0]
@@ -79,7 +82,8 @@ class CostModel:
 def write_model(model: CostModel, path: Path) -> None:
     lines = [HEADER, ("# gradient-boosted trees predicting log(ms) of a candidate plan; "
                       "benchmarks/train_selection.py"), f"device {model.device}", f"arch {model.arch}",
-             f"num_sms {model.num_sms}", "features " + " ".join(FEATURES)]  # fmt: skip
+             f"num_sms {model.num_sms}", f"target {model.target}",
+             "features " + " ".join(FEATURES)]  # fmt: skip
     for family, trees in model.trees.items():
         lines.append(f"model {family} {len(trees)} {model.margins.get(family, 0.0)!r}")
         for tree in trees:
@@ -94,7 +98,7 @@ def read_model(path: Path) -> CostModel:
     lines = iter(l for l in path.read_text().splitlines() if l and not l.startswith("#"))
     if next(lines) != HEADER:
         raise ValueError(f"{path}: not a ckfmha cost model")
-    model = CostModel("", 0, 0)
+    model = CostModel("", 0, 0, target="log_ms")  # files without a target line
     default_margin = 0.0
     for line in lines:
         key, _, rest = line.partition(" ")
@@ -102,6 +106,8 @@ def read_model(path: Path) -> CostModel:
             model.device = rest
         elif key in ("arch", "num_sms"):
             setattr(model, key, int(rest))
+        elif key == "target":
+            model.target = rest
         elif key == "margin":  # older files: one margin for every family
             default_margin = float(rest)
         elif key == "features":

@@ -20,7 +20,7 @@ namespace {
 
 struct Rated {
   ckfmha_kernel_entry kernel{};
-  double predicted_ms = 0;
+  double predicted = 0;
 };
 
 
@@ -31,7 +31,7 @@ std::vector<Rated> rated_main_stages(std::vector<ckfmha_kernel_entry> const& ker
   const CostShape shape = cost_shape(p);
   for (auto const& k : kernels) {
     if (k.family != CKFMHA_FAMILY_BWD_DQ_DK_DV || !reject_reason_bwd(k, p, arch).empty()) continue;
-    out.push_back({k, std::exp(model.predict_log_ms(candidate_features(shape, k, 0, num_sms)))});
+    out.push_back({k, std::exp(model.predict_log(candidate_features(shape, k, 0, num_sms)))});
   }
   return out;
 }
@@ -71,19 +71,19 @@ ckfmha_kernel_entry choose_main_stage(std::vector<ckfmha_kernel_entry> const& ke
   }
   auto rated = rated_main_stages(kernels, p, arch, selection.num_sms, model->bwd);
   auto best = std::min_element(rated.begin(), rated.end(), [](auto const& a, auto const& b) {
-    return a.predicted_ms < b.predicted_ms;
+    return a.predicted < b.predicted;
   });
   auto mine = std::find_if(rated.begin(), rated.end(), [&](Rated const& r) {
     return std::string(r.kernel.name) == rules_choice.name;
   });
   if (best == rated.end()) return rules_choice;
-  if (mine != rated.end() && best->predicted_ms >= mine->predicted_ms * (1 - model->bwd.margin)) {
+  if (mine != rated.end() && best->predicted >= mine->predicted * (1 - model->bwd.margin)) {
     *why = "learned: " + note + "the hand rules' main stage is predicted " +
-           format_ms(mine->predicted_ms) + ", within the model's margin of the fastest (" +
-           format_ms(best->predicted_ms) + ")";
+           model->format_prediction(mine->predicted) + ", within the model's margin of the fastest (" +
+           model->format_prediction(best->predicted) + ")";
     return rules_choice;
   }
-  *why = "learned: " + note + "predicted " + format_ms(best->predicted_ms) + ", the fastest of " +
+  *why = "learned: " + note + "predicted " + model->format_prediction(best->predicted) + ", the fastest of " +
          std::to_string(rated.size()) + " main stages";
   return best->kernel;
 }
@@ -153,9 +153,9 @@ std::string explain_bwd_predictions(std::vector<ckfmha_kernel_entry> const& kern
   out << "  model     " << model->describe() << "\n";
   auto rated = rated_main_stages(kernels, p, arch, selection.num_sms, model->bwd);
   std::stable_sort(rated.begin(), rated.end(),
-                   [](auto const& a, auto const& b) { return a.predicted_ms < b.predicted_ms; });
+                   [](auto const& a, auto const& b) { return a.predicted < b.predicted; });
   for (auto const& r : rated) {
-    out << "  predicted " << format_ms(r.predicted_ms) << "  " << r.kernel.name << "\n";
+    out << "  predicted " << model->format_prediction(r.predicted) << "  " << r.kernel.name << "\n";
   }
   return out.str();
 }

@@ -28,7 +28,7 @@ struct FwdCandidate {
   ckfmha_kernel_entry kernel{};
   size_t index = 0;    // the kernel's position in the registry's entries
   int num_splits = 0;  // 0: one stage
-  double predicted_ms = 0;
+  double predicted = 0;
 };
 
 // Every plan that can run `p` as the model sees them: the fitting one-stage
@@ -63,7 +63,7 @@ std::vector<FwdCandidate> rated_candidates(std::vector<ckfmha_kernel_entry> cons
   }
   const CostShape shape = cost_shape(p);
   for (auto& c : out) {
-    c.predicted_ms = std::exp(model.predict_log_ms(
+    c.predicted = std::exp(model.predict_log(
         candidate_features(shape, c.kernel, c.num_splits, context.num_sms)));
   }
   return out;
@@ -140,21 +140,21 @@ LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd
   }
   auto best = std::min_element(candidates.begin(), candidates.end(),
                                [](auto const& a, auto const& b) {
-                                 return a.predicted_ms < b.predicted_ms;
+                                 return a.predicted < b.predicted;
                                });
   auto mine = std::find_if(candidates.begin(), candidates.end(),
                            [&](FwdCandidate const& c) { return is_rules_plan(c, rules); });
-  if (mine != candidates.end() && best->predicted_ms >= mine->predicted_ms * (1 - trees.margin)) {
-    choice.why = "the hand rules' plan is predicted " + format_ms(mine->predicted_ms) +
-                 ", within the model's margin of the fastest (" + format_ms(best->predicted_ms) +
+  if (mine != candidates.end() && best->predicted >= mine->predicted * (1 - trees.margin)) {
+    choice.why = "the hand rules' plan is predicted " + model.format_prediction(mine->predicted) +
+                 ", within the model's margin of the fastest (" + model.format_prediction(best->predicted) +
                  ")";
     return choice;
   }
   std::ostringstream why;
-  why << "predicted " << format_ms(best->predicted_ms) << ", the fastest of "
+  why << "predicted " << model.format_prediction(best->predicted) << ", the fastest of "
       << candidates.size() << " candidates";
   if (mine != candidates.end()) {
-    why << " (the hand rules' plan: " << format_ms(mine->predicted_ms) << ")";
+    why << " (the hand rules' plan: " << model.format_prediction(mine->predicted) << ")";
   }
   choice.keep_rules = false;
   choice.kernel = best->index;
@@ -296,9 +296,9 @@ std::string explain_fwd_predictions(std::vector<ckfmha_kernel_entry> const& kern
   out << "  trees     " << family << "\n";
   auto candidates = rated_candidates(kernels, p, context, *model->family(family));
   std::stable_sort(candidates.begin(), candidates.end(),
-                   [](auto const& a, auto const& b) { return a.predicted_ms < b.predicted_ms; });
+                   [](auto const& a, auto const& b) { return a.predicted < b.predicted; });
   for (auto const& c : candidates) {
-    out << "  predicted " << format_ms(c.predicted_ms) << "  " << c.kernel.name;
+    out << "  predicted " << model->format_prediction(c.predicted) << "  " << c.kernel.name;
     if (c.num_splits > 0) out << " num_splits=" << c.num_splits;
     out << "\n";
   }

@@ -11,7 +11,7 @@
 
 namespace ckfmha::runtime {
 
-double CostModel::predict_log_ms(Features const& x) const {
+double CostModel::predict_log(Features const& x) const {
   double sum = 0;
   for (auto const& tree : trees) {
     int32_t node = 0;
@@ -27,7 +27,8 @@ double CostModel::predict_log_ms(Features const& x) const {
 std::string SelectionModel::describe() const {
   std::ostringstream out;
   out << "cost model for sm_" << arch << " trained on " << device << " (" << num_sms
-      << " SMs):";
+      << " SMs), predicting " << (relative ? "time relative to the hand rules' plan" : "ms")
+      << ":";
   const char* sep = " ";
   for (const char* name : {"fwd", "decode", "bwd"}) {
     auto const& trees = *family(name);
@@ -35,6 +36,13 @@ std::string SelectionModel::describe() const {
     sep = "; ";
   }
   return out.str();
+}
+
+std::string SelectionModel::format_prediction(double predicted) const {
+  if (!relative) return format_ms(predicted);
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.6gx the rules' plan", predicted);
+  return text;
 }
 
 CostModel const* SelectionModel::family(std::string const& name) const {
@@ -168,6 +176,13 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
       fields >> model->arch;
     } else if (key == "num_sms") {
       fields >> model->num_sms;
+    } else if (key == "target") {
+      std::string target;
+      fields >> target;
+      if (target != "log_ms" && target != "log_ratio_to_rules") {
+        return reader.error("expected 'target log_ms|log_ratio_to_rules'");
+      }
+      model->relative = target == "log_ratio_to_rules";
     } else if (key == "margin") {  // the default of families without their own
       fields >> default_margin;
     } else if (key == "features") {

@@ -31,17 +31,25 @@ struct CostModel {
   // this fraction faster: timings within it are noise the trees cannot rank.
   double margin = 0;
   bool empty() const { return trees.empty(); }
-  double predict_log_ms(Features const& x) const;
+  double predict_log(Features const& x) const;  // the target's log (SelectionModel::relative)
 };
 
 struct SelectionModel {
   std::string device;  // the GPU it was trained on
   int arch = 0;        // 10*major+minor; the model serves this arch only
   int num_sms = 0;
+  // What the trees predict: the log of a plan's milliseconds, or (relative)
+  // the log of its time over the hand rules' plan's time for the same problem.
+  // Only the ranking within a problem matters, and a relative target keeps the
+  // trees off the problem's scale.
+  bool relative = false;
   CostModel fwd;
   CostModel decode;
   CostModel bwd;
   std::string describe() const;
+  // A prediction (exp of the trees' sum) as explain prints it: milliseconds,
+  // or a multiple of the hand rules' plan's time.
+  std::string format_prediction(double predicted) const;
   // The trees of `family` ("fwd", "decode" or "bwd"), or null for another name.
   CostModel const* family(std::string const& name) const;
   CostModel* family(std::string const& name);
