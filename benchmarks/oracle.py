@@ -32,15 +32,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from broad_cases import BroadCase
-from oracle_shapes import KINDS, draw, held_out, problem_fields, problem_record
+from oracle_shapes import KINDS, Problem, draw, held_out, problem_fields, problem_record
 
 from ckfmha.tuning import time_candidates
 
 RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
 CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "kind", "held_out", "dtype",
-              "batch", "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "hdim", "hdim_v",
-              "causal", "candidate", "num_splits", "family", "pipeline", "tile_m", "tile_n",
+              "mode", "batch", "nhead_q", "nhead_k", "group", "seqlen_q", "seqlen_k", "total_q",
+              "total_k", "hdim", "hdim_v", "causal", "candidate", "num_splits", "family", "pipeline", "tile_m", "tile_n",
               "warps", "stages", "chosen", "chosen_splits", "repeats", "ms",
               "error")  # fmt: skip
 # The registry fields a candidate row carries: its algorithm.
@@ -98,7 +97,7 @@ def kernel_features(registry: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return {k["name"]: {key: k[key] for key in ALGORITHM_COLUMNS} for k in registry}
 
 
-def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
+def time_problem(problem: Problem, index: int, args: argparse.Namespace,
                  device: str, features: dict[str, dict[str, Any]] | None = None,
                  num_sms: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """One CSV row per candidate of `problem`, timed by ckfmha.tuning.time_candidates (every
@@ -108,7 +107,7 @@ def time_problem(problem: BroadCase, index: int, args: argparse.Namespace,
     import ckfmha
 
     features = features if features is not None else kernel_features(ckfmha.Registry().kernels())
-    kind = "bwd" if problem.kind == "bwd" else "fwd"  # a decode step is a forward problem
+    kind = "bwd" if problem.kind == "bwd" else "fwd"  # decode and varlen are forward problems
     timing = time_candidates(kind, problem_fields(problem), warmup=args.warmup,
                              iters=args.iters, repeats=args.repeats)  # fmt: skip
     choice = timing.choice

@@ -16,17 +16,19 @@ from typing import Any
 
 FEATURES = ("log_batch", "nhead_q", "group", "log_seqlen_q", "log_seqlen_k", "hdim_q", "hdim_v",
             "causal", "sm90", "split", "num_splits", "tile_m", "tile_n", "warps", "stages",
-            "log_ctas", "waves", "log_key_tiles", "pad", "log_work")  # fmt: skip
+            "log_ctas", "waves", "log_key_tiles", "pad", "log_work", "fill")  # fmt: skip
 HEADER = "ckfmha-selection-model 1"
 
 
 def candidate_features(problem: Mapping[str, Any], kernel: Mapping[str, Any], num_splits: int,
                        num_sms: int) -> list[float]:  # fmt: skip
     """One candidate's features. `problem`: batch, nhead_q, nhead_k, seqlen_q, seqlen_k, hdim,
-    hdim_v, causal (any mask); `kernel`: family, pipeline, tile_m, tile_n, warps, stages (a
-    registry record or an oracle CSV row)."""
+    hdim_v, causal (any mask), and in group mode (mode "group") total_q and total_k, the
+    packed token counts, with seqlen_q/k the longest sequence; `kernel`: family, pipeline,
+    tile_m, tile_n, warps, stages (a registry record or an oracle CSV row)."""
     b, hq, hk = int(problem["batch"]), int(problem["nhead_q"]), int(problem["nhead_k"])
     sq, sk = int(problem["seqlen_q"]), int(problem["seqlen_k"])
+    mean_q, mean_k = _mean_length(problem, "total_q", sq), _mean_length(problem, "total_k", sk)
     dq, dv = int(problem["hdim"]), int(problem["hdim_v"])
     masked = str(problem["causal"]) in ("True", "true", "1")
     split = kernel["family"] == "fwd_splitkv"
@@ -38,13 +40,24 @@ def candidate_features(problem: Mapping[str, Any], kernel: Mapping[str, Any], nu
     query_tiles = math.ceil(rows / tile_m)
     ctas = query_tiles * heads * b * max(splits, 1.0)
     key_tiles = math.ceil(math.ceil(sk / tile_n) / max(splits, 1.0))
-    work = b * hq * sq * sk * (dq + dv) * (0.5 if masked else 1.0)
+    work = b * hq * mean_q * mean_k * (dq + dv) * (0.5 if masked else 1.0)
     return [math.log2(b), float(hq), group, math.log2(sq), math.log2(sk), float(dq), float(dv),
             1.0 if masked else 0.0, 1.0 if kernel["pipeline"] == "sm90_tma_wgmma" else 0.0,
             1.0 if split else 0.0, splits, tile_m, tile_n, float(kernel["warps"]),
             float(kernel["stages"]), math.log2(ctas), ctas / max(num_sms, 1),
             math.log2(key_tiles), (query_tiles * tile_m - rows) / (query_tiles * tile_m),
-            math.log2(work)]  # fmt: skip
+            math.log2(work), mean_q / max(sq, 1)]  # fmt: skip
+
+
+def _mean_length(problem: Mapping[str, Any], total_key: str, longest: int) -> float:
+    """Group mode: the mean sequence length (tokens / batch, at most the longest); batch mode,
+    or no token count recorded (empty or NaN): the length itself."""
+    total = problem.get(total_key)
+    if problem.get("mode") != "group" or total in (None, "") or math.isnan(float(total)):
+        return float(longest)
+    if int(total) <= 0:
+        return float(longest)
+    return min(int(total) / int(problem["batch"]), float(longest))
 
 
 @dataclass

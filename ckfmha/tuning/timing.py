@@ -15,7 +15,7 @@ from typing import Any
 
 from ckfmha.tuning.candidates import Candidate, Choice, bwd_candidates, fwd_candidates
 from ckfmha.tuning.cuda_graphs import capture_graph, replay_ms
-from ckfmha.tuning.inputs import mask_options, problem_inputs
+from ckfmha.tuning.inputs import explain_fields, mask_options, problem_inputs
 
 # Decode steps are "fwd" problems with seqlen_q = 1.
 KINDS = ("fwd", "bwd")
@@ -63,6 +63,11 @@ def _forced_call(kind: str, tensors: dict[str, Any], mask: dict[str, Any],
     if kind == "bwd":
         return lambda: ckfmha.bwd(t["do"], t["q"], t["k"], t["v"], t["o"], t["lse"],
                                   **mask, **forced)  # fmt: skip
+    if "cu_seqlens_q" in t:  # group mode
+        return lambda: ckfmha.fwd_varlen(t["q"], t["k"], t["v"], t["cu_seqlens_q"],
+                                         t["cu_seqlens_k"], max_seqlen_q=t["max_seqlen_q"],
+                                         max_seqlen_k=t["max_seqlen_k"],
+                                         num_splits=candidate.num_splits, **mask, **forced)  # fmt: skip
     return lambda: ckfmha.fwd(t["q"], t["k"], t["v"], num_splits=candidate.num_splits,
                               **mask, **forced)  # fmt: skip
 
@@ -162,9 +167,9 @@ def dispatcher_choice(kind: str, fields: Mapping[str, Any]) -> tuple[Choice, lis
     candidate its explain text lists."""
     import ckfmha
 
-    dispatcher, arch = ckfmha.Dispatcher(), ckfmha.device_arch()
+    dispatcher, arch, problem = ckfmha.Dispatcher(), ckfmha.device_arch(), explain_fields(fields)
     if kind == "bwd":
-        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**fields, arch=arch))
+        candidates, choice = bwd_candidates(dispatcher.explain_bwd(**problem, arch=arch))
     else:
-        candidates, choice = fwd_candidates(dispatcher.explain(**fields, arch=arch))
+        candidates, choice = fwd_candidates(dispatcher.explain(**problem, arch=arch))
     return choice, candidates

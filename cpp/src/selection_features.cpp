@@ -6,14 +6,26 @@
 
 namespace ckfmha::runtime {
 
+namespace {
+// The mean length of a group-mode problem's sequences, or the longest when the
+// token count is not given (or in batch mode).
+double mean_length(ckfmha_mode mode, int64_t total, int64_t batch, int64_t longest) {
+  if (mode != CKFMHA_MODE_GROUP || total <= 0 || batch <= 0) return double(longest);
+  return std::min(double(total) / double(batch), double(longest));
+}
+}  // namespace
+
 CostShape cost_shape(ckfmha_fwd_problem const& p) {
   return {p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k,
-          p.hdim_q, p.hdim_v, p.mask != CKFMHA_MASK_NONE};
+          p.hdim_q, p.hdim_v, p.mask != CKFMHA_MASK_NONE,
+          mean_length(p.mode, p.total_q, p.batch, p.seqlen_q),
+          mean_length(p.mode, p.total_k, p.batch, p.seqlen_k)};
 }
 
 CostShape cost_shape(ckfmha_bwd_problem const& p) {
   return {p.batch, p.nhead_q, p.nhead_k, p.seqlen_q, p.seqlen_k,
-          p.hdim_q, p.hdim_v, p.mask != CKFMHA_MASK_NONE};
+          p.hdim_q, p.hdim_v, p.mask != CKFMHA_MASK_NONE,
+          double(p.seqlen_q), double(p.seqlen_k)};
 }
 
 Features candidate_features(CostShape const& s, ckfmha_kernel_entry const& k, int num_splits,
@@ -29,8 +41,8 @@ Features candidate_features(CostShape const& s, ckfmha_kernel_entry const& k, in
   const double ctas = query_tiles * heads * double(s.batch) * std::max(splits, 1.0);
   const double key_tiles =
       std::ceil(std::ceil(double(s.seqlen_k) / tile_n) / std::max(splits, 1.0));
-  const double work = double(s.batch) * double(s.nhead_q) * double(s.seqlen_q) *
-                      double(s.seqlen_k) * double(s.hdim_q + s.hdim_v) * (s.masked ? 0.5 : 1.0);
+  const double work = double(s.batch) * double(s.nhead_q) * s.mean_seqlen_q * s.mean_seqlen_k *
+                      double(s.hdim_q + s.hdim_v) * (s.masked ? 0.5 : 1.0);
   Features f{};
   int i = 0;
   f[i++] = std::log2(double(s.batch));
@@ -53,6 +65,8 @@ Features candidate_features(CostShape const& s, ckfmha_kernel_entry const& k, in
   f[i++] = std::log2(key_tiles);
   f[i++] = (query_tiles * tile_m - rows) / (query_tiles * tile_m);
   f[i++] = std::log2(work);
+  // How full the grid sized by the longest sequence is: 1 in batch mode.
+  f[i++] = s.mean_seqlen_q / double(std::max<int64_t>(s.seqlen_q, 1));
   return f;
 }
 

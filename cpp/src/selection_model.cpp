@@ -30,7 +30,7 @@ std::string SelectionModel::describe() const {
       << " SMs), predicting " << (relative ? "time relative to the hand rules' plan" : "ms")
       << ":";
   const char* sep = " ";
-  for (const char* name : {"fwd", "decode", "bwd"}) {
+  for (const char* name : {"fwd", "decode", "varlen", "bwd"}) {
     auto const& trees = *family(name);
     out << sep << name << " " << trees.trees.size() << " trees, margin " << trees.margin;
     sep = "; ";
@@ -48,6 +48,7 @@ std::string SelectionModel::format_prediction(double predicted) const {
 CostModel const* SelectionModel::family(std::string const& name) const {
   if (name == "fwd") return &fwd;
   if (name == "decode") return &decode;
+  if (name == "varlen") return &varlen;
   if (name == "bwd") return &bwd;
   return nullptr;
 }
@@ -57,6 +58,7 @@ CostModel* SelectionModel::family(std::string const& name) {
 }
 
 const char* forward_family(SelectionModel const* model, ckfmha_fwd_problem const& p) {
+  if (p.mode == CKFMHA_MODE_GROUP) return "varlen";
   return model != nullptr && p.seqlen_q == 1 && !model->decode.empty() ? "decode" : "fwd";
 }
 
@@ -71,7 +73,9 @@ std::string model_gap(SelectionModel const* model, const char* family, ckfmha_mo
   if (trees == nullptr || trees->empty()) {
     return std::string("the cost model has no ") + family + " trees";
   }
-  if (mode != CKFMHA_MODE_BATCH) return "the cost model covers batch mode only";
+  if (mode != CKFMHA_MODE_BATCH && std::string(family) != "varlen") {
+    return std::string("the cost model's ") + family + " trees cover batch mode only";
+  }
   if (dtype != CKFMHA_DTYPE_FP16 && dtype != CKFMHA_DTYPE_BF16) {
     return "the cost model covers fp16/bf16 only";
   }
@@ -195,7 +199,9 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
       if ((fields >> family >> count) && count >= 0) {
         target = model->family(family);
       }
-      if (target == nullptr) return reader.error("expected 'model fwd|decode|bwd <trees> [margin]'");
+      if (target == nullptr) {
+        return reader.error("expected 'model fwd|decode|varlen|bwd <trees> [margin]'");
+      }
       if (!have_features) return reader.error("the features line must come before the trees");
       if (double margin = 0; fields >> margin) {
         target->margin = margin;
@@ -206,7 +212,7 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
       if (auto error = parse_trees(reader, count, target); !error.empty()) return error;
     } else if (key == "end") {
       if (model->arch <= 0) return reader.error("no 'arch' line before 'end'");
-      for (CostModel* trees : {&model->fwd, &model->decode, &model->bwd}) {
+      for (CostModel* trees : {&model->fwd, &model->decode, &model->varlen, &model->bwd}) {
         if (with_margin.count(trees) == 0) trees->margin = default_margin;
       }
       return {};

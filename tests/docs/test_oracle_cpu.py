@@ -48,6 +48,25 @@ def test_draws_cover_the_asked_counts_and_shapes(modules: tuple[ModuleType, Modu
     assert not any(low <= p.seqlen_k < high for p in kept) and len(kept) >= 1000
 
 
+def test_varlen_draws_pack_sequences_of_their_own_lengths(
+        modules: tuple[ModuleType, ModuleType]) -> None:  # fmt: skip
+    shapes, oracle = modules
+    varlen = shapes.draw("varlen", 300)
+    assert len(set(varlen)) == 300
+    assert {(p.hdim, p.hdim_v) for p in varlen} == set(shapes.VARLEN_HDIMS)
+    decode = [p for p in varlen if p.seqlen_q == 1]
+    prefill = [p for p in varlen if p.seqlens_q == p.seqlens_k]
+    assert len(decode) > 50 and len(prefill) > 150 and len(decode) + len(prefill) == 300
+    assert all(not p.causal for p in decode) and {p.causal for p in prefill} == {False, True}
+    # Lengths differ within a batch: the mean is below the longest.
+    assert sum(p.total_k < p.batch * p.seqlen_k for p in varlen if p.batch > 1) > 200
+    fields = shapes.problem_fields(varlen[0])
+    assert fields["mode"] == "group" and fields["total_k"] == sum(fields["seqlens_k"])
+    record = shapes.problem_record(varlen[0])
+    assert set(record) <= set(oracle.CSV_FIELDS) and record["mode"] == "group"
+    assert sum(shapes.held_out(p) for p in varlen) >= 60
+
+
 def test_draws_are_reproducible_and_seeded(modules: tuple[ModuleType, ModuleType]) -> None:
     shapes, _ = modules
     assert shapes.draw("fwd", 50) == shapes.draw("fwd", 50)

@@ -73,3 +73,41 @@ def test_backward_main_stage_of_each_mode_matches_the_reference(case: tuple, mod
         assert not np.isnan(g).any(), f"{name} left unwritten ({case} {mode})"
         rel = np.linalg.norm(g - want) / np.linalg.norm(want)
         assert rel < GRAD_REL_L2, f"{name} relative L2 {rel:.3e} ({case} {mode})"
+
+
+# Group mode: (nhead_q, nhead_k, query lengths, key lengths, hdim, causal), packed.
+VARLEN = [(40, 8, (1, 1, 1), (3001, 517, 9000), 128, False),
+          (12, 4, (333, 1000, 47), (333, 1000, 47), 64, True),
+          (24, 24, (700, 5, 1290, 2), (700, 5, 1290, 2), 128, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", VARLEN, ids=lambda c: "h{}/{}q{}k{}d{}{}".format(
+    c[0], c[1], sum(c[2]), sum(c[3]), c[4], "c" if c[5] else ""))  # fmt: skip
+def test_varlen_plans_of_each_mode_match_the_reference(case: tuple, mode: str) -> None:
+    hq, hk, lengths_q, lengths_k, d, causal = case
+    inputs, dtype = Inputs(sum(lengths_k) % 1000), torch_dtype("bf16")
+    q = inputs.normal((sum(lengths_q), hq, d), dtype)
+    k, v = (inputs.normal((sum(lengths_k), hk, d), dtype) for _ in range(2))
+    starts_q, starts_k = np.cumsum((0, *lengths_q)), np.cumsum((0, *lengths_k))
+    cu_q = torch.tensor(starts_q, device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor(starts_k, device="cuda", dtype=torch.int32)
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=q.dtype)
+    problem = {"mode": "group", "batch": len(lengths_q), "nhead_q": hq, "nhead_k": hk,
+               "seqlen_q": max(lengths_q), "seqlen_k": max(lengths_k), "total_q": sum(lengths_q),
+               "total_k": sum(lengths_k), "hdim": d, "dtype": "bf16", "causal": causal,
+               "lse": True}  # fmt: skip
+    with ckfmha.selection(mode):
+        explain = ckfmha.Dispatcher().explain(**problem)
+        _, lse = ckfmha.fwd_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=max(lengths_q),
+                                   max_seqlen_k=max(lengths_k), causal=causal, out=out,
+                                   return_lse=True)  # fmt: skip
+    torch.cuda.synchronize()
+    if mode == "learned":
+        assert "  trees     varlen\n" in explain and "  predicted " in explain, explain
+    for b in range(len(lengths_q)):
+        rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+        seq = [t.permute(1, 0, 2).unsqueeze(0) for t in (q[rows], k[keys], v[keys])]
+        ref, ref_lse = attention_reference(*(f64(t) for t in seq), causal=causal)
+        compare({"dtype": "bf16"}, out[rows].permute(1, 0, 2).unsqueeze(0),
+                lse[:, rows].unsqueeze(0), ref, ref_lse, f"{case} sequence {b} {mode}")

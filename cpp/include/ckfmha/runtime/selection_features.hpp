@@ -16,7 +16,8 @@ inline constexpr const char* kFeatureNames[] = {
     "log_batch", "nhead_q",   "group",      "log_seqlen_q", "log_seqlen_k",
     "hdim_q",    "hdim_v",    "causal",     "sm90",         "split",
     "num_splits", "tile_m",   "tile_n",     "warps",        "stages",
-    "log_ctas",  "waves",     "log_key_tiles", "pad",       "log_work"};
+    "log_ctas",  "waves",     "log_key_tiles", "pad",       "log_work",
+    "fill"};
 inline constexpr int kNumFeatures = int(sizeof(kFeatureNames) / sizeof(kFeatureNames[0]));
 
 using Features = std::array<double, kNumFeatures>;
@@ -31,6 +32,10 @@ struct CostShape {
   int64_t hdim_q = 0;
   int64_t hdim_v = 0;
   bool masked = false;  // any mask: about half the (query, key) pairs are computed
+  // Group mode: the mean sequence lengths (total tokens / batch); seqlen_q/k are
+  // the longest, which size the grid. Batch mode: equal to seqlen_q/k.
+  double mean_seqlen_q = 1;
+  double mean_seqlen_k = 1;
 };
 
 CostShape cost_shape(ckfmha_fwd_problem const& problem);

@@ -1,8 +1,8 @@
 // A learned cost model: gradient-boosted regression trees that predict the
 // log of a candidate plan's milliseconds from its features
-// (selection_features.hpp): one tree set for prefill forward plans, one for
-// decode steps (a single query row, where split counts decide) and one for the
-// backward main stage. benchmarks/train_selection.py trains it on the
+// (selection_features.hpp): one tree set for batch-mode forward plans, one for
+// decode steps (a single query row, where split counts decide), one for
+// group-mode (varlen) forward plans and one for the backward main stage. benchmarks/train_selection.py trains it on the
 // oracle's timings and writes the text format parse_selection_model reads.
 #pragma once
 
@@ -45,22 +45,24 @@ struct SelectionModel {
   bool relative = false;
   CostModel fwd;
   CostModel decode;
+  CostModel varlen;
   CostModel bwd;
   std::string describe() const;
   // A prediction (exp of the trees' sum) as explain prints it: milliseconds,
   // or a multiple of the hand rules' plan's time.
   std::string format_prediction(double predicted) const;
-  // The trees of `family` ("fwd", "decode" or "bwd"), or null for another name.
+  // The trees of `family` ("fwd", "decode", "varlen" or "bwd"), or null for
+  // another name.
   CostModel const* family(std::string const& name) const;
   CostModel* family(std::string const& name);
 };
 
-// The tree set that ranks a forward problem's plans: "decode" for a single
-// query row when the model has decode trees, else "fwd".
+// The tree set that ranks a forward problem's plans: "varlen" in group mode,
+// "decode" for a single query row when the model has decode trees, else "fwd".
 const char* forward_family(SelectionModel const* model, ckfmha_fwd_problem const& p);
 
 // Why `model` (may be null) cannot rank the plans of a `mode`/`dtype` problem
-// on `arch` with its `family` ("fwd", "decode" or "bwd") trees, or "".
+// on `arch` with its `family` ("fwd", "decode", "varlen" or "bwd") trees, or "".
 std::string model_gap(SelectionModel const* model, const char* family, ckfmha_mode mode,
                       ckfmha_dtype dtype, int arch);
 
