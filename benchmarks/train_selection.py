@@ -109,9 +109,9 @@ def report(rows: Any, margins: dict[str, float]) -> dict[str, Any]:
     best = rows.groupby("key").best.first()
     held = rows.groupby("key").held.first()
     rules = rows[rows.rules].groupby("key").ms.first()
-    for kind in margins:
+    for kind, margin in margins.items():
         subset = rows[rows.kind == kind]
-        model = picks(subset, margins[kind])
+        model = picks(subset, margin)
         for scope in ("all", "held_out"):
             keys = [k for k in model if k in rules.index and (scope == "all" or held[k])]
             out.setdefault(kind, {})[scope] = {
