@@ -101,9 +101,10 @@ def time_problem(problem: Problem, index: int, args: argparse.Namespace,
                  device: str, features: dict[str, dict[str, Any]] | None = None,
                  num_sms: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """One CSV row per candidate of `problem`, timed by ckfmha.tuning.time_candidates (every
-    candidate captured in a CUDA graph and timed by one replay; those within PRUNE_RATIO of the
-    fastest by the median of `repeats` rounds of `iters` replays). The row of the hand rules'
-    own plan is marked by its `chosen` columns (is_choice)."""
+    candidate captured in a CUDA graph and estimated by single replays; those within
+    PRUNE_RATIO of the fastest, and the hand rules' plan, by the median of `repeats` rounds of
+    `iters` replays). The row of the hand rules' own plan is marked by its `chosen` columns
+    (is_choice)."""
     import ckfmha
 
     features = features if features is not None else kernel_features(ckfmha.Registry().kernels())

@@ -1,8 +1,9 @@
 """Every candidate plan of one problem timed on this GPU, and the dispatcher's own choice.
 
-Each candidate the explain text lists is forced by name (and split count), captured in a CUDA
-graph and timed by one replay; the ones within PRUNE_RATIO of the fastest are then timed in
-rounds that visit each in turn, so clock and temperature drift spread over all of them.
+Each candidate the explain text lists is forced by name (and split count) and captured in a CUDA
+graph; once all are captured, single replays of each, back to back, give a first estimate. The
+ones within PRUNE_RATIO of the fastest, and the dispatcher's own plan, are then timed in rounds
+that visit each in turn, so clock and temperature drift spread over all of them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class CandidateTime:
 
     candidate: Candidate
     ms: float | None  # None: the candidate failed, `error` says why
-    repeats: int  # 0 failed, 1 one timed replay (pruned), else the rounds its median is over
+    repeats: int  # 0 failed, 1 the first estimate only (pruned), else the rounds of its median
     error: str = ""
 
 
@@ -73,23 +74,25 @@ def _forced_call(kind: str, tensors: dict[str, Any], mask: dict[str, Any],
 
 
 Captured = tuple[dict[Candidate, Any], dict[Candidate, float], dict[Candidate, str]]
+# Single replays of every captured candidate, back to back, before the rounds: the first pass
+# warms, the least of the others is the candidate's first estimate. Timing each candidate right
+# after its own capture left the GPU idle while the host captured, and a small kernel then ran
+# at idle clocks: single replays up to 6x slow.
+COARSE_PASSES = 3
 
 
 def _capture_all(calls: dict[Candidate, Callable[[], Any]], pool: Any) -> Captured:
-    """Each call's graph and one timed replay (after one warm replay), or why it failed:
+    """Each call's graph and its first estimate (COARSE_PASSES), or why it failed:
     (graphs, milliseconds, errors), each keyed by candidate."""
     import torch
 
     import ckfmha
 
     graphs: dict[Candidate, Any] = {}
-    coarse: dict[Candidate, float] = {}
     errors: dict[Candidate, str] = {}
     for candidate, call in calls.items():
         try:
             graphs[candidate] = capture_graph(call, pool)
-            replay_ms(graphs[candidate], 1)
-            coarse[candidate] = replay_ms(graphs[candidate], 1)
         except ckfmha.CkfmhaError as exc:  # a candidate the plan refuses (e.g. a split count)
             errors[candidate] = str(exc).splitlines()[0][:200]
         except torch.OutOfMemoryError:  # e.g. a split count whose workspace does not fit
@@ -97,6 +100,12 @@ def _capture_all(calls: dict[Candidate, Callable[[], Any]], pool: Any) -> Captur
             torch.cuda.empty_cache()
         except RuntimeError as exc:  # a call the graph could not capture
             errors[candidate] = f"graph capture: {str(exc).splitlines()[0][:180]}"
+    coarse: dict[Candidate, float] = {}
+    for p in range(COARSE_PASSES):
+        for candidate, graph in graphs.items():
+            ms = replay_ms(graph, 1)
+            if p > 0:
+                coarse[candidate] = min(ms, coarse.get(candidate, ms))
     return graphs, coarse, errors
 
 
@@ -122,12 +131,12 @@ def _check_settings(kind: str, warmup: int, iters: int, repeats: int) -> None:
 
 
 def time_plans(kind: str, fields: Mapping[str, Any], candidates: Sequence[Candidate], *,
-               warmup: int = 2, iters: int = 5, repeats: int = 3,
-               prune: float = PRUNE_RATIO) -> tuple[CandidateTime, ...]:  # fmt: skip
+               warmup: int = 2, iters: int = 5, repeats: int = 3, prune: float = PRUNE_RATIO,
+               keep: Sequence[Candidate] = ()) -> tuple[CandidateTime, ...]:  # fmt: skip
     """Times `candidates` (plans forced by name) of the problem `fields` of `kind` on the
     current device, one result per candidate in their order: the median of `repeats` rounds of
-    `iters` graph replays for those within `prune` times the fastest single replay, that
-    replay for the rest."""
+    `iters` graph replays for those within `prune` times the fastest first estimate (and for
+    those in `keep`, whatever their estimate), that estimate for the rest."""
     _check_settings(kind, warmup, iters, repeats)
     import torch
 
@@ -136,7 +145,7 @@ def time_plans(kind: str, fields: Mapping[str, Any], candidates: Sequence[Candid
     pool = torch.cuda.graph_pool_handle()
     graphs, coarse, errors = _capture_all(calls, pool)
     fastest = min(coarse.values(), default=0.0)
-    near = [c for c in calls if c in coarse and coarse[c] <= prune * fastest]
+    near = [c for c in calls if c in coarse and (coarse[c] <= prune * fastest or c in keep)]
     rounds = _rounds(graphs, near, warmup, iters, repeats)
     del graphs, pool
     results = []
@@ -158,7 +167,9 @@ def time_candidates(kind: str, fields: Mapping[str, Any], *, warmup: int = 2, it
     the current selection mode. Raises ValueError when no kernel can run the problem."""
     _check_settings(kind, warmup, iters, repeats)
     choice, candidates = dispatcher_choice(kind, fields)
-    results = time_plans(kind, fields, candidates, warmup=warmup, iters=iters, repeats=repeats)
+    # The dispatcher's plan is the baseline every report compares with: always timed in rounds.
+    results = time_plans(kind, fields, candidates, warmup=warmup, iters=iters, repeats=repeats,
+                         keep=[Candidate(choice.kernel, choice.num_splits)])  # fmt: skip
     return ProblemTiming(results, choice)
 
 

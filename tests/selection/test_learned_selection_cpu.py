@@ -24,7 +24,7 @@ PACKAGED = REPO_ROOT / "ckfmha" / "data" / "selection_sm90.model"
 CHECK = REPO_ROOT / "tests" / "data" / "selection_check.json"
 # The SM counts the dispatcher assumes without such a device (reference_sm_count).
 REFERENCE_SMS = {80: 108, 90: 132}
-FAMILIES = ("fwd", "decode", "bwd")
+FAMILIES = ("fwd", "decode", "varlen", "bwd")
 # A prediction: a multiple of the hand rules' plan's time (the shipped model's target).
 _PREDICTED = re.compile(r"^  predicted (\S+)x the rules' plan  (\S+)(?: num_splits=(\d+))?$",
                         re.MULTILINE)  # fmt: skip
@@ -55,10 +55,11 @@ def model(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     ckfmha.load_selection_model(PACKAGED)
 
 
-def _plain_kernels(family: str, arch: int) -> list[dict]:
+def _plain_kernels(family: str, arch: int, mode: str = "batch",
+                   mask: str = "none") -> list[dict]:  # fmt: skip
     return [k for k in ckfmha.Registry().kernels()
-            if k["family"] == family and k["arch"] == arch and k["mode"] == "batch"
-            and k["mask"] == "none" and k["bias"] == "none" and k["dtype"] in ("fp16", "bf16")
+            if k["family"] == family and k["arch"] == arch and k["mode"] == mode
+            and k["mask"] == mask and k["bias"] == "none" and k["dtype"] in ("fp16", "bf16")
             and not (k["dropout"] or k["softcap"] or k["sink"] or k["v_col_major"]
                      or k["dbias"])]  # fmt: skip
 
@@ -103,6 +104,32 @@ def test_dispatcher_predicts_and_picks_as_the_model(model_module: ModuleType,
         assert "learned: predicted" in plan and fastest in plan, plan
         if fastest_count and int(fastest_count) > 1:
             assert f"num_splits={fastest_count}" in plan, plan
+
+
+def test_group_mode_is_ranked_by_the_varlen_trees(model_module: ModuleType,
+                                                  model: tuple[Path, int]) -> None:  # fmt: skip
+    path, arch = model
+    # CI's core build has causal group-mode kernels only.
+    kernels = _plain_kernels("fwd", arch, mode="group", mask="causal")
+    if not kernels:
+        pytest.skip(f"this build registers no plain sm_{arch} group-mode forward kernel")
+    kernel = kernels[0]
+    # Three sequences of 300, 20 and 1000 tokens: the longest sizes the grid, the mean the work.
+    problem = {"mode": "group", "batch": 3, "nhead_q": 8, "nhead_k": 8, "seqlen_q": 1000,
+               "seqlen_k": 1000, "total_q": 1320, "total_k": 1320, "hdim": kernel["hdim_q"],
+               "hdim_v": kernel["hdim_v"], "causal": True}  # fmt: skip
+    explain = ckfmha.Dispatcher().explain(**problem, dtype=kernel["dtype"], lse=True, arch=arch,
+                                          selection="learned")  # fmt: skip
+    assert "\n  trees     varlen\n" in explain, explain
+    predicted = _PREDICTED.findall(explain)
+    assert predicted, explain
+    records = {k["name"]: k for k in ckfmha.Registry().kernels()}
+    trees = model_module.read_model(path)
+    for ratio, name, count in predicted:
+        x = model_module.candidate_features(problem, records[name], int(count or 0),
+                                            REFERENCE_SMS[arch])  # fmt: skip
+        assert x[-1] == pytest.approx(1320 / 3 / 1000)  # the grid's fill
+        assert float(ratio) == pytest.approx(math.exp(trees.predict_log("varlen", x)), rel=1e-5)
 
 
 def test_backward_main_stage_follows_the_model(model: tuple[Path, int]) -> None:
