@@ -28,11 +28,15 @@ std::vector<Rated> rated_main_stages(std::vector<ckfmha_kernel_entry> const& ker
                                      ckfmha_bwd_problem const& p, int arch, int num_sms,
                                      CostModel const& model) {
   std::vector<Rated> out;
+  std::vector<Features> features;
   const CostShape shape = cost_shape(p);
   for (auto const& k : kernels) {
     if (k.family != CKFMHA_FAMILY_BWD_DQ_DK_DV || !reject_reason_bwd(k, p, arch).empty()) continue;
-    out.push_back({k, std::exp(model.predict_log(candidate_features(shape, k, 0, num_sms)))});
+    out.push_back({k, 0});
+    features.push_back(candidate_features(shape, k, 0, num_sms));
   }
+  auto logs = model.predict_logs(features);
+  for (size_t i = 0; i < out.size(); ++i) out[i].predicted = std::exp(logs[i]);
   return out;
 }
 

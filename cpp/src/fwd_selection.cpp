@@ -62,10 +62,13 @@ std::vector<FwdCandidate> rated_candidates(std::vector<ckfmha_kernel_entry> cons
     }
   }
   const CostShape shape = cost_shape(p);
-  for (auto& c : out) {
-    c.predicted = std::exp(model.predict_log(
-        candidate_features(shape, c.kernel, c.num_splits, context.num_sms)));
+  std::vector<Features> features;
+  features.reserve(out.size());
+  for (auto const& c : out) {
+    features.push_back(candidate_features(shape, c.kernel, c.num_splits, context.num_sms));
   }
+  auto logs = model.predict_logs(features);
+  for (size_t i = 0; i < out.size(); ++i) out[i].predicted = std::exp(logs[i]);
   return out;
 }
 

@@ -11,6 +11,20 @@
 
 namespace ckfmha::runtime {
 
+std::vector<double> CostModel::predict_logs(std::vector<Features> const& xs) const {
+  std::vector<double> sums(xs.size(), 0.0);
+  for (auto const& tree : trees) {
+    TreeNode const* nodes = tree.data();
+    for (size_t c = 0; c < xs.size(); ++c) {
+      double const* x = xs[c].data();
+      TreeNode const* n = nodes;
+      while (n->feature >= 0) n = nodes + (x[n->feature] <= n->threshold ? n->left : n->right);
+      sums[c] += n->value;
+    }
+  }
+  return sums;
+}
+
 double CostModel::predict_log(Features const& x) const {
   double sum = 0;
   for (auto const& tree : trees) {
