@@ -6,9 +6,10 @@ does; it starts as $CKFMHA_SELECTION names, else "heuristic"):
 
 - "heuristic": the hand-written rules.
 - "learned": the cost model shipped in ckfmha/data (trained on an H100 from the selection
-  oracle's timings, benchmarks/train_selection.py) predicts each candidate plan's time and the
-  fastest wins, unless the hand rules' plan is predicted within the model's margin. It covers
-  batch-mode fp16/bf16 forward plans and the backward main stage on sm_90; elsewhere the hand
+  oracle's timings, benchmarks/train_selection.py) predicts each candidate plan's time as a
+  multiple of the hand rules' plan's, and the fastest wins, unless the hand rules' plan is
+  predicted within the model's margin. It covers fp16/bf16 forward plans in batch and group
+  (varlen) mode and the backward main stage on sm_90; elsewhere (paged K/V, fp32) the hand
   rules decide. ``Dispatcher.explain`` lists the predictions.
 - "tuned": the plan ``python -m ckfmha tune`` timed for this exact problem on this GPU (the
   table in ``default_tuning_path()``, or one given to ``load_tuning``); other problems as

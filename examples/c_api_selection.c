@@ -2,8 +2,8 @@
  * Plan selection from C: the same decode problem planned by the hand rules and
  * by the learned cost model (the model shipped beside the library, or one
  * given as the first argument), for an H100-class part, with no GPU needed.
- * explain lists each candidate's predicted time; the last line says which plan
- * each source picks and why.
+ * explain lists each candidate's predicted time (a multiple of the hand rules'
+ * plan's); the last line says which plan each source picks and why.
  *
  *   cc examples/c_api_selection.c -I$(python -c "import ckfmha; print(ckfmha.get_include()[1])") \
  *      -L$(python -c "import ckfmha; print(ckfmha.get_library_dir())") -lckfmha \

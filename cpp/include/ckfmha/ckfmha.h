@@ -511,12 +511,13 @@ CKFMHA_API int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bw
  * heuristic: hand-written rules (pipeline rank, tile padding, a wave model
  *   for split counts).
  * learned: a cost model (gradient-boosted trees, loaded with
- *   ckfmha_selection_model_load) predicts each candidate's time from problem
- *   and algorithm features and the fastest prediction wins. It covers batch-
- *   mode fp16/bf16 forward plans (one-stage and split-KV at split counts
- *   1, 2, 4, .. 64 and the hand rules' own count) and the backward main stage,
- *   on the arch it was trained for; other problems, or no model, fall back to
- *   the hand rules. explain lists each candidate's predicted time.
+ *   ckfmha_selection_model_load) predicts each candidate's time, as a multiple
+ *   of the hand rules' plan's, from problem and algorithm features, and the
+ *   fastest prediction wins. It covers fp16/bf16 forward plans in batch and
+ *   group mode (one-stage and split-KV at split counts 1, 2, 4, .. 64 and the
+ *   hand rules' own count) and the backward main stage, on the arch it was
+ *   trained for; other problems (paged K/V, fp32), or no model, fall back to
+ *   the hand rules. explain lists each candidate's prediction.
  * tuned: the plan a tuning table (ckfmha_tuning_load) holds for this exact
  *   problem, when its kernel is registered and fits; otherwise as learned.
  */
