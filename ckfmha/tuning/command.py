@@ -11,6 +11,7 @@ from pathlib import Path
 import ckfmha
 from ckfmha.errors import CkfmhaError, NoDeviceError
 from ckfmha.tuning.candidates import Candidate
+from ckfmha.tuning.inputs import explain_fields
 from ckfmha.tuning.problems import TuningProblem, read_problems
 from ckfmha.tuning.timing import CandidateTime, ProblemTiming, time_candidates
 
@@ -130,7 +131,7 @@ def tune_command(args: argparse.Namespace) -> int:
                 failed += 1
                 continue
             ckfmha.tuning_add(problem.kind, best.candidate.kernel, best.candidate.num_splits,
-                              best.ms, **problem.fields())  # fmt: skip
+                              best.ms, **explain_fields(problem.fields()))  # fmt: skip
     output.parent.mkdir(parents=True, exist_ok=True)
     entries = ckfmha.save_tuning(str(output))
     print(f"wrote {entries} entries to {output}")

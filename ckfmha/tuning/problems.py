@@ -6,11 +6,13 @@ dispatcher's problem fields. For example::
 
     [{"batch": 2, "nhead_q": 32, "nhead_k": 8, "seqlen_q": 4096, "hdim": 128, "causal": true},
      {"batch": 64, "nhead_q": 32, "nhead_k": 8, "seqlen_q": 1, "seqlen_k": 8192, "hdim": 128},
-     {"kind": "bwd", "batch": 2, "nhead_q": 16, "seqlen_q": 2048, "hdim": 64}]
+     {"kind": "bwd", "batch": 2, "nhead_q": 16, "seqlen_q": 2048, "hdim": 64},
+     {"nhead_q": 32, "nhead_k": 8, "seqlens_q": [700, 1500, 90], "hdim": 128, "causal": true}]
 
 nhead_k defaults to nhead_q, seqlen_k to seqlen_q, hdim_v to hdim, dtype to "bf16", causal to
 false and causal_alignment to "top_left" (ckfmha.fwd's default); null means the default too.
-A bad entry is a ValueError
+A varlen forward (group mode, ckfmha.fwd_varlen) gives each sequence's length instead of batch
+and seqlen_q/k: "seqlens_q", and "seqlens_k" (default: seqlens_q). A bad entry is a ValueError
 naming its index, the field and what the field accepts.
 """
 
@@ -29,14 +31,16 @@ ALIGNMENTS = ("top_left", "bottom_right")
 REQUIRED = ("batch", "nhead_q", "seqlen_q", "hdim")
 # Optional sizes and the required field each defaults to.
 SIZE_DEFAULTS = {"nhead_k": "nhead_q", "seqlen_k": "seqlen_q", "hdim_v": "hdim"}
-ACCEPTED = ("kind", *REQUIRED, *SIZE_DEFAULTS, "dtype", "causal", "causal_alignment")
+VARLEN = ("seqlens_q", "seqlens_k")
+ACCEPTED = ("kind", *REQUIRED, *SIZE_DEFAULTS, *VARLEN, "dtype", "causal", "causal_alignment")
 FORMAT_HINT = "a problems file is a JSON list of objects, or JSON Lines: one object per line"
 
 
 @dataclass(frozen=True)
 class TuningProblem:
     """One problem to tune: q [batch, nhead_q, seqlen_q, hdim], k [batch, nhead_k, seqlen_k,
-    hdim], v [batch, nhead_k, seqlen_k, hdim_v]."""
+    hdim], v [batch, nhead_k, seqlen_k, hdim_v]; or, with seqlens_q/k (group mode), sequences
+    of those lengths packed (seqlen_q/k are then the longest, batch their count)."""
 
     kind: str
     batch: int
@@ -49,11 +53,19 @@ class TuningProblem:
     dtype: str = "bf16"
     causal: bool = False
     causal_alignment: str = "top_left"
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The dispatcher's keyword fields (Dispatcher.explain, ckfmha.tuning_add)."""
+        """The dispatcher's keyword fields (Dispatcher.explain, ckfmha.tuning_add), and for a
+        varlen problem its sequences' lengths (ckfmha.tuning.inputs.explain_fields drops them)."""
         fields = dataclasses.asdict(self)
         del fields["kind"]
+        if self.seqlens_q is None:
+            del fields["seqlens_q"], fields["seqlens_k"]
+        else:
+            fields.update(mode="group", total_q=sum(self.seqlens_q), total_k=sum(self.seqlens_k),
+                          seqlens_q=list(self.seqlens_q), seqlens_k=list(self.seqlens_k))  # fmt: skip
         return fields
 
     @property
@@ -67,6 +79,9 @@ class TuningProblem:
         mask = ""
         if self.causal:
             mask = " causal" if self.causal_alignment == "top_left" else " causal bottom_right"
+        if self.seqlens_q is not None and self.seqlens_k is not None:
+            lengths = (f"varlen q{sum(self.seqlens_q)}/max{self.seqlen_q} "
+                       f"k{sum(self.seqlens_k)}/max{self.seqlen_k}")  # fmt: skip
         return f"{self.kind} b{self.batch} {heads} {lengths} {hdims} {self.dtype}{mask}"
 
 
@@ -87,6 +102,31 @@ def _size(where: str, entry: dict[str, Any], name: str) -> int:
     return value
 
 
+def _lengths(where: str, entry: dict[str, Any], name: str) -> tuple[int, ...]:
+    value = entry[name]
+    if not isinstance(value, list) or not value or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value):  # fmt: skip
+        raise ValueError(f"{where}: field '{name}' is {value!r}; accepted: a non-empty list of "
+                         "integers >= 1, one per sequence")  # fmt: skip
+    return tuple(value)
+
+
+def _varlen_sizes(where: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """batch, seqlen_q/k and seqlens_q/k of a varlen entry, which gives lengths, not sizes."""
+    if entry.get("kind", "fwd") != "fwd":
+        raise ValueError(f"{where}: seqlens_q/k describe a varlen forward; kind must be 'fwd'")
+    for name in ("batch", "seqlen_q", "seqlen_k"):
+        if entry.get(name) is not None:
+            raise ValueError(f"{where}: field '{name}' comes from seqlens_q/k; leave it out")
+    lengths_q = _lengths(where, entry, "seqlens_q")
+    lengths_k = lengths_q if entry.get("seqlens_k") is None else _lengths(where, entry, "seqlens_k")
+    if len(lengths_k) != len(lengths_q):
+        raise ValueError(f"{where}: seqlens_q has {len(lengths_q)} sequences and seqlens_k "
+                         f"{len(lengths_k)}; give one length per sequence in each")  # fmt: skip
+    return {"batch": len(lengths_q), "seqlen_q": max(lengths_q), "seqlen_k": max(lengths_k),
+            "seqlens_q": lengths_q, "seqlens_k": lengths_k}  # fmt: skip
+
+
 def problem_from_entry(entry: Any, where: str) -> TuningProblem:
     """One problem from a decoded JSON object; `where` names the entry in errors."""
     if not isinstance(entry, dict):
@@ -96,13 +136,20 @@ def problem_from_entry(entry: Any, where: str) -> TuningProblem:
     unknown = [name for name in entry if name not in ACCEPTED]
     if unknown:
         raise ValueError(f"{where}: unknown field '{unknown[0]}'; accepted: {', '.join(ACCEPTED)}")
+    varlen: dict[str, Any] = {}
+    if entry.get("seqlens_q") is not None or entry.get("seqlens_k") is not None:
+        if entry.get("seqlens_q") is None:
+            raise ValueError(f"{where}: seqlens_k without seqlens_q")
+        varlen = _varlen_sizes(where, entry)
+        entry = {**entry, **{k: varlen[k] for k in ("batch", "seqlen_q", "seqlen_k")}}
     missing = [name for name in REQUIRED if entry.get(name) is None]
     if missing:
         raise ValueError(f"{where}: missing field '{missing[0]}' "
                          f"(required: {', '.join(REQUIRED)})")  # fmt: skip
-    sizes = {name: _size(where, entry, name) for name in REQUIRED}
+    sizes: dict[str, Any] = {name: _size(where, entry, name) for name in REQUIRED}
     for name, fallback in SIZE_DEFAULTS.items():
         sizes[name] = sizes[fallback] if entry.get(name) is None else _size(where, entry, name)
+    sizes.update({k: varlen[k] for k in VARLEN if k in varlen})
     if sizes["nhead_q"] % sizes["nhead_k"]:
         raise ValueError(f"{where}: nhead_q {sizes['nhead_q']} is not a multiple of nhead_k "
                          f"{sizes['nhead_k']} (each K/V head serves a whole group)")  # fmt: skip

@@ -20,17 +20,25 @@ namespace {
 std::mutex table_mutex;
 std::map<std::string, TunedPlan> table;
 
+// Group mode: the packed token counts, which with the longest lengths tell
+// varlen batches apart (0 0 in batch mode and for the backward).
+std::string group_tokens(ckfmha_fwd_problem const& p) {
+  if (p.mode != CKFMHA_MODE_GROUP) return "0 0";
+  return std::to_string(p.total_q) + " " + std::to_string(p.total_k);
+}
+std::string group_tokens(ckfmha_bwd_problem const&) { return "0 0"; }
+
 template <class Problem>
 std::string key_of(const char* kind, Problem const& p) {
   std::ostringstream key;
   key << kind << ' ' << dtype_name(p.dtype) << ' ' << mode_name(p.mode) << ' ' << p.batch << ' '
       << p.nhead_q << ' ' << p.nhead_k << ' ' << p.seqlen_q << ' ' << p.seqlen_k << ' '
       << p.hdim_q << ' ' << p.hdim_v << ' ' << int(p.mask) << ' ' << p.window_left << ' '
-      << p.window_right;
+      << p.window_right << ' ' << group_tokens(p);
   return key.str();
 }
 
-constexpr int kKeyFields = 13;
+constexpr int kKeyFields = 15;
 
 // What a table must match to be used: this library (its version, and the
 // size and modification time of its file, which a rebuild or reinstall
@@ -153,7 +161,8 @@ int tuning_load(const char* path, int* entries) {
     for (int i = 0; i < kKeyFields && parts >> part; ++i) key += (i ? " " : "") + part;
     TunedPlan plan;
     if (!(parts >> plan.kernel >> plan.num_splits >> plan.ms) || plan.num_splits < 0) {
-      return bad("expected 'entry <13 key fields> <kernel> <num_splits> <ms>'");
+      return bad("expected 'entry <" + std::to_string(kKeyFields) +
+                 " key fields> <kernel> <num_splits> <ms>'");
     }
     found[key] = plan;
   }

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.gpu_compare import Inputs, compare, f64, torch_dtype
+from support.gpu_compare import Inputs, compare, compare_packed, f64, torch_dtype
 
 import ckfmha
 from ckfmha.reference import attention_reference
@@ -89,9 +89,8 @@ def test_varlen_plans_of_each_mode_match_the_reference(case: tuple, mode: str) -
     inputs, dtype = Inputs(sum(lengths_k) % 1000), torch_dtype("bf16")
     q = inputs.normal((sum(lengths_q), hq, d), dtype)
     k, v = (inputs.normal((sum(lengths_k), hk, d), dtype) for _ in range(2))
-    starts_q, starts_k = np.cumsum((0, *lengths_q)), np.cumsum((0, *lengths_k))
-    cu_q = torch.tensor(starts_q, device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor(starts_k, device="cuda", dtype=torch.int32)
+    cu_q = torch.tensor(np.cumsum((0, *lengths_q)), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor(np.cumsum((0, *lengths_k)), device="cuda", dtype=torch.int32)
     out = torch.full(q.shape, float("nan"), device="cuda", dtype=q.dtype)
     problem = {"mode": "group", "batch": len(lengths_q), "nhead_q": hq, "nhead_k": hk,
                "seqlen_q": max(lengths_q), "seqlen_k": max(lengths_k), "total_q": sum(lengths_q),
@@ -105,9 +104,5 @@ def test_varlen_plans_of_each_mode_match_the_reference(case: tuple, mode: str) -
     torch.cuda.synchronize()
     if mode == "learned":
         assert "  trees     varlen\n" in explain and "  predicted " in explain, explain
-    for b in range(len(lengths_q)):
-        rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
-        seq = [t.permute(1, 0, 2).unsqueeze(0) for t in (q[rows], k[keys], v[keys])]
-        ref, ref_lse = attention_reference(*(f64(t) for t in seq), causal=causal)
-        compare({"dtype": "bf16"}, out[rows].permute(1, 0, 2).unsqueeze(0),
-                lse[:, rows].unsqueeze(0), ref, ref_lse, f"{case} sequence {b} {mode}")
+    compare_packed(out, lse, q, k, v, list(lengths_q), list(lengths_k), f"{case} {mode}",
+                   causal=causal)  # fmt: skip

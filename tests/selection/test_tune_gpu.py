@@ -4,19 +4,20 @@ outputs match the float64 reference as the hand rules' do."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.gpu_compare import Inputs, compare, f64, torch_dtype
+from support.gpu_compare import Inputs, compare, compare_packed, f64, torch_dtype
 
 import ckfmha
 from ckfmha.__main__ import main as cli_main
 from ckfmha.reference import attention_reference
 from ckfmha.tuning import Choice, fwd_candidates
-from ckfmha.tuning.inputs import mask_options
+from ckfmha.tuning.inputs import explain_fields, mask_options
 from ckfmha.tuning.problems import TuningProblem, problem_from_entry
 
 pytestmark = pytest.mark.gpu
@@ -91,3 +92,32 @@ def test_tuned_plans_match_the_reference(tuned: tuple[Path, list[Choice]], index
         heuristic_out = _run(problem, tensors)
     for mode, out in (("tuned", tuned_out), ("heuristic", heuristic_out)):
         compare({"dtype": problem.dtype}, out, None, ref, None, f"{problem.label}, {mode}")
+
+
+def test_tune_times_a_varlen_problem_and_tuned_runs_its_plan(tmp_path: Path) -> None:
+    # A decode step over four cached sequences of their own lengths.
+    entry = {"nhead_q": 24, "nhead_k": 8, "seqlens_q": [1, 1, 1, 1],
+             "seqlens_k": [900, 4001, 17, 2500], "hdim": 128}  # fmt: skip
+    problems, table = tmp_path / "problems.json", tmp_path / "table.txt"
+    problems.write_text(json.dumps([entry]))
+    ckfmha.clear_tuning()
+    assert cli_main(["tune", "--problems", str(problems), "--output", str(table), "--warmup", "1",
+                     "--iters", "2", "--repeats", "2"]) == 0  # fmt: skip
+    ckfmha.clear_tuning()
+    assert ckfmha.load_tuning(table) == 1
+    problem = problem_from_entry(entry, "varlen entry")
+    lengths_q, lengths_k = list(entry["seqlens_q"]), list(entry["seqlens_k"])
+    inputs, dtype = Inputs(7), torch_dtype("bf16")
+    q = inputs.normal((sum(lengths_q), 24, 128), dtype)
+    k, v = (inputs.normal((sum(lengths_k), 8, 128), dtype) for _ in range(2))
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))  # fmt: skip
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=q.dtype)
+    with ckfmha.selection("tuned"):
+        explain = ckfmha.Dispatcher().explain(**explain_fields(problem.fields()))
+        ckfmha.fwd_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=1, max_seqlen_k=max(lengths_k),
+                          out=out)  # fmt: skip
+    torch.cuda.synchronize()
+    assert "tuned: the tuning table's plan" in explain, explain
+    compare_packed(out, None, q, k, v, lengths_q, lengths_k, problem.label)
+    ckfmha.clear_tuning()

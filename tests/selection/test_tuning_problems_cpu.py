@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import ckfmha
-from ckfmha.tuning.problems import ACCEPTED, TuningProblem, parse_problems, read_problems
+from ckfmha.tuning.inputs import explain_fields
+from ckfmha.tuning.problems import ACCEPTED, VARLEN, TuningProblem, parse_problems, read_problems
 
 PREFILL = {"batch": 2, "nhead_q": 32, "nhead_k": 8, "seqlen_q": 4096, "hdim": 128,
            "causal": True}  # fmt: skip
@@ -53,8 +54,35 @@ def test_fields_are_the_dispatchers_keywords() -> None:
     # explain needs no GPU when it is given an arch: the fields must be ones it accepts.
     kernel = next(k for k in ckfmha.Registry().kernels() if k["family"] == "fwd")
     fields = EXPECTED[0].fields()
-    assert set(fields) == set(ACCEPTED) - {"kind"}
+    assert set(fields) == set(ACCEPTED) - {"kind", *VARLEN}
     assert ckfmha.Dispatcher().explain(**fields, arch=kernel["arch"]).startswith("problem: fwd")
+
+
+def test_a_varlen_entry_gives_its_sequences_lengths() -> None:
+    entry = {"nhead_q": 32, "nhead_k": 8, "seqlens_q": [700, 1500, 90], "hdim": 128,
+             "causal": True}  # fmt: skip
+    (problem,) = parse_problems(json.dumps([entry]))
+    assert (problem.batch, problem.seqlen_q, problem.seqlen_k) == (3, 1500, 1500)
+    assert problem.seqlens_k == problem.seqlens_q == (700, 1500, 90)
+    fields = problem.fields()
+    assert (fields["mode"], fields["total_q"], fields["total_k"]) == ("group", 2290, 2290)
+    assert "varlen q2290/max1500" in problem.label
+    # The lengths make the inputs; explain takes the rest.
+    kernel = next(k for k in ckfmha.Registry().kernels() if k["family"] == "fwd")
+    explain = ckfmha.Dispatcher().explain(**explain_fields(fields), arch=kernel["arch"])
+    assert explain.startswith("problem: fwd") and "group" in explain.splitlines()[0]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"seqlens_q": [700, 0]}, r"field 'seqlens_q' is \[700, 0\]; accepted: a non-empty list"),
+    ({"batch": 3}, r"field 'batch' comes from seqlens_q/k; leave it out"),
+    ({"kind": "bwd"}, r"seqlens_q/k describe a varlen forward; kind must be 'fwd'"),
+    ({"seqlens_k": [1, 2]}, r"seqlens_q has 3 sequences and seqlens_k 2"),
+])  # fmt: skip
+def test_bad_varlen_entries_name_the_flaw(change: dict, message: str) -> None:
+    entry = {"nhead_q": 8, "seqlens_q": [7, 9, 4], "hdim": 64, **change}
+    with pytest.raises(ValueError, match=message):
+        parse_problems(json.dumps([entry]))
 
 
 @pytest.mark.parametrize(
@@ -110,3 +138,10 @@ def test_read_problems_names_the_file(tmp_path: Path) -> None:
         read_problems(path)
     with pytest.raises(ValueError, match="cannot read the problems file .*missing.json"):
         read_problems(tmp_path / "missing.json")
+
+
+def test_the_example_problems_file_parses() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "tune_problems.json"
+    problems = read_problems(example)
+    assert {p.kind for p in problems} == {"fwd", "bwd"}
+    assert any(p.seqlens_q is not None for p in problems)  # a varlen entry among them

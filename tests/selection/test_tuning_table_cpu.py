@@ -62,6 +62,28 @@ def test_an_entry_decides_its_problem_only(tmp_path: Path) -> None:
     assert "num_splits=3" in _plan(fields, "tuned")
 
 
+def test_group_mode_entries_are_told_apart_by_their_token_counts(tmp_path: Path) -> None:
+    kernel = next((k for k in ckfmha.Registry().kernels()
+                   if k["family"] == "fwd" and k["mode"] == "group" and k["bias"] == "none"
+                   and k["dtype"] == "bf16" and k["mask"] in ("none", "causal")
+                   and not (k["softcap"] or k["sink"] or k["v_col_major"] or k["dropout"])),
+                  None) or pytest.skip("no plain bf16 group-mode forward kernel")  # fmt: skip
+    # Three sequences, the longest 1000 tokens: 1320 in all, or 2000 in all.
+    fields = {"mode": "group", "batch": 3, "nhead_q": 8, "seqlen_q": 1000, "total_q": 1320,
+              "total_k": 1320, "hdim": kernel["hdim_q"], "hdim_v": kernel["hdim_v"],
+              "dtype": "bf16", "causal": kernel["mask"] == "causal",
+              "arch": kernel["arch"]}  # fmt: skip
+    ckfmha.tuning_add("fwd", kernel["name"], 0, 0.5, **_problem(fields))
+    assert "tuned:" in _plan(fields, "tuned")
+    other = _plan({**fields, "total_q": 2000, "total_k": 2000}, "tuned")
+    assert "no entry for this problem" in other, other
+    path = tmp_path / "table.txt"
+    assert ckfmha.save_tuning(path) == 1
+    ckfmha.clear_tuning()
+    assert ckfmha.load_tuning(path) == 1
+    assert "tuned:" in _plan(fields, "tuned")
+
+
 @pytest.mark.parametrize("line", ["library", "build", "driver", "device"])
 def test_a_stale_table_is_refused(tmp_path: Path, line: str) -> None:
     kernel = _split_kernel()

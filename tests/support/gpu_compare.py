@@ -71,3 +71,24 @@ def compare(kernel: dict[str, Any], got: Any, got_lse: Any, ref: np.ndarray,
     np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=0, atol=LSE_TOL[dtype],
                                err_msg=what)
     return float(rel)
+
+
+def compare_packed(got: Any, got_lse: Any, q: Any, k: Any, v: Any, lengths_q: list[int],
+                   lengths_k: list[int], what: str, **mask: Any) -> None:  # fmt: skip
+    """A group-mode (varlen) forward against the float64 reference, one sequence at a time:
+    q, got [total_q, heads, d], k, v [total_k, heads, d], got_lse [heads, total_q] or None."""
+    from ckfmha.reference import attention_reference
+
+    starts_q, starts_k = np.cumsum((0, *lengths_q)), np.cumsum((0, *lengths_k))
+    for b in range(len(lengths_q)):
+        rows = slice(int(starts_q[b]), int(starts_q[b + 1]))
+        keys = slice(int(starts_k[b]), int(starts_k[b + 1]))
+        seq = [t.permute(1, 0, 2).unsqueeze(0) for t in (q[rows], k[keys], v[keys])]
+        ref, ref_lse = attention_reference(*(f64(t) for t in seq), **mask)
+        lse = None if got_lse is None else got_lse[:, rows].unsqueeze(0)
+        compare({"dtype": _dtype_name(q)}, got[rows].permute(1, 0, 2).unsqueeze(0), lse, ref,
+                None if got_lse is None else ref_lse, f"{what}, sequence {b}")  # fmt: skip
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).rsplit(".", 1)[-1].replace("bfloat16", "bf16").replace("float16", "fp16")
