@@ -83,12 +83,13 @@ ckfmha_kernel_entry choose_main_stage(std::vector<ckfmha_kernel_entry> const& ke
   if (best == rated.end()) return rules_choice;
   if (mine != rated.end() && best->predicted >= mine->predicted * (1 - model->bwd.margin)) {
     *why = "learned: " + note + "the hand rules' main stage is predicted " +
-           model->format_prediction(mine->predicted) + ", within the model's margin of the fastest (" +
+           model->format_prediction(mine->predicted) +
+           ", within the model's margin of the fastest (" +
            model->format_prediction(best->predicted) + ")";
     return rules_choice;
   }
-  *why = "learned: " + note + "predicted " + model->format_prediction(best->predicted) + ", the fastest of " +
-         std::to_string(rated.size()) + " main stages";
+  *why = "learned: " + note + "predicted " + model->format_prediction(best->predicted) +
+         ", the fastest of " + std::to_string(rated.size()) + " main stages";
   return best->kernel;
 }
 

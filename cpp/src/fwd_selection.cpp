@@ -148,9 +148,10 @@ LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd
   auto mine = std::find_if(candidates.begin(), candidates.end(),
                            [&](FwdCandidate const& c) { return is_rules_plan(c, rules); });
   if (mine != candidates.end() && best->predicted >= mine->predicted * (1 - trees.margin)) {
-    choice.why = "the hand rules' plan is predicted " + model.format_prediction(mine->predicted) +
-                 ", within the model's margin of the fastest (" + model.format_prediction(best->predicted) +
-                 ")";
+    choice.why = "the hand rules' plan is predicted " +
+                 model.format_prediction(mine->predicted) +
+                 ", within the model's margin of the fastest (" +
+                 model.format_prediction(best->predicted) + ")";
     return choice;
   }
   std::ostringstream why;

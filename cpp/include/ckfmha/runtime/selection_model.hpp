@@ -1,8 +1,9 @@
-// A learned cost model: gradient-boosted regression trees that predict the
-// log of a candidate plan's milliseconds from its features
-// (selection_features.hpp): one tree set for batch-mode forward plans, one for
-// decode steps (a single query row, where split counts decide), one for
-// group-mode (varlen) forward plans and one for the backward main stage. benchmarks/train_selection.py trains it on the
+// A learned cost model: gradient-boosted regression trees that predict, from
+// a candidate plan's features (selection_features.hpp), the log of its time
+// (or of its time over the hand rules' plan's: SelectionModel::relative). One
+// tree set serves batch-mode forward plans, one decode steps (a single query
+// row, where split counts decide), one group-mode (varlen) forward plans and
+// one the backward main stage. benchmarks/train_selection.py trains it on the
 // oracle's timings and writes the text format parse_selection_model reads.
 #pragma once
 

@@ -1,8 +1,9 @@
 // The tuning table: the fastest plan timed (python -m ckfmha tune) for exact
 // problems on one GPU, preferred by the "tuned" selection. Entries are keyed
 // by the fields that decide a plan's speed: kind, dtype, mode, batch, heads,
-// lengths, head dims, mask and, in group mode, the packed token counts. A table file names the library version, CUDA
-// driver and device it was timed with; loading refuses one that differs.
+// lengths, head dims, mask and, in group mode, the packed token counts. A
+// table file names the library version, CUDA driver and device it was timed
+// with; loading refuses one that differs.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
