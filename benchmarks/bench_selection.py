@@ -33,7 +33,7 @@ from broad_cases import KINDS, BroadCase, select, suite
 from oracle_shapes import problem_fields
 
 import ckfmha
-from ckfmha.tuning import Candidate, dispatcher_choice, time_plans
+from ckfmha.tuning import Candidate, dispatcher_candidates, time_plans
 
 RESULTS = Path(__file__).resolve().parent / "results" / "selection"
 MODES = ("heuristic", "learned")
@@ -62,7 +62,7 @@ def compare_case(case: BroadCase, args: argparse.Namespace) -> dict[str, Any]:
     plans = {}
     for mode in MODES:
         with ckfmha.selection(mode):
-            choice, _ = dispatcher_choice(kind, fields)
+            _, choice = dispatcher_candidates(kind, fields)
         plans[mode] = Candidate(choice.kernel, choice.num_splits)
     row: dict[str, Any] = {"kind": case.kind, "label": case.label, "standard": case.standard,
                            **{f"{m}_plan": plan_text(p) for m, p in plans.items()},

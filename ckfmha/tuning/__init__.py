@@ -22,7 +22,7 @@ from ckfmha.tuning.timing import (
     PRUNE_RATIO,
     CandidateTime,
     ProblemTiming,
-    dispatcher_choice,
+    dispatcher_candidates,
     time_candidates,
     time_plans,
 )
@@ -36,7 +36,7 @@ __all__ = [
     "ProblemTiming",
     "TuningProblem",
     "bwd_candidates",
-    "dispatcher_choice",
+    "dispatcher_candidates",
     "fwd_candidates",
     "parse_problems",
     "read_problems",

@@ -166,16 +166,17 @@ def time_candidates(kind: str, fields: Mapping[str, Any], *, warmup: int = 2, it
     ("fwd" or "bwd") on the current device (time_plans), beside the dispatcher's choice under
     the current selection mode. Raises ValueError when no kernel can run the problem."""
     _check_settings(kind, warmup, iters, repeats)
-    choice, candidates = dispatcher_choice(kind, fields)
+    candidates, choice = dispatcher_candidates(kind, fields)
     # The dispatcher's plan is the baseline every report compares with: always timed in rounds.
     results = time_plans(kind, fields, candidates, warmup=warmup, iters=iters, repeats=repeats,
                          keep=[Candidate(choice.kernel, choice.num_splits)])  # fmt: skip
     return ProblemTiming(results, choice)
 
 
-def dispatcher_choice(kind: str, fields: Mapping[str, Any]) -> tuple[Choice, list[Candidate]]:
-    """The dispatcher's plan for the problem under the current selection mode, and every
-    candidate its explain text lists."""
+def dispatcher_candidates(kind: str,
+                          fields: Mapping[str, Any]) -> tuple[list[Candidate], Choice]:  # fmt: skip
+    """Every candidate the dispatcher's explain text lists for the problem, and its plan under
+    the current selection mode (as fwd_candidates / bwd_candidates give them)."""
     import ckfmha
 
     dispatcher, arch, problem = ckfmha.Dispatcher(), ckfmha.device_arch(), explain_fields(fields)
@@ -183,4 +184,4 @@ def dispatcher_choice(kind: str, fields: Mapping[str, Any]) -> tuple[Choice, lis
         candidates, choice = bwd_candidates(dispatcher.explain_bwd(**problem, arch=arch))
     else:
         candidates, choice = fwd_candidates(dispatcher.explain(**problem, arch=arch))
-    return choice, candidates
+    return candidates, choice
