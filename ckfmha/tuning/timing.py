@@ -76,8 +76,8 @@ def _forced_call(kind: str, tensors: dict[str, Any], mask: dict[str, Any],
 Captured = tuple[dict[Candidate, Any], dict[Candidate, float], dict[Candidate, str]]
 # Single replays of every captured candidate, back to back, before the rounds: the first pass
 # warms, the least of the others is the candidate's first estimate. Timing each candidate right
-# after its own capture left the GPU idle while the host captured, and a small kernel then ran
-# at idle clocks: single replays up to 6x slow.
+# after its own capture left the GPU idle while the host captured (most likely at idle clocks
+# when the replay came): small kernels' single replays up to 6x slow.
 COARSE_PASSES = 3
 
 
