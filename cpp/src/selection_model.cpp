@@ -25,19 +25,6 @@ std::vector<double> CostModel::predict_logs(std::vector<Features> const& xs) con
   return sums;
 }
 
-double CostModel::predict_log(Features const& x) const {
-  double sum = 0;
-  for (auto const& tree : trees) {
-    int32_t node = 0;
-    while (tree[size_t(node)].feature >= 0) {
-      TreeNode const& n = tree[size_t(node)];
-      node = x[size_t(n.feature)] <= n.threshold ? n.left : n.right;
-    }
-    sum += tree[size_t(node)].value;
-  }
-  return sum;
-}
-
 std::string SelectionModel::describe() const {
   std::ostringstream out;
   out << "cost model for sm_" << arch << " trained on " << device << " (" << num_sms

@@ -32,10 +32,10 @@ struct CostModel {
   // this fraction faster: timings within it are noise the trees cannot rank.
   double margin = 0;
   bool empty() const { return trees.empty(); }
-  double predict_log(Features const& x) const;  // the target's log (SelectionModel::relative)
-  // predict_log of each of `xs`. Each tree is walked for every candidate before
-  // the next tree, so its nodes stay in the L1 cache: a decode problem's 18
-  // candidates cost a few microseconds, not one pass over the model each.
+  // The target's log (SelectionModel::relative) for each of `xs`: the sum of
+  // the trees' leaves. Each tree is walked for every candidate before
+  // the next tree, so its nodes stay in the L1 cache instead of the whole
+  // model passing through the caches once per candidate.
   std::vector<double> predict_logs(std::vector<Features> const& xs) const;
 };
 
