@@ -73,6 +73,10 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         CKFMHA_PAGE_LAYOUT_LINEAR
         CKFMHA_PAGE_LAYOUT_VECTORIZED
 
+    ctypedef enum ckfmha_kv_quant:
+        CKFMHA_KV_QUANT_NONE
+        CKFMHA_KV_QUANT_FP8_E4M3
+
     ctypedef enum ckfmha_layout:
         CKFMHA_LAYOUT_BHSD
         CKFMHA_LAYOUT_BSHD
@@ -118,6 +122,10 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int64_t block_table_stride
         int32_t num_pages
         int64_t num_kv_indices
+        ckfmha_kv_quant kv_quant
+        int32_t kv_scale_per_head
+        float k_scale
+        float v_scale
 
     ctypedef struct ckfmha_fwd_args:
         const void* q
@@ -137,6 +145,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const int32_t* kv_indices
         const int32_t* kv_indptr
         const int32_t* seqlens_k
+        const float* k_scale
+        const float* v_scale
 
     ctypedef struct ckfmha_bwd_problem:
         ckfmha_dtype dtype

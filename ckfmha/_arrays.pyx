@@ -22,6 +22,7 @@ from ckfmha._dlpack cimport (
     kDLCUDA,
     kDLCUDAManaged,
     kDLFloat,
+    kDLFloat8_e4m3fn,
 )
 from ckfmha._memory cimport DeviceArray
 
@@ -78,8 +79,9 @@ def as_view(obj, stream=0, dtype=None, str name="array", int ndim=4, allowed=Non
     """Adapt ``obj`` for the C API on ``stream``.
 
     ``dtype`` overrides what the array reports (needed when the CUDA Array
-    Interface shows bf16 as an anonymous 2-byte type). ``allowed`` lists the
-    accepted ckfmha dtype codes; ``writable`` rejects read-only outputs.
+    Interface shows bf16 as an anonymous 2-byte type, and to read uint8 arrays of
+    any kind as e4m3 codes). ``allowed`` lists the accepted ckfmha dtype codes;
+    ``writable`` rejects read-only outputs.
     """
     cdef ArrayView view
     override = None if dtype is None else _dtypes.dtype_code(dtype)
@@ -116,7 +118,10 @@ def as_view(obj, stream=0, dtype=None, str name="array", int ndim=4, allowed=Non
         )
     view.source = obj
     if override is not None and view.dtype != override:
-        if _dtypes.ITEMSIZE[view.dtype] != _dtypes.ITEMSIZE[override] or view.protocol != "cai":
+        # NumPy, CuPy and torch before float8 have no e4m3 type: their uint8 arrays hold codes.
+        codes = view.dtype == _dtypes.UINT8 and override == _dtypes.FP8_E4M3
+        if not codes and (_dtypes.ITEMSIZE[view.dtype] != _dtypes.ITEMSIZE[override]
+                          or view.protocol != "cai"):
             raise _invalid(f"{name}: dtype={_dtypes.NAMES[override]} given, but the array "
                            f"holds {_dtypes.NAMES[view.dtype]}")
         view.dtype = override
@@ -217,7 +222,8 @@ cdef ArrayView _from_torch(obj, str name):
     cdef ArrayView view = ArrayView.__new__(ArrayView)
     code = DTYPE_CODES.get(obj.dtype)
     if code is None:
-        raise _invalid(f"{name}: torch dtype {obj.dtype} is not fp16, bf16 or fp32")
+        raise _invalid(f"{name}: torch dtype {obj.dtype} is not fp16, bf16, fp32 or (K/V) "
+                       "float8_e4m3fn")
     view.dtype = code
     view.shape = tuple(obj.shape)
     view.strides = tuple(obj.stride())
@@ -240,8 +246,10 @@ cdef int _dlpack_dtype(DLTensor* tensor, str name) except -1:
         return _dtypes.INT32
     if lanes == 1 and code == kDLUInt and bits == 8:
         return _dtypes.UINT8
+    if lanes == 1 and code == kDLFloat8_e4m3fn and bits == 8:
+        return _dtypes.FP8_E4M3
     raise _invalid(f"{name}: DLPack dtype (code={code}, bits={bits}, lanes={lanes}) is not "
-                   "fp16, bf16 or fp32")
+                   "fp16, bf16, fp32 or (K/V) float8_e4m3fn")
 
 
 cdef ArrayView _from_dlpack(obj, stream, str name, bint writable):

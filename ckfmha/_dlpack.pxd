@@ -17,6 +17,8 @@ cdef enum:
     kDLUInt = 1
     kDLFloat = 2
     kDLBfloat = 4
+    # DLPack 1.1's fp8 codes; torch exports float8_e4m3fn with this one (bits 8).
+    kDLFloat8_e4m3fn = 10
 
 cdef enum:
     DLPACK_FLAG_BITMASK_READ_ONLY = 1

@@ -28,6 +28,9 @@ def fwd(
     kernel: str | None = None,
     stream: Any = None,
     dtype: Any = None,
+    kv_dtype: Any = None,
+    k_scale: float | Any = None,
+    v_scale: float | Any = None,
 ) -> Any: ...
 def fwd_varlen(
     q: Any,
@@ -60,5 +63,8 @@ def fwd_varlen(
     stream: Any = None,
     dtype: Any = None,
     validate: bool | None = None,
+    kv_dtype: Any = None,
+    k_scale: float | Any = None,
+    v_scale: float | Any = None,
 ) -> Any: ...
 def first_use_key(problem: Any) -> tuple[str, tuple[Any, ...]]: ...

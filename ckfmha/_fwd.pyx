@@ -8,6 +8,7 @@ import numpy as np
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
+from ckfmha._fp8_kv cimport KvScales, attention_views
 from ckfmha._problem cimport fill_fwd_problem, to_int32
 from ckfmha._status cimport check
 
@@ -19,11 +20,14 @@ from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
+from ckfmha.fp8_kv import check_scale_args, kv_quant_of
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_varlen
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
+# fp8 K/V passes the backward's views, to be refused with a reason rather than a dtype list.
+_BWD_KV_DTYPES = _INPUT_DTYPES + (_dtypes.FP8_E4M3,)
 _LSE_DTYPES = (_dtypes.FP32,)
 _F32 = (_dtypes.FP32,)
 _I32 = (_dtypes.INT32,)
@@ -148,7 +152,8 @@ cdef tuple _first_use_key(capi.ckfmha_fwd_problem* p):
         p.dropout_p > 0 or p.store_dropout_randval != 0, p.softcap > 0,
         bool(p.has_sink), bool(p.v_col_major), <int>p.kv_storage, <int>p.page_layout,
         p.num_splits > 1,
-        <int64_t>p.seqlen_q * (p.nhead_q // max(p.nhead_k, 1)) <= first_use.DECODE_PACKED_ROWS))
+        <int64_t>p.seqlen_q * (p.nhead_q // max(p.nhead_k, 1)) <= first_use.DECODE_PACKED_ROWS,
+        <int>p.kv_quant))
 
 
 def first_use_key(problem) -> tuple:
@@ -245,10 +250,13 @@ cdef int _check_outputs(out, lse_out, ArrayView ov, ArrayView lv, list inputs) e
 
 
 cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
-    """Views of q, k and v, which must share one fp16, bf16 or fp32 dtype."""
+    """Views of q, k and v, which must share one fp16, bf16 or fp32 dtype (the backward's)."""
     cdef ArrayView qv = as_view(q, handle, dtype, "q", ndim, _INPUT_DTYPES)
-    cdef ArrayView kv = as_view(k, handle, dtype, "k", ndim, _INPUT_DTYPES)
-    cdef ArrayView vv = as_view(v, handle, dtype, "v", ndim, _INPUT_DTYPES)
+    cdef ArrayView kv = as_view(k, handle, dtype, "k", ndim, _BWD_KV_DTYPES)
+    cdef ArrayView vv = as_view(v, handle, dtype, "v", ndim, _BWD_KV_DTYPES)
+    if _dtypes.FP8_E4M3 in (kv.dtype, vv.dtype):
+        raise _invalid("k or v is fp8_e4m3: fp8 K/V is for the forward (inference); the "
+                       "backward takes k and v in q's dtype")
     if not qv.dtype == kv.dtype == vv.dtype:
         raise _invalid(f"q, k and v must have one dtype, got {qv.dtype_name}, "
                        f"{kv.dtype_name}, {vv.dtype_name}")
@@ -294,7 +302,7 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
         softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0, dropout_seed=0,
         dropout_offset=0, return_dropout_randval=False, return_lse=False, layout="bhsd",
         v_col_major=False, num_splits=0, out=None, lse_out=None, kernel=None, stream=None,
-        dtype=None):
+        dtype=None, kv_dtype=None, k_scale=None, v_scale=None):
     """Fused multi-head attention forward: softmax(mask(bias + cap(scale * q k^T))) v.
 
     q is [batch, nhead_q, seqlen_q, hdim] and k, v are [batch, nhead_k, seqlen_k,
@@ -305,6 +313,17 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     in either layout. q, k and v share one dtype: fp16, bf16, or fp32 (computed
     with fp32 FMAs on CUDA cores, no tf32; slower than the tensor-core kernels).
     The output has q's dtype.
+
+    fp8 K/V: k and v may both hold e4m3 values (torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn,
+    or uint8 codes with ``kv_dtype="fp8_e4m3"``) standing for ``k_scale * k`` and
+    ``v_scale * v``, with q (and the output) fp16 or bf16; strides stay in elements (= bytes)
+    and must be multiples of 16 but for the head dim's. ``k_scale`` and ``v_scale`` are numbers
+    (default 1.0; positive and finite) or, both, fp32 device arrays of 1 or nhead_k values (one
+    per K/V head), read by the kernels so that a captured CUDA graph follows their updates.
+    Served by the split-KV kernels on sm_89 and later (UnsupportedError elsewhere). Scales
+    given for K/V that are not fp8, fp8 q, or one of k and v in fp8 raise
+    InvalidArgumentError. ``dtype`` overrides the dtype q
+    reports, and k's and v's unless ``kv_dtype`` is given.
 
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
@@ -340,26 +359,30 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     device raises InvalidArgumentError naming both devices; an int handle cannot be checked
     and must belong to the arrays' device.
     """
+    check_scale_args(k_scale, v_scale)
     index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
-                           ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink)))
+                           ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
+                                             ("k_scale", k_scale), ("v_scale", v_scale)))
     with on_device(index):
         return _fwd(index, q, k, v, causal, causal_alignment, window, scale, softcap, bias,
                     alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                     return_dropout_randval, return_lse, layout, v_col_major, num_splits, out,
-                    lse_out, kernel, stream, dtype)
+                    lse_out, kernel, stream, dtype, kv_dtype, k_scale, v_scale)
 
 
 cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softcap, bias,
                  alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                  return_dropout_randval, return_lse, layout, v_col_major, num_splits, out, lse_out,
-                 kernel, stream, dtype):
+                 kernel, stream, dtype, kv_dtype, k_scale, v_scale):
     """``fwd`` with the arrays' device (``index``) current."""
     cdef int c_layout = layout_code(layout)
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
 
     cdef ArrayView qv, kv, vv
-    qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 4)
+    qv, kv, vv = attention_views(q, k, v, handle, dtype, kv_dtype, 4, 4, 4, "k", "v")
+    kv_quant = kv_quant_of(qv.dtype, kv.dtype, vv.dtype,
+                           scales_given=k_scale is not None or v_scale is not None)
     batch, nhead_q, seqlen_q, hdim_q = _bhsd(qv.shape, c_layout)
     k_batch, nhead_k, seqlen_k, k_hdim = _bhsd(kv.shape, c_layout)
     if v_col_major:
@@ -381,6 +404,8 @@ cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softca
     memset(&args, 0, sizeof(args))
     _init_problem(&problem, qv.dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q, seqlen_k,
                   hdim_q, hdim_v)
+    cdef KvScales kv_scales = KvScales()
+    kv_scales.apply(&problem, &args, kv_quant, k_scale, v_scale, handle, nhead_k)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
 
@@ -420,7 +445,7 @@ cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softca
     _set_strides(problem.o_stride, _bhs_strides(ov, c_layout))
     _set_tensors(&args, qv, kv, vv, ov, lv)
     _check_outputs(out, lse_out, ov, lv, [qv.region("q"), kv.region("k"), vv.region("v")] +
-                   features.input_regions)
+                   features.input_regions + kv_scales.regions)
     _run(&problem, &args, kernel, handle, kind, q)
 
     # The views (and with them staged copies and DLPack owners) live until here,
@@ -474,7 +499,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
                scale=None, softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0,
                dropout_seed=0, dropout_offset=0, return_dropout_randval=False,
                return_lse=False, v_col_major=False, num_splits=0, out=None, lse_out=None,
-               kernel=None, stream=None, dtype=None, validate=None):
+               kernel=None, stream=None, dtype=None, validate=None, kv_dtype=None, k_scale=None,
+               v_scale=None):
     """Forward attention over a packed batch of variable-length sequences (group mode).
 
     q is [total_q, nhead_q, hdim], k and v [total_k, nhead_k, hdim / hdim_v];
@@ -485,7 +511,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     local to each sequence (bias [batch, hq, max_sq, max_sk]); with
     ``v_col_major`` v is [nhead_k, hdim_v, total_k] (tokens contiguous). Returns o
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
-    then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``.
+    then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``; fp8 K/V
+    (``kv_dtype``, ``k_scale``, ``v_scale``) as in ``fwd``.
 
     Offsets given on the host (NumPy, lists) are checked before they are staged: they start
     at 0, never decrease, end within q and k, and no sequence is longer than max_seqlen_q/k
@@ -499,28 +526,32 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     Empty problems: batch 0 (one offset), no tokens or max_seqlen_q 0 launch nothing; a
     sequence without keys (max_seqlen_k 0: all of them) gets o = 0 and LSE = -inf.
     """
+    check_scale_args(k_scale, v_scale)
     index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
                            ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
                                              ("cu_seqlens_q", cu_seqlens_q),
-                                             ("cu_seqlens_k", cu_seqlens_k)))
+                                             ("cu_seqlens_k", cu_seqlens_k),
+                                             ("k_scale", k_scale), ("v_scale", v_scale)))
     with on_device(index):
         return _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            skip_min_seqlen_q, causal, causal_alignment, window, scale, softcap,
                            bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                            return_dropout_randval, return_lse, v_col_major, num_splits, out,
-                           lse_out, kernel, stream, dtype, validate)
+                           lse_out, kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale)
 
 
 cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         skip_min_seqlen_q, causal, causal_alignment, window, scale, softcap, bias,
                         alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                         return_dropout_randval, return_lse, v_col_major, num_splits, out, lse_out,
-                        kernel, stream, dtype, validate):
+                        kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale):
     """``fwd_varlen`` with the arrays' device (``index``) current."""
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
     cdef ArrayView qv, kv, vv
-    qv, kv, vv = _qkv_views(q, k, v, handle, dtype, 3)
+    qv, kv, vv = attention_views(q, k, v, handle, dtype, kv_dtype, 3, 3, 3, "k", "v")
+    kv_quant = kv_quant_of(qv.dtype, kv.dtype, vv.dtype,
+                           scales_given=k_scale is not None or v_scale is not None)
     total_q, nhead_q, hdim_q = qv.shape
     total_k, nhead_k, k_hdim = kv.shape
     if v_col_major:
@@ -548,6 +579,8 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     problem.total_q = total_q
     problem.total_k = total_k
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
+    cdef KvScales kv_scales = KvScales()
+    kv_scales.apply(&problem, &args, kv_quant, k_scale, v_scale, handle, nhead_k)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
     meta = MetadataValues(validate)
@@ -595,7 +628,8 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     args.cu_seqlens_k = <const int32_t*>ckv.ptr
     _check_outputs(out, lse_out, ov, lv, [qv.region("q"), kv.region("k"), vv.region("v"),
                                           cqv.region("cu_seqlens_q"),
-                                          ckv.region("cu_seqlens_k")] + features.input_regions)
+                                          ckv.region("cu_seqlens_k")] + features.input_regions
+                   + kv_scales.regions)
     _run(&problem, &args, kernel, handle, kind, q)
 
     results = _results(kind, handle, o_obj, out, lse_obj, lse_out, features)

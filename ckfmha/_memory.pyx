@@ -21,6 +21,7 @@ from ckfmha._dlpack cimport (
     kDLUInt,
     kDLCUDA,
     kDLFloat,
+    kDLFloat8_e4m3fn,
 )
 from ckfmha._status cimport check
 
@@ -196,7 +197,8 @@ cdef class DeviceArray:
     # ---- host copies ----
 
     def copy_to_host(self) -> np.ndarray:
-        """A NumPy copy (bf16 needs ml_dtypes). Blocks until the copy finishes."""
+        """A NumPy copy (bf16 needs ml_dtypes; e4m3 is ml_dtypes.float8_e4m3fn, or its uint8
+        codes without it). Blocks until the copy finishes."""
         host_dtype = _dtypes.numpy_dtype(self._dtype)
         self._order_before(0)
         cdef size_t nbytes = self._span_bytes()
@@ -287,7 +289,8 @@ def empty(shape, dtype="fp16") -> DeviceArray:
 def from_host(array, dtype=None) -> DeviceArray:
     """Copy a NumPy array (fp16, bf16 via ml_dtypes, or fp32) to new device memory.
 
-    ``dtype`` reinterprets the bytes, e.g. uint16 bit patterns as "bf16".
+    ``dtype`` reinterprets the bytes, e.g. uint16 bit patterns as "bf16", or uint8 e4m3 codes
+    as "fp8_e4m3".
     """
     host = np.ascontiguousarray(array)
     result = DeviceArray(host.shape, host.dtype if dtype is None else dtype)
@@ -330,7 +333,8 @@ cdef int _fill_tensor(DLTensor* tensor, DeviceArray array, int64_t* dims) except
     tensor.device.device_id = array.device
     tensor.ndim = ndim
     tensor.dtype.code = {_dtypes.BF16: kDLBfloat, _dtypes.INT32: kDLInt,
-                         _dtypes.UINT8: kDLUInt}.get(array._dtype, kDLFloat)
+                         _dtypes.UINT8: kDLUInt,
+                         _dtypes.FP8_E4M3: kDLFloat8_e4m3fn}.get(array._dtype, kDLFloat)
     tensor.dtype.bits = 8 * _dtypes.ITEMSIZE[array._dtype]
     tensor.dtype.lanes = 1
     tensor.shape = dims

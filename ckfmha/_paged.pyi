@@ -30,4 +30,7 @@ def fwd_paged(
     dtype: Any = None,
     validate: bool | None = None,
     workspace: Any = None,
+    kv_dtype: Any = None,
+    k_scale: float | Any = None,
+    v_scale: float | Any = None,
 ) -> Any: ...

@@ -8,6 +8,7 @@ import numpy as np
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
+from ckfmha._fp8_kv cimport KvScales, attention_views
 from ckfmha._fwd cimport _bhs_strides, _bhsd, _check_outputs, _in_layout, _init_problem, _run, \
     _set_scalars, _set_strides, _set_tensors
 from ckfmha._problem cimport to_int32
@@ -18,12 +19,12 @@ from ckfmha._interop import allocate, array_kind, finish, resolve_stream
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.fp8_kv import check_scale_args, kv_quant_of
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_paged
 from ckfmha.page_layouts import check_vectorized_k, paged_cache_dims
 from ckfmha.problem import layout_code, page_layout_code
 
-_INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
 _F32 = (_dtypes.FP32,)
 _I32 = (_dtypes.INT32,)
 _U8 = (_dtypes.UINT8,)
@@ -74,7 +75,7 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
               causal=False, causal_alignment="top_left", window=None, scale=None,
               softcap=0.0, return_lse=False, layout="bhsd", page_layout="linear",
               num_splits=0, out=None, lse_out=None, kernel=None, stream=None, dtype=None,
-              validate=None, workspace=None):
+              validate=None, workspace=None, kv_dtype=None, k_scale=None, v_scale=None):
     """Attention over a paged K/V cache: decode steps (fwd_pagedkv) and batch prefill.
 
     k_cache and v_cache are [num_pages, page_size, nhead_k, hdim] (vLLM's flash
@@ -94,7 +95,11 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     ``cu_seqlens_q`` (int32 [batch + 1]), ragged queries packed as q [total_q,
     nhead_q, hdim] (batch prefill; ``max_seqlen_q`` the longest, computed when
     cu_seqlens_q is a host array). nhead_q is a multiple of nhead_k (GQA).
-    q and the caches share one dtype (fp16 or bf16 for the paged kernels).
+    q and the caches share one dtype (fp16 or bf16 for the paged kernels), or the caches are
+    fp8: float8_e4m3fn (or uint8 codes with ``kv_dtype="fp8_e4m3"``) in the linear layout,
+    standing for ``k_scale * k_cache`` and ``v_scale * v_cache``, with q fp16 or bf16.
+    ``k_scale``/``v_scale`` as in ``fwd``: numbers (default 1.0), or both fp32 device arrays
+    of 1 or nhead_k values, read by the kernels (a captured graph follows their updates).
 
     ``causal``/``window`` masks align as in ``fwd``; "bottom_right" makes each
     sequence's last query see its last key (what decoding and prefilling
@@ -124,22 +129,25 @@ def fwd_paged(q, k_cache, v_cache, *, block_table=None, seqlens_k=None, kv_indic
     ``ckfmha.check_errors()``) raises DeviceMetadataError. Devices and
     output overlaps are checked as in ``fwd``; a batch or query count of 0 launches nothing.
     """
+    check_scale_args(k_scale, v_scale)
     index = check_devices((("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
                            ("lse_out", lse_out), ("workspace", workspace)),
                           (("block_table", block_table), ("seqlens_k", seqlens_k),
                            ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
-                           ("cu_seqlens_q", cu_seqlens_q)))
+                           ("cu_seqlens_q", cu_seqlens_q), ("k_scale", k_scale),
+                           ("v_scale", v_scale)))
     with on_device(index):
         return _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
                           cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment,
                           window, scale, softcap, return_lse, layout, page_layout, num_splits, out,
-                          lse_out, kernel, stream, dtype, validate, workspace)
+                          lse_out, kernel, stream, dtype, validate, workspace, kv_dtype, k_scale,
+                          v_scale)
 
 
 cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
                        cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment, window,
                        scale, softcap, return_lse, layout, page_layout, num_splits, out, lse_out,
-                       kernel, stream, dtype, validate, workspace):
+                       kernel, stream, dtype, validate, workspace, kv_dtype, k_scale, v_scale):
     """``fwd_paged`` with the arrays' device (``index``) current."""
     cdef int c_page_layout = page_layout_code(page_layout)
     cdef bint indptr = kv_indices is not None or kv_indptr is not None
@@ -217,13 +225,13 @@ cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_in
 
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
-    cdef ArrayView qv = as_view(q, handle, dtype, "q", 3 if group else 4, _INPUT_DTYPES)
-    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 5 if vectorized else 4,
-                                 _INPUT_DTYPES)
-    cdef ArrayView vcv = as_view(v_cache, handle, dtype, "v_cache", 4, _INPUT_DTYPES)
-    if not qv.dtype == kcv.dtype == vcv.dtype:
-        raise _invalid(f"q, k_cache and v_cache must have one dtype, got {qv.dtype_name}, "
-                       f"{kcv.dtype_name}, {vcv.dtype_name}")
+    cdef ArrayView qv, kcv, vcv
+    qv, kcv, vcv = attention_views(q, k_cache, v_cache, handle, dtype, kv_dtype,
+                                   3 if group else 4, 5 if vectorized else 4, 4, "k_cache",
+                                   "v_cache")
+    kv_quant = kv_quant_of(qv.dtype, kcv.dtype, vcv.dtype,
+                           scales_given=k_scale is not None or v_scale is not None,
+                           k_name="k_cache", v_name="v_cache")
     cdef ArrayView wv = None
     if workspace is not None:
         wv = as_view(workspace, handle, None, "workspace", 1, _U8, True)
@@ -242,6 +250,8 @@ cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_in
     if group:
         problem.mode = capi.CKFMHA_MODE_GROUP
         problem.total_q = total_q
+    cdef KvScales kv_scales = KvScales()
+    kv_scales.apply(&problem, &args, kv_quant, k_scale, v_scale, handle, nhead_k)
     if vectorized:
         check_vectorized_k(kcv.shape, kcv.strides)
         # (page, head, 8-channel chunk) for K, (page, head, channel) for V.
@@ -308,7 +318,7 @@ cdef object _fwd_paged(index, q, k_cache, v_cache, block_table, seqlens_k, kv_in
             ("q", qv), ("k_cache", kcv), ("v_cache", vcv), ("block_table", tv),
             ("seqlens_k", sv), ("kv_indices", iv), ("kv_indptr", pv), ("cu_seqlens_q", cqv),
             ("workspace", wv))
-        if view is not None])
+        if view is not None] + kv_scales.regions)
     _run(&problem, &args, kernel, handle, kind, q, wv)
 
     # The views (staged copies, DLPack owners) live until here, past the launch.

@@ -60,6 +60,10 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
         out.total_k = (<int64_t>out.batch * out.seqlen_k if problem.total_k is None
                        else problem.total_k)
     out.num_splits = to_int32(problem.num_splits, "num_splits")
+    out.kv_quant = <capi.ckfmha_kv_quant><int>problem.kv_quant_code
+    out.kv_scale_per_head = 1 if problem.kv_scale_per_head else 0
+    out.k_scale = float(problem.k_scale)
+    out.v_scale = float(problem.v_scale)
     if problem.v_col_major:
         # Contiguous [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
         out.v_col_major = 1
@@ -151,6 +155,10 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "block_table_stride": problem.block_table_stride,
         "num_pages": problem.num_pages,
         "num_kv_indices": problem.num_kv_indices,
+        "kv_quant": <int>problem.kv_quant,
+        "kv_scale_per_head": problem.kv_scale_per_head,
+        "k_scale": problem.k_scale,
+        "v_scale": problem.v_scale,
     }
 
 
@@ -175,6 +183,9 @@ cdef int fill_bwd_problem(object problem, bint deterministic,
     fill_fwd_problem(problem, &forward)
     if forward.v_col_major:
         raise InvalidArgumentError("the backward takes row-major V (v_col_major=False)", 1)
+    if forward.kv_quant != capi.CKFMHA_KV_QUANT_NONE:
+        raise InvalidArgumentError("the backward takes K/V in the problem's dtype; fp8 K/V "
+                                   "(kv_dtype) is for inference, with no gradients", 1)
     check(capi.ckfmha_bwd_problem_init(
         out, forward.dtype, <capi.ckfmha_layout>problem.layout_code, forward.batch,
         forward.nhead_q, forward.nhead_k, forward.seqlen_q, forward.seqlen_k, forward.hdim_q,

@@ -18,6 +18,9 @@ DTYPE_CODES: dict[Any, int] = {
     torch.int32: _dtypes.INT32,
     torch.uint8: _dtypes.UINT8,
 }
+# fp8 K/V caches; torch has had float8_e4m3fn since 2.1.
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPE_CODES[torch.float8_e4m3fn] = _dtypes.FP8_E4M3
 
 # torch.cuda.current_stream() builds a Stream object per call; the raw getter
 # returns the handle alone. It is private API, so the public one stays the fallback.

@@ -36,6 +36,7 @@ BIASES = {code: name for name, code in problem.BIASES.items()}
 PAGE_LAYOUTS = {code: name for name, code in problem.PAGE_LAYOUTS.items()}
 # ckfmha_rope (the append runner's table lives in the Cython module that imports this one).
 ROPES = {0: "none", 1: "interleaved", 2: "half_rotated"}
+KV_QUANTS = {code: name for name, code in problem.KV_QUANTS.items()}
 
 # Query rows per K/V head up to which the dispatcher runs a decode-shaped split-KV plan.
 DECODE_PACKED_ROWS = 64
@@ -66,6 +67,7 @@ class FwdKey:
     page_layout: int
     forced_splits: bool  # num_splits > 1
     decode_shaped: bool  # packed query rows per K/V head <= DECODE_PACKED_ROWS
+    kv_quant: int = 0  # ckfmha_kv_quant: 1 for fp8 (e4m3) K/V
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,8 @@ Key = FwdKey | BwdKey | AppendKvKey
 
 def _fwd_plans(key: FwdKey, gen: Any) -> list[list[Any]]:
     """Signature lists, best plan first: the split-KV plan (split stage and combine stage) where
-    the problem is paged, forced to split or decode-shaped, and the one-stage kernel."""
+    the problem is paged, forced to split or decode-shaped, and the one-stage kernel. fp8 K/V
+    is read by the split and paged families alone, so it has the split-KV plan only."""
     sig = gen.signature
     features = {
         "dtype": DTYPES[key.dtype],
@@ -120,14 +123,16 @@ def _fwd_plans(key: FwdKey, gen: Any) -> list[list[Any]]:
         dtype=features["dtype"], mode=features["mode"], hdim_q=key.hdim_v, hdim_v=key.hdim_v,
         mask="none", lse=True, family="fwd_splitkv_combine",
     )  # fmt: skip
+    # The combine stage reads the splits' fp32 partial results, never K/V: it has no kv_quant.
+    kv = {"kv_quant": KV_QUANTS[key.kv_quant]} if key.kv_quant else {}
     if key.kv_storage != 0:
         family = sig.BATCH_PREFILL if key.mode == 1 else sig.FWD_PAGEDKV
         paged = sig.FwdSignature(
-            **features, family=family, page_layout=PAGE_LAYOUTS[key.page_layout]
+            **features, **kv, family=family, page_layout=PAGE_LAYOUTS[key.page_layout]
         )
         return [[paged, combine]]
-    split = [sig.FwdSignature(**features, family="fwd_splitkv"), combine]
-    if key.forced_splits:
+    split = [sig.FwdSignature(**features, **kv, family="fwd_splitkv"), combine]
+    if key.forced_splits or key.kv_quant:
         return [split]
     # Kernel sets build forward kernels with LSE, and an LSE kernel serves a problem that asks
     # for none: wanting the no-LSE twin would compile a kernel the library already covers.

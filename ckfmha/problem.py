@@ -26,6 +26,8 @@ MODES = {"batch": 0, "group": 1}
 # Values of the C enums ckfmha_kv_storage and ckfmha_page_layout.
 KV_STORAGES = {None: 0, "block_table": 1, "kv_indptr": 2}
 PAGE_LAYOUTS = {"linear": 0, "vectorized": 1}
+# Values of the C enum ckfmha_kv_quant, by the generator's spelling of the signature field.
+KV_QUANTS = {"none": 0, "e4m3": 1}
 
 
 def layout_code(layout: str) -> int:
@@ -84,6 +86,24 @@ def page_layout_code(page_layout: str) -> int:
     return PAGE_LAYOUTS[page_layout]
 
 
+def kv_quant_code(kv_dtype: Any, dtype: Any) -> int:
+    """The C ckfmha_kv_quant of K/V stored as ``kv_dtype`` in a problem of ``dtype``: 0 for None
+    (K/V in dtype, like q) or dtype itself, 1 for fp8 e4m3 ("fp8_e4m3", "e4m3",
+    float8_e4m3fn)."""
+    if kv_dtype is None:
+        return KV_QUANTS["none"]
+    code = _dtypes.dtype_code(kv_dtype)
+    if code == _dtypes.FP8_E4M3:
+        return KV_QUANTS["e4m3"]
+    if code != _dtypes.dtype_code(dtype):
+        raise InvalidArgumentError(
+            f"kv_dtype must be None (K/V in the problem's dtype, {dtype}) or 'fp8_e4m3', got "
+            f"{kv_dtype!r}",
+            1,
+        )
+    return KV_QUANTS["none"]
+
+
 def mode_code(mode: str) -> int:
     if mode not in MODES:
         raise InvalidArgumentError(f"mode must be 'batch' or 'group', got {mode!r}", 1)
@@ -102,7 +122,10 @@ class FwdProblem:
     "group"), so selection and explanation work without arrays or a GPU. In group
     mode ``total_q``/``total_k`` are the packed tensors' token counts (None: ``batch``
     sequences of the longest length); kernels check every sequence range against them.
-    Validation happens in the C library, so the errors match those of ``fwd``.
+    ``kv_dtype="fp8_e4m3"`` describes fp8 K/V (``fwd``'s float8_e4m3fn k and v), dequantised
+    by ``k_scale``/``v_scale`` (one per K/V head with ``kv_scale_per_head``, which stands for
+    device scale arrays). Validation happens in the C library, so the errors match those of
+    ``fwd``.
     """
 
     batch: int
@@ -138,6 +161,12 @@ class FwdProblem:
     page_layout: str = "linear"
     max_pages_per_seq: int | None = None
     num_pages: int | None = None
+    # fp8 K/V: None (k, v in dtype) or "fp8_e4m3"; the values stand for k_scale * k and
+    # v_scale * v. kv_scale_per_head: nhead_k scales each (device arrays in fwd).
+    kv_dtype: str | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    kv_scale_per_head: bool = False
 
     @property
     def kv_heads(self) -> int:
@@ -158,6 +187,10 @@ class FwdProblem:
     @property
     def layout_code(self) -> int:
         return layout_code(self.layout)
+
+    @property
+    def kv_quant_code(self) -> int:
+        return kv_quant_code(self.kv_dtype, self.dtype)
 
     @property
     def mask_code(self) -> int:

@@ -67,6 +67,7 @@ _PAGE_LAYOUT_ENUMS = {
     "linear": "CKFMHA_PAGE_LAYOUT_LINEAR",
     "vectorized": "CKFMHA_PAGE_LAYOUT_VECTORIZED",
 }
+_KV_QUANT_ENUMS = {"none": "CKFMHA_KV_QUANT_NONE", "e4m3": "CKFMHA_KV_QUANT_FP8_E4M3"}
 _ROPE_MODES = {"none": "kNone", "interleaved": "kInterleaved", "half_rotated": "kHalfRotated"}
 _MASK_MODES = {"none": "kNone", "causal": "kCausal", "window": "kWindow"}
 _BIAS_MODES = {"none": "kNone", "elementwise": "kElementwise", "alibi": "kAlibi"}
@@ -170,12 +171,21 @@ def instance_file_name(config: KernelConfig) -> str:
 
 
 def _trailing_defaults(
-    v_col_major: bool, ctas_per_sm: int, split_kv: bool = False, paged_kv: bool = False
+    v_col_major: bool,
+    ctas_per_sm: int,
+    split_kv: bool = False,
+    paged_kv: bool = False,
+    kv_fp8: bool = False,
 ) -> str:
     """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1, SplitKv=false,
-    PagedKv=false), written out only as far as a non-default value needs, so plain instances
-    keep their short text."""
+    PagedKv=false, KvFp8=false), written out only as far as a non-default value needs, so plain
+    instances keep their short text."""
     v_flag = "true" if v_col_major else "false"
+    if kv_fp8:
+        return (
+            f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, /*SplitKv=*/true, "
+            f"/*PagedKv=*/{_flag(paged_kv)}, /*KvFp8=*/true"
+        )
     if paged_kv:
         return (
             f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, /*SplitKv=*/true, "
@@ -288,6 +298,7 @@ def render_instance(config: KernelConfig) -> str:
     split_kv = sig.family == "fwd_splitkv" or paged_kv
     # The paged body reads vectorized pages' V per channel, as column-major V.
     v_col_major = sig.v_col_major or sig.page_layout == "vectorized"
+    kv_fp8 = sig.kv_quant == "e4m3"
     return _instance_text(
         config,
         f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimQK=*/{sig.hdim_q}, /*HeadDimV=*/{sig.hdim_v},\n"
@@ -298,7 +309,7 @@ def render_instance(config: KernelConfig) -> str:
         f"{indent}/*HasLse=*/{_flag(sig.lse)}, /*HasDropout=*/{_flag(sig.dropout)}, "
         f"/*HasSoftcap=*/{_flag(sig.softcap)}, /*HasSink=*/{_flag(sig.sink)},\n"
         f"{indent}/*IsGroupMode=*/{_flag(sig.mode == 'group')}"
-        f"{_trailing_defaults(v_col_major, alg.ctas_per_sm, split_kv, paged_kv)}",
+        f"{_trailing_defaults(v_col_major, alg.ctas_per_sm, split_kv, paged_kv, kv_fp8)}",
     )
 
 
@@ -342,7 +353,8 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f"/*v_col_major=*/{int(sig.v_col_major)}, /*has_dbias=*/{int(getattr(sig, 'dbias', 0))},\n"
         f"     {_ROPE_ENUMS[getattr(sig, 'rope', 'none')]}, "
         f"/*paged_kv=*/{int(getattr(sig, 'paged', False))}, "
-        f"{_PAGE_LAYOUT_ENUMS[getattr(sig, 'page_layout', 'linear')]},\n"
+        f"{_PAGE_LAYOUT_ENUMS[getattr(sig, 'page_layout', 'linear')]}, "
+        f"{_KV_QUANT_ENUMS[sig.kv_quant]},\n"
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"

@@ -25,7 +25,7 @@ _FWD = re.compile(
     r"_(?P<dtype>fp16|bf16|fp32)_(?P<mode>batch|group)_d(?P<q>\d+)x(?P<v>\d+)"
     r"_(?P<mask>none|causal|window)(?:_(?P<bias>bias|alibi))?_(?P<lse>lse|nolse)"
     r"(?P<drop>_drop)?(?P<softcap>_softcap)?(?P<sink>_sink)?(?P<vcol>_vcol)?"
-    r"(?P<vecpages>_vecpages)?"
+    r"(?P<vecpages>_vecpages)?(?:_kv(?P<kv_quant>e4m3))?"
 )
 _BWD_ROWWISE = re.compile(
     r"(?P<family>bwd_dot_do_o|bwd_convert_dq)_(?P<dtype>fp16|bf16|fp32)_(?P<mode>batch|group)"
@@ -66,6 +66,7 @@ def _signature(text: str) -> Signature | None:
             softcap=bool(match["softcap"]), sink=bool(match["sink"]),
             v_col_major=bool(match["vcol"]),
             page_layout="vectorized" if match["vecpages"] else "linear",
+            kv_quant=match["kv_quant"] or "none",
         )  # fmt: skip
     return None
 

@@ -14,6 +14,7 @@ from .signature import (
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
+    FWD_PAGEDKV,
     PAGE_LAYOUTS,
     PAGED_FAMILIES,
     ROPE_MODES,
@@ -153,6 +154,29 @@ def _paged_signatures() -> tuple[FwdSignature, ...]:
             PAGED_FAMILIES, DTYPES, SPLITKV_HDIMS, MASKS, PAGE_LAYOUTS
         )
     )
+
+
+def _fp8_kv(dtype: str, hdim: int, mask: str, family: str) -> FwdSignature:
+    """A split-KV body reading fp8 (e4m3) K/V: contiguous (fwd_splitkv) or paged."""
+    mode = "group" if family == BATCH_PREFILL else "batch"
+    return _fwd(dtype, hdim, mask, True, mode=mode, family=family, kv_quant="e4m3")
+
+
+def _fp8_kv_signatures() -> tuple[FwdSignature, ...]:
+    """Decode over fp8 K/V caches, contiguous and paged, with no mask or causal, and batch
+    prefill over fp8 pages, causal; sm_89 and later (the rules drop older archs). Window masks
+    and contiguous group mode compile on first use."""
+    decode = tuple(
+        _fp8_kv(dtype, hdim, mask, family)
+        for family, dtype, hdim, mask in itertools.product(
+            ("fwd_splitkv", FWD_PAGEDKV), DTYPES, SPLITKV_HDIMS, ("none", "causal")
+        )
+    )
+    prefill = tuple(
+        _fp8_kv(dtype, hdim, "causal", BATCH_PREFILL)
+        for dtype, hdim in itertools.product(DTYPES, SPLITKV_HDIMS)
+    )
+    return decode + prefill
 
 
 def _fp32_signatures(full: bool) -> tuple[FwdSignature, ...]:
@@ -301,6 +325,9 @@ def _core_signatures() -> tuple[Signature, ...]:
         *(_splitkv(dtype, 128, mask) for dtype, mask in itertools.product(DTYPES, ("none", "causal"))),
         *(_combine(dtype, 128) for dtype in DTYPES),
         *(_paged(dtype, 128, "causal", "fwd_pagedkv") for dtype in DTYPES),
+        # Decode over fp8 K/V caches (sm_89 and later), contiguous and paged.
+        *(_fp8_kv(dtype, 128, "causal", "fwd_splitkv") for dtype in DTYPES),
+        _fp8_kv("bf16", 128, "causal", FWD_PAGEDKV),
         # Backward: the same problems as the forward's batch mode.
         *(
             sig
@@ -337,7 +364,7 @@ RECEIPTS: dict[str, Receipt] = {
             name="core",
             description="the prebuilt core a plain install builds: forward and backward for "
             "{fp16,bf16} x d{64,128} x {no mask, causal}, varlen causal forward, the d128 "
-            "decode plans (split-KV and paged), KV-cache appends at d128, and one kernel of each "
+            "decode plans (split-KV and paged, K/V in dtype or fp8 e4m3), KV-cache appends at d128, and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",
             signatures=_core_signatures(),
@@ -382,7 +409,9 @@ RECEIPTS: dict[str, Receipt] = {
             "pairwise at d64 and d128; fp32 at d64/d128 x masks, d192x128, d256 window and a few "
             "feature combinations; split-KV and its combine stage for {fp16,bf16} x d{64,128} x "
             "masks x {batch,group}; paged K/V (fwd_pagedkv in batch mode, batch_prefill in "
-            "group mode) for {fp16,bf16} x d{64,128} x masks x {linear,vectorized} pages; backward plans for {fp16,bf16} x every mask x {batch,group} "
+            "group mode) for {fp16,bf16} x d{64,128} x masks x {linear,vectorized} pages; fp8 (e4m3) "
+            "K/V decode (split-KV and fwd_pagedkv, no mask or causal) and causal batch_prefill "
+            "for {fp16,bf16} x d{64,128} on sm_89+; backward plans for {fp16,bf16} x every mask x {batch,group} "
             "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
             "forward and backward pairs for the features models train with (soft-cap, sinks, "
             "ALiBi, dropout with the masks their models use) at d64/d128, "
@@ -393,8 +422,8 @@ RECEIPTS: dict[str, Receipt] = {
             signatures=_unique(
                 _mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
                 + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
-                + _paged_signatures() + _bwd_signatures() + _training_signatures()
-                + _appendkv_signatures()
+                + _paged_signatures() + _fp8_kv_signatures() + _bwd_signatures()
+                + _training_signatures() + _appendkv_signatures()
             ),
             all_tiles=False,
         ),
@@ -405,8 +434,8 @@ RECEIPTS: dict[str, Receipt] = {
             signatures=_unique(
                 _mask_signatures((True, False)) + _group_signatures()
                 + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
-                + _splitkv_signatures() + _paged_signatures() + _bwd_signatures()
-                + _training_signatures() + _appendkv_signatures()
+                + _splitkv_signatures() + _paged_signatures() + _fp8_kv_signatures()
+                + _bwd_signatures() + _training_signatures() + _appendkv_signatures()
             ),
             all_tiles=True,
         ),

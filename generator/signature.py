@@ -35,6 +35,9 @@ class FwdSignature:
     # [num_pages, page_size, nhead_k, hdim] or "vectorized" (vLLM's older layout: K [pages,
     # nhead_k, hdim / 8, page_size, 8], V [pages, nhead_k, hdim, page_size]).
     page_layout: str = "linear"
+    # Split-KV and paged families: "e4m3" when K/V are fp8 (float8_e4m3fn) caches read with a
+    # dequantisation scale, "none" when they are in dtype like Q.
+    kv_quant: str = "none"
 
     @property
     def name(self) -> str:
@@ -49,6 +52,7 @@ class FwdSignature:
                 ("_sink", self.sink),
                 ("_vcol", self.v_col_major),
                 ("_vecpages", self.page_layout == "vectorized"),
+                (f"_kv{self.kv_quant}", self.kv_quant != "none"),
             )
             if on
         )
@@ -65,6 +69,8 @@ FWD_PAGEDKV = "fwd_pagedkv"
 BATCH_PREFILL = "batch_prefill"
 PAGED_FAMILIES = (FWD_PAGEDKV, BATCH_PREFILL)
 PAGE_LAYOUTS = ("linear", "vectorized")
+# How K/V caches may be stored apart from the queries' dtype: in dtype, or fp8 e4m3.
+KV_QUANTS = ("none", "e4m3")
 
 # The three stages of the backward plan.
 BWD_DOT_DO_O = "bwd_dot_do_o"
@@ -109,6 +115,10 @@ class BwdSignature:
     @property
     def v_col_major(self) -> bool:
         return False
+
+    @property
+    def kv_quant(self) -> str:
+        return "none"
 
     @property
     def is_rowwise(self) -> bool:
@@ -187,6 +197,10 @@ class AppendKvSignature:
     @property
     def v_col_major(self) -> bool:
         return False
+
+    @property
+    def kv_quant(self) -> str:
+        return "none"
 
     @property
     def name(self) -> str:

@@ -39,9 +39,10 @@ class BatchDecode(PagedAttentionWrapper):
     the page ids and the page tables' shape and contents (within max_pages: a block table of
     any width, or kv_indptr/kv_indices), and the values in q and the caches may change. A new
     capture is needed when anything else changes: the batch, nhead_q, nhead_k, head_dim,
-    seqlen_q, layout, page size or layout, dtype, mask (causal, window, alignment), scale or
-    softcap (``capture_key`` then changes), or the arrays run() was given (their addresses are
-    in the graph).
+    seqlen_q, layout, page size or layout, dtype or kv_dtype, mask (causal, window, alignment),
+    scale or softcap (``capture_key`` then changes), or the arrays run() was given (their
+    addresses are in the graph), number k_scale/v_scale included (device scale arrays are read
+    at each replay).
     """
 
     def plan(
@@ -56,6 +57,7 @@ class BatchDecode(PagedAttentionWrapper):
         head_dim: int,
         page_size: int,
         dtype: Any = "bf16",
+        kv_dtype: Any = None,
         seqlen_q: int = 1,
         layout: Layout = "bhsd",
         causal: bool = True,
@@ -75,7 +77,9 @@ class BatchDecode(PagedAttentionWrapper):
         SGLang's ``kv_indptr`` [batch + 1] and ``kv_indices`` (``seqlens_k`` optional: default
         every key of the pages); NumPy arrays, lists or CPU tensors. ``num_pages``, the caches'
         page count, lets the host check every page id used (else only that none is negative;
-        the kernels bound the rest). Queries: q [batch, nhead_q, seqlen_q, head_dim]
+        the kernels bound the rest). ``kv_dtype="fp8_e4m3"`` plans for fp8 caches
+        (float8_e4m3fn, or uint8 codes) with q in ``dtype`` (fp16 or bf16); their scales go to
+        run(). Queries: q [batch, nhead_q, seqlen_q, head_dim]
         ("bhsd"), or [batch, seqlen_q, nhead_q, head_dim] with ``layout="bshd"``. The mask
         defaults to causal with the last query on the last key (bottom-right); ``window``
         (left, right) replaces it (pass ``causal=False``). ``stream``: the stream run() and the
@@ -97,6 +101,7 @@ class BatchDecode(PagedAttentionWrapper):
             head_dim=head_dim,
             page_size=page_size,
             dtype=dtype,
+            kv_dtype=kv_dtype,
             causal=causal,
             causal_alignment=causal_alignment,
             window=window,

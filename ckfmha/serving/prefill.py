@@ -35,8 +35,8 @@ class BatchPrefill(PagedAttentionWrapper):
     offsets (within max_seqlen_q and max_total_q), the key counts (within max_seqlen_k), the
     page ids and the page tables (within max_pages), and the values in q and the caches may
     change. A new capture is needed when the batch, nhead_q, nhead_k, head_dim, page size or
-    layout, dtype, mask, scale or softcap change (``capture_key`` then changes), or the
-    arrays run() was given.
+    layout, dtype or kv_dtype, mask, scale or softcap change (``capture_key`` then changes), or
+    the arrays run() was given (number k_scale/v_scale included).
     """
 
     def __init__(
@@ -68,6 +68,7 @@ class BatchPrefill(PagedAttentionWrapper):
         head_dim: int,
         page_size: int,
         dtype: Any = "bf16",
+        kv_dtype: Any = None,
         causal: bool = True,
         causal_alignment: CausalAlignment = "bottom_right",
         window: tuple[int, int] | None = None,
@@ -81,8 +82,8 @@ class BatchPrefill(PagedAttentionWrapper):
         into the owned device buffers, queued on ``stream`` after whatever runs there.
 
         ``cu_seqlens_q`` [batch + 1]: sequence b's queries are q rows cu_seqlens_q[b] ..
-        cu_seqlens_q[b + 1] - 1. Pages, ``num_pages``, the mask and ``stream`` as in
-        BatchDecode.plan; causal bottom-right (the default) puts each sequence's last query on
+        cu_seqlens_q[b + 1] - 1. Pages, ``num_pages``, ``kv_dtype``, the mask and ``stream`` as
+        in BatchDecode.plan; causal bottom-right (the default) puts each sequence's last query on
         its last key, what a prefill after a cached prefix wants. InvalidArgumentError names
         the argument and, for metadata past a bound, the bound, before anything reaches the
         device.
@@ -122,6 +123,7 @@ class BatchPrefill(PagedAttentionWrapper):
             head_dim=head_dim,
             page_size=page_size,
             dtype=dtype,
+            kv_dtype=kv_dtype,
             causal=causal,
             causal_alignment=causal_alignment,
             window=window,

@@ -15,7 +15,14 @@ from ckfmha._streams import stream_handle
 from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.page_layouts import paged_cache_dims
-from ckfmha.problem import CausalAlignment, FwdProblem, page_layout_code, window_bounds
+from ckfmha.problem import (
+    KV_QUANTS,
+    CausalAlignment,
+    FwdProblem,
+    kv_quant_code,
+    page_layout_code,
+    window_bounds,
+)
 from ckfmha.serving.buffers import StepBuffers, plan_stream, resolve_device
 from ckfmha.serving.kernel_plan import KernelPlan, plan_kernels
 from ckfmha.serving.page_tables import StepPages, step_pages
@@ -72,8 +79,10 @@ class PagedAttentionWrapper:
         self._device = None if device is None else count_arg(device, "device", 0)
         self._buffers: StepBuffers | None = None
         self._step: PlannedStep | None = None
-        # The last q dtype object seen to match the plan: later runs compare identities.
+        # The last q and cache dtype objects seen to match the plan: later runs compare
+        # identities.
         self._q_dtype: Any = None
+        self._cache_dtype: Any = None
 
     # ---- what the last plan decided ----
 
@@ -166,6 +175,7 @@ class PagedAttentionWrapper:
         nhead_k: int,
         head_dim: int,
         dtype: Any,
+        kv_dtype: Any,
         causal: bool,
         causal_alignment: CausalAlignment,
         window: tuple[int, int] | None,
@@ -178,6 +188,7 @@ class PagedAttentionWrapper:
         if dtype_code not in _ATTENTION_DTYPES:
             raise _invalid(f"dtype must be fp16, bf16 or fp32, got {dtype!r}")
         page_layout_code(page_layout)
+        fp8_kv = kv_quant_code(kv_dtype, dtype) == KV_QUANTS["e4m3"]
         problem = FwdProblem(
             batch=batch,
             nhead_q=count_arg(nhead_q, "nhead_q"),
@@ -198,6 +209,7 @@ class PagedAttentionWrapper:
             page_size=page_size,
             page_layout=page_layout,
             num_pages=self.max_pages,
+            kv_dtype=_dtypes.NAMES[_dtypes.FP8_E4M3] if fp8_kv else None,
         )
         problem.validate()
         return problem
@@ -234,6 +246,7 @@ class PagedAttentionWrapper:
             "scale": problem.scale,
             "softcap": problem.softcap,
             "page_layout": problem.page_layout,
+            "kv_dtype": problem.kv_dtype,
             "workspace": workspace,
             # The host checked the metadata; a device check would wait for the stream.
             "validate": False,
@@ -248,6 +261,7 @@ class PagedAttentionWrapper:
             tokens = pages.batch * problem.seqlen_q
         self._step = PlannedStep(problem, kernels, call, tokens, num_pages)
         self._q_dtype = None
+        self._cache_dtype = None
 
     def _check_pages(self, pages: StepPages) -> None:
         self._bound(
@@ -281,6 +295,8 @@ class PagedAttentionWrapper:
             if _dtypes.dtype_code(dtype) != problem.dtype_code:
                 raise _invalid(f"q is {dtype}, but the plan is for {problem.dtype}")
             self._q_dtype = dtype
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            self._check_cache_dtype(problem, name, getattr(cache, "dtype", None))
         pages, page_size, heads, hdim, _ = paged_cache_dims(
             tuple(int(n) for n in k_cache.shape),
             tuple(int(n) for n in v_cache.shape),
@@ -299,6 +315,26 @@ class PagedAttentionWrapper:
             )
         return step
 
+    def _check_cache_dtype(self, problem: FwdProblem, name: str, dtype: Any) -> None:
+        """A cache holds what the plan is for: e4m3 (float8_e4m3fn or uint8 codes) when it was
+        planned with kv_dtype, else q's dtype. A plan's kernels and workspace are those of its
+        K/V storage, so a run over other caches would launch what was not planned."""
+        if dtype is None or dtype is self._cache_dtype:
+            return
+        try:
+            code = _dtypes.dtype_code(dtype)
+        except InvalidArgumentError:
+            return  # a dtype only fwd_paged can read (an anonymous CAI type): it checks
+        if problem.kv_dtype is not None:
+            fits = code in (_dtypes.FP8_E4M3, _dtypes.UINT8)
+            planned = f"{problem.kv_dtype} caches (plan(kv_dtype={problem.kv_dtype!r}))"
+        else:
+            fits = code == problem.dtype_code
+            planned = f"{problem.dtype} caches (plan(kv_dtype=...) plans for fp8 ones)"
+        if not fits:
+            raise _invalid(f"{name} is {dtype}, but the plan is for {planned}")
+        self._cache_dtype = dtype
+
     def run(
         self,
         q: Any,
@@ -309,9 +345,13 @@ class PagedAttentionWrapper:
         lse_out: Any = None,
         return_lse: bool = False,
         stream: Any = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
     ) -> Any:
         """Attention of ``q`` over the caches with the planned metadata, through
-        ``ckfmha.fwd_paged``: o, or (o, lse) with ``lse_out`` or ``return_lse``.
+        ``ckfmha.fwd_paged``: o, or (o, lse) with ``lse_out`` or ``return_lse``. fp8 caches
+        (planned with kv_dtype) take ``k_scale``/``v_scale`` as in fwd_paged: numbers are fixed
+        in a graph captured around run(), device fp32 arrays are read at every replay.
 
         With ``out`` (and ``lse_out`` when the LSE is wanted) it allocates nothing and waits
         for nothing, so it can be captured in a CUDA graph; run it once before capturing, as
@@ -328,5 +368,7 @@ class PagedAttentionWrapper:
             lse_out=lse_out,
             return_lse=return_lse,
             stream=stream,
+            k_scale=k_scale,
+            v_scale=v_scale,
             **step.call,
         )

@@ -4,7 +4,8 @@
 torch.compile: Dynamo records a call, the fake implementation gives its output shapes and
 dtypes, and the real one runs ``ckfmha.fwd``/``ckfmha.bwd`` at run time. The forward ops
 return ``rng_state``, an int64 CPU tensor (dropout seed, offset), so the backward replays the
-same Philox stream without a host read of device memory.
+same Philox stream without a host read of device memory. ``fwd`` and ``fwd_paged`` read fp8
+(float8_e4m3fn) K/V with their dequantisation scales (``KV_QUANT_SCHEMA``); fp8 K/V has no backward.
 
 Outputs are freshly allocated and contiguous in their documented shapes (what ckfmha's
 runners allocate), which the fake implementations state exactly.
@@ -28,6 +29,25 @@ _FEATURES = (
     "Tensor? bias, Tensor? alibi_slopes, Tensor? sink, bool causal, str causal_alignment, "
     "int[]? window, float? scale, float softcap, float dropout_p"
 )
+
+
+# fp8 K/V: the storage hint for uint8 codes, and each scale as a device fp32 tensor or a number
+# (a schema argument has one type, so the two kinds travel apart; at most one of a pair is set).
+KV_QUANT_SCHEMA = (
+    "str? kv_dtype=None, Tensor? k_scale=None, Tensor? v_scale=None, "
+    "float? k_scale_value=None, float? v_scale_value=None"
+)
+
+
+def kv_quant_options(kv_dtype: str | None, k_scale: torch.Tensor | None,
+                     v_scale: torch.Tensor | None, k_scale_value: float | None,
+                     v_scale_value: float | None) -> dict[str, Any]:  # fmt: skip
+    """The fp8 K/V arguments of ckfmha.fwd / fwd_paged from the ops' ``KV_QUANT_SCHEMA`` ones."""
+    return {
+        "kv_dtype": kv_dtype,
+        "k_scale": k_scale_value if k_scale is None else k_scale.detach(),
+        "v_scale": v_scale_value if v_scale is None else v_scale.detach(),
+    }
 
 
 def _window(window: list[int] | None) -> tuple[int, int] | None:
@@ -66,20 +86,23 @@ def _empty_like_input(like: torch.Tensor) -> torch.Tensor:
 torch.library.define(
     "ckfmha::fwd",
     f"(Tensor q, Tensor k, Tensor v, {_FEATURES}, int? dropout_seed, str layout, "
-    "bool deterministic) "
+    f"bool deterministic, {KV_QUANT_SCHEMA}) "
     "-> (Tensor out, Tensor lse, Tensor rng_state)",
 )
 
 
 @torch.library.impl("ckfmha::fwd", "CUDA")
 def _fwd_cuda(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
-              softcap, dropout_p, dropout_seed, layout, deterministic):  # fmt: skip
+              softcap, dropout_p, dropout_seed, layout, deterministic, kv_dtype=None,
+              k_scale=None, v_scale=None, k_scale_value=None,
+              v_scale_value=None):  # fmt: skip
     rng_state = _rng_state(dropout_p, dropout_seed)
     seed = int(rng_state[0])
     o, lse = ckfmha.fwd(
         q.detach(), k.detach(), v.detach(), return_lse=True, layout=layout, dropout_seed=seed,
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
                     dropout_p),
+        **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
     )  # fmt: skip
     return o, lse, rng_state
 
@@ -91,7 +114,9 @@ def _bhsd_dims(shape: torch.Size, layout: str) -> tuple[int, int, int, int]:
 
 @torch.library.register_fake("ckfmha::fwd")
 def _fwd_fake(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
-              softcap, dropout_p, dropout_seed, layout, deterministic):  # fmt: skip
+              softcap, dropout_p, dropout_seed, layout, deterministic, kv_dtype=None,
+              k_scale=None, v_scale=None, k_scale_value=None,
+              v_scale_value=None):  # fmt: skip
     batch, heads, seqlen_q, _ = _bhsd_dims(q.shape, layout)
     hdim_v = v.shape[-1]
     o_shape = (batch, heads, seqlen_q, hdim_v) if layout == "bhsd" else (

@@ -4,7 +4,8 @@ Registered with torch.library.register_autograd, so the gradient is traced by to
 (AOTAutograd sees ``ckfmha.bwd`` as one more op) and eager autograd alike. Gradients flow to
 q, k, v, an elementwise bias (summed over the axes it broadcasts along) and the sinks; the
 ALiBi slopes, offsets and scalars get none. The LSE and rng_state outputs are not
-differentiable: the backward kernels take no LSE gradient.
+differentiable: the backward kernels take no LSE gradient. fp8 K/V (inference only) has no
+backward: asking for a gradient through such a call raises InvalidArgumentError.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from typing import Any
 
 import torch
 
+from ckfmha import _dtypes
+from ckfmha.errors import InvalidArgumentError
 from ckfmha.torch import attention_ops  # noqa: F401  (defines the ops registered here)
 
 # The forward ops' inputs in schema order: the backward returns one gradient (or None) each.
 _FWD_INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "causal", "causal_alignment",
                "window", "scale", "softcap", "dropout_p", "dropout_seed", "layout",
-               "deterministic")  # fmt: skip
+               "deterministic", "kv_dtype", "k_scale", "v_scale", "k_scale_value",
+               "v_scale_value")  # fmt: skip
 _VARLEN_INPUTS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
                   "max_seqlen_k", "bias", "alibi_slopes", "sink", "causal", "causal_alignment",
                   "window", "scale", "softcap", "dropout_p", "dropout_seed",
@@ -69,12 +73,29 @@ def _input_grads(ctx: Any, names: tuple[str, ...], grads: tuple, want_dbias: boo
     return tuple(by_name.get(name) for name in names)
 
 
+FP8_KV_HAS_NO_BACKWARD = (
+    "fp8 K/V (float8_e4m3fn k and v) is for inference: ckfmha has no backward for it. Run the "
+    "call under torch.no_grad() (or detach q and the other inputs), or pass k and v in q's "
+    "dtype to get gradients"
+)
+
+
+def is_fp8_kv(k: torch.Tensor, kv_dtype: str | None) -> bool:
+    """Whether k (and so v) holds e4m3: float8_e4m3fn, or codes declared by kv_dtype."""
+    if kv_dtype is not None and _dtypes.dtype_code(kv_dtype) == _dtypes.FP8_E4M3:
+        return True
+    return k.dtype == getattr(torch, "float8_e4m3fn", None)
+
+
 def _setup_fwd(ctx: Any, inputs: tuple, output: tuple) -> None:
     args = _setup(ctx, _FWD_INPUTS, inputs, output)
     ctx.layout = args["layout"]
+    ctx.fp8_kv = is_fp8_kv(args["k"], args["kv_dtype"])
 
 
 def _backward_fwd(ctx: Any, grad_o: torch.Tensor, _grad_lse: Any, _grad_rng: Any) -> tuple:
+    if ctx.fp8_kv:
+        raise InvalidArgumentError(FP8_KV_HAS_NO_BACKWARD, 1)
     q, k, v, o, lse, rng_state, bias, alibi_slopes, sink = ctx.saved_tensors
     want_dbias, want_dsink = _wants(ctx)
     grads = torch.ops.ckfmha.bwd(

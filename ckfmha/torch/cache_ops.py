@@ -11,21 +11,24 @@ from __future__ import annotations
 import torch
 
 import ckfmha
-from ckfmha.torch.attention_ops import refuse_host_tensors
+from ckfmha.torch.attention_ops import KV_QUANT_SCHEMA, kv_quant_options, refuse_host_tensors
 
 torch.library.define(
     "ckfmha::fwd_paged",
     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? block_table, Tensor? seqlens_k, "
     "Tensor? kv_indices, Tensor? kv_indptr, Tensor? cu_seqlens_q, int? max_seqlen_q, "
     "int? max_seqlen_k, bool causal, str causal_alignment, int[]? window, float? scale, "
-    "float softcap, str layout, str page_layout, int num_splits) -> (Tensor out, Tensor lse)",
+    f"float softcap, str layout, str page_layout, int num_splits, {KV_QUANT_SCHEMA}) "
+    "-> (Tensor out, Tensor lse)",
 )
 
 
 @torch.library.impl("ckfmha::fwd_paged", "CUDA")
 def _fwd_paged_cuda(q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
                     cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment, window,
-                    scale, softcap, layout, page_layout, num_splits):  # fmt: skip
+                    scale, softcap, layout, page_layout, num_splits, kv_dtype=None,
+                    k_scale=None, v_scale=None, k_scale_value=None,
+                    v_scale_value=None):  # fmt: skip
     return ckfmha.fwd_paged(
         q, k_cache, v_cache, block_table=block_table, seqlens_k=seqlens_k,
         kv_indices=kv_indices, kv_indptr=kv_indptr, cu_seqlens_q=cu_seqlens_q,
@@ -34,13 +37,16 @@ def _fwd_paged_cuda(q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_
         window=None if window is None else (int(window[0]), int(window[1])), scale=scale,
         softcap=softcap, return_lse=True, layout=layout, page_layout=page_layout,
         num_splits=num_splits,
+        **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
     )  # fmt: skip
 
 
 @torch.library.register_fake("ckfmha::fwd_paged")
 def _fwd_paged_fake(q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr,
                     cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, causal_alignment, window,
-                    scale, softcap, layout, page_layout, num_splits):  # fmt: skip
+                    scale, softcap, layout, page_layout, num_splits, kv_dtype=None,
+                    k_scale=None, v_scale=None, k_scale_value=None,
+                    v_scale_value=None):  # fmt: skip
     # The value head dim is the last axis of a linear v_cache [pages, page_size, heads, d]
     # and the third of a vectorized one [pages, heads, d, page_size].
     hdim_v = v_cache.shape[2] if page_layout == "vectorized" else v_cache.shape[-1]

@@ -10,9 +10,16 @@ traces it without a graph break and AOTAutograd traces its backward.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from ckfmha.errors import InvalidArgumentError
 from ckfmha.torch import attention_ops, autograd, cache_ops  # noqa: F401  (register the ops)
+from ckfmha.torch.autograd import FP8_KV_HAS_NO_BACKWARD, is_fp8_kv
+
+# A scale: a number, or a device fp32 tensor of 1 or nhead_k values.
+Scale = float | torch.Tensor | None
 
 
 def _window(window: tuple[int, int] | None) -> list[int] | None:
@@ -23,6 +30,24 @@ def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
     """Sinks and ALiBi slopes are fp32 for the kernels; the cast is differentiable, so a
     bf16 sink parameter gets its gradient in bf16."""
     return None if t is None else t.to(torch.float32).contiguous()
+
+
+def _scale_args(k_scale: Scale, v_scale: Scale) -> tuple[Any, Any, Any, Any]:
+    """(k_scale, v_scale, k_scale_value, v_scale_value) as the ops take them: tensors apart
+    from numbers."""
+    tensors = [s if isinstance(s, torch.Tensor) else None for s in (k_scale, v_scale)]
+    values = [None if s is None or isinstance(s, torch.Tensor) else float(s)
+              for s in (k_scale, v_scale)]  # fmt: skip
+    return tensors[0], tensors[1], values[0], values[1]
+
+
+def _refuse_fp8_gradients(k: torch.Tensor, kv_dtype: str | None,
+                          inputs: tuple[torch.Tensor | None, ...]) -> None:  # fmt: skip
+    """fp8 K/V has no backward: say so at the call rather than at backward()."""
+    if not is_fp8_kv(k, kv_dtype) or not torch.is_grad_enabled():
+        return
+    if any(t is not None and t.requires_grad for t in inputs):
+        raise InvalidArgumentError(FP8_KV_HAS_NO_BACKWARD, 1)
 
 
 def attention(
@@ -43,6 +68,9 @@ def attention(
     layout: str = "bhsd",
     deterministic: bool = False,
     return_lse: bool = False,
+    kv_dtype: str | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Differentiable ``ckfmha.fwd``: arguments as there.
 
@@ -54,11 +82,16 @@ def attention(
     ``deterministic`` (or ``torch.use_deterministic_algorithms(True)``) makes the backward
     bit-reproducible. ``return_lse`` also returns the fp32 LSE [batch, nhead_q, seqlen_q],
     which takes no gradient.
+
+    fp8 K/V (float8_e4m3fn k and v, or uint8 codes with ``kv_dtype="fp8_e4m3"``; ``k_scale``
+    and ``v_scale`` numbers or fp32 tensors of 1 or nhead_k values) as in ``ckfmha.fwd``, for
+    inference: with gradients enabled and an input that requires one, InvalidArgumentError.
     """
+    _refuse_fp8_gradients(k, kv_dtype, (q, k, v, bias, sink))
     o, lse, _ = torch.ops.ckfmha.fwd(
         q, k, v, bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,
         _window(window), scale, float(softcap), float(dropout_p), dropout_seed, layout,
-        deterministic,
+        deterministic, kv_dtype, *_scale_args(k_scale, v_scale),
     )  # fmt: skip
     return (o, lse) if return_lse else o
 
@@ -118,13 +151,18 @@ def fwd_paged(
     layout: str = "bhsd",
     page_layout: str = "linear",
     num_splits: int = 0,
+    kv_dtype: str | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``ckfmha.fwd_paged`` as a custom op (inference: no gradient); metadata as int32
-    tensors. Pass ``max_seqlen_k`` with device metadata so the call reads nothing back."""
+    tensors. Pass ``max_seqlen_k`` with device metadata so the call reads nothing back. fp8
+    caches (``kv_dtype``, ``k_scale``, ``v_scale``) as in ``ckfmha.fwd_paged``."""
     o, lse = torch.ops.ckfmha.fwd_paged(
         q, k_cache, v_cache, block_table, seqlens_k, kv_indices, kv_indptr, cu_seqlens_q,
         max_seqlen_q, max_seqlen_k, causal, causal_alignment, _window(window), scale,
-        float(softcap), layout, page_layout, int(num_splits),
+        float(softcap), layout, page_layout, int(num_splits), kv_dtype,
+        *_scale_args(k_scale, v_scale),
     )  # fmt: skip
     return (o, lse) if return_lse else o
 

@@ -25,6 +25,9 @@ namespace {
 // per split (shorter splits cost more in partial traffic than they win) nor
 // more than kAutoMaxSplits (the combine reads every split's LSE per row).
 constexpr int64_t kMinKeyTilesPerSplit = 2;
+// fp8 K/V CTAs pay more before their first tile (the query rescale, three
+// tiles requested ahead), so their splits keep more key tiles.
+constexpr int64_t kMinFp8KeyTilesPerSplit = 8;
 constexpr int64_t kAutoMaxSplits = 128;
 // Decode-shaped: one K/V head's packed query rows (heads sharing it times the
 // query positions) fit one 64-row tile, so the split-KV kernel reads each K/V
@@ -87,15 +90,23 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
                        ckfmha_kernel_entry* out,
                        ckfmha_family family = CKFMHA_FAMILY_FWD_SPLITKV) {
   const int64_t rows = packed_rows(p);
+  // fp8 K/V is widened in shared memory by the CTA's own threads, and that
+  // work, not the loads, sets the pace: among the tiles holding every packed
+  // row, the one with the most CTAs resident per SM goes first (H100, b4
+  // h32/8 32k keys d128, against the bf16 kernel's tokens per second: 16x32
+  // 1.46x, 64x64 on 4 warps 1.02x, 16x64 0.83x).
+  const bool widened = p.kv_quant != CKFMHA_KV_QUANT_NONE;
   bool found = false;
-  std::tuple<int, int64_t, int> best{};
+  std::tuple<int, int, int, int64_t, int> best{};
   for (auto const& k : kernels) {
     if (!same_shape(k, p, family) || !reject_reason(k, p, device_arch, family).empty()) {
       continue;
     }
     int64_t tile_fit = k.tile_m >= rows ? -int64_t(k.tile_m) : int64_t(k.tile_m) - (1 << 20);
-    std::tuple<int, int64_t, int> score{k.arch == device_arch, tile_fit,
-                                        mask_kind_preferred(k.mask, p.mask)};
+    std::tuple<int, int, int, int64_t, int> score{
+        k.arch == device_arch, widened && k.tile_m >= rows,
+        widened ? resident_ctas_per_sm(k, device_arch) : 0, tile_fit,
+        mask_kind_preferred(k.mask, p.mask)};
     if (!found || score > best) {
       found = true;
       best = score;
@@ -203,6 +214,37 @@ FwdPlan plan_paged(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_p
                         (p.num_splits > 0 ? " as asked" : " by the wave model"));
 }
 
+// Problems only split-KV kernels serve (fp8 K/V): the split count asked
+// for, else the wave model's, else one split when no workspace is given.
+FwdPlan plan_split_only(std::vector<ckfmha_kernel_entry> const& kernels,
+                        ckfmha_fwd_problem const& p, PlanContext const& context) {
+  const int arch = context.device_arch;
+  ckfmha_kernel_entry split{}, combine{};
+  const bool have_split = find_split_kernel(kernels, p, arch, context.num_sms, &split);
+  if (!have_split || !find_combine(kernels, p, arch, &combine)) {
+    return not_found(why_no_split(kernels, p, arch, have_split) +
+                     " (fp8 K/V runs on split-KV kernels only)");
+  }
+  const char* quant = kv_quant_name(p.kv_quant);
+  if (p.num_splits > 0) {
+    return split_plan(split, combine, p, p.num_splits,
+                      std::string(quant) + " K/V, num_splits=" + std::to_string(p.num_splits) +
+                          " as asked");
+  }
+  const int splits = heuristic_num_splits(p, split, arch, context.num_sms);
+  if (splits > 1 && !context.workspace_available) {
+    return split_plan(split, combine, p, 1,
+                      std::string(quant) + " K/V, one split: no workspace given (the wave "
+                      "model's " + std::to_string(splits) +
+                          " splits need ckfmha_fwd_workspace_size bytes)");
+  }
+  return split_plan(split, combine, p, splits,
+                    std::string(quant) + " K/V runs split-KV kernels; num_splits=" +
+                        std::to_string(splits) + " by the wave model (" +
+                        std::to_string(resident_ctas_per_sm(split, arch)) +
+                        " resident CTAs per SM)");
+}
+
 FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
                     PlanContext const& context) {
   ckfmha_kernel_entry const& k = *context.forced;
@@ -304,10 +346,14 @@ int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
   const int64_t threads = int64_t(k.warps) * 32;
   const int64_t elem = 2;  // split-KV runs fp16/bf16
   // As the sm80 template lays it out: Q (O staged over it) and the K/V stages,
-  // plus the 1 KiB the hardware reserves per CTA.
-  const int64_t smem = elem * (int64_t(k.tile_m) * std::max(k.hdim_q, k.hdim_v) +
-                               int64_t(k.stages) * k.tile_n * (k.hdim_q + k.hdim_v)) +
-                       1024;
+  // plus the 1 KiB the hardware reserves per CTA. fp8 K/V keeps twice the
+  // stages of bytes, widened into one tile of K and V in elements.
+  const int64_t kv_row = int64_t(k.tile_n) * (k.hdim_q + k.hdim_v);
+  const int64_t kv_bytes = k.kv_quant == CKFMHA_KV_QUANT_NONE
+                               ? elem * k.stages * kv_row
+                               : 2 * int64_t(k.stages) * kv_row + elem * kv_row;
+  const int64_t smem =
+      elem * int64_t(k.tile_m) * std::max(k.hdim_q, k.hdim_v) + kv_bytes + 1024;
   const int64_t by_registers = 65536 / (threads * 256);
   int64_t resident = std::min({smem_per_sm / smem, threads_per_sm / threads, by_registers});
   return int(std::max<int64_t>(resident, 1));
@@ -321,8 +367,9 @@ int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const&
   const int64_t ctas = unsplit_ctas(p, split);
   const int64_t slots = int64_t(std::max(num_sms, 1)) * resident_ctas_per_sm(split, device_arch);
   const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
-  const int64_t max_splits =
-      std::clamp<int64_t>(key_tiles / kMinKeyTilesPerSplit, 1, kAutoMaxSplits);
+  const int64_t min_tiles = split.kv_quant == CKFMHA_KV_QUANT_NONE ? kMinKeyTilesPerSplit
+                                                                    : kMinFp8KeyTilesPerSplit;
+  const int64_t max_splits = std::clamp<int64_t>(key_tiles / min_tiles, 1, kAutoMaxSplits);
   int64_t best = 1, best_time = INT64_MAX;
   for (int64_t s = 1; s <= max_splits; ++s) {
     const int64_t time = ceil_div(ctas * s, slots) * (ceil_div(key_tiles, s) + 1);
@@ -339,14 +386,22 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
   if (is_paged(p)) return plan_paged(kernels, p, context);
   if (context.forced != nullptr) return plan_forced(kernels, p, context);
   FwdPlan rules = plan_fwd_rules(kernels, p, context);
-  // A split count the caller fixed is theirs to keep.
-  if (context.selection == CKFMHA_SELECTION_HEURISTIC || p.num_splits != 0) return rules;
+  // A split count the caller fixed is theirs to keep. fp8 K/V is not in the
+  // model's data: its plans follow the rules.
+  if (context.selection == CKFMHA_SELECTION_HEURISTIC || p.num_splits != 0 ||
+      p.kv_quant != CKFMHA_KV_QUANT_NONE) {
+    return rules;
+  }
   return plan_fwd_selected(kernels, p, context, std::move(rules));
 }
 
 FwdPlan plan_fwd_rules(std::vector<ckfmha_kernel_entry> const& kernels,
                        ckfmha_fwd_problem const& p, PlanContext const& context) {
   const int arch = context.device_arch;
+  // No one-stage kernel reads fp8 K/V: its plans are split-KV plans, one
+  // split (no combine, no workspace) where the caller or the workspace says
+  // one stage.
+  if (p.kv_quant != CKFMHA_KV_QUANT_NONE) return plan_split_only(kernels, p, context);
   Selection one = select_fwd(kernels, p, arch);
   if (p.num_splits == 1) {
     if (!one.found) return not_found(one.why_none);

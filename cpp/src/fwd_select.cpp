@@ -80,6 +80,10 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
     why << storage;
   } else if (k.dtype != p.dtype) {
     why << "dtype " << dtype_name(k.dtype) << ", problem is " << dtype_name(p.dtype);
+  } else if (k.kv_quant != p.kv_quant) {
+    why << (k.kv_quant == CKFMHA_KV_QUANT_NONE ? "reads K/V in " + std::string(dtype_name(k.dtype))
+                                               : "reads fp8 K/V")
+        << ", problem has " << (p.kv_quant == CKFMHA_KV_QUANT_NONE ? "K/V in its dtype" : "fp8 K/V");
   } else if (k.mode != p.mode) {
     why << "mode " << mode_name(k.mode) << ", problem is " << mode_name(p.mode);
   } else if (k.hdim_q != p.hdim_q || k.hdim_v != p.hdim_v) {
@@ -118,7 +122,11 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
           stride == &p.v_stride) {
         continue;
       }
-      if (auto error = check_vector_strides(name, *stride, vector_elems(p.dtype));
+      // fp8 K/V rows are bytes: 16 of them make a vector.
+      const bool fp8_operand = p.kv_quant != CKFMHA_KV_QUANT_NONE && name[0] != 'q' &&
+                               name[0] != 'o';
+      const int64_t vector = fp8_operand ? 16 : vector_elems(p.dtype);
+      if (auto error = check_vector_strides(name, *stride, vector);
           !error.empty()) {
         return error;
       }

@@ -283,6 +283,10 @@ std::string explain_fwd_predictions(std::vector<ckfmha_kernel_entry> const& kern
   }
   std::ostringstream out;
   out << "selection: " << selection_name(context.selection) << "\n";
+  if (p.kv_quant != CKFMHA_KV_QUANT_NONE) {
+    out << "  (fp8 K/V is not in the model's or the tuning table's data: the rules' plan runs)\n";
+    return out.str();
+  }
   if (context.selection == CKFMHA_SELECTION_TUNED) {
     TunedPlan tuned;
     if (tuning_find(tuning_key(p), &tuned)) {

@@ -65,6 +65,14 @@ const char* page_layout_name(ckfmha_page_layout layout) {
   return "unknown";
 }
 
+const char* kv_quant_name(ckfmha_kv_quant quant) {
+  switch (quant) {
+    case CKFMHA_KV_QUANT_NONE: return "none";
+    case CKFMHA_KV_QUANT_FP8_E4M3: return "fp8_e4m3";
+  }
+  return "unknown";
+}
+
 const char* family_name(ckfmha_family family) {
   switch (family) {
     case CKFMHA_FAMILY_FWD: return "fwd";
@@ -146,6 +154,44 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
   if (p.v_col_major) {
     return "v_col_major does not apply to a paged K/V cache: page_layout says how pages hold "
            "their keys (linear, or vectorized for V's keys contiguous per channel)";
+  }
+  return {};
+}
+
+// fp8 K/V: the quantisation kind and the host scales. Device scales are
+// checked where the arguments are (capi_fwd.cpp).
+std::string check_kv_quant(ckfmha_fwd_problem const& p) {
+  std::ostringstream msg;
+  if (p.kv_quant != CKFMHA_KV_QUANT_NONE && p.kv_quant != CKFMHA_KV_QUANT_FP8_E4M3) {
+    msg << "kv_quant " << int(p.kv_quant) << " is not one of none (0), fp8_e4m3 (1)";
+    return msg.str();
+  }
+  if (p.kv_quant == CKFMHA_KV_QUANT_NONE) {
+    if (p.kv_scale_per_head) {
+      return "kv_scale_per_head is set, but K/V are not quantised (kv_quant none): scales "
+             "apply to fp8 K/V only";
+    }
+    return {};
+  }
+  if (p.dtype == CKFMHA_DTYPE_FP32) {
+    return "fp8 K/V (kv_quant fp8_e4m3) takes fp16 or bf16 queries and outputs, not fp32: "
+           "the e4m3 values are widened to the query dtype for the tensor-core products";
+  }
+  if (p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED && p.kv_storage != CKFMHA_KV_CONTIGUOUS) {
+    return "fp8 K/V is read from linear pages only: vectorized pages group K in 16-byte "
+           "chunks of 8 two-byte channels";
+  }
+  if (p.v_col_major) {
+    return "fp8 K/V takes V row-major (head dim contiguous) only";
+  }
+  for (auto [name, value] : {std::pair<const char*, float>{"k_scale", p.k_scale},
+                             {"v_scale", p.v_scale}}) {
+    if (!(value > 0.f) || !std::isfinite(value)) {
+      msg << name << " is " << value
+          << "; fp8 K/V stands for scale * value, so a scale must be positive and finite "
+             "(it is used where args give no device scales)";
+      return msg.str();
+    }
   }
   return {};
 }
@@ -245,7 +291,8 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
       p.bias_stride[1] < 0 || p.bias_stride[2] < 0 || p.alibi_stride < 0) {
     return "lse, bias and alibi strides must be non-negative element counts";
   }
-  return check_paged_kv(p);
+  if (std::string why = check_paged_kv(p); !why.empty()) return why;
+  return check_kv_quant(p);
 }
 
 ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
@@ -343,6 +390,9 @@ std::string describe(ckfmha_fwd_problem const& p) {
   if (p.softcap > 0.f) out << " softcap=" << p.softcap;
   if (p.has_sink) out << " sink";
   if (p.v_col_major) out << " v_col_major";
+  if (p.kv_quant == CKFMHA_KV_QUANT_FP8_E4M3) {
+    out << " kv=fp8_e4m3" << (p.kv_scale_per_head ? "(per-head scales)" : "");
+  }
   if (p.num_splits > 0) out << " num_splits=" << p.num_splits;
   if (p.kv_storage != CKFMHA_KV_CONTIGUOUS) {
     out << " paged_kv("

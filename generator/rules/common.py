@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..signature import PAGE_LAYOUTS, PAGED_FAMILIES, KernelConfig
+from ..signature import KV_QUANTS, PAGE_LAYOUTS, PAGED_FAMILIES, KernelConfig
 from ..specs import ArchSpec, hdim_label
 from .pipelines import FAMILY_PIPELINES, PIPELINE_DTYPES, SUPPORTED_FAMILIES
 from .traits_assertions import TraitsAssertion
@@ -91,11 +91,46 @@ def arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"page_layout {page_layout!r} applies to the paged families "
             f"({', '.join(PAGED_FAMILIES)}) only; {sig.family} reads contiguous K/V"
         )
+    reasons.extend(_kv_quant_reasons(config, arch))
     if alg.warps <= 0 or alg.warps * 32 > arch.max_threads_per_block:
         reasons.append(
             f"warps={alg.warps} gives {alg.warps * 32} threads; {arch.name} allows 1 to "
             f"{arch.max_threads_per_block // 32} warps per block"
         )
+    return reasons
+
+
+# Families whose body reads fp8 K/V: the split-KV body of the sm80 template, contiguous or paged.
+KV_QUANT_FAMILIES = ("fwd_splitkv", *PAGED_FAMILIES)
+# cvt.rn.f16x2.e4m3x2, which widens two e4m3 values at once, is sm_89's and later.
+KV_FP8_MIN_ARCH = 89
+
+
+def _kv_quant_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """fp8 K/V: which families, archs and layouts read it."""
+    sig = config.signature
+    if sig.kv_quant not in KV_QUANTS:
+        return [f"kv_quant {sig.kv_quant!r} is unknown; supported: {', '.join(KV_QUANTS)}"]
+    if sig.kv_quant == "none":
+        return []
+    reasons: list[str] = []
+    if sig.family not in KV_QUANT_FAMILIES:
+        reasons.append(
+            f"fp8 K/V (kv_quant {sig.kv_quant!r}) is read by the split-KV body only "
+            f"({', '.join(KV_QUANT_FAMILIES)}), not by {sig.family}"
+        )
+    if arch.arch_number < KV_FP8_MIN_ARCH:
+        reasons.append(
+            f"fp8 K/V needs sm_{KV_FP8_MIN_ARCH} or later (cvt from e4m3 pairs); {arch.name} "
+            "has no such conversion"
+        )
+    if getattr(sig, "page_layout", "linear") != "linear":
+        reasons.append(
+            "fp8 K/V is read from linear pages only: vectorized pages group K in chunks of 8 "
+            "two-byte channels"
+        )
+    if sig.v_col_major:
+        reasons.append("fp8 K/V takes V row-major (head dim contiguous) only")
     return reasons
 
 

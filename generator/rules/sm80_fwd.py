@@ -22,11 +22,20 @@ SM80_STAGES = (1, 2)
 
 
 def sm80_fwd_smem_bytes(
-    hdim_q: int, hdim_v: int, tile_m: int, tile_n: int, stages: int, elem: int = 2
+    hdim_q: int,
+    hdim_v: int,
+    tile_m: int,
+    tile_n: int,
+    stages: int,
+    elem: int = 2,
+    kv_fp8: bool = False,
 ) -> int:
     """Q (O is staged over it, so the larger of the two tiles) and `stages` K and V tiles;
-    FwdSm80Traits::kSmemBytes."""
-    return (tile_m * max(hdim_q, hdim_v) + stages * tile_n * (hdim_q + hdim_v)) * elem
+    with fp8 K/V, 2 * `stages` stages of bytes (as many bytes in flight, twice the keys),
+    widened into one K and V tile of `elem`-byte elements. FwdSm80Traits::kSmemBytes."""
+    kv_elems = tile_n * (hdim_q + hdim_v)
+    kv_bytes = 2 * stages * kv_elems + kv_elems * elem if kv_fp8 else stages * kv_elems * elem
+    return tile_m * max(hdim_q, hdim_v) * elem + kv_bytes
 
 
 def sm80_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -47,18 +56,35 @@ def sm80_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"tile_n={alg.tile_n} is not a positive multiple of {MMA_ROWS}; key tiles feed "
             "16-wide MMA steps"
         )
+    if sig.kv_quant != "none" and alg.stages != 2:
+        reasons.append(
+            f"stages={alg.stages} with fp8 K/V: the body keeps 2 x stages byte stages, three "
+            "tiles in flight while one is widened and used (stages=2)"
+        )
     if alg.stages not in SM80_STAGES:
         reasons.append(
             f"stages={alg.stages} is not supported; the {alg.pipeline} template buffers K and V "
             f"in {' or '.join(map(str, SM80_STAGES))} shared-memory stages"
         )
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
-    smem = sm80_fwd_smem_bytes(sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, alg.stages, elem)
+    smem = sm80_fwd_smem_bytes(
+        sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, alg.stages, elem, sig.kv_quant != "none"
+    )
     if smem > arch.max_dynamic_smem_per_block:
+        if sig.kv_quant != "none":
+            stages = (
+                f"Q {alg.tile_m}x{sig.hdim_q} x {elem} B + {2 * alg.stages} byte stages of K "
+                f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v} (fp8 K/V) + one fp16 K "
+                "and V tile"
+            )
+        else:
+            stages = (
+                f"Q {alg.tile_m}x{sig.hdim_q} + {alg.stages} x (K {alg.tile_n}x{sig.hdim_q} + V "
+                f"{alg.tile_n}x{sig.hdim_v}), {elem} B each"
+            )
         reasons.append(
-            f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + {alg.stages} x (K "
-            f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}), {elem} B each) exceeds "
-            f"{arch.name}'s limit of {arch.max_dynamic_smem_per_block} bytes per block"
+            f"shared memory {smem} bytes ({stages}) exceeds {arch.name}'s limit of "
+            f"{arch.max_dynamic_smem_per_block} bytes per block"
         )
     if alg.ctas_per_sm < 1:
         reasons.append(f"ctas_per_sm={alg.ctas_per_sm} must be at least 1")
@@ -94,7 +120,9 @@ def sm80_fwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
     caps ptxas's registers per thread)."""
     sig, alg = config.signature, config.algorithm
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
-    smem = sm80_fwd_smem_bytes(sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, alg.stages, elem)
+    smem = sm80_fwd_smem_bytes(
+        sig.hdim_q, sig.hdim_v, alg.tile_m, alg.tile_n, alg.stages, elem, sig.kv_quant != "none"
+    )
     return assertions_from(
         __name__,
         ("kSmemBytes", smem, "shared-memory bytes"),

@@ -56,7 +56,9 @@ def test_default_builds_both_paged_families_on_every_split_tile(arch: str) -> No
                 for mask in ("none", "causal", "window"):
                     for tile in tiles:
                         assert (family, dtype, hdim, mask, tile.tile_m) in built
-    assert not [r for r in selection.rejected if r.signature.family in PAGED]
+    # fp8 K/V variants are rejected where the arch has no e4m3 conversion (before sm_89).
+    assert not [r for r in selection.rejected
+                if r.signature.family in PAGED and r.signature.kv_quant == "none"]
     modes = {c.signature.mode for c in selection.accepted if c.signature.family == "fwd_pagedkv"}
     assert modes == {"batch"}
 

@@ -52,7 +52,9 @@ def test_every_split_tile_and_combine_builds_in_default(arch: str) -> None:
             for (_, hdim_v), tiles in by_hdim.items():
                 for tile in tiles:
                     assert (family, hdim_v, tile.tile_m, tile.warps) in built, (arch, pipeline)
-    assert not [r for r in selection.rejected if "splitkv" in r.signature.family]
+    # fp8 K/V variants are rejected where the arch has no e4m3 conversion (before sm_89).
+    assert not [r for r in selection.rejected
+                if "splitkv" in r.signature.family and r.signature.kv_quant == "none"]
 
 
 def test_ci_set_holds_one_split_plan_per_arch() -> None:

@@ -84,7 +84,16 @@ def test_every_listed_tile_is_valid() -> None:
             and (r.signature.hdim_q, r.signature.hdim_v)
             not in specs[arch].hdims_for("bwd_dq_dk_dv", "sm80_cpasync_mma")
         ]  # fmt: skip
-        assert [r for r in sm80 if r not in missing_table] == [], [r.reasons for r in sm80]
+        # fp8 K/V needs sm_89's e4m3 conversions: rejected on older archs, for that reason; and
+        # its byte stages leave the 16x64 d128 tile over sm_89's 99 KiB per block.
+        no_fp8 = [
+            r for r in sm80
+            if r.signature.kv_quant != "none"
+            and any("fp8 K/V needs sm_89" in reason or "(fp8 K/V)" in reason
+                    for reason in r.reasons)
+        ]  # fmt: skip
+        allowed = missing_table + no_fp8
+        assert [r for r in sm80 if r not in allowed] == [], [r.reasons for r in sm80]
         # Templates with fewer features reject some signatures, but each listed tile must
         # build for at least one.
         built = {(c.algorithm.pipeline, c.signature.hdim_q, c.signature.hdim_v, c.algorithm.tile_m,
@@ -204,7 +213,10 @@ def test_receipt_sizes(arch: str) -> None:
     # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
     # 2 dtypes x d64/d128 x 3 masks x 2 modes x every tile, and 2 x 2 x 2 combines, in default
     # and full. sm_90a lists a third d128 tile (16x32 keys, one wave of a b64 decode).
-    d128_tiles = len(specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(128, 128)])
+    d128_tiles = len([
+        t for t in specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(128, 128)]
+        if not t.when
+    ])  # fmt: skip
     d64_tiles = len(specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(64, 64)])
     assert (d64_tiles, d128_tiles) == (2, 3 if arch == "sm_90a" else 2)
     per_signature = 2 * 3 * (d64_tiles + d128_tiles)  # dtypes x masks x tiles
@@ -213,7 +225,13 @@ def test_receipt_sizes(arch: str) -> None:
     # every tile); both paged families x 2 page layouts x the split signatures' tiles in default
     # and full.
     paged = {"ci": 2 * d128_tiles, "default": 4 * per_signature, "full": 4 * per_signature}
-    split = {name: split[name] + paged[name] for name in split}
+    # fp8 K/V (sm_89 and later): fwd_splitkv and fwd_pagedkv x 2 dtypes x 2 masks, and causal
+    # batch_prefill x 2 dtypes, at d64 and d128, every tile that fits, in default and full. On
+    # sm_89 (99 KiB per block) only an fp8-only 16x32 tile fits at d128.
+    fp8_tiles = {"sm_89": d64_tiles + 1, "sm_90a": d64_tiles + d128_tiles}.get(arch, 0)
+    fp8 = 10 * fp8_tiles
+    fp8_kv = {"ci": 0, "default": fp8, "full": fp8}
+    split = {name: split[name] + paged[name] + fp8_kv[name] for name in split}
     # Two backward plans of three stages each in ci.
     assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
     # KV-cache appends: (fp16/bf16 x 5 head dims + fp32 x 2) x 3 RoPE modes x 2 cache kinds, and
@@ -539,9 +557,17 @@ def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) ->
 
 
 def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
-    result = _run_cli("--kernels", "full", "--arch", "sm_80;sm_86", "--explain")
+    """The sm80 template builds every signature of the full set on the pre-Hopper archs, but
+    fp8 K/V: it needs sm_89's e4m3 conversions, and on sm_89 its byte stages leave some split
+    tiles over the 99 KiB per block; each such rejection says so."""
+    result = _run_cli("--kernels", "full", "--arch", "sm_80;sm_86;sm_89", "--explain")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "no candidate was rejected\n"
+    blocks = result.stdout.split("rejected ")[1:]
+    assert blocks, result.stdout
+    for block in blocks:
+        name, reasons = block.split("\n", 1)
+        assert "_kve4m3__" in name, block
+        assert "fp8 K/V needs sm_89 or later" in reasons or "(fp8 K/V)" in reasons, block
 
 
 # ---- CLI ----
@@ -744,7 +770,7 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
     ("when", "expected"),
     [
         ({"lse": ["true"]}, (r"'when' names 'lse', which is not a text-valued signature field; "
-                             r"it may name bias, dtype, family, mask, mode, page_layout, rope")),
+                             r"it may name bias, dtype, family, kv_quant, mask, mode, page_layout, rope")),
         ({"mask": "none"}, r"'when' 'mask' must list one or more strings, got 'none'"),
         ({"mask": []}, r"'when' 'mask' must list one or more strings"),
         (["mask"], r"'when' must map signature fields to lists of values"),
@@ -885,10 +911,10 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
-                e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.arch, e.arch_name,
+                e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.kv_quant, e.arch, e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr, nullptr));
@@ -919,7 +945,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"8 {len(configs)}"
+    assert lines[0] == f"9 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -941,7 +967,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             int(sig.sink), int(sig.v_col_major), int(getattr(sig, "dbias", False)),
             enums["rope"][getattr(sig, "rope", "none")], int(getattr(sig, "paged", False)),
             int(getattr(sig, "page_layout", "linear") == "vectorized"),
-            specs[alg.arch].arch_number,
+            int(sig.kv_quant == "e4m3"), specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]

@@ -115,6 +115,12 @@ typedef enum ckfmha_page_layout {
                                        v [pages, nhead_k, hdim, page_size] (2-byte dtypes) */
 } ckfmha_page_layout;
 
+/* How K and V are stored when they are not in the problem's dtype. */
+typedef enum ckfmha_kv_quant {
+  CKFMHA_KV_QUANT_NONE = 0,    /* k, v in the problem's dtype */
+  CKFMHA_KV_QUANT_FP8_E4M3 = 1 /* k, v one byte per element, e4m3 (float8_e4m3fn), scaled */
+} ckfmha_kv_quant;
+
 typedef enum ckfmha_layout {
   CKFMHA_LAYOUT_BHSD = 0, /* [batch, heads, seqlen, hdim] */
   CKFMHA_LAYOUT_BSHD = 1  /* [batch, seqlen, heads, hdim] */
@@ -227,6 +233,21 @@ typedef struct ckfmha_fwd_problem {
   int64_t block_table_stride; /* CKFMHA_KV_PAGED_TABLE: elements between table rows */
   int32_t num_pages;          /* paged: pages in the k and v caches (page ids are checked) */
   int64_t num_kv_indices;     /* CKFMHA_KV_PAGED_INDPTR: entries of kv_indices */
+  /*
+   * fp8 K/V (kv_quant CKFMHA_KV_QUANT_FP8_E4M3): k and v hold e4m3 bytes and
+   * stand for k_scale * k and v_scale * v; strides stay in elements (= bytes)
+   * and must be multiples of 16. q and o stay in dtype (fp16 or bf16). The
+   * scales are read on the device from args.k_scale / args.v_scale (fp32: one
+   * value, or nhead_k values with kv_scale_per_head), so a captured graph
+   * follows their updates; where those pointers are NULL, the scalars below
+   * are used (positive and finite). Served by the split-KV families
+   * (contiguous K/V, linear pages) on sm_89 and later, which convert e4m3 to
+   * dtype exactly before the tensor-core products.
+   */
+  ckfmha_kv_quant kv_quant;
+  int32_t kv_scale_per_head;
+  float k_scale; /* set to 1 by ckfmha_fwd_problem_init */
+  float v_scale;
 } ckfmha_fwd_problem;
 
 /*
@@ -260,6 +281,10 @@ typedef struct ckfmha_fwd_args {
   const int32_t* kv_indices;  /* CKFMHA_KV_PAGED_INDPTR: page ids of every sequence, flat */
   const int32_t* kv_indptr;   /* CKFMHA_KV_PAGED_INDPTR: batch + 1 offsets into kv_indices */
   const int32_t* seqlens_k;   /* [batch] keys per sequence; required with a block table */
+  /* fp8 K/V: device fp32 dequantisation scales, 1 value or nhead_k values
+   * (problem.kv_scale_per_head); NULL: problem.k_scale / problem.v_scale. */
+  const float* k_scale;
+  const float* v_scale;
 } ckfmha_fwd_args;
 
 /*

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 8
+#define CKFMHA_KERNEL_ABI_VERSION 9
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */
@@ -51,6 +51,7 @@ typedef struct ckfmha_kernel_entry {
   ckfmha_rope rope;     /* fwd_appendkv: rotary embedding of appended keys */
   int32_t paged_kv;     /* fwd_appendkv: writes a paged cache through a block table */
   ckfmha_page_layout page_layout; /* fwd_pagedkv, batch_prefill: how pages hold keys */
+  ckfmha_kv_quant kv_quant;       /* split-KV families: fp8 K/V (e4m3) or K/V in dtype */
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

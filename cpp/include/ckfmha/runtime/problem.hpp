@@ -11,6 +11,7 @@ namespace ckfmha::runtime {
 std::string check_fwd_problem(ckfmha_fwd_problem const& problem);
 
 const char* dtype_name(ckfmha_dtype dtype);
+const char* kv_quant_name(ckfmha_kv_quant quant);
 // Bytes per q/k/v/o element (2 for fp16/bf16, 4 for fp32).
 int element_bytes(ckfmha_dtype dtype);
 const char* mask_name(ckfmha_mask mask);

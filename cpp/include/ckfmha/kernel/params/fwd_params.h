@@ -75,6 +75,14 @@ struct FwdParams {
   int32_t num_pages;       // pages in the caches: every page id is checked against it
   int32_t max_pages_per_seq;
   int32_t page_size_log2;
+
+  // fp8 K/V (Traits::kKvFp8): k and v are e4m3 bytes standing for scale *
+  // value. A kernel reads its K/V head's scales from the device arrays (one
+  // value, or one per K/V head) when given, else the scalars.
+  const float* k_scale_ptr;
+  const float* v_scale_ptr;
+  float k_scale, v_scale;
+  int32_t kv_scale_per_head;
 };
 
 }  // namespace ckfmha::kernel

@@ -52,6 +52,11 @@ inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_a
   p.skip_min_seqlen_q = problem.skip_min_seqlen_q;
   p.total_q = problem.total_q;
   p.total_k = problem.total_k;
+  p.k_scale_ptr = args.k_scale;
+  p.v_scale_ptr = args.v_scale;
+  p.k_scale = problem.k_scale;
+  p.v_scale = problem.v_scale;
+  p.kv_scale_per_head = problem.kv_scale_per_head;
   set_problem_scalars(p, problem);
   return p;
 }

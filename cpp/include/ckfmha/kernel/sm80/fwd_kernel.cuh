@@ -18,10 +18,14 @@
 // split (common/splitkv_rows.cuh). With Traits::kPagedKv as
 // well it is fwd_pagedkv (batch mode) or batch_prefill (group mode queries):
 // key tiles are gathered through a page table (common/paged_kv.cuh); kVColMajor then
-// means vLLM's "vectorized" pages, V loaded as V^T.
+// means vLLM's "vectorized" pages, V loaded as V^T. With Traits::kKvFp8 the
+// split body reads e4m3 K/V (common/fp8_kv.cuh): byte tiles double-buffered,
+// widened into one fp16/bf16 tile per key tile, the K scale folded into the
+// softmax scale and the V scale into the output's normalisation.
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"
+#include "ckfmha/kernel/common/fp8_kv.cuh"
 #include "ckfmha/kernel/common/fragment_layout.cuh"
 #include "ckfmha/kernel/common/gemm_pieces.cuh"
 #include "ckfmha/kernel/common/logit_transform.cuh"
@@ -45,6 +49,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     fwd_sm80_kernel(__grid_constant__ const FwdParams p) {
   using namespace cute;
   using Element = typename Traits::Element;
+  using MmaElement = typename Traits::MmaElement;  // Element, or fp16 for fp8 K/V
   using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimQK>>;
   using TileO = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>;
   using TileK = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimQK>>;
@@ -57,6 +62,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 
   constexpr bool kSplit = Traits::kSplitKv;
   constexpr bool kPaged = Traits::kPagedKv;
+  constexpr bool kFp8 = Traits::kKvFp8;
   const int tid = threadIdx.x;
   // Split-KV: blockIdx.y is a K/V head (its query heads are packed into the
   // rows) and blockIdx.x = split * query tiles + query tile.
@@ -103,6 +109,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   auto const* v_base = static_cast<Element const*>(p.v) + v_origin + head_k * p.v_head_stride;
   auto* o_base = static_cast<Element*>(p.o) + o_origin + head * p.o_head_stride +
                  m_begin * p.o_row_stride;
+  // fp8 K/V: the same rows, one byte per element.
+  auto const* k_bytes = static_cast<uint8_t const*>(p.k) + k_origin + head_k * p.k_head_stride;
+  auto const* v_bytes = static_cast<uint8_t const*>(p.v) + v_origin + head_k * p.v_head_stride;
 
   Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(p.q_row_stride, _1{}));
   Tensor gO = make_tensor(make_gmem_ptr(o_base), TileO{}, make_stride(p.o_row_stride, _1{}));
@@ -120,10 +129,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   auto* smem = reinterpret_cast<Element*>(smem_bytes);
   Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
   Tensor sO = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutO{});
-  Tensor sK = make_tensor(make_smem_ptr(smem + Traits::kSmemQOBytes / int(sizeof(Element))),
-                          typename Traits::SmemLayoutK{});
-  Tensor sV = make_tensor(sK.data() + Traits::kStages * Traits::kSmemKElems,
+  // Q as the products read it: in place, converted first where the types differ.
+  Tensor sQ_mma = make_tensor(make_smem_ptr(reinterpret_cast<MmaElement*>(smem_bytes)),
+                              typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(
+      make_smem_ptr(reinterpret_cast<MmaElement*>(smem_bytes + Traits::kSmemQOBytes)),
+      typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(sK.data() + Traits::kElementKvStages * Traits::kSmemKElems,
                           typename Traits::SmemLayoutV{});
+  // fp8 K/V byte stages, after the element tiles: K then V in each.
+  uint8_t* fp8_stages = reinterpret_cast<uint8_t*>(
+      smem_bytes + Traits::kSmemQOBytes +
+      Traits::kElementKvStages * (Traits::kSmemKElems + Traits::kSmemVElems) *
+          int(sizeof(MmaElement)));
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   using TileVt = Shape<Int<Traits::kHeadDimV>, Int<kBlockN>>;
 
@@ -185,11 +203,52 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     }
   };
 
+  // fp8 K/V: one key tile's byte rows into a byte stage. Rows past the
+  // sequence (ragged tiles), or on pages outside the pool, are zero-filled and
+  // their addresses clamped, as in load_paged_kv.
+  auto load_fp8_kv = [&](int n_block, int stage, auto ragged) __attribute__((always_inline)) {
+    constexpr bool kRagged = decltype(ragged)::value;
+    uint8_t* k_stage = fp8_stages + stage * Traits::kFp8StageBytes;
+    uint8_t* v_stage = k_stage + kBlockN * Traits::kHeadDimQK;
+    const int n_begin = n_block * kBlockN;
+    auto row_source = [&](int row) __attribute__((always_inline)) {
+      const int token = n_begin + row;
+      const bool in_seq = !kRagged || token < seq.seqlen_k;
+      if constexpr (kPaged) {
+        const int32_t id = in_seq ? keys.page_id(token) : 0;
+        const bool read = in_seq && page_in_pool(id, p);
+        if (in_seq && !read) report_device_error(p.errors, &DeviceErrors::page_id, keys.batch);
+        const int64_t page =
+            min(static_cast<uint32_t>(id), static_cast<uint32_t>(p.num_pages) - 1u);
+        const int64_t slot = keys.slot(token);
+        return cute::make_tuple(k_bytes + page * p.k_batch_stride + slot * p.k_row_stride,
+                                v_bytes + page * p.v_batch_stride + slot * p.v_row_stride, read);
+      } else {
+        const int64_t clamped = in_seq ? token : 0;
+        return cute::make_tuple(k_bytes + clamped * p.k_row_stride,
+                                v_bytes + clamped * p.v_row_stride, in_seq);
+      }
+    };
+    load_fp8_kv_tiles<Traits::kThreads, kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
+        k_stage, v_stage, row_source, tid);
+  };
+  // Widens the byte stage of a landed tile into the element K and V tiles.
+  auto widen_fp8_kv = [&](int stage) __attribute__((always_inline)) {
+    if constexpr (kFp8) {
+      uint8_t const* k_stage = fp8_stages + stage * Traits::kFp8StageBytes;
+      uint8_t const* v_stage = k_stage + kBlockN * Traits::kHeadDimQK;
+      widen_fp8_tile<Traits::kThreads, kBlockN, Traits::kHeadDimQK>(k_stage, sK, tid);
+      widen_fp8_tile<Traits::kThreads, kBlockN, Traits::kHeadDimV>(v_stage, sV, tid);
+    }
+  };
+
   // K and V of one key tile into one stage (double-buffered pipelines).
   // Forced inline (so is process_tile): a call left out of line keeps every
   // local it captures in stack memory.
   auto load_kv = [&](int n_block, int stage, auto ragged) __attribute__((always_inline)) {
-    if constexpr (kPaged && Traits::kVColMajor) {
+    if constexpr (kFp8) {
+      load_fp8_kv(n_block, stage, ragged);
+    } else if constexpr (kPaged && Traits::kVColMajor) {
       Tensor k_dst = in_stage(tKsK, stage, kKElems);
       Tensor vt_dst = in_stage(vt_load_thr.partition_D(sVt), stage, kVElems);
       load_vectorized_paged_kv<decltype(ragged)::value>(
@@ -209,14 +268,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // ---- shared -> registers and the MMAs
   typename Traits::TiledMma tiled_mma;
   auto mma_thr = tiled_mma.get_thread_slice(tid);
-  Tensor tSrQ = mma_thr.partition_fragment_A(sQ);
+  Tensor tSrQ = mma_thr.partition_fragment_A(sQ_mma);
   Tensor tSrK = mma_thr.partition_fragment_B(sK);
   Tensor tOrVt = mma_thr.partition_fragment_B(sVt);
   Tensor acc_o = partition_fragment_C(tiled_mma, TileO{});
 
   auto q_s2r = make_tiled_copy_A(typename Traits::SmemLoadAtom{}, tiled_mma);
   auto q_s2r_thr = q_s2r.get_thread_slice(tid);
-  Tensor tSsQ = q_s2r_thr.partition_S(sQ);
+  Tensor tSsQ = q_s2r_thr.partition_S(sQ_mma);
   Tensor tSrQ_view = q_s2r_thr.retile_D(tSrQ);
   auto k_s2r = make_tiled_copy_B(typename Traits::SmemLoadAtom{}, tiled_mma);
   auto k_s2r_thr = k_s2r.get_thread_slice(tid);
@@ -241,8 +300,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   if constexpr (Traits::kHasDropout) {
     dropout = PhiloxDropout::for_sequence(p, seq.seqlen_q, seq.seqlen_k, batch, head);
   }
-  // Transformed scores are already log2-domain logits.
-  const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;
+  // fp8 K/V: the dequantisation scales of this K/V head.
+  float k_descale = 1.f, v_descale = 1.f;
+  if constexpr (kFp8) {
+    k_descale = kv_scale(p.k_scale_ptr, p.k_scale, p.kv_scale_per_head, head_k);
+    v_descale = kv_scale(p.v_scale_ptr, p.v_scale, p.kv_scale_per_head, head_k);
+  }
 
   // Query positions the tile's rows cover: mask bounds per tile use these.
   const int q_first = kSplit ? rows.first_query() : m_begin;
@@ -264,6 +327,29 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     }
   }
   cp_async_fence();
+  // fp8 K/V keeps kFp8Stages - 1 tiles in flight: the next ones are requested
+  // now, one commit group each (empty past the first tile) so that every
+  // tile's group is the same count back from the newest.
+  if constexpr (kFp8) {
+    CUTE_UNROLL
+    for (int ahead = 1; ahead < Traits::kFp8Stages - 1; ++ahead) {
+      if (n_last - 1 - ahead >= n_first) load_kv(n_last - 1 - ahead, ahead, std::false_type{});
+      cp_async_fence();
+    }
+  }
+
+  // fp8 K/V with bf16 queries: Q lands with the first tile (group 0) and is
+  // rescaled into fp16 before any product; the scale comes back out with K's.
+  if constexpr (!std::is_same_v<Element, MmaElement>) {
+    cp_async_wait<Traits::kFp8Stages - 2>();
+    __syncthreads();
+    k_descale *= queries_to_half<Traits::kThreads, Traits::kBlockM * Traits::kHeadDimQK>(
+        smem, reinterpret_cast<float*>(raw_pointer_cast(sK.data())), tid);
+  }
+  // Transformed scores are already log2-domain logits. Without a transform the
+  // K scale joins the softmax scale (scores are linear in K); with one it
+  // multiplies the raw scores before it.
+  const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2 * k_descale;
 
   clear(acc_o);
   OnlineSoftmax<kRows> softmax;
@@ -276,28 +362,56 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   auto process_tile = [&](int n_block, auto needs_mask) __attribute__((always_inline)) {
     constexpr bool kNeedsMask = decltype(needs_mask)::value;
     const int n_begin = n_block * kBlockN;
-    // Tiles alternate between the two stages, the first one in stage 0.
-    const int stage = Traits::kDoubleBuffered ? (n_last - 1 - n_block) & 1 : 0;
+    // Tiles alternate between the two stages, the first one in stage 0 (fp8:
+    // cycle through the byte stages).
+    const int visited = n_last - 1 - n_block;
+    const int stage = kFp8                      ? visited % Traits::kFp8Stages
+                      : Traits::kDoubleBuffered ? visited & 1
+                                                : 0;
+    // The stage the products read: fp8 K/V is widened into one element tile.
+    const int mma_stage = kFp8 ? 0 : stage;
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
     clear(acc_s);
 
-    cp_async_wait<0>();
-    // Double-buffered: this tile's K and V landed, and every warp is done with
-    // the other stage, so the next tile may load into it now. Single-buffered:
-    // K landed and every warp is done with the previous V.
-    __syncthreads();
-    if constexpr (Traits::kDoubleBuffered) {
-      if (n_block > n_first) {
-        load_kv(n_block - 1, stage ^ 1, std::false_type{});
+    if constexpr (kFp8) {
+      // This tile's group is kFp8Stages - 2 behind the newest. After the
+      // barrier every warp has widened the previous tile's bytes (before the
+      // previous tile's second barrier) and used its element tiles, so that
+      // byte stage takes the tile kFp8Stages - 1 ahead.
+      cp_async_wait<Traits::kFp8Stages - 2>();
+      __syncthreads();
+      const int ahead = n_block - (Traits::kFp8Stages - 1);
+      if (ahead >= n_first) {
+        load_kv(ahead, (visited + Traits::kFp8Stages - 1) % Traits::kFp8Stages,
+                std::false_type{});
+      }
+      cp_async_fence();
+      // The products wait for every thread's share of the widened tiles.
+      widen_fp8_kv(stage);
+      __syncthreads();
+    } else {
+      cp_async_wait<0>();
+      // Double-buffered: this tile's K and V landed, and every warp is done with
+      // the other stage, so the next tile may load into it now. Single-buffered:
+      // K landed and every warp is done with the previous V.
+      __syncthreads();
+      if constexpr (Traits::kDoubleBuffered) {
+        if (n_block > n_first) {
+          load_kv(n_block - 1, stage ^ 1, std::false_type{});
+          cp_async_fence();
+        }
+      } else {
+        load_v(n_block, 0, needs_mask);  // the tile itself: ragged only if masked
         cp_async_fence();
       }
-    } else {
-      load_v(n_block, 0, needs_mask);  // the tile itself: ragged only if masked
-      cp_async_fence();
     }
 
     gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, q_s2r, tSrK, tSrK_view,
-                   in_stage(tSsK, stage, kKElems), k_s2r);
+                   in_stage(tSsK, mma_stage, kKElems), k_s2r);
+    if constexpr (kFp8 && Transform::kActive) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= k_descale;
+    }
     Tensor scores = make_tensor(acc_s.data(), accum_as_rows_cols(acc_s.layout()));
     if constexpr (Transform::kActive) transform.apply(scores, cS_rows_cols, m_begin, n_begin);
     if constexpr (kNeedsMask && kSplit) {
@@ -306,7 +420,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       mask.apply(scores, cS_rows_cols, m_begin, n_begin);
     }
 
-    if constexpr (!Traits::kDoubleBuffered) {
+    if constexpr (!Traits::kDoubleBuffered && !kFp8) {
       cp_async_wait<0>();
       __syncthreads();  // V tile landed; every warp is done with this K
       if (n_block > n_first) {
@@ -321,10 +435,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       softmax.template update<false>(scores, out, exp2_scale);
     }
     if constexpr (Traits::kHasDropout) dropout.apply(scores, cS_rows_cols, m_begin, n_begin);
-    Tensor probs = convert_fragment<Element>(acc_s);
+    Tensor probs = convert_fragment<MmaElement>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accum_as_operand_a(probs.layout()));
-    gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, in_stage(tOsVt, stage, kVElems),
-                   v_s2r);
+    gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view,
+                   in_stage(tOsVt, mma_stage, kVElems), v_s2r);
   };
 
   auto tile_needs_mask = [&](int n_block) {
@@ -348,7 +462,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   float lse[kRows];
   constexpr float kLog2e = 1.4426950408889634f;
   const float sink_log2 = Traits::kHasSink ? p.sink[head] * kLog2e : 0.f;
-  const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
+  // The V scale multiplies O like the dropout rescale (never both: split-KV has no dropout).
+  const float rescale = Traits::kHasDropout ? p.dropout_rescale : v_descale;
   softmax.template finalize<Traits::kHasSink>(out, exp2_scale, sink_log2, rescale, lse);
 
   if constexpr (kSplit) {

@@ -16,7 +16,7 @@ namespace ckfmha::kernel {
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
           bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1,
-          bool SplitKv = false, bool PagedKv = false>
+          bool SplitKv = false, bool PagedKv = false, bool KvFp8 = false>
 struct FwdSm80Traits {
   using Element = Element_;
 
@@ -52,6 +52,12 @@ struct FwdSm80Traits {
   static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && Stages == 2),
                 "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 stages");
 
+  // fp8 K/V (common/fp8_kv.cuh): K and V arrive as e4m3 bytes in byte stages
+  // and are widened into one Element tile each before the products.
+  static constexpr bool kKvFp8 = KvFp8;
+  static_assert(!KvFp8 || (SplitKv && Stages == 2 && !VColMajor),
+                "fp8 K/V runs on the split-KV body, double-buffered, with V row-major");
+
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
                 "the sm80 tensor-core path takes fp16 or bf16 operands");
@@ -66,7 +72,12 @@ struct FwdSm80Traits {
   // Warps stack along M; the N extent of 16 lets one ldmatrix.x4 feed two
   // 8-wide MMAs with B, and makes pairs of S accumulators line up with one
   // 16-wide K step of the P*V product.
-  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+  // The products' operand type. fp8 K/V is widened to fp16 whatever the query
+  // dtype: e4m3 -> fp16 is one instruction per pair where bf16 takes four, and
+  // widening is what paces the fp8 body. bf16 queries are then rescaled into
+  // fp16 by a power of two per CTA (kernel), and P is fp16.
+  using MmaElement = std::conditional_t<KvFp8, cutlass::half_t, Element>;
+  using MmaOp = std::conditional_t<std::is_same_v<MmaElement, cutlass::half_t>,
                                    cute::SM80_16x8x16_F32F16F16F32_TN,
                                    cute::SM80_16x8x16_F32BF16BF16F32_TN>;
   using TiledMma = cute::TiledMMA<cute::MMA_Atom<MmaOp>,
@@ -99,11 +110,19 @@ struct FwdSm80Traits {
   static constexpr int kSmemKElems = int(cute::cosize_v<SmemLayoutK>);
   static constexpr int kSmemVElems =
       int(VColMajor ? cute::cosize_v<SmemLayoutVt> : cute::cosize_v<SmemLayoutV>);
+  // Element K/V tiles: one per stage, or the one widened tile of fp8 K/V,
+  // whose byte stages (K then V, kFp8StageBytes each) follow them.
+  // fp8 tiles are half the bytes: twice the stages in the budget of `Stages`
+  // element stages keep as many bytes in flight, i.e. twice the keys.
+  static constexpr int kElementKvStages = KvFp8 ? 1 : Stages;
+  static constexpr int kFp8Stages = KvFp8 ? 2 * Stages : 0;
+  static constexpr int kFp8StageBytes = KvFp8 ? BlockN * (HeadDimQK + HeadDimV) : 0;
   static constexpr int kSmemBytes =
-      kSmemQOBytes + Stages * (kSmemKElems + kSmemVElems) * int(sizeof(Element));
+      kSmemQOBytes + kElementKvStages * (kSmemKElems + kSmemVElems) * int(sizeof(Element)) +
+      kFp8Stages * kFp8StageBytes;
 
-  using SmemLoadAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
-  using SmemLoadAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  using SmemLoadAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, MmaElement>;
+  using SmemLoadAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, MmaElement>;
   // ldmatrix flavour for the V^T operand: transposing unless V is column-major.
   using SmemLoadAtomVt = std::conditional_t<VColMajor, SmemLoadAtom, SmemLoadAtomTransposed>;
   using SmemStoreAtom = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;

@@ -1,0 +1,22 @@
+# cython: language_level=3
+# fp8 (e4m3) K/V for the forward runners (fwd, fwd_varlen, fwd_paged): the views of q, k and v
+# with their kv_quant, and the dequantisation scales written into the C problem and args.
+
+cimport ckfmha as capi
+
+from ckfmha._arrays cimport ArrayView
+
+
+cdef tuple attention_views(q, k, v, handle, dtype, kv_dtype, int q_ndim, int k_ndim,
+                           int v_ndim, str k_name, str v_name)
+
+
+cdef class KvScales:
+    # The device scale arrays' views, alive until the launch is queued.
+    cdef list views
+    # Their memory, for the output-overlap checks.
+    cdef readonly list regions
+
+    cdef ArrayView _view(self, scale, handle, str name, int nhead_k)
+    cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                   int kv_quant, k_scale, v_scale, handle, int nhead_k) except -1

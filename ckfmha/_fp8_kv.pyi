@@ -1,0 +1,5 @@
+from ckfmha.aliasing import Region
+
+class KvScales:
+    @property
+    def regions(self) -> list[Region]: ...

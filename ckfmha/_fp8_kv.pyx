@@ -1,0 +1,87 @@
+# cython: language_level=3
+"""fp8 (e4m3) K/V for the forward runners: the views of q, k and v, and the dequantisation
+scales in the C problem (numbers) or args (device arrays). The rules and messages are in
+ckfmha.fp8_kv."""
+
+cimport ckfmha as capi
+from ckfmha._arrays cimport ArrayView
+
+from ckfmha import _dtypes
+from ckfmha._arrays import as_view
+from ckfmha.errors import InvalidArgumentError
+from ckfmha.fp8_kv import (
+    KV_QUANT_NONE,
+    is_scale_value,
+    scale_count,
+    scale_value,
+    scales_per_head,
+)
+
+_Q_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
+# fp8 q and uint8 K/V pass the views, so that ckfmha.fp8_kv.kv_quant_of says what to do
+# instead of listing the dtypes.
+_VIEWED_Q_DTYPES = _Q_DTYPES + (_dtypes.FP8_E4M3,)
+_KV_DTYPES = _Q_DTYPES + (_dtypes.FP8_E4M3, _dtypes.UINT8)
+_F32 = (_dtypes.FP32,)
+
+
+cdef tuple attention_views(q, k, v, handle, dtype, kv_dtype, int q_ndim, int k_ndim,
+                           int v_ndim, str k_name, str v_name):
+    """Views of q, k and v. ``dtype`` overrides what q reports, and k and v's too unless
+    ``kv_dtype`` (e.g. "fp8_e4m3" for uint8 codes) is given; ckfmha.fp8_kv.kv_quant_of then
+    checks the combination."""
+    kv_override = dtype if kv_dtype is None else kv_dtype
+    cdef ArrayView qv = as_view(q, handle, dtype, "q", q_ndim, _VIEWED_Q_DTYPES)
+    cdef ArrayView kv = as_view(k, handle, kv_override, k_name, k_ndim, _KV_DTYPES)
+    cdef ArrayView vv = as_view(v, handle, kv_override, v_name, v_ndim, _KV_DTYPES)
+    return qv, kv, vv
+
+
+cdef class KvScales:
+    """The scales of one launch: numbers go to problem.k_scale / v_scale, device arrays to
+    args.k_scale / v_scale (zero-copy; host arrays are staged like the other small ones)."""
+
+    def __cinit__(self):
+        self.views = []
+        self.regions = []
+
+    cdef ArrayView _view(self, scale, handle, str name, int nhead_k):
+        shape = tuple(int(n) for n in getattr(scale, "shape", ()))
+        # The length is checked from the shape, so a wrong one is not staged first.
+        count = scale_count(shape, nhead_k, name)
+        cdef ArrayView view = as_view(scale, handle, None, name, len(shape), _F32)
+        if count > 1 and view.strides[0] != 1:
+            raise InvalidArgumentError(f"{name} must be contiguous, got strides {view.strides}",
+                                       1)
+        self.views.append(view)
+        self.regions.append(view.region(name))
+        return view
+
+    cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                   int kv_quant, k_scale, v_scale, handle, int nhead_k) except -1:
+        """Sets problem.kv_quant and the scales (kv_quant from ckfmha.fp8_kv.kv_quant_of,
+        which refused scales for K/V that are not fp8; ckfmha.fp8_kv.check_scale_args has
+        checked the numbers and that arrays come as a pair)."""
+        cdef ArrayView kv, vv
+        problem.kv_quant = <capi.ckfmha_kv_quant>kv_quant
+        if kv_quant == KV_QUANT_NONE or (k_scale is None and v_scale is None):
+            return 0  # ckfmha_fwd_problem_init set both scales to 1
+        if _number(k_scale) and _number(v_scale):
+            problem.k_scale = 1.0 if k_scale is None else scale_value(k_scale, "k_scale")
+            problem.v_scale = 1.0 if v_scale is None else scale_value(v_scale, "v_scale")
+            return 0
+        kv = self._view(k_scale, handle, "k_scale", nhead_k)
+        vv = self._view(v_scale, handle, "v_scale", nhead_k)
+        per_head = scales_per_head(_count(kv), _count(vv), nhead_k)
+        problem.kv_scale_per_head = 1 if per_head else 0
+        args.k_scale = <const float*>kv.ptr
+        args.v_scale = <const float*>vv.ptr
+        return 0
+
+
+cdef bint _number(scale):
+    return scale is None or is_scale_value(scale)
+
+
+cdef int _count(ArrayView view):
+    return view.shape[0] if view.shape else 1

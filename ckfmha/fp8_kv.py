@@ -1,0 +1,146 @@
+"""fp8 (e4m3) K/V caches in the forward runners: which arrays may be fp8, and the checks of the
+dequantisation scales, before anything reaches the device.
+
+k and v hold e4m3 values (float8_e4m3fn, or uint8 codes with ``kv_dtype="fp8_e4m3"``) that
+stand for ``k_scale * k`` and ``v_scale * v``; q and the output stay fp16 or bf16. A scale is
+a Python float (read when the call is made: a captured CUDA graph keeps that value) or a
+device fp32 array of 1 or nhead_k values (read by the kernels: a graph follows its updates).
+The C library checks the rest (q's dtype, page layouts, strides) when the problem is
+validated; the Cython side (``_fp8_kv.pyx``) fills the C structs.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+from ckfmha import _dtypes
+from ckfmha.errors import InvalidArgumentError
+
+# C enum ckfmha_kv_quant.
+KV_QUANT_NONE = 0
+KV_QUANT_FP8_E4M3 = 1
+
+_FP8 = _dtypes.NAMES[_dtypes.FP8_E4M3]
+_HOW = (
+    "pass k and v as float8_e4m3fn arrays (torch, ml_dtypes), or as uint8 e4m3 codes with "
+    f"kv_dtype='{_FP8}'"
+)
+
+
+def _invalid(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message, 1)  # CKFMHA_ERROR_INVALID_ARGUMENT
+
+
+def is_scale_value(scale: Any) -> bool:
+    """A scale given as a number (float, int, NumPy scalar), not as an array."""
+    return isinstance(scale, Real) and not isinstance(scale, bool)
+
+
+def scale_value(scale: Any, name: str) -> float:
+    """A number scale as the fp32 the problem holds: positive and finite."""
+    value = float(scale)
+    if not (value > 0.0 and math.isfinite(value)):
+        raise _invalid(
+            f"{name} is {value!r}; fp8 K/V stands for {name} * value, so the scale must be "
+            "positive and finite"
+        )
+    # fp32 is what the kernels multiply by: a finite double may still overflow or vanish.
+    if not 1.1754943508222875e-38 <= value <= 3.4028234663852886e38:
+        raise _invalid(f"{name} is {value!r}, outside the positive normal fp32 range")
+    return value
+
+
+def check_scale_args(k_scale: Any, v_scale: Any) -> None:
+    """What can be checked of k_scale and v_scale before any array is read: numbers are
+    positive and finite, and device scales come as a pair (the kernels read both or
+    neither)."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if is_scale_value(scale):
+            scale_value(scale, name)
+        elif isinstance(scale, (bool, str, bytes)):
+            raise _invalid(
+                f"{name} must be a float, or an fp32 array of 1 or nhead_k values; got {scale!r}"
+            )
+    kinds = [_scale_kind(k_scale), _scale_kind(v_scale)]
+    if "an array" in kinds and kinds[0] != kinds[1]:
+        raise _invalid(
+            f"k_scale is {kinds[0]} and v_scale {kinds[1]}: pass both as fp32 device arrays "
+            "(read by the kernels, so a captured CUDA graph follows their updates) or neither "
+            "(numbers, or None for 1.0)"
+        )
+
+
+def _scale_kind(scale: Any) -> str:
+    if scale is None:
+        return "not given"
+    return "a number" if is_scale_value(scale) else "an array"
+
+
+def kv_quant_of(
+    q_dtype: int,
+    k_dtype: int,
+    v_dtype: int,
+    *,
+    scales_given: bool,
+    k_name: str = "k",
+    v_name: str = "v",
+) -> int:
+    """The ckfmha_kv_quant of a call from its arrays' dtype codes: K/V in q's dtype, or both
+    fp8 e4m3 (with q in fp16 or bf16, which the C problem check states). Raises
+    InvalidArgumentError for fp8 q, one of k and v fp8, uint8 K/V not declared e4m3, and
+    scales given for K/V that are not fp8."""
+    names = _dtypes.NAMES
+    if q_dtype == _dtypes.FP8_E4M3:
+        raise _invalid(
+            f"q is {_FP8}, but fp8 is for K and V only: q and the output stay fp16 or bf16 ({_HOW})"
+        )
+    for name, code in ((k_name, k_dtype), (v_name, v_dtype)):
+        if code == _dtypes.UINT8:
+            raise _invalid(
+                f"{name} is uint8: if it holds e4m3 codes, say so with kv_dtype='{_FP8}' "
+                "(float8_e4m3fn arrays need no such hint)"
+            )
+    k_fp8, v_fp8 = k_dtype == _dtypes.FP8_E4M3, v_dtype == _dtypes.FP8_E4M3
+    if k_fp8 != v_fp8:
+        raise _invalid(
+            f"{k_name} is {names[k_dtype]} but {v_name} is {names[v_dtype]}: fp8 K/V needs both "
+            f"{k_name} and {v_name} in e4m3 ({_HOW}), q in fp16 or bf16"
+        )
+    if k_fp8:
+        return KV_QUANT_FP8_E4M3
+    if scales_given:
+        raise _invalid(
+            f"k_scale/v_scale are given, but {k_name} and {v_name} are {names[k_dtype]}: the "
+            f"scales dequantise fp8 K/V only ({_HOW})"
+        )
+    if not q_dtype == k_dtype == v_dtype:
+        raise _invalid(
+            f"q, {k_name} and {v_name} must have one dtype (or {k_name} and {v_name} both "
+            f"{_FP8}), got {names[q_dtype]}, {names[k_dtype]}, {names[v_dtype]}"
+        )
+    return KV_QUANT_NONE
+
+
+def scale_count(shape: tuple[int, ...], nhead_k: int, name: str) -> int:
+    """The values a scale array holds, read from its shape before it is viewed or staged: 1
+    (one scale for every K/V head) or nhead_k (one per head)."""
+    count = math.prod(shape)
+    if len(shape) > 1 or count not in (1, nhead_k):
+        raise _invalid(
+            f"{name} must hold 1 or nhead_k={nhead_k} fp32 values (one per K/V head), got "
+            f"shape {shape}"
+        )
+    return count
+
+
+def scales_per_head(k_count: int, v_count: int, nhead_k: int) -> bool:
+    """Whether device scales of these lengths are one per K/V head. The C problem has one
+    flag for both arrays, so their lengths must agree."""
+    if k_count != v_count:
+        raise _invalid(
+            f"k_scale has {k_count} values and v_scale {v_count}: device scales are both one "
+            f"value or both nhead_k={nhead_k} values (one per K/V head)"
+        )
+    return k_count > 1
