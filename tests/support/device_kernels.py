@@ -15,9 +15,14 @@ def runs_on(kernel: dict[str, Any], arch: int) -> bool:
     return kernel["arch"] // 10 == arch // 10 and kernel["arch"] <= arch
 
 
-def device_kernels(family: str) -> list[dict[str, Any]]:
-    """Kernels of ``family`` this device runs; none without a device."""
+def device_kernels(family: str, kv_quant: str = "none") -> list[dict[str, Any]]:
+    """Kernels of ``family`` this device runs that read K/V as ``kv_quant`` ("none": in the
+    problem's dtype; fp8 K/V kernels, "fp8_e4m3", have tests of their own); none without a
+    device."""
     if ckfmha.device_count() == 0:
         return []
     arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels() if k["family"] == family and runs_on(k, arch)]
+    return [
+        k for k in ckfmha.Registry().kernels()
+        if k["family"] == family and k["kv_quant"] == kv_quant and runs_on(k, arch)
+    ]  # fmt: skip
