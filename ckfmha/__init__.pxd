@@ -315,6 +315,10 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int64_t v_cache_stride[3]
         int64_t q_stride[3]
         int64_t q_out_stride[3]
+        ckfmha_kv_quant cache_quant
+        int32_t scale_per_head
+        float k_scale
+        float v_scale
 
     ctypedef struct ckfmha_appendkv_args:
         const void* k_new
@@ -329,6 +333,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const void* q
         void* q_out
         int32_t* overflow
+        const float* k_scale
+        const float* v_scale
 
     int ckfmha_appendkv_problem_init(ckfmha_appendkv_problem* problem, ckfmha_dtype dtype,
                                      ckfmha_layout cache_layout, int32_t batch, int32_t nhead_k,

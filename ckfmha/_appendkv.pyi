@@ -20,6 +20,9 @@ def append_kv(
     stream: Any = None,
     dtype: Any = None,
     validate: bool | None = None,
+    kv_dtype: Any = None,
+    k_scale: float | Any = None,
+    v_scale: float | Any = None,
 ) -> Any: ...
 def select_append_kv(*, arch: int | str | None = None, **fields: Any) -> str: ...
 def explain_append_kv(*, arch: int | str | None = None, **fields: Any) -> str: ...

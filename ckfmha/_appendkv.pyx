@@ -9,6 +9,7 @@ import numpy as np
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
+from ckfmha._fp8_kv cimport KvScales
 from ckfmha._problem cimport to_int32
 from ckfmha._status cimport check
 
@@ -21,12 +22,16 @@ from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
+from ckfmha.fp8_kv import KV_QUANT_FP8_E4M3, append_quant_of, check_scale_args
 from ckfmha.host_metadata import MetadataValues, host_values
 from ckfmha.metadata_checks import check_append_pages
 from ckfmha.page_layouts import VECTOR_CHANNELS, check_vectorized_k
 from ckfmha.problem import page_layout_code
 
 _INPUT_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
+# fp8 and uint8 pass the views, so that ckfmha.fp8_kv.append_quant_of says what to do instead
+# of listing the dtypes.
+_VIEWED_DTYPES = _INPUT_DTYPES + (_dtypes.FP8_E4M3, _dtypes.UINT8)
 _I32 = (_dtypes.INT32,)
 _ROPE_CODES = {
     "none": capi.CKFMHA_ROPE_NONE,
@@ -120,7 +125,8 @@ cdef int _problem_from_fields(capi.ckfmha_appendkv_problem* problem, dict fields
     """A problem with contiguous tensors from keyword fields (for select/explain)."""
     known = {"dtype", "batch", "nhead_k", "seqlen_new", "hdim", "hdim_v", "max_seqlen_cache",
              "cache_layout", "page_size", "num_pages", "max_pages_per_seq", "page_layout",
-             "rope", "rotary_dim", "rope_dtype", "rope_max_pos", "nhead_q", "seqlen_q"}
+             "rope", "rotary_dim", "rope_dtype", "rope_max_pos", "nhead_q", "seqlen_q",
+             "kv_dtype"}
     unknown = sorted(set(fields) - known)
     if unknown:
         raise TypeError(f"unknown append problem fields: {', '.join(unknown)}; "
@@ -165,6 +171,12 @@ cdef int _problem_from_fields(capi.ckfmha_appendkv_problem* problem, dict fields
         q_strides = (int(seqlen_q) * int(nhead_q) * int(hdim), hdim, int(nhead_q) * int(hdim))
         _set3(problem.q_stride, q_strides)
         _set3(problem.q_out_stride, q_strides)
+    if fields.get("kv_dtype") is not None:
+        kv_dtype = _dtypes.dtype_code(fields["kv_dtype"])
+        if kv_dtype != _dtypes.FP8_E4M3:
+            raise _invalid(f"kv_dtype is the caches' fp8 format ('fp8_e4m3'), got "
+                           f"{fields['kv_dtype']!r}")
+        problem.cache_quant = <capi.ckfmha_kv_quant>KV_QUANT_FP8_E4M3
     check(capi.ckfmha_appendkv_problem_validate(problem))
     return 0
 
@@ -175,7 +187,8 @@ def select_append_kv(*, arch=None, **fields) -> str:
     Fields: dtype, batch, nhead_k, seqlen_new, hdim (hdim_v), max_seqlen_cache (contiguous
     cache) or page_size, num_pages, max_pages_per_seq (paged cache), cache_layout, rope
     ("none", "interleaved", "half_rotated"), rotary_dim, rope_dtype, rope_max_pos, and nhead_q
-    (> 0 rotates q too) with seqlen_q. Tensors are taken as contiguous.
+    (> 0 rotates q too) with seqlen_q, and kv_dtype="fp8_e4m3" for fp8 caches (dtype is then
+    the new tokens'). Tensors are taken as contiguous.
     """
     cdef capi.ckfmha_appendkv_problem problem
     cdef char buf[NAME_CAPACITY]
@@ -242,15 +255,17 @@ def _host_lengths(obj, int batch):
 
 cdef int _check_outputs(bint q_out_given, ArrayView knv, ArrayView vnv, ArrayView kcv,
                         ArrayView vcv, ArrayView cv, ArrayView sv, ArrayView qv, ArrayView qov,
-                        ArrayView lv, ArrayView btv, ArrayView ov) except -1:
+                        ArrayView lv, ArrayView btv, ArrayView ov, list scale_regions) except -1:
     """The caches (written in place by design), a caller's q_out and overflow share no memory
-    with the inputs or each other; q_out may be q itself (rotation in place)."""
+    with the inputs (device scales among them) or each other; q_out may be q itself (rotation
+    in place)."""
     named_inputs = (("k_new", knv), ("v_new", vnv), ("cos", cv), ("sin", sv), ("q", qv),
                     ("cache_seqlens", lv), ("block_table", btv))
     named_outputs = (("k_cache", kcv), ("v_cache", vcv),
                      ("q_out", qov if q_out_given else None), ("overflow", ov))
     check_no_overlap([view.region(name) for name, view in named_outputs if view is not None],
-                     [view.region(name) for name, view in named_inputs if view is not None],
+                     [view.region(name) for name, view in named_inputs if view is not None]
+                     + scale_regions,
                      in_place=(("q_out", "q"),))
     return 0
 
@@ -258,7 +273,7 @@ cdef int _check_outputs(bint q_out_given, ArrayView knv, ArrayView vnv, ArrayVie
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=None,
               rotary_interleaved=False, q=None, q_out=None, block_table=None,
               cache_layout="bshd", page_layout="linear", overflow=None, kernel=None, stream=None,
-              dtype=None, validate=None):
+              dtype=None, validate=None, kv_dtype=None, k_scale=None, v_scale=None):
     """Writes k_new/v_new into the cache at each sequence's length, rotating keys (and q).
 
     k_new, v_new: [batch, seqlen_new, nhead_k, hdim] (any strides, head dim contiguous).
@@ -292,20 +307,33 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, cos=None, sin=No
     written in place by design; no output (caches, q_out, overflow) may share memory with an
     input or another output, except q_out being exactly q (rotation in place). batch 0, or no
     new tokens and no query to rotate, launches nothing.
+
+    fp8 caches: k_cache and v_cache may both hold e4m3 values (torch.float8_e4m3fn,
+    ml_dtypes.float8_e4m3fn, or uint8 codes with ``kv_dtype="fp8_e4m3"``), as ``ckfmha.fwd`` and
+    ``fwd_paged`` read them: the new tokens (fp16 or bf16, as are q and q_out) are written as
+    e4m3(k_new / k_scale) and e4m3(v_new / v_scale), the division correctly rounded in fp32 (after
+    RoPE, whose result is first rounded to the tokens' dtype), then rounded to nearest even and
+    saturated at +-448. ``k_scale`` and ``v_scale`` as in ``fwd``: numbers (default 1.0), or both
+    fp32 device arrays of 1 or nhead_k values (read by the kernel). Contiguous caches and linear
+    pages only; sm_89 and later. Scales without fp8 caches, one cache fp8, fp8 k_new/v_new or
+    fp8 vectorized pages raise InvalidArgumentError. ``dtype`` overrides what k_new and v_new
+    report, and the caches' unless ``kv_dtype`` is given.
     """
+    check_scale_args(k_scale, v_scale)
     index = check_devices((("k_cache", k_cache), ("v_cache", v_cache), ("k_new", k_new),
                            ("v_new", v_new), ("q", q), ("q_out", q_out), ("overflow", overflow)),
                           (("cos", cos), ("sin", sin), ("block_table", block_table),
-                           ("cache_seqlens", cache_seqlens)))
+                           ("cache_seqlens", cache_seqlens), ("k_scale", k_scale),
+                           ("v_scale", v_scale)))
     with on_device(index):
         return _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
                           rotary_interleaved, q, q_out, block_table, cache_layout, page_layout,
-                          overflow, kernel, stream, dtype, validate)
+                          overflow, kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale)
 
 
 cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
                        rotary_interleaved, q, q_out, block_table, cache_layout, page_layout,
-                       overflow, kernel, stream, dtype, validate):
+                       overflow, kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale):
     """``append_kv`` with the arrays' device (``index``) current."""
     cdef int layout = _layout_code(cache_layout)
     cdef bint vectorized = _vectorized(page_layout)
@@ -313,15 +341,16 @@ cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos
         raise _invalid("page_layout 'vectorized' describes pages: pass block_table")
     kind = array_kind(k_cache)
     handle = resolve_stream(stream, kind, k_cache, index)
-    cdef ArrayView knv = as_view(k_new, handle, dtype, "k_new", 4, _INPUT_DTYPES)
-    cdef ArrayView vnv = as_view(v_new, handle, dtype, "v_new", 4, _INPUT_DTYPES)
-    cdef ArrayView kcv = as_view(k_cache, handle, dtype, "k_cache", 5 if vectorized else 4,
-                                 _INPUT_DTYPES, True)
-    cdef ArrayView vcv = as_view(v_cache, handle, dtype, "v_cache", 4, _INPUT_DTYPES, True)
-    if not knv.dtype == vnv.dtype == kcv.dtype == vcv.dtype:
-        raise _invalid(f"k_new, v_new, k_cache and v_cache must share one dtype, got "
-                       f"{knv.dtype_name}, {vnv.dtype_name}, {kcv.dtype_name}, "
-                       f"{vcv.dtype_name}")
+    cache_override = dtype if kv_dtype is None else kv_dtype
+    cdef ArrayView knv = as_view(k_new, handle, dtype, "k_new", 4, _VIEWED_DTYPES)
+    cdef ArrayView vnv = as_view(v_new, handle, dtype, "v_new", 4, _VIEWED_DTYPES)
+    cdef ArrayView kcv = as_view(k_cache, handle, cache_override, "k_cache",
+                                 5 if vectorized else 4, _VIEWED_DTYPES, True)
+    cdef ArrayView vcv = as_view(v_cache, handle, cache_override, "v_cache", 4, _VIEWED_DTYPES,
+                                 True)
+    cache_quant = append_quant_of(knv.dtype, vnv.dtype, kcv.dtype, vcv.dtype,
+                                  scales_given=k_scale is not None or v_scale is not None,
+                                  vectorized=vectorized)
     batch, seqlen_new, nhead_k, hdim_k = knv.shape
     if vnv.shape[:3] != (batch, seqlen_new, nhead_k):
         raise _invalid(f"v_new is {vnv.shape} but k_new is {knv.shape}: both are "
@@ -348,7 +377,7 @@ cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos
     cdef capi.ckfmha_appendkv_problem problem
     cdef capi.ckfmha_appendkv_args args
     memset(&args, 0, sizeof(args))
-    _init_problem(&problem, kcv.dtype, layout, batch, nhead_k, seqlen_new,
+    _init_problem(&problem, knv.dtype, layout, batch, nhead_k, seqlen_new,
                   1 if paged else cache_tokens, hdim_k, hdim_v)
     if isinstance(block_table, (list, tuple)):
         block_table = np.asarray(block_table, dtype=np.int32)
@@ -376,8 +405,8 @@ cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos
     if (cos is None) != (sin is None):
         raise _invalid("pass both cos and sin for rotary embeddings, or neither")
     if cos is not None:
-        cv = as_view(cos, handle, None, "cos", 2, (_dtypes.FP32, kcv.dtype))
-        sv = as_view(sin, handle, None, "sin", 2, (_dtypes.FP32, kcv.dtype))
+        cv = as_view(cos, handle, None, "cos", 2, (_dtypes.FP32, knv.dtype))
+        sv = as_view(sin, handle, None, "sin", 2, (_dtypes.FP32, knv.dtype))
         if cv.shape != sv.shape or cv.dtype != sv.dtype:
             raise _invalid(f"cos {cv.dtype_name} {cv.shape} and sin {sv.dtype_name} "
                            f"{sv.shape} must match")
@@ -394,7 +423,7 @@ cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos
     cdef ArrayView qov = None
     q_obj = None
     if q is not None:
-        qv = as_view(q, handle, dtype, "q", 4, (kcv.dtype,))
+        qv = as_view(q, handle, dtype, "q", 4, (knv.dtype,))
         q_batch, seqlen_q, nhead_q, q_hdim = qv.shape
         if (q_batch, q_hdim) != (batch, hdim_k):
             raise _invalid(f"q must be [{batch}, seqlen_q, nhead_q, {hdim_k}], got {qv.shape}")
@@ -421,6 +450,8 @@ cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos
     else:
         _set3(problem.k_cache_stride, _bhs(kcv, layout))
         _set3(problem.v_cache_stride, _bhs(vcv, layout))
+    cdef KvScales kv_scales = KvScales()
+    kv_scales.apply_append(&problem, &args, cache_quant, k_scale, v_scale, handle, nhead_k)
     check(capi.ckfmha_appendkv_problem_validate(&problem))
 
     cdef ArrayView lv = as_view(host if host is not None else cache_seqlens, handle, None,
@@ -449,12 +480,13 @@ cdef object _append_kv(index, k_cache, v_cache, k_new, v_new, cache_seqlens, cos
     args.k_cache = <void*>kcv.ptr
     args.v_cache = <void*>vcv.ptr
     args.cache_seqlens = <const int32_t*>lv.ptr
-    _check_outputs(q_out is not None, knv, vnv, kcv, vcv, cv, sv, qv, qov, lv, btv, ov)
+    _check_outputs(q_out is not None, knv, vnv, kcv, vcv, cv, sv, qv, qov, lv, btv, ov,
+                   kv_scales.regions)
     cdef const char* c_kernel = NULL
     kernel_bytes = b""
     # The fields of first_use.AppendKvKey, in order.
     key = ("appendkv", (<int>problem.dtype, problem.hdim_k, problem.hdim_v, <int>problem.rope,
-                        bool(problem.paged_kv)))
+                        bool(problem.paged_kv), <int>problem.cache_quant))
     # Mirrors appendkv_run_work (cpp/src/empty_problems.cpp): no kernel to compile for an
     # empty append.
     launches = batch > 0 and (seqlen_new > 0 or (problem.rotate_q and problem.seqlen_q > 0))

@@ -1,6 +1,6 @@
 # cython: language_level=3
-# fp8 (e4m3) K/V for the forward runners (fwd, fwd_varlen, fwd_paged): the views of q, k and v
-# with their kv_quant, and the dequantisation scales written into the C problem and args.
+# fp8 (e4m3) K/V for the forward runners (fwd, fwd_varlen, fwd_paged) and appends (append_kv):
+# the views of q, k and v with their kv_quant, and the scales written into the C problem and args.
 
 cimport ckfmha as capi
 
@@ -16,7 +16,18 @@ cdef class KvScales:
     cdef list views
     # Their memory, for the output-overlap checks.
     cdef readonly list regions
+    # What resolve() read: the numbers, or the device arrays and whether they hold one value
+    # per K/V head.
+    cdef float k_value
+    cdef float v_value
+    cdef bint per_head
+    cdef const float* k_ptr
+    cdef const float* v_ptr
 
     cdef ArrayView _view(self, scale, handle, str name, int nhead_k)
     cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
                    int kv_quant, k_scale, v_scale, handle, int nhead_k) except -1
+    cdef int resolve(self, k_scale, v_scale, handle, int nhead_k) except -1
+    cdef int apply_append(self, capi.ckfmha_appendkv_problem* problem,
+                          capi.ckfmha_appendkv_args* args, int cache_quant, k_scale, v_scale,
+                          handle, int nhead_k) except -1

@@ -1,7 +1,7 @@
 # cython: language_level=3
-"""fp8 (e4m3) K/V for the forward runners: the views of q, k and v, and the dequantisation
-scales in the C problem (numbers) or args (device arrays). The rules and messages are in
-ckfmha.fp8_kv."""
+"""fp8 (e4m3) K/V for the forward runners and appends: the views of q, k and v, and the
+(de)quantisation scales in the C problem (numbers) or args (device arrays). The rules and
+messages are in ckfmha.fp8_kv."""
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
@@ -57,25 +57,58 @@ cdef class KvScales:
         self.regions.append(view.region(name))
         return view
 
-    cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
-                   int kv_quant, k_scale, v_scale, handle, int nhead_k) except -1:
-        """Sets problem.kv_quant and the scales (kv_quant from ckfmha.fp8_kv.kv_quant_of,
-        which refused scales for K/V that are not fp8; ckfmha.fp8_kv.check_scale_args has
-        checked the numbers and that arrays come as a pair)."""
+    cdef int resolve(self, k_scale, v_scale, handle, int nhead_k) except -1:
+        """Reads k_scale and v_scale into k_value / v_value (numbers; 1 when not given) or
+        k_ptr / v_ptr with per_head (device arrays). ckfmha.fp8_kv.check_scale_args has
+        checked the numbers and that arrays come as a pair."""
         cdef ArrayView kv, vv
-        problem.kv_quant = <capi.ckfmha_kv_quant>kv_quant
-        if kv_quant == KV_QUANT_NONE or (k_scale is None and v_scale is None):
-            return 0  # ckfmha_fwd_problem_init set both scales to 1
+        self.k_value = 1.0
+        self.v_value = 1.0
+        self.per_head = False
+        self.k_ptr = NULL
+        self.v_ptr = NULL
         if _number(k_scale) and _number(v_scale):
-            problem.k_scale = 1.0 if k_scale is None else scale_value(k_scale, "k_scale")
-            problem.v_scale = 1.0 if v_scale is None else scale_value(v_scale, "v_scale")
+            if k_scale is not None:
+                self.k_value = scale_value(k_scale, "k_scale")
+            if v_scale is not None:
+                self.v_value = scale_value(v_scale, "v_scale")
             return 0
         kv = self._view(k_scale, handle, "k_scale", nhead_k)
         vv = self._view(v_scale, handle, "v_scale", nhead_k)
-        per_head = scales_per_head(_count(kv), _count(vv), nhead_k)
-        problem.kv_scale_per_head = 1 if per_head else 0
-        args.k_scale = <const float*>kv.ptr
-        args.v_scale = <const float*>vv.ptr
+        self.per_head = scales_per_head(_count(kv), _count(vv), nhead_k)
+        self.k_ptr = <const float*>kv.ptr
+        self.v_ptr = <const float*>vv.ptr
+        return 0
+
+    cdef int apply(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                   int kv_quant, k_scale, v_scale, handle, int nhead_k) except -1:
+        """Sets problem.kv_quant and the scales (kv_quant from ckfmha.fp8_kv.kv_quant_of,
+        which refused scales for K/V that are not fp8)."""
+        problem.kv_quant = <capi.ckfmha_kv_quant>kv_quant
+        if kv_quant == KV_QUANT_NONE:
+            return 0  # ckfmha_fwd_problem_init set both scales to 1
+        self.resolve(k_scale, v_scale, handle, nhead_k)
+        problem.k_scale = self.k_value
+        problem.v_scale = self.v_value
+        problem.kv_scale_per_head = 1 if self.per_head else 0
+        args.k_scale = self.k_ptr
+        args.v_scale = self.v_ptr
+        return 0
+
+    cdef int apply_append(self, capi.ckfmha_appendkv_problem* problem,
+                          capi.ckfmha_appendkv_args* args, int cache_quant, k_scale, v_scale,
+                          handle, int nhead_k) except -1:
+        """``apply`` for an append: the scales the caches' codes are divided by
+        (cache_quant from ckfmha.fp8_kv.append_quant_of)."""
+        problem.cache_quant = <capi.ckfmha_kv_quant>cache_quant
+        if cache_quant == KV_QUANT_NONE:
+            return 0  # ckfmha_appendkv_problem_init set both scales to 1
+        self.resolve(k_scale, v_scale, handle, nhead_k)
+        problem.k_scale = self.k_value
+        problem.v_scale = self.v_value
+        problem.scale_per_head = 1 if self.per_head else 0
+        args.k_scale = self.k_ptr
+        args.v_scale = self.v_ptr
         return 0
 
 

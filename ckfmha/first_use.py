@@ -96,6 +96,7 @@ class AppendKvKey:
     hdim_v: int
     rope: int
     paged: bool
+    cache_quant: int = 0  # ckfmha_kv_quant: 1 writes fp8 (e4m3) caches
 
 
 Key = FwdKey | BwdKey | AppendKvKey
@@ -156,9 +157,11 @@ def _bwd_plans(key: BwdKey, gen: Any) -> list[list[Any]]:
 
 
 def _appendkv_plans(key: AppendKvKey, gen: Any) -> list[list[Any]]:
+    # Named only when fp8, as the forward's kv_quant: a plain append's signature is unchanged.
+    quant = {"kv_quant": KV_QUANTS[key.cache_quant]} if key.cache_quant else {}
     signature = gen.signature.AppendKvSignature(
         dtype=DTYPES[key.dtype], hdim_q=key.hdim_k, hdim_v=key.hdim_v, rope=ROPES[key.rope],
-        paged=key.paged,
+        paged=key.paged, **quant,
     )  # fmt: skip
     return [[signature]]
 

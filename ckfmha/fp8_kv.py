@@ -1,5 +1,6 @@
 """fp8 (e4m3) K/V caches in the forward runners: which arrays may be fp8, and the checks of the
-dequantisation scales, before anything reaches the device.
+dequantisation scales, before anything reaches the device. Appends (``ckfmha.append_kv``)
+write such caches with the same scales and checks.
 
 k and v hold e4m3 values (float8_e4m3fn, or uint8 codes with ``kv_dtype="fp8_e4m3"``) that
 stand for ``k_scale * k`` and ``v_scale * v``; q and the output stay fp16 or bf16. A scale is
@@ -96,6 +97,26 @@ def kv_quant_of(
         raise _invalid(
             f"q is {_FP8}, but fp8 is for K and V only: q and the output stay fp16 or bf16 ({_HOW})"
         )
+    quant = cache_quant_of(
+        k_dtype, v_dtype, scales_given=scales_given, k_name=k_name, v_name=v_name
+    )
+    if quant == KV_QUANT_FP8_E4M3:
+        return quant
+    if not q_dtype == k_dtype == v_dtype:
+        raise _invalid(
+            f"q, {k_name} and {v_name} must have one dtype (or {k_name} and {v_name} both "
+            f"{_FP8}), got {names[q_dtype]}, {names[k_dtype]}, {names[v_dtype]}"
+        )
+    return KV_QUANT_NONE
+
+
+def cache_quant_of(
+    k_dtype: int, v_dtype: int, *, scales_given: bool, k_name: str = "k", v_name: str = "v"
+) -> int:
+    """The ckfmha_kv_quant of a K/V pair's dtype codes alone: fp8 e4m3 when both are, else
+    none. Raises InvalidArgumentError for uint8 not declared e4m3, one of the two fp8, and
+    scales given for K/V that are not fp8."""
+    names = _dtypes.NAMES
     for name, code in ((k_name, k_dtype), (v_name, v_dtype)):
         if code == _dtypes.UINT8:
             raise _invalid(
@@ -115,12 +136,46 @@ def kv_quant_of(
             f"k_scale/v_scale are given, but {k_name} and {v_name} are {names[k_dtype]}: the "
             f"scales dequantise fp8 K/V only ({_HOW})"
         )
-    if not q_dtype == k_dtype == v_dtype:
-        raise _invalid(
-            f"q, {k_name} and {v_name} must have one dtype (or {k_name} and {v_name} both "
-            f"{_FP8}), got {names[q_dtype]}, {names[k_dtype]}, {names[v_dtype]}"
-        )
     return KV_QUANT_NONE
+
+
+def append_quant_of(
+    k_new_dtype: int, v_new_dtype: int, k_cache_dtype: int, v_cache_dtype: int, *,
+    scales_given: bool, vectorized: bool,
+) -> int:  # fmt: skip
+    """The cache_quant of an append (``ckfmha.append_kv``) from its arrays' dtype codes: the
+    caches in the new tokens' dtype, or both e4m3, written as e4m3(x / scale) from fp16 or bf16
+    tokens into linear caches. Raises InvalidArgumentError otherwise, naming why."""
+    names = _dtypes.NAMES
+    for name, code in (("k_new", k_new_dtype), ("v_new", v_new_dtype)):
+        if code in (_dtypes.FP8_E4M3, _dtypes.UINT8):
+            raise _invalid(
+                f"{name} is {names[code]}, but the new tokens come in fp16 or bf16: the append "
+                f"quantises them into fp8 caches (k_cache, v_cache in {_FP8})"
+            )
+    quant = cache_quant_of(
+        k_cache_dtype, v_cache_dtype, scales_given=scales_given, k_name="k_cache",
+        v_name="v_cache",
+    )  # fmt: skip
+    if quant == KV_QUANT_NONE:
+        if not k_new_dtype == v_new_dtype == k_cache_dtype == v_cache_dtype:
+            raise _invalid(
+                f"k_new, v_new, k_cache and v_cache must share one dtype (or the caches both "
+                f"{_FP8}), got {names[k_new_dtype]}, {names[v_new_dtype]}, "
+                f"{names[k_cache_dtype]}, {names[v_cache_dtype]}"
+            )
+        return quant
+    if k_new_dtype != v_new_dtype or k_new_dtype not in (_dtypes.FP16, _dtypes.BF16):
+        raise _invalid(
+            f"fp8 caches take k_new and v_new both fp16 or both bf16, got "
+            f"{names[k_new_dtype]} and {names[v_new_dtype]}"
+        )
+    if vectorized:
+        raise _invalid(
+            "fp8 caches are written in linear pages only (as fwd_paged reads them): "
+            "page_layout='vectorized' holds fp16/bf16"
+        )
+    return quant
 
 
 def scale_count(shape: tuple[int, ...], nhead_k: int, name: str) -> int:

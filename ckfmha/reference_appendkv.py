@@ -1,7 +1,9 @@
 """Float64 NumPy reference for appending to a KV cache with rotary position embeddings.
 
 The definitions the kernels are tested against, written for clarity: plain loops over
-sequences and tokens, the rotation as the pair formula.
+sequences and tokens, the rotation as the pair formula. fp8 caches (``fp8_scales``) hold the
+e4m3 codes of each written row divided by its head's scale, computed as the kernels are
+specified to (``quantize_row``), so that the codes can be compared bit for bit.
 """
 
 from __future__ import annotations
@@ -9,6 +11,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
+
+from ckfmha.fp8 import encode_e4m3
+
+ELEMENT_DTYPES = ("fp16", "bf16")
+
+
+def round_to_dtype(x: npt.ArrayLike, dtype: str) -> np.ndarray:
+    """``x`` rounded to fp16 or bf16 (nearest even), as float64. bf16 goes through fp32, as
+    the kernels' fp32 arithmetic does."""
+    values = np.asarray(x, dtype=np.float64)
+    if dtype == "fp16":
+        return values.astype(np.float16).astype(np.float64)
+    if dtype != "bf16":
+        raise ValueError(f"dtype must be one of {ELEMENT_DTYPES}, got {dtype!r}")
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    # Round to nearest even on the 16 dropped bits; NaN never reaches the reference.
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def quantize_row(x: npt.ArrayLike, scale: npt.ArrayLike, dtype: str) -> np.ndarray:
+    """The e4m3 codes an fp8 append writes for ``x`` [heads, hdim] (float64, e.g. rotated):
+    x rounded to ``dtype``, divided by ``scale`` (a number or one per head) in fp32 (IEEE
+    division, correctly rounded), then rounded to nearest even and saturated at +-448."""
+    rounded = round_to_dtype(x, dtype).astype(np.float32)
+    per_head = np.asarray(scale, dtype=np.float32).reshape(-1, 1)
+    return encode_e4m3(np.divide(rounded, per_head, dtype=np.float32))
 
 
 def rotate(
@@ -38,7 +68,9 @@ def rotate(
 
 @dataclass
 class AppendResult:
-    k_cache: np.ndarray  # float64, the input cache's shape (BSHD or paged [pages, page, h, d])
+    # float64 (uint8 e4m3 codes for fp8 caches), the input cache's shape (BSHD or paged
+    # [pages, page, h, d])
+    k_cache: np.ndarray
     v_cache: np.ndarray
     q: np.ndarray | None  # rotated q (float64) when q was given
     overflow: bool  # some token was not written (position, page or angle row out of range)
@@ -56,6 +88,8 @@ def append_kv_reference(
     rotary_interleaved: bool = False,
     q: np.ndarray | None = None,
     block_table: np.ndarray | None = None,
+    fp8_scales: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
+    dtype: str = "fp16",
 ) -> AppendResult:
     """What ``ckfmha.append_kv`` computes, for BSHD caches (paged: [pages, page_size, h, d]).
 
@@ -64,9 +98,15 @@ def append_kv_reference(
     the cache, whose page number is outside the pages, or (with RoPE) whose position has no
     cos/sin row is skipped and reported in ``overflow``; so is a query without an angle row
     (its row of the result keeps q's values).
+
+    fp8 caches: with ``fp8_scales`` (k_scale, v_scale: numbers or one per K/V head) the caches
+    are uint8 e4m3 codes and each written row is ``quantize_row`` of the (rotated) key or the
+    value in ``dtype`` (the new tokens' fp16 or bf16).
     """
-    k_out = np.array(k_cache, dtype=np.float64)
-    v_out = np.array(v_cache, dtype=np.float64)
+    fp8 = fp8_scales is not None
+    cache_dtype = np.uint8 if fp8 else np.float64
+    k_out = np.array(k_cache, dtype=cache_dtype)
+    v_out = np.array(v_cache, dtype=cache_dtype)
     k_new = np.asarray(k_new, dtype=np.float64)
     v_new = np.asarray(v_new, dtype=np.float64)
     batch, seqlen_new = k_new.shape[:2]
@@ -95,8 +135,12 @@ def append_kv_reference(
             key = k_new[b, t]
             if rope:
                 key = rotate(key[None], np.array([pos]), cos, sin, rotary_interleaved)[0]
+            value = v_new[b, t]
+            if fp8:
+                key = quantize_row(key, fp8_scales[0], dtype)
+                value = quantize_row(value, fp8_scales[1], dtype)
             k_out[slab, row] = key
-            v_out[slab, row] = v_new[b, t]
+            v_out[slab, row] = value
     q_out = None
     if q is not None:
         q_out = np.array(q, dtype=np.float64)

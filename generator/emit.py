@@ -281,7 +281,8 @@ def _render_appendkv_instance(config: KernelConfig) -> str:
         config,
         f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimK=*/{sig.hdim_q}, /*HeadDimV=*/{sig.hdim_v},\n"
         f"{indent}ckfmha::kernel::RopeMode::{_ROPE_MODES[sig.rope]}, /*Paged=*/{_flag(sig.paged)}, "
-        f"/*TokensPerCta=*/{alg.tile_m}, /*Warps=*/{alg.warps}",
+        f"/*TokensPerCta=*/{alg.tile_m}, /*Warps=*/{alg.warps}"
+        f"{', /*CacheFp8=*/true' if sig.kv_quant == 'e4m3' else ''}",
     )
 
 

@@ -38,7 +38,7 @@ _BWD_MAIN = re.compile(
 )
 _APPENDKV = re.compile(
     rf"{APPENDKV}_(?P<dtype>fp16|bf16|fp32)_d(?P<q>\d+)x(?P<v>\d+)"
-    r"_rope_(?P<rope>none|interleaved|half_rotated)(?P<paged>_paged)?"
+    r"_rope_(?P<rope>none|interleaved|half_rotated)(?P<paged>_paged)?(?:_kv(?P<kv_quant>e4m3))?"
 )
 _BIAS = {None: "none", "bias": "elementwise", "alibi": "alibi"}
 
@@ -47,7 +47,7 @@ def _signature(text: str) -> Signature | None:
     if match := _APPENDKV.fullmatch(text):
         return AppendKvSignature(
             dtype=match["dtype"], hdim_q=int(match["q"]), hdim_v=int(match["v"]),
-            rope=match["rope"], paged=bool(match["paged"]),
+            rope=match["rope"], paged=bool(match["paged"]), kv_quant=match["kv_quant"] or "none",
         )  # fmt: skip
     if match := _BWD_ROWWISE.fullmatch(text):
         hdim = int(match["q"])

@@ -295,18 +295,30 @@ APPENDKV_HDIMS = (32, 64, 96, 128, 256)
 APPENDKV_FP32_HDIMS = (64, 128)
 
 
-def _appendkv(dtype: str, hdim: int, rope: str = "none", paged: bool = False) -> AppendKvSignature:
-    return AppendKvSignature(dtype=dtype, hdim_q=hdim, hdim_v=hdim, rope=rope, paged=paged)
+def _appendkv(
+    dtype: str, hdim: int, rope: str = "none", paged: bool = False, kv_quant: str = "none"
+) -> AppendKvSignature:
+    return AppendKvSignature(
+        dtype=dtype, hdim_q=hdim, hdim_v=hdim, rope=rope, paged=paged, kv_quant=kv_quant
+    )
 
 
 def _appendkv_signatures() -> tuple[AppendKvSignature, ...]:
-    """fp16/bf16 at every serving head dim and fp32 at d64/d128, x RoPE modes x cache kinds."""
+    """fp16/bf16 at every serving head dim and fp32 at d64/d128, x RoPE modes x cache kinds;
+    appends into fp8 caches (sm_89 and later) at the fp8 decode head dims, d64/d128."""
     shapes = [(dtype, hdim) for dtype in DTYPES for hdim in APPENDKV_HDIMS]
     shapes += [("fp32", hdim) for hdim in APPENDKV_FP32_HDIMS]
-    return tuple(
+    plain = tuple(
         _appendkv(dtype, hdim, rope, paged)
         for (dtype, hdim), rope, paged in itertools.product(shapes, ROPE_MODES, (False, True))
     )
+    fp8 = tuple(
+        _appendkv(dtype, hdim, rope, paged, kv_quant="e4m3")
+        for dtype, hdim, rope, paged in itertools.product(
+            DTYPES, SPLITKV_HDIMS, ROPE_MODES, (False, True)
+        )
+    )
+    return plain + fp8
 
 
 def _core_signatures() -> tuple[Signature, ...]:
@@ -334,13 +346,15 @@ def _core_signatures() -> tuple[Signature, ...]:
             for dtype, hdim, mask in itertools.product(DTYPES, FEATURE_HDIMS, ("none", "causal"))
             for sig in _bwd_plan(dtype, hdim, mask)
         ),
-        # Appending a decode step's tokens, with and without RoPE, contiguous and paged.
+        # Appending a decode step's tokens, with and without RoPE, contiguous and paged, and
+        # into fp8 caches.
         *(
             _appendkv(dtype, 128, rope, paged)
             for dtype, rope, paged in itertools.product(
                 DTYPES, ("none", "half_rotated"), (False, True)
             )
         ),
+        *(_appendkv("bf16", 128, "none", paged, kv_quant="e4m3") for paged in (False, True)),
     )
     # One instance of each remaining template and feature path (the ci set's coverage).
     coverage = (
@@ -364,7 +378,7 @@ RECEIPTS: dict[str, Receipt] = {
             name="core",
             description="the prebuilt core a plain install builds: forward and backward for "
             "{fp16,bf16} x d{64,128} x {no mask, causal}, varlen causal forward, the d128 "
-            "decode plans (split-KV and paged, K/V in dtype or fp8 e4m3), KV-cache appends at d128, and one kernel of each "
+            "decode plans (split-KV and paged, K/V in dtype or fp8 e4m3), KV-cache appends at d128 (bf16 also into fp8 caches), and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",
             signatures=_core_signatures(),
@@ -417,7 +431,7 @@ RECEIPTS: dict[str, Receipt] = {
             "ALiBi, dropout with the masks their models use) at d64/d128, "
             "and no mask or causal at the other head dims; KV-cache appends for {fp16,bf16} x "
             "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "
-            "{contiguous,paged}; default tiles (split-KV: every tile)",
+            "{contiguous,paged}, and into fp8 caches for {fp16,bf16} x d{64,128} (sm_89+); default tiles (split-KV: every tile)",
             # Training pairs repeat signatures other layers hold: each is listed once.
             signatures=_unique(
                 _mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()

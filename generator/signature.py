@@ -164,6 +164,8 @@ class AppendKvSignature:
     rope: str = "none"
     paged: bool = False
     family: str = APPENDKV
+    # "e4m3": the caches are fp8, written as e4m3(value / scale) for the split-KV body's fp8 K/V.
+    kv_quant: str = "none"
 
     # Attention features, so code that reads any signature finds them (always off).
     @property
@@ -199,14 +201,12 @@ class AppendKvSignature:
         return False
 
     @property
-    def kv_quant(self) -> str:
-        return "none"
-
-    @property
     def name(self) -> str:
         paged = "_paged" if self.paged else ""
+        quant = f"_kv{self.kv_quant}" if self.kv_quant != "none" else ""
         return _checked(
             f"{self.family}_{self.dtype}_d{self.hdim_q}x{self.hdim_v}_rope_{self.rope}{paged}"
+            f"{quant}"
         )
 
 

@@ -3,7 +3,8 @@
 ``torch.ops.ckfmha.fwd_paged`` reads a paged cache (vLLM block tables or SGLang
 kv_indptr/kv_indices); ``torch.ops.ckfmha.append_kv`` writes new keys and values into the
 cache in place (declared as mutating ``k_cache`` and ``v_cache``, so torch.compile orders it
-before later reads) and returns the rotated queries.
+before later reads) and returns the rotated queries. Both take fp8 (e4m3) caches with their
+scales (``KV_QUANT_SCHEMA``).
 """
 
 from __future__ import annotations
@@ -65,17 +66,21 @@ torch.library.define(
     "ckfmha::append_kv",
     "(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, "
     "Tensor cache_seqlens, Tensor? cos, Tensor? sin, bool rotary_interleaved, Tensor? q, "
-    "Tensor? block_table, str cache_layout, str page_layout) -> Tensor",
+    "Tensor? block_table, str cache_layout, str page_layout, "
+    f"{KV_QUANT_SCHEMA}) -> Tensor",
 )
 
 
 @torch.library.impl("ckfmha::append_kv", "CUDA")
 def _append_kv_cuda(k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
-                    rotary_interleaved, q, block_table, cache_layout, page_layout):  # fmt: skip
+                    rotary_interleaved, q, block_table, cache_layout, page_layout,
+                    kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None,
+                    v_scale_value=None):  # fmt: skip
     rotated = ckfmha.append_kv(
         k_cache, v_cache, k_new, v_new, cache_seqlens, cos=cos, sin=sin,
         rotary_interleaved=rotary_interleaved, q=q, block_table=block_table,
         cache_layout=cache_layout, page_layout=page_layout,
+        **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
     )  # fmt: skip
     # The schema returns a tensor either way: without q, an empty one.
     return k_new.new_empty((0,)) if rotated is None else rotated
@@ -83,7 +88,9 @@ def _append_kv_cuda(k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
 
 @torch.library.register_fake("ckfmha::append_kv")
 def _append_kv_fake(k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin,
-                    rotary_interleaved, q, block_table, cache_layout, page_layout):  # fmt: skip
+                    rotary_interleaved, q, block_table, cache_layout, page_layout,
+                    kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None,
+                    v_scale_value=None):  # fmt: skip
     return k_new.new_empty((0,)) if q is None else q.new_empty(q.shape)
 
 

@@ -181,11 +181,15 @@ def append_kv(
     block_table: torch.Tensor | None = None,
     cache_layout: str = "bshd",
     page_layout: str = "linear",
+    kv_dtype: str | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor | None:
     """``ckfmha.append_kv`` as a custom op that writes the caches in place; returns the
-    rotated q (a new tensor) when ``q`` is given, else None."""
+    rotated q (a new tensor) when ``q`` is given, else None. fp8 caches (``kv_dtype``,
+    ``k_scale``, ``v_scale``) as in ``ckfmha.append_kv``."""
     rotated = torch.ops.ckfmha.append_kv(
         k_cache, v_cache, k_new, v_new, cache_seqlens, cos, sin, rotary_interleaved, q,
-        block_table, cache_layout, page_layout,
+        block_table, cache_layout, page_layout, kv_dtype, *_scale_args(k_scale, v_scale),
     )  # fmt: skip
     return rotated if q is not None else None

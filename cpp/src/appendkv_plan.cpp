@@ -3,6 +3,7 @@
 #include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/problem.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -54,6 +55,37 @@ const char* rope_name(ckfmha_rope rope) {
 
 int64_t appendkv_capacity(ckfmha_appendkv_problem const& p) {
   return p.paged_kv ? int64_t(p.max_pages_per_seq) * p.page_size : int64_t(p.max_seqlen_cache);
+}
+
+// fp8 caches: the quantisation kind, the layouts that hold it and the host scales.
+std::string check_cache_quant(ckfmha_appendkv_problem const& p) {
+  std::ostringstream msg;
+  if (p.cache_quant != CKFMHA_KV_QUANT_NONE && p.cache_quant != CKFMHA_KV_QUANT_FP8_E4M3) {
+    msg << "cache_quant " << int(p.cache_quant) << " is not one of none (0), fp8_e4m3 (1)";
+    return msg.str();
+  }
+  if (p.cache_quant == CKFMHA_KV_QUANT_NONE) {
+    return p.scale_per_head ? "scale_per_head is set, but the caches are not fp8 (cache_quant "
+                              "none): scales apply to fp8 caches only"
+                            : "";
+  }
+  if (p.dtype == CKFMHA_DTYPE_FP32) {
+    return "fp8 caches (cache_quant fp8_e4m3) take fp16 or bf16 tokens, not fp32";
+  }
+  if (p.paged_kv && p.page_layout == CKFMHA_PAGE_LAYOUT_VECTORIZED) {
+    return "fp8 caches are written in linear layouts only: vectorized pages group K in chunks "
+           "of 8 two-byte channels";
+  }
+  for (auto [name, value] : {std::pair<const char*, float>{"k_scale", p.k_scale},
+                             {"v_scale", p.v_scale}}) {
+    if (!(value > 0.f) || !std::isfinite(value)) {
+      msg << name << " is " << value
+          << "; an fp8 cache holds value / scale, so a scale must be positive and finite (it "
+             "is used where args give no device scales)";
+      return msg.str();
+    }
+  }
+  return {};
 }
 
 std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {
@@ -128,6 +160,7 @@ std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {
       return msg.str();
     }
   }
+  if (std::string why = check_cache_quant(p); !why.empty()) return why;
   if (p.rotate_q != 0 && p.rotate_q != 1) return "rotate_q must be 0 or 1";
   if (p.rotate_q) {
     if (p.rope == CKFMHA_ROPE_NONE) {
@@ -201,6 +234,9 @@ std::string describe(ckfmha_appendkv_problem const& p) {
   out << " rope=" << rope_name(p.rope);
   if (p.rope != CKFMHA_ROPE_NONE) out << "(" << p.rotary_dim << ")";
   if (p.rotate_q) out << " q=" << p.nhead_q << "x" << p.seqlen_q;
+  if (p.cache_quant == CKFMHA_KV_QUANT_FP8_E4M3) {
+    out << " cache=fp8_e4m3" << (p.scale_per_head ? "(per-head scales)" : "");
+  }
   return out.str();
 }
 
@@ -222,6 +258,11 @@ std::string reject_reason_appendkv(ckfmha_kernel_entry const& k,
   } else if (bool(k.paged_kv) != bool(p.paged_kv)) {
     why << "writes a " << cache_label(k.paged_kv) << " cache, problem has a "
         << cache_label(p.paged_kv);
+  } else if (k.kv_quant != p.cache_quant) {
+    why << (k.kv_quant == CKFMHA_KV_QUANT_NONE ? "writes caches in the tokens' dtype"
+                                               : "writes fp8 caches")
+        << ", problem has " << (p.cache_quant == CKFMHA_KV_QUANT_NONE ? "caches in its dtype"
+                                                                       : "fp8 caches");
   } else if (p.rope == CKFMHA_ROPE_HALF_ROTATED && (p.rotary_dim / 2) % vector != 0) {
     why << "half-rotated RoPE pairs whole 16-byte vectors: rotary_dim / 2 = "
         << p.rotary_dim / 2 << " must be a multiple of " << vector << " " << dtype_name(p.dtype)

@@ -42,6 +42,31 @@ int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const&
   });
 }
 
+// Device scales of fp8 caches: only for fp8 caches, both or neither, aligned.
+int check_cache_scales(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
+  const bool given = a.k_scale != nullptr || a.v_scale != nullptr;
+  if (p.cache_quant == CKFMHA_KV_QUANT_NONE) {
+    return given ? fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                        "args.k_scale/v_scale are set, but the caches are not fp8 (cache_quant "
+                        "none): scales apply to fp8 caches only")
+                 : CKFMHA_SUCCESS;
+  }
+  if (given && (a.k_scale == nullptr || a.v_scale == nullptr)) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "args.k_scale and args.v_scale come together: give both device scales or "
+                "neither (then problem.k_scale and problem.v_scale are used)");
+  }
+  if (!given && p.scale_per_head) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "scale_per_head needs args.k_scale and args.v_scale, device arrays of nhead_k "
+                "fp32 scales");
+  }
+  if (!aligned_to(a.k_scale, 4) || !aligned_to(a.v_scale, 4)) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args.k_scale/v_scale must be fp32-aligned");
+  }
+  return CKFMHA_SUCCESS;
+}
+
 int check_alignment(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
   struct Aligned {
     const void* ptr;
@@ -113,6 +138,8 @@ int ckfmha_appendkv_problem_init(ckfmha_appendkv_problem* problem, ckfmha_dtype 
   problem->max_seqlen_cache = max_seqlen_cache;
   problem->rope = CKFMHA_ROPE_NONE;
   problem->rope_dtype = CKFMHA_DTYPE_FP32;
+  problem->k_scale = 1.f;
+  problem->v_scale = 1.f;
   fill_strides(CKFMHA_LAYOUT_BSHD, problem->k_new_stride, nhead_k, seqlen_new, hdim_k);
   fill_strides(CKFMHA_LAYOUT_BSHD, problem->v_new_stride, nhead_k, seqlen_new, hdim_v);
   fill_strides(cache_layout, problem->k_cache_stride, nhead_k, max_seqlen_cache, hdim_k);
@@ -164,6 +191,7 @@ int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_app
       !error.empty()) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
   }
+  if (int s = check_cache_scales(*problem, *args)) return s;
   if (int s = check_alignment(*problem, *args)) return s;
   ckfmha_kernel_entry forced{};
   if (kernel_name != nullptr) {

@@ -100,8 +100,9 @@ def arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     return reasons
 
 
-# Families whose body reads fp8 K/V: the split-KV body of the sm80 template, contiguous or paged.
-KV_QUANT_FAMILIES = ("fwd_splitkv", *PAGED_FAMILIES)
+# Families with fp8 K/V: the split-KV body of the sm80 template reads it, contiguous or paged, and
+# the KV-cache append writes it.
+KV_QUANT_FAMILIES = ("fwd_splitkv", *PAGED_FAMILIES, "fwd_appendkv")
 # cvt.rn.f16x2.e4m3x2, which widens two e4m3 values at once, is sm_89's and later.
 KV_FP8_MIN_ARCH = 89
 
@@ -116,13 +117,13 @@ def _kv_quant_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
     reasons: list[str] = []
     if sig.family not in KV_QUANT_FAMILIES:
         reasons.append(
-            f"fp8 K/V (kv_quant {sig.kv_quant!r}) is read by the split-KV body only "
-            f"({', '.join(KV_QUANT_FAMILIES)}), not by {sig.family}"
+            f"fp8 K/V (kv_quant {sig.kv_quant!r}) is read by the split-KV body and written by "
+            f"the cache append only ({', '.join(KV_QUANT_FAMILIES)}), not by {sig.family}"
         )
     if arch.arch_number < KV_FP8_MIN_ARCH:
         reasons.append(
-            f"fp8 K/V needs sm_{KV_FP8_MIN_ARCH} or later (cvt from e4m3 pairs); {arch.name} "
-            "has no such conversion"
+            f"fp8 K/V needs sm_{KV_FP8_MIN_ARCH} or later (cvt to and from e4m3 pairs); "
+            f"{arch.name} has no such conversion"
         )
     if getattr(sig, "page_layout", "linear") != "linear":
         reasons.append(

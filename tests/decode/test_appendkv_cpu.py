@@ -47,14 +47,21 @@ def _config(arch: str = "sm_80", **changes: object) -> KernelConfig:
 @pytest.mark.parametrize("arch", ARCHES)
 def test_default_builds_every_append_variant(arch: str) -> None:
     selection = select(get_receipt("default"), load_specs()[arch])
-    built = {(c.signature.dtype, c.signature.hdim_q, c.signature.rope, c.signature.paged)
+    built = {(c.signature.dtype, c.signature.hdim_q, c.signature.rope, c.signature.paged,
+              c.signature.kv_quant)
              for c in selection.accepted if c.signature.family == "fwd_appendkv"}
-    shapes = [(d, h) for d in ("fp16", "bf16") for h in (32, 64, 96, 128, 256)]
-    shapes += [("fp32", 64), ("fp32", 128)]
-    expected = {(d, h, rope, paged) for d, h in shapes
+    shapes = [(d, h, "none") for d in ("fp16", "bf16") for h in (32, 64, 96, 128, 256)]
+    shapes += [("fp32", 64, "none"), ("fp32", 128, "none")]
+    # Appends into fp8 caches need sm_89's e4m3 conversions: rejected on older archs, for that.
+    fp8 = load_specs()[arch].arch_number >= 89
+    if fp8:
+        shapes += [(d, h, "e4m3") for d in ("fp16", "bf16") for h in (64, 128)]
+    expected = {(d, h, rope, paged, quant) for d, h, quant in shapes
                 for rope in ("none", "interleaved", "half_rotated") for paged in (False, True)}
     assert built == expected
-    assert not [r for r in selection.rejected if r.signature.family == "fwd_appendkv"]
+    rejected = [r for r in selection.rejected if r.signature.family == "fwd_appendkv"]
+    assert all(r.signature.kv_quant == "e4m3" and not fp8 for r in rejected), rejected
+    assert all(any("fp8 K/V needs sm_89" in why for why in r.reasons) for r in rejected)
 
 
 def test_ci_set_holds_two_appends_per_arch() -> None:
@@ -160,6 +167,10 @@ class Problem(ctypes.Structure):
         ("v_cache_stride", ctypes.c_int64 * 3),
         ("q_stride", ctypes.c_int64 * 3),
         ("q_out_stride", ctypes.c_int64 * 3),
+        ("cache_quant", ctypes.c_int),
+        ("scale_per_head", ctypes.c_int32),
+        ("k_scale", ctypes.c_float),
+        ("v_scale", ctypes.c_float),
     ]
 
 
@@ -168,7 +179,7 @@ class Args(ctypes.Structure):
         (name, ctypes.c_void_p)
         for name in ("k_new", "v_new", "k_cache", "v_cache", "cache_seqlens",
                      "cache_seqlens_host", "block_table", "cos", "sin", "q", "q_out",
-                     "overflow")
+                     "overflow", "k_scale", "v_scale")
     ]
 
 
@@ -223,7 +234,8 @@ def _paged(problem: Problem, page_size: int = 16, pages: int = 8) -> Problem:
 
 def _args(**changes: int | None) -> Args:
     fields = {name: FAKE + 4096 * i for i, (name, _) in enumerate(Args._fields_)}
-    fields.update(cache_seqlens_host=None, overflow=None)
+    # Optional pointers, off unless a test sets them (device scales are for fp8 caches only).
+    fields.update(cache_seqlens_host=None, overflow=None, k_scale=None, v_scale=None)
     fields.update(changes)
     return Args(**fields)
 

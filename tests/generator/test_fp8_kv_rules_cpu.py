@@ -9,7 +9,7 @@ from generator import rules
 from generator.names import parse_kernel_name
 from generator.receipts import get_receipt
 from generator.rules.sm80_fwd import sm80_fwd_smem_bytes
-from generator.signature import Algorithm, FwdSignature, KernelConfig
+from generator.signature import Algorithm, AppendKvSignature, FwdSignature, KernelConfig
 from generator.specs import load_specs
 
 
@@ -47,7 +47,7 @@ def test_fp8_builds_on_sm89_and_later_only() -> None:
 
 
 def test_fp8_rejections_name_the_reason() -> None:
-    assert "read by the split-KV body only" in _reasons(
+    assert "read by the split-KV body and written by the cache append only" in _reasons(
         family="fwd", tile_m=128, tile_n=64, warps=4, stages=1
     )
     assert "linear pages only" in _reasons(family="fwd_pagedkv", page_layout="vectorized")
@@ -68,3 +68,15 @@ def test_core_set_builds_fp8_decode_on_hopper() -> None:
     names = {sig.name for sig in get_receipt("core").signatures}
     assert "fwd_splitkv_bf16_batch_d128x128_causal_lse_kve4m3" in names
     assert "fwd_pagedkv_bf16_batch_d128x128_causal_lse_kve4m3" in names
+
+
+def test_fp8_cache_appends_name_and_arch() -> None:
+    sig = AppendKvSignature("bf16", 128, 128, rope="half_rotated", paged=True, kv_quant="e4m3")
+    alg = Algorithm("sm_90a", "appendkv", tile_m=16, tile_n=0, tile_k=128, warps=4, stages=1)
+    config = KernelConfig(sig, alg)
+    assert config.name.startswith("fwd_appendkv_bf16_d128x128_rope_half_rotated_paged_kve4m3__")
+    assert parse_kernel_name(config.name) == config
+    specs = load_specs()
+    assert rules.check(config, specs["sm_90a"]) == []
+    older = KernelConfig(sig, replace(alg, arch="sm_80"))
+    assert any("fp8 K/V needs sm_89" in r for r in rules.check(older, specs["sm_80"]))

@@ -236,7 +236,10 @@ def test_receipt_sizes(arch: str) -> None:
     assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
     # KV-cache appends: (fp16/bf16 x 5 head dims + fp32 x 2) x 3 RoPE modes x 2 cache kinds, and
     # full builds the decode tile of d64/d128 as well.
-    append = {"ci": 2, "default": 72, "full": 72 + 3 * 2 * 2 * 3}
+    # Appends into fp8 caches (sm_89 and later): fp16/bf16 x d64/d128 x 3 RoPE modes x 2 cache
+    # kinds, and in full with the decode tile as well.
+    fp8_append = 24 if specs[arch].arch_number >= 89 else 0
+    append = {"ci": 2, "default": 72 + fp8_append, "full": 72 + 2 * fp8_append + 3 * 2 * 2 * 3}
     sizes = {name: size - append[name] for name, size in sizes.items()}
     bwd_default, bwd_full = _bwd_sizes(specs[arch])
     sizes = {name: size - (bwd_full if name == "full" else bwd_default if name == "default" else 6)

@@ -667,6 +667,17 @@ typedef struct ckfmha_appendkv_problem {
   int64_t v_cache_stride[3];
   int64_t q_stride[3];
   int64_t q_out_stride[3];
+  /* fp8 caches (cache_quant CKFMHA_KV_QUANT_FP8_E4M3, linear layouts only): the caches hold
+   * e4m3 codes, k_cache = e4m3(k_new / k_scale) rounded to nearest even and saturated at
+   * +-448 (the division correctly rounded in fp32), likewise V, so that the cache stands for
+   * k_scale * code as ckfmha_fwd_problem.kv_quant reads it. k_new, v_new and q stay in dtype
+   * (fp16/bf16); cache strides are in bytes and multiples of 8. Scales as in the forward:
+   * args.k_scale / v_scale (device fp32, 1 value or nhead_k with scale_per_head), else the
+   * scalars. sm_89 and later. */
+  ckfmha_kv_quant cache_quant;
+  int32_t scale_per_head;
+  float k_scale; /* set to 1 by ckfmha_appendkv_problem_init */
+  float v_scale;
 } ckfmha_appendkv_problem;
 
 typedef struct ckfmha_appendkv_args {
@@ -682,6 +693,8 @@ typedef struct ckfmha_appendkv_args {
   const void* q;                     /* rotate_q */
   void* q_out;                       /* rotate_q; may equal q */
   int32_t* overflow;                 /* optional device int32, set to 1 on a skipped token */
+  const float* k_scale;              /* fp8 caches: device fp32 scales, or NULL (problem's) */
+  const float* v_scale;
 } ckfmha_appendkv_args;
 
 /* Fills a problem without RoPE or q: k_new/v_new contiguous BSHD, a

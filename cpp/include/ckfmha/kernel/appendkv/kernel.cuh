@@ -11,8 +11,13 @@
 // Half-rotated RoPE pairs column j with j +- rotary_dim/2: the thread writing
 // a vector also loads its partner vector, so every output vector is one
 // thread's work; the partner is read by its own thread too, from L1.
+//
+// fp8 caches (Traits::kCacheFp8): each output vector is divided by its
+// tensor's scale and written as 8 e4m3 bytes, the form the split-KV body's
+// fp8 K/V reads (common/fp8_kv.cuh).
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
@@ -60,12 +65,20 @@ struct AppendKvParams {
   // Paged caches in vLLM's vectorized layout: cache strides are (page, head,
   // 8-channel chunk) for K and (page, head, channel) for V.
   bool vectorized_pages;
+  // fp8 caches: the scales the caches' codes are multiplied by (the device
+  // arrays' entry for the head, one value or one per head, else the scalars).
+  float const* k_scale_ptr;
+  float const* v_scale_ptr;
+  float k_scale, v_scale;
+  bool scale_per_head;
 };
 
 template <class Element_, int HeadDimK, int HeadDimV, RopeMode Rope, bool Paged,
-          int TokensPerCta, int Warps>
+          int TokensPerCta, int Warps, bool CacheFp8 = false>
 struct FwdAppendKvTraits {
   using Element = Element_;
+  static constexpr bool kCacheFp8 = CacheFp8;
+  static_assert(!CacheFp8 || sizeof(Element) == 2, "fp8 caches take fp16 or bf16 tokens");
   static constexpr int kHeadDimK = HeadDimK;
   static constexpr int kHeadDimV = HeadDimV;
   static constexpr RopeMode kRope = Rope;
@@ -111,6 +124,29 @@ __device__ __forceinline__ Vec<Element> load_readonly(Element const* ptr) {
 template <class Element>
 __device__ __forceinline__ void store(Element* ptr, Vec<Element> const& v) {
   *reinterpret_cast<Vec<Element>*>(ptr) = v;
+}
+
+// An 8-element vector as e4m3 codes of v / scale (the division correctly
+// rounded, then to nearest even, saturating at +-448), stored as 8 bytes.
+template <class Element>
+__device__ __forceinline__ void store_e4m3(uint8_t* ptr, Vec<Element> const& v, float scale) {
+  static_assert(sizeof(Vec<Element>) == 16 && sizeof(Element) == 2, "8 elements per vector");
+  uint16_t pairs[4];
+#pragma unroll
+  for (int e = 0; e < 8; e += 2) {
+    const float2 scaled = make_float2(__fdiv_rn(float(v.x[e]), scale),
+                                      __fdiv_rn(float(v.x[e + 1]), scale));
+    pairs[e / 2] = __nv_cvt_float2_to_fp8x2(scaled, __NV_SATFINITE, __NV_E4M3);
+  }
+  *reinterpret_cast<uint2*>(ptr) = make_uint2(uint32_t(pairs[0]) | (uint32_t(pairs[1]) << 16),
+                                              uint32_t(pairs[2]) | (uint32_t(pairs[3]) << 16));
+}
+
+// The scale of `head` for an fp8 cache: the device array's entry, else the scalar.
+__device__ __forceinline__ float cache_scale(float const* device_scales, float scalar,
+                                             bool per_head, int head) {
+  if (device_scales == nullptr) return scalar;
+  return __ldg(device_scales + (per_head ? head : 0));
 }
 
 template <class Element>
@@ -204,6 +240,11 @@ __device__ void append_rows(AppendKvParams const& p, int batch, int head, int to
   constexpr int kTotal = Traits::kTokensPerCta * Traits::kRowVecs;
   Vec<Element> own[kItems], partner[kItems];
   bool valid[kItems];
+  float k_scale = 1.f, v_scale = 1.f;
+  if constexpr (Traits::kCacheFp8) {
+    k_scale = cache_scale(p.k_scale_ptr, p.k_scale, p.scale_per_head, head);
+    v_scale = cache_scale(p.v_scale_ptr, p.v_scale, p.scale_per_head, head);
+  }
 
   // All loads of new tokens first: they depend on nothing but the item, so a
   // thread has kItems (or twice that) 16-byte loads in flight at once.
@@ -228,7 +269,7 @@ __device__ void append_rows(AppendKvParams const& p, int batch, int head, int to
   // shared memory (rows padded by one 4-byte word, so that the threads reading
   // one channel of consecutive tokens hit distinct banks) and leave token by
   // token, consecutive threads on consecutive tokens of one channel.
-  constexpr bool kVectorizable = Traits::kPaged && sizeof(Element) == 2;
+  constexpr bool kVectorizable = Traits::kPaged && sizeof(Element) == 2 && !Traits::kCacheFp8;
   constexpr int kTileRow = Traits::kHeadDimV + 2;
   __shared__ Element v_tile[kVectorizable ? Traits::kTokensPerCta * kTileRow : 1];
   const bool stage_v = kVectorizable && p.vectorized_pages;
@@ -252,7 +293,12 @@ __device__ void append_rows(AppendKvParams const& p, int batch, int head, int to
                    head * stride[1];
     // Values are never rotated.
     const Vec<Element> out = is_k ? rotate<Traits>(own[k], partner[k], col, pos, p) : own[k];
-    if (!Traits::kPaged || !p.vectorized_pages) {
+    if constexpr (Traits::kCacheFp8) {
+      // Linear layouts only (the runtime refuses fp8 vectorized pages); strides are bytes.
+      uint8_t* bytes = static_cast<uint8_t*>(is_k ? p.k_cache : p.v_cache) + slab * stride[0] +
+                       head * stride[1] + token * stride[2] + col;
+      store_e4m3(bytes, out, is_k ? k_scale : v_scale);
+    } else if (!Traits::kPaged || !p.vectorized_pages) {
       store(row + token * stride[2] + col, out);
     } else if (is_k) {
       // A key's 8-channel chunk is one vector: chunk col / 8, slot `token`.

@@ -52,6 +52,11 @@ inline AppendKvParams make_appendkv_params(ckfmha_appendkv_problem const& pr,
   p.rotary_dim = pr.rope == CKFMHA_ROPE_NONE ? 0 : pr.rotary_dim;
   p.rope_max_pos = pr.rope_max_pos;
   p.rope_fp32 = pr.rope_dtype == CKFMHA_DTYPE_FP32;
+  p.k_scale_ptr = ar.k_scale;
+  p.v_scale_ptr = ar.v_scale;
+  p.k_scale = pr.k_scale;
+  p.v_scale = pr.v_scale;
+  p.scale_per_head = pr.scale_per_head != 0;
   if (pr.rotate_q) {
     p.q = ar.q;
     p.q_out = ar.q_out;
