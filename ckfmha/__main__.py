@@ -66,6 +66,7 @@ def problem_from_args(args: argparse.Namespace) -> FwdProblem:
         bias="alibi" if args.alibi else "none",
         sink=args.sink,
         dropout_p=args.dropout,
+        kv_dtype=getattr(args, "kv_dtype", None),
     )
 
 
@@ -79,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="which kernel a problem gets, and why")
     _add_problem_arguments(explain)
     explain.add_argument("--arch", default=None, help="e.g. sm_90a or 80 (default: this GPU)")
+    explain.add_argument(
+        "--kv-dtype",
+        choices=("fp8_e4m3",),
+        default=None,
+        help="K/V stored as fp8 (e4m3) caches, read with scales (default: K/V in --dtype)",
+    )
 
     run = commands.add_parser("run", help="time (and check) one problem on this GPU")
     _add_problem_arguments(run)

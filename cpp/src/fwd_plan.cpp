@@ -221,6 +221,13 @@ FwdPlan plan_paged(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_p
 FwdPlan plan_split_only(std::vector<ckfmha_kernel_entry> const& kernels,
                         ckfmha_fwd_problem const& p, PlanContext const& context) {
   const int arch = context.device_arch;
+  // The generator builds fp8 kernels for sm_89 and later only (rules/common.py).
+  constexpr int kFp8MinArch = 89;
+  if (arch < kFp8MinArch) {
+    return not_found("fp8 K/V needs sm_" + std::to_string(kFp8MinArch) +
+                     " or later (the kernels widen e4m3 with its conversion instructions); "
+                     "this is sm_" + std::to_string(arch));
+  }
   ckfmha_kernel_entry split{}, combine{};
   const bool have_split = find_split_kernel(kernels, p, arch, context.num_sms, &split);
   if (!have_split || !find_combine(kernels, p, arch, &combine)) {

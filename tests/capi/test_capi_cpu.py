@@ -812,6 +812,20 @@ def test_cli_explain_with_features(capsys, kernels):
     assert "dropout_p" in capsys.readouterr().err
 
 
+def test_cli_explain_takes_fp8_kv(capsys):
+    from ckfmha.__main__ import _parser, problem_from_args
+
+    argv = ["explain", "--heads", "32", "--kv-heads", "8", "--seqlen", "1", "--seqlen-k", "4096"]
+    argv += ["--hdim", "128", "--kv-dtype", "fp8_e4m3", "--arch", "80"]
+    assert problem_from_args(_parser().parse_args(argv)).to_c_dict()["kv_quant"] == 1
+    # The problem line says fp8 K/V; on sm_80 the plan says why no kernel reads it.
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "kv=fp8_e4m3 on sm_80" in out
+    assert out.startswith("selected: none") and "fp8 K/V needs sm_89 or later" in out
+    assert problem_from_args(_parser().parse_args(argv[:-4])).to_c_dict()["kv_quant"] == 0
+
+
 def test_cli_validation_uses_features_and_stored_randval():
     from ckfmha._bench import make_features, validate
     from ckfmha.reference import attention_reference, dropout_keep, philox_dropout_randval
