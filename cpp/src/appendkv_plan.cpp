@@ -76,16 +76,7 @@ std::string check_cache_quant(ckfmha_appendkv_problem const& p) {
     return "fp8 caches are written in linear layouts only: vectorized pages group K in chunks "
            "of 8 two-byte channels";
   }
-  for (auto [name, value] : {std::pair<const char*, float>{"k_scale", p.k_scale},
-                             {"v_scale", p.v_scale}}) {
-    if (!(value > 0.f) || !std::isfinite(value)) {
-      msg << name << " is " << value
-          << "; an fp8 cache holds value / scale, so a scale must be positive and finite (it "
-             "is used where args give no device scales)";
-      return msg.str();
-    }
-  }
-  return {};
+  return check_fp8_scale_values(p.k_scale, p.v_scale);
 }
 
 std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {

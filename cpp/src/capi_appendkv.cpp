@@ -42,31 +42,6 @@ int check_pointers(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const&
   });
 }
 
-// Device scales of fp8 caches: only for fp8 caches, both or neither, aligned.
-int check_cache_scales(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
-  const bool given = a.k_scale != nullptr || a.v_scale != nullptr;
-  if (p.cache_quant == CKFMHA_KV_QUANT_NONE) {
-    return given ? fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                        "args.k_scale/v_scale are set, but the caches are not fp8 (cache_quant "
-                        "none): scales apply to fp8 caches only")
-                 : CKFMHA_SUCCESS;
-  }
-  if (given && (a.k_scale == nullptr || a.v_scale == nullptr)) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                "args.k_scale and args.v_scale come together: give both device scales or "
-                "neither (then problem.k_scale and problem.v_scale are used)");
-  }
-  if (!given && p.scale_per_head) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                "scale_per_head needs args.k_scale and args.v_scale, device arrays of nhead_k "
-                "fp32 scales");
-  }
-  if (!aligned_to(a.k_scale, 4) || !aligned_to(a.v_scale, 4)) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args.k_scale/v_scale must be fp32-aligned");
-  }
-  return CKFMHA_SUCCESS;
-}
-
 int check_alignment(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const& a) {
   struct Aligned {
     const void* ptr;
@@ -191,7 +166,12 @@ int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_app
       !error.empty()) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, error);
   }
-  if (int s = check_cache_scales(*problem, *args)) return s;
+  if (int s = check_fp8_scale_pointers(
+          problem->cache_quant != CKFMHA_KV_QUANT_NONE, problem->scale_per_head != 0,
+          args->k_scale, args->v_scale, "the caches are not fp8 (cache_quant none)",
+          "scale_per_head")) {
+    return s;
+  }
   if (int s = check_alignment(*problem, *args)) return s;
   ckfmha_kernel_entry forced{};
   if (kernel_name != nullptr) {

@@ -53,35 +53,6 @@ int check_feature_pointers(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a
   });
 }
 
-// Device scales of fp8 K/V: only for fp8 K/V, aligned fp32 values. Their
-// count (1, or nhead_k with kv_scale_per_head) is the caller's to size: the
-// kernels read the entry of their K/V head.
-int check_kv_scales(ckfmha_fwd_problem const& p, ckfmha_fwd_args const& a) {
-  const bool given = a.k_scale != nullptr || a.v_scale != nullptr;
-  if (p.kv_quant == CKFMHA_KV_QUANT_NONE) {
-    if (given) {
-      return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                  "args.k_scale/v_scale are set, but K/V are not quantised (kv_quant none): "
-                  "scales apply to fp8 K/V only");
-    }
-    return CKFMHA_SUCCESS;
-  }
-  if (given && (a.k_scale == nullptr || a.v_scale == nullptr)) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                "args.k_scale and args.v_scale come together: give both device scales or "
-                "neither (then problem.k_scale and problem.v_scale are used)");
-  }
-  if (!given && p.kv_scale_per_head) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                "kv_scale_per_head needs args.k_scale and args.v_scale, device arrays of "
-                "nhead_k fp32 scales");
-  }
-  if (!aligned_to(a.k_scale, 4) || !aligned_to(a.v_scale, 4)) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args.k_scale/v_scale must be fp32-aligned");
-  }
-  return CKFMHA_SUCCESS;
-}
-
 // The arch plans are made for and its SM count: the current device's when it
 // has that arch, else the arch's reference part (documented in ckfmha.h).
 int plan_context(int arch, PlanContext* context) {
@@ -256,7 +227,12 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "q, k, v and o must all be device pointers");
   }
   if (int s = check_feature_pointers(*problem, *args)) return s;
-  if (int s = check_kv_scales(*problem, *args)) return s;
+  if (int s = check_fp8_scale_pointers(
+          problem->kv_quant != CKFMHA_KV_QUANT_NONE, problem->kv_scale_per_head != 0,
+          args->k_scale, args->v_scale, "K/V are not quantised (kv_quant none)",
+          "kv_scale_per_head")) {
+    return s;
+  }
   PlanContext context;
   if (int s = plan_context(-1, &context)) return s;
   context.workspace_available = args->workspace != nullptr;

@@ -158,6 +158,24 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
   return {};
 }
 
+}  // namespace
+
+std::string check_fp8_scale_values(float k_scale, float v_scale) {
+  for (auto [name, value] : {std::pair<const char*, float>{"k_scale", k_scale},
+                             {"v_scale", v_scale}}) {
+    if (!(value > 0.f) || !std::isfinite(value)) {
+      std::ostringstream msg;
+      msg << name << " is " << value
+          << "; fp8 K/V stands for scale * code, so a scale must be positive and finite (it "
+             "is used where args give no device scales)";
+      return msg.str();
+    }
+  }
+  return {};
+}
+
+namespace {
+
 // fp8 K/V: the quantisation kind and the host scales. Device scales are
 // checked where the arguments are (capi_fwd.cpp).
 std::string check_kv_quant(ckfmha_fwd_problem const& p) {
@@ -184,16 +202,7 @@ std::string check_kv_quant(ckfmha_fwd_problem const& p) {
   if (p.v_col_major) {
     return "fp8 K/V takes V row-major (head dim contiguous) only";
   }
-  for (auto [name, value] : {std::pair<const char*, float>{"k_scale", p.k_scale},
-                             {"v_scale", p.v_scale}}) {
-    if (!(value > 0.f) || !std::isfinite(value)) {
-      msg << name << " is " << value
-          << "; fp8 K/V stands for scale * value, so a scale must be positive and finite "
-             "(it is used where args give no device scales)";
-      return msg.str();
-    }
-  }
-  return {};
+  return check_fp8_scale_values(p.k_scale, p.v_scale);
 }
 
 }  // namespace

@@ -72,6 +72,36 @@ inline bool aligned_to(const void* ptr, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
+// Device dequantisation scales of fp8 K/V (a forward) or fp8 caches (an append):
+// given only with fp8, both or neither, fp32-aligned, and required for per-head
+// scales. `not_fp8` says what the problem has instead; `per_head_field` names
+// the problem's per-head switch.
+inline int check_fp8_scale_pointers(bool fp8, bool per_head, const float* k_scale,
+                                    const float* v_scale, const char* not_fp8,
+                                    const char* per_head_field) {
+  const bool given = k_scale != nullptr || v_scale != nullptr;
+  if (!fp8) {
+    return given ? fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                        std::string("args.k_scale/v_scale are set, but ") + not_fp8 +
+                            ": scales apply to fp8 K/V only")
+                 : CKFMHA_SUCCESS;
+  }
+  if (given && (k_scale == nullptr || v_scale == nullptr)) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "args.k_scale and args.v_scale come together: give both device scales or "
+                "neither (then problem.k_scale and problem.v_scale are used)");
+  }
+  if (!given && per_head) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                std::string(per_head_field) +
+                    " needs args.k_scale and args.v_scale, device arrays of nhead_k fp32 scales");
+  }
+  if (!aligned_to(k_scale, 4) || !aligned_to(v_scale, 4)) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args.k_scale/v_scale must be fp32-aligned");
+  }
+  return CKFMHA_SUCCESS;
+}
+
 // (batch, head, seq) strides of a contiguous tensor in `layout`.
 inline void fill_layout_strides(ckfmha_layout layout, int64_t (&stride)[3], int64_t heads,
                                 int64_t seqlen, int64_t hdim) {

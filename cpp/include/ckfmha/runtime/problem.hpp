@@ -12,6 +12,8 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& problem);
 
 const char* dtype_name(ckfmha_dtype dtype);
 const char* kv_quant_name(ckfmha_kv_quant quant);
+// Why host dequantisation scales of fp8 K/V (forward or cache append) are unusable, or "".
+std::string check_fp8_scale_values(float k_scale, float v_scale);
 // Bytes per q/k/v/o element (2 for fp16/bf16, 4 for fp32).
 int element_bytes(ckfmha_dtype dtype);
 const char* mask_name(ckfmha_mask mask);
