@@ -19,8 +19,9 @@
 // well it is fwd_pagedkv (batch mode) or batch_prefill (group mode queries):
 // key tiles are gathered through a page table (common/paged_kv.cuh); kVColMajor then
 // means vLLM's "vectorized" pages, V loaded as V^T. With Traits::kKvFp8 the
-// split body reads e4m3 K/V (common/fp8_kv.cuh): byte tiles double-buffered,
-// widened into one fp16/bf16 tile per key tile, the K scale folded into the
+// split body reads e4m3 K/V (common/fp8_kv.cuh): byte tiles in 2 x Stages
+// stages, each widened into one fp16 K and V tile for fp16 products (bf16
+// queries rescaled into fp16 once per CTA), the K scale folded into the
 // softmax scale and the V scale into the output's normalisation.
 #pragma once
 
