@@ -385,39 +385,15 @@ def test_fp8_problems_have_their_own_first_use_key_and_split_plan() -> None:
         (plan,) = first_use.plans_for(shaped, gen)
         split, combine = plan
         assert (split.family, split.kv_quant, combine.kv_quant) == ("fwd_splitkv", "e4m3", "none")
-    paged = first_use.key_of(
-        first_use_key(
-            ckfmha.FwdProblem(
-                batch=2,
-                nhead_q=32,
-                nhead_k=8,
-                seqlen_q=1,
-                seqlen_k=8192,
-                hdim=128,
-                dtype="bf16",
-                kv_dtype=FP8,
-                paged_kv="block_table",
-            )
-        )
-    )
+    paged = first_use.key_of(first_use_key(_fp8_problem(paged_kv="block_table")))
     ((split, _),) = first_use.plans_for(paged, gen)
     assert (split.family, split.kv_quant) == ("fwd_pagedkv", "e4m3")
 
 
 @pytest.mark.parametrize("paged_kv", [None, "block_table"])
 def test_no_kernel_reads_fp8_kv_on_sm80(paged_kv: str | None) -> None:
-    problem = ckfmha.FwdProblem(
-        batch=4,
-        nhead_q=32,
-        nhead_k=8,
-        seqlen_q=1,
-        seqlen_k=4096,
-        hdim=128,
-        dtype="bf16",
-        kv_dtype=FP8,
-        paged_kv=paged_kv,
-        causal=True,
-        causal_alignment="bottom_right",
+    problem = _fp8_problem(
+        batch=4, seqlen_k=4096, paged_kv=paged_kv, causal=True, causal_alignment="bottom_right"
     )
     dispatcher = ckfmha.Dispatcher()
     with pytest.raises(errors.UnsupportedError) as caught:

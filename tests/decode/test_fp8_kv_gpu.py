@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.cuda_graphs import capture
 from support.gpu_compare import Inputs, compare, f64, torch_dtype
 
 import ckfmha
@@ -240,14 +241,7 @@ def test_device_scales_are_read_at_every_graph_replay() -> None:
         ckfmha.fwd(q, kv.k, kv.v, return_lse=True, out=out, lse_out=lse, k_scale=k_scale,
                    v_scale=v_scale, **options)  # fmt: skip
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture(run)
     factors = np.linspace(0.5, 2.0, 8).astype(np.float32)
     k_scale.copy_(torch.from_numpy(kv.k_scales * factors).cuda())
     v_scale.copy_(torch.from_numpy(kv.v_scales * factors[::-1].copy()).cuda())

@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from support.cuda_graphs import capture
 from support.gpu_compare import Inputs, compare, f64, torch_dtype
 
 import ckfmha
@@ -90,19 +90,6 @@ def _pool(batch: int, page_size: int) -> int:
     return batch * -(-MAX_SEQLEN_K // page_size) + 5
 
 
-def _capture(run: Callable[[], Any]) -> Any:
-    """A graph of ``run``, after one warm-up call on a side stream (torch's capture rules)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph
-
-
 def _hold_stream() -> None:
     """Keeps the current stream busy for a few milliseconds, so that work queued next is still
     pending when the host goes on."""
@@ -160,7 +147,7 @@ def test_decode_graph_replays_new_lengths_and_pages(case: tuple[Any, ...]) -> No
 
     decode = BatchDecode(max_batch=batch + 2, max_pages=pool, max_seqlen_k=MAX_SEQLEN_K)
     decode.plan(**steps[0].tables, **options)
-    graph = _capture(lambda: decode.run(q, k_cache, v_cache, out=out, lse_out=lse))
+    graph = capture(lambda: decode.run(q, k_cache, v_cache, out=out, lse_out=lse))
     results = _replay_steps(graph, decode, steps, options, q, q_steps, (out, lse))
 
     k64, v64 = f64(k_cache), f64(v_cache)
@@ -203,7 +190,7 @@ def test_prefill_graph_replays_new_queries_lengths_and_pages(case: tuple[Any, ..
     prefill = BatchPrefill(max_batch=batch, max_pages=pool, max_seqlen_k=MAX_SEQLEN_K,
                            max_seqlen_q=MAX_SEQLEN_Q, max_total_q=MAX_TOTAL_Q)  # fmt: skip
     prefill.plan(**steps[0].tables, **options)
-    graph = _capture(lambda: prefill.run(q, k_cache, v_cache, out=out, lse_out=lse))
+    graph = capture(lambda: prefill.run(q, k_cache, v_cache, out=out, lse_out=lse))
     results = _replay_steps(graph, prefill, steps, options, q, q_steps, (out, lse))
 
     k64, v64 = f64(k_cache), f64(v_cache)
@@ -260,7 +247,7 @@ def test_run_with_outputs_allocates_nothing() -> None:
         assert run()[0] is s["out"]
     assert torch.cuda.memory_allocated() == before
     # A capture in torch's default (global) mode fails on any allocation or host wait.
-    graph = _capture(run)
+    graph = capture(run)
     s["out"].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
