@@ -126,6 +126,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         int32_t kv_scale_per_head
         float k_scale
         float v_scale
+        ckfmha_kv_quant q_quant
+        float q_scale
 
     ctypedef struct ckfmha_fwd_args:
         const void* q
@@ -147,6 +149,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const int32_t* seqlens_k
         const float* k_scale
         const float* v_scale
+        const float* q_scale
 
     ctypedef struct ckfmha_bwd_problem:
         ckfmha_dtype dtype

@@ -67,6 +67,7 @@ def problem_from_args(args: argparse.Namespace) -> FwdProblem:
         sink=args.sink,
         dropout_p=args.dropout,
         kv_dtype=getattr(args, "kv_dtype", None),
+        q_dtype=getattr(args, "q_dtype", None),
     )
 
 
@@ -85,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=("fp8_e4m3",),
         default=None,
         help="K/V stored as fp8 (e4m3) caches, read with scales (default: K/V in --dtype)",
+    )
+    explain.add_argument(
+        "--q-dtype",
+        choices=("fp8_e4m3",),
+        default=None,
+        help="fp8 (e4m3) queries, with --kv-dtype fp8_e4m3; --dtype is then the output's",
     )
 
     run = commands.add_parser("run", help="time (and check) one problem on this GPU")

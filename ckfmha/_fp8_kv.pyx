@@ -1,7 +1,7 @@
 # cython: language_level=3
-"""fp8 (e4m3) K/V for the forward runners and appends: the views of q, k and v, and the
-(de)quantisation scales in the C problem (numbers) or args (device arrays). The rules and
-messages are in ckfmha.fp8_kv."""
+"""fp8 (e4m3) K/V for the forward runners and appends, and fp8 queries for fwd and fwd_varlen:
+the views of q, k and v, and the (de)quantisation scales in the C problem (numbers) or args
+(device arrays). The rules and messages are in ckfmha.fp8_kv and ckfmha.fp8_attention."""
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
@@ -9,6 +9,7 @@ from ckfmha._arrays cimport ArrayView
 from ckfmha import _dtypes
 from ckfmha._arrays import as_view
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.fp8_attention import check_q_scale_heads
 from ckfmha.fp8_kv import (
     KV_QUANT_NONE,
     is_scale_value,
@@ -18,37 +19,42 @@ from ckfmha.fp8_kv import (
 )
 
 _Q_DTYPES = (_dtypes.FP16, _dtypes.BF16, _dtypes.FP32)
-# fp8 q and uint8 K/V pass the views, so that ckfmha.fp8_kv.kv_quant_of says what to do
-# instead of listing the dtypes.
-_VIEWED_Q_DTYPES = _Q_DTYPES + (_dtypes.FP8_E4M3,)
+# fp8 (or uint8) q and uint8 K/V pass the views, so that ckfmha.fp8_attention.q_quant_of and
+# ckfmha.fp8_kv.kv_quant_of say what to do instead of listing the dtypes.
+_VIEWED_Q_DTYPES = _Q_DTYPES + (_dtypes.FP8_E4M3, _dtypes.UINT8)
 _KV_DTYPES = _Q_DTYPES + (_dtypes.FP8_E4M3, _dtypes.UINT8)
 _F32 = (_dtypes.FP32,)
 
 
 cdef tuple attention_views(q, k, v, handle, dtype, kv_dtype, int q_ndim, int k_ndim,
-                           int v_ndim, str k_name, str v_name):
-    """Views of q, k and v. ``dtype`` overrides what q reports, and k and v's too unless
-    ``kv_dtype`` (e.g. "fp8_e4m3" for uint8 codes) is given; ckfmha.fp8_kv.kv_quant_of then
-    checks the combination."""
+                           int v_ndim, str k_name, str v_name, q_dtype=None):
+    """Views of q, k and v. ``dtype`` overrides what q reports unless ``q_dtype`` (e.g.
+    "fp8_e4m3" for uint8 codes) is given, and k and v's too unless ``kv_dtype`` is;
+    ckfmha.fp8_attention.q_quant_of and ckfmha.fp8_kv.kv_quant_of then check the
+    combination."""
     kv_override = dtype if kv_dtype is None else kv_dtype
-    cdef ArrayView qv = as_view(q, handle, dtype, "q", q_ndim, _VIEWED_Q_DTYPES)
+    q_override = dtype if q_dtype is None else q_dtype
+    cdef ArrayView qv = as_view(q, handle, q_override, "q", q_ndim, _VIEWED_Q_DTYPES)
     cdef ArrayView kv = as_view(k, handle, kv_override, k_name, k_ndim, _KV_DTYPES)
     cdef ArrayView vv = as_view(v, handle, kv_override, v_name, v_ndim, _KV_DTYPES)
     return qv, kv, vv
 
 
 cdef class KvScales:
-    """The scales of one launch: numbers go to problem.k_scale / v_scale, device arrays to
-    args.k_scale / v_scale (zero-copy; host arrays are staged like the other small ones)."""
+    """The scales of one launch: numbers go to problem.k_scale / v_scale (q_scale), device
+    arrays to args.k_scale / v_scale (q_scale) (zero-copy; host arrays are staged like the
+    other small ones)."""
 
     def __cinit__(self):
         self.views = []
         self.regions = []
+        self.per_head = False
 
-    cdef ArrayView _view(self, scale, handle, str name, int nhead_k):
+    cdef ArrayView _view(self, scale, handle, str name, int nhead_k, str heads="nhead_k",
+                         str head="K/V head"):
         shape = tuple(int(n) for n in getattr(scale, "shape", ()))
         # The length is checked from the shape, so a wrong one is not staged first.
-        count = scale_count(shape, nhead_k, name)
+        count = scale_count(shape, nhead_k, name, heads, head)
         cdef ArrayView view = as_view(scale, handle, None, name, len(shape), _F32)
         if count > 1 and view.strides[0] != 1:
             raise InvalidArgumentError(f"{name} must be contiguous, got strides {view.strides}",
@@ -93,6 +99,24 @@ cdef class KvScales:
         problem.kv_scale_per_head = 1 if self.per_head else 0
         args.k_scale = self.k_ptr
         args.v_scale = self.v_ptr
+        return 0
+
+    cdef int apply_query(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                         int q_quant, q_scale, handle, int nhead_q) except -1:
+        """Sets problem.q_quant and q's scale (q_quant from ckfmha.fp8_attention.q_quant_of,
+        which refused q_scale for a q that is not fp8). Runs after ``apply``: a device q_scale
+        must agree with the K/V scales' per-head flag, which the problem holds once."""
+        problem.q_quant = <capi.ckfmha_kv_quant>q_quant
+        if q_quant == KV_QUANT_NONE:
+            return 0  # ckfmha_fwd_problem_init set the scale to 1
+        if _number(q_scale):
+            if q_scale is not None:
+                problem.q_scale = scale_value(q_scale, "q_scale", "q")
+            return 0
+        cdef ArrayView view = self._view(q_scale, handle, "q_scale", nhead_q, "nhead_q",
+                                         "query head")
+        check_q_scale_heads(_count(view), nhead_q, self.per_head)
+        args.q_scale = <const float*>view.ptr
         return 0
 
     cdef int apply_append(self, capi.ckfmha_appendkv_problem* problem,

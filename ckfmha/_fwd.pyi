@@ -31,6 +31,9 @@ def fwd(
     kv_dtype: Any = None,
     k_scale: float | Any = None,
     v_scale: float | Any = None,
+    q_dtype: Any = None,
+    q_scale: float | Any = None,
+    out_dtype: Any = None,
 ) -> Any: ...
 def fwd_varlen(
     q: Any,
@@ -66,5 +69,8 @@ def fwd_varlen(
     kv_dtype: Any = None,
     k_scale: float | Any = None,
     v_scale: float | Any = None,
+    q_dtype: Any = None,
+    q_scale: float | Any = None,
+    out_dtype: Any = None,
 ) -> Any: ...
 def first_use_key(problem: Any) -> tuple[str, tuple[Any, ...]]: ...

@@ -20,7 +20,8 @@ from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
-from ckfmha.fp8_kv import check_scale_args, kv_quant_of
+from ckfmha.fp8_attention import check_q_scale_arg, out_dtype_of, q_quant_of
+from ckfmha.fp8_kv import KV_QUANT_NONE, check_scale_args, kv_quant_of
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_varlen
 from ckfmha.problem import layout_code, mask_code, window_bounds
@@ -146,14 +147,19 @@ cdef class _Features:
 
 
 cdef tuple _first_use_key(capi.ckfmha_fwd_problem* p):
-    """The fields of first_use.FwdKey, in order: what decides which kernels can run p."""
-    return ("fwd", (
+    """The fields of first_use.FwdKey, in order: what decides which kernels can run p. q_quant
+    (fp8 queries) comes last and only when set: a defaulted trailing field of FwdKey, so the
+    keys of fp16/bf16 queries keep their length."""
+    fields = (
         <int>p.dtype, <int>p.mode, p.hdim_q, p.hdim_v, <int>p.mask, <int>p.bias,
         p.dropout_p > 0 or p.store_dropout_randval != 0, p.softcap > 0,
         bool(p.has_sink), bool(p.v_col_major), <int>p.kv_storage, <int>p.page_layout,
         p.num_splits > 1,
         <int64_t>p.seqlen_q * (p.nhead_q // max(p.nhead_k, 1)) <= first_use.DECODE_PACKED_ROWS,
-        <int>p.kv_quant))
+        <int>p.kv_quant)
+    if p.q_quant != capi.CKFMHA_KV_QUANT_NONE:
+        fields += (<int>p.q_quant,)
+    return ("fwd", fields)
 
 
 def first_use_key(problem) -> tuple:
@@ -249,6 +255,36 @@ cdef int _check_outputs(out, lse_out, ArrayView ov, ArrayView lv, list inputs) e
     return 0
 
 
+cdef class _Quant:
+    """What a forward call's arrays say of fp8: q_quant, kv_quant and the output's dtype code
+    (the C problem's dtype), from ckfmha.fp8_attention and ckfmha.fp8_kv."""
+    cdef int q_quant
+    cdef int kv_quant
+    cdef int out_dtype
+
+    def __init__(self, ArrayView qv, ArrayView kv, ArrayView vv, out_dtype, q_scale, k_scale,
+                 v_scale):
+        self.q_quant = q_quant_of(qv.dtype, kv.dtype, vv.dtype,
+                                  q_scale_given=q_scale is not None)
+        self.out_dtype = out_dtype_of(qv.dtype, self.q_quant, out_dtype)
+        # fp8 queries are settled: K/V pair with the output's dtype, as with fp16/bf16 q.
+        self.kv_quant = kv_quant_of(self.out_dtype if self.q_quant else qv.dtype, kv.dtype,
+                                    vv.dtype,
+                                    scales_given=k_scale is not None or v_scale is not None)
+
+
+cdef ArrayView _out_view(o_obj, handle, int ndim, _Quant quant):
+    """The output's view, in the problem's dtype: q's, or fp8 queries' out_dtype."""
+    if quant.q_quant == KV_QUANT_NONE:
+        return as_view(o_obj, handle, None, "out", ndim, (quant.out_dtype,), True)
+    cdef ArrayView ov = as_view(o_obj, handle, None, "out", ndim, _INPUT_DTYPES, True)
+    if ov.dtype != quant.out_dtype:
+        raise _invalid(f"out is {ov.dtype_name}, but this call writes "
+                       f"{_dtypes.NAMES[quant.out_dtype]} (fp8 queries write out_dtype: bf16 "
+                       "unless given)")
+    return ov
+
+
 cdef tuple _qkv_views(q, k, v, handle, dtype, int ndim):
     """Views of q, k and v, which must share one fp16, bf16 or fp32 dtype (the backward's)."""
     cdef ArrayView qv = as_view(q, handle, dtype, "q", ndim, _INPUT_DTYPES)
@@ -302,7 +338,8 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
         softcap=0.0, bias=None, alibi_slopes=None, sink=None, dropout_p=0.0, dropout_seed=0,
         dropout_offset=0, return_dropout_randval=False, return_lse=False, layout="bhsd",
         v_col_major=False, num_splits=0, out=None, lse_out=None, kernel=None, stream=None,
-        dtype=None, kv_dtype=None, k_scale=None, v_scale=None):
+        dtype=None, kv_dtype=None, k_scale=None, v_scale=None, q_dtype=None, q_scale=None,
+        out_dtype=None):
     """Fused multi-head attention forward: softmax(mask(bias + cap(scale * q k^T))) v.
 
     q is [batch, nhead_q, seqlen_q, hdim] and k, v are [batch, nhead_k, seqlen_k,
@@ -321,9 +358,18 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     (default 1.0; positive and finite) or, both, fp32 device arrays of 1 or nhead_k values (one
     per K/V head), read by the kernels so that a captured CUDA graph follows their updates.
     Served by the split-KV kernels on sm_89 and later (UnsupportedError elsewhere). Scales
-    given for K/V that are not fp8, fp8 q, or one of k and v in fp8 raise
+    given for K/V that are not fp8, or one of k and v in fp8, raise
     InvalidArgumentError. ``dtype`` overrides the dtype q
-    reports, and k's and v's unless ``kv_dtype`` is given.
+    reports (unless ``q_dtype`` is given), and k's and v's unless ``kv_dtype`` is given.
+
+    fp8 queries (Hopper, sm_90a): q may hold e4m3 values too (float8_e4m3fn, or uint8 codes
+    with ``q_dtype="fp8_e4m3"``) standing for ``q_scale * q``, over fp8 K/V; both products run
+    in e4m3 (P is rounded to e4m3 for P V). ``q_scale`` is a number or an fp32 device array of
+    1 or nhead_q values (nhead_q exactly when k_scale and v_scale hold nhead_k). The output is
+    ``out_dtype``: fp16 or bf16 (default). No bias, ALiBi, dropout, softcap, sink,
+    v_col_major or fp32; hdim 64, 128 or 256 (UnsupportedError or InvalidArgumentError from
+    the C library). fp8 q over K/V that are not fp8, ``q_scale`` without fp8 q, and an
+    ``out_dtype`` other than q's for a q that is not fp8 raise InvalidArgumentError.
 
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
@@ -360,29 +406,32 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     and must belong to the arrays' device.
     """
     check_scale_args(k_scale, v_scale)
+    check_q_scale_arg(q_scale)
     index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
                            ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
-                                             ("k_scale", k_scale), ("v_scale", v_scale)))
+                                             ("k_scale", k_scale), ("v_scale", v_scale),
+                                             ("q_scale", q_scale)))
     with on_device(index):
         return _fwd(index, q, k, v, causal, causal_alignment, window, scale, softcap, bias,
                     alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                     return_dropout_randval, return_lse, layout, v_col_major, num_splits, out,
-                    lse_out, kernel, stream, dtype, kv_dtype, k_scale, v_scale)
+                    lse_out, kernel, stream, dtype, kv_dtype, k_scale, v_scale, q_dtype,
+                    q_scale, out_dtype)
 
 
 cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softcap, bias,
                  alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                  return_dropout_randval, return_lse, layout, v_col_major, num_splits, out, lse_out,
-                 kernel, stream, dtype, kv_dtype, k_scale, v_scale):
+                 kernel, stream, dtype, kv_dtype, k_scale, v_scale, q_dtype, q_scale,
+                 out_dtype):
     """``fwd`` with the arrays' device (``index``) current."""
     cdef int c_layout = layout_code(layout)
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
 
     cdef ArrayView qv, kv, vv
-    qv, kv, vv = attention_views(q, k, v, handle, dtype, kv_dtype, 4, 4, 4, "k", "v")
-    kv_quant = kv_quant_of(qv.dtype, kv.dtype, vv.dtype,
-                           scales_given=k_scale is not None or v_scale is not None)
+    qv, kv, vv = attention_views(q, k, v, handle, dtype, kv_dtype, 4, 4, 4, "k", "v", q_dtype)
+    cdef _Quant quant = _Quant(qv, kv, vv, out_dtype, q_scale, k_scale, v_scale)
     batch, nhead_q, seqlen_q, hdim_q = _bhsd(qv.shape, c_layout)
     k_batch, nhead_k, seqlen_k, k_hdim = _bhsd(kv.shape, c_layout)
     if v_col_major:
@@ -402,16 +451,17 @@ cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softca
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
     memset(&args, 0, sizeof(args))
-    _init_problem(&problem, qv.dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q, seqlen_k,
-                  hdim_q, hdim_v)
+    _init_problem(&problem, quant.out_dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q,
+                  seqlen_k, hdim_q, hdim_v)
     cdef KvScales kv_scales = KvScales()
-    kv_scales.apply(&problem, &args, kv_quant, k_scale, v_scale, handle, nhead_k)
+    kv_scales.apply(&problem, &args, quant.kv_quant, k_scale, v_scale, handle, nhead_k)
+    kv_scales.apply_query(&problem, &args, quant.q_quant, q_scale, handle, nhead_q)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
 
     o_shape = _in_layout(batch, nhead_q, seqlen_q, hdim_v, c_layout)
-    o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
-    cdef ArrayView ov = as_view(o_obj, handle, None, "out", 4, (qv.dtype,), True)
+    o_obj = allocate(kind, q, o_shape, quant.out_dtype) if out is None else out
+    cdef ArrayView ov = _out_view(o_obj, handle, 4, quant)
     if ov.shape != o_shape:
         raise _invalid(f"out must have shape {o_shape} ({layout}), got {ov.shape}")
 
@@ -429,7 +479,7 @@ cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softca
         problem.lse_stride[1] = lv.strides[1]
 
     cdef _Features features = _Features()
-    features.apply(&problem, &args, kind, q, handle, qv.dtype, batch, nhead_q, seqlen_q,
+    features.apply(&problem, &args, kind, q, handle, quant.out_dtype, batch, nhead_q, seqlen_q,
                    seqlen_k, bias, alibi_slopes, sink, dropout_seed, dropout_offset,
                    return_dropout_randval)
 
@@ -500,7 +550,7 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
                dropout_seed=0, dropout_offset=0, return_dropout_randval=False,
                return_lse=False, v_col_major=False, num_splits=0, out=None, lse_out=None,
                kernel=None, stream=None, dtype=None, validate=None, kv_dtype=None, k_scale=None,
-               v_scale=None):
+               v_scale=None, q_dtype=None, q_scale=None, out_dtype=None):
     """Forward attention over a packed batch of variable-length sequences (group mode).
 
     q is [total_q, nhead_q, hdim], k and v [total_k, nhead_k, hdim / hdim_v];
@@ -512,7 +562,8 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     ``v_col_major`` v is [nhead_k, hdim_v, total_k] (tokens contiguous). Returns o
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
     then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``; fp8 K/V
-    (``kv_dtype``, ``k_scale``, ``v_scale``) as in ``fwd``.
+    (``kv_dtype``, ``k_scale``, ``v_scale``) and fp8 queries (``q_dtype``, ``q_scale``,
+    ``out_dtype``) as in ``fwd``.
 
     Offsets given on the host (NumPy, lists) are checked before they are staged: they start
     at 0, never decrease, end within q and k, and no sequence is longer than max_seqlen_q/k
@@ -527,31 +578,34 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     sequence without keys (max_seqlen_k 0: all of them) gets o = 0 and LSE = -inf.
     """
     check_scale_args(k_scale, v_scale)
+    check_q_scale_arg(q_scale)
     index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
                            ("bias", bias)), (("alibi_slopes", alibi_slopes), ("sink", sink),
                                              ("cu_seqlens_q", cu_seqlens_q),
                                              ("cu_seqlens_k", cu_seqlens_k),
-                                             ("k_scale", k_scale), ("v_scale", v_scale)))
+                                             ("k_scale", k_scale), ("v_scale", v_scale),
+                                             ("q_scale", q_scale)))
     with on_device(index):
         return _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            skip_min_seqlen_q, causal, causal_alignment, window, scale, softcap,
                            bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                            return_dropout_randval, return_lse, v_col_major, num_splits, out,
-                           lse_out, kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale)
+                           lse_out, kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale,
+                           q_dtype, q_scale, out_dtype)
 
 
 cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         skip_min_seqlen_q, causal, causal_alignment, window, scale, softcap, bias,
                         alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                         return_dropout_randval, return_lse, v_col_major, num_splits, out, lse_out,
-                        kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale):
+                        kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale, q_dtype,
+                        q_scale, out_dtype):
     """``fwd_varlen`` with the arrays' device (``index``) current."""
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
     cdef ArrayView qv, kv, vv
-    qv, kv, vv = attention_views(q, k, v, handle, dtype, kv_dtype, 3, 3, 3, "k", "v")
-    kv_quant = kv_quant_of(qv.dtype, kv.dtype, vv.dtype,
-                           scales_given=k_scale is not None or v_scale is not None)
+    qv, kv, vv = attention_views(q, k, v, handle, dtype, kv_dtype, 3, 3, 3, "k", "v", q_dtype)
+    cdef _Quant quant = _Quant(qv, kv, vv, out_dtype, q_scale, k_scale, v_scale)
     total_q, nhead_q, hdim_q = qv.shape
     total_k, nhead_k, k_hdim = kv.shape
     if v_col_major:
@@ -573,14 +627,15 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     cdef capi.ckfmha_fwd_problem problem
     cdef capi.ckfmha_fwd_args args
     memset(&args, 0, sizeof(args))
-    _init_problem(&problem, qv.dtype, capi.CKFMHA_LAYOUT_BSHD, batch, nhead_q, nhead_k,
+    _init_problem(&problem, quant.out_dtype, capi.CKFMHA_LAYOUT_BSHD, batch, nhead_q, nhead_k,
                   max_seqlen_q, max_seqlen_k, hdim_q, hdim_v, "max_seqlen_q", "max_seqlen_k")
     problem.mode = capi.CKFMHA_MODE_GROUP
     problem.total_q = total_q
     problem.total_k = total_k
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
     cdef KvScales kv_scales = KvScales()
-    kv_scales.apply(&problem, &args, kv_quant, k_scale, v_scale, handle, nhead_k)
+    kv_scales.apply(&problem, &args, quant.kv_quant, k_scale, v_scale, handle, nhead_k)
+    kv_scales.apply_query(&problem, &args, quant.q_quant, q_scale, handle, nhead_q)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
     meta = MetadataValues(validate)
@@ -592,8 +647,8 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     _validate_offsets(meta, cqv, ckv, handle, total_q, total_k, max_seqlen_q, max_seqlen_k)
 
     o_shape = (total_q, nhead_q, hdim_v)
-    o_obj = allocate(kind, q, o_shape, qv.dtype) if out is None else out
-    cdef ArrayView ov = as_view(o_obj, handle, None, "out", 3, (qv.dtype,), True)
+    o_obj = allocate(kind, q, o_shape, quant.out_dtype) if out is None else out
+    cdef ArrayView ov = _out_view(o_obj, handle, 3, quant)
     if ov.shape != o_shape:
         raise _invalid(f"out must have shape {o_shape}, got {ov.shape}")
     lse_obj = None
@@ -609,7 +664,7 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         problem.lse_stride[1] = lv.strides[0]
 
     cdef _Features features = _Features()
-    features.apply(&problem, &args, kind, q, handle, qv.dtype, batch, nhead_q,
+    features.apply(&problem, &args, kind, q, handle, quant.out_dtype, batch, nhead_q,
                    problem.seqlen_q, problem.seqlen_k, bias, alibi_slopes, sink,
                    dropout_seed, dropout_offset, return_dropout_randval)
 

@@ -64,6 +64,8 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     out.kv_scale_per_head = 1 if problem.kv_scale_per_head else 0
     out.k_scale = float(problem.k_scale)
     out.v_scale = float(problem.v_scale)
+    out.q_quant = <capi.ckfmha_kv_quant><int>problem.q_quant_code
+    out.q_scale = float(problem.q_scale)
     if problem.v_col_major:
         # Contiguous [batch, nhead_k, hdim_v, seqlen_k]: the third stride is the head dim's.
         out.v_col_major = 1
@@ -159,6 +161,8 @@ cdef dict fwd_problem_dict(const capi.ckfmha_fwd_problem* problem):
         "kv_scale_per_head": problem.kv_scale_per_head,
         "k_scale": problem.k_scale,
         "v_scale": problem.v_scale,
+        "q_quant": <int>problem.q_quant,
+        "q_scale": problem.q_scale,
     }
 
 
@@ -183,6 +187,9 @@ cdef int fill_bwd_problem(object problem, bint deterministic,
     fill_fwd_problem(problem, &forward)
     if forward.v_col_major:
         raise InvalidArgumentError("the backward takes row-major V (v_col_major=False)", 1)
+    if forward.q_quant != capi.CKFMHA_KV_QUANT_NONE:
+        raise InvalidArgumentError("the backward takes q in the problem's dtype; fp8 queries "
+                                   "(q_dtype) are for inference, with no gradients", 1)
     if forward.kv_quant != capi.CKFMHA_KV_QUANT_NONE:
         raise InvalidArgumentError("the backward takes K/V in the problem's dtype; fp8 K/V "
                                    "(kv_dtype) is for inference, with no gradients", 1)

@@ -68,6 +68,7 @@ class FwdKey:
     forced_splits: bool  # num_splits > 1
     decode_shaped: bool  # packed query rows per K/V head <= DECODE_PACKED_ROWS
     kv_quant: int = 0  # ckfmha_kv_quant: 1 for fp8 (e4m3) K/V
+    q_quant: int = 0  # ckfmha_kv_quant: 1 for fp8 queries (with fp8 K/V: the fp8 forward)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ Key = FwdKey | BwdKey | AppendKvKey
 def _fwd_plans(key: FwdKey, gen: Any) -> list[list[Any]]:
     """Signature lists, best plan first: the split-KV plan (split stage and combine stage) where
     the problem is paged, forced to split or decode-shaped, and the one-stage kernel. fp8 K/V
-    is read by the split and paged families alone, so it has the split-KV plan only."""
+    with queries in dtype is read by the split and paged families alone, so it has the split-KV
+    plan only; fp8 queries (and K/V) run on the one-stage Hopper kernel alone."""
     sig = gen.signature
     features = {
         "dtype": DTYPES[key.dtype],
@@ -126,6 +128,8 @@ def _fwd_plans(key: FwdKey, gen: Any) -> list[list[Any]]:
     )  # fmt: skip
     # The combine stage reads the splits' fp32 partial results, never K/V: it has no kv_quant.
     kv = {"kv_quant": KV_QUANTS[key.kv_quant]} if key.kv_quant else {}
+    if key.q_quant:
+        return [[sig.FwdSignature(**features, **kv, q_quant=KV_QUANTS[key.q_quant])]]
     if key.kv_storage != 0:
         family = sig.BATCH_PREFILL if key.mode == 1 else sig.FWD_PAGEDKV
         paged = sig.FwdSignature(

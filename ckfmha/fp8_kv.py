@@ -3,11 +3,12 @@ dequantisation scales, before anything reaches the device. Appends (``ckfmha.app
 write such caches with the same scales and checks.
 
 k and v hold e4m3 values (float8_e4m3fn, or uint8 codes with ``kv_dtype="fp8_e4m3"``) that
-stand for ``k_scale * k`` and ``v_scale * v``; q and the output stay fp16 or bf16. A scale is
-a Python float (read when the call is made: a captured CUDA graph keeps that value) or a
-device fp32 array of 1 or nhead_k values (read by the kernels: a graph follows its updates).
-The C library checks the rest (q's dtype, page layouts, strides) when the problem is
-validated; the Cython side (``_fp8_kv.pyx``) fills the C structs.
+stand for ``k_scale * k`` and ``v_scale * v``; q and the output stay fp16 or bf16 (unless q is
+fp8 too: ckfmha.fp8_attention). A scale is a Python float (read when the call is made: a
+captured CUDA graph keeps that value) or a device fp32 array of 1 or nhead_k values (read by
+the kernels: a graph follows its updates). The C library checks the rest (q's dtype, page
+layouts, strides) when the problem is validated; the Cython side (``_fp8_kv.pyx``) fills the
+C structs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _HOW = (
 )
 
 
-def _invalid(message: str) -> InvalidArgumentError:
+def invalid_argument(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(message, 1)  # CKFMHA_ERROR_INVALID_ARGUMENT
 
 
@@ -39,17 +40,18 @@ def is_scale_value(scale: Any) -> bool:
     return isinstance(scale, Real) and not isinstance(scale, bool)
 
 
-def scale_value(scale: Any, name: str) -> float:
-    """A number scale as the fp32 the problem holds: positive and finite."""
+def scale_value(scale: Any, name: str, scaled: str = "K/V") -> float:
+    """A number scale as the fp32 the problem holds: positive and finite. ``scaled`` names
+    what it dequantises in the message ("K/V", "q")."""
     value = float(scale)
     if not (value > 0.0 and math.isfinite(value)):
-        raise _invalid(
-            f"{name} is {value!r}; fp8 K/V stands for {name} * value, so the scale must be "
+        raise invalid_argument(
+            f"{name} is {value!r}; fp8 {scaled} stands for {name} * value, so the scale must be "
             "positive and finite"
         )
     # fp32 is what the kernels multiply by: a finite double may still overflow or vanish.
     if not 1.1754943508222875e-38 <= value <= 3.4028234663852886e38:
-        raise _invalid(f"{name} is {value!r}, outside the positive normal fp32 range")
+        raise invalid_argument(f"{name} is {value!r}, outside the positive normal fp32 range")
     return value
 
 
@@ -61,12 +63,12 @@ def check_scale_args(k_scale: Any, v_scale: Any) -> None:
         if is_scale_value(scale):
             scale_value(scale, name)
         elif isinstance(scale, (bool, str, bytes)):
-            raise _invalid(
+            raise invalid_argument(
                 f"{name} must be a float, or an fp32 array of 1 or nhead_k values; got {scale!r}"
             )
     kinds = [_scale_kind(k_scale), _scale_kind(v_scale)]
     if "an array" in kinds and kinds[0] != kinds[1]:
-        raise _invalid(
+        raise invalid_argument(
             f"k_scale is {kinds[0]} and v_scale {kinds[1]}: pass both as fp32 device arrays "
             "(read by the kernels, so a captured CUDA graph follows their updates) or neither "
             "(numbers, or None for 1.0)"
@@ -93,9 +95,12 @@ def kv_quant_of(
     InvalidArgumentError for fp8 q, one of k and v fp8, uint8 K/V not declared e4m3, and
     scales given for K/V that are not fp8."""
     names = _dtypes.NAMES
-    if q_dtype == _dtypes.FP8_E4M3:
-        raise _invalid(
-            f"q is {_FP8}, but fp8 is for K and V only: q and the output stay fp16 or bf16 ({_HOW})"
+    # fwd and fwd_varlen settle fp8 queries first (ckfmha.fp8_attention) and pass the output
+    # dtype as q's; an fp8 q here is one of a runner that reads none (fwd_paged).
+    if q_dtype in (_dtypes.FP8_E4M3, _dtypes.UINT8):
+        raise invalid_argument(
+            f"q is {names[q_dtype]}, but fp8 queries are read by fwd and fwd_varlen over "
+            f"contiguous K/V only: here q and the output stay fp16 or bf16 ({_HOW})"
         )
     quant = cache_quant_of(
         k_dtype, v_dtype, scales_given=scales_given, k_name=k_name, v_name=v_name
@@ -103,7 +108,7 @@ def kv_quant_of(
     if quant == KV_QUANT_FP8_E4M3:
         return quant
     if not q_dtype == k_dtype == v_dtype:
-        raise _invalid(
+        raise invalid_argument(
             f"q, {k_name} and {v_name} must have one dtype (or {k_name} and {v_name} both "
             f"{_FP8}), got {names[q_dtype]}, {names[k_dtype]}, {names[v_dtype]}"
         )
@@ -119,20 +124,20 @@ def cache_quant_of(
     names = _dtypes.NAMES
     for name, code in ((k_name, k_dtype), (v_name, v_dtype)):
         if code == _dtypes.UINT8:
-            raise _invalid(
+            raise invalid_argument(
                 f"{name} is uint8: if it holds e4m3 codes, say so with kv_dtype='{_FP8}' "
                 "(float8_e4m3fn arrays need no such hint)"
             )
     k_fp8, v_fp8 = k_dtype == _dtypes.FP8_E4M3, v_dtype == _dtypes.FP8_E4M3
     if k_fp8 != v_fp8:
-        raise _invalid(
+        raise invalid_argument(
             f"{k_name} is {names[k_dtype]} but {v_name} is {names[v_dtype]}: fp8 K/V needs both "
             f"{k_name} and {v_name} in e4m3 ({_HOW}), q in fp16 or bf16"
         )
     if k_fp8:
         return KV_QUANT_FP8_E4M3
     if scales_given:
-        raise _invalid(
+        raise invalid_argument(
             f"k_scale/v_scale are given, but {k_name} and {v_name} are {names[k_dtype]}: the "
             f"scales dequantise fp8 K/V only ({_HOW})"
         )
@@ -149,7 +154,7 @@ def append_quant_of(
     names = _dtypes.NAMES
     for name, code in (("k_new", k_new_dtype), ("v_new", v_new_dtype)):
         if code in (_dtypes.FP8_E4M3, _dtypes.UINT8):
-            raise _invalid(
+            raise invalid_argument(
                 f"{name} is {names[code]}, but the new tokens come in fp16 or bf16: the append "
                 f"quantises them into fp8 caches (k_cache, v_cache in {_FP8})"
             )
@@ -159,32 +164,34 @@ def append_quant_of(
     )  # fmt: skip
     if quant == KV_QUANT_NONE:
         if not k_new_dtype == v_new_dtype == k_cache_dtype == v_cache_dtype:
-            raise _invalid(
+            raise invalid_argument(
                 f"k_new, v_new, k_cache and v_cache must share one dtype (or the caches both "
                 f"{_FP8}), got {names[k_new_dtype]}, {names[v_new_dtype]}, "
                 f"{names[k_cache_dtype]}, {names[v_cache_dtype]}"
             )
         return quant
     if k_new_dtype != v_new_dtype or k_new_dtype not in (_dtypes.FP16, _dtypes.BF16):
-        raise _invalid(
+        raise invalid_argument(
             f"fp8 caches take k_new and v_new both fp16 or both bf16, got "
             f"{names[k_new_dtype]} and {names[v_new_dtype]}"
         )
     if vectorized:
-        raise _invalid(
+        raise invalid_argument(
             "fp8 caches are written in linear pages only (as fwd_paged reads them): "
             "page_layout='vectorized' holds fp16/bf16"
         )
     return quant
 
 
-def scale_count(shape: tuple[int, ...], nhead_k: int, name: str) -> int:
+def scale_count(shape: tuple[int, ...], nhead_k: int, name: str,
+                heads: str = "nhead_k", head: str = "K/V head") -> int:  # fmt: skip
     """The values a scale array holds, read from its shape before it is viewed or staged: 1
-    (one scale for every K/V head) or nhead_k (one per head)."""
+    (one scale for every head) or nhead_k (one per head; q_scale passes nhead_q, with
+    ``heads`` and ``head`` naming them in the message)."""
     count = math.prod(shape)
     if len(shape) > 1 or count not in (1, nhead_k):
-        raise _invalid(
-            f"{name} must hold 1 or nhead_k={nhead_k} fp32 values (one per K/V head), got "
+        raise invalid_argument(
+            f"{name} must hold 1 or {heads}={nhead_k} fp32 values (one per {head}), got "
             f"shape {shape}"
         )
     return count
@@ -194,7 +201,7 @@ def scales_per_head(k_count: int, v_count: int, nhead_k: int) -> bool:
     """Whether device scales of these lengths are one per K/V head. The C problem has one
     flag for both arrays, so their lengths must agree."""
     if k_count != v_count:
-        raise _invalid(
+        raise invalid_argument(
             f"k_scale has {k_count} values and v_scale {v_count}: device scales are both one "
             f"value or both nhead_k={nhead_k} values (one per K/V head)"
         )

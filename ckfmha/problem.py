@@ -90,15 +90,25 @@ def kv_quant_code(kv_dtype: Any, dtype: Any) -> int:
     """The C ckfmha_kv_quant of K/V stored as ``kv_dtype`` in a problem of ``dtype``: 0 for None
     (K/V in dtype, like q) or dtype itself, 1 for fp8 e4m3 ("fp8_e4m3", "e4m3",
     float8_e4m3fn)."""
-    if kv_dtype is None:
+    return _quant_code(kv_dtype, dtype, "kv_dtype", "K/V")
+
+
+def q_quant_code(q_dtype: Any, dtype: Any) -> int:
+    """The C problem's q_quant for queries stored as ``q_dtype`` in a problem whose output is
+    ``dtype``: 0 for None or dtype itself, 1 for fp8 e4m3 (which needs fp8 K/V)."""
+    return _quant_code(q_dtype, dtype, "q_dtype", "q")
+
+
+def _quant_code(stored: Any, dtype: Any, field: str, what: str) -> int:
+    if stored is None:
         return KV_QUANTS["none"]
-    code = _dtypes.dtype_code(kv_dtype)
+    code = _dtypes.dtype_code(stored)
     if code == _dtypes.FP8_E4M3:
         return KV_QUANTS["e4m3"]
     if code != _dtypes.dtype_code(dtype):
         raise InvalidArgumentError(
-            f"kv_dtype must be None (K/V in the problem's dtype, {dtype}) or 'fp8_e4m3', got "
-            f"{kv_dtype!r}",
+            f"{field} must be None ({what} in the problem's dtype, {dtype}) or 'fp8_e4m3', got "
+            f"{stored!r}",
             1,
         )
     return KV_QUANTS["none"]
@@ -124,7 +134,9 @@ class FwdProblem:
     sequences of the longest length); kernels check every sequence range against them.
     ``kv_dtype="fp8_e4m3"`` describes fp8 K/V (``fwd``'s float8_e4m3fn k and v), dequantised
     by ``k_scale``/``v_scale`` (one per K/V head with ``kv_scale_per_head``, which stands for
-    device scale arrays). Validation happens in the C library, so the errors match those of
+    device scale arrays). ``q_dtype="fp8_e4m3"`` (with fp8 K/V) describes fp8 queries,
+    dequantised by ``q_scale`` (one per query head with ``kv_scale_per_head``); ``dtype`` is
+    then the output's (fp16 or bf16). Validation happens in the C library, so the errors match those of
     ``fwd``.
     """
 
@@ -167,6 +179,10 @@ class FwdProblem:
     k_scale: float = 1.0
     v_scale: float = 1.0
     kv_scale_per_head: bool = False
+    # fp8 queries: None (q in dtype) or "fp8_e4m3"; the values stand for q_scale * q, and
+    # dtype is the output's.
+    q_dtype: str | None = None
+    q_scale: float = 1.0
 
     @property
     def kv_heads(self) -> int:
@@ -191,6 +207,10 @@ class FwdProblem:
     @property
     def kv_quant_code(self) -> int:
         return kv_quant_code(self.kv_dtype, self.dtype)
+
+    @property
+    def q_quant_code(self) -> int:
+        return q_quant_code(self.q_dtype, self.dtype)
 
     @property
     def mask_code(self) -> int:

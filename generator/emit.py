@@ -179,12 +179,13 @@ def _trailing_defaults(
 ) -> str:
     """The traits' defaulted tail (VColMajor=false, MinCtasPerSm=1, SplitKv=false,
     PagedKv=false, KvFp8=false), written out only as far as a non-default value needs, so plain
-    instances keep their short text."""
+    instances keep their short text. KvFp8 is fp8 K/V in the split-KV body and fp8 Q, K and V
+    in the Hopper forward: SplitKv follows the family either way."""
     v_flag = "true" if v_col_major else "false"
     if kv_fp8:
         return (
-            f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, /*SplitKv=*/true, "
-            f"/*PagedKv=*/{_flag(paged_kv)}, /*KvFp8=*/true"
+            f", /*VColMajor=*/{v_flag}, /*MinCtasPerSm=*/{ctas_per_sm}, "
+            f"/*SplitKv=*/{_flag(split_kv)}, /*PagedKv=*/{_flag(paged_kv)}, /*KvFp8=*/true"
         )
     if paged_kv:
         return (
@@ -355,7 +356,7 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f"     {_ROPE_ENUMS[getattr(sig, 'rope', 'none')]}, "
         f"/*paged_kv=*/{int(getattr(sig, 'paged', False))}, "
         f"{_PAGE_LAYOUT_ENUMS[getattr(sig, 'page_layout', 'linear')]}, "
-        f"{_KV_QUANT_ENUMS[sig.kv_quant]},\n"
+        f"{_KV_QUANT_ENUMS[sig.kv_quant]}, {_KV_QUANT_ENUMS[sig.q_quant]},\n"
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"

@@ -60,11 +60,11 @@ def candidates(
     receipt: Receipt, arch: ArchSpec
 ) -> Iterable[tuple[Signature, str, Algorithm | None]]:
     """Every (signature, pipeline, algorithm) the receipt asks for on this arch; a signature
-    meets only the pipelines that take its dtype and have a template for its family (all of
-    them if none does, so the rejections say why)."""
+    meets only the pipelines that take its dtype and have a template for its family, fp8
+    queries only theirs (all of them if none does, so the rejections say why)."""
     for pipeline in arch.pipelines:
         for sig in receipt.signatures:
-            if pipeline not in rules.pipelines_for_family(sig.family, sig.dtype, arch.pipelines):
+            if pipeline not in rules.pipelines_for_signature(sig, arch.pipelines):
                 continue
             tiles = tuple(
                 tile

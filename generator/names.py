@@ -25,7 +25,9 @@ _FWD = re.compile(
     r"_(?P<dtype>fp16|bf16|fp32)_(?P<mode>batch|group)_d(?P<q>\d+)x(?P<v>\d+)"
     r"_(?P<mask>none|causal|window)(?:_(?P<bias>bias|alibi))?_(?P<lse>lse|nolse)"
     r"(?P<drop>_drop)?(?P<softcap>_softcap)?(?P<sink>_sink)?(?P<vcol>_vcol)?"
-    r"(?P<vecpages>_vecpages)?(?:_kv(?P<kv_quant>e4m3))?"
+    r"(?P<vecpages>_vecpages)?"
+    # signature.quant_token: one token when Q, K and V share an fp8 format, else one each.
+    r"(?:_qkv(?P<qkv_quant>e4m3)|(?:_q(?P<q_quant>e4m3))?(?:_kv(?P<kv_quant>e4m3))?)"
 )
 _BWD_ROWWISE = re.compile(
     r"(?P<family>bwd_dot_do_o|bwd_convert_dq)_(?P<dtype>fp16|bf16|fp32)_(?P<mode>batch|group)"
@@ -66,7 +68,8 @@ def _signature(text: str) -> Signature | None:
             softcap=bool(match["softcap"]), sink=bool(match["sink"]),
             v_col_major=bool(match["vcol"]),
             page_layout="vectorized" if match["vecpages"] else "linear",
-            kv_quant=match["kv_quant"] or "none",
+            kv_quant=match["qkv_quant"] or match["kv_quant"] or "none",
+            q_quant=match["qkv_quant"] or match["q_quant"] or "none",
         )  # fmt: skip
     return None
 

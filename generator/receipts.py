@@ -179,6 +179,29 @@ def _fp8_kv_signatures() -> tuple[FwdSignature, ...]:
     return decode + prefill
 
 
+# The Hopper fp8 forward's head dims (rules/sm90_fwd.py: SM90_FP8_HDIMS).
+FP8_FORWARD_HDIMS = (64, 128, 256)
+
+
+def _fp8_forward(
+    dtype: str, hdim: int, mask: str, lse: bool = True, mode: str = "batch"
+) -> FwdSignature:
+    """The Hopper fp8 forward: Q, K and V in e4m3, O in dtype (sm_90a only: the rules drop the
+    other archs and templates)."""
+    return _fwd(dtype, hdim, mask, lse, mode=mode, q_quant="e4m3", kv_quant="e4m3")
+
+
+def _fp8_forward_signatures(lse_options: Iterable[bool]) -> tuple[FwdSignature, ...]:
+    """{fp16,bf16} x its head dims x {no mask, causal} x {batch, group}; window masks compile
+    on first use."""
+    return tuple(
+        _fp8_forward(dtype, hdim, mask, lse, mode)
+        for dtype, hdim, mask, mode, lse in itertools.product(
+            DTYPES, FP8_FORWARD_HDIMS, ("none", "causal"), ("batch", "group"), lse_options
+        )
+    )
+
+
 def _fp32_signatures(full: bool) -> tuple[FwdSignature, ...]:
     """fp32 runs on the SIMT template, far slower than the tensor-core kernels, so the default
     set holds the common head dims and a few feature combinations; `full` every head dim."""
@@ -340,6 +363,8 @@ def _core_signatures() -> tuple[Signature, ...]:
         # Decode over fp8 K/V caches (sm_89 and later), contiguous and paged.
         *(_fp8_kv(dtype, 128, "causal", "fwd_splitkv") for dtype in DTYPES),
         _fp8_kv("bf16", 128, "causal", FWD_PAGEDKV),
+        # The Hopper fp8 forward (sm_90a only), Q, K and V in e4m3.
+        *(_fp8_forward("bf16", 128, mask) for mask in ("none", "causal")),
         # Backward: the same problems as the forward's batch mode.
         *(
             sig
@@ -378,7 +403,9 @@ RECEIPTS: dict[str, Receipt] = {
             name="core",
             description="the prebuilt core a plain install builds: forward and backward for "
             "{fp16,bf16} x d{64,128} x {no mask, causal}, varlen causal forward, the d128 "
-            "decode plans (split-KV and paged, K/V in dtype or fp8 e4m3), KV-cache appends at d128 (bf16 also into fp8 caches), and one kernel of each "
+            "decode plans (split-KV and paged, K/V in dtype or fp8 e4m3), the bf16 d128 fp8 "
+            "forward (Q, K and V in e4m3, no mask or causal; sm_90a), KV-cache appends at d128 "
+            "(bf16 also into fp8 caches), and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",
             signatures=_core_signatures(),
@@ -425,7 +452,8 @@ RECEIPTS: dict[str, Receipt] = {
             "masks x {batch,group}; paged K/V (fwd_pagedkv in batch mode, batch_prefill in "
             "group mode) for {fp16,bf16} x d{64,128} x masks x {linear,vectorized} pages; fp8 (e4m3) "
             "K/V decode (split-KV and fwd_pagedkv, no mask or causal) and causal batch_prefill "
-            "for {fp16,bf16} x d{64,128} on sm_89+; backward plans for {fp16,bf16} x every mask x {batch,group} "
+            "for {fp16,bf16} x d{64,128} on sm_89+; the fp8 forward (Q, K and V in e4m3) for "
+            "{fp16,bf16} x d{64,128,256} x {none,causal} x {batch,group} on sm_90a; backward plans for {fp16,bf16} x every mask x {batch,group} "
             "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
             "forward and backward pairs for the features models train with (soft-cap, sinks, "
             "ALiBi, dropout with the masks their models use) at d64/d128, "
@@ -436,20 +464,21 @@ RECEIPTS: dict[str, Receipt] = {
             signatures=_unique(
                 _mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
                 + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
-                + _paged_signatures() + _fp8_kv_signatures() + _bwd_signatures()
-                + _training_signatures() + _appendkv_signatures()
+                + _paged_signatures() + _fp8_kv_signatures() + _fp8_forward_signatures((True,))
+                + _bwd_signatures() + _training_signatures() + _appendkv_signatures()
             ),
             all_tiles=False,
         ),
         Receipt(
             name="full",
-            description="default plus no-LSE variants, fp32 at every head dim and every "
+            description="default plus no-LSE variants (the fp8 forward's too), fp32 at every "
+            "head dim and every "
             "alternative tile",
             signatures=_unique(
                 _mask_signatures((True, False)) + _group_signatures()
                 + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
                 + _splitkv_signatures() + _paged_signatures() + _fp8_kv_signatures()
-                + _bwd_signatures() + _training_signatures() + _appendkv_signatures()
+                + _fp8_forward_signatures((True, False)) + _bwd_signatures() + _training_signatures() + _appendkv_signatures()
             ),
             all_tiles=True,
         ),

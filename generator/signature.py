@@ -38,6 +38,9 @@ class FwdSignature:
     # Split-KV and paged families: "e4m3" when K/V are fp8 (float8_e4m3fn) caches read with a
     # dequantisation scale, "none" when they are in dtype like Q.
     kv_quant: str = "none"
+    # The Hopper fp8 forward (family fwd on sm90_tma_wgmma): "e4m3" when Q is fp8 too, so both
+    # products run in e4m3; O stays in dtype.
+    q_quant: str = "none"
 
     @property
     def name(self) -> str:
@@ -52,14 +55,23 @@ class FwdSignature:
                 ("_sink", self.sink),
                 ("_vcol", self.v_col_major),
                 ("_vecpages", self.page_layout == "vectorized"),
-                (f"_kv{self.kv_quant}", self.kv_quant != "none"),
             )
             if on
         )
         return _checked(
             f"{self.family}_{self.dtype}_{self.mode}_d{self.hdim_q}x{self.hdim_v}_{self.mask}"
-            f"{bias}_{lse}{extras}"
+            f"{bias}_{lse}{extras}{quant_token(self.q_quant, self.kv_quant)}"
         )
+
+
+def quant_token(q_quant: str, kv_quant: str) -> str:
+    """The name's fp8 token: "_qkve4m3" when Q, K and V share one fp8 format, else "_q<fmt>"
+    and "_kv<fmt>" for whichever is quantised ("" when none is)."""
+    if q_quant != "none" and q_quant == kv_quant:
+        return f"_qkv{q_quant}"
+    q = f"_q{q_quant}" if q_quant != "none" else ""
+    kv = f"_kv{kv_quant}" if kv_quant != "none" else ""
+    return q + kv
 
 
 # Split-KV bodies that read K/V through page tables: decode over a paged cache (batch-mode
@@ -71,6 +83,8 @@ PAGED_FAMILIES = (FWD_PAGEDKV, BATCH_PREFILL)
 PAGE_LAYOUTS = ("linear", "vectorized")
 # How K/V caches may be stored apart from the queries' dtype: in dtype, or fp8 e4m3.
 KV_QUANTS = ("none", "e4m3")
+# How queries may be stored: in dtype, or fp8 e4m3 (with fp8 K/V, on the Hopper forward).
+Q_QUANTS = ("none", "e4m3")
 
 # The three stages of the backward plan.
 BWD_DOT_DO_O = "bwd_dot_do_o"
@@ -118,6 +132,10 @@ class BwdSignature:
 
     @property
     def kv_quant(self) -> str:
+        return "none"
+
+    @property
+    def q_quant(self) -> str:
         return "none"
 
     @property
@@ -201,12 +219,15 @@ class AppendKvSignature:
         return False
 
     @property
+    def q_quant(self) -> str:
+        return "none"
+
+    @property
     def name(self) -> str:
         paged = "_paged" if self.paged else ""
-        quant = f"_kv{self.kv_quant}" if self.kv_quant != "none" else ""
         return _checked(
             f"{self.family}_{self.dtype}_d{self.hdim_q}x{self.hdim_v}_rope_{self.rope}{paged}"
-            f"{quant}"
+            f"{quant_token('none', self.kv_quant)}"
         )
 
 

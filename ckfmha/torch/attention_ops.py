@@ -6,6 +6,7 @@ dtypes, and the real one runs ``ckfmha.fwd``/``ckfmha.bwd`` at run time. The for
 return ``rng_state``, an int64 CPU tensor (dropout seed, offset), so the backward replays the
 same Philox stream without a host read of device memory. ``fwd`` and ``fwd_paged`` read fp8
 (float8_e4m3fn) K/V with their dequantisation scales (``KV_QUANT_SCHEMA``); fp8 K/V has no backward.
+``fwd_fp8`` reads fp8 queries too (``Q_QUANT_SCHEMA``): an inference op with no autograd.
 
 Outputs are freshly allocated and contiguous in their documented shapes (what ckfmha's
 runners allocate), which the fake implementations state exactly.
@@ -48,6 +49,14 @@ def kv_quant_options(kv_dtype: str | None, k_scale: torch.Tensor | None,
         "k_scale": k_scale_value if k_scale is None else k_scale.detach(),
         "v_scale": v_scale_value if v_scale is None else v_scale.detach(),
     }
+
+
+# fp8 queries: the storage hint for uint8 codes, q's scale as a tensor or a number (as the K/V
+# scales travel), and the output dtype (bf16 unless given).
+Q_QUANT_SCHEMA = (
+    "str? q_dtype=None, Tensor? q_scale=None, float? q_scale_value=None, "
+    "ScalarType? out_dtype=None"
+)
 
 
 def _window(window: list[int] | None) -> tuple[int, int] | None:
@@ -117,13 +126,50 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, windo
               softcap, dropout_p, dropout_seed, layout, deterministic, kv_dtype=None,
               k_scale=None, v_scale=None, k_scale_value=None,
               v_scale_value=None):  # fmt: skip
+    o, lse = _fake_outputs(q, v, layout, q.dtype)
+    return o, lse, torch.empty((2,), dtype=torch.int64, device="cpu")
+
+
+def _fake_outputs(q, v, layout: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) as the batch-mode forward allocates them: o in q's layout and ``dtype``."""
     batch, heads, seqlen_q, _ = _bhsd_dims(q.shape, layout)
     hdim_v = v.shape[-1]
     o_shape = (batch, heads, seqlen_q, hdim_v) if layout == "bhsd" else (
         batch, seqlen_q, heads, hdim_v)
-    o = q.new_empty(o_shape)
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
-    return o, lse, torch.empty((2,), dtype=torch.int64, device="cpu")
+    return q.new_empty(o_shape, dtype=dtype), q.new_empty((batch, heads, seqlen_q),
+                                                          dtype=torch.float32)
+
+
+# ---- forward over fp8 queries (inference; no autograd) ----
+
+torch.library.define(
+    "ckfmha::fwd_fp8",
+    f"(Tensor q, Tensor k, Tensor v, {_FEATURES}, str layout, {Q_QUANT_SCHEMA}, "
+    f"{KV_QUANT_SCHEMA}) -> (Tensor out, Tensor lse)",
+)
+
+
+@torch.library.impl("ckfmha::fwd_fp8", "CUDA")
+def _fwd_fp8_cuda(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
+                  softcap, dropout_p, layout, q_dtype=None, q_scale=None, q_scale_value=None,
+                  out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None,
+                  v_scale_value=None):  # fmt: skip
+    o, lse = ckfmha.fwd(
+        q.detach(), k.detach(), v.detach(), return_lse=True, layout=layout, q_dtype=q_dtype,
+        q_scale=q_scale_value if q_scale is None else q_scale.detach(), out_dtype=out_dtype,
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+        **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
+    )  # fmt: skip
+    return o, lse
+
+
+@torch.library.register_fake("ckfmha::fwd_fp8")
+def _fwd_fp8_fake(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
+                  softcap, dropout_p, layout, q_dtype=None, q_scale=None, q_scale_value=None,
+                  out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None, k_scale_value=None,
+                  v_scale_value=None):  # fmt: skip
+    return _fake_outputs(q, v, layout, torch.bfloat16 if out_dtype is None else out_dtype)
 
 
 # ---- backward, batch mode ----
@@ -269,5 +315,6 @@ def refuse_host_tensors(op: str) -> None:
     torch.library.impl(op, "CPU")(refuse)
 
 
-for _op in ("ckfmha::fwd", "ckfmha::bwd", "ckfmha::fwd_varlen", "ckfmha::bwd_varlen"):
+for _op in ("ckfmha::fwd", "ckfmha::fwd_fp8", "ckfmha::bwd", "ckfmha::fwd_varlen",
+            "ckfmha::bwd_varlen"):
     refuse_host_tensors(_op)

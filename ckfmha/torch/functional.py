@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
+from ckfmha import _dtypes
 from ckfmha.errors import InvalidArgumentError
+from ckfmha.fp8_attention import out_dtype_of, q_quant_of
+from ckfmha.fp8_kv import KV_QUANT_NONE
 from ckfmha.torch import attention_ops, autograd, cache_ops  # noqa: F401  (register the ops)
 from ckfmha.torch.autograd import FP8_KV_HAS_NO_BACKWARD, is_fp8_kv
 
@@ -39,6 +42,42 @@ def _scale_args(k_scale: Scale, v_scale: Scale) -> tuple[Any, Any, Any, Any]:
     values = [None if s is None or isinstance(s, torch.Tensor) else float(s)
               for s in (k_scale, v_scale)]  # fmt: skip
     return tensors[0], tensors[1], values[0], values[1]
+
+
+FP8_QUERIES_HAVE_NO_BACKWARD = (
+    "fp8 queries (float8_e4m3fn q) are for inference: ckfmha has no backward for them. Run the "
+    "call under torch.no_grad() (or detach the inputs), or pass q, k and v in fp16/bf16 to get "
+    "gradients"
+)
+
+
+def _is_fp8_query(q: torch.Tensor, q_dtype: str | None) -> bool:
+    """Whether q holds e4m3: float8_e4m3fn, or codes declared by q_dtype."""
+    if q_dtype is not None and _dtypes.dtype_code(q_dtype) == _dtypes.FP8_E4M3:
+        return True
+    return q.dtype == getattr(torch, "float8_e4m3fn", None)
+
+
+def _fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: tuple,
+                   layout: str, q_dtype: str | None, q_scale: Scale, out_dtype: Any,
+                   kv_dtype: str | None, k_scale: Scale,
+                   v_scale: Scale) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``attention`` over fp8 queries: the inference op, refused up front when a gradient is
+    wanted (the op has no autograd)."""
+    inputs = (q, k, v, *features[:3], q_scale, k_scale, v_scale)
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+    ):
+        raise InvalidArgumentError(FP8_QUERIES_HAVE_NO_BACKWARD, 1)
+    if isinstance(out_dtype, str):
+        out_dtype = {_dtypes.FP16: torch.float16, _dtypes.BF16: torch.bfloat16}.get(
+            _dtypes.dtype_code(out_dtype), out_dtype)
+    q_tensor = q_scale if isinstance(q_scale, torch.Tensor) else None
+    q_value = None if q_scale is None or q_tensor is not None else float(q_scale)
+    return torch.ops.ckfmha.fwd_fp8(
+        q, k, v, *features, layout, q_dtype, q_tensor, q_value, out_dtype, kv_dtype,
+        *_scale_args(k_scale, v_scale),
+    )  # fmt: skip
 
 
 def _refuse_fp8_gradients(k: torch.Tensor, kv_dtype: str | None,
@@ -71,6 +110,9 @@ def attention(
     kv_dtype: str | None = None,
     k_scale: Scale = None,
     v_scale: Scale = None,
+    q_dtype: str | None = None,
+    q_scale: Scale = None,
+    out_dtype: torch.dtype | str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Differentiable ``ckfmha.fwd``: arguments as there.
 
@@ -86,7 +128,22 @@ def attention(
     fp8 K/V (float8_e4m3fn k and v, or uint8 codes with ``kv_dtype="fp8_e4m3"``; ``k_scale``
     and ``v_scale`` numbers or fp32 tensors of 1 or nhead_k values) as in ``ckfmha.fwd``, for
     inference: with gradients enabled and an input that requires one, InvalidArgumentError.
+    fp8 queries (float8_e4m3fn q, or uint8 codes with ``q_dtype="fp8_e4m3"``, over fp8 K/V;
+    ``q_scale`` as ``k_scale`` but of 1 or nhead_q values; ``out_dtype`` fp16 or bf16, the
+    default) run ``torch.ops.ckfmha.fwd_fp8``, likewise for inference only.
     """
+    if _is_fp8_query(q, q_dtype):
+        features = (bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,
+                    _window(window), scale, float(softcap), float(dropout_p))  # fmt: skip
+        o, lse = _fp8_attention(q, k, v, features, layout, q_dtype, q_scale, out_dtype,
+                                kv_dtype, k_scale, v_scale)  # fmt: skip
+        return (o, lse) if return_lse else o
+    if q_scale is not None or out_dtype is not None:
+        # The differentiable op has no place for them: refused (or, an out_dtype equal to q's,
+        # accepted) as ckfmha.fwd would.
+        code = _dtypes.dtype_code(q.dtype)
+        q_quant_of(code, code, code, q_scale_given=q_scale is not None)
+        out_dtype_of(code, KV_QUANT_NONE, out_dtype)
     _refuse_fp8_gradients(k, kv_dtype, (q, k, v, bias, sink))
     o, lse, _ = torch.ops.ckfmha.fwd(
         q, k, v, bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,

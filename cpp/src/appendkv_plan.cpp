@@ -59,11 +59,7 @@ int64_t appendkv_capacity(ckfmha_appendkv_problem const& p) {
 
 // fp8 caches: the quantisation kind, the layouts that hold it and the host scales.
 std::string check_cache_quant(ckfmha_appendkv_problem const& p) {
-  std::ostringstream msg;
-  if (p.cache_quant != CKFMHA_KV_QUANT_NONE && p.cache_quant != CKFMHA_KV_QUANT_FP8_E4M3) {
-    msg << "cache_quant " << int(p.cache_quant) << " is not one of none (0), fp8_e4m3 (1)";
-    return msg.str();
-  }
+  if (std::string why = check_quant_kind("cache_quant", p.cache_quant); !why.empty()) return why;
   if (p.cache_quant == CKFMHA_KV_QUANT_NONE) {
     return p.scale_per_head ? "scale_per_head is set, but the caches are not fp8 (cache_quant "
                               "none): scales apply to fp8 caches only"
@@ -76,7 +72,7 @@ std::string check_cache_quant(ckfmha_appendkv_problem const& p) {
     return "fp8 caches are written in linear layouts only: vectorized pages group K in chunks "
            "of 8 two-byte channels";
   }
-  return check_fp8_scale_values(p.k_scale, p.v_scale);
+  return check_fp8_scale_values({{"k_scale", p.k_scale}, {"v_scale", p.v_scale}});
 }
 
 std::string check_appendkv_problem(ckfmha_appendkv_problem const& p) {

@@ -139,6 +139,8 @@ int ckfmha_fwd_problem_init(ckfmha_fwd_problem* problem, ckfmha_dtype dtype, ckf
   problem->scale = hdim_q > 0 ? 1.f / std::sqrt(float(hdim_q)) : 1.f;
   problem->k_scale = 1.f;
   problem->v_scale = 1.f;
+  problem->q_quant = CKFMHA_KV_QUANT_NONE;
+  problem->q_scale = 1.f;
   fill_layout_strides(layout, problem->q_stride, nhead_q, seqlen_q, hdim_q);
   fill_layout_strides(layout, problem->k_stride, nhead_k, seqlen_k, hdim_q);
   fill_layout_strides(layout, problem->v_stride, nhead_k, seqlen_k, hdim_v);
@@ -231,6 +233,10 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
           problem->kv_quant != CKFMHA_KV_QUANT_NONE, problem->kv_scale_per_head != 0,
           args->k_scale, args->v_scale, "K/V are not quantised (kv_quant none)",
           "kv_scale_per_head")) {
+    return s;
+  }
+  if (int s = check_fp8_query_scale_pointer(problem->q_quant != CKFMHA_KV_QUANT_NONE,
+                                            args->q_scale)) {
     return s;
   }
   PlanContext context;

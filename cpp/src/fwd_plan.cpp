@@ -254,6 +254,27 @@ FwdPlan plan_split_only(std::vector<ckfmha_kernel_entry> const& kernels,
                         " resident CTAs per SM)");
 }
 
+// fp8 queries (with fp8 K/V): the one-stage Hopper fp8 forward, the only
+// kernels that read them; no split-KV plan (its body reads queries in dtype).
+FwdPlan plan_fp8_queries(std::vector<ckfmha_kernel_entry> const& kernels,
+                         ckfmha_fwd_problem const& p, PlanContext const& context) {
+  // The generator builds the fp8 forward for sm_90a only (rules/common.py).
+  constexpr int kFp8QueryMinArch = 90;
+  if (context.device_arch < kFp8QueryMinArch) {
+    return not_found("fp8 queries need sm_90a: the e4m3 products run on wgmma; this is " +
+                     arch_label(context.device_arch));
+  }
+  if (p.num_splits > 1) {
+    return not_found("num_splits=" + std::to_string(p.num_splits) +
+                     " asks for a split-KV plan, but fp8 queries run the one-stage forward "
+                     "only (the split-KV body reads queries in dtype); set num_splits to 0 or 1");
+  }
+  Selection one = select_fwd(kernels, p, context.device_arch);
+  if (!one.found) return not_found(one.why_none);
+  return one_stage(one.kernel, "fp8 queries (Q, K and V in e4m3) run the one-stage Hopper "
+                               "forward");
+}
+
 FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_problem const& p,
                     PlanContext const& context) {
   ckfmha_kernel_entry const& k = *context.forced;
@@ -395,8 +416,8 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
   if (is_paged(p)) return plan_paged(kernels, p, context);
   if (context.forced != nullptr) return plan_forced(kernels, p, context);
   FwdPlan rules = plan_fwd_rules(kernels, p, context);
-  // A split count the caller fixed is theirs to keep. fp8 K/V is not in the
-  // model's data: its plans follow the rules.
+  // A split count the caller fixed is theirs to keep. fp8 K/V (fp8 queries
+  // come only with it) is not in the model's data: its plans follow the rules.
   if (context.selection == CKFMHA_SELECTION_HEURISTIC || p.num_splits != 0 ||
       p.kv_quant != CKFMHA_KV_QUANT_NONE) {
     return rules;
@@ -407,9 +428,10 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_pro
 FwdPlan plan_fwd_rules(std::vector<ckfmha_kernel_entry> const& kernels,
                        ckfmha_fwd_problem const& p, PlanContext const& context) {
   const int arch = context.device_arch;
-  // No one-stage kernel reads fp8 K/V: its plans are split-KV plans, one
-  // split (no combine, no workspace) where the caller or the workspace says
-  // one stage.
+  if (p.q_quant != CKFMHA_KV_QUANT_NONE) return plan_fp8_queries(kernels, p, context);
+  // With queries in dtype no one-stage kernel reads fp8 K/V: its plans are
+  // split-KV plans, one split (no combine, no workspace) where the caller or
+  // the workspace says one stage.
   if (p.kv_quant != CKFMHA_KV_QUANT_NONE) return plan_split_only(kernels, p, context);
   Selection one = select_fwd(kernels, p, arch);
   if (p.num_splits == 1) {

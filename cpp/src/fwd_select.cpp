@@ -80,6 +80,10 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
     why << storage;
   } else if (k.dtype != p.dtype) {
     why << "dtype " << dtype_name(k.dtype) << ", problem is " << dtype_name(p.dtype);
+  } else if (k.q_quant != p.q_quant) {
+    why << (k.q_quant == CKFMHA_KV_QUANT_NONE ? "reads Q in " + std::string(dtype_name(k.dtype))
+                                              : "reads fp8 Q (the fp8 forward)")
+        << ", problem has " << (p.q_quant == CKFMHA_KV_QUANT_NONE ? "Q in its dtype" : "fp8 Q");
   } else if (k.kv_quant != p.kv_quant) {
     why << (k.kv_quant == CKFMHA_KV_QUANT_NONE ? "reads K/V in " + std::string(dtype_name(k.dtype))
                                                : "reads fp8 K/V")
@@ -122,9 +126,10 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
           stride == &p.v_stride) {
         continue;
       }
-      // fp8 K/V rows are bytes: 16 of them make a vector.
-      const bool fp8_operand = p.kv_quant != CKFMHA_KV_QUANT_NONE && name[0] != 'q' &&
-                               name[0] != 'o';
+      // fp8 rows are bytes: 16 of them make a vector.
+      const bool fp8_operand = name[0] == 'q' ? p.q_quant != CKFMHA_KV_QUANT_NONE
+                               : name[0] == 'o' ? false
+                                                : p.kv_quant != CKFMHA_KV_QUANT_NONE;
       const int64_t vector = fp8_operand ? 16 : vector_elems(p.dtype);
       if (auto error = check_vector_strides(name, *stride, vector);
           !error.empty()) {

@@ -284,7 +284,8 @@ std::string explain_fwd_predictions(std::vector<ckfmha_kernel_entry> const& kern
   std::ostringstream out;
   out << "selection: " << selection_name(context.selection) << "\n";
   if (p.kv_quant != CKFMHA_KV_QUANT_NONE) {
-    out << "  (fp8 K/V is not in the model's or the tuning table's data: the rules' plan runs)\n";
+    out << "  (fp8 K/V, with queries in dtype or fp8, is not in the model's or the tuning table's "
+           "data: the rules' plan runs)\n";
     return out.str();
   }
   if (context.selection == CKFMHA_SELECTION_TUNED) {

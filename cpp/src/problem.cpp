@@ -1,5 +1,6 @@
 #include "ckfmha/runtime/problem.hpp"
 
+#include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/fwd_plan.hpp"
 
 #include <cmath>
@@ -160,18 +161,23 @@ std::string check_paged_kv(ckfmha_fwd_problem const& p) {
 
 }  // namespace
 
-std::string check_fp8_scale_values(float k_scale, float v_scale) {
-  for (auto [name, value] : {std::pair<const char*, float>{"k_scale", k_scale},
-                             {"v_scale", v_scale}}) {
-    if (!(value > 0.f) || !std::isfinite(value)) {
+std::string check_fp8_scale_values(std::initializer_list<NamedScale> scales) {
+  for (NamedScale const& scale : scales) {
+    if (!(scale.value > 0.f) || !std::isfinite(scale.value)) {
       std::ostringstream msg;
-      msg << name << " is " << value
-          << "; fp8 K/V stands for scale * code, so a scale must be positive and finite (it "
-             "is used where args give no device scales)";
+      msg << scale.name << " is " << scale.value
+          << "; an fp8 tensor stands for scale * code, so a scale must be positive and finite "
+             "(it is used where args give no device scales)";
       return msg.str();
     }
   }
   return {};
+}
+
+std::string check_quant_kind(const char* field, ckfmha_kv_quant quant) {
+  if (quant == CKFMHA_KV_QUANT_NONE || quant == CKFMHA_KV_QUANT_FP8_E4M3) return {};
+  return std::string(field) + " " + std::to_string(int(quant)) +
+         " is not one of none (0), fp8_e4m3 (1)";
 }
 
 namespace {
@@ -179,11 +185,7 @@ namespace {
 // fp8 K/V: the quantisation kind and the host scales. Device scales are
 // checked where the arguments are (capi_fwd.cpp).
 std::string check_kv_quant(ckfmha_fwd_problem const& p) {
-  std::ostringstream msg;
-  if (p.kv_quant != CKFMHA_KV_QUANT_NONE && p.kv_quant != CKFMHA_KV_QUANT_FP8_E4M3) {
-    msg << "kv_quant " << int(p.kv_quant) << " is not one of none (0), fp8_e4m3 (1)";
-    return msg.str();
-  }
+  if (std::string why = check_quant_kind("kv_quant", p.kv_quant); !why.empty()) return why;
   if (p.kv_quant == CKFMHA_KV_QUANT_NONE) {
     if (p.kv_scale_per_head) {
       return "kv_scale_per_head is set, but K/V are not quantised (kv_quant none): scales "
@@ -202,7 +204,57 @@ std::string check_kv_quant(ckfmha_fwd_problem const& p) {
   if (p.v_col_major) {
     return "fp8 K/V takes V row-major (head dim contiguous) only";
   }
-  return check_fp8_scale_values(p.k_scale, p.v_scale);
+  return check_fp8_scale_values({{"k_scale", p.k_scale}, {"v_scale", p.v_scale}});
+}
+
+// The features of the problem the Hopper fp8 forward does not compute, by name.
+std::string features_beside_fp8_queries(ckfmha_fwd_problem const& p) {
+  std::string named;
+  for (auto [name, on] : {std::pair<const char*, bool>{"bias", p.bias == CKFMHA_BIAS_ELEMENTWISE},
+                          {"ALiBi", p.bias == CKFMHA_BIAS_ALIBI},
+                          {"dropout", p.dropout_p > 0.f || p.store_dropout_randval},
+                          {"soft-cap", p.softcap > 0.f},
+                          {"sink", bool(p.has_sink)}}) {
+    if (on) named += (named.empty() ? "" : ", ") + std::string(name);
+  }
+  return named;
+}
+
+// fp8 queries: the quantisation kind, what the Hopper fp8 forward (its only
+// kernels) reads and the host scale. Device scales are checked where the
+// arguments are (capi_fwd.cpp).
+std::string check_q_quant(ckfmha_fwd_problem const& p) {
+  if (std::string why = check_quant_kind("q_quant", p.q_quant); !why.empty()) return why;
+  if (p.q_quant == CKFMHA_KV_QUANT_NONE) return {};
+  if (p.kv_quant != p.q_quant) {
+    return "fp8 queries (q_quant fp8_e4m3) need fp8 K/V (kv_quant fp8_e4m3): both products, "
+           "Q K^T and P V, run in e4m3 on the tensor cores";
+  }
+  if (p.kv_storage != CKFMHA_KV_CONTIGUOUS) {
+    return "fp8 queries take contiguous K/V only: the Hopper fp8 forward loads K/V tiles with "
+           "TMA; a paged fp8 cache is read by the split-KV kernels, with queries in dtype";
+  }
+  if (std::string features = features_beside_fp8_queries(p); !features.empty()) {
+    return "fp8 queries run the Hopper fp8 forward, which computes masks, LSE and GQA only; "
+           "this problem has " + features;
+  }
+  if (p.hdim_q != p.hdim_v) {
+    std::ostringstream msg;
+    msg << "fp8 queries need hdim_q == hdim_v (the Hopper fp8 forward's 64, 128 or 256); this "
+           "problem has "
+        << p.hdim_q << "x" << p.hdim_v;
+    return msg.str();
+  }
+  // One e4m3 element is one byte, so 16 elements make the 16 bytes TMA strides step in.
+  constexpr int64_t kTmaStrideElems = 16;
+  for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},
+                              {"k", &p.k_stride},
+                              {"v", &p.v_stride}}) {
+    if (auto error = check_vector_strides(name, *stride, kTmaStrideElems); !error.empty()) {
+      return "fp8 queries: " + error + "; TMA reads q, k and v with 16-byte strides";
+    }
+  }
+  return check_fp8_scale_values({{"q_scale", p.q_scale}});
 }
 
 }  // namespace
@@ -301,7 +353,8 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
     return "lse, bias and alibi strides must be non-negative element counts";
   }
   if (std::string why = check_paged_kv(p); !why.empty()) return why;
-  return check_kv_quant(p);
+  if (std::string why = check_kv_quant(p); !why.empty()) return why;
+  return check_q_quant(p);
 }
 
 ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
@@ -399,6 +452,7 @@ std::string describe(ckfmha_fwd_problem const& p) {
   if (p.softcap > 0.f) out << " softcap=" << p.softcap;
   if (p.has_sink) out << " sink";
   if (p.v_col_major) out << " v_col_major";
+  if (p.q_quant == CKFMHA_KV_QUANT_FP8_E4M3) out << " q=fp8_e4m3";
   if (p.kv_quant == CKFMHA_KV_QUANT_FP8_E4M3) {
     out << " kv=fp8_e4m3" << (p.kv_scale_per_head ? "(per-head scales)" : "");
   }

@@ -90,6 +90,7 @@ std::string Registry::to_json() const {
         << ", \"paged_kv\": " << (e.paged_kv ? "true" : "false")
         << ", \"page_layout\": " << json_string(page_layout_name(e.page_layout))
         << ", \"kv_quant\": " << json_string(kv_quant_name(e.kv_quant))
+        << ", \"q_quant\": " << json_string(kv_quant_name(e.q_quant))
         << ", \"arch\": " << e.arch
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m

@@ -32,6 +32,7 @@ from .pipelines import (
     SUPPORTED_FAMILIES,
     pipelines_for_dtype,
     pipelines_for_family,
+    pipelines_for_signature,
 )
 from .simt_fwd import simt_smem_bytes
 from .sm80_bwd import bwd_sm80_smem_bytes, squarest_warps_m
@@ -51,6 +52,7 @@ __all__ = [
     "check",
     "pipelines_for_dtype",
     "pipelines_for_family",
+    "pipelines_for_signature",
     "simt_smem_bytes",
     "squarest_warps_m",
     "traits_assertions",

@@ -7,9 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..signature import KV_QUANTS, PAGE_LAYOUTS, PAGED_FAMILIES, KernelConfig
+from ..signature import KV_QUANTS, PAGE_LAYOUTS, PAGED_FAMILIES, Q_QUANTS, KernelConfig
 from ..specs import ArchSpec, hdim_label
-from .pipelines import FAMILY_PIPELINES, PIPELINE_DTYPES, SUPPORTED_FAMILIES
+from .pipelines import (
+    FAMILY_PIPELINES,
+    PIPELINE_DTYPES,
+    Q_FP8_FAMILY,
+    Q_FP8_PIPELINE,
+    SUPPORTED_FAMILIES,
+)
 from .traits_assertions import TraitsAssertion
 
 ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -92,6 +98,7 @@ def arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"({', '.join(PAGED_FAMILIES)}) only; {sig.family} reads contiguous K/V"
         )
     reasons.extend(_kv_quant_reasons(config, arch))
+    reasons.extend(_q_quant_reasons(config))
     if alg.warps <= 0 or alg.warps * 32 > arch.max_threads_per_block:
         reasons.append(
             f"warps={alg.warps} gives {alg.warps * 32} threads; {arch.name} allows 1 to "
@@ -115,10 +122,12 @@ def _kv_quant_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
     if sig.kv_quant == "none":
         return []
     reasons: list[str] = []
-    if sig.family not in KV_QUANT_FAMILIES:
+    fp8_forward = sig.family == Q_FP8_FAMILY and sig.q_quant != "none"
+    if sig.family not in KV_QUANT_FAMILIES and not fp8_forward:
         reasons.append(
             f"fp8 K/V (kv_quant {sig.kv_quant!r}) is read by the split-KV body and written by "
-            f"the cache append only ({', '.join(KV_QUANT_FAMILIES)}), not by {sig.family}"
+            f"the cache append ({', '.join(KV_QUANT_FAMILIES)}), and read by {Q_FP8_FAMILY} "
+            f"only with fp8 queries (q_quant e4m3) on {Q_FP8_PIPELINE}; not by {sig.family}"
         )
     if arch.arch_number < KV_FP8_MIN_ARCH:
         reasons.append(
@@ -132,6 +141,32 @@ def _kv_quant_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
         )
     if sig.v_col_major:
         reasons.append("fp8 K/V takes V row-major (head dim contiguous) only")
+    return reasons
+
+
+def _q_quant_reasons(config: KernelConfig) -> list[str]:
+    """fp8 queries: the Hopper forward only, and only beside fp8 K/V (both products in e4m3)."""
+    sig, alg = config.signature, config.algorithm
+    if sig.q_quant not in Q_QUANTS:
+        return [f"q_quant {sig.q_quant!r} is unknown; supported: {', '.join(Q_QUANTS)}"]
+    if sig.q_quant == "none":
+        return []
+    reasons: list[str] = []
+    if sig.family != Q_FP8_FAMILY:
+        reasons.append(
+            f"fp8 queries (q_quant {sig.q_quant!r}) are read by the one-stage forward "
+            f"({Q_FP8_FAMILY}) only, not by {sig.family}"
+        )
+    if alg.pipeline != Q_FP8_PIPELINE:
+        reasons.append(
+            f"fp8 queries run on the sm_90a wgmma template only ({Q_FP8_PIPELINE}); "
+            f"{alg.pipeline} reads queries in their dtype"
+        )
+    if sig.kv_quant != sig.q_quant:
+        reasons.append(
+            f"fp8 queries (q_quant {sig.q_quant!r}) need K/V in the same format (kv_quant "
+            f"{sig.q_quant!r}, not {sig.kv_quant!r}): both products run in e4m3"
+        )
     return reasons
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..signature import (
     APPENDKV,
@@ -11,6 +12,9 @@ from ..signature import (
     BWD_ROWWISE_FAMILIES,
     PAGED_FAMILIES,
 )
+
+if TYPE_CHECKING:
+    from ..signature import Signature
 
 SUPPORTED_FAMILIES = (
     "fwd", "fwd_splitkv", "fwd_splitkv_combine", *PAGED_FAMILIES, *BWD_FAMILIES, APPENDKV
@@ -31,6 +35,10 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
     APPENDKV: ("appendkv",),
 }
+# fp8 queries: the one-stage forward on the Hopper template, whose wgmma multiplies e4m3 tiles
+# as they are (Q K^T, then P quantised to e4m3 times V); K/V are fp8 too.
+Q_FP8_FAMILY = "fwd"
+Q_FP8_PIPELINE = "sm90_tma_wgmma"
 # Element types each template computes in; enumeration pairs a signature only with the
 # pipelines that take its dtype, so --explain is not flooded with dtype mismatches.
 PIPELINE_DTYPES: dict[str, tuple[str, ...]] = {
@@ -55,3 +63,12 @@ def pipelines_for_family(family: str, dtype: str, pipelines: Sequence[str]) -> t
     templated = FAMILY_PIPELINES.get(family, tuple(pipelines))
     taking = tuple(p for p in pipelines_for_dtype(dtype, pipelines) if p in templated)
     return taking or tuple(pipelines)
+
+
+def pipelines_for_signature(signature: Signature, pipelines: Sequence[str]) -> tuple[str, ...]:
+    """pipelines_for_family's, and for fp8 queries only their template where `pipelines` has
+    it: on other archs every one meets them, so the rejections say why."""
+    meeting = pipelines_for_family(signature.family, signature.dtype, pipelines)
+    if getattr(signature, "q_quant", "none") != "none" and Q_FP8_PIPELINE in meeting:
+        return (Q_FP8_PIPELINE,)
+    return meeting

@@ -38,6 +38,15 @@ SM90_SMEM_ALIGNMENT = 1024
 # staging buffer of its own (batch mode).
 SM90_O_CHUNK_COLS = 128
 SM90_MAX_Q_STAGES = 2
+# The fp8 forward (Q, K and V in e4m3): two consumer warpgroups only, beside a producer that
+# transposes V (fp8 wgmma reads B K-major) and so keeps more registers.
+SM90_FP8_TILE_M = 128
+SM90_FP8_PRODUCER_REGISTERS = 64
+SM90_FP8_CONSUMER_REGISTERS = 216
+SM90_FP8_WGMMA_K = 32
+SM90_FP8_TILE_N = (64, 128, 256)
+SM90_FP8_HDIMS = (64, 128, 256)
+SM90_FP8_STAGES = (2, 3)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -47,17 +56,23 @@ def _round_up(value: int, multiple: int) -> int:
 def fwd_sm90_layout_bytes(
     config: KernelConfig, q_stages: int, o_staging_elems: int, elem: int = 2
 ) -> int:
-    """kSmemBytes of one of the template's layouts: `q_stages` Q tiles, the K/V ring, O's
-    staging buffers (0 elements: none), the mbarriers (full/empty per Q stage, full/empty of K
-    and of V per ring stage), all in 1 KiB units, and a KiB to round the base up."""
+    """kSmemBytes of one of the template's layouts: `q_stages` Q tiles, the K/V ring (fp8: one
+    byte an element, and V's transposed ring beside its staging one), O's staging buffers (0
+    elements: none; `elem` bytes each, O's dtype), the mbarriers (full/empty per Q stage,
+    full/empty of K and of V per ring stage; fp8 also staged/free of V's staging ring), all in
+    1 KiB units, and a KiB to round the base up."""
     sig, alg = config.signature, config.algorithm
-    tiles = (
-        _round_up(q_stages * alg.tile_m * sig.hdim_q * elem, SM90_SMEM_ALIGNMENT)
-        + _round_up(alg.stages * alg.tile_n * sig.hdim_q * elem, SM90_SMEM_ALIGNMENT)
-        + _round_up(alg.stages * alg.tile_n * sig.hdim_v * elem, SM90_SMEM_ALIGNMENT)
-        + _round_up(o_staging_elems * elem, SM90_SMEM_ALIGNMENT)
-    )
-    barriers = 8 * (2 * SM90_MAX_Q_STAGES + 4 * alg.stages)
+    fp8 = is_fp8_forward(config)
+    operand = 1 if fp8 else elem
+    arrays = [
+        q_stages * alg.tile_m * sig.hdim_q * operand,
+        alg.stages * alg.tile_n * sig.hdim_q * operand,
+        alg.stages * alg.tile_n * sig.hdim_v * operand,
+        *([alg.stages * sig.hdim_v * alg.tile_n] if fp8 else []),
+        o_staging_elems * elem,
+    ]
+    tiles = sum(_round_up(size, SM90_SMEM_ALIGNMENT) for size in arrays)
+    barriers = 8 * (2 * SM90_MAX_Q_STAGES + (6 if fp8 else 4) * alg.stages)
     return _round_up(tiles + barriers, SM90_SMEM_ALIGNMENT) + SM90_SMEM_ALIGNMENT
 
 
@@ -78,6 +93,43 @@ def fwd_sm90_smem_bytes(config: KernelConfig) -> int:
     if with_o <= SM90_SMEM_LIMIT:
         return with_o
     return fwd_sm90_layout_bytes(config, q_stages, 0, elem)
+
+
+def is_fp8_forward(config: KernelConfig) -> bool:
+    """Q, K and V in e4m3 (the traits' KvFp8 on this template)."""
+    return config.signature.q_quant != "none"
+
+
+def _fp8_reasons(config: KernelConfig) -> list[str]:
+    """What the fp8 variant adds to the template's limits."""
+    sig, alg = config.signature, config.algorithm
+    reasons: list[str] = []
+    if sig.hdim_q != sig.hdim_v or sig.hdim_q not in SM90_FP8_HDIMS:
+        reasons.append(
+            f"head dims {sig.hdim_q}x{sig.hdim_v}: the fp8 forward takes hdim_q == hdim_v in "
+            f"{{{', '.join(map(str, SM90_FP8_HDIMS))}}}"
+        )
+    if alg.tile_m != SM90_FP8_TILE_M:
+        reasons.append(
+            f"tile_m={alg.tile_m}: the fp8 forward is tile_m {SM90_FP8_TILE_M} ("
+            f"{_sm90_warps(SM90_FP8_TILE_M)} warps), since its producer warpgroup transposes V "
+            f"in shared memory and needs {SM90_FP8_PRODUCER_REGISTERS} registers, which only "
+            f"the split of {SM90_FP8_PRODUCER_REGISTERS} + 2 x {SM90_FP8_CONSUMER_REGISTERS} "
+            "over two consumer warpgroups leaves"
+        )
+    if alg.tile_n not in SM90_FP8_TILE_N:
+        reasons.append(
+            f"tile_n={alg.tile_n}: the fp8 forward takes tile_n "
+            f"{', '.join(map(str, SM90_FP8_TILE_N))} (fp8 wgmma steps are "
+            f"{SM90_FP8_WGMMA_K} keys deep, and V's transposed rows are whole 64-byte swizzle "
+            "atoms)"
+        )
+    if alg.stages not in SM90_FP8_STAGES:
+        reasons.append(
+            f"stages={alg.stages}: the fp8 forward's K/V rings (V staged, then transposed) are "
+            f"{' or '.join(map(str, SM90_FP8_STAGES))} deep"
+        )
+    return reasons
 
 
 def sm90_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -111,14 +163,21 @@ def sm90_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         reasons.append(f"stages={alg.stages}: the TMA ring needs at least 2 K/V stages")
     if alg.ctas_per_sm != 1:
         reasons.append(f"ctas_per_sm={alg.ctas_per_sm}: one warp-specialized CTA fills an SM")
+    if is_fp8_forward(config):
+        reasons += _fp8_reasons(config)
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
     # The smallest layout the traits can choose (one Q, O written from registers), the bytes
     # each instance asserts equal to the traits' when that is the layout they pick.
     smem = fwd_sm90_layout_bytes(config, 1, 0, elem)
     if smem > arch.max_dynamic_smem_per_block:
+        operands = (
+            f"1 B each, V also transposed into a ring of {alg.stages} x {sig.hdim_v}x{alg.tile_n}"
+            if is_fp8_forward(config)
+            else f"{elem} B each"
+        )
         reasons.append(
             f"shared memory {smem} bytes (Q {alg.tile_m}x{sig.hdim_q} + {alg.stages} x (K "
-            f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}), {elem} B each, the "
+            f"{alg.tile_n}x{sig.hdim_q} + V {alg.tile_n}x{sig.hdim_v}), {operands}, the "
             f"mbarriers and 1 KiB alignment) exceeds {arch.name}'s limit of "
             f"{arch.max_dynamic_smem_per_block} bytes"
         )
@@ -147,7 +206,11 @@ def sm90_fwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
     layout the traits choose under the limit they choose it by."""
     alg = config.algorithm
     facts: list[tuple[str, int | bool, str]] = [("kThreads", alg.warps * 32, "threads per CTA")]
-    if alg.tile_m in SM90_CONSUMER_REGISTERS:
+    if is_fp8_forward(config):
+        facts.append(
+            ("kConsumerRegisters", SM90_FP8_CONSUMER_REGISTERS, "consumer registers per thread")
+        )
+    elif alg.tile_m in SM90_CONSUMER_REGISTERS:
         registers = SM90_CONSUMER_REGISTERS[alg.tile_m]
         facts.append(("kConsumerRegisters", registers, "consumer registers per thread"))
     facts += [

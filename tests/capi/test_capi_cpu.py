@@ -22,7 +22,7 @@ from ckfmha._status import error_for_status, raise_for_status, status_name
 no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour without a GPU")
 
 KERNEL_FIELDS = {
-    "name", "family", "dtype", "mode", "hdim_q", "hdim_v", "mask", "lse",
+    "name", "family", "dtype", "mode", "hdim_q", "hdim_v", "mask", "lse", "kv_quant", "q_quant",
     "arch", "arch_name", "pipeline", "tile_m", "tile_n", "tile_k", "warps", "stages",
 }  # fmt: skip
 
@@ -133,6 +133,12 @@ def test_registry_json_fields(all_kernels):
         assert kernel["bias"] in ("none", "elementwise", "alibi")
         assert kernel["arch_name"].startswith(f"sm_{kernel['arch']}")
         assert kernel["arch_name"] in kernel["name"]
+        # fp8 queries: the Hopper forward only, always beside fp8 K/V.
+        assert kernel["q_quant"] in ("none", "fp8_e4m3")
+        assert (kernel["q_quant"] != "none") == ("_qkve4m3__" in kernel["name"])
+        if kernel["q_quant"] != "none":
+            assert kernel["family"] == "fwd" and kernel["pipeline"] == "sm90_tma_wgmma"
+            assert kernel["kv_quant"] == kernel["q_quant"]
 
 
 def test_load_missing_module_raises():

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from support.cuda_graphs import capture
 from support.gpu_compare import Inputs, compare, f64, torch_dtype
+from support.outlier_rows import normal_with_outliers
 
 import ckfmha
 from ckfmha import fp8
@@ -50,7 +51,6 @@ fp8_device = pytest.mark.skipif(
 # one and a half bf16 ulps (2^-8 = 3.9e-3) and well under the 1.5e-2 either path may be off the
 # float64 reference (gpu_compare.REL_L2_TOL), which both are also checked against.
 VS_BF16_REL_L2 = 6e-3
-OUTLIERS_PER_ROW = 2
 
 
 @dataclass
@@ -79,16 +79,7 @@ def _scale_for(x: np.ndarray, head_axis: int, per_head: bool, power_of_two: bool
 def _quantized(inputs: Inputs, shape: tuple[int, ...], head_axis: int, per_head: bool,
                power_of_two: bool = False, outliers: bool = False) -> QuantizedKV:  # fmt: skip
     def one() -> tuple[Any, np.ndarray, np.ndarray]:
-        x = f64(inputs.normal(shape, torch.float32))
-        if outliers:
-            # Two channels of every row 20 to 60 times a typical value (as fp8 K/V caches meet
-            # them in real models): amax / 448 then maps most values to a few codes near zero,
-            # e4m3 subnormals included.
-            rng = np.random.default_rng(inputs.integer(2**31))
-            rows = x.reshape(-1, shape[-1])
-            picked = np.argsort(rng.random(rows.shape), axis=1)[:, :OUTLIERS_PER_ROW]
-            size = rng.uniform(20, 60, picked.shape) * rng.choice((-1.0, 1.0), picked.shape)
-            np.put_along_axis(rows, picked, size, axis=1)
+        x = normal_with_outliers(inputs, shape, outliers)
         scales = _scale_for(x, head_axis, per_head, power_of_two)
         broadcast = (
             np.float64(scales[0])

@@ -31,7 +31,8 @@ static int never_launched(const void* problem, const void* args,
 #define ENTRY(NAME, TILE_M, WARPS)                                                       \
   {NAME, CKFMHA_FAMILY_FWD, CKFMHA_DTYPE_FP16, CKFMHA_MODE_BATCH, 40, 40,                \
    CKFMHA_MASK_KIND_NONE, CKFMHA_BIAS_NONE, 1, 0, 0, 0, 0, 0, CKFMHA_ROPE_NONE, 0,       \
-   CKFMHA_PAGE_LAYOUT_LINEAR, CKFMHA_KV_QUANT_NONE, 90, "sm_90a", "sm90_tma_wgmma", TILE_M, 128, 40, WARPS, 2, \
+   CKFMHA_PAGE_LAYOUT_LINEAR, CKFMHA_KV_QUANT_NONE, CKFMHA_KV_QUANT_NONE, 90, "sm_90a",  \
+   "sm90_tma_wgmma", TILE_M, 128, 40, WARPS, 2,                                          \
    never_launched}
 
 static const ckfmha_kernel_entry entries[] = {

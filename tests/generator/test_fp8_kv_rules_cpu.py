@@ -47,9 +47,9 @@ def test_fp8_builds_on_sm89_and_later_only() -> None:
 
 
 def test_fp8_rejections_name_the_reason() -> None:
-    assert "read by the split-KV body and written by the cache append only" in _reasons(
-        family="fwd", tile_m=128, tile_n=64, warps=4, stages=1
-    )
+    one_stage = _reasons(family="fwd", tile_m=128, tile_n=64, warps=4, stages=1)
+    assert "read by the split-KV body and written by the cache append" in one_stage
+    assert "read by fwd only with fp8 queries (q_quant e4m3) on sm90_tma_wgmma" in one_stage
     assert "linear pages only" in _reasons(family="fwd_pagedkv", page_layout="vectorized")
     assert "stages=1 with fp8 K/V" in _reasons(stages=1)
     assert "kv_quant 'e5m2' is unknown" in _reasons(kv_quant="e5m2")

@@ -92,7 +92,14 @@ def test_every_listed_tile_is_valid() -> None:
             and any("fp8 K/V needs sm_89" in reason or "(fp8 K/V)" in reason
                     for reason in r.reasons)
         ]  # fmt: skip
-        allowed = missing_table + no_fp8
+        # fp8 queries run on the Hopper template only.
+        no_fp8_queries = [
+            r for r in sm80
+            if r.signature.q_quant != "none"
+            and any("fp8 queries run on the sm_90a wgmma template only" in reason
+                    for reason in r.reasons)
+        ]  # fmt: skip
+        allowed = missing_table + no_fp8 + no_fp8_queries
         assert [r for r in sm80 if r not in allowed] == [], [r.reasons for r in sm80]
         # Templates with fewer features reject some signatures, but each listed tile must
         # build for at least one.
@@ -207,7 +214,14 @@ def test_receipt_sizes(arch: str) -> None:
     # its unmasked batch-mode signatures (fp16/bf16 x LSE on/off).
     # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x
     # d64/d96/d128/d256/d192x128 x none/causal in batch mode of default and full (one tile each).
-    hopper = {"ci": 4 + 1, "default": 42 + 20, "full": 84 + 4 + 20}
+    # The fp8 forward (Q, K and V in e4m3): fp16/bf16 x d64/d128/d256 x none/causal x batch/group
+    # with LSE in default, and without in full, which also builds the plain 2-stage tile beside
+    # the fp8 3-stage one at d128 and d256.
+    fp8_forward = {"ci": 0, "default": 24, "full": 16 * (1 + 2 + 2)}
+    hopper = {
+        name: count + fp8_forward[name]
+        for name, count in {"ci": 4 + 1, "default": 42 + 20, "full": 84 + 4 + 20}.items()
+    }
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
     # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
@@ -562,13 +576,17 @@ def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) ->
 def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
     """The sm80 template builds every signature of the full set on the pre-Hopper archs, but
     fp8 K/V: it needs sm_89's e4m3 conversions, and on sm_89 its byte stages leave some split
-    tiles over the 99 KiB per block; each such rejection says so."""
+    tiles over the 99 KiB per block; and fp8 queries, which run on the Hopper template only.
+    Each such rejection says so."""
     result = _run_cli("--kernels", "full", "--arch", "sm_80;sm_86;sm_89", "--explain")
     assert result.returncode == 0, result.stderr
     blocks = result.stdout.split("rejected ")[1:]
     assert blocks, result.stdout
     for block in blocks:
         name, reasons = block.split("\n", 1)
+        if "_qkve4m3__" in name:
+            assert "fp8 queries run on the sm_90a wgmma template only" in reasons, block
+            continue
         assert "_kve4m3__" in name, block
         assert "fp8 K/V needs sm_89 or later" in reasons or "(fp8 K/V)" in reasons, block
 
@@ -752,20 +770,23 @@ def test_sm90_template_accepts_plain_attention() -> None:
 
 
 def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
-    """d64's 192-row Hopper tile is listed first for unmasked batch-mode signatures only; every
-    other d64 signature keeps the 128-row tile as its default."""
+    """d64's 192-row Hopper tile is listed first (after the fp8 forward's) for unmasked
+    batch-mode signatures only; every other d64 signature keeps the 128-row tile as its
+    default."""
     specs = load_specs()
     chosen = {
         (c.signature.dtype, c.signature.mode, c.signature.mask, c.signature.lse): c.algorithm.tile_m
         for c in select(get_receipt("default"), specs["sm_90a"]).accepted
         if c.signature.family == "fwd" and c.algorithm.pipeline == "sm90_tma_wgmma"
-        and c.signature.hdim_q == 64
+        and c.signature.hdim_q == 64 and c.signature.q_quant == "none"
     }
     assert chosen, "the default set has d64 Hopper forward kernels"
     for (dtype, mode, mask, lse), tile_m in chosen.items():
         expected = 192 if (mode, mask) == ("batch", "none") else 128
         assert tile_m == expected, (dtype, mode, mask, lse, tile_m)
-    tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[0]
+    # The fp8 forward's tile leads the list, limited to fp8 signatures.
+    fp8_tile, tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[:2]
+    assert fp8_tile.when == (("kv_quant", ("e4m3",)),)
     assert tile.when == (("mask", ("none",)), ("mode", ("batch",)))
 
 
@@ -773,7 +794,8 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
     ("when", "expected"),
     [
         ({"lse": ["true"]}, (r"'when' names 'lse', which is not a text-valued signature field; "
-                             r"it may name bias, dtype, family, kv_quant, mask, mode, page_layout, rope")),
+                             r"it may name bias, dtype, family, kv_quant, mask, mode, page_layout, q_quant, "
+                             r"rope")),
         ({"mask": "none"}, r"'when' 'mask' must list one or more strings, got 'none'"),
         ({"mask": []}, r"'when' 'mask' must list one or more strings"),
         (["mask"], r"'when' must map signature fields to lists of values"),
@@ -818,7 +840,8 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     assert re.search(r"pipeline 'sm90_tma_wgmma' is not available on sm_80",
                      _reasons("sm_80", pipeline="sm90_tma_wgmma", warps=12, stages=2))
     names = [c.name for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted]
-    hopper = [n for n in names if "_sm90_tma_wgmma_" in n and n.startswith("fwd_")]
+    hopper = [n for n in names if "_sm90_tma_wgmma_" in n and n.startswith("fwd_")
+              and "_qkve4m3__" not in n]  # fmt: skip
     # fp16/bf16 x none/causal/window x (batch mode at 5 head dims + group mode at 2), LSE.
     assert len(hopper) == 42
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
@@ -914,10 +937,11 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
-                e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.kv_quant, e.arch, e.arch_name,
+                e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.kv_quant, e.q_quant, e.arch,
+                e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
                 e.launch(nullptr, nullptr, nullptr, nullptr));
@@ -928,9 +952,17 @@ int main() {
 
 @needs_gxx
 def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
-    """Builds the ci table against kernel_entry.h and reads every field back."""
+    """Builds the ci table, and an fp8 forward (its q_quant), against kernel_entry.h and reads
+    every field back."""
     specs = load_specs()
     configs = select_for_arches(get_receipt("ci"), ("sm_80", "sm_90a"), specs).accepted
+    configs.append(
+        KernelConfig(
+            FwdSignature("bf16", "batch", 128, 128, "causal", True, kv_quant="e4m3",
+                         q_quant="e4m3"),
+            Algorithm("sm_90a", "sm90_tma_wgmma", 128, 128, 128, 12, 2),
+        )
+    )  # fmt: skip
     files = emit.emit(tmp_path, configs, [], specs)
     stubs = "".join(
         f'extern "C" int {c.symbol}(const void*, const void*, const ckfmha_launch_context*, '
@@ -948,7 +980,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"9 {len(configs)}"
+    assert lines[0] == f"10 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -970,7 +1002,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             int(sig.sink), int(sig.v_col_major), int(getattr(sig, "dbias", False)),
             enums["rope"][getattr(sig, "rope", "none")], int(getattr(sig, "paged", False)),
             int(getattr(sig, "page_layout", "linear") == "vectorized"),
-            int(sig.kv_quant == "e4m3"), specs[alg.arch].arch_number,
+            int(sig.kv_quant == "e4m3"), int(sig.q_quant == "e4m3"), specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]

@@ -332,6 +332,7 @@ class KernelEntry(ctypes.Structure):
         ("paged_kv", ctypes.c_int32),
         ("page_layout", ctypes.c_int),
         ("kv_quant", ctypes.c_int),
+        ("q_quant", ctypes.c_int),
         ("arch", ctypes.c_int32),
         ("arch_name", ctypes.c_char_p),
         ("pipeline", ctypes.c_char_p),
@@ -409,7 +410,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (9, len(kernels))
+    assert (table.abi_version, table.count) == (10, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}

@@ -248,6 +248,16 @@ typedef struct ckfmha_fwd_problem {
   int32_t kv_scale_per_head;
   float k_scale; /* set to 1 by ckfmha_fwd_problem_init */
   float v_scale;
+  /*
+   * fp8 queries (q_quant CKFMHA_KV_QUANT_FP8_E4M3, which needs kv_quant fp8
+   * too): q holds e4m3 bytes standing for q_scale * q, and both products run
+   * in e4m3 on the tensor cores: P is quantised to e4m3 for the P V product.
+   * o stays in dtype (fp16 or bf16). The scale is read from args.q_scale
+   * when given (one value, or nhead_q values with kv_scale_per_head), else
+   * the scalar. Served by the Hopper forward (sm_90a), batch and group mode.
+   */
+  ckfmha_kv_quant q_quant;
+  float q_scale; /* set to 1 by ckfmha_fwd_problem_init */
 } ckfmha_fwd_problem;
 
 /*
@@ -285,6 +295,9 @@ typedef struct ckfmha_fwd_args {
    * (problem.kv_scale_per_head); NULL: problem.k_scale / problem.v_scale. */
   const float* k_scale;
   const float* v_scale;
+  /* fp8 queries: device fp32 dequantisation scale, 1 value or nhead_q values
+   * (problem.kv_scale_per_head); NULL: problem.q_scale. */
+  const float* q_scale;
 } ckfmha_fwd_args;
 
 /*

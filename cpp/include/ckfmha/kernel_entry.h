@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 9
+#define CKFMHA_KERNEL_ABI_VERSION 10
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */
@@ -52,6 +52,7 @@ typedef struct ckfmha_kernel_entry {
   int32_t paged_kv;     /* fwd_appendkv: writes a paged cache through a block table */
   ckfmha_page_layout page_layout; /* fwd_pagedkv, batch_prefill: how pages hold keys */
   ckfmha_kv_quant kv_quant;       /* split-KV families: fp8 K/V (e4m3) or K/V in dtype */
+  ckfmha_kv_quant q_quant;        /* fwd on sm_90a: fp8 queries (with fp8 K/V), or q in dtype */
   /* Algorithm: how. */
   int32_t arch;          /* 10*major+minor of the SASS target, e.g. 80, 90 */
   const char* arch_name; /* e.g. "sm_90a" */

@@ -102,6 +102,19 @@ inline int check_fp8_scale_pointers(bool fp8, bool per_head, const float* k_scal
   return CKFMHA_SUCCESS;
 }
 
+// The device dequantisation scale of fp8 queries: given only with them and
+// fp32-aligned. Unlike K/V's it may be left NULL with per-head scales: the
+// problem's scalar then stands for every head.
+inline int check_fp8_query_scale_pointer(bool fp8_queries, const float* q_scale) {
+  if (q_scale == nullptr) return CKFMHA_SUCCESS;
+  if (!fp8_queries) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "args.q_scale is set, but the queries are not quantised (q_quant none): the "
+                "scale applies to fp8 queries only");
+  }
+  return require(aligned_to(q_scale, 4), "args.q_scale must be fp32-aligned");
+}
+
 // (batch, head, seq) strides of a contiguous tensor in `layout`.
 inline void fill_layout_strides(ckfmha_layout layout, int64_t (&stride)[3], int64_t heads,
                                 int64_t seqlen, int64_t hdim) {

@@ -3,6 +3,7 @@
 
 #include "ckfmha/ckfmha.h"
 
+#include <initializer_list>
 #include <string>
 
 namespace ckfmha::runtime {
@@ -12,8 +13,16 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& problem);
 
 const char* dtype_name(ckfmha_dtype dtype);
 const char* kv_quant_name(ckfmha_kv_quant quant);
-// Why host dequantisation scales of fp8 K/V (forward or cache append) are unusable, or "".
-std::string check_fp8_scale_values(float k_scale, float v_scale);
+// A host dequantisation scale of an fp8 tensor and the problem field holding it.
+struct NamedScale {
+  const char* name;
+  float value;
+};
+// Why host dequantisation scales of fp8 tensors (K/V of a forward or an
+// append, fp8 queries) are unusable, or "".
+std::string check_fp8_scale_values(std::initializer_list<NamedScale> scales);
+// Why `quant` (the value of the problem field `field`) is no ckfmha_kv_quant, or "".
+std::string check_quant_kind(const char* field, ckfmha_kv_quant quant);
 // Bytes per q/k/v/o element (2 for fp16/bf16, 4 for fp32).
 int element_bytes(ckfmha_dtype dtype);
 const char* mask_name(ckfmha_mask mask);

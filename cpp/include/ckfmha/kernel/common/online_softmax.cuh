@@ -34,6 +34,22 @@ __device__ __forceinline__ float lane_group_sum(float x) {
   return x;
 }
 
+// op over row i of scores (rows, cols), in pairs, then pairs of pairs.
+template <class Scores, class Op>
+__device__ __forceinline__ float row_tree_reduce(Scores const& scores, int i, Op op) {
+  using namespace cute;
+  constexpr int kCols = decltype(size<1>(scores))::value;
+  float part[kCols];
+  CUTE_UNROLL
+  for (int j = 0; j < kCols; ++j) part[j] = scores(i, j);
+  CUTE_UNROLL
+  for (int stride = 1; stride < kCols; stride *= 2) {
+    CUTE_UNROLL
+    for (int j = 0; j + stride < kCols; j += 2 * stride) part[j] = op(part[j], part[j + stride]);
+  }
+  return part[0];
+}
+
 template <int Rows, int LaneGroup = 4>
 struct OnlineSoftmax {
   float row_max[Rows];  // in raw score units (before the softmax scale)
@@ -71,9 +87,17 @@ struct OnlineSoftmax {
   // until a tile's scores exceed it by more than that: probabilities then
   // reach up to 2^MaxSlack instead of 1 (harmless in fp32 sums and in
   // fp16/bf16 P), and most tiles need no correction of O at all.
-  template <bool FirstTile, class Scores, int MaxSlack = 0>
+  // `ProbOffset` (log2 units) scales every probability and sum by
+  // 2^ProbOffset, which O's normalisation cancels and the caller takes off
+  // the LSE: e4m3 P keeps more of a row's small probabilities that way.
+  // `Tree` reduces a row's maximum and sum pairwise rather than in one chain
+  // (shorter dependency chains, where the products are fast enough for the
+  // softmax's latency to show: the fp8 forward).
+  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Tree = false>
   __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2,
-                                                       std::integral_constant<int, MaxSlack> = {}) {
+                                                       std::integral_constant<int, MaxSlack> = {},
+                                                       std::integral_constant<int, ProbOffset> = {},
+                                                       std::bool_constant<Tree> = {}) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
     Corrections correction{};
@@ -81,8 +105,14 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
       float tile_max = row_max[i];
-      CUTE_UNROLL
-      for (int j = 0; j < size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+      if constexpr (Tree) {
+        tile_max = fmaxf(tile_max, row_tree_reduce(scores, i, [](float a, float b) {
+                           return fmaxf(a, b);
+                         }));
+      } else {
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+      }
       tile_max = lane_group_max<LaneGroup>(tile_max);
       if constexpr (!FirstTile && MaxSlack > 0) {
         // -inf - -inf is NaN: a row without keys so far moves as soon as it
@@ -105,13 +135,15 @@ struct OnlineSoftmax {
         row_sum[i] *= correction.row[i];
       }
       row_max[i] = tile_max;
+      if constexpr (ProbOffset != 0) shift -= float(ProbOffset);
       float sum = 0.f;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(scores); ++j) {
         float p = exp2f(scores(i, j) * scale_log2 - shift);
         scores(i, j) = p;
-        sum += p;
+        if constexpr (!Tree) sum += p;
       }
+      if constexpr (Tree) sum = row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
       row_sum[i] += sum;
     }
     return correction;

@@ -83,6 +83,10 @@ struct FwdParams {
   const float* v_scale_ptr;
   float k_scale, v_scale;
   int32_t kv_scale_per_head;
+  // fp8 queries (the Hopper fp8 forward): q is e4m3 bytes standing for
+  // scale * value; the device array has one value, or one per query head.
+  const float* q_scale_ptr;
+  float q_scale;
 };
 
 }  // namespace ckfmha::kernel

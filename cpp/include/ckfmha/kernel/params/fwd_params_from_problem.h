@@ -57,6 +57,8 @@ inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_a
   p.k_scale = problem.k_scale;
   p.v_scale = problem.v_scale;
   p.kv_scale_per_head = problem.kv_scale_per_head;
+  p.q_scale_ptr = args.q_scale;
+  p.q_scale = problem.q_scale;
   set_problem_scalars(p, problem);
   return p;
 }

@@ -11,6 +11,7 @@
 #include "ckfmha/kernel/common/fragment_layout.cuh"
 #include "ckfmha/kernel/common/tile_copy.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
+#include "ckfmha/kernel/sm90/fwd_fp8.cuh"  // the fp8 scales
 #include "ckfmha/kernel/sm90/fwd_mma.cuh"  // FwdSm90Accumulators, the barrier ids
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"  // FwdSm90Params
 #include "ckfmha/kernel/sm90/fwd_traits.cuh"  // Sm90OutputPath
@@ -115,7 +116,17 @@ struct FwdSm90Epilogue {
     Tensor out = acc.out();
 
     float lse[kRows];
-    acc.softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
+    if constexpr (Traits::kQkvFp8) {
+      // Scores were scaled by q's and k's scales, P by 2^kFp8ProbOffsetLog2,
+      // and O still holds codes of V.
+      acc.softmax.template finalize<false>(out, fp8_qk_scale_log2(p, head), 0.f,
+                                           fp8_v_scale(p, head), lse);
+      constexpr float kOffsetLn = float(kFp8ProbOffsetLog2) * 0.6931471805599453f;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) lse[r] -= kOffsetLn;
+    } else {
+      acc.softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
+    }
 
     if constexpr (Traits::kHasLse) {
       if (p.lse != nullptr) {

@@ -3,7 +3,8 @@
 // sequence) unit by unit in PersistentTileOrder (fwd_tile_work.cuh):
 //   producer warpgroup (fwd_ring.cuh): one thread issues TMA copies of each
 //     tile's Q and of its K and V tiles into a ring of stages, in the order
-//     the consumers read them.
+//     the consumers read them; with fp8 inputs warps 1-3 write each V tile
+//     transposed into the ring the consumers read (fwd_fp8.cuh).
 //   consumer warpgroups (two or three, 64 query rows each; fwd_mma.cuh):
 //     S = Q K^T, the mask and online softmax, and O += P V, software-
 //     pipelined by one key tile and taking turns on the tensor cores; then
@@ -14,6 +15,7 @@
 #include "ckfmha/kernel/common/shared_storage.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
 #include "ckfmha/kernel/sm90/fwd_epilogue.cuh"
+#include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_mma.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"
 #include "ckfmha/kernel/sm90/fwd_tile_work.cuh"
@@ -29,7 +31,7 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_kernel(__grid_constant__ const FwdSm90Params<Traits> params) {
   using namespace cute;
-  using Element = typename Traits::Element;
+  using Element = typename Traits::Element;  // O's
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using Storage = typename Traits::SharedStorage;
   using Work = Sm90TileWork<Traits>;
@@ -41,7 +43,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sQ = make_tensor(make_smem_ptr(storage->q.data()), typename Traits::SmemLayoutQRing{});
   Tensor sK = make_tensor(make_smem_ptr(storage->k.data()), typename Traits::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutV{});
-  Tensor sVt = make_tensor(make_smem_ptr(storage->v.data()), typename Traits::SmemLayoutVt{});
+  Tensor sVt = make_tensor(make_smem_ptr(Traits::vt_data(storage)), typename Traits::SmemLayoutVt{});
 
   const int warp = int(threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
@@ -51,6 +53,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warp < 4) {
     // ---- producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if constexpr (Traits::kQkvFp8) {
+      if (warp != 0) {
+        fwd_sm90_transpose_v<Traits>(params, bar, sV, sVt, int(threadIdx.x) - 32);
+        return;
+      }
+    }
     if (warp != 0 || lane != 0) return;
     fwd_sm90_load_tiles<Traits>(params, bar, sQ, sK, sV);
     return;

@@ -20,7 +20,7 @@ namespace ckfmha::kernel {
 template <class Traits>
 typename Traits::GmemTensor gmem_view(void const* data, int rows, int hdim, int heads, int batch,
                                       std::array<int64_t, 3> const& stride) {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::InputElement;
   return cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(data)),
                            cute::make_shape(rows, hdim, heads, batch),
                            cute::make_stride(stride[2], cute::_1{}, stride[1], stride[0]));

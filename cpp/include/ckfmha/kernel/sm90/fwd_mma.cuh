@@ -16,6 +16,7 @@
 #include "ckfmha/kernel/common/fragment_layout.cuh"
 #include "ckfmha/kernel/common/online_softmax.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
+#include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"  // RingSlot
 
 #include <cute/tensor.hpp>
@@ -87,8 +88,13 @@ struct FwdSm90Accumulators {
 
   OnlineSoftmax<kRows> softmax;
   AccO acc_o;
-  decltype(cute::make_tensor<typename Traits::Element>(
-      cute::partition_fragment_C(typename Traits::TiledMmaQK{}, TileS{}).layout())) probs;
+  // P as the P V product's A: S's own layout in fp16/bf16, or (fp8) e4m3
+  // words in the A operand's order (fwd_fp8.cuh).
+  std::conditional_t<Traits::kQkvFp8, ProbsE4m3<Traits>,
+                     decltype(cute::make_tensor<typename Traits::Element>(
+                         cute::partition_fragment_C(typename Traits::TiledMmaQK{}, TileS{})
+                             .layout()))>
+      probs;
 
   // O seen as (rows, cols), as the softmax reads it.
   __device__ __forceinline__ auto out() {
@@ -101,7 +107,7 @@ struct FwdSm90Accumulators {
 // accumulator element of S and O.
 template <class Traits>
 struct FwdSm90Mma {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::InputElement;
   using TileS = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kBlockN>>;
   using TileO = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kHeadDimV>>;
   using Accumulators = FwdSm90Accumulators<Traits>;
@@ -122,7 +128,11 @@ struct FwdSm90Mma {
   // it by more than a factor 2^8 (common/online_softmax.cuh), so most turns
   // skip O's rescale (HeadDimV / 2 multiplies per thread). At 64 the check
   // cost more in the softmax than the rescale it saved (NOTES 73).
-  static constexpr int kMaxSlack = Traits::kHeadDimV >= 128 ? 8 : 0;
+  // fp8: P peaks between 2^offset and 2^(offset + slack), which must stay
+  // below e4m3's 448 (fwd_fp8.cuh).
+  static constexpr int kMaxSlack =
+      Traits::kQkvFp8 ? kFp8MaxSlackLog2 : (Traits::kHeadDimV >= 128 ? 8 : 0);
+  static constexpr int kProbOffset = Traits::kQkvFp8 ? kFp8ProbOffsetLog2 : 0;
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
@@ -159,7 +169,14 @@ struct FwdSm90Mma {
   // O += P V of the previous key tile, P from registers.
   __device__ __forceinline__ void issue_pv(Accumulators& acc, int stage) {
     using namespace cute;
-    Tensor tOrP = make_tensor(acc.probs.data(), gmma_accum_as_operand_a(acc.probs.layout()));
+    auto operand_a = [&]() {
+      if constexpr (Traits::kQkvFp8) {
+        return make_tensor(acc.probs.data(), acc.probs.layout());
+      } else {
+        return make_tensor(acc.probs.data(), gmma_accum_as_operand_a(acc.probs.layout()));
+      }
+    };
+    Tensor tOrP = operand_a();
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tOrP); ++k) {
       gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc.acc_o);
@@ -195,13 +212,29 @@ struct FwdSm90Mma {
     auto& probs = acc.probs;
 
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
+    // fp8: q's and k's dequantisation scales join the softmax scale.
+    float fp8_scale_log2 = 0.f;
+    if constexpr (Traits::kQkvFp8) fp8_scale_log2 = fp8_qk_scale_log2(p, work.tile.head);
     auto softmax_scores = [&](auto& acc_s, int i, auto needs_mask, auto first) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
       if constexpr (decltype(needs_mask)::value) {
         mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
       }
-      return softmax.template update_scores<decltype(first)::value>(
-          scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
+      if constexpr (Traits::kQkvFp8) {
+        return softmax.template update_scores<decltype(first)::value>(
+            scores, fp8_scale_log2, std::integral_constant<int, kMaxSlack>{},
+            std::integral_constant<int, kProbOffset>{}, std::true_type{});
+      } else {
+        return softmax.template update_scores<decltype(first)::value>(
+            scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
+      }
+    };
+    auto store_probs = [&](auto const& acc_s) {
+      if constexpr (Traits::kQkvFp8) {
+        quantize_probs_e4m3(acc_s, probs);
+      } else {
+        convert_fragment_into(acc_s, probs);
+      }
     };
 
     // Whether the next turn's operands (K_{i+1}, V_i) have landed, tested
@@ -230,7 +263,7 @@ struct FwdSm90Mma {
       Barrier::arrive(&bar.k_empty[slot.stage]);
       test_next_operands(0);
       softmax_scores(acc_s, 0, needs_mask, std::true_type{});
-      convert_fragment_into(acc_s, probs);
+      store_probs(acc_s);
     };
     // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
     // softmax runs while the P V product accumulates.
@@ -263,7 +296,7 @@ struct FwdSm90Mma {
       } else if (__any_sync(0xffffffffu, correction.any)) {
         softmax.rescale(out, correction);
       }
-      convert_fragment_into(acc_s, probs);
+      store_probs(acc_s);
     };
     // The last tile's P V, alone.
     auto last_product = [&]() {

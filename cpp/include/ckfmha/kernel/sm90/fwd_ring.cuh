@@ -47,7 +47,8 @@ __device__ __forceinline__ RingSlot ring_slot_of(int count) {
 
 // Run by one thread before any role starts: a full barrier expects the
 // producer's one arrival (with the bytes of its copies), an empty barrier
-// every consumer thread's.
+// every consumer thread's. fp8: V^T's full barrier expects the transposing
+// threads, and the staging ring's barriers the copy and those threads.
 template <class Traits>
 __device__ __forceinline__ void fwd_sm90_init_barriers(typename Traits::Barriers& bar) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -57,16 +58,21 @@ __device__ __forceinline__ void fwd_sm90_init_barriers(typename Traits::Barriers
   }
   for (int s = 0; s < Traits::kStages; ++s) {
     Barrier::init(&bar.k_full[s], 1);
-    Barrier::init(&bar.v_full[s], 1);
+    Barrier::init(&bar.v_full[s], Traits::kQkvFp8 ? Traits::kTransposeThreads : 1);
     Barrier::init(&bar.k_empty[s], Traits::kConsumerThreads);
     Barrier::init(&bar.v_empty[s], Traits::kConsumerThreads);
+    if constexpr (Traits::kQkvFp8) {
+      Barrier::init(&bar.v_staged[s], 1);
+      Barrier::init(&bar.v_staging_free[s], Traits::kTransposeThreads);
+    }
   }
   cutlass::arch::fence_barrier_init();
 }
 
 // Run by one thread: every query tile of this CTA, its Q and its key tiles
 // from the last to the first. sQ (QStages Q tiles), sK and sV (stages of
-// key tiles) are the shared-memory buffers the copies fill.
+// key tiles) are the shared-memory buffers the copies fill; fp8 V goes to
+// its staging ring, which the transposing warps empty.
 template <class Traits, class SmemQ, class SmemK, class SmemV>
 __device__ __forceinline__ void fwd_sm90_load_tiles(FwdSm90Params<Traits> const& params,
                                                     typename Traits::Barriers& bar,
@@ -92,6 +98,12 @@ __device__ __forceinline__ void fwd_sm90_load_tiles(FwdSm90Params<Traits> const&
       make_shape(params.tma_rows_k, int(Traits::kHeadDimV), nhead_k, views));
   int kv_count = 0;  // K/V tiles loaded so far: the ring's stage and phase
   int q_count = 0;   // Q tiles loaded so far: the Q buffer and its barriers' phase
+  uint64_t* v_free = bar.v_empty;
+  uint64_t* v_loaded = bar.v_full;
+  if constexpr (Traits::kQkvFp8) {
+    v_free = bar.v_staging_free;
+    v_loaded = bar.v_staged;
+  }
   for_each_tile(params.order, [&](QueryTile query_tile) {
     const Work work(p, query_tile);
     if (!work.has_rows()) return;
@@ -151,13 +163,11 @@ __device__ __forceinline__ void fwd_sm90_load_tiles(FwdSm90Params<Traits> const&
       if (i == 0 && !kQFirst) load_q(tQgQ, tQsQ);
       // V trails K by one tile, as the consumers' products do.
       if (i > 0) {
-        load_kv_tile(i - 1, params.tma_v, bar.v_empty, bar.v_full, Traits::kTmaBytesV, tVgV,
-                     tVsV);
+        load_kv_tile(i - 1, params.tma_v, v_free, v_loaded, Traits::kTmaBytesV, tVgV, tVsV);
       }
     }
     if (n_tiles > 0) {
-      load_kv_tile(n_tiles - 1, params.tma_v, bar.v_empty, bar.v_full, Traits::kTmaBytesV, tVgV,
-                   tVsV);
+      load_kv_tile(n_tiles - 1, params.tma_v, v_free, v_loaded, Traits::kTmaBytesV, tVgV, tVsV);
     }
     kv_count += n_tiles;
   });

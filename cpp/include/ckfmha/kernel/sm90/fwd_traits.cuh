@@ -21,11 +21,11 @@
 namespace ckfmha::kernel {
 
 // The widest GMMA swizzle whose atom (8 rows x 128/64/32 bytes) divides a
-// row of `Cols` 16-bit elements.
+// row of `Cols` elements.
 template <class Element, int Cols>
 using GmmaRowMajorAtom = std::conditional_t<
-    Cols % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
-    std::conditional_t<Cols % 32 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+    Cols * sizeof(Element) % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<Cols * sizeof(Element) % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
                        cute::GMMA::Layout_K_SW32_Atom<Element>>>;
 
 enum class Sm90OutputPath { kTmaStore, kSmemRows, kRegisters };
@@ -33,14 +33,25 @@ enum class Sm90OutputPath { kTmaStore, kSmemRows, kRegisters };
 // The parameter list is every forward pipeline's, so the generator writes all
 // instances alike; features this template does not implement yet are
 // rejected by the generator's rules and asserted here.
+//
+// KvFp8 here means Q, K and V are all e4m3 (the fp8 forward, fwd_fp8.cuh):
+// both products run in e4m3, P is quantised to e4m3, O leaves in Element.
+// fp8 wgmma reads both operands K-major, so V (head dim contiguous) lands
+// in a staging ring and the producer warpgroup writes it transposed into
+// the ring the P V product reads.
 template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, int Warps,
           int Stages, MaskMode Mask, BiasMode Bias, bool HasLse, bool HasDropout, bool HasSoftcap,
-          bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1>
+          bool HasSink, bool IsGroupMode, bool VColMajor = false, int MinCtasPerSm = 1,
+          bool SplitKv = false, bool PagedKv = false, bool KvFp8 = false>
 struct FwdSm90Traits {
-  using Element = Element_;
+  using Element = Element_;  // O's type (and Q/K/V's unless fp8)
+  static constexpr bool kQkvFp8 = KvFp8;
+  // Q, K and V as they are loaded and multiplied.
+  using InputElement = std::conditional_t<KvFp8, cutlass::float_e4m3_t, Element>;
   static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasSink && !VColMajor,
                 "the sm90 template covers plain attention with masks and LSE");
   static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
+  static_assert(!SplitKv && !PagedKv, "split-KV and paged K/V run on the sm80 template");
 
   static constexpr int kHeadDimQK = HeadDimQK;
   static constexpr int kHeadDimV = HeadDimV;
@@ -65,14 +76,21 @@ struct FwdSm90Traits {
   // fit that pool, not the whole register file: 24 + 2 x 240 fills 168 x 384
   // exactly, 32 + 3 x 160 fills 128 x 512. A split over the pool leaves the
   // consumers' setmaxnreg waiting forever.
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  // The fp8 producer transposes V and needs more: 64 + 2 x 216 fills the pool.
+  static_assert(!KvFp8 || kConsumerWarpgroups == 2,
+                "the fp8 producer's registers fit only beside two consumer warpgroups");
+  static constexpr int kProducerRegisters = KvFp8 ? 64 : (kConsumerWarpgroups == 2 ? 24 : 32);
+  static constexpr int kConsumerRegisters = KvFp8 ? 216 : (kConsumerWarpgroups == 2 ? 240 : 160);
+  // Producer warps 1-3 transpose V (fp8); warp 0's first lane issues the TMA copies.
+  static constexpr int kTransposeThreads = 96;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
                 "wgmma takes fp16 or bf16 operands here");
   static_assert(HeadDimQK % 16 == 0 && HeadDimV % 16 == 0, "wgmma K steps are 16 deep");
+  static_assert(!KvFp8 || (HeadDimQK % 32 == 0 && BlockN % 64 == 0 && HeadDimV % 16 == 0),
+                "fp8 wgmma K steps are 32 deep; V^T rows are whole 64-byte swizzle atoms");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "wgmma N is a multiple of 16 up to 256");
   static_assert(Stages >= 2, "the K/V ring needs two stages to overlap loads with math");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <=
@@ -85,32 +103,43 @@ struct FwdSm90Traits {
   // memory, O += P V takes P from registers and V (head dim contiguous, i.e.
   // MN-major as the B operand) from shared memory.
   using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
+  // fp8: V^T is K-major (keys contiguous) in a buffer of its own.
+  static constexpr cute::GMMA::Major kMajorV = KvFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
+      cute::GMMA::ss_op_selector<InputElement, InputElement, float,
                                  cute::Shape<cute::_64, cute::Int<BlockN>, cute::Int<HeadDimQK>>>(),
       AtomLayout{}));
   using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
+      cute::GMMA::rs_op_selector<InputElement, InputElement, float,
                                  cute::Shape<cute::_64, cute::Int<HeadDimV>, cute::Int<BlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+                                 cute::GMMA::Major::K, kMajorV>(),
       AtomLayout{}));
 
   // One Q tile, as the TMA copies it; SmemLayoutQRing stacks kQStages of them.
   using SmemLayoutQ = decltype(cute::tile_to_shape(
-      GmmaRowMajorAtom<Element, HeadDimQK>{},
+      GmmaRowMajorAtom<InputElement, HeadDimQK>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
-      GmmaRowMajorAtom<Element, HeadDimQK>{},
+      GmmaRowMajorAtom<InputElement, HeadDimQK>{},
       cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimQK>, cute::Int<Stages>>{}));
+  // V as the TMA copies it (fp8: the staging ring the producer transposes).
   using SmemLayoutV = decltype(cute::tile_to_shape(
-      GmmaRowMajorAtom<Element, HeadDimV>{},
+      GmmaRowMajorAtom<InputElement, HeadDimV>{},
       cute::Shape<cute::Int<BlockN>, cute::Int<HeadDimV>, cute::Int<Stages>>{}));
-  // V^T (HeadDimV, BlockN, Stages): the same bytes seen as the PV product's B.
-  using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutV{},
-      cute::make_ordered_layout(
-          cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
-          cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // V^T (HeadDimV, BlockN, Stages) as the PV product's B: the same bytes as V
+  // seen MN-major, or (fp8) a K-major ring of its own whose key order inside
+  // each 32-key step is the one P's registers hold (fwd_fp8.cuh).
+  using SmemLayoutVt = std::conditional_t<
+      KvFp8,
+      decltype(cute::tile_to_shape(
+          GmmaRowMajorAtom<InputElement, BlockN>{},
+          cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{})),
+      decltype(cute::composition(
+          SmemLayoutV{},
+          cute::make_ordered_layout(
+              cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
+              cute::Step<cute::_2, cute::_1, cute::_3>{})))>;
+  static constexpr int kVtElements = KvFp8 ? int(cute::cosize_v<SmemLayoutVt>) : 1;
   // How O leaves the CTA. Batch mode stages it in shared memory and writes
   // it out with TMA stores (asynchronous: the next tile starts while they
   // drain; rows past seqlen_q fall outside the tensor and are clipped). Each
@@ -167,7 +196,7 @@ struct FwdSm90Traits {
   // batch) with 64-bit strides and a unit head-dim stride.
   using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
   using GmemTensor = decltype(cute::make_tensor(
-      cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
+      cute::make_gmem_ptr(static_cast<InputElement const*>(nullptr)),
       cute::Shape<int, int, int, int>{}, GmemStride{}));
   using TmaQ = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
@@ -186,14 +215,14 @@ struct FwdSm90Traits {
       cute::SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutOChunk{},
       cute::Shape<cute::Int<kRowsPerWarpgroup>, cute::Int<kOChunkCols>>{}, cute::_1{}));
 
-  static constexpr int kTmaBytesQ = kBlockM * HeadDimQK * int(sizeof(Element));
-  static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(Element));
-  static constexpr int kTmaBytesV = BlockN * HeadDimV * int(sizeof(Element));
+  static constexpr int kTmaBytesQ = kBlockM * HeadDimQK * int(sizeof(InputElement));
+  static constexpr int kTmaBytesK = BlockN * HeadDimQK * int(sizeof(InputElement));
+  static constexpr int kTmaBytesV = BlockN * HeadDimV * int(sizeof(InputElement));
 
   // Q is double-buffered where shared memory allows, so the next tile's Q
   // loads while this tile runs instead of after its last S product.
   static constexpr int kMaxQStages = 2;
-  struct Barriers {
+  struct PlainBarriers {
     uint64_t q_full[kMaxQStages];
     uint64_t q_empty[kMaxQStages];  // every consumer warpgroup is done with that Q
     uint64_t k_full[Stages];
@@ -203,22 +232,53 @@ struct FwdSm90Traits {
     uint64_t k_empty[Stages];
     uint64_t v_empty[Stages];
   };
+  // fp8: v_full/v_empty guard the transposed ring the consumers read, and
+  // the staging ring the TMA fills has barriers of its own.
+  struct Fp8Barriers : PlainBarriers {
+    uint64_t v_staged[Stages];
+    uint64_t v_staging_free[Stages];
+  };
+  using Barriers = std::conditional_t<KvFp8, Fp8Barriers, PlainBarriers>;
   // Swizzled GMMA/TMA tiles need 1024-byte alignment.
+  // (fp8 adds vt, the transposed V ring; plain V is read where it lands.)
   template <int QStages>
-  struct StorageWithoutO {
-    alignas(1024) cute::array_aligned<Element, QStages * cute::cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
+  struct PlainStorageWithoutO {
+    alignas(1024) cute::array_aligned<InputElement, QStages * cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
     Barriers bar;
   };
   template <int QStages>
-  struct StorageWithO {
-    alignas(1024) cute::array_aligned<Element, QStages * cute::cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>> v;
+  struct PlainStorageWithO {
+    alignas(1024) cute::array_aligned<InputElement, QStages * cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
     Barriers bar;
   };
+  template <int QStages>
+  struct Fp8StorageWithoutO {
+    alignas(1024) cute::array_aligned<InputElement, QStages * cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<InputElement, kVtElements> vt;
+    Barriers bar;
+  };
+  template <int QStages>
+  struct Fp8StorageWithO {
+    alignas(1024) cute::array_aligned<InputElement, QStages * cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
+    alignas(1024) cute::array_aligned<InputElement, kVtElements> vt;
+    alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
+    Barriers bar;
+  };
+  template <int QStages>
+  using StorageWithoutO = std::conditional_t<KvFp8, Fp8StorageWithoutO<QStages>,
+                                             PlainStorageWithoutO<QStages>>;
+  template <int QStages>
+  using StorageWithO =
+      std::conditional_t<KvFp8, Fp8StorageWithO<QStages>, PlainStorageWithO<QStages>>;
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
   static constexpr int kSmemLimit = 227 * 1024;
@@ -227,7 +287,7 @@ struct FwdSm90Traits {
   static constexpr int kQStages =
       int(sizeof(StorageWithO<kMaxQStages>)) + 1024 <= kSmemLimit ? kMaxQStages : 1;
   using SmemLayoutQRing = decltype(cute::tile_to_shape(
-      GmmaRowMajorAtom<Element, HeadDimQK>{},
+      GmmaRowMajorAtom<InputElement, HeadDimQK>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>, cute::Int<kQStages>>{}));
   static constexpr bool kStagesO = int(sizeof(StorageWithO<kQStages>)) + 1024 <= kSmemLimit;
   static constexpr Sm90OutputPath kOutputPath =
@@ -237,6 +297,15 @@ struct FwdSm90Traits {
       std::conditional_t<kStagesO, StorageWithO<kQStages>, StorageWithoutO<kQStages>>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and barriers must fit shared memory");
+
+  // The ring the P V product reads: V itself, or (fp8) its transpose.
+  __device__ static InputElement* vt_data(SharedStorage* storage) {
+    if constexpr (KvFp8) {
+      return storage->vt.data();
+    } else {
+      return storage->v.data();
+    }
+  }
 
   // The O staging buffer; null on the register path, which never reads it.
   __device__ static Element* o_staging(SharedStorage* storage) {
