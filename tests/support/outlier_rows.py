@@ -23,4 +23,3 @@ def normal_with_outliers(inputs: Inputs, shape: tuple[int, ...], outliers: bool)
         size = rng.uniform(20, 60, picked.shape) * rng.choice((-1.0, 1.0), picked.shape)
         np.put_along_axis(rows, picked, size, axis=1)
     return x
-
