@@ -38,11 +38,12 @@ SM90_SMEM_ALIGNMENT = 1024
 # staging buffer of its own (batch mode).
 SM90_O_CHUNK_COLS = 128
 SM90_MAX_Q_STAGES = 2
-# The fp8 forward (Q, K and V in e4m3): two consumer warpgroups only, beside a producer that
-# transposes V (fp8 wgmma reads B K-major) and so keeps more registers.
-SM90_FP8_TILE_M = 128
-SM90_FP8_PRODUCER_REGISTERS = 64
-SM90_FP8_CONSUMER_REGISTERS = 216
+# The fp8 forward (Q, K and V in e4m3): its producer transposes V (fp8 wgmma reads B K-major)
+# and so keeps more registers: 64 + 2 x 216 beside two consumer warpgroups, 56 + 3 x 144
+# beside three (head dim 64 only: 144 hold its O and S accumulators).
+SM90_FP8_PRODUCER_REGISTERS = {128: 64, 192: 56}
+SM90_FP8_CONSUMER_REGISTERS = {128: 216, 192: 144}
+SM90_FP8_THREE_WARPGROUP_HDIM = 64
 SM90_FP8_WGMMA_K = 32
 SM90_FP8_TILE_N = (64, 128, 256)
 SM90_FP8_HDIMS = (64, 128, 256)
@@ -109,13 +110,17 @@ def _fp8_reasons(config: KernelConfig) -> list[str]:
             f"head dims {sig.hdim_q}x{sig.hdim_v}: the fp8 forward takes hdim_q == hdim_v in "
             f"{{{', '.join(map(str, SM90_FP8_HDIMS))}}}"
         )
-    if alg.tile_m != SM90_FP8_TILE_M:
+    if alg.tile_m not in SM90_FP8_CONSUMER_REGISTERS:
         reasons.append(
-            f"tile_m={alg.tile_m}: the fp8 forward is tile_m {SM90_FP8_TILE_M} ("
-            f"{_sm90_warps(SM90_FP8_TILE_M)} warps), since its producer warpgroup transposes V "
-            f"in shared memory and needs {SM90_FP8_PRODUCER_REGISTERS} registers, which only "
-            f"the split of {SM90_FP8_PRODUCER_REGISTERS} + 2 x {SM90_FP8_CONSUMER_REGISTERS} "
-            "over two consumer warpgroups leaves"
+            f"tile_m={alg.tile_m}: the fp8 forward is tile_m 128 or 192, since its producer "
+            "warpgroup transposes V in shared memory and needs the registers that only the "
+            "splits 64 + 2 x 216 and 56 + 3 x 144 leave it"
+        )
+    elif alg.tile_m == 192 and sig.hdim_v != SM90_FP8_THREE_WARPGROUP_HDIM:
+        reasons.append(
+            f"tile_m=192 at head dim {sig.hdim_v}: three fp8 consumer warpgroups have 144 "
+            f"registers each, which hold the accumulators of head dim "
+            f"{SM90_FP8_THREE_WARPGROUP_HDIM} only"
         )
     if alg.tile_n not in SM90_FP8_TILE_N:
         reasons.append(
@@ -207,9 +212,8 @@ def sm90_fwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
     alg = config.algorithm
     facts: list[tuple[str, int | bool, str]] = [("kThreads", alg.warps * 32, "threads per CTA")]
     if is_fp8_forward(config):
-        facts.append(
-            ("kConsumerRegisters", SM90_FP8_CONSUMER_REGISTERS, "consumer registers per thread")
-        )
+        registers = SM90_FP8_CONSUMER_REGISTERS[alg.tile_m]
+        facts.append(("kConsumerRegisters", registers, "consumer registers per thread"))
     elif alg.tile_m in SM90_CONSUMER_REGISTERS:
         registers = SM90_CONSUMER_REGISTERS[alg.tile_m]
         facts.append(("kConsumerRegisters", registers, "consumer registers per thread"))

@@ -72,7 +72,8 @@ def test_accepted_configs(changes: dict[str, object]) -> None:
         ({"family": "fwd_splitkv"}, "fp8 queries (q_quant 'e4m3') are read by the one-stage"),
         ({"pipeline": "sm80_cpasync_mma", "tile_n": 64, "warps": 4},
          "fp8 queries run on the sm_90a wgmma template only"),
-        ({"tile_m": 192, "warps": 16}, "tile_m=192: the fp8 forward is tile_m 128 (12 warps)"),
+        ({"tile_m": 192, "warps": 16}, "tile_m=192 at head dim 128: three fp8 consumer warpgroups"),
+        ({"tile_m": 256, "warps": 20}, "tile_m=256: the fp8 forward is tile_m 128 or 192"),
         ({"tile_n": 96}, "tile_n=96: the fp8 forward takes tile_n 64, 128, 256"),
         ({"tile_n": 32}, "fp8 wgmma steps are 32 keys deep"),
         ({"stages": 4}, "stages=4: the fp8 forward's K/V rings"),
@@ -160,8 +161,9 @@ def test_fp8_tiles_lead_without_changing_plain_defaults() -> None:
     # The plain defaults as before the fp8 tiles: 192x128 at d64 (unmasked batch), 128x128 at
     # d128, 128x64 at d256.
     plain_defaults = {64: (192, 128), 128: (128, 128), 256: (128, 64)}
-    # fp8's own (tile_m, tile_n, stages): 128x128, except at d256, whose O accumulator leaves
-    # too few registers for a 128-key S tile; three stages where they measured faster.
+    # fp8's own (tile_m, tile_n, stages) for a causal signature: 128x128, except at d256, whose
+    # O accumulator leaves too few registers for a 128-key S tile; three stages where they
+    # measured faster. (d64's unmasked batch-mode signatures take 192 rows: the next test.)
     fp8_defaults = {64: (128, 128, 2), 128: (128, 128, 3), 256: (128, 64, 3)}
     for hdim, plain_default in plain_defaults.items():
         tiles = arch.tiles_for("fwd", "sm90_tma_wgmma", hdim)
@@ -188,12 +190,16 @@ def test_kernel_sets_hold_the_fp8_forward_on_sm90a_only() -> None:
     ]
     default = _fp8_names("default", "sm_90a")
     # {fp16,bf16} x d{64,128,256} x {none,causal} x {batch,group}, with LSE, on the fp8 tile
-    # (128 keys, 64 at d256; 3 stages from d128).
+    # (128 keys, 64 at d256; 3 stages from d128) ...
     assert len(default) == 24
+    # ... except d64's unmasked batch-mode signatures, on 192 rows (three consumer warpgroups).
     for name in default:
         hdim = name.split("_d")[1].split("x")[0]
         keys, stages = {"64": (128, 2), "128": (128, 3), "256": (64, 3)}[hdim]
-        assert name.endswith(f"_sm90_tma_wgmma_m128n{keys}k{hdim}_w12s{stages}")
+        rows, warps = (
+            (192, 16) if hdim == "64" and "_batch_" in name and "_none_" in name else (128, 12)
+        )
+        assert name.endswith(f"_sm90_tma_wgmma_m{rows}n{keys}k{hdim}_w{warps}s{stages}")
     for kernel_set in ("core", "default"):
         for arch in ("sm_80", "sm_86", "sm_89"):
             assert _fp8_names(kernel_set, arch) == []

@@ -103,9 +103,18 @@ def test_every_listed_tile_is_valid() -> None:
         assert [r for r in sm80 if r not in allowed] == [], [r.reasons for r in sm80]
         # Templates with fewer features reject some signatures, but each listed tile must
         # build for at least one.
-        built = {(c.algorithm.pipeline, c.signature.hdim_q, c.signature.hdim_v, c.algorithm.tile_m,
-                  c.algorithm.tile_n, c.algorithm.warps, c.algorithm.stages)
-                 for c in selection.accepted}
+        built = {
+            (
+                c.algorithm.pipeline,
+                c.signature.hdim_q,
+                c.signature.hdim_v,
+                c.algorithm.tile_m,
+                c.algorithm.tile_n,
+                c.algorithm.warps,
+                c.algorithm.stages,
+            )
+            for c in selection.accepted
+        }
         for family in ("fwd", "bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"):
             for pipeline, by_hdim in specs[arch].tiles[family].items():
                 for (hdim_q, hdim_v), tiles in by_hdim.items():
@@ -216,8 +225,8 @@ def test_receipt_sizes(arch: str) -> None:
     # d64/d96/d128/d256/d192x128 x none/causal in batch mode of default and full (one tile each).
     # The fp8 forward (Q, K and V in e4m3): fp16/bf16 x d64/d128/d256 x none/causal x batch/group
     # with LSE in default, and without in full, which also builds the plain 2-stage tile beside
-    # the fp8 3-stage one at d128 and d256.
-    fp8_forward = {"ci": 0, "default": 24, "full": 16 * (1 + 2 + 2)}
+    # the fp8 3-stage one at d128 and d256, and 128 rows beside d64's unmasked batch-mode 192.
+    fp8_forward = {"ci": 0, "default": 24, "full": 16 * (1 + 2 + 2) + 2 * 2}
     hopper = {
         name: count + fp8_forward[name]
         for name, count in {"ci": 4 + 1, "default": 42 + 20, "full": 84 + 4 + 20}.items()
@@ -290,8 +299,13 @@ def test_receipt_sizes(arch: str) -> None:
     fp32 = 3 * 2 * sum(len(t) for t in simt.values())
     fp32 += 3 * len(simt[(64, 64)]) + 3 * len(simt[(128, 128)])
     assert sizes["full"] == (
-        2 * 3 * 2 * alternatives + group_tiles + vcol_tiles + _feature_tiles(specs[arch]) + fp32
-        + hopper["full"] + split["full"]
+        2 * 3 * 2 * alternatives
+        + group_tiles
+        + vcol_tiles
+        + _feature_tiles(specs[arch])
+        + fp32
+        + hopper["full"]
+        + split["full"]
     )
 
 
@@ -408,12 +422,16 @@ def test_column_major_v_is_valid_in_either_mode(mode: str) -> None:
         ({"bias": "rel"}, r"bias 'rel' is unknown; supported: none, elementwise, alibi"),
         ({"tile_n": 40}, r"tile_n=40 is not a positive multiple of 16"),
         ({"stages": 3}, r"stages=3 is not supported.*in 1 or 2 shared-memory stages"),
-        ({"stages": 2, "tile_m": 256, "tile_n": 128, "arch": "sm_86"},
-         r"shared memory 196608 bytes \(Q 256x128 \+ 2 x \(K 128x128"),
+        (
+            {"stages": 2, "tile_m": 256, "tile_n": 128, "arch": "sm_86"},
+            r"shared memory 196608 bytes \(Q 256x128 \+ 2 x \(K 128x128",
+        ),
         ({"ctas_per_sm": 3}, r"ctas_per_sm=3 caps registers at 168 per thread, under the 192"),
         ({"ctas_per_sm": 0}, r"ctas_per_sm=0 must be at least 1"),
-        ({"ctas_per_sm": 4, "tile_m": 64, "tile_n": 32, "arch": "sm_86"},
-         r"ctas_per_sm=4 needs 131072 bytes of shared memory per SM"),
+        (
+            {"ctas_per_sm": 4, "tile_m": 64, "tile_n": 32, "arch": "sm_86"},
+            r"ctas_per_sm=4 needs 131072 bytes of shared memory per SM",
+        ),
         ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
         (
             {"hdim_q": 100, "hdim_v": 100, "tile_k": 100},
@@ -543,8 +561,15 @@ def test_signature_no_tile_applies_to_is_rejected_with_the_limits(tmp_path: Path
     custom = tmp_path / "arch_specs.json"
     custom.write_text(json.dumps(specs))
     result = _run_cli(
-        "--specs", str(custom), "--kernels", "default", "--arch", "sm_86", "--explain",
-        "--filter", "^fwd_bf16_batch_d128x128_causal_lse__",
+        "--specs",
+        str(custom),
+        "--kernels",
+        "default",
+        "--arch",
+        "sm_86",
+        "--explain",
+        "--filter",
+        "^fwd_bf16_batch_d128x128_causal_lse__",
     )
     assert result.returncode == 0, result.stderr
     assert (
@@ -638,7 +663,10 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
     assert '#include "ckfmha/kernel/sm80/fwd_launch.cuh"' in text
-    assert "launch_fwd_sm80<ckfmha_instance_" in text and "::Traits>(problem, args, context, stream)" in text
+    assert (
+        "launch_fwd_sm80<ckfmha_instance_" in text
+        and "::Traits>(problem, args, context, stream)" in text
+    )
     header = (tmp_path / "ckfmha_kernels.h").read_text()
     assert "#define CKFMHA_GENERATED_KERNEL_COUNT 32" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
@@ -755,8 +783,13 @@ def test_tile_table_occupancy_is_parsed(tmp_path: Path) -> None:
 
 def _sm90(**changes: object) -> str:
     defaults: dict[str, object] = {
-        "dtype": "bf16", "mask": "causal", "pipeline": "sm90_tma_wgmma", "tile_m": 128,
-        "tile_n": 128, "warps": 12, "stages": 2,
+        "dtype": "bf16",
+        "mask": "causal",
+        "pipeline": "sm90_tma_wgmma",
+        "tile_m": 128,
+        "tile_n": 128,
+        "warps": 12,
+        "stages": 2,
     }
     return _reasons("sm_90a", **{**defaults, **changes})
 
@@ -777,15 +810,19 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
     chosen = {
         (c.signature.dtype, c.signature.mode, c.signature.mask, c.signature.lse): c.algorithm.tile_m
         for c in select(get_receipt("default"), specs["sm_90a"]).accepted
-        if c.signature.family == "fwd" and c.algorithm.pipeline == "sm90_tma_wgmma"
-        and c.signature.hdim_q == 64 and c.signature.q_quant == "none"
+        if c.signature.family == "fwd"
+        and c.algorithm.pipeline == "sm90_tma_wgmma"
+        and c.signature.hdim_q == 64
+        and c.signature.q_quant == "none"
     }
     assert chosen, "the default set has d64 Hopper forward kernels"
     for (dtype, mode, mask, lse), tile_m in chosen.items():
         expected = 192 if (mode, mask) == ("batch", "none") else 128
         assert tile_m == expected, (dtype, mode, mask, lse, tile_m)
-    # The fp8 forward's tile leads the list, limited to fp8 signatures.
-    fp8_tile, tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[:2]
+    # The fp8 forward's tiles lead the list, limited to fp8 signatures (192 rows for the
+    # unmasked batch-mode ones, as for bf16).
+    fp8_rows192, fp8_tile, tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[:3]
+    assert fp8_rows192.when == (("kv_quant", ("e4m3",)), ("mask", ("none",)), ("mode", ("batch",)))
     assert fp8_tile.when == (("kv_quant", ("e4m3",)),)
     assert tile.when == (("mask", ("none",)), ("mode", ("batch",)))
 
@@ -793,21 +830,29 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
 @pytest.mark.parametrize(
     ("when", "expected"),
     [
-        ({"lse": ["true"]}, (r"'when' names 'lse', which is not a text-valued signature field; "
-                             r"it may name bias, dtype, family, kv_quant, mask, mode, page_layout, q_quant, "
-                             r"rope")),
+        (
+            {"lse": ["true"]},
+            (
+                r"'when' names 'lse', which is not a text-valued signature field; "
+                r"it may name bias, dtype, family, kv_quant, mask, mode, page_layout, q_quant, "
+                r"rope"
+            ),
+        ),
         ({"mask": "none"}, r"'when' 'mask' must list one or more strings, got 'none'"),
         ({"mask": []}, r"'when' 'mask' must list one or more strings"),
         (["mask"], r"'when' must map signature fields to lists of values"),
     ],
 )
-def test_tile_when_is_checked_when_the_specs_load(tmp_path: Path, when: object,
-                                                  expected: str) -> None:
+def test_tile_when_is_checked_when_the_specs_load(
+    tmp_path: Path, when: object, expected: str
+) -> None:
     specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
     specs["arches"]["sm_90a"]["tiles"]["fwd"]["sm90_tma_wgmma"]["128"][0]["when"] = when
     custom = tmp_path / "arch_specs.json"
     custom.write_text(json.dumps(specs))
-    with pytest.raises(SpecsError, match=r"sm_90a tiles\.fwd\.sm90_tma_wgmma\.128\[0\]: " + expected):
+    with pytest.raises(
+        SpecsError, match=r"sm_90a tiles\.fwd\.sm90_tma_wgmma\.128\[0\]: " + expected
+    ):
         load_specs(custom)
 
 
@@ -819,16 +864,22 @@ def test_tile_when_is_checked_when_the_specs_load(tmp_path: Path, when: object,
         ({"tile_m": 64}, r"tile_m=64, warps=12: the sm90_tma_wgmma template is tile_m 128 or 192"),
         ({"warps": 8}, r"consumer warpgroup per 64 rows \(12 or 16 warps\)"),
         ({"tile_m": 192}, r"tile_m=192, warps=12: .* \(12 or 16 warps\)"),
-        ({"tile_m": 192, "warps": 16, "hdim_q": 128, "hdim_v": 128, "tile_k": 128},
-         r"exceeds 96, what three consumer warpgroups of 160 registers hold"),
+        (
+            {"tile_m": 192, "warps": 16, "hdim_q": 128, "hdim_v": 128, "tile_k": 128},
+            r"exceeds 96, what three consumer warpgroups of 160 registers hold",
+        ),
         ({"stages": 1}, r"stages=1: the TMA ring needs at least 2"),
         ({"tile_n": 272}, r"tile_n=272 must be one wgmma's N: 16, 32, 64, 96, 128, 192, 256"),
         ({"tile_n": 176}, r"tile_n=176 must be one wgmma's N"),
         ({"ctas_per_sm": 2}, r"one warp-specialized CTA fills an SM"),
-        ({"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "stages": 3},
-         r"shared memory 460800 bytes \(Q 128x256 \+ 3 x \(K 128x256 .* exceeds sm_90a's"),
-        ({"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 256},
-         r"estimated 256 accumulator registers per consumer thread"),
+        (
+            {"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "stages": 3},
+            r"shared memory 460800 bytes \(Q 128x256 \+ 3 x \(K 128x256 .* exceeds sm_90a's",
+        ),
+        (
+            {"hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 256},
+            r"estimated 256 accumulator registers per consumer thread",
+        ),
         ({"pipeline": "sm90_tma_wgmma", "tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
     ],
 )
@@ -837,8 +888,10 @@ def test_sm90_rule_fires_with_reason(changes: dict[str, object], expected: str) 
 
 
 def test_sm90_pipeline_exists_only_on_hopper() -> None:
-    assert re.search(r"pipeline 'sm90_tma_wgmma' is not available on sm_80",
-                     _reasons("sm_80", pipeline="sm90_tma_wgmma", warps=12, stages=2))
+    assert re.search(
+        r"pipeline 'sm90_tma_wgmma' is not available on sm_80",
+        _reasons("sm_80", pipeline="sm90_tma_wgmma", warps=12, stages=2),
+    )
     names = [c.name for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted]
     hopper = [n for n in names if "_sm90_tma_wgmma_" in n and n.startswith("fwd_")
               and "_qkve4m3__" not in n]  # fmt: skip
@@ -846,11 +899,18 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     assert len(hopper) == 42
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
     instance = emit.render_instance(
-        next(c for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted
-             if c.name == hopper[0]))
+        next(
+            c
+            for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted
+            if c.name == hopper[0]
+        )
+    )
     assert '#include "ckfmha/kernel/sm90/fwd_launch.cuh"' in instance
     assert "ckfmha::kernel::FwdSm90Traits<cutlass::half_t, /*HeadDimQK=*/64," in instance
-    assert "launch_fwd_sm90<ckfmha_instance_" in instance and "::Traits>(problem, args, context, stream)" in instance
+    assert (
+        "launch_fwd_sm90<ckfmha_instance_" in instance
+        and "::Traits>(problem, args, context, stream)" in instance
+    )
 
 
 def test_fp32_instance_uses_the_simt_template() -> None:
@@ -984,8 +1044,14 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
-            "fwd": 0, "fwd_splitkv": 1, "fwd_splitkv_combine": 2, "fwd_pagedkv": 3,
-            "fwd_appendkv": 4, "batch_prefill": 5, "bwd_dot_do_o": 6, "bwd_dq_dk_dv": 7,
+            "fwd": 0,
+            "fwd_splitkv": 1,
+            "fwd_splitkv_combine": 2,
+            "fwd_pagedkv": 3,
+            "fwd_appendkv": 4,
+            "batch_prefill": 5,
+            "bwd_dot_do_o": 6,
+            "bwd_dq_dk_dv": 7,
             "bwd_convert_dq": 8,
         },
         "rope": {"none": 0, "interleaved": 1, "half_rotated": 2},
@@ -1039,21 +1105,31 @@ def test_valid_bwd_config_has_no_reasons() -> None:
     [
         ({"tile_n": 48}, r"tile_n=48 is not a positive multiple of 32"),
         ({"stages": 3}, r"stages=3 is not supported; .* Q and dO in 1 or 2"),
-        ({"tile_m": 128, "tile_n": 128},
-         r"shared memory 262144 bytes \(2 x \(Q 128x128 \+ dO 128x128\)"),
-        ({"tile_m": 128, "tile_n": 128, "stages": 1},
-         r"estimated 256 accumulator registers per thread"),
+        (
+            {"tile_m": 128, "tile_n": 128},
+            r"shared memory 262144 bytes \(2 x \(Q 128x128 \+ dO 128x128\)",
+        ),
+        (
+            {"tile_m": 128, "tile_n": 128, "stages": 1},
+            r"estimated 256 accumulator registers per thread",
+        ),
         ({"warps": 3}, r"no grid of 3 warps tiles S = Q K\^T"),
         ({"dbias": True}, r"dbias with bias 'none': dbias is the gradient of an elementwise"),
         ({"bias": "alibi", "dbias": True}, r"dbias with bias 'alibi'.*ALiBi's slopes are "),
-        ({"bias": "elementwise", "dbias": True, "tile_n": 96},
-         r"tile_n=96 with 256 threads: dbias zeroes the unvisited rows"),
+        (
+            {"bias": "elementwise", "dbias": True, "tile_n": 96},
+            r"tile_n=96 with 256 threads: dbias zeroes the unvisited rows",
+        ),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2 is not supported by the sm80_cpasync_mma backward"),
         # The main stage has an sm90 template too, with its own limits.
-        ({"pipeline": "sm90_tma_wgmma"},
-         r"warps=8: the sm90_tma_wgmma backward at head dim 128 is tile_m=64 query rows per step"),
-        ({"tile_m": 32, "tile_n": 32, "warps": 8},
-         r"no grid of 8 warps tiles S = Q K\^T and dP = dO V\^T \(32x32\)"),
+        (
+            {"pipeline": "sm90_tma_wgmma"},
+            r"warps=8: the sm90_tma_wgmma backward at head dim 128 is tile_m=64 query rows per step",
+        ),
+        (
+            {"tile_m": 32, "tile_n": 32, "warps": 8},
+            r"no grid of 8 warps tiles S = Q K\^T and dP = dO V\^T \(32x32\)",
+        ),
     ],
 )
 def test_bwd_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
@@ -1102,7 +1178,10 @@ def test_bwd_instances_render_their_templates() -> None:
     assert "/*BlockM=*/64, /*BlockN=*/128, /*Warps=*/8, /*Stages=*/2" in text
     assert "ckfmha::kernel::MaskMode::kWindow, ckfmha::kernel::BiasMode::kNone" in text
     assert "/*HasDbias=*/false, /*IsGroupMode=*/true>;" in text
-    assert "launch_bwd_dq_dk_dv_sm80<ckfmha_instance_" in text and "::Traits>(problem, args, context, stream)" in text
+    assert (
+        "launch_bwd_dq_dk_dv_sm80<ckfmha_instance_" in text
+        and "::Traits>(problem, args, context, stream)" in text
+    )
     rowwise = KernelConfig(
         BwdSignature("bwd_convert_dq", "fp16", "batch", 192, 192),
         Algorithm("sm_80", "sm80_cpasync_mma", tile_m=64, tile_n=0, tile_k=192, warps=4, stages=1),
@@ -1125,8 +1204,9 @@ def test_bwd_feature_tokens_appear_only_when_on() -> None:
 
 def _bwd_sm90(**changes: object) -> str:
     sig = BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 128, 128, "causal")
-    alg = Algorithm("sm_90a", "sm90_tma_wgmma", tile_m=64, tile_n=128, tile_k=128, warps=12,
-                    stages=2)
+    alg = Algorithm(
+        "sm_90a", "sm90_tma_wgmma", tile_m=64, tile_n=128, tile_k=128, warps=12, stages=2
+    )
     sig_fields = {k: v for k, v in changes.items() if k in BwdSignature.__dataclass_fields__}
     alg_fields = {k: v for k, v in changes.items() if k not in sig_fields}
     config = KernelConfig(replace(sig, **sig_fields), replace(alg, **alg_fields))
@@ -1148,19 +1228,37 @@ def test_bwd_sm90_accepts_its_scope() -> None:
         ({"mask": "window"}, r"mask 'window' not implemented yet"),
         ({"bias": "alibi"}, r"bias 'alibi' not implemented yet"),
         ({"bias": "elementwise", "dbias": True}, r"bias 'elementwise', dbias not implemented"),
-        ({"dropout": True, "softcap": True}, (r"dropout, softcap not implemented yet; .* "
-                                             r"sm80_cpasync_mma covers the rest")),
-        ({"hdim_q": 32, "hdim_v": 32, "tile_k": 32},
-         (r"head dims 32x32: sm90_tma_wgmma's backward takes head dims of 64, 96, 128, 256, "
-          r"192x128")),
-        ({"tile_m": 128}, (r"tile_m=128, tile_n=128, warps=12: the sm90_tma_wgmma backward at "
-                          r"head dim 128 is tile_m=64 query rows per step and tile_n=128 keys "
-                          r"per CTA")),
+        (
+            {"dropout": True, "softcap": True},
+            (
+                r"dropout, softcap not implemented yet; .* "
+                r"sm80_cpasync_mma covers the rest"
+            ),
+        ),
+        (
+            {"hdim_q": 32, "hdim_v": 32, "tile_k": 32},
+            (
+                r"head dims 32x32: sm90_tma_wgmma's backward takes head dims of 64, 96, 128, 256, "
+                r"192x128"
+            ),
+        ),
+        (
+            {"tile_m": 128},
+            (
+                r"tile_m=128, tile_n=128, warps=12: the sm90_tma_wgmma backward at "
+                r"head dim 128 is tile_m=64 query rows per step and tile_n=128 keys "
+                r"per CTA"
+            ),
+        ),
         ({"tile_n": 64}, r"tile_n=64"),
-        ({"hdim_q": 256, "hdim_v": 256, "tile_k": 256},
-         (r"tile_n=128, warps=12: the sm90_tma_wgmma backward at head dim 256 is tile_m=64 query "
-          r"rows per step and tile_n=64 keys per CTA with 12 warps \(a TMA producer warpgroup and "
-          r"two consumer warpgroups sharing 64 keys, the head dim split between them\)")),
+        (
+            {"hdim_q": 256, "hdim_v": 256, "tile_k": 256},
+            (
+                r"tile_n=128, warps=12: the sm90_tma_wgmma backward at head dim 256 is tile_m=64 query "
+                r"rows per step and tile_n=64 keys per CTA with 12 warps \(a TMA producer warpgroup and "
+                r"two consumer warpgroups sharing 64 keys, the head dim split between them\)"
+            ),
+        ),
         ({"warps": 8}, r"warps=8"),
         ({"stages": 1}, r"stages=1: the sm90_tma_wgmma backward's Q/dO ring has 2 stages"),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2: one warp-specialized CTA fills an SM"),
@@ -1207,10 +1305,14 @@ def test_bwd_sm90_only_on_hopper_and_only_for_the_main_stage() -> None:
                          BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 128, 128, "causal"),
                          Algorithm("sm_80", "sm90_tma_wgmma", 64, 128, 128, 12, 2)),
                          load_specs()["sm_80"])))  # fmt: skip
-    rowwise = KernelConfig(BwdSignature("bwd_convert_dq", "bf16", "batch", 128, 128),
-                           Algorithm("sm_90a", "sm90_tma_wgmma", 64, 0, 128, 4, 1))
-    assert re.search(r"family 'bwd_convert_dq' has no 'sm90_tma_wgmma' template",
-                     "\n".join(rules.check(rowwise, load_specs()["sm_90a"])))
+    rowwise = KernelConfig(
+        BwdSignature("bwd_convert_dq", "bf16", "batch", 128, 128),
+        Algorithm("sm_90a", "sm90_tma_wgmma", 64, 0, 128, 4, 1),
+    )
+    assert re.search(
+        r"family 'bwd_convert_dq' has no 'sm90_tma_wgmma' template",
+        "\n".join(rules.check(rowwise, load_specs()["sm_90a"])),
+    )
 
 
 def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
@@ -1219,8 +1321,13 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     assert sorted(names) == sorted(
         f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{dv}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
         for dtype in ("fp16", "bf16")
-        for d, dv, n in ((64, 64, 128), (96, 96, 128), (128, 128, 128), (256, 256, 64),
-                         (192, 128, 64))
+        for d, dv, n in (
+            (64, 64, 128),
+            (96, 96, 128),
+            (128, 128, 128),
+            (256, 256, 64),
+            (192, 128, 64),
+        )
         for mask in ("none", "causal")
     )
     # Every sm90 main stage's plan finds its row-wise stages in the same set.
@@ -1231,7 +1338,10 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     instance = emit.render_instance(config)
     assert '#include "ckfmha/kernel/sm90/bwd_launch.cuh"' in instance
     assert "ckfmha::kernel::BwdSm90Traits<" in instance
-    assert "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance and "::Traits>(problem, args, context, stream)" in instance
+    assert (
+        "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance
+        and "::Traits>(problem, args, context, stream)" in instance
+    )
     # Rejected sm90 candidates (group mode, windows, features, other head dims) stay on sm80.
     rejected = select(get_receipt("default"), load_specs()["sm_90a"]).rejected
     assert any(r.pipeline == "sm90_tma_wgmma" and r.signature.family == "bwd_dq_dk_dv"
