@@ -12,6 +12,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int CKFMHA_VERSION_MAJOR
     int CKFMHA_VERSION_MINOR
     int CKFMHA_VERSION_PATCH
+    # Tokens of one head that share a per-block fp8 scale (fp8_block_scales).
+    int CKFMHA_FP8_SCALE_BLOCK
 
     cdef struct CUstream_st
     ctypedef CUstream_st* ckfmha_stream_t
@@ -128,6 +130,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         float v_scale
         ckfmha_kv_quant q_quant
         float q_scale
+        int32_t fp8_block_scales
 
     ctypedef struct ckfmha_fwd_args:
         const void* q

@@ -1,7 +1,8 @@
 # cython: language_level=3
 """fp8 (e4m3) K/V for the forward runners and appends, and fp8 queries for fwd and fwd_varlen:
 the views of q, k and v, and the (de)quantisation scales in the C problem (numbers) or args
-(device arrays). The rules and messages are in ckfmha.fp8_kv and ckfmha.fp8_attention."""
+(device arrays: one value, one per head, or, with fp8 queries, one per 128-token block of each
+head). The rules and messages are in ckfmha.fp8_kv and ckfmha.fp8_attention."""
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
@@ -9,7 +10,8 @@ from ckfmha._arrays cimport ArrayView
 from ckfmha import _dtypes
 from ckfmha._arrays import as_view
 from ckfmha.errors import InvalidArgumentError
-from ckfmha.fp8_attention import check_q_scale_heads
+from ckfmha._memory import contiguous_strides
+from ckfmha.fp8_attention import block_scale_shape, check_q_scale_heads, scale_shape
 from ckfmha.fp8_kv import (
     KV_QUANT_NONE,
     is_scale_value,
@@ -52,7 +54,7 @@ cdef class KvScales:
 
     cdef ArrayView _view(self, scale, handle, str name, int nhead_k, str heads="nhead_k",
                          str head="K/V head"):
-        shape = tuple(int(n) for n in getattr(scale, "shape", ()))
+        shape = scale_shape(scale)
         # The length is checked from the shape, so a wrong one is not staged first.
         count = scale_count(shape, nhead_k, name, heads, head)
         cdef ArrayView view = as_view(scale, handle, None, name, len(shape), _F32)
@@ -119,6 +121,46 @@ cdef class KvScales:
         args.q_scale = <const float*>view.ptr
         return 0
 
+    cdef ArrayView _block_view(self, scale, handle, str name):
+        """A per-block scale array's fp32 view (shape checked by the caller): contiguous,
+        since the kernels index it as [batch][head][block]."""
+        cdef ArrayView view = as_view(scale, handle, None, name, 3, _F32)
+        if not _contiguous(view):
+            raise InvalidArgumentError(f"{name} must be contiguous (per-block scales are read "
+                                       f"as [batch][head][block]), got strides {view.strides} "
+                                       f"for shape {view.shape}", 1)
+        self.views.append(view)
+        self.regions.append(view.region(name))
+        return view
+
+    cdef int apply_blocks(self, capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                          int kv_quant, int q_quant, q_scale, k_scale, v_scale, handle,
+                          str seqlen_q_name, str seqlen_k_name) except -1:
+        """Sets q_quant, kv_quant and per-block scales (ckfmha.fp8_attention.uses_block_scales
+        chose them; q_quant_of made q and K/V fp8). Their shapes follow the problem's batch,
+        heads and seqlens, which in group mode are the sequence count and the longest
+        sequences; the seqlen names are the caller's arguments, for the messages."""
+        problem.q_quant = <capi.ckfmha_kv_quant>q_quant
+        problem.kv_quant = <capi.ckfmha_kv_quant>kv_quant
+        cdef int block = capi.CKFMHA_FP8_SCALE_BLOCK
+        q_shape = (problem.batch, problem.nhead_q, _blocks(problem.seqlen_q, block))
+        kv_shape = (problem.batch, problem.nhead_k, _blocks(problem.seqlen_k, block))
+        # Every shape is checked before any array is viewed, so a wrong one stages nothing.
+        block_scale_shape("q_scale", scale_shape(q_scale), q_shape, "nhead_q", seqlen_q_name,
+                          block)
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            block_scale_shape(name, scale_shape(scale), kv_shape, "nhead_k", seqlen_k_name, block)
+        cdef ArrayView qv = self._block_view(q_scale, handle, "q_scale")
+        cdef ArrayView kv = self._block_view(k_scale, handle, "k_scale")
+        cdef ArrayView vv = self._block_view(v_scale, handle, "v_scale")
+        # Block scales are per head already; the host scalars stay at ckfmha_fwd_problem_init's 1.
+        problem.fp8_block_scales = 1
+        problem.kv_scale_per_head = 0
+        args.q_scale = <const float*>qv.ptr
+        args.k_scale = <const float*>kv.ptr
+        args.v_scale = <const float*>vv.ptr
+        return 0
+
     cdef int apply_append(self, capi.ckfmha_appendkv_problem* problem,
                           capi.ckfmha_appendkv_args* args, int cache_quant, k_scale, v_scale,
                           handle, int nhead_k) except -1:
@@ -142,3 +184,15 @@ cdef bint _number(scale):
 
 cdef int _count(ArrayView view):
     return view.shape[0] if view.shape else 1
+
+
+cdef int _blocks(int seqlen, int block):
+    """CKFMHA_FP8_SCALE_BLOCKS: the blocks that cover seqlen tokens."""
+    return (seqlen + block - 1) // block
+
+
+cdef bint _contiguous(ArrayView view):
+    """Row-major over the axes that hold more than one value (a size-1 axis's stride is
+    never used, and producers report various ones)."""
+    return all(extent == 1 or stride == expected for extent, stride, expected in
+               zip(view.shape, view.strides, contiguous_strides(view.shape)))

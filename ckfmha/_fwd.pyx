@@ -20,7 +20,12 @@ from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
-from ckfmha.fp8_attention import check_q_scale_arg, out_dtype_of, q_quant_of
+from ckfmha.fp8_attention import (
+    check_q_scale_arg,
+    out_dtype_of,
+    q_quant_of,
+    uses_block_scales,
+)
 from ckfmha.fp8_kv import KV_QUANT_NONE, check_scale_args, kv_quant_of
 from ckfmha.host_metadata import MetadataValues
 from ckfmha.metadata_checks import check_varlen
@@ -256,14 +261,18 @@ cdef int _check_outputs(out, lse_out, ArrayView ov, ArrayView lv, list inputs) e
 
 
 cdef class _Quant:
-    """What a forward call's arrays say of fp8: q_quant, kv_quant and the output's dtype code
-    (the C problem's dtype), from ckfmha.fp8_attention and ckfmha.fp8_kv."""
+    """What a forward call's arrays say of fp8: q_quant, kv_quant, the output's dtype code
+    (the C problem's dtype) and whether the scales are per block, from ckfmha.fp8_attention
+    and ckfmha.fp8_kv."""
     cdef int q_quant
     cdef int kv_quant
     cdef int out_dtype
+    cdef bint block_scales
 
     def __init__(self, ArrayView qv, ArrayView kv, ArrayView vv, out_dtype, q_scale, k_scale,
                  v_scale):
+        # Before q_quant_of: 3-D scales over fp16/bf16 q are refused as per-block scales.
+        self.block_scales = uses_block_scales(qv.dtype, q_scale, k_scale, v_scale)
         self.q_quant = q_quant_of(qv.dtype, kv.dtype, vv.dtype,
                                   q_scale_given=q_scale is not None)
         self.out_dtype = out_dtype_of(qv.dtype, self.q_quant, out_dtype)
@@ -271,6 +280,19 @@ cdef class _Quant:
         self.kv_quant = kv_quant_of(self.out_dtype if self.q_quant else qv.dtype, kv.dtype,
                                     vv.dtype,
                                     scales_given=k_scale is not None or v_scale is not None)
+
+
+cdef int _apply_scales(capi.ckfmha_fwd_problem* problem, capi.ckfmha_fwd_args* args,
+                       KvScales kv_scales, _Quant quant, q_scale, k_scale, v_scale, handle,
+                       str seqlen_q_name="seqlen_q", str seqlen_k_name="seqlen_k") except -1:
+    """q_quant, kv_quant and the scales, once the problem's counts are set: per block, or per
+    tensor or head (numbers, device arrays). The seqlen names are the caller's arguments."""
+    if quant.block_scales:
+        return kv_scales.apply_blocks(problem, args, quant.kv_quant, quant.q_quant, q_scale,
+                                      k_scale, v_scale, handle, seqlen_q_name, seqlen_k_name)
+    kv_scales.apply(problem, args, quant.kv_quant, k_scale, v_scale, handle, problem.nhead_k)
+    kv_scales.apply_query(problem, args, quant.q_quant, q_scale, handle, problem.nhead_q)
+    return 0
 
 
 cdef ArrayView _out_view(o_obj, handle, int ndim, _Quant quant):
@@ -371,6 +393,15 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     the C library). fp8 q over K/V that are not fp8, ``q_scale`` without fp8 q, and an
     ``out_dtype`` other than q's for a q that is not fp8 raise InvalidArgumentError.
 
+    Per-block scales (fp8 queries only): ``q_scale``, ``k_scale`` and ``v_scale`` all 3-D fp32
+    arrays (device arrays, read by the kernels; NumPy arrays are staged) with one scale per
+    block of 128 tokens of each head, contiguous: q_scale [batch, nhead_q, ceil(seqlen_q /
+    128)], k_scale and v_scale [batch, nhead_k, ceil(seqlen_k / 128)]; token t of a head
+    stands for its code times the scale of block t // 128. An outlier then coarsens only its
+    own block. Scales must be positive and finite (not checked here: the kernels read them).
+    A 3-D scale beside a number or a 1-D array, a shape off by a block or a head, another
+    dtype than fp32, and 3-D scales over q that is not fp8 raise InvalidArgumentError.
+
     Arrays may be DLPack or __cuda_array_interface__ producers (torch, CuPy,
     JAX, numba), ckfmha DeviceArrays or ``device_ptr`` views, or NumPy arrays
     (copied to the GPU and back). The output is of q's kind and layout. The arrays share one
@@ -454,8 +485,7 @@ cdef object _fwd(index, q, k, v, causal, causal_alignment, window, scale, softca
     _init_problem(&problem, quant.out_dtype, c_layout, batch, nhead_q, nhead_k, seqlen_q,
                   seqlen_k, hdim_q, hdim_v)
     cdef KvScales kv_scales = KvScales()
-    kv_scales.apply(&problem, &args, quant.kv_quant, k_scale, v_scale, handle, nhead_k)
-    kv_scales.apply_query(&problem, &args, quant.q_quant, q_scale, handle, nhead_q)
+    _apply_scales(&problem, &args, kv_scales, quant, q_scale, k_scale, v_scale, handle)
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
 
@@ -563,7 +593,10 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
     [total_q, nhead_q, hdim_v], then LSE [nhead_q, total_q] with ``return_lse``,
     then the dropout bytes [batch, hq, max_sq, max_sk]. ``num_splits`` as in ``fwd``; fp8 K/V
     (``kv_dtype``, ``k_scale``, ``v_scale``) and fp8 queries (``q_dtype``, ``q_scale``,
-    ``out_dtype``) as in ``fwd``.
+    ``out_dtype``) as in ``fwd``. Per-block scales as in ``fwd``, one row per sequence and
+    blocks counted from each sequence's first token: q_scale [batch, nhead_q,
+    ceil(max_seqlen_q / 128)], k_scale and v_scale [batch, nhead_k, ceil(max_seqlen_k / 128)]
+    (a sequence's blocks past its end are not read).
 
     Offsets given on the host (NumPy, lists) are checked before they are staged: they start
     at 0, never decrease, end within q and k, and no sequence is longer than max_seqlen_q/k
@@ -634,8 +667,8 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     problem.total_k = total_k
     problem.skip_min_seqlen_q = to_int32(skip_min_seqlen_q, "skip_min_seqlen_q")
     cdef KvScales kv_scales = KvScales()
-    kv_scales.apply(&problem, &args, quant.kv_quant, k_scale, v_scale, handle, nhead_k)
-    kv_scales.apply_query(&problem, &args, quant.q_quant, q_scale, handle, nhead_q)
+    _apply_scales(&problem, &args, kv_scales, quant, q_scale, k_scale, v_scale, handle,
+                  "max_seqlen_q", "max_seqlen_k")
     _set_scalars(&problem, causal, causal_alignment, window, scale, softcap, dropout_p,
                  num_splits)
     meta = MetadataValues(validate)

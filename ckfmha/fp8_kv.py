@@ -6,9 +6,10 @@ k and v hold e4m3 values (float8_e4m3fn, or uint8 codes with ``kv_dtype="fp8_e4m
 stand for ``k_scale * k`` and ``v_scale * v``; q and the output stay fp16 or bf16 (unless q is
 fp8 too: ckfmha.fp8_attention). A scale is a Python float (read when the call is made: a
 captured CUDA graph keeps that value) or a device fp32 array of 1 or nhead_k values (read by
-the kernels: a graph follows its updates). The C library checks the rest (q's dtype, page
-layouts, strides) when the problem is validated; the Cython side (``_fp8_kv.pyx``) fills the
-C structs.
+the kernels: a graph follows its updates); with fp8 queries, 3-D arrays of one value per
+128-token block of each head (ckfmha.fp8_attention). The C library checks the rest (q's dtype,
+page layouts, strides) when the problem is validated; the Cython side (``_fp8_kv.pyx``) fills
+the C structs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ dtypes, and the real one runs ``ckfmha.fwd``/``ckfmha.bwd`` at run time. The for
 return ``rng_state``, an int64 CPU tensor (dropout seed, offset), so the backward replays the
 same Philox stream without a host read of device memory. ``fwd`` and ``fwd_paged`` read fp8
 (float8_e4m3fn) K/V with their dequantisation scales (``KV_QUANT_SCHEMA``); fp8 K/V has no backward.
-``fwd_fp8`` reads fp8 queries too (``Q_QUANT_SCHEMA``): an inference op with no autograd.
+``fwd_fp8`` reads fp8 queries too (``Q_QUANT_SCHEMA``): an inference op with no autograd. Its
+scale tensors go to ``ckfmha.fwd`` whatever their shape, so per-block scales (q_scale, k_scale
+and v_scale 3-D) need nothing of the schema, and the fake implementation's outputs do not
+depend on them.
 
 Outputs are freshly allocated and contiguous in their documented shapes (what ckfmha's
 runners allocate), which the fake implementations state exactly.
@@ -51,8 +54,8 @@ def kv_quant_options(kv_dtype: str | None, k_scale: torch.Tensor | None,
     }
 
 
-# fp8 queries: the storage hint for uint8 codes, q's scale as a tensor or a number (as the K/V
-# scales travel), and the output dtype (bf16 unless given).
+# fp8 queries: the storage hint for uint8 codes, q's scale as a tensor (1, nhead_q or per-block
+# values) or a number (as the K/V scales travel), and the output dtype (bf16 unless given).
 Q_QUANT_SCHEMA = (
     "str? q_dtype=None, Tensor? q_scale=None, float? q_scale_value=None, "
     "ScalarType? out_dtype=None"

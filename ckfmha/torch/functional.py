@@ -21,7 +21,8 @@ from ckfmha.fp8_kv import KV_QUANT_NONE
 from ckfmha.torch import attention_ops, autograd, cache_ops  # noqa: F401  (register the ops)
 from ckfmha.torch.autograd import FP8_KV_HAS_NO_BACKWARD, is_fp8_kv
 
-# A scale: a number, or a device fp32 tensor of 1 or nhead_k values.
+# A scale: a number, or a device fp32 tensor of 1 or nhead_k values (nhead_q for q_scale), or,
+# with fp8 queries, of one value per 128-token block of each head (3-D: per-block scales).
 Scale = float | torch.Tensor | None
 
 
@@ -130,7 +131,9 @@ def attention(
     inference: with gradients enabled and an input that requires one, InvalidArgumentError.
     fp8 queries (float8_e4m3fn q, or uint8 codes with ``q_dtype="fp8_e4m3"``, over fp8 K/V;
     ``q_scale`` as ``k_scale`` but of 1 or nhead_q values; ``out_dtype`` fp16 or bf16, the
-    default) run ``torch.ops.ckfmha.fwd_fp8``, likewise for inference only.
+    default) run ``torch.ops.ckfmha.fwd_fp8``, likewise for inference only. Their per-block
+    scales pass through as they are: ``q_scale``, ``k_scale`` and ``v_scale`` all 3-D fp32
+    tensors [batch, heads, ceil(seqlen / 128)], checked by ``ckfmha.fwd``.
     """
     if _is_fp8_query(q, q_dtype):
         features = (bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,

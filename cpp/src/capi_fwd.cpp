@@ -239,6 +239,13 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
                                             args->q_scale)) {
     return s;
   }
+  if (problem->fp8_block_scales &&
+      (args->q_scale == nullptr || args->k_scale == nullptr || args->v_scale == nullptr)) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "per-block scales (fp8_block_scales) need args.q_scale, args.k_scale and "
+                "args.v_scale, device arrays of one fp32 scale per 128-token block of each "
+                "head");
+  }
   PlanContext context;
   if (int s = plan_context(-1, &context)) return s;
   context.workspace_available = args->workspace != nullptr;

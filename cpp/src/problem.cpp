@@ -257,6 +257,24 @@ std::string check_q_quant(ckfmha_fwd_problem const& p) {
   return check_fp8_scale_values({{"q_scale", p.q_scale}});
 }
 
+// Per-block scales: a mode of the fp8 forward's scales. The arrays
+// themselves are checked where the arguments are (capi_fwd.cpp).
+std::string check_fp8_block_scales(ckfmha_fwd_problem const& p) {
+  if (p.fp8_block_scales != 0 && p.fp8_block_scales != 1) {
+    return "fp8_block_scales " + std::to_string(p.fp8_block_scales) + " is not 0 or 1";
+  }
+  if (!p.fp8_block_scales) return {};
+  if (p.q_quant != CKFMHA_KV_QUANT_FP8_E4M3) {
+    return "per-block scales (fp8_block_scales) need fp8 queries (q_quant fp8_e4m3): the "
+           "split-KV kernels that read fp8 K/V with queries in dtype take per-tensor or "
+           "per-head scales";
+  }
+  if (p.kv_scale_per_head) {
+    return "per-block scales exclude kv_scale_per_head: block scales are already per head";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
@@ -354,7 +372,8 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
   }
   if (std::string why = check_paged_kv(p); !why.empty()) return why;
   if (std::string why = check_kv_quant(p); !why.empty()) return why;
-  return check_q_quant(p);
+  if (std::string why = check_q_quant(p); !why.empty()) return why;
+  return check_fp8_block_scales(p);
 }
 
 ckfmha_fwd_problem forward_of(ckfmha_bwd_problem const& b) {
@@ -453,6 +472,7 @@ std::string describe(ckfmha_fwd_problem const& p) {
   if (p.has_sink) out << " sink";
   if (p.v_col_major) out << " v_col_major";
   if (p.q_quant == CKFMHA_KV_QUANT_FP8_E4M3) out << " q=fp8_e4m3";
+  if (p.fp8_block_scales) out << " fp8_block_scales";
   if (p.kv_quant == CKFMHA_KV_QUANT_FP8_E4M3) {
     out << " kv=fp8_e4m3" << (p.kv_scale_per_head ? "(per-head scales)" : "");
   }

@@ -45,7 +45,10 @@ SM90_FP8_PRODUCER_REGISTERS = {128: 64, 192: 56}
 SM90_FP8_CONSUMER_REGISTERS = {128: 216, 192: 144}
 SM90_FP8_THREE_WARPGROUP_HDIM = 64
 SM90_FP8_WGMMA_K = 32
-SM90_FP8_TILE_N = (64, 128, 256)
+# Key tiles lie inside one block of per-block K/V scales (CKFMHA_FP8_SCALE_BLOCK, 128 keys),
+# whose scale the kernel reads once per tile.
+SM90_FP8_TILE_N = (64, 128)
+SM90_FP8_SCALE_BLOCK = 128
 SM90_FP8_HDIMS = (64, 128, 256)
 SM90_FP8_STAGES = (2, 3)
 
@@ -125,9 +128,10 @@ def _fp8_reasons(config: KernelConfig) -> list[str]:
     if alg.tile_n not in SM90_FP8_TILE_N:
         reasons.append(
             f"tile_n={alg.tile_n}: the fp8 forward takes tile_n "
-            f"{', '.join(map(str, SM90_FP8_TILE_N))} (fp8 wgmma steps are "
-            f"{SM90_FP8_WGMMA_K} keys deep, and V's transposed rows are whole 64-byte swizzle "
-            "atoms)"
+            f"{' or '.join(map(str, SM90_FP8_TILE_N))} (fp8 wgmma steps are "
+            f"{SM90_FP8_WGMMA_K} keys deep, V's transposed rows are whole 64-byte swizzle "
+            f"atoms, and a key tile must lie in one {SM90_FP8_SCALE_BLOCK}-key block of "
+            "per-block K/V scales)"
         )
     if alg.stages not in SM90_FP8_STAGES:
         reasons.append(

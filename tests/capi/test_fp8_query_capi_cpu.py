@@ -40,7 +40,8 @@ static void validate(const char* name, ckfmha_fwd_problem p) {
   report(name, ckfmha_fwd_problem_validate(&p));
 }
 
-static void run(const char* name, ckfmha_fwd_problem p, const float* q_scale) {
+static void run_scales(const char* name, ckfmha_fwd_problem p, const float* q_scale,
+                       const float* k_scale, const float* v_scale) {
   ckfmha_fwd_args a;
   memset(&a, 0, sizeof a);
   a.q = (const void*)(uintptr_t)0x100000;
@@ -48,7 +49,13 @@ static void run(const char* name, ckfmha_fwd_problem p, const float* q_scale) {
   a.v = (const void*)(uintptr_t)0x300000;
   a.o = (void*)(uintptr_t)0x400000;
   a.q_scale = q_scale;
+  a.k_scale = k_scale;
+  a.v_scale = v_scale;
   report(name, ckfmha_fwd_run(&p, &a, NULL, NULL));
+}
+
+static void run(const char* name, ckfmha_fwd_problem p, const float* q_scale) {
+  run_scales(name, p, q_scale, NULL, NULL);
 }
 
 int main(void) {
@@ -86,6 +93,19 @@ int main(void) {
   run("run_q_scale_without_fp8_q", p, scales);
   run("run_misaligned_q_scale", fp8_problem(), (const float*)((const char*)scales + 2));
 
+  /* Per-block scales: fp8 queries only, not per head, all three device arrays. */
+  p = fp8_problem(); p.fp8_block_scales = 1; validate("valid_block_scales", p);
+  p = fp8_problem(); p.fp8_block_scales = 2; validate("block_scales_not_a_flag", p);
+  p = fp8_problem(); p.fp8_block_scales = 1; p.q_quant = CKFMHA_KV_QUANT_NONE;
+  validate("block_scales_without_fp8_q", p);
+  p = fp8_problem(); p.fp8_block_scales = 1; p.kv_scale_per_head = 1;
+  validate("block_scales_per_head", p);
+  p = fp8_problem(); p.fp8_block_scales = 1;
+  run_scales("run_block_scales_without_k", p, scales, NULL, NULL);
+  run_scales("run_block_scales_without_q", p, NULL, scales, scales);
+  printf("block_macros\t%d\t%d %d %d\n", CKFMHA_FP8_SCALE_BLOCK, CKFMHA_FP8_SCALE_BLOCKS(1),
+         CKFMHA_FP8_SCALE_BLOCKS(128), CKFMHA_FP8_SCALE_BLOCKS(129));
+
   char text[65536];
   p = fp8_problem();
   report("select_sm80", ckfmha_fwd_select(&p, 80, text, sizeof text));
@@ -122,7 +142,15 @@ def test_init_leaves_queries_in_dtype(results: dict[str, tuple[str, str]]) -> No
     assert results["init"] == ("0", "1")
 
 
-@pytest.mark.parametrize("case", ["valid", "valid_group_causal_lse", "plain_ignores_q_scale"])
+def test_init_leaves_block_scales_off(results: dict[str, tuple[str, str]]) -> None:
+    # fp8_problem() starts from ckfmha_fwd_problem_init: a valid problem with the flag off.
+    assert results["valid"] == ("CKFMHA_SUCCESS", "")
+    assert results["block_macros"] == ("128", "1 1 2")
+
+
+@pytest.mark.parametrize(
+    "case", ["valid", "valid_group_causal_lse", "plain_ignores_q_scale", "valid_block_scales"]
+)
 def test_valid_problems(results: dict[str, tuple[str, str]], case: str) -> None:
     assert results[case] == ("CKFMHA_SUCCESS", "")
 
@@ -147,6 +175,15 @@ def test_valid_problems(results: dict[str, tuple[str, str]], case: str) -> None:
         ("k_stride_not_16", "fp8 queries: k head stride 136 is not a multiple of 16"),
         ("run_q_scale_without_fp8_q", "args.q_scale is set, but the queries are not quantised"),
         ("run_misaligned_q_scale", "args.q_scale must be fp32-aligned"),
+        ("block_scales_not_a_flag", "fp8_block_scales 2 is not 0 or 1"),
+        ("block_scales_without_fp8_q",
+         "per-block scales (fp8_block_scales) need fp8 queries (q_quant fp8_e4m3)"),
+        ("block_scales_per_head",
+         "per-block scales exclude kv_scale_per_head: block scales are already per head"),
+        ("run_block_scales_without_k",
+         "per-block scales (fp8_block_scales) need args.q_scale, args.k_scale and args.v_scale"),
+        ("run_block_scales_without_q",
+         "per-block scales (fp8_block_scales) need args.q_scale, args.k_scale and args.v_scale"),
     ],
 )  # fmt: skip
 def test_refusals_say_why(results: dict[str, tuple[str, str]], case: str, message: str) -> None:

@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 from support.cuda_graphs import capture
-from support.gpu_compare import Inputs, f64, torch_dtype
+from support.fp8_checks import check, check_varlen, mask_options, max_logit, poisoned
+from support.gpu_compare import Inputs, torch_dtype
 from support.outlier_rows import normal_with_outliers
 
 import ckfmha
 from ckfmha import fp8
-from ckfmha.reference import attention_reference, varlen_attention_reference
+from ckfmha.reference import attention_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -37,26 +38,6 @@ hopper = pytest.mark.skipif(
     ckfmha.device_count() == 0 or ckfmha.device_arch() != FP8_QUERY_ARCH,
     reason=f"fp8 queries are served by the sm_{FP8_QUERY_ARCH}a forward",
 )
-
-# Bounds against the reference on the dequantised inputs. Each e4m3 product is exact, but
-# Hopper's fp8 wgmma keeps fewer mantissa bits than fp32 while it accumulates over the head
-# dim: a score carries an absolute error of up to about 2^-11 of the largest scores of the
-# problem (measured on an H100: 0.42 at logits of 775, rows with outlier channels). The other
-# term is P: the kernel rounds the probabilities to e4m3 for the P V product, 3 mantissa
-# bits, a relative error up to 2^-4 per probability (bf16's is 2^-9). Over many keys these
-# errors average out; over a few dominant keys they do not, and the output moves by up to
-# ~2^-4 of the largest |V|. Hence a relative-L2 bound, and a max-abs bound as a fraction of
-# max |V| (the output is a convex combination of V rows, so that is its magnitude) which
-# grows with the score error: a score error e moves O by at most 2 e max |V|. The LSE comes
-# from the scores before P is rounded, so only the score error reaches it. Measured on an
-# H100 (4913e40): relative L2 1.7e-2 to 2.6e-2 on normal inputs and 3.5e-3 to 1.5e-2 with
-# outliers; max abs 1.1e-3 to 1.5e-2 of max |V| on normal inputs, 1.9e-2 to 1.0e-1 with
-# outliers (logits of 400 to 800).
-REL_L2_TOL = 3e-2
-MAX_ABS_OF_V = 6e-2
-LSE_ABS_TOL = 1e-2
-LSE_REL_TOL = 1e-5
-SCORE_ERROR_OF_MAX_LOGIT = 2e-3  # about 4x the 2^-11 seen
 
 
 @dataclass
@@ -92,44 +73,6 @@ def _scale_args(q: Quantized, k: Quantized, v: Quantized, kind: str) -> dict[str
     return {name: torch.from_numpy(t.scales).cuda() for name, t in tensors.items()}
 
 
-def _poisoned(shape: tuple[int, ...], dtype: Any) -> Any:
-    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
-
-
-def max_logit(q: np.ndarray, k: np.ndarray, scale: float, head_axis: int) -> float:
-    """The largest |scale * q . k| over every query and key row and every query head with its
-    K/V head (a bound across sequences too, for packed varlen inputs), in float64 on the GPU."""
-    qt, kt = (torch.from_numpy(np.moveaxis(x, head_axis, -2)).cuda() for x in (q, k))
-    qt, kt = qt.reshape(-1, *qt.shape[-3:]), kt.reshape(-1, *kt.shape[-3:])  # [b, s, h, d]
-    kt = kt.repeat_interleave(qt.shape[-2] // kt.shape[-2], dim=-2)
-    scores = torch.einsum("bihd,bjhd->bhij", qt, kt)
-    return float(scores.abs().max()) * scale
-
-
-def check(out: Any, lse: Any, ref: np.ndarray, ref_lse: np.ndarray, v: np.ndarray,
-          what: str, logit: float) -> float:  # fmt: skip
-    """O and the LSE against the reference with the fp8 bounds, `logit` being max_logit of
-    the inputs; returns O's relative L2."""
-    score_error = SCORE_ERROR_OF_MAX_LOGIT * logit
-    o64 = f64(out)
-    rows = ~np.isnan(ref)
-    assert np.array_equal(np.isnan(o64), ~rows), f"unwritten or overwritten outputs ({what})"
-    err = np.where(rows, o64 - np.nan_to_num(ref), 0.0)
-    rel = float(np.linalg.norm(err) / max(np.linalg.norm(np.nan_to_num(ref)), 1e-30))
-    assert rel < REL_L2_TOL, f"relative L2 error {rel:.3e} ({what})"
-    bound = (MAX_ABS_OF_V + 2 * score_error) * max(float(np.abs(v).max(initial=0.0)), 1e-30)
-    worst = float(np.abs(err).max(initial=0.0))
-    assert worst < bound, f"max abs error {worst:.3e} > {bound:.3e} ({what})"
-    lse64 = f64(lse)
-    written = ~np.isnan(ref_lse)
-    assert np.array_equal(np.isnan(lse64), ~written), f"LSE rows unwritten ({what})"
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse64[written]), finite[written], err_msg=what)
-    np.testing.assert_allclose(lse64[finite], ref_lse[finite], rtol=LSE_REL_TOL,
-                               atol=LSE_ABS_TOL + score_error, err_msg=what)  # fmt: skip
-    return rel
-
-
 # ---- batch mode ----
 
 # (batch, sq, sk, (hq, hk), d, mask, out dtype, scales). Masks: "none", "causal" (top-left),
@@ -157,15 +100,6 @@ CASES: list[tuple[Any, ...]] = [
     (1, 255, 255, (40, 5), 128, "none", "bf16", "array1"),
     (3, 17, 255, (12, 12), 64, "causal", "bf16", "float"),
 ]
-
-
-def _mask(mask: Any) -> dict[str, Any]:
-    if mask == "none":
-        return {}
-    if mask in ("causal", "causal_br"):
-        alignment = "bottom_right" if mask == "causal_br" else "top_left"
-        return {"causal": True, "causal_alignment": alignment}
-    return {"window": mask, "causal_alignment": "bottom_right"}
 
 
 @dataclass
@@ -196,9 +130,9 @@ def _run(case: tuple[Any, ...], index: int, *, outliers: bool = False) -> Run:
     q, k, v = (_quantize(normal_with_outliers(inputs, shape(h, n), outliers), head_axis, per_head)
                for h, n in ((hq, sq), (hk, sk), (hk, sk)))  # fmt: skip
     out_dtype = torch_dtype(out_name)
-    out, lse = _poisoned(shape(hq, sq), out_dtype), _poisoned((batch, hq, sq), torch.float32)
+    out, lse = poisoned(shape(hq, sq), out_dtype), poisoned((batch, hq, sq), torch.float32)
     options = {"scale": 1.0 / math.sqrt(d) * (0.75 if index % 3 == 1 else 1.0),
-               "layout": layout, **_mask(mask)}  # fmt: skip
+               "layout": layout, **mask_options(mask)}  # fmt: skip
     ckfmha.fwd(q.codes, k.codes, v.codes, return_lse=True, out=out, lse_out=lse,
                out_dtype=out_name, **_scale_args(q, k, v, scales), **options)  # fmt: skip
     torch.cuda.synchronize()
@@ -324,17 +258,13 @@ def test_varlen_fp8_attention_matches_the_reference(index: int) -> None:
     per_head = scales == "per_head"
     q, k, v = (_quantize(normal_with_outliers(inputs, (int(n), h, d), index % 2 == 1), 1, per_head)
                for h, n in ((hq, cu_q[-1]), (hk, cu_k[-1]), (hk, cu_k[-1])))  # fmt: skip
-    total_q = int(cu_q[-1])
-    out = _poisoned((total_q, hq, d), torch_dtype(out_name))
-    lse = _poisoned((hq, total_q), torch.float32)
-    options = {"scale": 1.0 / math.sqrt(d), **_mask(mask)}
-    ckfmha.fwd_varlen(
-        q.codes, k.codes, v.codes, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
-        max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), return_lse=True, out=out,
-        lse_out=lse, out_dtype=out_name, **_scale_args(q, k, v, scales), **options,
-    )  # fmt: skip
-    torch.cuda.synchronize()
-    ref, ref_lse = varlen_attention_reference(q.values, k.values, v.values, cu_q, cu_k,
-                                              **options)  # fmt: skip
-    logit = max_logit(q.values[None], k.values[None], options["scale"], 2)
-    check(out, lse, ref, ref_lse, v.values, f"varlen {VARLEN_CASES[index]}", logit)
+    check_varlen(
+        (q.codes, k.codes, v.codes),
+        (q.values, k.values, v.values),
+        (cu_q, cu_k),
+        d,
+        mask,
+        out_name,
+        _scale_args(q, k, v, scales),
+        f"varlen {VARLEN_CASES[index]}",
+    )

@@ -258,7 +258,23 @@ typedef struct ckfmha_fwd_problem {
    */
   ckfmha_kv_quant q_quant;
   float q_scale; /* set to 1 by ckfmha_fwd_problem_init */
+  /*
+   * Per-block scales (fp8 queries only): q, k and v each carry one fp32 scale
+   * per block of CKFMHA_FP8_SCALE_BLOCK tokens of one head, read from the
+   * device arrays args.q_scale [batch][nhead_q][ceil(seqlen_q / 128)] and
+   * args.k_scale / args.v_scale [batch][nhead_k][ceil(seqlen_k / 128)]
+   * (contiguous; group mode: batch counts sequences, blocks start at each
+   * sequence's first token, seqlen_q/seqlen_k are the longest). Scales must
+   * be positive and finite. Excludes kv_scale_per_head (block scales are
+   * already per head) and the host scalars.
+   */
+  int32_t fp8_block_scales;
 } ckfmha_fwd_problem;
+
+/* Tokens of one head that share a per-block fp8 scale (fp8_block_scales),
+ * and the blocks of a sequence of n tokens. */
+#define CKFMHA_FP8_SCALE_BLOCK 128
+#define CKFMHA_FP8_SCALE_BLOCKS(n) (((n) + CKFMHA_FP8_SCALE_BLOCK - 1) / CKFMHA_FP8_SCALE_BLOCK)
 
 /*
  * Dropout random values: element (b, h, i, j) (i, j local to the sequence)
@@ -296,7 +312,8 @@ typedef struct ckfmha_fwd_args {
   const float* k_scale;
   const float* v_scale;
   /* fp8 queries: device fp32 dequantisation scale, 1 value or nhead_q values
-   * (problem.kv_scale_per_head); NULL: problem.q_scale. */
+   * (problem.kv_scale_per_head), or per block (problem.fp8_block_scales);
+   * NULL: problem.q_scale. */
   const float* q_scale;
 } ckfmha_fwd_args;
 

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 10
+#define CKFMHA_KERNEL_ABI_VERSION 11
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */

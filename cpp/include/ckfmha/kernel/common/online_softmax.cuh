@@ -149,6 +149,48 @@ struct OnlineSoftmax {
     return correction;
   }
 
+  // update_scores for scales that change from row to row and tile to tile
+  // (the fp8 forward's dequantisation scales, per block of queries and
+  // keys): row i's scores are multiplied by scale_log2[i] before exp2, and
+  // row_max is kept in log2 units (scaled), since raw maxima of tiles with
+  // different scales do not compare. finalize then takes max_to_log2 = 1.
+  // Maxima and sums are reduced pairwise, as with `Tree` above.
+  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0>
+  __device__ __forceinline__ Corrections update_scaled_scores(
+      Scores& scores, float const (&scale_log2)[Rows], std::integral_constant<int, MaxSlack> = {},
+      std::integral_constant<int, ProbOffset> = {}) {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores))::value == Rows);
+    Corrections correction{};
+    correction.any = MaxSlack == 0;
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) {
+      const float raw_max = lane_group_max<LaneGroup>(
+          row_tree_reduce(scores, i, [](float a, float b) { return fmaxf(a, b); }));
+      // Scales are positive: scaling keeps the order, and -inf stays -inf.
+      float tile_max = fmaxf(row_max[i], raw_max * scale_log2[i]);
+      if constexpr (!FirstTile && MaxSlack > 0) {
+        const bool moves = row_max[i] == -INFINITY ? tile_max != -INFINITY
+                                                   : tile_max - row_max[i] > float(MaxSlack);
+        if (!moves) tile_max = row_max[i];
+        correction.any |= moves;
+      }
+      float shift = tile_max == -INFINITY ? 0.f : tile_max;
+      if constexpr (!FirstTile) {
+        correction.row[i] = row_max[i] == -INFINITY ? 0.f : exp2f(row_max[i] - shift);
+        row_sum[i] *= correction.row[i];
+      }
+      row_max[i] = tile_max;
+      if constexpr (ProbOffset != 0) shift -= float(ProbOffset);
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) {
+        scores(i, j) = exp2f(scores(i, j) * scale_log2[i] - shift);
+      }
+      row_sum[i] += row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
+    }
+    return correction;
+  }
+
   template <class Output>
   __device__ __forceinline__ void rescale(Output& out, Corrections const& correction) const {
     using namespace cute;
@@ -163,11 +205,14 @@ struct OnlineSoftmax {
   // log). max_to_log2 converts row_max to the log2 domain (the softmax scale
   // times log2(e), or 1 when scores were already transformed). A sink adds
   // exp(sink) to the denominator; without one, rows that saw no visible key
-  // give 0 and -inf, never NaN. `rescale` folds in dropout's 1/(1-p).
-  template <bool HasSink, class Output>
+  // give 0 and -inf, never NaN. `rescale` folds in dropout's 1/(1-p) (and
+  // the fp8 forward's v scale). `ProbOffset` is update_scores': the sums
+  // carry 2^ProbOffset, which the LSE takes off.
+  template <bool HasSink, int ProbOffset = 0, class Output>
   __device__ __forceinline__ void finalize(Output& out, float max_to_log2, float sink_log2,
                                            float rescale, float (&lse)[Rows]) {
     using namespace cute;
+    static_assert(!HasSink || ProbOffset == 0, "a sink's weight would need the offset too");
     constexpr float kLn2 = 0.6931471805599453f;
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
@@ -183,7 +228,7 @@ struct OnlineSoftmax {
       } else {
         bool empty = total == 0.f || total != total;
         inv = empty ? 0.f : 1.f / total;
-        lse[i] = empty ? -INFINITY : (max_log2 + log2f(total)) * kLn2;
+        lse[i] = empty ? -INFINITY : (max_log2 + log2f(total) - float(ProbOffset)) * kLn2;
       }
       inv *= rescale;
       CUTE_UNROLL

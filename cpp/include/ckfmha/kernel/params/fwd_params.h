@@ -87,6 +87,11 @@ struct FwdParams {
   // scale * value; the device array has one value, or one per query head.
   const float* q_scale_ptr;
   float q_scale;
+  // Per-block scales (fp8 queries): the three device arrays hold one scale
+  // per 128 tokens of a head, [batch][head][blocks] with these block counts.
+  int32_t fp8_block_scales;
+  int32_t fp8_q_scale_blocks;
+  int32_t fp8_kv_scale_blocks;
 };
 
 }  // namespace ckfmha::kernel

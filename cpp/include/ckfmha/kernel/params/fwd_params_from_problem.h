@@ -59,6 +59,9 @@ inline FwdParams make_fwd_params(ckfmha_fwd_problem const& problem, ckfmha_fwd_a
   p.kv_scale_per_head = problem.kv_scale_per_head;
   p.q_scale_ptr = args.q_scale;
   p.q_scale = problem.q_scale;
+  p.fp8_block_scales = problem.fp8_block_scales;
+  p.fp8_q_scale_blocks = CKFMHA_FP8_SCALE_BLOCKS(problem.seqlen_q);
+  p.fp8_kv_scale_blocks = CKFMHA_FP8_SCALE_BLOCKS(problem.seqlen_k);
   set_problem_scalars(p, problem);
   return p;
 }

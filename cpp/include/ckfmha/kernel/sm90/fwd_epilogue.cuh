@@ -103,7 +103,8 @@ struct FwdSm90Epilogue {
   }
 
   // The softmax's final normalisation of O, and the tile's LSE.
-  template <class Work, class Coords>
+  // `Fp8BlockScales` as attend's.
+  template <bool Fp8BlockScales, class Work, class Coords>
   __device__ __forceinline__ void finish_softmax(FwdParams const& p, Work const& work,
                                                  Coords const& cO_rows_cols,
                                                  FwdSm90Accumulators<Traits>& acc) const {
@@ -117,13 +118,17 @@ struct FwdSm90Epilogue {
 
     float lse[kRows];
     if constexpr (Traits::kQkvFp8) {
-      // Scores were scaled by q's and k's scales, P by 2^kFp8ProbOffsetLog2,
-      // and O still holds codes of V.
-      acc.softmax.template finalize<false>(out, fp8_qk_scale_log2(p, head), 0.f,
-                                           fp8_v_scale(p, head), lse);
-      constexpr float kOffsetLn = float(kFp8ProbOffsetLog2) * 0.6931471805599453f;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) lse[r] -= kOffsetLn;
+      // P carries 2^kFp8ProbOffsetLog2 and O holds values in units of v's
+      // scale. With block scales the maxima are in log2 units already
+      // (update_scaled_scores) and v's scale is the last key tile's (attend
+      // runs backwards: the first tile's).
+      if constexpr (Fp8BlockScales) {
+        const float v_units = fp8_key_block_scales(p, work, work.n_first * Traits::kBlockN).y;
+        acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(out, 1.f, 0.f, v_units, lse);
+      } else {
+        acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(
+            out, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
+      }
     } else {
       acc.softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
     }

@@ -16,12 +16,14 @@
 // the product itself.
 #pragma once
 
+#include "ckfmha/ckfmha.h"  // CKFMHA_FP8_SCALE_BLOCK
 #include "ckfmha/kernel/common/fp8_kv.cuh"  // kv_scale
 #include "ckfmha/kernel/common/persistent_tile_order.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"
 #include "ckfmha/kernel/sm90/fwd_tile_work.cuh"
 
+#include <cuda_fp8.h>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
@@ -38,6 +40,7 @@ namespace ckfmha::kernel {
 // 2^(4 + 4) = 256, inside e4m3's 448. (An offset of 8 with an exact maximum
 // rescaled O at every tile, 64 multiplies per thread at d128.)
 constexpr int kFp8ProbOffsetLog2 = 4;
+constexpr int kFp8ScaleBlock = CKFMHA_FP8_SCALE_BLOCK;
 constexpr int kFp8MaxSlackLog2 = 4;
 static_assert((1 << (kFp8ProbOffsetLog2 + kFp8MaxSlackLog2)) <= 448,
               "fp8 P must stay inside e4m3's range");
@@ -45,9 +48,7 @@ static_assert((1 << (kFp8ProbOffsetLog2 + kFp8MaxSlackLog2)) <= 448,
 // Two floats as two e4m3 codes in one 16-bit word, `lo` in the low byte
 // (round to nearest even, saturating at +-448).
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-  uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
-  return pair;
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
 __device__ __forceinline__ uint32_t e4m3x4(float b0, float b1, float b2, float b3) {
@@ -80,8 +81,8 @@ using ProbsE4m3 = decltype(cute::make_tensor<typename Traits::InputElement>(
     cute::Layout<cute::Shape<cute::Shape<cute::_4, cute::_2, cute::_2>, cute::_1,
                              cute::Int<Traits::kBlockN / 32>>>{}));
 
-// Scales this query head's scores are multiplied by before exp2: the softmax
-// scale (log2 domain) times q's and k's dequantisation scales.
+// Per-tensor or per-head scales: the one factor of a query head's scores
+// (the softmax scale in the log2 domain times q's and k's scales), and v's.
 __device__ __forceinline__ float fp8_qk_scale_log2(FwdParams const& p, int head) {
   const bool per_head = p.kv_scale_per_head != 0;
   return p.scale_log2 * kv_scale(p.q_scale_ptr, p.q_scale, per_head, head) *
@@ -90,6 +91,43 @@ __device__ __forceinline__ float fp8_qk_scale_log2(FwdParams const& p, int head)
 
 __device__ __forceinline__ float fp8_v_scale(FwdParams const& p, int head) {
   return kv_scale(p.v_scale_ptr, p.v_scale, p.kv_scale_per_head != 0, head / p.head_group);
+}
+
+// Per-block scales (p.fp8_block_scales): q's change every 128 rows, so each
+// row of a consumer thread has its own, kept in registers for the query
+// tile; k's and v's change with the key tile's block and are read per tile.
+// O then holds values in units of the latest tile's v scale and is rescaled
+// whenever that moves, like a moved row maximum.
+template <int Rows>
+struct Fp8RowScales {
+  float q_log2[Rows];  // the softmax scale (log2 domain) times q's scale
+
+  template <class Work, class Coords>
+  __device__ __forceinline__ void start(FwdParams const& p, Work const& work,
+                                        Coords const& rows_cols) {
+    const int64_t base =
+        (int64_t(work.tile.batch) * p.nhead_q + work.tile.head) * p.fp8_q_scale_blocks;
+    CUTE_UNROLL
+    for (int r = 0; r < Rows; ++r) {
+      // Rows past the sequence's end (a 192-row tile's, or a short
+      // sequence's) clamp to its last block; their outputs are dropped.
+      const int row = work.m_begin + cute::get<0>(rows_cols(r, 0));
+      const int block = min(row / kFp8ScaleBlock, p.fp8_q_scale_blocks - 1);
+      q_log2[r] = p.scale_log2 * __ldg(p.q_scale_ptr + base + block);
+    }
+  }
+};
+
+// Block scales: k's and v's (x, y) of the key tile from `key` on (a tile
+// lies in one block: key tiles of 64 or 128 keys, rules/sm90_fwd.py).
+template <class Work>
+__device__ __forceinline__ float2 fp8_key_block_scales(FwdParams const& p, Work const& work,
+                                                       int key) {
+  const int64_t at = (int64_t(work.tile.batch) * (p.nhead_q / p.head_group) +
+                      work.tile.head / p.head_group) *
+                         p.fp8_kv_scale_blocks +
+                     key / kFp8ScaleBlock;
+  return make_float2(__ldg(p.k_scale_ptr + at), __ldg(p.v_scale_ptr + at));
 }
 
 // Four 4-byte words from rows r0..r3 (one byte per column) as four words of

@@ -27,7 +27,12 @@
 
 namespace ckfmha::kernel {
 
-template <class Traits>
+// `Fp8BlockScales`: the fp8 forward with per-block scales (p.fp8_block_scales,
+// fwd_fp8.cuh), a kernel of its own so that per-tensor scales keep their
+// loop as it was: sharing one loop with a run-time test per key tile cost
+// them 10-14%, and one kernel holding both loops left d128's and d256's
+// accumulators in local memory (NOTES 85).
+template <class Traits, bool Fp8BlockScales = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_kernel(__grid_constant__ const FwdSm90Params<Traits> params) {
   using namespace cute;
@@ -91,9 +96,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++q_count;
       return;
     }
-    mma.attend(p, bar, turns, work, q_slot, kv_count, acc, out);
+    mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
     kv_count += n_tiles;
-    epilogue.finish_softmax(p, work, mma.cO_rows_cols, acc);
+    epilogue.template finish_softmax<Fp8BlockScales>(p, work, mma.cO_rows_cols, acc);
     // O's conversion and address are made here, between the epilogue's two
     // calls, where the kernel's own epilogue made them: made inside store_o,
     // they let the compiler fold the row offsets another way. Only the TMA

@@ -79,6 +79,12 @@ int launch_fwd_sm90(void const* problem, void const* args,
   // One CTA per SM (each takes all of an SM's shared memory), never more
   // CTAs than units of work.
   dim3 grid(std::min(order.num_units(), sms));
+  if constexpr (Traits::kQkvFp8) {
+    if (pr.fp8_block_scales) {
+      return launch_kernel(&fwd_sm90_kernel<Traits, true>, grid, Traits::kThreads,
+                           Traits::kSmemBytes, stream, params);
+    }
+  }
   return launch_kernel(&fwd_sm90_kernel<Traits>, grid, Traits::kThreads, Traits::kSmemBytes,
                        stream, params);
 }

@@ -78,6 +78,8 @@ __device__ __forceinline__ auto gmma_accum_coords(ThrMma const& thr_mma, Tile co
 // and a struct of their own are not free: kept with the operands
 // (FwdSm90Mma), or with O first, they changed the order of ptxas's input
 // (its virtual registers' numbers), and with it the schedule.
+struct NoFp8RowScales {};
+
 template <class Traits>
 struct FwdSm90Accumulators {
   using TileS = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kBlockN>>;
@@ -95,6 +97,8 @@ struct FwdSm90Accumulators {
                          cute::partition_fragment_C(typename Traits::TiledMmaQK{}, TileS{})
                              .layout()))>
       probs;
+  // fp8: q's dequantisation scales of this thread's rows (fwd_fp8.cuh).
+  std::conditional_t<Traits::kQkvFp8, Fp8RowScales<kRows>, NoFp8RowScales> scales;
 
   // O seen as (rows, cols), as the softmax reads it.
   __device__ __forceinline__ auto out() {
@@ -194,7 +198,10 @@ struct FwdSm90Mma {
   // of kv_count reordered the ring slots' index sums in ptxas's input, and a
   // view of O made here renumbered the softmax state's registers, and either
   // changed the schedule.
-  template <class Work, class Barriers, class Turns, class Out>
+  // `BlockScales`: fp8 per-block scales (p.fp8_block_scales), a loop of its
+  // own so that per-tensor scales keep their loop as it was: sharing one
+  // with a run-time test per tile cost them 10-14% (NOTES 85).
+  template <bool BlockScales, class Work, class Barriers, class Turns, class Out>
   __device__ __forceinline__ void attend(FwdParams const& p, Barriers& bar, Turns const& turns,
                                          Work const& work, RingSlot q_slot,
                                          int const& kv_count, Accumulators& acc, Out& out) {
@@ -212,18 +219,37 @@ struct FwdSm90Mma {
     auto& probs = acc.probs;
 
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
-    // fp8: q's and k's dequantisation scales join the softmax scale.
+    // fp8: q's and k's dequantisation scales join the softmax scale: once per
+    // query tile, or (block scales) per row and key tile, key tile i's read
+    // before the tile's barriers so that the loads hide under them.
     float fp8_scale_log2 = 0.f;
-    if constexpr (Traits::kQkvFp8) fp8_scale_log2 = fp8_qk_scale_log2(p, work.tile.head);
-    auto softmax_scores = [&](auto& acc_s, int i, auto needs_mask, auto first) {
+    if constexpr (Traits::kQkvFp8 && !BlockScales) {
+      fp8_scale_log2 = fp8_qk_scale_log2(p, work.tile.head);
+    }
+    if constexpr (BlockScales) acc.scales.start(p, work, cS_rows_cols);
+    auto key_scales = [&](int i) {
+      if constexpr (BlockScales) {
+        return fp8_key_block_scales(p, work, (n_last - 1 - i) * kBlockN);
+      } else {
+        return make_float2(0.f, 0.f);
+      }
+    };
+    auto softmax_scores = [&](auto& acc_s, int i, float k_scale, auto needs_mask, auto first) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
       if constexpr (decltype(needs_mask)::value) {
         mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
       }
-      if constexpr (Traits::kQkvFp8) {
+      if constexpr (Traits::kQkvFp8 && !BlockScales) {
         return softmax.template update_scores<decltype(first)::value>(
             scores, fp8_scale_log2, std::integral_constant<int, kMaxSlack>{},
             std::integral_constant<int, kProbOffset>{}, std::true_type{});
+      } else if constexpr (BlockScales) {
+        float factor[Accumulators::kRows];
+        CUTE_UNROLL
+        for (int r = 0; r < Accumulators::kRows; ++r) factor[r] = acc.scales.q_log2[r] * k_scale;
+        return softmax.template update_scaled_scores<decltype(first)::value>(
+            scores, factor, std::integral_constant<int, kMaxSlack>{},
+            std::integral_constant<int, kProbOffset>{});
       } else {
         return softmax.template update_scores<decltype(first)::value>(
             scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
@@ -251,6 +277,7 @@ struct FwdSm90Mma {
     // Key tile 0: S alone (there is no P yet).
     auto first_tile = [&](auto needs_mask) {
       const RingSlot slot = ring_slot(0);
+      const float2 kv_scales = key_scales(0);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       Barrier::wait(&bar.k_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_s);
@@ -262,7 +289,7 @@ struct FwdSm90Mma {
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
       test_next_operands(0);
-      softmax_scores(acc_s, 0, needs_mask, std::true_type{});
+      softmax_scores(acc_s, 0, kv_scales.x, needs_mask, std::true_type{});
       store_probs(acc_s);
     };
     // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
@@ -270,6 +297,9 @@ struct FwdSm90Mma {
     auto next_tile = [&](int i, auto needs_mask) {
       const RingSlot slot = ring_slot(i);
       const RingSlot prev = ring_slot(i - 1);
+      const float2 kv_scales = key_scales(i);
+      // Block scales: O moves from the previous tile's v units into this one's.
+      const float v_before = BlockScales ? key_scales(i - 1).y : 0.f;
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       // Both operands are waited for before the turn, which must not be held
       // while a load is late.
@@ -285,8 +315,14 @@ struct FwdSm90Mma {
       warpgroup_wait<1>();  // S_i; the P V product may still run
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
-      const auto correction = softmax_scores(acc_s, i, needs_mask, std::false_type{});
+      auto correction = softmax_scores(acc_s, i, kv_scales.x, needs_mask, std::false_type{});
       test_next_operands(i);
+      if constexpr (BlockScales) {
+        const float v_ratio = v_before / kv_scales.y;
+        CUTE_UNROLL
+        for (int r = 0; r < Accumulators::kRows; ++r) correction.row[r] *= v_ratio;
+        correction.any = true;
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&bar.v_empty[prev.stage]);
