@@ -6,7 +6,8 @@ dtypes, and the real one runs ``ckfmha.fwd``/``ckfmha.bwd`` at run time. The for
 return ``rng_state``, an int64 CPU tensor (dropout seed, offset), so the backward replays the
 same Philox stream without a host read of device memory. ``fwd`` and ``fwd_paged`` read fp8
 (float8_e4m3fn) K/V with their dequantisation scales (``KV_QUANT_SCHEMA``); fp8 K/V has no backward.
-``fwd_fp8`` reads fp8 queries too (``Q_QUANT_SCHEMA``): an inference op with no autograd. Its
+``fwd_fp8`` and ``fwd_varlen_fp8`` read fp8 queries too (``Q_QUANT_SCHEMA``): inference ops
+with no autograd. Its
 scale tensors go to ``ckfmha.fwd`` whatever their shape, so per-block scales (q_scale, k_scale
 and v_scale 3-D) need nothing of the schema, and the fake implementation's outputs do not
 depend on them.
@@ -272,6 +273,42 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return o, lse, torch.empty((2,), dtype=torch.int64, device="cpu")
 
 
+# fp8 queries over packed sequences (inference; no autograd), as fwd_fp8 in batch mode.
+torch.library.define(
+    "ckfmha::fwd_varlen_fp8",
+    f"(Tensor q, Tensor k, Tensor v, {_VARLEN}, {_FEATURES}, {Q_QUANT_SCHEMA}, "
+    f"{KV_QUANT_SCHEMA}) -> (Tensor out, Tensor lse)",
+)
+
+
+@torch.library.impl("ckfmha::fwd_varlen_fp8", "CUDA")
+def _fwd_varlen_fp8_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bias,
+                         alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                         dropout_p, q_dtype=None, q_scale=None, q_scale_value=None,
+                         out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None,
+                         k_scale_value=None, v_scale_value=None):  # fmt: skip
+    return ckfmha.fwd_varlen(
+        q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=True, q_dtype=q_dtype,
+        q_scale=q_scale_value if q_scale is None else q_scale.detach(), out_dtype=out_dtype,
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+        **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
+    )  # fmt: skip
+
+
+@torch.library.register_fake("ckfmha::fwd_varlen_fp8")
+def _fwd_varlen_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bias,
+                         alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                         dropout_p, q_dtype=None, q_scale=None, q_scale_value=None,
+                         out_dtype=None, kv_dtype=None, k_scale=None, v_scale=None,
+                         k_scale_value=None, v_scale_value=None):  # fmt: skip
+    total_q, heads, _ = q.shape
+    o = q.new_empty((total_q, heads, v.shape[-1]),
+                    dtype=torch.bfloat16 if out_dtype is None else out_dtype)  # fmt: skip
+    return o, q.new_empty((heads, total_q), dtype=torch.float32)
+
+
 torch.library.define(
     "ckfmha::bwd_varlen",
     f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state, "
@@ -319,5 +356,5 @@ def refuse_host_tensors(op: str) -> None:
 
 
 for _op in ("ckfmha::fwd", "ckfmha::fwd_fp8", "ckfmha::bwd", "ckfmha::fwd_varlen",
-            "ckfmha::bwd_varlen"):
+            "ckfmha::fwd_varlen_fp8", "ckfmha::bwd_varlen"):
     refuse_host_tensors(_op)

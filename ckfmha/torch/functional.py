@@ -59,26 +59,31 @@ def _is_fp8_query(q: torch.Tensor, q_dtype: str | None) -> bool:
     return q.dtype == getattr(torch, "float8_e4m3fn", None)
 
 
-def _fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: tuple,
-                   layout: str, q_dtype: str | None, q_scale: Scale, out_dtype: Any,
-                   kv_dtype: str | None, k_scale: Scale,
-                   v_scale: Scale) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``attention`` over fp8 queries: the inference op, refused up front when a gradient is
-    wanted (the op has no autograd)."""
-    inputs = (q, k, v, *features[:3], q_scale, k_scale, v_scale)
+def _fp8_query_args(inputs: tuple, q_dtype: str | None, q_scale: Scale, out_dtype: Any,
+                    kv_dtype: str | None, k_scale: Scale, v_scale: Scale) -> tuple:  # fmt: skip
+    """The fp8 ops' ``Q_QUANT_SCHEMA`` and ``KV_QUANT_SCHEMA`` arguments; refused up front when
+    a gradient is wanted of ``inputs`` (the tensors of the call: the ops have no autograd)."""
     if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
-    ):
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (*inputs, q_scale, k_scale,
+                                                                  v_scale)
+    ):  # fmt: skip
         raise InvalidArgumentError(FP8_QUERIES_HAVE_NO_BACKWARD, 1)
     if isinstance(out_dtype, str):
         out_dtype = {_dtypes.FP16: torch.float16, _dtypes.BF16: torch.bfloat16}.get(
             _dtypes.dtype_code(out_dtype), out_dtype)
     q_tensor = q_scale if isinstance(q_scale, torch.Tensor) else None
     q_value = None if q_scale is None or q_tensor is not None else float(q_scale)
-    return torch.ops.ckfmha.fwd_fp8(
-        q, k, v, *features, layout, q_dtype, q_tensor, q_value, out_dtype, kv_dtype,
-        *_scale_args(k_scale, v_scale),
-    )  # fmt: skip
+    return (q_dtype, q_tensor, q_value, out_dtype, kv_dtype, *_scale_args(k_scale, v_scale))
+
+
+def _fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: tuple,
+                   layout: str, q_dtype: str | None, q_scale: Scale, out_dtype: Any,
+                   kv_dtype: str | None, k_scale: Scale,
+                   v_scale: Scale) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``attention`` over fp8 queries: the inference op."""
+    fp8_args = _fp8_query_args((q, k, v, *features[:3]), q_dtype, q_scale, out_dtype, kv_dtype,
+                               k_scale, v_scale)  # fmt: skip
+    return torch.ops.ckfmha.fwd_fp8(q, k, v, *features, layout, *fp8_args)
 
 
 def _refuse_fp8_gradients(k: torch.Tensor, kv_dtype: str | None,
@@ -177,11 +182,39 @@ def attention_varlen(
     dropout_seed: int | None = None,
     deterministic: bool = False,
     return_lse: bool = False,
+    q_dtype: str | None = None,
+    q_scale: Scale = None,
+    out_dtype: torch.dtype | str | None = None,
+    kv_dtype: str | None = None,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Differentiable ``ckfmha.fwd_varlen`` over packed sequences (q [total_q, nhead_q, d],
     int32 ``cu_seqlens`` tensors); features and gradients as in ``attention``, the bias
     [batch, nhead_q, max_seqlen_q, max_seqlen_k] (or broadcasting). ``return_lse`` adds the
-    LSE [nhead_q, total_q]."""
+    LSE [nhead_q, total_q].
+
+    fp8 queries (float8_e4m3fn q, or uint8 codes with ``q_dtype="fp8_e4m3"``, over fp8 K/V)
+    with ``q_scale``, ``k_scale``, ``v_scale`` and ``out_dtype`` as in ``attention`` (per-block
+    scales [sequences, heads, ceil(max_seqlen / 128)]) run ``torch.ops.ckfmha.fwd_varlen_fp8``,
+    for inference only. The fp8 arguments are for fp8 queries only here."""
+    if _is_fp8_query(q, q_dtype):
+        features = (bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,
+                    _window(window), scale, float(softcap), float(dropout_p))  # fmt: skip
+        fp8_args = _fp8_query_args((q, k, v, *features[:3]), q_dtype, q_scale, out_dtype,
+                                   kv_dtype, k_scale, v_scale)  # fmt: skip
+        o, lse = torch.ops.ckfmha.fwd_varlen_fp8(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), *features,
+            *fp8_args,
+        )  # fmt: skip
+        return (o, lse) if return_lse else o
+    given = {"q_scale": q_scale, "out_dtype": out_dtype, "kv_dtype": kv_dtype,
+             "k_scale": k_scale, "v_scale": v_scale}  # fmt: skip
+    if any(value is not None for value in given.values()):
+        named = ", ".join(name for name, value in given.items() if value is not None)
+        raise InvalidArgumentError(
+            f"{named} given, but q is {q.dtype}: attention_varlen takes fp8 arguments with fp8 "
+            "queries only (float8_e4m3fn q, or uint8 codes with q_dtype='fp8_e4m3')", 1)
     o, lse, _ = torch.ops.ckfmha.fwd_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bias,
         _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment, _window(window), scale,

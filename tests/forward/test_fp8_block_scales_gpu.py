@@ -246,3 +246,26 @@ def test_varlen_block_scales_match_the_reference(index: int) -> None:
         _block_scales(q, k, v),
         f"varlen {VARLEN_CASES[index]}",
     )
+
+
+@hopper
+def test_the_varlen_torch_op_takes_fp8_queries_with_block_scales() -> None:
+    import ckfmha.torch
+
+    lens_q, lens_k, (hq, hk), d = [17, 300, 1], [255, 129, 1000], (8, 2), 128
+    inputs = Inputs(zlib.crc32(b"varlen torch op"))
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q, k, v = (
+        _quantize_varlen(normal_with_outliers(inputs, (int(cu[-1]), h, d), False), cu, max(lens))
+        for h, cu, lens in ((hq, cu_q, lens_q), (hk, cu_k, lens_k), (hk, cu_k, lens_k))
+    )  # fmt: skip
+    cu = (torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda())
+    options = {"max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k), "causal": True,
+               "return_lse": True, **_block_scales(q, k, v)}  # fmt: skip
+    out, lse = ckfmha.fwd_varlen(q.codes, k.codes, v.codes, *cu, **options)
+    with torch.no_grad():
+        again, again_lse = ckfmha.torch.attention_varlen(q.codes, k.codes, v.codes, *cu, **options)
+    # Equal problems: the same kernel, the same bits.
+    assert again.dtype == torch.bfloat16
+    assert torch.equal(again, out) and torch.equal(again_lse, lse)

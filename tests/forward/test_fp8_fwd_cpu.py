@@ -339,3 +339,46 @@ def test_fp8_query_options_are_refused_for_other_queries() -> None:
         ckfmha.torch.attention(q, q, q, q_scale=0.5)
     with pytest.raises(errors.InvalidArgumentError, match=r"out_dtype is fp16 but q is bf16"):
         ckfmha.torch.attention(q, q, q, out_dtype=torch.float16)
+
+
+def test_the_varlen_torch_op_takes_fp8_queries() -> None:
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import ckfmha.torch
+
+    schema = str(torch.ops.ckfmha.fwd_varlen_fp8.default._schema)
+    for argument in ("int max_seqlen_q", "str? q_dtype=None", "Tensor? q_scale=None",
+                     "ScalarType? out_dtype=None", "Tensor? v_scale=None"):  # fmt: skip
+        assert argument in schema, schema
+    with FakeTensorMode():
+        q = torch.empty(40, 8, 128, dtype=torch.float8_e4m3fn)
+        k = torch.empty(70, 2, 128, dtype=torch.float8_e4m3fn)
+        cu_q = torch.tensor([0, 30, 40], dtype=torch.int32)
+        cu_k = torch.tensor([0, 50, 70], dtype=torch.int32)
+        o, lse = ckfmha.torch.attention_varlen(
+            q, k, k, cu_q, cu_k, max_seqlen_q=30, max_seqlen_k=50, q_scale=0.5, k_scale=2.0,
+            v_scale=1.0, return_lse=True)  # fmt: skip
+        assert o.shape == q.shape and o.dtype == torch.bfloat16 and lse.shape == (8, 40)
+        o = ckfmha.torch.attention_varlen(q, k, k, cu_q, cu_k, max_seqlen_q=30, max_seqlen_k=50,
+                                          out_dtype="fp16")  # fmt: skip
+        assert o.dtype == torch.float16
+
+
+def test_varlen_fp8_arguments_need_fp8_queries_and_no_gradients() -> None:
+    torch = pytest.importorskip("torch")
+    import ckfmha.torch
+
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    q8 = torch.zeros(8, 4, 64, dtype=torch.float8_e4m3fn)
+    message = r"fp8 queries \(float8_e4m3fn q\) are for inference: ckfmha has no backward"
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        ckfmha.torch.attention_varlen(q8.clone().requires_grad_(), q8, q8, cu, cu,
+                                      max_seqlen_q=8, max_seqlen_k=8)  # fmt: skip
+    with torch.no_grad(), pytest.raises(errors.InvalidArgumentError, match=r"CPU tensors"):
+        ckfmha.torch.attention_varlen(q8, q8, q8, cu, cu, max_seqlen_q=8, max_seqlen_k=8)
+    q = torch.zeros(8, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(errors.InvalidArgumentError,
+                       match=r"q_scale, out_dtype given, but q is torch.bfloat16"):  # fmt: skip
+        ckfmha.torch.attention_varlen(q, q, q, cu, cu, max_seqlen_q=8, max_seqlen_k=8,
+                                      q_scale=0.5, out_dtype="fp16")  # fmt: skip
