@@ -12,8 +12,10 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int CKFMHA_VERSION_MAJOR
     int CKFMHA_VERSION_MINOR
     int CKFMHA_VERSION_PATCH
-    # Tokens of one head that share a per-block fp8 scale (fp8_block_scales).
+    # Tokens of one head that share a per-block fp8 scale (fp8_block_scales), and the blocks
+    # of a sequence of n tokens.
     int CKFMHA_FP8_SCALE_BLOCK
+    int CKFMHA_FP8_SCALE_BLOCKS(int n)
 
     cdef struct CUstream_st
     ctypedef CUstream_st* ckfmha_stream_t

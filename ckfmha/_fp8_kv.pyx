@@ -143,8 +143,10 @@ cdef class KvScales:
         problem.q_quant = <capi.ckfmha_kv_quant>q_quant
         problem.kv_quant = <capi.ckfmha_kv_quant>kv_quant
         cdef int block = capi.CKFMHA_FP8_SCALE_BLOCK
-        q_shape = (problem.batch, problem.nhead_q, _blocks(problem.seqlen_q, block))
-        kv_shape = (problem.batch, problem.nhead_k, _blocks(problem.seqlen_k, block))
+        q_shape = (problem.batch, problem.nhead_q,
+                   capi.CKFMHA_FP8_SCALE_BLOCKS(problem.seqlen_q))
+        kv_shape = (problem.batch, problem.nhead_k,
+                    capi.CKFMHA_FP8_SCALE_BLOCKS(problem.seqlen_k))
         # Every shape is checked before any array is viewed, so a wrong one stages nothing.
         block_scale_shape("q_scale", scale_shape(q_scale), q_shape, "nhead_q", seqlen_q_name,
                           block)
@@ -184,11 +186,6 @@ cdef bint _number(scale):
 
 cdef int _count(ArrayView view):
     return view.shape[0] if view.shape else 1
-
-
-cdef int _blocks(int seqlen, int block):
-    """CKFMHA_FP8_SCALE_BLOCKS: the blocks that cover seqlen tokens."""
-    return (seqlen + block - 1) // block
 
 
 cdef bint _contiguous(ArrayView view):
