@@ -1,0 +1,17 @@
+cimport ckfmha as capi
+
+
+cdef class CachedForward:
+    cdef capi.ckfmha_fwd_problem problem
+    cdef int device
+    cdef tuple o_shape
+    cdef object o_dtype
+    # None when the call returns no LSE.
+    cdef tuple lse_shape
+
+
+cdef object fast_key(q, k, v, out, lse_out, causal, causal_alignment, window, scale, softcap,
+                     return_lse, layout, num_splits)
+cdef object run_cached(object key, q, k, v, out, lse_out)
+cdef int remember(object key, capi.ckfmha_fwd_problem* problem, int device, tuple o_shape,
+                  tuple lse_shape) except -1

@@ -1,0 +1,117 @@
+"""The per-call fast path of ckfmha.fwd (ckfmha/_fwd_fast.pyx) on the GPU.
+
+A torch call whose shapes, strides, dtypes, devices and options match an earlier call reuses
+that call's checked C problem. These tests repeat calls with fresh random data each time
+(checked against the float64 reference, outputs poisoned first), so a cached problem that kept
+an earlier call's pointers, shapes or options would fail them; they also check that calls
+which differ in strides, layout, mask or LSE get their own entries, and that caller outputs
+overlapping the inputs are still refused on a cached call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from support.gpu_compare import Inputs, compare, f64
+
+import ckfmha
+from ckfmha import _fwd_fast
+from ckfmha.errors import InvalidArgumentError
+from ckfmha.reference import attention_reference
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
+
+# (batch, nhead_q, nhead_k, seqlen_q, seqlen_k, hdim, options): a decode step on the split-KV
+# plan (GQA group of 3), a causal prefill with GQA over odd lengths, and an unmasked bshd
+# call with 40 query heads over 8.
+CASES = [
+    (2, 12, 4, 1, 1000, 128, {}),
+    (1, 24, 8, 257, 257, 64, {"causal": True}),
+    (1, 40, 8, 333, 301, 128, {"layout": "bshd", "return_lse": True}),
+]
+
+
+def _qkv(inputs: Inputs, q_shape: tuple[int, ...], kv_shape: tuple[int, ...]) -> tuple[Any, ...]:
+    return tuple(inputs.normal(shape, torch.bfloat16) for shape in (q_shape, kv_shape, kv_shape))
+
+
+def _shape(layout: str, b: int, h: int, s: int, d: int) -> tuple[int, ...]:
+    return (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"b{c[0]}h{c[1]}/{c[2]}s{c[3]}k{c[4]}d{c[5]}" for c in CASES]
+)
+def test_repeated_calls_read_each_calls_data(case: tuple[Any, ...]) -> None:
+    b, hq, hk, sq, sk, d, options = case
+    layout = options.get("layout", "bhsd")
+    causal = options.get("causal", False)
+    return_lse = options.get("return_lse", False)
+    inputs = Inputs(1234 + sq)
+    _fwd_fast.clear()
+    for call in range(4):
+        q, k, v = _qkv(inputs, _shape(layout, b, hq, sq, d), _shape(layout, b, hk, sk, d))
+        # Every other call writes into a poisoned caller output.
+        out = (
+            torch.full(
+                _shape(layout, b, hq, sq, d), float("nan"), device="cuda", dtype=torch.bfloat16
+            )
+            if call % 2
+            else None
+        )
+        scale = 1.0 / math.sqrt(d)
+        result = ckfmha.fwd(q, k, v, scale=scale, out=out, **options)
+        o, lse = result if return_lse else (result, None)
+        if out is not None:
+            assert o is out
+        torch.cuda.synchronize()
+        ref, ref_lse = attention_reference(
+            f64(q), f64(k), f64(v), scale=scale, layout=layout, causal=causal
+        )
+        compare({"dtype": "bf16"}, o, lse, ref, ref_lse, f"call {call} {case}")
+    # One entry for calls without an output and one for calls with one.
+    assert _fwd_fast.cached_calls() == 2
+
+
+def test_strides_layouts_and_options_get_their_own_entries() -> None:
+    inputs = Inputs(7)
+    _fwd_fast.clear()
+    q, k, v = _qkv(inputs, (1, 12, 200, 64), (1, 12, 300, 64))
+    # The same shapes as a permuted view: other strides, the same problem sizes.
+    kp = inputs.normal((1, 300, 12, 64), torch.bfloat16).transpose(1, 2)
+    vp = inputs.normal((1, 300, 12, 64), torch.bfloat16).transpose(1, 2)
+    calls = [
+        (q, k, v, {}),
+        (q, kp, vp, {}),
+        (q, k, v, {"causal": True, "causal_alignment": "bottom_right"}),
+        (q, k, v, {"window": (32, 0)}),
+        (q, k, v, {"softcap": 5.0}),
+    ]
+    for repeat in range(2):
+        for qq, kk, vv, options in calls:
+            o = ckfmha.fwd(qq, kk, vv, **options)
+            torch.cuda.synchronize()
+            ref, _ = attention_reference(f64(qq), f64(kk), f64(vv), **options)
+            compare({"dtype": "bf16"}, o, None, ref, None, f"{options} repeat {repeat}")
+        assert _fwd_fast.cached_calls() == len(calls)
+
+
+def test_cached_call_still_refuses_outputs_over_inputs() -> None:
+    inputs = Inputs(11)
+    _fwd_fast.clear()
+    q, k, v = _qkv(inputs, (1, 8, 128, 64), (1, 8, 128, 64))
+    out = torch.empty_like(q)
+    ckfmha.fwd(q, k, v, out=out)
+    assert _fwd_fast.cached_calls() == 1
+    # Same shapes, strides, dtype and device as the cached call: only the pointers say that
+    # out is q itself.
+    with pytest.raises(InvalidArgumentError, match="out"):
+        ckfmha.fwd(q, k, v, out=q)
+    # A view of k's memory with out's shape and strides overlaps k.
+    k_view = k.view(torch.bfloat16)
+    with pytest.raises(InvalidArgumentError, match="out"):
+        ckfmha.fwd(q, k, v, out=k_view)
