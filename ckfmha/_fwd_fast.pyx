@@ -73,7 +73,9 @@ cdef object fast_key(q, k, v, out, lse_out, causal, causal_alignment, window, sc
     if not q.is_cuda or q.dtype not in _plain_dtypes:
         return None
     if window is not None and type(window) is not tuple:
-        return None  # a list would not hash
+        if type(window) is not list:
+            return None
+        window = tuple(window)  # the torch ops pass [left, right]
     key = (_spec(q), _spec(k), _spec(v), None if out is None else _spec(out),
            None if lse_out is None else _spec(lse_out), causal, causal_alignment, window,
            scale, softcap, bool(return_lse), layout, num_splits)
