@@ -271,7 +271,7 @@ def _render_combine_instance(config: KernelConfig) -> str:
     return _instance_text(
         config,
         f"{_CUTLASS_TYPES[sig.dtype]}, /*HeadDimV=*/{sig.hdim_v}, /*Warps=*/{alg.warps}, "
-        f"/*IsGroupMode=*/{group}",
+        f"/*IsGroupMode=*/{group}, /*RowsPerCta=*/{alg.tile_m}",
     )
 
 

@@ -42,10 +42,12 @@ def combine_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"tile_n={alg.tile_n} must be {COMBINE_COLUMNS_PER_THREAD}: each thread merges one "
             "16-byte fp32 vector of a row"
         )
-    if alg.warps > 0 and alg.tile_m * sig.hdim_v != alg.warps * 32 * alg.tile_n:
+    row_threads = alg.tile_m * sig.hdim_v // alg.tile_n if alg.tile_n > 0 else 0
+    if alg.warps > 0 and (alg.tile_m < 1 or row_threads <= 0 or (alg.warps * 32) % row_threads):
         reasons.append(
-            f"tile_m={alg.tile_m} rows x hdim_v={sig.hdim_v} must equal warps*32*tile_n="
-            f"{alg.warps * 32 * alg.tile_n} columns: each CTA merges whole rows"
+            f"warps*32={alg.warps * 32} threads must be a multiple of tile_m={alg.tile_m} rows x "
+            f"hdim_v={sig.hdim_v} / tile_n={alg.tile_n}: each CTA merges whole rows, and the "
+            "threads beyond one per 16-byte vector form groups that share a row's splits"
         )
     if alg.stages != 1 or alg.ctas_per_sm != 1:
         reasons.append(

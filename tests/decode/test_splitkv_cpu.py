@@ -34,7 +34,7 @@ def _config(family: str = "fwd_splitkv", arch: str = "sm_80", **changes: object)
     }  # fmt: skip
     if family == "fwd_splitkv_combine":
         sig_fields["mask"] = "none"
-        alg_fields.update(pipeline="splitkv_combine", tile_m=4, tile_n=4, warps=4, stages=1)
+        alg_fields.update(pipeline="splitkv_combine", tile_m=1, tile_n=4, warps=4, stages=1)
     return make_config(FwdSignature, sig_fields, alg_fields, changes)
 
 
@@ -90,7 +90,8 @@ def test_split_kv_softcap_and_group_mode_are_valid() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"tile_m": 8}, r"tile_m=8 rows x hdim_v=128 must equal warps\*32\*tile_n=512"),
+        ({"tile_m": 8}, r"warps\*32=128 threads must be a multiple of tile_m=8 rows x hdim_v"),
+        ({"tile_m": 3}, r"tile_m=3 rows x hdim_v=128 / tile_n=4: each CTA merges whole rows"),
         ({"tile_n": 8, "tile_m": 8}, r"tile_n=8 must be 4"),
         ({"mask": "causal"}, r"mask 'causal'.*only merges partials"),
         ({"lse": False}, r"no LSE.*only merges partials"),
@@ -115,7 +116,7 @@ def test_instances_name_their_templates() -> None:
     assert "launch_fwd_splitkv_sm80<ckfmha_instance_" in split
     combine = render_instance(_config("fwd_splitkv_combine", mode="group"))
     assert "FwdSplitKvCombineTraits<cutlass::bfloat16_t, /*HeadDimV=*/128, /*Warps=*/4, " \
-           "/*IsGroupMode=*/true>" in combine
+           "/*IsGroupMode=*/true, /*RowsPerCta=*/1>" in combine
     plain = render_instance(_config("fwd", tile_m=128, tile_n=32, warps=4, stages=1))
     assert "SplitKv" not in plain and "sm80/fwd_launch.cuh" in plain
 

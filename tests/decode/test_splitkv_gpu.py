@@ -131,10 +131,15 @@ def test_combine_kernel_merges_exactly(combine: dict[str, Any]) -> None:
         assert paged, f"no split kernel feeds {combine['name']}"
         pytest.skip(f"{combine['name']} feeds only paged kernels in this build")
     inputs = Inputs(zlib.crc32(combine["name"].encode()))
+    # Split counts past one pass of the kernel's split groups (4-8 groups of 8 splits each):
+    # decode rows merge 40-90 partials, some of them from splits without keys.
     if combine["mode"] == "group":
         _run_group(partners[0], 2, 5, inputs)
+        _run_group(partners[0], 3, 48, inputs)
     else:
         _run_batch(partners[0], 2, (3, 2000, (16, 4), 5, 2), inputs)
+        _run_batch(partners[0], 3, (1, 6000, (8, 2), 90, 1), inputs)
+        _run_batch(partners[0], 4, (2, 2600, (12, 4), 41, 2), inputs)
 
 
 @pytest.mark.parametrize("sq", range(1, 9))

@@ -204,7 +204,7 @@ def test_ci_names_are_stable() -> None:
         f"bwd_dq_dk_dv_fp16_group_d64x64_window{tail}m128n128k64_w8s2",
         f"bwd_convert_dq_fp16_group_d64{tail}m64k64_w4s1",
         "fwd_fp32_group_d64x64_window_alibi_lse_drop_sink__sm_80_simt_fma_m64n64k64_w4s1",
-        "fwd_splitkv_combine_bf16_group_d128x128_none_lse__sm_80_splitkv_combine_m4n4k128_w4s1",
+        "fwd_splitkv_combine_bf16_group_d128x128_none_lse__sm_80_splitkv_combine_m1n4k128_w4s1",
         "fwd_appendkv_bf16_d128x128_rope_half_rotated_paged__sm_80_appendkv_m16k128_w4s1",
         "fwd_appendkv_fp16_d64x64_rope_interleaved__sm_80_appendkv_m32k64_w4s1",
     ]
