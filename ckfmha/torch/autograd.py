@@ -1,7 +1,9 @@
 """Autograd for the forward ops: their backward is the matching backward op.
 
 Registered with torch.library.register_autograd, so the gradient is traced by torch.compile
-(AOTAutograd sees ``ckfmha.bwd`` as one more op) and eager autograd alike. Gradients flow to
+(AOTAutograd sees ``ckfmha.bwd`` as one more op) and eager autograd alike, for callers of the
+ops themselves; ``ckfmha.torch.attention`` and ``attention_varlen`` apply the same gradients
+through the ``Attention`` and ``AttentionVarlen`` Functions, which cost less host time. Gradients flow to
 q, k, v, an elementwise bias (summed over the axes it broadcasts along) and the sinks; the
 ALiBi slopes, offsets and scalars get none. The LSE and rng_state outputs are not
 differentiable: the backward kernels take no LSE gradient. fp8 K/V (inference only) has no
@@ -127,3 +129,35 @@ def _backward_varlen(ctx: Any, grad_o: torch.Tensor, _grad_lse: Any, _grad_rng: 
 torch.library.register_autograd("ckfmha::fwd", _backward_fwd, setup_context=_setup_fwd)
 torch.library.register_autograd("ckfmha::fwd_varlen", _backward_varlen,
                                 setup_context=_setup_varlen)  # fmt: skip
+
+
+# The same gradients as a torch.autograd.Function around each op, which is what
+# ckfmha.torch.attention / attention_varlen apply. An op's registered autograd refills its
+# defaulted schema arguments in Python on every call that records a gradient
+# (torch._library.utils.fill_defaults, quadratic in the arity: about 100 us of host time for
+# the 20 arguments of ckfmha::fwd); inside a Function's forward grad mode is off, so the op
+# takes its no-grad path. The forward takes ctx itself rather than a setup_context, which
+# Function.apply would bind to the forward's signature with inspect on every call (about 30
+# us). torch.compile traces a Function like the registered autograd; functorch transforms
+# (vmap, grad) need the ops themselves.
+def _gradient_function(name: str, op: Any, setup: Any, backward: Any) -> type:
+    """A Function applying ``op`` (inputs in its schema order) with ``setup`` saving what
+    ``backward`` needs."""
+
+    def forward(ctx: Any, *inputs: Any) -> tuple:
+        output = op(*inputs)
+        setup(ctx, inputs, output)
+        return output
+
+    def backward_(ctx: Any, *grads: Any) -> tuple:
+        return backward(ctx, *grads)
+
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": f"torch.ops.{op} with its gradient.", "__module__": __name__,
+        "forward": staticmethod(forward), "backward": staticmethod(backward_),
+    })  # fmt: skip
+
+
+Attention = _gradient_function("Attention", torch.ops.ckfmha.fwd, _setup_fwd, _backward_fwd)
+AttentionVarlen = _gradient_function("AttentionVarlen", torch.ops.ckfmha.fwd_varlen,
+                                     _setup_varlen, _backward_varlen)  # fmt: skip

@@ -26,6 +26,12 @@ from ckfmha.torch.autograd import FP8_KV_HAS_NO_BACKWARD, is_fp8_kv
 Scale = float | torch.Tensor | None
 
 
+def _records_gradient(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record this call: the gradient Function is applied only then
+    (its apply costs host time even when nothing needs a gradient)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _window(window: tuple[int, int] | None) -> list[int] | None:
     return None if window is None else [int(window[0]), int(window[1])]
 
@@ -153,7 +159,9 @@ def attention(
         q_quant_of(code, code, code, q_scale_given=q_scale is not None)
         out_dtype_of(code, KV_QUANT_NONE, out_dtype)
     _refuse_fp8_gradients(k, kv_dtype, (q, k, v, bias, sink))
-    o, lse, _ = torch.ops.ckfmha.fwd(
+    apply = autograd.Attention.apply if _records_gradient(q, k, v, bias, sink) else \
+        torch.ops.ckfmha.fwd
+    o, lse, _ = apply(
         q, k, v, bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,
         _window(window), scale, float(softcap), float(dropout_p), dropout_seed, layout,
         deterministic, kv_dtype, *_scale_args(k_scale, v_scale),
@@ -215,7 +223,9 @@ def attention_varlen(
         raise InvalidArgumentError(
             f"{named} given, but q is {q.dtype}: attention_varlen takes fp8 arguments with fp8 "
             "queries only (float8_e4m3fn q, or uint8 codes with q_dtype='fp8_e4m3')", 1)
-    o, lse, _ = torch.ops.ckfmha.fwd_varlen(
+    apply = autograd.AttentionVarlen.apply if _records_gradient(q, k, v, bias, sink) else \
+        torch.ops.ckfmha.fwd_varlen
+    o, lse, _ = apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bias,
         _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment, _window(window), scale,
         float(softcap), float(dropout_p), dropout_seed, deterministic,
