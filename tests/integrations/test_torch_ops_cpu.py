@@ -127,6 +127,26 @@ def test_traced_training_step_calls_forward_and_backward_ops_once() -> None:
     assert rng_state.args[1] == 2 and args["dropout_p"] == 0.1
 
 
+def test_compile_traces_the_gradient_function_in_one_graph() -> None:
+    """ckfmha.torch.attention applies its gradient as a torch.autograd.Function when autograd
+    records the call: Dynamo must trace it with fullgraph=True, both ops inside (the graph is
+    captured, not run: the kernels need CUDA)."""
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        return lambda *args: [torch.zeros(()) for _ in outputs]
+
+    q, k, v = (torch.randn(1, 4, 33, 64, dtype=BF16, requires_grad=True) for _ in range(3))
+    attention = lambda q, k, v: ckfmha.torch.attention(q, k, v, causal=True)
+    torch.compile(attention, fullgraph=True, backend=capture)(q, k, v)
+    assert len(graphs) == 1
+    text = graphs[0].print_readable(print_output=False)
+    assert "autograd_function_apply" in text
+    assert "torch.ops.ckfmha.fwd(" in text and "torch.ops.ckfmha.bwd(" in text
+
+
 class _Block(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
