@@ -99,12 +99,11 @@ cdef int64_t _span(t):
 cdef int remember(object key, capi.ckfmha_fwd_problem* problem, int device, tuple o_shape,
                   tuple lse_shape) except -1:
     """Keeps a successful full-path call's problem for later calls with the same key."""
-    q, k, v, out, lse = key[0], key[1], key[2], key[3], key[4]
     cdef CachedForward entry = CachedForward()
     entry.problem = problem[0]
     entry.device = device
     entry.o_shape = o_shape
-    entry.o_dtype = q[2]
+    entry.o_dtype = key[0][2]  # q's dtype, which the output has (no fp8 here)
     entry.lse_shape = lse_shape
     if len(_cache) >= _CAPACITY:
         _cache.clear()

@@ -149,12 +149,9 @@ def _gradient_function(name: str, op: Any, setup: Any, backward: Any) -> type:
         setup(ctx, inputs, output)
         return output
 
-    def backward_(ctx: Any, *grads: Any) -> tuple:
-        return backward(ctx, *grads)
-
     return type(name, (torch.autograd.Function,), {
         "__doc__": f"torch.ops.{op} with its gradient.", "__module__": __name__,
-        "forward": staticmethod(forward), "backward": staticmethod(backward_),
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
     })  # fmt: skip
 
 
