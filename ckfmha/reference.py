@@ -331,20 +331,22 @@ def philox_dropout_randval(
 ) -> npt.NDArray[np.uint8]:
     """The uint8 [b, hq, sq, sk] random bytes dropout uses, as ckfmha.h specifies.
 
-    Element (b, h, i, j) is byte j % 16 of Philox4x32-10 with key (seed_lo,
-    seed_hi ^ offset_hi) and counter (j // 16, i, b * nhead_q + h, offset_lo),
-    the four output words read as 16 little-endian bytes.
+    Element (b, h, i, j) is byte ((j % 64) // 8) * 2 + j % 2 of Philox4x32-10 with key
+    (seed_lo, seed_hi ^ offset_hi) and counter ((j // 64) * 4 + (j % 8) // 2, i,
+    b * nhead_q + h, offset_lo), the four output words read as 16 little-endian bytes.
     """
     seed, offset = int(seed) & 0xFFFFFFFFFFFFFFFF, int(offset) & 0xFFFFFFFFFFFFFFFF
     key = (seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32))
-    blocks = -(-seqlen_k // 16)
+    calls = -(-seqlen_k // 64) * 4
     heads = np.arange(batch * nhead_q, dtype=np.uint64)[:, None, None]
     rows = np.arange(seqlen_q, dtype=np.uint64)[None, :, None]
-    cols = np.arange(blocks, dtype=np.uint64)[None, None, :]
-    words = philox4x32((cols, rows, heads, offset & 0xFFFFFFFF), key)
+    counters = np.arange(calls, dtype=np.uint64)[None, None, :]
+    words = philox4x32((counters, rows, heads, offset & 0xFFFFFFFF), key)
     little_endian = np.stack(words, axis=-1).astype("<u4")
-    values = little_endian.view(np.uint8).reshape(batch * nhead_q, seqlen_q, blocks * 16)
-    return np.ascontiguousarray(values[:, :, :seqlen_k]).reshape(batch, nhead_q, seqlen_q, seqlen_k)
+    values = little_endian.view(np.uint8).reshape(batch * nhead_q, seqlen_q, calls * 16)
+    j = np.arange(seqlen_k)
+    picked = values[:, :, (j // 64 * 4 + j % 8 // 2) * 16 + (j % 64 // 8) * 2 + j % 2]
+    return np.ascontiguousarray(picked).reshape(batch, nhead_q, seqlen_q, seqlen_k)
 
 
 def dropout_keep(randval: npt.ArrayLike, p: float) -> npt.NDArray[np.bool_]:

@@ -31,7 +31,7 @@ class TileSpec:
     ctas_per_sm: int = 1
     # Signature fields this tile is limited to ("mask": ("none",), ...); empty: every
     # signature. A signature's default tile is the first entry that applies to it.
-    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    when: tuple[tuple[str, tuple[str | bool, ...]], ...] = ()
 
     def applies_to(self, signature: Signature) -> bool:
         # A field another family's signature has (rope, page_layout) limits the tile to
@@ -104,34 +104,41 @@ def find_specs_file() -> Path:
 
 
 @functools.cache
-def when_keys() -> tuple[str, ...]:
-    """Signature fields a tile's `when` may name: the text-valued ones of every family's
-    signature (a tile compares them with strings, so a flag or a head dim would never match)."""
+def when_fields() -> dict[str, type]:
+    """Signature fields a tile's `when` may name, with the type of their values: the text-valued
+    and the flag fields of every family's signature (a head dim would need ranges)."""
     from dataclasses import fields
 
     from generator.signature import AppendKvSignature, BwdSignature, FwdSignature
 
-    return tuple(sorted({
-        f.name
+    kinds = {"str": str, "bool": bool}
+    return dict(sorted(
+        (f.name, kinds[str(f.type)])
         for cls in (FwdSignature, BwdSignature, AppendKvSignature)
         for f in fields(cls)
-        if f.type == "str"
-    }))  # fmt: skip
+        if str(f.type) in kinds
+    ))  # fmt: skip
 
 
-def _parse_when(raw: Any, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def when_keys() -> tuple[str, ...]:
+    return tuple(when_fields())
+
+
+def _parse_when(raw: Any, where: str) -> tuple[tuple[str, tuple[str | bool, ...]], ...]:
     if not isinstance(raw, Mapping):
         raise SpecsError(f"{where}: 'when' must map signature fields to lists of values")
     parsed = []
     for key, values in sorted(raw.items()):
-        if key not in when_keys():
+        if key not in when_fields():
             raise SpecsError(
-                f"{where}: 'when' names {key!r}, which is not a text-valued signature field; "
+                f"{where}: 'when' names {key!r}, which is not a text or flag signature field; "
                 f"it may name {', '.join(when_keys())}"
             )
+        kind = when_fields()[key]
+        what = "strings" if kind is str else "booleans (true/false)"
         if (not isinstance(values, list) or not values
-                or not all(isinstance(v, str) for v in values)):
-            raise SpecsError(f"{where}: 'when' {key!r} must list one or more strings, got {values!r}")
+                or not all(type(v) is kind for v in values)):
+            raise SpecsError(f"{where}: 'when' {key!r} must list one or more {what}, got {values!r}")
         parsed.append((str(key), tuple(values)))
     return tuple(parsed)
 

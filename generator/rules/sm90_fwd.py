@@ -38,6 +38,9 @@ SM90_SMEM_ALIGNMENT = 1024
 # staging buffer of its own (batch mode).
 SM90_O_CHUNK_COLS = 128
 SM90_MAX_Q_STAGES = 2
+# Dropout (common/philox_dropout.cuh, apply_per_call): a thread's 2 x tile_n / 4 probabilities of a
+# key tile fit one 64-bit keep mask, and each 64-key block is one generator call.
+SM90_DROPOUT_TILE_N = (64, 128)
 # The fp8 forward (Q, K and V in e4m3): its producer transposes V (fp8 wgmma reads B K-major)
 # and so keeps more registers: 64 + 2 x 216 beside two consumer warpgroups, 56 + 3 x 144
 # beside three (head dim 64 only: 144 hold its O and S accumulators).
@@ -108,6 +111,17 @@ def _fp8_reasons(config: KernelConfig) -> list[str]:
     """What the fp8 variant adds to the template's limits."""
     sig, alg = config.signature, config.algorithm
     reasons: list[str] = []
+    features = named_if_on(
+        (f"bias {sig.bias!r}", sig.bias != "none"),
+        ("dropout", sig.dropout),
+        ("softcap", sig.softcap),
+        ("sink", sig.sink),
+    )
+    if features:
+        reasons.append(
+            f"{', '.join(features)}: the fp8 forward takes masks, LSE and GQA only (its "
+            "softmax scales by the q and k descale factors and quantises P to e4m3)"
+        )
     if sig.hdim_q != sig.hdim_v or sig.hdim_q not in SM90_FP8_HDIMS:
         reasons.append(
             f"head dims {sig.hdim_q}x{sig.hdim_v}: the fp8 forward takes hdim_q == hdim_v in "
@@ -145,17 +159,10 @@ def sm90_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the sm90 forward template (TMA + wgmma, warp-specialized)."""
     sig, alg = config.signature, config.algorithm
     reasons = template_basics(config)
-    unsupported = named_if_on(
-        (f"bias {sig.bias!r}", sig.bias != "none"),
-        ("dropout", sig.dropout),
-        ("softcap", sig.softcap),
-        ("sink", sig.sink),
-        ("column-major V", sig.v_col_major),
-    )
-    if unsupported:
+    if sig.v_col_major:
         reasons.append(
-            f"{', '.join(unsupported)} not implemented by {alg.pipeline} yet; it covers masks, "
-            "LSE and GQA, and sm80_cpasync_mma covers the rest"
+            f"column-major V not implemented by {alg.pipeline}: its TMA loads and the P V "
+            "product read V with the head dim contiguous; sm80_cpasync_mma reads either order"
         )
     if alg.tile_m not in SM90_TILE_M or alg.warps != _sm90_warps(alg.tile_m):
         reasons.append(
@@ -167,6 +174,12 @@ def sm90_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         reasons.append(
             f"tile_n={alg.tile_n} must be one wgmma's N: "
             f"{', '.join(map(str, SM90_SINGLE_WGMMA_N))} (P is reused in registers as its A)"
+        )
+    if sig.dropout and alg.tile_n not in SM90_DROPOUT_TILE_N:
+        reasons.append(
+            f"tile_n={alg.tile_n} with dropout: the sm90 template's dropout keeps one bit per "
+            "probability of a thread in a 64-bit word and calls the generator once per 64-key "
+            f"block, so tile_n is {' or '.join(map(str, SM90_DROPOUT_TILE_N))}"
         )
     if alg.stages < 2:
         reasons.append(f"stages={alg.stages}: the TMA ring needs at least 2 K/V stages")

@@ -218,8 +218,22 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
         **_lse_request(kernel, lse), **options)
     torch.cuda.synchronize()
     got, got_lse, randval = _outputs(kernel, result)
+    ref_options = _varlen_reference_options(kernel, options, randval, lens_q, lens_k, hq,
+                                            skip_min)
+    ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
+                                              skip_min_seqlen_q=skip_min,
+                                              v_col_major=v_col_major, **ref_options)
+    compare(kernel, got, got_lse, ref, ref_lse, f"varlen {index} {sorted(options)}")
+
+
+def _varlen_reference_options(kernel: dict[str, Any], options: dict[str, Any], randval: Any,
+                              lens_q: np.ndarray, lens_k: np.ndarray, hq: int,
+                              skip_min: int = 0) -> dict[str, Any]:
+    """The reference's options for a varlen call: dropout's keep mask from the stored bytes
+    (checked against the Philox stream where the kernel visited), seeds dropped."""
     ref_options = _reference_options(options)
     if kernel["dropout"]:
+        b, max_q, max_k = len(lens_q), int(lens_q.max()), int(lens_k.max())
         visited = np.zeros((b, hq, max_q, max_k), dtype=bool)
         for seq, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
             if n_q >= max(skip_min, 1):
@@ -228,10 +242,7 @@ def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs) -> None:
                                                      visited)
     for key in ("dropout_seed", "dropout_offset"):
         ref_options.pop(key, None)
-    ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
-                                              skip_min_seqlen_q=skip_min,
-                                              v_col_major=v_col_major, **ref_options)
-    compare(kernel, got, got_lse, ref, ref_lse, f"varlen {index} {sorted(options)}")
+    return ref_options
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
@@ -256,13 +267,24 @@ PERSISTENT_KERNELS = [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma"]
 def _check_bhsd_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, options: dict[str, Any],
                      what: str) -> None:
     """One forward call with kernel["name"] on [b, h, s, d] tensors into NaN-poisoned
-    outputs, against the float64 reference at the default scale."""
+    outputs, against the float64 reference at the default scale (dropout: with the keep mask
+    of the bytes it stored)."""
     b, hq, sq = q.shape[:3]
+    sk = k.shape[2]
     out = torch.full((b, hq, sq, v.shape[-1]), float("nan"), device="cuda", dtype=q.dtype)
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-    ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"], **_lse_request(kernel, lse), **options)
+    result = ckfmha.fwd(q, k, v, out=out, kernel=kernel["name"],
+                        return_dropout_randval=kernel["dropout"], **_lse_request(kernel, lse),
+                        **options)
     torch.cuda.synchronize()
-    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), **options)
+    ref_options = _reference_options(options)
+    if kernel["dropout"]:
+        visible = _visible(kernel, ref_options, b, hq, sq, sk)
+        ref_options["dropout_keep"] = _check_randval(_outputs(kernel, result)[2], options, b,
+                                                     hq, sq, sk, visible)
+    for key in ("dropout_seed", "dropout_offset"):
+        ref_options.pop(key, None)
+    ref, ref_lse = attention_reference(f64(q), f64(k), f64(v), **ref_options)
     compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
             f"{what} {sorted(options)}")
 
@@ -281,7 +303,8 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
         # head (MQA).
         for index, (b, hq, hk, sq, sk) in enumerate([(4, 8, 2, 1500, 1290),
                                                      (3, 5, 1, 1300, 1300)]):
-            options = mask_options(kernel, 1 - index)
+            options = {**mask_options(kernel, 1 - index),
+                       **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}
             q = inputs.normal((b, hq, sq, d), dtype)
             k = inputs.normal((b, hk, sk, d), dtype)
             v = inputs.normal((b, hk, sk, dv), dtype)
@@ -298,13 +321,17 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
         v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
         out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=dtype)
         lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
-        ckfmha.fwd_varlen(q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
-                          max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()),
-                          out=out, kernel=kernel["name"], **_lse_request(kernel, lse),
-                          **options)
+        max_q, max_k = int(lens_q.max()), int(lens_k.max())
+        options.update(_feature_options(kernel, inputs, len(lens_q), hq, max_q, max_k, dtype))
+        result = ckfmha.fwd_varlen(
+            q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
+            max_seqlen_q=max_q, max_seqlen_k=max_k, out=out, kernel=kernel["name"],
+            return_dropout_randval=kernel["dropout"], **_lse_request(kernel, lse), **options)
         torch.cuda.synchronize()
+        ref_options = _varlen_reference_options(kernel, options, _outputs(kernel, result)[2],
+                                                lens_q, lens_k, hq)
         ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
-                                                  **options)
+                                                  **ref_options)
         compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
                 f"persistent group {sorted(options)}")
 
@@ -342,6 +369,7 @@ def test_rising_row_maxima_rescale_the_output(kernel: dict[str, Any]) -> None:
         k = inputs.normal((b, hk, sk, d), torch.float32, 0.3) + ramp[:, None] * direction
         q, k = q.to(dtype), k.to(dtype)
         v = inputs.normal((b, hk, sk, dv), dtype)
+        options.update(_feature_options(kernel, inputs, b, hq, sq, sk, dtype))
         _check_bhsd_case(kernel, q, k, v, options, f"rising={rising}")
 
 

@@ -227,8 +227,17 @@ def test_receipt_sizes(arch: str) -> None:
     # with LSE in default, and without in full, which also builds the plain 2-stage tile beside
     # the fp8 3-stage one at d128 and d256, and 128 rows beside d64's unmasked batch-mode 192.
     fp8_forward = {"ci": 0, "default": 24, "full": 16 * (1 + 2 + 2) + 2 * 2}
+    # The Hopper forward's features (bias, ALiBi, dropout, soft-cap, sinks): the ci set's three
+    # feature kernels at fp16/bf16 head dims; the pairwise feature layer (x 2 dtypes x d64/d128)
+    # and the 7 training forwards it lacks (x 2 dtypes x d64/d128) in default and full. Head dim
+    # 32: fp16/bf16 x 3 masks, with LSE (default) and also without (full).
+    hopper_features = {
+        "ci": 3,
+        "default": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 6,
+        "full": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 12,
+    }
     hopper = {
-        name: count + fp8_forward[name]
+        name: count + fp8_forward[name] + hopper_features[name]
         for name, count in {"ci": 4 + 1, "default": 42 + 20, "full": 84 + 4 + 20}.items()
     }
     if arch != "sm_90a":
@@ -625,9 +634,9 @@ def test_cli_list() -> None:
     names = result.stdout.split()
     # sm_80, sm_90a (each with a split-KV plan of every tile plus the combine stage: 3 kernels,
     # 4 on sm_90a; 4 paged kernels, 6 on sm_90a; two backward plans and two appends) and the
-    # Hopper template on sm_90a (four forward kernels and the main stage of the batch-mode
-    # backward plan)
-    assert len(names) == 16 + 16 + 4 + 1 + 2 * 6 + 2 * 2 + 3
+    # Hopper template on sm_90a (four forward kernels, the three fp16/bf16 feature kernels, and
+    # the main stage of the batch-mode backward plan)
+    assert len(names) == 16 + 16 + 4 + 3 + 1 + 2 * 6 + 2 * 2 + 3
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
@@ -656,7 +665,9 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     result = _run_cli("--kernels", "ci", "--arch", "sm_90a", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     instances = sorted(tmp_path.glob("fwd_*.cu"))
-    assert len(instances) == 17 + 2  # two of them KV-cache appends; 3 split-KV tiles
+    # Two of them KV-cache appends; 3 split-KV tiles; the three fp16/bf16 feature kernels also
+    # on the Hopper template.
+    assert len(instances) == 17 + 2 + 3
     # Two plans of three stages, and the sm90 main stage of the batch-mode one.
     assert len(list(tmp_path.glob("bwd_*.cu"))) == 6 + 1
     assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 6
@@ -668,7 +679,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
         and "::Traits>(problem, args, context, stream)" in text
     )
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 32" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 35" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -676,7 +687,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("simt/fwd_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 32
+    assert len(manifest["kernels"]) == 35
     instances = {p.name for p in tmp_path.glob("*.cu") if not p.name.startswith("unit_")}
     assert {k["source"] for k in manifest["kernels"]} == instances
 
@@ -804,11 +815,12 @@ def test_sm90_template_accepts_plain_attention() -> None:
 
 def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
     """d64's 192-row Hopper tile is listed first (after the fp8 forward's) for unmasked
-    batch-mode signatures only; every other d64 signature keeps the 128-row tile as its
-    default."""
+    batch-mode signatures without an elementwise bias or dropout only; every other d64
+    signature keeps the 128-row tile as its default."""
     specs = load_specs()
     chosen = {
-        (c.signature.dtype, c.signature.mode, c.signature.mask, c.signature.lse): c.algorithm.tile_m
+        (c.signature.dtype, c.signature.mode, c.signature.mask, c.signature.lse,
+         c.signature.bias, c.signature.dropout): c.algorithm.tile_m
         for c in select(get_receipt("default"), specs["sm_90a"]).accepted
         if c.signature.family == "fwd"
         and c.algorithm.pipeline == "sm90_tma_wgmma"
@@ -816,28 +828,33 @@ def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
         and c.signature.q_quant == "none"
     }
     assert chosen, "the default set has d64 Hopper forward kernels"
-    for (dtype, mode, mask, lse), tile_m in chosen.items():
-        expected = 192 if (mode, mask) == ("batch", "none") else 128
-        assert tile_m == expected, (dtype, mode, mask, lse, tile_m)
+    for (dtype, mode, mask, lse, bias, dropout), tile_m in chosen.items():
+        rows192 = (mode, mask) == ("batch", "none") and bias != "elementwise" and not dropout
+        assert tile_m == (192 if rows192 else 128), (dtype, mode, mask, lse, bias, dropout)
+    assert {tile_m for key, tile_m in chosen.items() if key[4] == "elementwise"} == {128}
     # The fp8 forward's tiles lead the list, limited to fp8 signatures (192 rows for the
     # unmasked batch-mode ones, as for bf16).
     fp8_rows192, fp8_tile, tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[:3]
     assert fp8_rows192.when == (("kv_quant", ("e4m3",)), ("mask", ("none",)), ("mode", ("batch",)))
     assert fp8_tile.when == (("kv_quant", ("e4m3",)),)
-    assert tile.when == (("mask", ("none",)), ("mode", ("batch",)))
+    assert tile.when == (
+        ("bias", ("none", "alibi")), ("dropout", (False,)), ("mask", ("none",)),
+        ("mode", ("batch",)),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("when", "expected"),
     [
         (
-            {"lse": ["true"]},
+            {"hdim_q": [64]},
             (
-                r"'when' names 'lse', which is not a text-valued signature field; "
-                r"it may name bias, dtype, family, kv_quant, mask, mode, page_layout, q_quant, "
-                r"rope"
+                r"'when' names 'hdim_q', which is not a text or flag signature field; "
+                r"it may name bias, dbias, dropout, dtype, family, kv_quant, lse, mask, mode, "
+                r"page_layout, paged, q_quant, rope, sink, softcap, v_col_major"
             ),
         ),
+        ({"lse": ["true"]}, r"'when' 'lse' must list one or more booleans \(true/false\)"),
         ({"mask": "none"}, r"'when' 'mask' must list one or more strings, got 'none'"),
         ({"mask": []}, r"'when' 'mask' must list one or more strings"),
         (["mask"], r"'when' must map signature fields to lists of values"),
@@ -859,7 +876,6 @@ def test_tile_when_is_checked_when_the_specs_load(
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"bias": "alibi", "dropout": True}, r"bias 'alibi', dropout not implemented by sm90"),
         ({"v_col_major": True}, r"column-major V not implemented by sm90_tma_wgmma"),
         ({"tile_m": 64}, r"tile_m=64, warps=12: the sm90_tma_wgmma template is tile_m 128 or 192"),
         ({"warps": 8}, r"consumer warpgroup per 64 rows \(12 or 16 warps\)"),
@@ -869,6 +885,7 @@ def test_tile_when_is_checked_when_the_specs_load(
             r"exceeds 96, what three consumer warpgroups of 160 registers hold",
         ),
         ({"stages": 1}, r"stages=1: the TMA ring needs at least 2"),
+        ({"dropout": True, "tile_n": 192}, r"tile_n=192 with dropout: .* tile_n is 64 or 128"),
         ({"tile_n": 272}, r"tile_n=272 must be one wgmma's N: 16, 32, 64, 96, 128, 192, 256"),
         ({"tile_n": 176}, r"tile_n=176 must be one wgmma's N"),
         ({"ctas_per_sm": 2}, r"one warp-specialized CTA fills an SM"),
@@ -895,8 +912,11 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     names = [c.name for c in select(get_receipt("default"), load_specs()["sm_90a"]).accepted]
     hopper = [n for n in names if "_sm90_tma_wgmma_" in n and n.startswith("fwd_")
               and "_qkve4m3__" not in n]  # fmt: skip
-    # fp16/bf16 x none/causal/window x (batch mode at 5 head dims + group mode at 2), LSE.
-    assert len(hopper) == 42
+    # fp16/bf16 x none/causal/window x (batch mode at 6 head dims + group mode at 2), LSE; and
+    # the feature layer's and training set's signatures (fp16/bf16 x d64/d128).
+    plain = [n for n in hopper if not re.search(r"_(bias|alibi|drop|softcap|sink)", n)]
+    assert len(plain) == 48
+    assert len(hopper) == 48 + len(_feature_combos()) * 2 * 2 + 7 * 2 * 2
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
     instance = emit.render_instance(
         next(
@@ -906,7 +926,7 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
         )
     )
     assert '#include "ckfmha/kernel/sm90/fwd_launch.cuh"' in instance
-    assert "ckfmha::kernel::FwdSm90Traits<cutlass::half_t, /*HeadDimQK=*/64," in instance
+    assert "ckfmha::kernel::FwdSm90Traits<cutlass::half_t, /*HeadDimQK=*/32," in instance
     assert (
         "launch_fwd_sm90<ckfmha_instance_" in instance
         and "::Traits>(problem, args, context, stream)" in instance

@@ -547,14 +547,20 @@ def test_philox_known_answers(counter, key, expected):
     [(0, 0), (1234, 5), (0xDEADBEEF_01234567, 0x00000003_FFFFFFF0), (2**64 - 1, 2**64 - 1)],
 )
 def test_dropout_randval_follows_the_header(seed, offset):
-    batch, nhead_q, seqlen_q, seqlen_k = 2, 3, 4, 37
+    batch, nhead_q, seqlen_q, seqlen_k = 2, 3, 4, 137
     randval = philox_dropout_randval(seed, offset, batch, nhead_q, seqlen_q, seqlen_k)
     assert randval.shape == (batch, nhead_q, seqlen_q, seqlen_k) and randval.dtype == np.uint8
     key = (seed & 0xFFFFFFFF, (seed >> 32) ^ (offset >> 32))
-    for b, h, i, j in [(0, 0, 0, 0), (1, 2, 3, 36), (0, 1, 2, 15), (1, 0, 1, 16), (1, 1, 0, 33)]:
-        words = philox_scalar((j // 16, i, b * nhead_q + h, offset & 0xFFFFFFFF), key)
+    for b, h, i, j in [(0, 0, 0, 0), (1, 2, 3, 36), (0, 1, 2, 15), (1, 0, 1, 16), (1, 1, 0, 33),
+                       (0, 2, 1, 63), (1, 2, 2, 64), (0, 0, 3, 136), (1, 1, 1, 101)]:
+        counter = (j // 64 * 4 + j % 8 // 2, i, b * nhead_q + h, offset & 0xFFFFFFFF)
+        words = philox_scalar(counter, key)
         little_endian = b"".join(word.to_bytes(4, "little") for word in words)
-        assert randval[b, h, i, j] == little_endian[j % 16], (b, h, i, j)
+        assert randval[b, h, i, j] == little_endian[j % 64 // 8 * 2 + j % 2], (b, h, i, j)
+    # Each call's 16 bytes go to 16 distinct keys of its 64-key block.
+    j = np.arange(64)
+    calls_bytes = sorted(zip((j % 8 // 2).tolist(), (j % 64 // 8 * 2 + j % 2).tolist()))
+    assert calls_bytes == [(call, byte) for call in range(4) for byte in range(16)]
     # A prefix of the keys (or queries) is the same stream: lengths do not shift it.
     shorter = philox_dropout_randval(seed, offset, batch, nhead_q, seqlen_q - 1, 20)
     np.testing.assert_array_equal(shorter, randval[:, :, : seqlen_q - 1, :20])

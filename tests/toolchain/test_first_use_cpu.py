@@ -139,9 +139,12 @@ def test_documented_keys_get_their_plans() -> None:
 def test_the_preferred_template_is_built() -> None:
     hopper = first_use.kernels_for(_fwd(mask=CAUSAL), "sm_90a")
     assert [c.algorithm.pipeline for c in hopper] == ["sm90_tma_wgmma"]
-    # Soft-cap has no Hopper kernel yet: the sm80 template serves it on the H100.
+    # Soft-cap runs on the Hopper template; column-major V has no Hopper kernel, so the sm80
+    # template serves it on the H100.
     capped = first_use.kernels_for(_fwd(softcap=True), "sm_90a")
-    assert [c.algorithm.pipeline for c in capped] == ["sm80_cpasync_mma"]
+    assert [c.algorithm.pipeline for c in capped] == ["sm90_tma_wgmma"]
+    transposed = first_use.kernels_for(_fwd(v_col_major=True), "sm_90a")
+    assert [c.algorithm.pipeline for c in transposed] == ["sm80_cpasync_mma"]
     assert [c.algorithm.pipeline for c in first_use.kernels_for(_fwd(dtype=FP32), "sm_80")] == [
         "simt_fma"
     ]

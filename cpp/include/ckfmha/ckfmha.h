@@ -278,9 +278,10 @@ typedef struct ckfmha_fwd_problem {
 
 /*
  * Dropout random values: element (b, h, i, j) (i, j local to the sequence)
- * is byte (j % 16) of Philox4x32-10 with key (seed_lo, seed_hi ^ offset_hi)
- * and counter (j / 16, i, b * nhead_q + h, offset_lo), the four output words
- * read as 16 little-endian bytes. The probability is dropped iff that byte is
+ * is byte ((j % 64) / 8) * 2 + j % 2 of Philox4x32-10 with key (seed_lo,
+ * seed_hi ^ offset_hi) and counter ((j / 64) * 4 + (j % 8) / 2, i,
+ * b * nhead_q + h, offset_lo), the four output words read as 16 little-endian
+ * bytes (one call covers the 16 keys of a 64-key block with one (j % 8) / 2). The probability is dropped iff that byte is
  * below floor(p * 256). dropout_randval, when stored, is uint8
  * [batch, nhead_q, seqlen_q, seqlen_k] contiguous (group mode: the max lengths).
  */

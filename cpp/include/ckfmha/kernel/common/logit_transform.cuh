@@ -7,8 +7,10 @@
 #include "ckfmha/kernel/params/fwd_params.h"
 
 #include <cute/tensor.hpp>
+#include <cutlass/array.h>
 
 #include <cmath>
+#include <cstdint>
 
 namespace ckfmha::kernel {
 
@@ -51,10 +53,27 @@ struct LogitTransform {
     return t;
   }
 
-  // One raw score s = q.k at (row, col) of the sequence: the log2-domain
-  // logit. cap_grad gets d(logit)/d(scale * s) of the soft-cap, 1 - tanh^2
-  // (1 without one), which the backward's chain rule needs.
-  __device__ __forceinline__ float logit_log2(float s, int row, int col, float& cap_grad) const {
+  // The additive term at (row, col) of the sequence, in logit units: the
+  // elementwise bias (0 past the sequence, where the mask takes over), ALiBi's
+  // distance penalty, or 0.
+  __device__ __forceinline__ float bias_at(int row, int col) const {
+    if constexpr (Bias == BiasMode::kElementwise) {
+      // Rows/columns past the sequence are masked later; never read them.
+      if (row < seqlen_q && col < seqlen_k) {
+        return float(bias_rows[int64_t(row) * bias_row_stride + col]);
+      }
+      return 0.f;
+    } else if constexpr (Bias == BiasMode::kAlibi) {
+      return -alibi_slope * fabsf(float(row + seqlen_k - seqlen_q - col));
+    } else {
+      return 0.f;
+    }
+  }
+
+  // One raw score s = q.k with its additive term: the log2-domain logit.
+  // cap_grad gets d(logit)/d(scale * s) of the soft-cap, 1 - tanh^2 (1
+  // without one), which the backward's chain rule needs.
+  __device__ __forceinline__ float biased_logit_log2(float s, float bias, float& cap_grad) const {
     float logit;
     if constexpr (HasSoftcap) {
       float capped = tanhf(s * softcap_prescale);
@@ -64,15 +83,13 @@ struct LogitTransform {
       cap_grad = 1.f;
       logit = s * scale;
     }
-    if constexpr (Bias == BiasMode::kElementwise) {
-      // Rows/columns past the sequence are masked later; never read them.
-      if (row < seqlen_q && col < seqlen_k) {
-        logit += float(bias_rows[int64_t(row) * bias_row_stride + col]);
-      }
-    } else if constexpr (Bias == BiasMode::kAlibi) {
-      logit -= alibi_slope * fabsf(float(row + seqlen_k - seqlen_q - col));
-    }
+    if constexpr (Bias != BiasMode::kNone) logit += bias;
     return logit * kLog2e;
+  }
+
+  // The same for the raw score at (row, col) of the sequence.
+  __device__ __forceinline__ float logit_log2(float s, int row, int col, float& cap_grad) const {
+    return biased_logit_log2(s, bias_at(row, col), cap_grad);
   }
 
   // scores/coords as in AttentionMask::apply; m_begin/n_begin: tile origin.
@@ -87,6 +104,57 @@ struct LogitTransform {
       for (int j = 0; j < size<1>(scores); ++j) {
         float cap_grad;
         scores(i, j) = logit_log2(scores(i, j), row, n_begin + get<1>(coords(i, j)), cap_grad);
+      }
+    }
+  }
+
+  // An elementwise bias tile read into `bias` (a (rows, cols) fragment laid
+  // out as the scores, fp16/bf16) ahead of its scores, so that the loads are
+  // in flight while the S product runs instead of after it. Rows and columns
+  // past the sequence read its last row or column instead of testing each
+  // element: the mask overwrites those columns, and those rows are never
+  // stored. Fragment columns 2k and 2k + 1 are neighbouring keys, read as one
+  // 4-byte word where the bias rows allow it.
+  template <class Fragment, class Coords>
+  __device__ __forceinline__ void load_bias(Fragment& bias, Coords const& coords, int m_begin,
+                                            int n_begin) const {
+    using namespace cute;
+    static_assert(Bias == BiasMode::kElementwise, "only an elementwise bias is read");
+    static_assert(sizeof(Element) == 2 && decltype(size<1>(bias))::value % 2 == 0);
+    // Pairs start on even keys; with an even key count a pair never straddles the end.
+    const bool pairs = reinterpret_cast<uintptr_t>(bias_rows) % 4 == 0 &&
+                       bias_row_stride % 2 == 0 && seqlen_k % 2 == 0;
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(bias); ++i) {
+      const int row = min(m_begin + get<0>(coords(i, 0)), seqlen_q - 1);
+      Element const* row_bias = bias_rows + int64_t(row) * bias_row_stride;
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(bias); j += 2) {
+        const int col = n_begin + get<1>(coords(i, j));
+        if (pairs) {
+          const auto word = *reinterpret_cast<cutlass::Array<Element, 2> const*>(
+              row_bias + min(col, seqlen_k - 2));
+          bias(i, j) = word[0];
+          bias(i, j + 1) = word[1];
+        } else {
+          bias(i, j) = row_bias[min(col, seqlen_k - 1)];
+          bias(i, j + 1) = row_bias[min(col + 1, seqlen_k - 1)];
+        }
+      }
+    }
+  }
+
+  // apply() with the elementwise bias read ahead by load_bias.
+  template <class Scores, class Fragment>
+  __device__ __forceinline__ void apply_loaded(Scores& scores, Fragment const& bias) const {
+    using namespace cute;
+    static_assert(Bias == BiasMode::kElementwise, "only an elementwise bias is read ahead");
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(scores); ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) {
+        float cap_grad;
+        scores(i, j) = biased_logit_log2(scores(i, j), float(bias(i, j)), cap_grad);
       }
     }
   }

@@ -2,9 +2,14 @@
 // so any element's random byte can be recomputed from (seed, offset, b, h, i, j)
 // alone: reproducible across launches, tile shapes and devices.
 //
-// Element (b, h, i, j) takes byte (j % 16) of Philox with key
-// (seed_lo, seed_hi ^ offset_hi) and counter (j / 16, i, b * nhead_q + h,
-// offset_lo); the four output words are read as 16 little-endian bytes.
+// Element (b, h, i, j) takes byte stream_byte(j) of Philox with key
+// (seed_lo, seed_hi ^ offset_hi) and counter (stream_block(j), i,
+// b * nhead_q + h, offset_lo); the four output words are read as 16
+// little-endian bytes. One generator call covers, in a 64-key block of one
+// row, the 16 keys j with the same (j % 8) / 2: exactly the keys one lane of
+// an MMA accumulator quad holds there (pairs of neighbouring keys every 8),
+// so a thread calls the generator once per 16 of its elements rather than
+// four lanes computing the same call.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -33,6 +38,12 @@ struct Philox4x32 {
     return counter;
   }
 };
+
+// The generator call of key j in its row, and which of its 16 bytes j takes.
+__device__ __forceinline__ uint32_t stream_block(int col) {
+  return uint32_t((col >> 6) * 4 + ((col & 7) >> 1));
+}
+__device__ __forceinline__ int stream_byte(int col) { return ((col & 63) >> 3) * 2 + (col & 1); }
 
 __device__ __forceinline__ uint32_t random_byte(uint4 words, int byte) {
   uint32_t word = byte < 8 ? (byte < 4 ? words.x : words.y) : (byte < 12 ? words.z : words.w);
@@ -90,23 +101,80 @@ struct PhiloxDropout {
       int row = m_begin + get<0>(coords(i, 0));
       CUTE_UNROLL
       for (int j0 = 0; j0 < kCols; j0 += ColumnGroup) {
-        int block = (n_begin + get<1>(coords(i, j0))) / 16;
         uint4 words = Philox4x32::generate(
-            make_uint4(uint32_t(block), uint32_t(row), head_index, offset), key0, key1);
+            make_uint4(stream_block(n_begin + get<1>(coords(i, j0))), uint32_t(row), head_index,
+                       offset),
+            key0, key1);
         CUTE_UNROLL
         for (int j = j0; j < j0 + ColumnGroup; ++j) {
           int col = n_begin + get<1>(coords(i, j));
-          if (random_byte(words, col & 15) >= threshold) bits |= uint64_t(1) << (i * kCols + j);
+          if (random_byte(words, stream_byte(col)) >= threshold) bits |= uint64_t(1) << (i * kCols + j);
         }
       }
     }
     return bits;
   }
 
+  // apply() for the Hopper forward's wgmma accumulators, whose (rows, cols)
+  // view holds in fragment columns 16g .. 16g + 15 of a row exactly the 16
+  // keys of one generator call, in byte order (a lane holds key pairs every 8
+  // keys: stream_byte(key) == column % 16; the GPU tests compare every stored
+  // byte with the reference stream). One call per 16 probabilities, its bytes
+  // compared four at a time into a 64-bit keep mask. The calls run in a loop
+  // that is not unrolled: unrolled, ptxas interleaved them and spilled the
+  // consumers' accumulators.
+  template <class Probs, class Coords>
+  __device__ __forceinline__ void apply_per_call(Probs& probs, Coords const& coords,
+                                                 int m_begin, int n_begin) const {
+    using namespace cute;
+    constexpr int kRows = decltype(size<0>(probs))::value;
+    constexpr int kCols = decltype(size<1>(probs))::value;
+    constexpr int kCalls = kCols / 16;
+    static_assert(kRows * kCols <= 64 && kCols % 16 == 0);
+    const uint32_t threshold4 = threshold * 0x01010101u;  // threshold < 256
+    uint64_t keep = 0;
+#pragma unroll 1
+    for (int call = 0; call < kRows * kCalls; ++call) {
+      const int i = call / kCalls;
+      const int j0 = call % kCalls * 16;
+      const int row = m_begin + get<0>(coords(i, 0));
+      const uint4 words = Philox4x32::generate(
+          make_uint4(stream_block(n_begin + get<1>(coords(i, j0))), uint32_t(row), head_index,
+                     offset),
+          key0, key1);
+      const uint32_t word[4] = {words.x, words.y, words.z, words.w};
+      uint32_t kept = 0;  // bit b: byte b is at least the threshold
+      CUTE_UNROLL
+      for (int w = 0; w < 4; ++w) {
+        // __vcmpgeu4 sets each byte to 0xff where kept; the multiply gathers
+        // the four top bits into bits 28-31.
+        const uint32_t top = __vcmpgeu4(word[w], threshold4) & 0x80808080u;
+        kept |= (top * 0x00204081u >> 28) << (4 * w);
+      }
+      keep |= uint64_t(kept) << (i * kCols + j0);
+      if (randval != nullptr) {
+        CUTE_UNROLL
+        for (int j = 0; j < 16; ++j) {
+          const int col = n_begin + get<1>(coords(i, j0 + j));
+          if (row < seqlen_q && col < seqlen_k) {
+            randval[int64_t(row) * randval_ld + col] = uint8_t(random_byte(words, j));
+          }
+        }
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < kCols; ++j) {
+        if (((keep >> (i * kCols + j)) & 1u) == 0) probs(i, j) = 0.f;
+      }
+    }
+  }
+
   // probs/coords: (rows, cols) views. The columns a thread holds come in
-  // groups of ColumnGroup consecutive fragment columns inside one 16-column
-  // Philox block, so one generator call serves a group: four on the mma.sync
-  // path (two 8-wide MMA atoms), two on the SIMT path (keys 8 apart).
+  // groups of ColumnGroup consecutive fragment columns of one generator call,
+  // so one call serves a group: four on the mma.sync path (two 8-wide MMA
+  // atoms), two on the SIMT path (keys 8 apart).
   template <int ColumnGroup = 4, class Probs, class Coords>
   __device__ __forceinline__ void apply(Probs& probs, Coords const& coords, int m_begin,
                                         int n_begin) const {
@@ -117,13 +185,14 @@ struct PhiloxDropout {
       int row = m_begin + get<0>(coords(i, 0));
       CUTE_UNROLL
       for (int j0 = 0; j0 < size<1>(probs); j0 += ColumnGroup) {
-        int block = (n_begin + get<1>(coords(i, j0))) / 16;
         uint4 words = Philox4x32::generate(
-            make_uint4(uint32_t(block), uint32_t(row), head_index, offset), key0, key1);
+            make_uint4(stream_block(n_begin + get<1>(coords(i, j0))), uint32_t(row), head_index,
+                       offset),
+            key0, key1);
         CUTE_UNROLL
         for (int j = j0; j < j0 + ColumnGroup; ++j) {
           int col = n_begin + get<1>(coords(i, j));
-          uint32_t byte = random_byte(words, col & 15);
+          uint32_t byte = random_byte(words, stream_byte(col));
           if (randval != nullptr && row < seqlen_q && col < seqlen_k) {
             randval[int64_t(row) * randval_ld + col] = uint8_t(byte);
           }

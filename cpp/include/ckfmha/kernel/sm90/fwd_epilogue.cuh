@@ -64,8 +64,8 @@ struct FwdSm90Epilogue {
            work.m_begin * p.o_row_stride;
   }
 
-  // No key is visible to the tile's rows: O is 0 and the LSE -inf, as
-  // finalize gives such rows, stored from registers on a path of its own,
+  // No key is visible to the tile's rows: O is 0 and the LSE -inf (a sink's
+  // logit with a sink), as finalize gives such rows, stored from registers on a path of its own,
   // so that the other tiles' products, epilogue and resets are one straight
   // block (measured faster, NOTES 72).
   // `cO_rows_cols`: each O accumulator element's (row, column) in the tile;
@@ -84,10 +84,11 @@ struct FwdSm90Epilogue {
       if (p.lse != nullptr && get<1>(cO_rows_cols(0, 0)) == 0) {
         float* lse_out = p.lse + (kGroup ? work.seq.q_token0 : batch * p.lse_batch_stride) +
                          head * p.lse_head_stride;
+        const float empty_lse = Traits::kHasSink ? p.sink[head] : -INFINITY;
         CUTE_UNROLL
         for (int r = 0; r < Accumulators::kRows; ++r) {
           int row = m_begin + get<0>(cO_rows_cols(r, 0));
-          if (row < work.seq.seqlen_q) lse_out[row] = -INFINITY;
+          if (row < work.seq.seqlen_q) lse_out[row] = empty_lse;
         }
       }
     }
@@ -130,7 +131,13 @@ struct FwdSm90Epilogue {
             out, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
       }
     } else {
-      acc.softmax.template finalize<false>(out, p.scale_log2, 0.f, 1.f, lse);
+      // Transformed scores (bias, ALiBi, soft-cap) are log2-domain already.
+      constexpr bool kTransformed = FwdSm90Mma<Traits>::Transform::kActive;
+      constexpr float kLog2e = 1.4426950408889634f;
+      const float sink_log2 = Traits::kHasSink ? p.sink[head] * kLog2e : 0.f;
+      const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
+      acc.softmax.template finalize<Traits::kHasSink>(out, kTransformed ? 1.f : p.scale_log2,
+                                                      sink_log2, rescale, lse);
     }
 
     if constexpr (Traits::kHasLse) {

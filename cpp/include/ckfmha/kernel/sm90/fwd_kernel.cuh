@@ -84,7 +84,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor out = acc.out();
   acc.softmax.reset();
   clear(acc.acc_o);
-  for_each_tile(params.order, [&](QueryTile query_tile) {
+  // Inlined by force: with the feature paths ptxas otherwise made it a call
+  // and kept the accumulators on the stack.
+  for_each_tile(params.order, [&](QueryTile query_tile) __attribute__((always_inline)) {
     const Work work(p, query_tile);
     if (!work.has_rows()) return;
     const int n_tiles = work.n_tiles();

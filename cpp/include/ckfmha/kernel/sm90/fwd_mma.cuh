@@ -14,7 +14,9 @@
 #pragma once
 
 #include "ckfmha/kernel/common/fragment_layout.cuh"
+#include "ckfmha/kernel/common/logit_transform.cuh"
 #include "ckfmha/kernel/common/online_softmax.cuh"
+#include "ckfmha/kernel/common/philox_dropout.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
 #include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"  // RingSlot
@@ -115,6 +117,18 @@ struct FwdSm90Mma {
   using TileS = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kBlockN>>;
   using TileO = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kHeadDimV>>;
   using Accumulators = FwdSm90Accumulators<Traits>;
+  // Bias, ALiBi and soft-cap rewrite S into log2-domain logits before the
+  // mask (the softmax then runs at unit scale). An elementwise bias tile is
+  // read into registers at the start of its turn, so that the loads run under
+  // the turn's products (staged a turn ahead in shared memory with cp.async
+  // instead, it ran slower: NOTES 90).
+  using Transform = LogitTransform<typename Traits::Element, Traits::kBias, Traits::kHasSoftcap>;
+  static constexpr bool kBiasAhead = Traits::kBias == BiasMode::kElementwise;
+  using ScoresLayout = decltype(gmma_accum_as_rows_cols(
+      cute::partition_fragment_C(typename Traits::TiledMmaQK{}, TileS{}).layout()));
+  using BiasTile = std::conditional_t<
+      kBiasAhead,
+      decltype(cute::make_tensor<typename Traits::Element>(ScoresLayout{})), NoFp8RowScales>;
   using SmemQ = decltype(cute::make_tensor(cute::make_smem_ptr(std::declval<Element*>()),
                                            typename Traits::SmemLayoutQRing{}));
   using SmemK = decltype(cute::make_tensor(cute::make_smem_ptr(std::declval<Element*>()),
@@ -217,6 +231,20 @@ struct FwdSm90Mma {
     auto& acc_o = acc.acc_o;
     auto& softmax = acc.softmax;
     auto& probs = acc.probs;
+    const Transform transform = Transform::for_sequence(p, work.seq.seqlen_q, work.seq.seqlen_k,
+                                                        work.tile.batch, work.tile.head);
+    PhiloxDropout dropout{};
+    if constexpr (Traits::kHasDropout) {
+      dropout = PhiloxDropout::for_sequence(p, work.seq.seqlen_q, work.seq.seqlen_k,
+                                            work.tile.batch, work.tile.head);
+    }
+    // Key tile i's first key (tiles run from the last to the first).
+    auto n_begin_of = [&](int i) { return (n_last - 1 - i) * kBlockN; };
+    auto read_bias = [&](int i) {
+      BiasTile bias{};
+      if constexpr (kBiasAhead) transform.load_bias(bias, cS_rows_cols, m_begin, n_begin_of(i));
+      return bias;
+    };
 
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
     // fp8: q's and k's dequantisation scales join the softmax scale: once per
@@ -234,10 +262,16 @@ struct FwdSm90Mma {
         return make_float2(0.f, 0.f);
       }
     };
-    auto softmax_scores = [&](auto& acc_s, int i, float k_scale, auto needs_mask, auto first) {
+    auto softmax_scores = [&](auto& acc_s, int i, float k_scale, auto needs_mask, auto first,
+                              BiasTile const& bias) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+      if constexpr (kBiasAhead) {
+        transform.apply_loaded(scores, bias);
+      } else if constexpr (Transform::kActive) {
+        transform.apply(scores, cS_rows_cols, m_begin, n_begin_of(i));
+      }
       if constexpr (decltype(needs_mask)::value) {
-        mask.apply(scores, cS_rows_cols, m_begin, (n_last - 1 - i) * kBlockN);
+        mask.apply(scores, cS_rows_cols, m_begin, n_begin_of(i));
       }
       if constexpr (Traits::kQkvFp8 && !BlockScales) {
         return softmax.template update_scores<decltype(first)::value>(
@@ -250,9 +284,20 @@ struct FwdSm90Mma {
         return softmax.template update_scaled_scores<decltype(first)::value>(
             scores, factor, std::integral_constant<int, kMaxSlack>{},
             std::integral_constant<int, kProbOffset>{});
+      } else if constexpr (Transform::kActive) {
+        return softmax.template update_scores<decltype(first)::value>(
+            scores, 1.f, std::integral_constant<int, kMaxSlack>{});
       } else {
         return softmax.template update_scores<decltype(first)::value>(
             scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
+      }
+    };
+    // Dropout zeroes probabilities after the row sums took them (finalize
+    // scales O by 1 / (1 - p)).
+    auto drop = [&](auto& acc_s, int i) {
+      if constexpr (Traits::kHasDropout) {
+        Tensor probs_rc = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+        dropout.apply_per_call(probs_rc, cS_rows_cols, m_begin, n_begin_of(i));
       }
     };
     auto store_probs = [&](auto const& acc_s) {
@@ -275,9 +320,10 @@ struct FwdSm90Mma {
       v_ready = Barrier::test_wait(&bar.v_full[v_slot.stage], v_slot.phase, 1);
     };
     // Key tile 0: S alone (there is no P yet).
-    auto first_tile = [&](auto needs_mask) {
+    auto first_tile = [&](auto needs_mask) __attribute__((always_inline)) {
       const RingSlot slot = ring_slot(0);
       const float2 kv_scales = key_scales(0);
+      const BiasTile bias = read_bias(0);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       Barrier::wait(&bar.k_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_s);
@@ -289,17 +335,19 @@ struct FwdSm90Mma {
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
       test_next_operands(0);
-      softmax_scores(acc_s, 0, kv_scales.x, needs_mask, std::true_type{});
+      softmax_scores(acc_s, 0, kv_scales.x, needs_mask, std::true_type{}, bias);
+      drop(acc_s, 0);
       store_probs(acc_s);
     };
     // Key tile i >= 1: S_i and the previous tile's P V in one turn; S_i's
     // softmax runs while the P V product accumulates.
-    auto next_tile = [&](int i, auto needs_mask) {
+    auto next_tile = [&](int i, auto needs_mask) __attribute__((always_inline)) {
       const RingSlot slot = ring_slot(i);
       const RingSlot prev = ring_slot(i - 1);
       const float2 kv_scales = key_scales(i);
       // Block scales: O moves from the previous tile's v units into this one's.
       const float v_before = BlockScales ? key_scales(i - 1).y : 0.f;
+      const BiasTile bias = read_bias(i);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       // Both operands are waited for before the turn, which must not be held
       // while a load is late.
@@ -315,7 +363,9 @@ struct FwdSm90Mma {
       warpgroup_wait<1>();  // S_i; the P V product may still run
       warpgroup_fence_operand(acc_s);
       Barrier::arrive(&bar.k_empty[slot.stage]);
-      auto correction = softmax_scores(acc_s, i, kv_scales.x, needs_mask, std::false_type{});
+      auto correction =
+          softmax_scores(acc_s, i, kv_scales.x, needs_mask, std::false_type{}, bias);
+      drop(acc_s, i);
       test_next_operands(i);
       if constexpr (BlockScales) {
         const float v_ratio = v_before / kv_scales.y;
@@ -335,7 +385,7 @@ struct FwdSm90Mma {
       store_probs(acc_s);
     };
     // The last tile's P V, alone.
-    auto last_product = [&]() {
+    auto last_product = [&]() __attribute__((always_inline)) {
       const RingSlot slot = ring_slot(n_tiles - 1);
       if (!v_ready) Barrier::wait(&bar.v_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_o);
@@ -349,7 +399,7 @@ struct FwdSm90Mma {
     };
 
     auto tile_needs_mask = [&](int i) {
-      return mask.tile_needs_mask(m_begin, (n_last - 1 - i) * kBlockN, kBlockM, kBlockN);
+      return mask.tile_needs_mask(m_begin, n_begin_of(i), kBlockM, kBlockN);
     };
     if (tile_needs_mask(0)) {
       first_tile(std::true_type{});

@@ -31,8 +31,10 @@ using GmmaRowMajorAtom = std::conditional_t<
 enum class Sm90OutputPath { kTmaStore, kSmemRows, kRegisters };
 
 // The parameter list is every forward pipeline's, so the generator writes all
-// instances alike; features this template does not implement yet are
-// rejected by the generator's rules and asserted here.
+// instances alike; features this template does not implement (column-major
+// V, split-KV, paged K/V) are rejected by the generator's rules and asserted
+// here. The logit features (bias, ALiBi, soft-cap), dropout and sinks run in
+// the consumers' softmax (fwd_mma.cuh) and epilogue.
 //
 // KvFp8 here means Q, K and V are all e4m3 (the fp8 forward, fwd_fp8.cuh):
 // both products run in e4m3, P is quantised to e4m3, O leaves in Element.
@@ -48,8 +50,9 @@ struct FwdSm90Traits {
   static constexpr bool kQkvFp8 = KvFp8;
   // Q, K and V as they are loaded and multiplied.
   using InputElement = std::conditional_t<KvFp8, cutlass::float_e4m3_t, Element>;
-  static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasSink && !VColMajor,
-                "the sm90 template covers plain attention with masks and LSE");
+  static_assert(!VColMajor, "column-major V runs on the sm80 template");
+  static_assert(!KvFp8 || (Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasSink),
+                "the fp8 forward takes masks and LSE only");
   static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
   static_assert(!SplitKv && !PagedKv, "split-KV and paged K/V run on the sm80 template");
 
@@ -70,6 +73,10 @@ struct FwdSm90Traits {
   static constexpr MaskMode kMask = Mask;
   static constexpr bool kHasLse = HasLse;
   static constexpr bool kIsGroupMode = IsGroupMode;
+  static constexpr BiasMode kBias = Bias;
+  static constexpr bool kHasDropout = HasDropout;
+  static constexpr bool kHasSoftcap = HasSoftcap;
+  static constexpr bool kHasSink = HasSink;
   // Register split after setmaxnreg: the producer only issues TMA copies.
   // setmaxnreg moves registers within what the CTA was launched with (the
   // launch bound's per-thread count for every thread), so the split must
