@@ -561,6 +561,14 @@ def test_dropout_randval_follows_the_header(seed, offset):
     j = np.arange(64)
     calls_bytes = sorted(zip((j % 8 // 2).tolist(), (j % 64 // 8 * 2 + j % 2).tolist()))
     assert calls_bytes == [(call, byte) for call in range(4) for byte in range(16)]
+    # The Hopper forward reads byte b of call g as fragment column 16 g + b of a lane's wgmma
+    # accumulator row (philox_dropout.cuh, apply_per_call): lane q of a quad holds keys
+    # 8 c + 2 q and 8 c + 2 q + 1 in fragment columns 2 c and 2 c + 1.
+    for lane in range(4):
+        for column in range(32):
+            key = 8 * (column // 2) + 2 * lane + column % 2
+            call = key // 64 * 4 + key % 8 // 2
+            assert (call, key % 64 // 8 * 2 + key % 2) == (column // 16 * 4 + lane, column % 16)
     # A prefix of the keys (or queries) is the same stream: lengths do not shift it.
     shorter = philox_dropout_randval(seed, offset, batch, nhead_q, seqlen_q - 1, 20)
     np.testing.assert_array_equal(shorter, randval[:, :, : seqlen_q - 1, :20])

@@ -81,6 +81,7 @@ __device__ __forceinline__ auto gmma_accum_coords(ThrMma const& thr_mma, Tile co
 // (FwdSm90Mma), or with O first, they changed the order of ptxas's input
 // (its virtual registers' numbers), and with it the schedule.
 struct NoFp8RowScales {};
+struct NoBiasTile {};
 
 template <class Traits>
 struct FwdSm90Accumulators {
@@ -128,7 +129,7 @@ struct FwdSm90Mma {
       cute::partition_fragment_C(typename Traits::TiledMmaQK{}, TileS{}).layout()));
   using BiasTile = std::conditional_t<
       kBiasAhead,
-      decltype(cute::make_tensor<typename Traits::Element>(ScoresLayout{})), NoFp8RowScales>;
+      decltype(cute::make_tensor<typename Traits::Element>(ScoresLayout{})), NoBiasTile>;
   using SmemQ = decltype(cute::make_tensor(cute::make_smem_ptr(std::declval<Element*>()),
                                            typename Traits::SmemLayoutQRing{}));
   using SmemK = decltype(cute::make_tensor(cute::make_smem_ptr(std::declval<Element*>()),
@@ -319,6 +320,8 @@ struct FwdSm90Mma {
       k_ready = Barrier::test_wait(&bar.k_full[k_slot.stage], k_slot.phase, 1);
       v_ready = Barrier::test_wait(&bar.v_full[v_slot.stage], v_slot.phase, 1);
     };
+    // The turns are inlined by force: with the feature code ptxas made them
+    // calls and kept the accumulators on the stack (NOTES 90).
     // Key tile 0: S alone (there is no P yet).
     auto first_tile = [&](auto needs_mask) __attribute__((always_inline)) {
       const RingSlot slot = ring_slot(0);
