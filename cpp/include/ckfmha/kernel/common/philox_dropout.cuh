@@ -86,6 +86,12 @@ struct PhiloxDropout {
                          seq_q, seq_k};
   }
 
+  // The generator call that holds the byte of key `col` in row `row`.
+  __device__ __forceinline__ uint4 stream_words(int row, int col) const {
+    return Philox4x32::generate(make_uint4(stream_block(col), uint32_t(row), head_index, offset),
+                                key0, key1);
+  }
+
   // Which elements of a (rows, cols) fragment the forward kept: bit i * cols + j
   // set for element (i, j). One Philox call per ColumnGroup columns, as in apply().
   template <int ColumnGroup = 4, class Coords>
@@ -101,14 +107,13 @@ struct PhiloxDropout {
       int row = m_begin + get<0>(coords(i, 0));
       CUTE_UNROLL
       for (int j0 = 0; j0 < kCols; j0 += ColumnGroup) {
-        uint4 words = Philox4x32::generate(
-            make_uint4(stream_block(n_begin + get<1>(coords(i, j0))), uint32_t(row), head_index,
-                       offset),
-            key0, key1);
+        uint4 words = stream_words(row, n_begin + get<1>(coords(i, j0)));
         CUTE_UNROLL
         for (int j = j0; j < j0 + ColumnGroup; ++j) {
           int col = n_begin + get<1>(coords(i, j));
-          if (random_byte(words, stream_byte(col)) >= threshold) bits |= uint64_t(1) << (i * kCols + j);
+          if (random_byte(words, stream_byte(col)) >= threshold) {
+            bits |= uint64_t(1) << (i * kCols + j);
+          }
         }
       }
     }
@@ -138,10 +143,7 @@ struct PhiloxDropout {
       const int i = call / kCalls;
       const int j0 = call % kCalls * 16;
       const int row = m_begin + get<0>(coords(i, 0));
-      const uint4 words = Philox4x32::generate(
-          make_uint4(stream_block(n_begin + get<1>(coords(i, j0))), uint32_t(row), head_index,
-                     offset),
-          key0, key1);
+      const uint4 words = stream_words(row, n_begin + get<1>(coords(i, j0)));
       const uint32_t word[4] = {words.x, words.y, words.z, words.w};
       uint32_t kept = 0;  // bit b: byte b is at least the threshold
       CUTE_UNROLL
@@ -185,10 +187,7 @@ struct PhiloxDropout {
       int row = m_begin + get<0>(coords(i, 0));
       CUTE_UNROLL
       for (int j0 = 0; j0 < size<1>(probs); j0 += ColumnGroup) {
-        uint4 words = Philox4x32::generate(
-            make_uint4(stream_block(n_begin + get<1>(coords(i, j0))), uint32_t(row), head_index,
-                       offset),
-            key0, key1);
+        uint4 words = stream_words(row, n_begin + get<1>(coords(i, j0)));
         CUTE_UNROLL
         for (int j = j0; j < j0 + ColumnGroup; ++j) {
           int col = n_begin + get<1>(coords(i, j));
