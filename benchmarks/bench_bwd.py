@@ -17,7 +17,6 @@ import argparse
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from bench_fwd import (
     STANDARD_HDIMS,
     STANDARD_SEQLENS,
     TOTAL_TOKENS,
+    add_run_arguments,
     fmt,
     geomean,
     matmul_tflops,
@@ -156,14 +156,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hdims", type=int, nargs="+", default=list(STANDARD_HDIMS))
     parser.add_argument("--seqlens", type=int, nargs="+", default=list(STANDARD_SEQLENS))
-    parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--deterministic", action="store_true",
                         help="also time ckfmha's deterministic mode")  # fmt: skip
-    parser.add_argument("--commit", default="unknown", help="commit the library was built from")
-    parser.add_argument("--out", type=Path, default=None, help="directory for JSON and plot")
+    add_run_arguments(parser, warmup=3, iters=10, repeats=5)
     args = parser.parse_args()
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16

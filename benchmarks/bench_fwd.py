@@ -134,6 +134,18 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, *, warmup: int, iters: int, repeats: int,
+                      out_help: str = "directory for JSON and plot") -> None:  # fmt: skip
+    """The arguments every suite takes: the dtype, the timing rounds, the commit the library
+    was built from and where the results go."""
+    parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--iters", type=int, default=iters)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--commit", default="unknown", help="commit the library was built from")
+    parser.add_argument("--out", type=Path, default=None, help=out_help)
+
+
 def run_record(benchmark: str, device: str, commit: str, dtype: str) -> dict[str, Any]:
     """The fields a results file opens with: which suite ran, where, when, on what versions."""
     return {
@@ -199,12 +211,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hdims", type=int, nargs="+", default=list(STANDARD_HDIMS))
     parser.add_argument("--seqlens", type=int, nargs="+", default=list(STANDARD_SEQLENS))
-    parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--commit", default="unknown", help="commit the library was built from")
-    parser.add_argument("--out", type=Path, default=None, help="directory for JSON and plot")
+    add_run_arguments(parser, warmup=5, iters=20, repeats=5)
     args = parser.parse_args()
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16

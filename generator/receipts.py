@@ -239,18 +239,12 @@ def _bwd_plan(
 
 
 def _bwd_signatures() -> tuple[BwdSignature, ...]:
-    """Backward plans: every mask in batch and group mode at d64/d128, no mask and causal in
-    batch mode at the other head dims (where a tile fits the arch)."""
+    """Backward plans: every mask in batch and group mode at every head dim (where a tile fits
+    the arch)."""
     plans = [
         _bwd_plan(dtype, hdims, mask, mode)
         for dtype, hdims, mask, mode in itertools.product(
-            DTYPES, FEATURE_HDIMS, MASKS, ("batch", "group")
-        )
-    ]
-    plans += [
-        _bwd_plan(dtype, hdims, mask)
-        for dtype, hdims, mask in itertools.product(
-            DTYPES, [h for h in HDIMS if h not in FEATURE_HDIMS], ("none", "causal")
+            DTYPES, HDIMS, MASKS, ("batch", "group")
         )
     ]
     # Features (recomputed logits and the forward's dropout stream) at d64/d128: each bias

@@ -85,6 +85,9 @@ std::string reject_reason_bwd(ckfmha_kernel_entry const& k, ckfmha_bwd_problem c
   } else if (bool(k.has_dbias) != bool(p.store_dbias)) {
     why << (k.has_dbias ? "writes dbias, problem does not ask for it"
                         : "does not write dbias, problem asks for it");
+  } else if (auto packed = packed_token_counts_problem(k, p.mode, p.total_q, p.total_k);
+             !packed.empty()) {
+    why << packed;
   } else if (p.deterministic && !deterministic_main_stage(k)) {
     why << k.pipeline << " adds dQ with fp32 atomics (fast mode only); deterministic mode "
         << "runs on sm80_cpasync_mma";

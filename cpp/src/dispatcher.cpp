@@ -74,6 +74,21 @@ int pipeline_rank(const char* pipeline) {
   return 0;
 }
 
+std::string packed_token_counts_problem(ckfmha_kernel_entry const& kernel, ckfmha_mode mode,
+                                        int64_t total_q, int64_t total_k) {
+  std::string_view name = kernel.pipeline ? kernel.pipeline : "";
+  if (mode != CKFMHA_MODE_GROUP || name != "sm90_tma_wgmma") return {};
+  constexpr int64_t kMaxTmaRows = INT32_MAX;
+  if (total_q <= 0 || total_k <= 0) {
+    return "group mode on sm90_tma_wgmma needs total_q and total_k (its TMA descriptors "
+           "span the packed tokens); the problem leaves them 0";
+  }
+  if (total_q > kMaxTmaRows || total_k > kMaxTmaRows) {
+    return "total_q/total_k exceed 2^31 - 1, the TMA descriptors' coordinate range";
+  }
+  return {};
+}
+
 bool arch_runs_on(ckfmha_kernel_entry const& kernel, int device_arch) {
   // Arch-specific ("a") targets run only on their exact arch; plain SASS runs
   // on later minor versions of the same major.

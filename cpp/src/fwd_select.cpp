@@ -16,23 +16,6 @@ namespace ckfmha::runtime {
 
 namespace {
 
-// Kernels whose TMA descriptors span the packed tokens of a group-mode
-// problem: they need the token counts, within 32-bit TMA coordinates.
-std::string packed_token_counts_problem(ckfmha_kernel_entry const& k,
-                                        ckfmha_fwd_problem const& p) {
-  std::string_view name = k.pipeline ? k.pipeline : "";
-  if (p.mode != CKFMHA_MODE_GROUP || name != "sm90_tma_wgmma") return {};
-  constexpr int64_t kMaxTmaRows = INT32_MAX;
-  if (p.total_q <= 0 || p.total_k <= 0) {
-    return "group mode on sm90_tma_wgmma needs total_q and total_k (its TMA descriptors "
-           "span the packed tokens); the problem leaves them 0";
-  }
-  if (p.total_q > kMaxTmaRows || p.total_k > kMaxTmaRows) {
-    return "total_q/total_k exceed 2^31 - 1, the TMA descriptors' coordinate range";
-  }
-  return {};
-}
-
 bool wants_dropout(ckfmha_fwd_problem const& p) {
   return p.dropout_p > 0.f || p.store_dropout_randval;
 }
@@ -109,7 +92,7 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
   } else if (bool(k.v_col_major) != bool(p.v_col_major)) {
     why << (k.v_col_major ? "reads V column-major, problem has V row-major"
                           : "reads V row-major (head dim contiguous), problem has V column-major");
-  } else if (auto packed = packed_token_counts_problem(k, p); !packed.empty()) {
+  } else if (auto packed = packed_token_counts_problem(k, p.mode, p.total_q, p.total_k); !packed.empty()) {
     why << packed;
   } else {
     for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},

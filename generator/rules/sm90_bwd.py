@@ -19,11 +19,10 @@ BWD_SM90_WARPS = 12
 BWD_SM90_CONSUMER_WARPGROUPS = 2
 BWD_SM90_STAGES = 2
 BWD_SM90_HDIMS = tuple(BWD_SM90_KEYS_BY_HDIM)
-BWD_SM90_MASKS = ("none", "causal")
 BWD_SM90_COVERS = (
-    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 96, 128, 256 and 192x128, no mask "
-    "and causal "
-    "masks, GQA/MQA, batch mode and fast (atomic dQ) mode; sm80_cpasync_mma covers the rest"
+    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 96, 128, 256 and 192x128, every "
+    "mask (causal and sliding windows), GQA/MQA, batch and group mode and fast (atomic dQ) mode; "
+    "sm80_cpasync_mma covers the rest"
 )
 # The mbarriers after the last tile: K/V full, Q/dO full and empty per stage, and dQ full and
 # empty per consumer warpgroup. The storage struct is 1 KiB aligned, so they round its size up
@@ -75,8 +74,6 @@ def sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         ("dropout", sig.dropout),
         ("softcap", sig.softcap),
         ("dbias", sig.dbias),
-        (f"mask {sig.mask!r}", sig.mask not in BWD_SM90_MASKS),
-        (f"mode {sig.mode!r}", sig.mode != "batch"),
     )
     if unsupported:
         reasons.append(f"{', '.join(unsupported)} not implemented yet; {BWD_SM90_COVERS}")

@@ -52,7 +52,8 @@ def _has_sm80_twin(kernel: dict, kernels: list[dict]) -> bool:
     """Is an sm80 main stage registered that computes `kernel`'s problems on its arch (same dtype,
     mode and head dims; a window kernel also computes causal masks)? SASS for sm_80 does not run
     on sm_90a: the twin must be built for the kernel's own arch."""
-    masks = {"none": ("none",), "causal": ("causal", "window")}[kernel["mask"]]
+    masks = {"none": ("none",), "causal": ("causal", "window"),
+             "window": ("window",)}[kernel["mask"]]
     return any(
         k["pipeline"] == "sm80_cpasync_mma"
         and runs_on(k, kernel["arch"])

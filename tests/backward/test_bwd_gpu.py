@@ -208,12 +208,14 @@ def _offsets(lengths) -> np.ndarray:
 
 
 def _run_group_case(kernel: dict[str, Any], index: int, inputs: Inputs,
-                    deterministic: bool) -> None:  # fmt: skip
+                    deterministic: bool, lengths: tuple[list[int], list[int]] | None = None,
+                    heads: tuple[int, int] | None = None) -> None:  # fmt: skip
     dtype = _torch_dtype(kernel["dtype"])
     d, dv = kernel["hdim_q"], kernel["hdim_v"]
-    hq, hk = [(4, 2), (3, 3)][index % 2]
-    lens_q = np.roll(VARLEN_Q, index)
-    lens_k = lens_q if index % 2 else np.roll(VARLEN_K, index)
+    hq, hk = heads or [(4, 2), (3, 3)][index % 2]
+    varlen_q, varlen_k = lengths or (VARLEN_Q, VARLEN_K)
+    lens_q = np.roll(varlen_q, index)
+    lens_k = lens_q if index % 2 else np.roll(varlen_k, index)
     cu_q, cu_k = _offsets(lens_q), _offsets(lens_k)
     max_q, max_k = int(lens_q.max()), int(lens_k.max())
     q = inputs.normal((int(cu_q[-1]), hq, d), dtype)
@@ -262,6 +264,11 @@ def test_kernel_matches_reference(kernel: dict[str, Any]) -> None:
 # query tiles of 64 (both with ragged ends), causal diagonals crossing tile edges, seqlen_q > seqlen_k
 # (bottom-right rows that see no key) and the reverse.
 SM90_SEQLEN_PAIRS = [(300, 300), (65, 385), (513, 129), (127, 1000)]
+# Group mode on the sm90 main stage: its TMA views span the packed tokens, so a sequence's last
+# query and key tiles read the next sequence's rows. Sequences of several tiles with ragged ends
+# back to back, short ones between them, one with no queries and one with no keys.
+SM90_VARLEN_Q = [385, 1, 129, 0, 700, 64, 257]
+SM90_VARLEN_K = [300, 17, 513, 200, 641, 0, 130]
 
 
 @pytest.mark.parametrize(
@@ -270,20 +277,31 @@ SM90_SEQLEN_PAIRS = [(300, 300), (65, 385), (513, 129), (127, 1000)]
 )  # fmt: skip
 def test_sm90_kernel_multi_tile_cases(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
+    if kernel["mode"] == "group":
+        for index, heads in enumerate([(6, 3), (4, 4), (8, 1), (5, 5)]):
+            _run_group_case(kernel, index, inputs, deterministic=False,
+                            lengths=(SM90_VARLEN_Q, SM90_VARLEN_K), heads=heads)
+        return
     for index, (sq, sk) in enumerate(SM90_SEQLEN_PAIRS):
         _run_batch_case(kernel, index, sq, sk, inputs, deterministic=False)
 
 
-@pytest.mark.parametrize(
-    "kernel", [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mask"] == "causal"],
-    ids=[k["name"] for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mask"] == "causal"],
-)  # fmt: skip
+_SM90_CAUSAL = [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mask"] == "causal"]
+
+
+@pytest.mark.parametrize("kernel", _SM90_CAUSAL, ids=[k["name"] for k in _SM90_CAUSAL])
 def test_sm90_causal_launch_order_covers_every_key_tile(kernel: dict[str, Any]) -> None:
     """Causal grids at d >= 128 launch in chunks of (KV head, batch) pairs sized by the SM
     count: with 47 key tiles (94 at d256) and three pairs, an H100's chunks hold two pairs (one
     at d256), so the last chunk has a CTA that owns no key tile (d64 keeps grid order). A key
     tile no CTA owns would leave its NaN-poisoned dK and dV rows."""
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 2)
+    if kernel["mode"] == "group":
+        # The grid is sized by the longest sequence; the others' CTAs past their keys own none.
+        for index in (0, 2):  # top-left, keys longer than queries in every sequence
+            _run_group_case(kernel, index, inputs, deterministic=False, heads=(6, 3),
+                            lengths=([64, 100, 30], [6000, 5000, 300]))
+        return
     for index in range(2):  # top-left (most key tiles see no query) and bottom-right
         _run_batch_case(kernel, index, 64, 6000, inputs, deterministic=False, heads=(6, 3))
 

@@ -221,8 +221,9 @@ def test_receipt_sizes(arch: str) -> None:
     # 3 masks x (batch mode at d64/d96/d128/d192x128/d256 + group mode at d64/d128); full adds
     # the signatures without LSE, and builds d64's 128-row tile beside the 192-row default of
     # its unmasked batch-mode signatures (fp16/bf16 x LSE on/off).
-    # The Hopper backward main stage: bf16 d128 causal batch of ci; fp16/bf16 x
-    # d64/d96/d128/d256/d192x128 x none/causal in batch mode of default and full (one tile each).
+    # The Hopper backward main stage: both plans of ci (bf16 d128 causal batch, fp16 d64 window
+    # group); fp16/bf16 x d64/d96/d128/d256/d192x128 x 3 masks x batch/group of default and full
+    # (one tile each).
     # The fp8 forward (Q, K and V in e4m3): fp16/bf16 x d64/d128/d256 x none/causal x batch/group
     # with LSE in default, and without in full, which also builds the plain 2-stage tile beside
     # the fp8 3-stage one at d128 and d256, and 128 rows beside d64's unmasked batch-mode 192.
@@ -238,7 +239,7 @@ def test_receipt_sizes(arch: str) -> None:
     }
     hopper = {
         name: count + fp8_forward[name] + hopper_features[name]
-        for name, count in {"ci": 4 + 1, "default": 42 + 20, "full": 84 + 4 + 20}.items()
+        for name, count in {"ci": 4 + 2, "default": 42 + 60, "full": 84 + 4 + 60}.items()
     }
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
@@ -320,22 +321,22 @@ def test_receipt_sizes(arch: str) -> None:
 
 def _bwd_sizes(arch: object) -> tuple[int, int]:
     """Backward kernels of the default and full sets on an arch, from its tile tables: every
-    mask x mode at d64/d128 and none/causal in batch mode at the other head dims (for head
-    dims with a table), plus one row-wise kernel per (dtype, mode, head dim) they need."""
+    mask x mode at every head dim (for head dims with a table), plus one row-wise kernel per
+    (dtype, mode, head dim) they need."""
     tables = arch.tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]  # type: ignore[attr-defined]
     # Masks x modes at d64/d128, plus four feature combinations and dbias with no mask and
     # causal there.
     main = [((64, 64), 6 + 4 + 2), ((128, 128), 6 + 4 + 2)]
-    main += [(h, 2) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
+    main += [(h, 6) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
     default = sum(2 * n for h, n in main if h in tables)
     full = sum(2 * n * len(tables[h]) for h, n in main if h in tables)
     # Two one-dtype dbias plans with a soft-cap: bf16 d128 (dropout), fp16 d64 (group mode).
     extra = [h for h in ((128, 128), (64, 64)) if h in tables]
     default += len(extra)
     full += sum(len(tables[h]) for h in extra)
-    # dot_do_o over hdim_v: d64/d128 x 2 modes + 32/96/256 batch; convert_dq over hdim_q:
-    # d64/d128 x 2 modes + 32/96/192/256 batch; x 2 dtypes.
-    rowwise = 2 * (4 + 3) + 2 * (4 + 4)
+    # dot_do_o over hdim_v (32/64/96/128/256) and convert_dq over hdim_q (32/64/96/128/192/256),
+    # each x 2 modes x 2 dtypes.
+    rowwise = 2 * 2 * 5 + 2 * 2 * 6
     return default + rowwise, full + rowwise
 
 
@@ -373,13 +374,13 @@ def test_filter_selects_by_regex() -> None:
     # ... and the causal column-major-V kernels at d64/d128 in batch and group mode, the causal
     # split-KV kernels (d64/d128 x batch/group x 2 tiles), the causal paged kernels (2 families
     # x d64/d128 x 2 page layouts x 2 tiles), and the causal backward kernels: 6 head dims in
-    # batch mode, d64/d128 in group mode, and the causal feature combinations (ALiBi in batch
+    # batch and in group mode, and the causal feature combinations (ALiBi in batch
     # mode, all features in group mode), and the causal bf16 dbias kernels (d64/d128); the
     # causal training pairs add 4 forwards (soft-cap, sink, ALiBi, dropout) and 2 backward main
     # stages (soft-cap, dropout) at d64/d128.
     training = 4 * 2 + 2 * 2
     assert len(selection.accepted) == (
-        6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 2 + 4 + 2 + training
+        6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 6 + 4 + 2 + training
     )
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
@@ -635,8 +636,8 @@ def test_cli_list() -> None:
     # sm_80, sm_90a (each with a split-KV plan of every tile plus the combine stage: 3 kernels,
     # 4 on sm_90a; 4 paged kernels, 6 on sm_90a; two backward plans and two appends) and the
     # Hopper template on sm_90a (four forward kernels, the three fp16/bf16 feature kernels, and
-    # the main stage of the batch-mode backward plan)
-    assert len(names) == 16 + 16 + 4 + 3 + 1 + 2 * 6 + 2 * 2 + 3
+    # the main stages of both backward plans)
+    assert len(names) == 16 + 16 + 4 + 3 + 2 + 2 * 6 + 2 * 2 + 3
     assert any("__sm_90a_" in n for n in names) and any("__sm_80_" in n for n in names)
 
 
@@ -668,8 +669,8 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     # Two of them KV-cache appends; 3 split-KV tiles; the three fp16/bf16 feature kernels also
     # on the Hopper template.
     assert len(instances) == 17 + 2 + 3
-    # Two plans of three stages, and the sm90 main stage of the batch-mode one.
-    assert len(list(tmp_path.glob("bwd_*.cu"))) == 6 + 1
+    # Two plans of three stages, and the sm90 main stage of each.
+    assert len(list(tmp_path.glob("bwd_*.cu"))) == 6 + 2
     assert len(list(tmp_path.glob("batch_prefill_*.cu"))) == 6
     text = next(p for p in instances if "appendkv" not in p.name).read_text()
     assert text.startswith(emit.GENERATED_BANNER + "\n")
@@ -679,7 +680,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
         and "::Traits>(problem, args, context, stream)" in text
     )
     header = (tmp_path / "ckfmha_kernels.h").read_text()
-    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 35" in header
+    assert "#define CKFMHA_GENERATED_KERNEL_COUNT 36" in header
     table = (tmp_path / "kernel_table.cpp").read_text()
     assert "ckfmha_builtin_kernel_table(void)" in table
     assert '/*arch=*/90, "sm_90a", "sm80_cpasync_mma"' in table
@@ -687,7 +688,7 @@ def test_cli_out_writes_files(tmp_path: Path) -> None:
     assert '/*arch=*/90, "sm_90a", "simt_fma"' in table
     assert sum("simt/fwd_launch.cuh" in p.read_text() for p in instances) == 1
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert len(manifest["kernels"]) == 35
+    assert len(manifest["kernels"]) == 36
     instances = {p.name for p in tmp_path.glob("*.cu") if not p.name.startswith("unit_")}
     assert {k["source"] for k in manifest["kernels"]} == instances
 
@@ -1236,17 +1237,22 @@ def _bwd_sm90(**changes: object) -> str:
 def test_bwd_sm90_accepts_its_scope() -> None:
     for dtype in ("fp16", "bf16"):
         for hdim, keys in ((64, 128), (128, 128), (256, 64)):
-            for mask in ("none", "causal"):
-                assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim, tile_n=keys,
-                                 mask=mask) == ""  # fmt: skip
+            for mask in ("none", "causal", "window"):
+                for mode in ("batch", "group"):
+                    assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
+                                     tile_n=keys, mask=mask, mode=mode) == ""  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"mode": "group"}, r"mode 'group' not implemented yet; sm90_tma_wgmma's backward covers"),
-        ({"mask": "window"}, r"mask 'window' not implemented yet"),
-        ({"bias": "alibi"}, r"bias 'alibi' not implemented yet"),
+        (
+            {"bias": "alibi", "mode": "group"},
+            (
+                r"bias 'alibi' not implemented yet; sm90_tma_wgmma's backward covers .* every "
+                r"mask \(causal and sliding windows\), GQA/MQA, batch and group mode"
+            ),
+        ),
         ({"bias": "elementwise", "dbias": True}, r"bias 'elementwise', dbias not implemented"),
         (
             {"dropout": True, "softcap": True},
@@ -1339,8 +1345,9 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     accepted = select(get_receipt("default"), load_specs()["sm_90a"]).accepted
     names = [c.name for c in accepted if c.name.startswith("bwd_") and "_sm90_tma_wgmma_" in c.name]
     assert sorted(names) == sorted(
-        f"bwd_dq_dk_dv_{dtype}_batch_d{d}x{dv}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
+        f"bwd_dq_dk_dv_{dtype}_{mode}_d{d}x{dv}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
         for dtype in ("fp16", "bf16")
+        for mode in ("batch", "group")
         for d, dv, n in (
             (64, 64, 128),
             (96, 96, 128),
@@ -1348,12 +1355,13 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
             (256, 256, 64),
             (192, 128, 64),
         )
-        for mask in ("none", "causal")
+        for mask in ("none", "causal", "window")
     )
     # Every sm90 main stage's plan finds its row-wise stages in the same set.
     for d in (64, 96, 128, 256):
-        assert any(c.name.startswith(f"bwd_dot_do_o_bf16_batch_d{d}__") for c in accepted)
-        assert any(c.name.startswith(f"bwd_convert_dq_bf16_batch_d{d}__") for c in accepted)
+        for mode in ("batch", "group"):
+            assert any(c.name.startswith(f"bwd_dot_do_o_bf16_{mode}_d{d}__") for c in accepted)
+            assert any(c.name.startswith(f"bwd_convert_dq_bf16_{mode}_d{d}__") for c in accepted)
     config = next(c for c in accepted if c.name == names[0])
     instance = emit.render_instance(config)
     assert '#include "ckfmha/kernel/sm90/bwd_launch.cuh"' in instance
@@ -1362,7 +1370,7 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
         "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance
         and "::Traits>(problem, args, context, stream)" in instance
     )
-    # Rejected sm90 candidates (group mode, windows, features, other head dims) stay on sm80.
+    # Rejected sm90 candidates (features, other head dims) stay on sm80.
     rejected = select(get_receipt("default"), load_specs()["sm_90a"]).rejected
     assert any(r.pipeline == "sm90_tma_wgmma" and r.signature.family == "bwd_dq_dk_dv"
-               and r.signature.mode == "group" for r in rejected)  # fmt: skip
+               and r.signature.bias == "alibi" for r in rejected)  # fmt: skip

@@ -94,8 +94,8 @@ def test_selection_from_env_config() -> None:
     # sm_80 and sm_90a (each 9 forward kernels, a split-KV plan of 3 kernels, 4 on sm_90a with
     # its third d128 tile, 4 paged kernels, 6 on sm_90a, two backward plans of three stages and
     # two KV-cache appends), and sm_90a's Hopper kernels (four plain and three feature forwards,
-    # and the wgmma main stage of the bf16 d128 causal backward plan).
-    assert len(selection.accepted) == 16 + 16 + 4 + 3 + 2 * 6 + 2 * 2 + 1 + 3
+    # and the wgmma main stages of both backward plans).
+    assert len(selection.accepted) == 16 + 16 + 4 + 3 + 2 * 6 + 2 * 2 + 2 + 3
 
 
 # ---- discovery ----

@@ -36,4 +36,11 @@ bool mask_kind_preferred(ckfmha_mask_kind kind, ckfmha_mask mask);
 // Higher is faster where kernels of several templates fit.
 int pipeline_rank(const char* pipeline);
 
+// Kernels whose TMA descriptors span the packed tokens of a group-mode
+// problem (the sm90 forward and backward) need the token counts, within the
+// descriptors' 32-bit coordinates: why the problem's counts do not serve
+// `kernel`, or empty when they do (or the kernel does not need them).
+std::string packed_token_counts_problem(ckfmha_kernel_entry const& kernel, ckfmha_mode mode,
+                                        int64_t total_q, int64_t total_k);
+
 }  // namespace ckfmha::runtime

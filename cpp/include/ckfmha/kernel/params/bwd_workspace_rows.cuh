@@ -4,6 +4,7 @@
 #pragma once
 
 #include "ckfmha/kernel/params/bwd_params.h"
+#include "ckfmha/kernel/params/bwd_workspace.h"  // kBwdWorkspaceRowBlock
 
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,14 @@ namespace ckfmha::kernel {
 // log2-domain LSE and the dQ accumulator give every head workspace_rows rows.
 __device__ __forceinline__ int64_t bwd_workspace_row0(BwdParams const& p, int batch, int head) {
   return (int64_t(batch) * p.nhead_q + head) * p.workspace_rows;
+}
+
+// One past the last workspace row of a (sequence, head) that a main stage
+// reading whole row blocks touches: seqlen_q rounded up to a block. In
+// batch mode this is workspace_rows; in group mode a shorter sequence's
+// blocks end before it.
+__device__ __forceinline__ int bwd_workspace_rows_read(int seqlen_q) {
+  return (seqlen_q + kBwdWorkspaceRowBlock - 1) / kBwdWorkspaceRowBlock * kBwdWorkspaceRowBlock;
 }
 
 // A forward LSE in the log2 domain, as the main stages subtract it from

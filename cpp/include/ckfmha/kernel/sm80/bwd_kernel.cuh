@@ -546,9 +546,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 
 // D = rowsum(dO * O) in fp32 for BlockM rows, their LSE in the log2 domain
 // (what the sm90 main stage reads), and zeroes those rows of every dQ
-// accumulator slice (the main stage only adds to them). In batch mode the
-// last block also fills the head's padding rows up to workspace_rows, which
-// the sm90 main stage reads and adds to as part of whole 64-row tiles.
+// accumulator slice (the main stage only adds to them). The last block also
+// fills the padding rows of the (sequence, head) up to its last whole
+// 64-row block, which the sm90 main stage reads and adds to as part of
+// whole tiles (in group mode its Q rows there are the next sequence's).
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads)
     bwd_dot_do_o_kernel(__grid_constant__ const BwdParams p) {
@@ -608,14 +609,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   }
 
-  if (!kGroup && m_begin + Traits::kBlockM >= seq.seqlen_q) {
+  if (m_begin + Traits::kBlockM >= seq.seqlen_q) {
     // Padding rows: P = 0 (LSE +inf), D = 0, and a zero dQ accumulator.
-    for (int r = seq.seqlen_q + tid; r < p.workspace_rows; r += Traits::kThreads) {
+    const int rows_read = bwd_workspace_rows_read(seq.seqlen_q);
+    for (int r = seq.seqlen_q + tid; r < rows_read; r += Traits::kThreads) {
       p.delta[head_row0 + r] = 0.f;
       p.lse_log2[head_row0 + r] = INFINITY;
     }
     const int64_t pad_begin = (head_row0 + seq.seqlen_q) * p.hdim_q;
-    const int64_t pad_end = (head_row0 + p.workspace_rows) * p.hdim_q;
+    const int64_t pad_end = (head_row0 + rows_read) * p.hdim_q;
     for (int s = 0; s < p.dq_splits; ++s) {
       float* slice = p.dq_accum + s * p.dq_accum_split_stride;
       for (int64_t i = pad_begin + tid; i < pad_end; i += Traits::kThreads) slice[i] = 0.f;

@@ -1,7 +1,7 @@
 // The epilogue of the Hopper backward main stage: dK (scaled) and dV of the
 // CTA's keys, staged in shared memory over K and V and stored to global
 // memory as 16-byte row vectors; keys without a visible query get zeros,
-// keys past seqlen_k none.
+// keys past the sequence's seqlen_k none.
 //
 // Why staged: stored straight from the accumulators, each warp instruction
 // writes 4-byte pieces of 8 different rows, and L1 takes those a row at a
@@ -74,8 +74,8 @@ __device__ __forceinline__ void bwd_sm90_store_dk_dv(AccumulatorK& acc_dk,
                                                      TiledMmaV const& mma_dv, int tid,
                                                      typename Traits::Element* smem_k,
                                                      typename Traits::Element* smem_v,
-                                                     BwdParams const& p, int batch, int head_k,
-                                                     int n_begin) {
+                                                     BwdParams const& p,
+                                                     BwdSm90KeyTile<Traits> const& tile) {
   using namespace cute;
   using Element = typename Traits::Element;
   using RowsK = BwdSm90KeyRows<Traits, Traits::kHeadDim>;
@@ -95,11 +95,16 @@ __device__ __forceinline__ void bwd_sm90_store_dk_dv(AccumulatorK& acc_dk,
   RowsV::stage(rdV, mma_dv, tid, smem_v);
   cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kBwdSm90ConsumerBarrierId);
 
-  auto* dk_tile = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
-                  head_k * p.dk_head_stride + int64_t(n_begin) * p.dk_row_stride;
-  auto* dv_tile = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
-                  head_k * p.dv_head_stride + int64_t(n_begin) * p.dv_row_stride;
-  const int rows_left = p.seqlen_k - n_begin;
+  // Group mode: the sequence's keys start at its first token.
+  constexpr bool kGroup = Traits::kIsGroupMode;
+  const int64_t key0 = (kGroup ? tile.seq.k_token0 : 0) + tile.n_begin();
+  const int64_t dk_origin = kGroup ? 0 : tile.batch * p.dk_batch_stride;
+  const int64_t dv_origin = kGroup ? 0 : tile.batch * p.dv_batch_stride;
+  auto* dk_tile = static_cast<Element*>(p.dk) + dk_origin + tile.head_k * p.dk_head_stride +
+                  key0 * p.dk_row_stride;
+  auto* dv_tile = static_cast<Element*>(p.dv) + dv_origin + tile.head_k * p.dv_head_stride +
+                  key0 * p.dv_row_stride;
+  const int rows_left = tile.seq.seqlen_k - tile.n_begin();
   RowsK::store(smem_k, dk_tile, p.dk_row_stride, tid, rows_left);
   RowsV::store(smem_v, dv_tile, p.dv_row_stride, tid, rows_left);
 }

@@ -54,16 +54,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kDqInRing = Traits::kDqInRing;
   BwdParams const& p = params.p;
 
-  const BwdSm90KeyTile tile = bwd_sm90_key_tile(params);
+  const BwdSm90KeyTile<Traits> tile = bwd_sm90_key_tile(params);
   if (!tile.owned) return;
-  const int n_block = tile.n_block;
-  const int head_k = tile.head_k;
-  const int batch = tile.batch;
-  const int n_begin = n_block * kBlockN;
-  const AttentionMask<Traits::kMask> mask{p.seqlen_k, p.bottom_right ? p.seqlen_k - p.seqlen_q : 0,
-                                          p.window_left, p.window_right};
+  const int n_begin = tile.n_begin();
+  const auto mask = tile.mask(p);
   int iters;
-  const BwdSm90QueryWalk walk = bwd_sm90_query_walk<Traits>(p, mask, n_begin, head_k, &iters);
+  const BwdSm90QueryWalk walk = bwd_sm90_query_walk<Traits>(p, mask, tile.seq.seqlen_q, n_begin,
+                                                            tile.head_k, &iters);
 
   extern __shared__ char smem_raw[];
   Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
@@ -77,7 +74,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (warp == 0 && lane == 0) {
-      bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, n_block, head_k, batch);
+      bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, tile);
     }
     return;
   }
@@ -255,7 +252,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (issues_dq) {
       // Whole 64-row tiles: the workspace pads each head's rows (rows past
       // seqlen_q add zeros there, as their P is 0).
-      Tensor gdQ = mdQ(_, _, batch * p.nhead_q + walk.head(it));
+      Tensor gdQ = mdQ(_, _, tile.batch * p.nhead_q + walk.head(it));
       CUTE_UNROLL
       for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
         Tensor gdQ_piece =
@@ -273,7 +270,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (issues_dq) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 
   bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dk, mma_dv, tid, storage->k.data(),
-                               storage->v.data(), p, batch, head_k, n_begin);
+                               storage->v.data(), p, tile);
 }
 
 }  // namespace ckfmha::kernel

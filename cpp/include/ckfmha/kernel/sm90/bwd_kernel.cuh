@@ -62,17 +62,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages;
   BwdParams const& p = params.p;
 
-  const BwdSm90KeyTile tile = bwd_sm90_key_tile(params);
+  const BwdSm90KeyTile<Traits> tile = bwd_sm90_key_tile(params);
   if (!tile.owned) return;
-  const int n_block = tile.n_block;
-  const int head_k = tile.head_k;
-  const int batch = tile.batch;
-  const int n_begin = n_block * kBlockN;
-  const int seqlen_k = p.seqlen_k;
-  const AttentionMask<Traits::kMask> mask{seqlen_k, p.bottom_right ? seqlen_k - p.seqlen_q : 0,
-                                          p.window_left, p.window_right};
+  const int n_begin = tile.n_begin();
+  const auto mask = tile.mask(p);
   int iters;
-  const BwdSm90QueryWalk walk = bwd_sm90_query_walk<Traits>(p, mask, n_begin, head_k, &iters);
+  const BwdSm90QueryWalk walk = bwd_sm90_query_walk<Traits>(p, mask, tile.seq.seqlen_q, n_begin,
+                                                            tile.head_k, &iters);
 
   extern __shared__ char smem_raw[];
   Storage* storage = shared_storage_at_1024<Storage>(smem_raw);
@@ -97,9 +93,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (lane != 0) return;
     if (warp == 0) {
-      bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, n_block, head_k, batch);
+      bwd_sm90_load_tiles<Traits>(params, storage, walk, iters, tile);
     } else if (warp == 1) {
-      bwd_sm90_add_dq_tiles<Traits>(params, storage, walk, iters, batch);
+      bwd_sm90_add_dq_tiles<Traits>(params, storage, walk, iters, tile.batch);
     }
     return;
   }
@@ -324,7 +320,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   bwd_sm90_store_dk_dv<Traits>(acc_dk, acc_dv, mma_dkv, mma_dkv, tid, storage->k.data(),
                                storage->v.data(),
-                               p, batch, head_k, n_begin);
+                               p, tile);
 }
 
 }  // namespace ckfmha::kernel

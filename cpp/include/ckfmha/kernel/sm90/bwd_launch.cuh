@@ -59,19 +59,27 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
   BwdParams const bwd = make_bwd_params(pr, ar, context);
+  // Group mode: one view over the packed tokens (its "batch" stride is any
+  // legal value: the view has a single batch). The plan checked that
+  // total_q/total_k are given and fit the descriptors' 32-bit coordinates.
+  constexpr bool kGroup = Traits::kIsGroupMode;
+  const int rows_q = kGroup ? int(pr.total_q) : pr.seqlen_q;
+  const int rows_k = kGroup ? int(pr.total_k) : pr.seqlen_k;
+  const int views = kGroup ? 1 : pr.batch;
   auto tma_load = [&](void const* data, int rows, int heads, int64_t const(&stride)[3],
                       auto smem_layout, auto tile) {
     const int cols = int(size<1>(tile));
+    const int64_t view_stride[3] = {kGroup ? stride[2] * rows : stride[0], stride[1], stride[2]};
     return make_tma_copy(SM90_TMA_LOAD{},
-                         bwd_sm90_gmem_view<Traits>(data, rows, cols, heads, pr.batch, stride),
+                         bwd_sm90_gmem_view<Traits>(data, rows, cols, heads, views, view_stride),
                          smem_layout, tile, _1{});
   };
   const int key_tiles = (pr.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  auto tma_q = tma_load(ar.q, pr.seqlen_q, pr.nhead_q, pr.q_stride, q_smem, TileQ{});
-  auto tma_do = tma_load(ar.do_, pr.seqlen_q, pr.nhead_q, pr.do_stride, do_smem, TileDo{});
-  auto tma_k = tma_load(ar.k, pr.seqlen_k, pr.nhead_k, pr.k_stride,
+  auto tma_q = tma_load(ar.q, rows_q, pr.nhead_q, pr.q_stride, q_smem, TileQ{});
+  auto tma_do = tma_load(ar.do_, rows_q, pr.nhead_q, pr.do_stride, do_smem, TileDo{});
+  auto tma_k = tma_load(ar.k, rows_k, pr.nhead_k, pr.k_stride,
                         typename Traits::SmemLayoutK{}, TileK{});
-  auto tma_v = tma_load(ar.v, pr.seqlen_k, pr.nhead_k, pr.v_stride,
+  auto tma_v = tma_load(ar.v, rows_k, pr.nhead_k, pr.v_stride,
                         typename Traits::SmemLayoutV{}, TileV{});
   // The fp32 dQ accumulator as (padded rows, head dim, batch x heads), added
   // to by TMA reduce-adds of the tiles the traits stage.
@@ -99,7 +107,8 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
       grid = dim3(unsigned(chunk_heads), unsigned(key_tiles), unsigned(chunks));
     }
   }
-  BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq, chunk_heads,
+  BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq, rows_q, rows_k, views,
+                               chunk_heads,
                                chunk_heads > 0 ? int(pairs) : 0,
                                cutlass::FastDivmod(pr.nhead_k)};
   // (Only the layout's own kernel may be instantiated with its traits.)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"
+#include "ckfmha/kernel/common/sequence_slice.cuh"
 #include "ckfmha/kernel/params/bwd_params.h"
 #include "ckfmha/kernel/params/bwd_workspace_rows.cuh"
 
@@ -36,14 +37,15 @@ struct BwdSm90QueryWalk {
   __device__ __forceinline__ int m_block(int it) const { return m_first + it % m_count; }
 };
 
-// The walk of the key tile starting at `n_begin` of KV head `head_k`, and
-// its length in `iters`.
+// The walk of the key tile starting at `n_begin` of KV head `head_k` over
+// the queries of `seqlen_q` rows, and its length in `iters`.
 template <class Traits, class Mask>
 __device__ __forceinline__ BwdSm90QueryWalk bwd_sm90_query_walk(BwdParams const& p,
-                                                                Mask const& mask, int n_begin,
-                                                                int head_k, int* iters) {
+                                                                Mask const& mask, int seqlen_q,
+                                                                int n_begin, int head_k,
+                                                                int* iters) {
   int m_first, m_last;
-  mask.query_block_range(n_begin, Traits::kBlockN, Traits::kBlockM, p.seqlen_q, &m_first,
+  mask.query_block_range(n_begin, Traits::kBlockN, Traits::kBlockM, seqlen_q, &m_first,
                          &m_last);
   *iters = (m_last - m_first) * p.head_group;
   return {head_k * p.head_group, m_first, m_last - m_first};
@@ -77,6 +79,12 @@ struct BwdSm90Params {
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
   typename Traits::TmaDq tma_dq;
+  // The rows and the batch extent the Q/dO and K/V descriptors were encoded
+  // with: seqlen_q, seqlen_k and batch, or in group mode the packed token
+  // counts as one view.
+  int tma_rows_q;
+  int tma_rows_k;
+  int tma_views;
   // Causal launch order (bwd_sm90_key_tile): (KV head, batch) pairs per
   // chunk, 0 for plain grid order; the pairs, and the KV heads as a divisor.
   int chunk_heads;
@@ -106,24 +114,42 @@ constexpr bool kBwdSm90ChunkedCausalOrder =
     Traits::kMask == MaskMode::kCausal && Traits::kHeadDim >= 128;
 constexpr int kBwdSm90MinChunkedKeyTiles = 16;
 
+// A CTA's key tile and the sequence it lies in. A CTA owns nothing past the
+// last (KV head, batch) pair of a chunked grid, nor (group mode) past its
+// sequence's keys: the grid is sized for the longest sequence, and a
+// sequence whose cu_seqlens range is rejected has none.
+template <class Traits>
 struct BwdSm90KeyTile {
   int n_block;
   int head_k;
   int batch;
+  SequenceSlice seq;
   bool owned;
+
+  __device__ __forceinline__ int n_begin() const { return n_block * Traits::kBlockN; }
+  // Positions are the sequence's own; bottom-right alignment follows its lengths.
+  __device__ __forceinline__ AttentionMask<Traits::kMask> mask(BwdParams const& p) const {
+    return {seq.seqlen_k, p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0, p.window_left,
+            p.window_right};
+  }
 };
 
 template <class Traits>
-__device__ __forceinline__ BwdSm90KeyTile bwd_sm90_key_tile(BwdSm90Params<Traits> const& params) {
+__device__ __forceinline__ BwdSm90KeyTile<Traits> bwd_sm90_key_tile(
+    BwdSm90Params<Traits> const& params) {
+  int n_block = int(blockIdx.x), head_k = int(blockIdx.y), batch = int(blockIdx.z);
+  bool owned = true;
   if constexpr (kBwdSm90ChunkedCausalOrder<Traits>) {
     if (params.chunk_heads > 0) {
       const int pair = int(blockIdx.z) * params.chunk_heads + int(blockIdx.x);
-      int batch, head_k;
       params.nhead_k(batch, head_k, pair);
-      return {int(blockIdx.y), head_k, batch, pair < params.pairs};
+      n_block = int(blockIdx.y);
+      owned = pair < params.pairs;
     }
   }
-  return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), true};
+  if (!owned) return {n_block, head_k, batch, skipped_sequence(), false};
+  const SequenceSlice seq = locate_sequence<Traits::kIsGroupMode>(params.p, batch);
+  return {n_block, head_k, batch, seq, n_block * Traits::kBlockN < seq.seqlen_k};
 }
 
 // Run by one thread.
@@ -131,7 +157,7 @@ template <class Traits>
 __device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const& params,
                                                     typename Traits::SharedStorage* storage,
                                                     BwdSm90QueryWalk const& walk, int iters,
-                                                    int n_block, int head_k, int batch) {
+                                                    BwdSm90KeyTile<Traits> const& tile) {
   using namespace cute;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using M = typename Traits::M;
@@ -149,23 +175,36 @@ __device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const&
   Tensor sdO = make_tensor(make_smem_ptr(storage->dout.data()), typename Traits::SmemLayoutdO{});
 
   const int nhead_k = p.nhead_q / p.head_group;
+  const int batch = tile.batch;
   // Coordinate tensors over the shapes the descriptors were encoded with.
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, kD, p.nhead_q, p.batch));
-  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, kDV, p.nhead_q, p.batch));
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, kD, nhead_k, p.batch));
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, kDV, nhead_k, p.batch));
+  const int rows_q = params.tma_rows_q, rows_k = params.tma_rows_k, views = params.tma_views;
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(rows_q, kD, p.nhead_q, views));
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(rows_q, kDV, p.nhead_q, views));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(rows_k, kD, nhead_k, views));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(rows_k, kDV, nhead_k, views));
+  // Group mode: one view whose rows are the packed tokens, the sequence's
+  // starting at its first token. Rows past the sequence then hold the next
+  // sequence's tokens rather than zeros: its keys are masked like keys past
+  // seqlen_k, and its query rows meet the workspace's padding rows (LSE
+  // +inf, so P = 0 and dS = 0: dot_do_o writes them in both modes).
+  const int view = Traits::kIsGroupMode ? 0 : batch;
+  auto sequence_rows = [&](auto const& rows, int64_t token0) __attribute__((always_inline)) {
+    return domain_offset(make_coord(int(token0), 0), rows);
+  };
   {
-    Tensor gK = local_tile(mK(_, _, head_k, batch), Shape<N, D>{}, make_coord(_, 0));
-    Tensor gV = local_tile(mV(_, _, head_k, batch), Shape<N, DV>{}, make_coord(_, 0));
+    Tensor gK = local_tile(sequence_rows(mK(_, _, tile.head_k, view), tile.seq.k_token0),
+                           Shape<N, D>{}, make_coord(_, 0));
+    Tensor gV = local_tile(sequence_rows(mV(_, _, tile.head_k, view), tile.seq.k_token0),
+                           Shape<N, DV>{}, make_coord(_, 0));
     auto [tKgK, tKsK] = tma_partition(params.tma_k, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(params.tma_v, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    // Rows past seqlen_k fall outside the tensor: TMA fills them with zeros
-    // and still counts the whole box's bytes.
+    // Rows past the packed rows fall outside the tensor: TMA fills them with
+    // zeros and still counts the whole box's bytes.
     Barrier::arrive_and_expect_tx(&bar.kv_full, Traits::kTmaBytesKV);
-    copy(params.tma_k.with(bar.kv_full), tKgK(_, n_block), tKsK);
-    copy(params.tma_v.with(bar.kv_full), tVgV(_, n_block), tVsV);
+    copy(params.tma_k.with(bar.kv_full), tKgK(_, tile.n_block), tKsK);
+    copy(params.tma_v.with(bar.kv_full), tVgV(_, tile.n_block), tVsV);
   }
   for (int it = 0; it < iters; ++it) {
     const int stage = it % kStages;
@@ -173,8 +212,10 @@ __device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const&
     // a barrier's initial phase returns at once.
     Barrier::wait(&bar.q_empty[stage], ((it / kStages) & 1) ^ 1);
     const int head = walk.head(it);
-    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<M, D>{}, make_coord(_, 0));
-    Tensor gdO = local_tile(mdO(_, _, head, batch), Shape<M, DV>{}, make_coord(_, 0));
+    Tensor gQ = local_tile(sequence_rows(mQ(_, _, head, view), tile.seq.q_token0),
+                           Shape<M, D>{}, make_coord(_, 0));
+    Tensor gdO = local_tile(sequence_rows(mdO(_, _, head, view), tile.seq.q_token0),
+                            Shape<M, DV>{}, make_coord(_, 0));
     auto [tQgQ, tQsQ] = tma_partition(params.tma_q, Int<0>{}, Layout<_1>{},
                                       group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, Int<0>{}, Layout<_1>{},
@@ -183,8 +224,8 @@ __device__ __forceinline__ void bwd_sm90_load_tiles(BwdSm90Params<Traits> const&
                                   Traits::kTmaBytesQdO + 2 * Traits::kBulkBytesRows);
     copy(params.tma_q.with(bar.q_full[stage]), tQgQ(_, walk.m_block(it)), tQsQ(_, stage));
     copy(params.tma_do.with(bar.q_full[stage]), tdOgdO(_, walk.m_block(it)), tdOsdO(_, stage));
-    // The workspace pads every head to whole 64-row blocks, so these rows
-    // are in bounds and 16-byte aligned.
+    // The workspace pads every (sequence, head) to whole 64-row blocks, so
+    // these rows are in bounds and 16-byte aligned.
     const int64_t row0 = bwd_workspace_row0(p, batch, head) + walk.m_block(it) * Traits::kBlockM;
     SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &bar.q_full[stage], storage->lse_log2[stage],
                              Traits::kBulkBytesRows);

@@ -49,10 +49,7 @@ template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, i
 struct BwdSm90TraitsBase {
   using Element = Element_;
   static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasDbias,
-                "the sm90 backward covers plain attention with masks and GQA");
-  static_assert(Mask == MaskMode::kNone || Mask == MaskMode::kCausal,
-                "the sm90 backward covers no mask and causal masks");
-  static_assert(!IsGroupMode, "the sm90 backward covers batch mode");
+                "the sm90 backward covers plain attention with masks, windows and GQA");
   static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -72,6 +69,7 @@ struct BwdSm90TraitsBase {
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;  // producer warpgroup first
   static constexpr MaskMode kMask = Mask;
+  static constexpr bool kIsGroupMode = IsGroupMode;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536,
