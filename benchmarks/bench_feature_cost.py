@@ -183,7 +183,14 @@ def main() -> None:
     ]
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}  (TFLOP/s)")
     print_rows(rows)
-    summary = {
+    summarize_and_write(rows, "feature_cost", "4*b*h*sq*sk*d, halved for causal", device, args)
+
+
+def summarize_and_write(rows: list[dict[str, Any]], benchmark: str, flops_convention: str,
+                        device: str, args: argparse.Namespace) -> None:  # fmt: skip
+    """Print the geomeans of the feature kernels against the plain and the sm80 ones, and write
+    the rows as ``benchmark``'s JSON under ``args.out`` (if given)."""
+    summary: dict[str, Any] = {
         key: geomean([r[key] for r in rows if r[key]])
         for key in ("feature_vs_plain", "hopper_vs_sm80")
     }
@@ -194,8 +201,8 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         record = {
-            **run_record("feature_cost", device, args.commit, args.dtype),
-            "flops_convention": "4*b*h*sq*sk*d, halved for causal",
+            **run_record(benchmark, device, args.commit, args.dtype),
+            "flops_convention": flops_convention,
             "summary": summary,
             "rows": rows,
         }

@@ -261,6 +261,15 @@ def _bwd_signatures() -> tuple[BwdSignature, ...]:
             DTYPES, FEATURE_HDIMS, feature_combos
         )
     ]
+    # Soft-capped logits at head dim 256, globally causal and in sliding windows (Gemma 2's
+    # layers), on the Hopper template's head-split layout.
+    plans += [
+        _bwd_plan(dtype, 256, mask, softcap=True)
+        for dtype, mask in itertools.product(DTYPES, ("causal", "window"))
+    ]
+    # Dropout on the Hopper template's head-split layout (d192x128; d256 has no shared memory
+    # left for the random words), packed sequences.
+    plans += [_bwd_plan(dtype, (192, 128), "causal", "group", dropout=True) for dtype in DTYPES]
     # The elementwise bias's gradient (dbias): no mask and causal in batch mode, and two plans
     # where dbias and dS differ by the soft-cap's derivative (one with dropout, one in group
     # mode).

@@ -21,8 +21,8 @@ BWD_SM90_STAGES = 2
 BWD_SM90_HDIMS = tuple(BWD_SM90_KEYS_BY_HDIM)
 BWD_SM90_COVERS = (
     "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 96, 128, 256 and 192x128, every "
-    "mask (causal and sliding windows), GQA/MQA, batch and group mode and fast (atomic dQ) mode; "
-    "sm80_cpasync_mma covers the rest"
+    "mask (causal and sliding windows), GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group "
+    "mode and fast (atomic dQ) mode; sm80_cpasync_mma covers the rest"
 )
 # The mbarriers after the last tile: K/V full, Q/dO full and empty per stage, and dQ full and
 # empty per consumer warpgroup. The storage struct is 1 KiB aligned, so they round its size up
@@ -45,6 +45,15 @@ def _bwd_sm90_parts(hdim: int, elem: int, hdim_v: int | None = None) -> tuple[in
     return tiles, BWD_SM90_STAGES * 2 * rows * fp32
 
 
+def bwd_sm90_dropout_bytes(hdim: int, hdim_v: int | None = None) -> int:
+    """Dropout's random words: per consumer warpgroup, 16 words per query row of its tile (64
+    rows in the key split, 32 in the head split), after the storage struct."""
+    hdim_v = hdim if hdim_v is None else hdim_v
+    keys = BWD_SM90_KEYS_BY_HDIM.get((hdim, hdim_v), 128)
+    queries = BWD_SM90_TILE_M if keys != 64 else BWD_SM90_TILE_M // BWD_SM90_CONSUMER_WARPGROUPS
+    return BWD_SM90_CONSUMER_WARPGROUPS * queries * 16 * 4
+
+
 def bwd_sm90_smem_bytes(hdim: int, elem: int = 2, hdim_v: int | None = None) -> int:
     """Shared memory of the sm90 backward main stage at `hdim` x `hdim_v` (hdim_v defaults to
     hdim), barriers aside (the traits' kSmemBytes is bwd_sm90_traits_smem_bytes). Both layouts
@@ -57,12 +66,15 @@ def bwd_sm90_smem_bytes(hdim: int, elem: int = 2, hdim_v: int | None = None) -> 
     return tiles + rows + BWD_SM90_SMEM_ALIGNMENT
 
 
-def bwd_sm90_traits_smem_bytes(hdim: int, elem: int = 2, hdim_v: int | None = None) -> int:
+def bwd_sm90_traits_smem_bytes(hdim: int, elem: int = 2, hdim_v: int | None = None,
+                               dropout: bool = False) -> int:  # fmt: skip
     """BwdSm90Traits::kSmemBytes at `hdim` x `hdim_v`: bwd_sm90_smem_bytes with the barriers
-    after the LSE and D rows, which round the storage up to a whole KiB."""
+    after the LSE and D rows, which round the storage up to a whole KiB, and with dropout its
+    random words after that."""
     tiles, rows = _bwd_sm90_parts(hdim, elem, hdim_v)
     tail = -(-(rows + BWD_SM90_BARRIER_BYTES) // BWD_SM90_SMEM_ALIGNMENT)
-    return tiles + tail * BWD_SM90_SMEM_ALIGNMENT + BWD_SM90_SMEM_ALIGNMENT
+    words = bwd_sm90_dropout_bytes(hdim, hdim_v) if dropout else 0
+    return tiles + tail * BWD_SM90_SMEM_ALIGNMENT + words + BWD_SM90_SMEM_ALIGNMENT
 
 
 def sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -70,9 +82,7 @@ def sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     sig, alg = config.signature, config.algorithm
     reasons = template_basics(config)
     unsupported = named_if_on(
-        (f"bias {sig.bias!r}", sig.bias != "none"),
-        ("dropout", sig.dropout),
-        ("softcap", sig.softcap),
+        (f"bias {sig.bias!r}", sig.bias == "elementwise"),
         ("dbias", sig.dbias),
     )
     if unsupported:
@@ -107,7 +117,7 @@ def sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
         reasons.append(f"ctas_per_sm={alg.ctas_per_sm}: one warp-specialized CTA fills an SM")
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
     # BwdSm90Traits::kSmemBytes, which every instance asserts equal to this.
-    smem = bwd_sm90_traits_smem_bytes(sig.hdim_q, elem, sig.hdim_v)
+    smem = bwd_sm90_traits_smem_bytes(sig.hdim_q, elem, sig.hdim_v, sig.dropout)
     if smem > arch.max_dynamic_smem_per_block:
         reasons.append(
             f"shared memory {smem} bytes exceeds {arch.name}'s limit of "
@@ -126,7 +136,7 @@ def sm90_bwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
         __name__,
         ("kThreads", alg.warps * 32, "threads per CTA"),
         ("kSplitsHeadDim", splits_head_dim, "the consumer layout (head dim split or not)"),
-        ("kSmemBytes", bwd_sm90_traits_smem_bytes(sig.hdim_q, elem, sig.hdim_v),
+        ("kSmemBytes", bwd_sm90_traits_smem_bytes(sig.hdim_q, elem, sig.hdim_v, sig.dropout),
          "shared-memory bytes"),
     )
 

@@ -237,9 +237,15 @@ def test_receipt_sizes(arch: str) -> None:
         "default": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 6,
         "full": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 12,
     }
+    # The Hopper backward's features (ALiBi, soft-cap, dropout) x 2 dtypes: at d64/d128 the three
+    # feature plans without an elementwise bias and the four training plans it adds (soft-cap
+    # causal/window, dropout causal/none); soft-capped d256 (causal, window); dropout at
+    # d192x128 in group mode.
+    hopper_bwd_features = 2 * (2 * (3 + 4) + 2 + 1)
     hopper = {
         name: count + fp8_forward[name] + hopper_features[name]
-        for name, count in {"ci": 4 + 2, "default": 42 + 60, "full": 84 + 4 + 60}.items()
+        for name, count in {"ci": 4 + 2, "default": 42 + 60 + hopper_bwd_features,
+                            "full": 84 + 4 + 60 + hopper_bwd_features}.items()
     }
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
@@ -328,6 +334,8 @@ def _bwd_sizes(arch: object) -> tuple[int, int]:
     # causal there.
     main = [((64, 64), 6 + 4 + 2), ((128, 128), 6 + 4 + 2)]
     main += [(h, 6) for h in ((32, 32), (96, 96), (192, 128), (256, 256))]
+    # Soft-capped d256 (causal, window) and dropout at d192x128 (group mode, causal).
+    main += [((256, 256), 2), ((192, 128), 1)]
     default = sum(2 * n for h, n in main if h in tables)
     full = sum(2 * n * len(tables[h]) for h, n in main if h in tables)
     # Two one-dtype dbias plans with a soft-cap: bf16 d128 (dropout), fp16 d64 (group mode).
@@ -377,10 +385,11 @@ def test_filter_selects_by_regex() -> None:
     # batch and in group mode, and the causal feature combinations (ALiBi in batch
     # mode, all features in group mode), and the causal bf16 dbias kernels (d64/d128); the
     # causal training pairs add 4 forwards (soft-cap, sink, ALiBi, dropout) and 2 backward main
-    # stages (soft-cap, dropout) at d64/d128.
+    # stages (soft-cap, dropout) at d64/d128; and the soft-capped d256 and d192x128 dropout
+    # backward plans.
     training = 4 * 2 + 2 * 2
     assert len(selection.accepted) == (
-        6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 6 + 4 + 2 + training
+        6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 6 + 4 + 2 + training + 2
     )
     assert all("bf16" in c.name and "causal" in c.name for c in selection.accepted)
     with pytest.raises(ValueError, match="invalid kernel filter"):
@@ -1241,25 +1250,31 @@ def test_bwd_sm90_accepts_its_scope() -> None:
                 for mode in ("batch", "group"):
                     assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
                                      tile_n=keys, mask=mask, mode=mode) == ""  # fmt: skip
+            for features in ({"bias": "alibi"}, {"softcap": True},
+                             {"bias": "alibi", "softcap": True}):  # fmt: skip
+                assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
+                                 tile_n=keys, **features) == ""  # fmt: skip
+            # Dropout's random words fit beside every layout but d256's.
+            dropout = _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim, tile_n=keys,
+                                dropout=True)  # fmt: skip
+            assert (dropout == "") == (hdim != 256), dropout
 
 
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
         (
-            {"bias": "alibi", "mode": "group"},
+            {"bias": "elementwise", "mode": "group"},
             (
-                r"bias 'alibi' not implemented yet; sm90_tma_wgmma's backward covers .* every "
-                r"mask \(causal and sliding windows\), GQA/MQA, batch and group mode"
+                r"bias 'elementwise' not implemented yet; sm90_tma_wgmma's backward covers .* "
+                r"every mask \(causal and sliding windows\), GQA/MQA, ALiBi, logit soft-caps, "
+                r"dropout, batch and group mode .* sm80_cpasync_mma covers the rest"
             ),
         ),
         ({"bias": "elementwise", "dbias": True}, r"bias 'elementwise', dbias not implemented"),
         (
-            {"dropout": True, "softcap": True},
-            (
-                r"dropout, softcap not implemented yet; .* "
-                r"sm80_cpasync_mma covers the rest"
-            ),
+            {"dropout": True, "hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 64},
+            r"shared memory 236544 bytes exceeds sm_90a's limit of 232448 bytes per block",
         ),
         (
             {"hdim_q": 32, "hdim_v": 32, "tile_k": 32},
@@ -1344,7 +1359,12 @@ def test_bwd_sm90_only_on_hopper_and_only_for_the_main_stage() -> None:
 def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     accepted = select(get_receipt("default"), load_specs()["sm_90a"]).accepted
     names = [c.name for c in accepted if c.name.startswith("bwd_") and "_sm90_tma_wgmma_" in c.name]
-    assert sorted(names) == sorted(
+    plain = [n for n in names if re.search(r"_(none|causal|window)__", n)]
+    features = sorted(n.split("__")[0] for n in names if n not in plain)
+    assert "bwd_dq_dk_dv_bf16_batch_d256x256_window_softcap" in features
+    assert "bwd_dq_dk_dv_fp16_group_d64x64_causal_alibi_drop_softcap" in features
+    assert len(features) == 34
+    assert sorted(plain) == sorted(
         f"bwd_dq_dk_dv_{dtype}_{mode}_d{d}x{dv}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
         for dtype in ("fp16", "bf16")
         for mode in ("batch", "group")
@@ -1370,7 +1390,7 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
         "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance
         and "::Traits>(problem, args, context, stream)" in instance
     )
-    # Rejected sm90 candidates (features, other head dims) stay on sm80.
+    # Rejected sm90 candidates (elementwise bias and dbias, other head dims) stay on sm80.
     rejected = select(get_receipt("default"), load_specs()["sm_90a"]).rejected
     assert any(r.pipeline == "sm90_tma_wgmma" and r.signature.family == "bwd_dq_dk_dv"
-               and r.signature.bias == "alibi" for r in rejected)  # fmt: skip
+               and r.signature.bias == "elementwise" for r in rejected)  # fmt: skip

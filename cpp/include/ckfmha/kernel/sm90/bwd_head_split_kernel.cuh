@@ -22,6 +22,7 @@
 #include "ckfmha/kernel/common/tile_copy.cuh"
 #include "ckfmha/kernel/params/bwd_params.h"
 #include "ckfmha/kernel/params/bwd_workspace_rows.cuh"
+#include "ckfmha/kernel/sm90/bwd_dropout.cuh"
 #include "ckfmha/kernel/sm90/bwd_epilogue.cuh"
 #include "ckfmha/kernel/sm90/bwd_head_split_traits.cuh"
 #include "ckfmha/kernel/sm90/bwd_ring.cuh"
@@ -114,6 +115,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
 
   using TileSt = Shape<N, M>;  // (keys, queries)
+  // ALiBi and soft-caps rewrite the logits before the exponential; dropout
+  // drops and rescales the weights of dV's product and dP^T.
+  using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
+  constexpr bool kDropout = Traits::kHasDropout;
+  constexpr bool kPerElement = Transform::kActive || kDropout;
+  using DropoutTile = BwdSm90DropoutTile<Traits::kDropoutQueries>;
+  BwdSm90Dropout dropout{0u, p.dropout_rescale};  // this query tile's keep bits
   Tensor acc_dk = partition_fragment_C(mma_dk, Shape<N, D>{});
   Tensor acc_dv = partition_fragment_C(mma_dv, Shape<N, typename Traits::DV>{});
   Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});
@@ -191,20 +199,47 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_wait<1>();
     warpgroup_fence_operand(acc_s);
     const int m_begin = walk.m_block(it) * kBlockM;
-    if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
-      bwd_sm90_probabilities<true>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
-                                   p.scale_log2, m_begin, n_begin);
-    } else {
-      bwd_sm90_probabilities<false>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
-                                    p.scale_log2, m_begin, n_begin);
-    }
     Tensor rP = make_tensor<Element>(acc_s.layout());
-    convert_fragment_into(acc_s, rP);
+    auto exponentials = [&](auto masked) __attribute__((always_inline)) {
+      constexpr bool kMasked = decltype(masked)::value;
+      if constexpr (kPerElement) {
+        // acc_s then holds P^T times the soft-cap's derivative, rP the
+        // weights of dV's product (P^T, dropped and rescaled).
+        Tensor weights = make_tensor(rP.data(), gmma_accum_as_rows_cols(rP.layout()));
+        const int head = walk.head(it);
+        if constexpr (kDropout) {
+          // All 64 keys against this warpgroup's 32 queries.
+          const int query0 = warpgroup * Traits::kDropoutQueries;
+          uint32_t* words = Traits::dropout_words(storage, warpgroup);
+          const PhiloxDropout stream = PhiloxDropout::for_backward(
+              p, tile.seq.seqlen_q, tile.seq.seqlen_k, tile.batch, head);
+          DropoutTile::generate(stream, words, tid % 128, n_begin, m_begin + query0,
+                                warpgroup_barrier);
+          dropout.keep = DropoutTile::keep_bits(words, cS_rows_cols, query0,
+                                                p.dropout_threshold);
+        }
+        const Transform transform =
+            Transform::for_sequence(p, tile.seq.seqlen_q, tile.seq.seqlen_k, tile.batch, head);
+        bwd_sm90_transformed_probabilities<kMasked, kDropout>(
+            probs, weights, cS_rows_cols, mask, transform, dropout, p.scale_log2,
+            storage->lse_log2[stage], m_begin, n_begin);
+      } else {
+        bwd_sm90_probabilities<kMasked>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
+                                        p.scale_log2, m_begin, n_begin);
+      }
+    };
+    if (mask.tile_needs_mask(m_begin, n_begin, kBlockM, kBlockN)) {
+      exponentials(std::true_type{});
+    } else {
+      exponentials(std::false_type{});
+    }
+    if constexpr (!kPerElement) convert_fragment_into(acc_s, rP);
     copy(st_r2s, st_r2s_thr.retile_S(rP), tPsPt(_, _, _, buffer));
 
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
-    bwd_sm90_score_gradients(dscores, probs, cS_rows_cols, storage->delta[stage]);
+    bwd_sm90_score_gradients<kDropout>(dscores, probs, cS_rows_cols, storage->delta[stage],
+                                       dropout);
     Tensor rdS = make_tensor<Element>(acc_dp.layout());
     convert_fragment_into(acc_dp, rdS);
     copy(st_r2s, st_r2s_thr.retile_S(rdS), tdSsdS(_, _, _, buffer));

@@ -31,6 +31,7 @@
 #include "ckfmha/kernel/params/bwd_params.h"
 #include "ckfmha/kernel/params/bwd_workspace_rows.cuh"
 #include "ckfmha/kernel/sm90/bwd_dq_adds.cuh"
+#include "ckfmha/kernel/sm90/bwd_dropout.cuh"
 #include "ckfmha/kernel/sm90/bwd_epilogue.cuh"
 #include "ckfmha/kernel/sm90/bwd_ring.cuh"
 #include "ckfmha/kernel/sm90/bwd_scores.cuh"
@@ -178,14 +179,51 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_commit_batch();
   };
 
-  // P^T in place of S^T, once S^T is done (dP^T may still run).
+  // P^T in place of S^T, once S^T is done (dP^T may still run). Through a
+  // logit transform (ALiBi, soft-cap) the weights of dV's product (P^T,
+  // dropped and rescaled with dropout) are written here too in the input
+  // dtype, as acc_s then holds P^T times the soft-cap's derivative; with
+  // dropout alone they are made from P^T when dV is issued.
+  using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
+  constexpr bool kDropout = Traits::kHasDropout;
+  constexpr bool kWeightsFirst = Transform::kActive;
+  using DropoutTile = BwdSm90DropoutTile<kBlockM>;
+  uint32_t* dropout_words = Traits::dropout_words(storage, warpgroup);
+  BwdSm90Dropout dropout{0u, p.dropout_rescale};  // this query tile's keep bits
   Tensor probs = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+  Tensor rP_weights = make_tensor<Element>(acc_s.layout());
+  Tensor weights = make_tensor(rP_weights.data(), gmma_accum_as_rows_cols(rP_weights.layout()));
+  // The random words of query tile `it`: this warpgroup's 64 keys against
+  // the tile's 64 queries. One tile at a time (d > 64), they are made before
+  // the tile's S^T and dP^T are issued, while those accumulators hold nothing
+  // yet (made under the products, they spilled 348 bytes at d128); with the
+  // next tile's products issued early (d64), under them.
+  constexpr bool kWordsBeforeProducts = !Traits::kOverlapQueryTiles;
+  auto dropout_words_of = [&](int it) __attribute__((always_inline)) {
+    const PhiloxDropout stream = PhiloxDropout::for_backward(
+        p, tile.seq.seqlen_q, tile.seq.seqlen_k, tile.batch, walk.head(it));
+    DropoutTile::generate(stream, dropout_words, tid % 128, n_begin + 64 * warpgroup,
+                          walk.m_block(it) * kBlockM, kBwdSm90FirstWarpgroupBarrierId + warpgroup);
+  };
   auto exponentials = [&](int it, auto masked) __attribute__((always_inline)) {
     warpgroup_fence_operand(acc_s);
-    bwd_sm90_probabilities<decltype(masked)::value>(probs, cS_rows_cols, mask,
-                                                    storage->lse_log2[it % kStages],
-                                                    p.scale_log2, walk.m_block(it) * kBlockM,
-                                                    n_begin);
+    constexpr bool kMasked = decltype(masked)::value;
+    float const* lse_log2 = storage->lse_log2[it % kStages];
+    const int m_begin = walk.m_block(it) * kBlockM;
+    if constexpr (kDropout) {
+      if constexpr (!kWordsBeforeProducts) dropout_words_of(it);
+      dropout.keep = DropoutTile::keep_bits(dropout_words, cS_rows_cols, 0, p.dropout_threshold);
+    }
+    if constexpr (kWeightsFirst) {
+      const Transform transform = Transform::for_sequence(p, tile.seq.seqlen_q, tile.seq.seqlen_k,
+                                                          tile.batch, walk.head(it));
+      bwd_sm90_transformed_probabilities<kMasked, kDropout>(probs, weights, cS_rows_cols, mask,
+                                                            transform, dropout, p.scale_log2,
+                                                            lse_log2, m_begin, n_begin);
+    } else {
+      bwd_sm90_probabilities<kMasked>(probs, cS_rows_cols, mask, lse_log2, p.scale_log2,
+                                      m_begin, n_begin);
+    }
   };
   // Uniform over the CTA: tiles inside the causal triangle and the keys
   // skip the per-element mask.
@@ -212,13 +250,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_fence_operand(acc_dp);
     // P^T in the input dtype is dV's A operand as it lies in registers: dV
     // runs while dS^T is computed.
-    Tensor rP = make_tensor<Element>(acc_s.layout());
-    convert_fragment_into(acc_s, rP);
+    Tensor rP_converted = make_tensor<Element>(acc_s.layout());
+    if constexpr (!kWeightsFirst) {
+      if constexpr (kDropout) {
+        Tensor dropped =
+            make_tensor(rP_converted.data(), gmma_accum_as_rows_cols(rP_converted.layout()));
+        bwd_sm90_dropped_weights(probs, dropped, dropout);
+      } else {
+        convert_fragment_into(acc_s, rP_converted);
+      }
+    }
+    auto& rP = [&]() -> auto& {
+      if constexpr (kWeightsFirst) {
+        return rP_weights;
+      } else {
+        return rP_converted;
+      }
+    }();
     issue_dkv(rP, make_tensor(rP.data(), gmma_accum_as_operand_a(rP.layout())), tdVrdOt, stage,
               acc_dv);
 
     Tensor dscores = make_tensor(acc_dp.data(), gmma_accum_as_rows_cols(acc_dp.layout()));
-    bwd_sm90_score_gradients(dscores, probs, cS_rows_cols, storage->delta[stage]);
+    bwd_sm90_score_gradients<kDropout>(dscores, probs, cS_rows_cols, storage->delta[stage],
+                                       dropout);
     // dS^T in the input dtype: dK's A operand in registers, and to shared
     // memory for dQ.
     Tensor rdS = make_tensor<Element>(acc_dp.layout());
@@ -302,6 +356,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // (measured faster at d128 than one body with a branch around the
     // exponentials).
     auto query_tile = [&](int it, auto masked) __attribute__((always_inline)) {
+      if constexpr (kDropout && kWordsBeforeProducts) dropout_words_of(it);
       issue_sdp(it);
       // P^T while dP^T is computed.
       warpgroup_wait<1>();

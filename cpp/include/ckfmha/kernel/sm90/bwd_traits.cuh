@@ -97,7 +97,7 @@ struct BwdSm90KeySplitTraits
   };
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
-  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + Base::kDropoutBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024,
                 "K, V, the Q/dO ring, dS and the dQ tile must fit shared memory");
 };

@@ -48,8 +48,8 @@ template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, i
           bool HasDbias, bool IsGroupMode, int MinCtasPerSm, bool SplitsHeadDim>
 struct BwdSm90TraitsBase {
   using Element = Element_;
-  static_assert(Bias == BiasMode::kNone && !HasDropout && !HasSoftcap && !HasDbias,
-                "the sm90 backward covers plain attention with masks, windows and GQA");
+  static_assert(Bias != BiasMode::kElementwise && !HasDbias,
+                "the sm90 backward covers masks, windows, GQA, ALiBi, soft-caps and dropout");
   static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -70,6 +70,21 @@ struct BwdSm90TraitsBase {
   static constexpr int kThreads = 128 + kConsumerThreads;  // producer warpgroup first
   static constexpr MaskMode kMask = Mask;
   static constexpr bool kIsGroupMode = IsGroupMode;
+  static constexpr BiasMode kBias = Bias;
+  static constexpr bool kHasSoftcap = HasSoftcap;
+  static constexpr bool kHasDropout = HasDropout;
+  // Dropout's random words (bwd_dropout.cuh): a tile per consumer warpgroup
+  // of 16 words per query row, in the dynamic shared memory right after the
+  // layout's storage struct (whose size is a whole number of KiB), so that
+  // kernels without dropout keep their layout.
+  static constexpr int kDropoutQueries = BlockM / (SplitsHeadDim ? kConsumerWarpgroups : 1);
+  static constexpr int kDropoutBytes =
+      HasDropout ? kConsumerWarpgroups * kDropoutQueries * 16 * int(sizeof(uint32_t)) : 0;
+  template <class Storage>
+  __device__ __forceinline__ static uint32_t* dropout_words(Storage* storage, int warpgroup) {
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(storage) + sizeof(Storage)) +
+           warpgroup * kDropoutQueries * 16;
+  }
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <= 65536,
