@@ -447,7 +447,11 @@ def test_torch_autograd_matches_reference_gradients() -> None:
 
 
 def _hopper_kernels() -> list[dict[str, Any]]:
-    return [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma"]
+    """The sm90 main stages of plain batch-mode problems (no bias, dropout or soft-cap; one head
+    dim), which the tests below describe by their mask alone."""
+    return [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mode"] == "batch"
+            and k["bias"] == "none" and not k["dropout"] and not k["softcap"]
+            and k["hdim_q"] == k["hdim_v"]]  # fmt: skip
 
 
 @pytest.mark.skipif(not _hopper_kernels(), reason="no sm90 backward kernel for this device")
@@ -463,7 +467,9 @@ def test_sm90_kernel_refuses_deterministic_mode_with_a_reason() -> None:
 
 @pytest.mark.skipif(not _hopper_kernels(), reason="no sm90 backward kernel for this device")
 def test_automatic_selection_prefers_the_sm90_main_stage() -> None:
-    kernel = _hopper_kernels()[0]
+    kernel = next((k for k in _hopper_kernels() if k["mask"] != "window"), None)
+    if kernel is None:
+        pytest.skip("no sm90 main stage for an unmasked or causal problem in this build")
     fields = {"batch": 2, "nhead_q": 4, "nhead_k": 2, "seqlen_q": 300, "seqlen_k": 300,
               "hdim": kernel["hdim_q"], "dtype": kernel["dtype"],
               "causal": kernel["mask"] == "causal"}  # fmt: skip
