@@ -457,10 +457,10 @@ RECEIPTS: dict[str, Receipt] = {
             "K/V decode (split-KV and fwd_pagedkv, no mask or causal) and causal batch_prefill "
             "for {fp16,bf16} x d{64,128} on sm_89+; the fp8 forward (Q, K and V in e4m3) for "
             "{fp16,bf16} x d{64,128,256} x {none,causal} x {batch,group} on sm_90a; backward plans for {fp16,bf16} x every mask x {batch,group} "
-            "at d64/d128 (plus four feature combinations of bias, ALiBi, soft-cap and dropout), "
+            "at every head dim (plus four feature combinations of bias, ALiBi, soft-cap and "
+            "dropout at d64/d128, soft-capped d256 and d192x128 dropout), "
             "forward and backward pairs for the features models train with (soft-cap, sinks, "
-            "ALiBi, dropout with the masks their models use) at d64/d128, "
-            "and no mask or causal at the other head dims; KV-cache appends for {fp16,bf16} x "
+            "ALiBi, dropout with the masks their models use) at d64/d128; KV-cache appends for {fp16,bf16} x "
             "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "
             "{contiguous,paged}, and into fp8 caches for {fp16,bf16} x d{64,128} (sm_89+); default tiles (split-KV: every tile)",
             # Training pairs repeat signatures other layers hold: each is listed once.
