@@ -14,6 +14,8 @@
 //   and added to the fp32 accumulator by TMA reduce-adds (fast mode only:
 //   the order of the adds is not fixed); a ring stage is released once they
 //   have read it, behind the next tile's products.
+// Group mode and the features (ALiBi, soft-caps, dropout) as at d <= 128
+// (bwd_kernel.cuh).
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"

@@ -21,7 +21,9 @@
 //     tile's S^T and dP^T right behind dQ, so they run while dQ is staged
 //     (at d128 their accumulators do not fit beside dK and dV).
 // Keys sit on the wgmma M dimension throughout, so no accumulator ever needs
-// a transpose in registers.
+// a transpose in registers. In group mode a batch entry is a sequence of the
+// packed tensors (bwd_ring.cuh); ALiBi, soft-caps and dropout act on P^T and
+// dS^T element by element (bwd_scores.cuh, bwd_dropout.cuh).
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"
@@ -196,8 +198,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // The random words of query tile `it`: this warpgroup's 64 keys against
   // the tile's 64 queries. One tile at a time (d > 64), they are made before
   // the tile's S^T and dP^T are issued, while those accumulators hold nothing
-  // yet (made under the products, they spilled 348 bytes at d128); with the
-  // next tile's products issued early (d64), under them.
+  // yet; with the next tile's products issued early (d64), under them.
   constexpr bool kWordsBeforeProducts = !Traits::kOverlapQueryTiles;
   auto dropout_words_of = [&](int it) __attribute__((always_inline)) {
     const PhiloxDropout stream = PhiloxDropout::for_backward(
