@@ -21,7 +21,14 @@ from typing import Any
 
 import torch
 from bench_bwd import BWD_FLOPS_FACTOR, sdpa_backward
-from bench_feature_cost import SHAPES, Shape, feature_options, print_rows, summarize_and_write
+from bench_feature_cost import (
+    SHAPES,
+    Shape,
+    feature_options,
+    print_rows,
+    registered_kernel,
+    summarize_and_write,
+)
 from bench_fwd import add_run_arguments, median_ms
 from torch.nn.attention import SDPBackend
 
@@ -41,12 +48,7 @@ def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]
         "bias": "alibi" if "alibi_slopes" in options else "none",
         "dropout": "dropout_p" in options, "softcap": "softcap" in options, "dbias": False,
     }  # fmt: skip
-    arch = ckfmha.device_arch()
-    names = [
-        k["name"] for k in ckfmha.Registry().kernels()
-        if all(k[key] == value for key, value in wanted.items()) and k["arch"] == arch
-    ]  # fmt: skip
-    return names[0] if names else None
+    return registered_kernel(wanted)
 
 
 def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_feature_cost import registered_kernel
 from bench_fwd import (
     add_run_arguments,
     fmt,
@@ -156,14 +157,12 @@ def torch_backward(case: Case, q: Any, k: Any, v: Any, do: Any, cu: Any,
 
 
 def sm80_main_stage(case: Case, dtype: str) -> str | None:
-    for kernel in ckfmha.Registry().kernels():
-        if (kernel["family"] == "bwd_dq_dk_dv" and kernel["pipeline"] == "sm80_cpasync_mma"
-                and kernel["mode"] == "group" and kernel["dtype"] == dtype
-                and kernel["hdim_q"] == case.hdim and kernel["mask"] == case.mask
-                and kernel["bias"] == "none" and not kernel["dropout"]
-                and not kernel["softcap"] and not kernel["dbias"]):  # fmt: skip
-            return str(kernel["name"])
-    return None
+    """The sm80 template's group-mode main stage for the case, if the build has it."""
+    return registered_kernel({
+        "family": "bwd_dq_dk_dv", "pipeline": "sm80_cpasync_mma", "mode": "group",
+        "dtype": dtype, "hdim_q": case.hdim, "hdim_v": case.hdim, "mask": case.mask,
+        "bias": "none", "dropout": False, "softcap": False, "dbias": False,
+    })  # fmt: skip
 
 
 def forward_by_sequence(q: Any, k: Any, v: Any, lengths: list[int],

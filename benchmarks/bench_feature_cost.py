@@ -96,6 +96,11 @@ def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]
         "dropout": "dropout_p" in options, "softcap": "softcap" in options,
         "sink": "sink" in options, "v_col_major": False, "kv_quant": "none", "q_quant": "none",
     }  # fmt: skip
+    return registered_kernel(wanted)
+
+
+def registered_kernel(wanted: dict[str, Any]) -> str | None:
+    """The first registered kernel for this device's arch whose fields match ``wanted``."""
     arch = ckfmha.device_arch()
     names = [
         k["name"] for k in ckfmha.Registry().kernels()
