@@ -17,6 +17,15 @@ struct AttentionMask {
   int left;    // < 0: unbounded
   int right;   // < 0: unbounded
 
+  // The mask of one sequence of `seqlen_q` queries and `seqlen_k` keys, every
+  // kernel's alike. Params: FwdParams or BwdParams (bottom_right and the
+  // window bounds).
+  template <class Params>
+  __device__ __forceinline__ static AttentionMask for_sequence(Params const& p, int seqlen_q,
+                                                               int seqlen_k) {
+    return {seqlen_k, p.bottom_right ? seqlen_k - seqlen_q : 0, p.window_left, p.window_right};
+  }
+
   __device__ __forceinline__ bool has_left() const { return Mode == MaskMode::kWindow && left >= 0; }
   __device__ __forceinline__ bool has_right() const {
     return Mode == MaskMode::kCausal || (Mode == MaskMode::kWindow && right >= 0);

@@ -177,8 +177,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float const* v_cols = smem_v + 4 * tx;
 
   // ---- per-sequence features
-  const int offset = p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0;
-  AttentionMask<Traits::kMask> mask{seq.seqlen_k, offset, p.window_left, p.window_right};
+  const auto mask = AttentionMask<Traits::kMask>::for_sequence(p, seq.seqlen_q, seq.seqlen_k);
   const Transform transform =
       Transform::for_sequence(p, seq.seqlen_q, seq.seqlen_k, batch, head);
   PhiloxDropout dropout{};

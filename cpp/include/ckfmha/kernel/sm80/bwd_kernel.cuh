@@ -227,8 +227,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   constexpr int kRows = decltype(size<0>(cS_rows_cols))::value;
 
   // ---- per-sequence features
-  const int offset = p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0;
-  AttentionMask<Traits::kMask> mask{seq.seqlen_k, offset, p.window_left, p.window_right};
+  const auto mask = AttentionMask<Traits::kMask>::for_sequence(p, seq.seqlen_q, seq.seqlen_k);
   // Transformed scores are already log2-domain logits.
   const float exp2_scale = Transform::kActive ? 1.f : p.scale_log2;
 

@@ -129,8 +129,7 @@ struct BwdSm90KeyTile {
   __device__ __forceinline__ int n_begin() const { return n_block * Traits::kBlockN; }
   // Positions are the sequence's own; bottom-right alignment follows its lengths.
   __device__ __forceinline__ AttentionMask<Traits::kMask> mask(BwdParams const& p) const {
-    return {seq.seqlen_k, p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0, p.window_left,
-            p.window_right};
+    return AttentionMask<Traits::kMask>::for_sequence(p, seq.seqlen_q, seq.seqlen_k);
   }
 };
 

@@ -29,8 +29,7 @@ struct Sm90TileWork {
   __device__ __forceinline__ Sm90TileWork(FwdParams const& p, QueryTile t)
       : tile(t), seq(locate_sequence<Traits::kIsGroupMode>(p, t.batch)),
         m_begin(t.m_block * Traits::kBlockM),
-        mask{seq.seqlen_k, p.bottom_right ? seq.seqlen_k - seq.seqlen_q : 0, p.window_left,
-             p.window_right} {
+        mask(AttentionMask<Traits::kMask>::for_sequence(p, seq.seqlen_q, seq.seqlen_k)) {
     mask.key_block_range(m_begin, Traits::kBlockM, Traits::kBlockN, &n_first, &n_last);
   }
   // Group mode sizes the tile grid for the longest sequence; skipped
