@@ -291,10 +291,14 @@ _SM90_CAUSAL = [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["m
 
 @pytest.mark.parametrize("kernel", _SM90_CAUSAL, ids=[k["name"] for k in _SM90_CAUSAL])
 def test_sm90_causal_launch_order_covers_every_key_tile(kernel: dict[str, Any]) -> None:
-    """Causal grids at d >= 128 launch in chunks of (KV head, batch) pairs sized by the SM
-    count: with 47 key tiles (94 at d256) and three pairs, an H100's chunks hold two pairs (one
-    at d256), so the last chunk has a CTA that owns no key tile (d64 keeps grid order). A key
-    tile no CTA owns would leave its NaN-poisoned dK and dV rows."""
+    """Causal grids launch their (KV head, batch) pairs in chunks on a one-dimensional grid
+    (bwd_launch_order.hpp). With 64 queries over 6000 keys aligned bottom-right, every key tile
+    sees every query, and six pairs on an H100 make: at d128 (47 key tiles) chunks of two
+    pairs; at d64 (47) and d256 (94) one-pair chunks and then a last chunk of three (two at
+    d256). Top-left, only the first key tile sees a query, and at d64 and d256 one chunk holds
+    all six. A key
+    tile no CTA owns would leave its NaN-poisoned dK and dV rows; a pair taken twice, doubled
+    dQ rows."""
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 2)
     if kernel["mode"] == "group":
         # The grid is sized by the longest sequence; the others' CTAs past their keys own none.
@@ -303,7 +307,7 @@ def test_sm90_causal_launch_order_covers_every_key_tile(kernel: dict[str, Any]) 
                             lengths=([64, 100, 30], [6000, 5000, 300]))
         return
     for index in range(2):  # top-left (most key tiles see no query) and bottom-right
-        _run_batch_case(kernel, index, 64, 6000, inputs, deterministic=False, heads=(6, 3))
+        _run_batch_case(kernel, index, 64, 6000, inputs, deterministic=False, heads=(12, 6))
 
 
 def _first(exact: bool = False, **wanted: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@
 #include "ckfmha/kernel/sm90/bwd_head_split_kernel.cuh"
 #include "ckfmha/kernel/sm90/bwd_head_split_traits.cuh"
 #include "ckfmha/kernel/sm90/bwd_kernel.cuh"
+#include "ckfmha/kernel/sm90/bwd_launch_order.hpp"
 #include "ckfmha/kernel/sm90/bwd_traits.cuh"
 #include "ckfmha/kernel_entry.h"
 
@@ -90,26 +91,30 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
                                           int64_t(bwd.workspace_rows) * Traits::kHeadDim));
   auto tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_accum, typename Traits::SmemLayoutdQBox{},
                               typename Traits::DqBox{}, _1{});
-  // Causal grids at d >= 128 with enough key tiles launch in chunks of (KV
-  // head, batch) pairs, about one wave of CTAs each (bwd_sm90_key_tile),
-  // where the grid's y and z limits allow; only they ask for the SM count.
+  // Causal grids launch in chunks of (KV head, batch) pairs
+  // (bwd_sm90_key_tile, bwd_sm90_causal_chunks) where a grid's CTAs fit an
+  // int; only they ask for the SM count.
   const int64_t pairs = int64_t(pr.nhead_k) * pr.batch;
-  int chunk_heads = 0;
+  BwdSm90CausalChunks chunks{};
   dim3 grid(key_tiles, pr.nhead_k, pr.batch);
-  if (kBwdSm90ChunkedCausalOrder<Traits> && key_tiles >= kBwdSm90MinChunkedKeyTiles &&
-      key_tiles <= 65535) {
+  if (kBwdSm90ChunkedCausalOrder<Traits>) {
     int sms = 0;
     if (int err = current_device_sms(&sms); err != 0) return err;
-    const int per_chunk = int(std::min<int64_t>(pairs, std::max(1, sms / key_tiles)));
-    const int64_t chunks = (pairs + per_chunk - 1) / per_chunk;
-    if (chunks <= 65535) {  // then pairs <= 65535 * per_chunk fits an int
-      chunk_heads = per_chunk;
-      grid = dim3(unsigned(chunk_heads), unsigned(key_tiles), unsigned(chunks));
-    }
+    const bool wave_chunks =
+        Traits::kHeadDim >= 128 && key_tiles >= kBwdSm90MinWaveChunkKeyTiles;
+    chunks = bwd_sm90_causal_chunks(
+        pairs, key_tiles, sms, wave_chunks,
+        causal_key_tile_work(pr.seqlen_q, pr.seqlen_k, Traits::kBlockN,
+                             pr.mask == CKFMHA_MASK_CAUSAL_BOTTOM_RIGHT));
+    if (chunks.chunk_pairs > 0) grid = dim3(unsigned(chunks.ctas));
   }
+  const int chunk_ctas = chunks.chunk_pairs * key_tiles;
   BwdSm90Params<Traits> params{bwd, tma_q, tma_do, tma_k, tma_v, tma_dq, rows_q, rows_k, views,
-                               chunk_heads,
-                               chunk_heads > 0 ? int(pairs) : 0,
+                               chunks.chunk_pairs, chunks.full_chunks,
+                               chunks.full_chunks * chunk_ctas,
+                               cutlass::FastDivmod(std::max(1, chunk_ctas)),
+                               cutlass::FastDivmod(std::max(1, chunks.chunk_pairs)),
+                               cutlass::FastDivmod(std::max(1, chunks.last_pairs)),
                                cutlass::FastDivmod(pr.nhead_k)};
   // (Only the layout's own kernel may be instantiated with its traits.)
   if constexpr (Traits::kSplitsHeadDim) {

@@ -85,10 +85,17 @@ struct BwdSm90Params {
   int tma_rows_q;
   int tma_rows_k;
   int tma_views;
-  // Causal launch order (bwd_sm90_key_tile): (KV head, batch) pairs per
-  // chunk, 0 for plain grid order; the pairs, and the KV heads as a divisor.
-  int chunk_heads;
-  int pairs;
+  // Causal launch order (bwd_sm90_key_tile; bwd_sm90_causal_chunks): a
+  // one-dimensional grid over full_chunks chunks of chunk_pairs (KV head,
+  // batch) pairs, then one of last_pairs; chunk_pairs 0 for grid order. The
+  // divisors: a full chunk's CTAs, its pairs, the last chunk's pairs, and the
+  // KV heads.
+  int chunk_pairs;
+  int full_chunks;
+  int full_chunk_ctas_total;
+  cutlass::FastDivmod full_chunk_ctas;
+  cutlass::FastDivmod full_chunk_width;
+  cutlass::FastDivmod last_chunk_width;
   cutlass::FastDivmod nhead_k;
 };
 
@@ -97,27 +104,24 @@ struct BwdSm90Params {
 // taking the next CTA when its own ends. Under a causal mask a key tile's
 // work falls with its index (later keys see fewer queries), and in grid
 // order the last heads' longest tiles started last and ran on with most
-// SMs idle (93% busy at d128 s2048, traced). Causal grids therefore take
-// the (KV head, batch) pairs in chunks of about one wave of CTAs, so the Q,
-// dO and dQ rows in use at a time stay as few as in grid order, and within
-// a chunk key tile by key tile over its pairs, the longest first: the grid
-// is (pairs per chunk, key tiles, chunks), and the last chunk's CTAs past
-// the last pair own nothing. The order lives in the grid's shape because
-// computing it from a linear index took three integer divisions, which
-// delayed every CTA's start by a further 0.2 us (traced).
-// Measured against grid order (three interleaved rounds, three runs): d128
-// and d256 gain 1.5-2.5% at s2048 (s8192 within the spread); d64 lost 3.5%
-// at s512 and 0.5% at s2048, so it keeps grid order, as do grids of fewer
-// than kBwdSm90MinChunkedKeyTiles key tiles (d256 s512 lost 1.5%).
+// SMs idle (93% busy at d128 s2048, traced). Causal grids therefore launch
+// their (KV head, batch) pairs in chunks, and within a chunk key tile by key
+// tile over its pairs, the longest first (bwd_sm90_causal_chunks sizes
+// them): a one-dimensional grid, read back with multiply-shift divisions
+// (three integer divisions here delayed every CTA's start by 0.2 us,
+// traced). Chunks of about one wave of CTAs keep the Q, dO and dQ rows in
+// use at a time as few as grid order does; against grid order they gained
+// 1.5-2.5% at d128 and d256, s2048 (three interleaved rounds, three runs),
+// and lost at d64 (3.5% at s512, 0.5% at s2048) and on grids of fewer than
+// kBwdSm90MinWaveChunkKeyTiles key tiles (d256 s512, 1.5%), which take one
+// pair a chunk.
 template <class Traits>
-constexpr bool kBwdSm90ChunkedCausalOrder =
-    Traits::kMask == MaskMode::kCausal && Traits::kHeadDim >= 128;
-constexpr int kBwdSm90MinChunkedKeyTiles = 16;
+constexpr bool kBwdSm90ChunkedCausalOrder = Traits::kMask == MaskMode::kCausal;
+constexpr int kBwdSm90MinWaveChunkKeyTiles = 16;
 
-// A CTA's key tile and the sequence it lies in. A CTA owns nothing past the
-// last (KV head, batch) pair of a chunked grid, nor (group mode) past its
-// sequence's keys: the grid is sized for the longest sequence, and a
-// sequence whose cu_seqlens range is rejected has none.
+// A CTA's key tile and the sequence it lies in. In group mode a CTA owns
+// nothing past its sequence's keys: the grid is sized for the longest
+// sequence, and a sequence whose cu_seqlens range is rejected has none.
 template <class Traits>
 struct BwdSm90KeyTile {
   int n_block;
@@ -137,16 +141,20 @@ template <class Traits>
 __device__ __forceinline__ BwdSm90KeyTile<Traits> bwd_sm90_key_tile(
     BwdSm90Params<Traits> const& params) {
   int n_block = int(blockIdx.x), head_k = int(blockIdx.y), batch = int(blockIdx.z);
-  bool owned = true;
   if constexpr (kBwdSm90ChunkedCausalOrder<Traits>) {
-    if (params.chunk_heads > 0) {
-      const int pair = int(blockIdx.z) * params.chunk_heads + int(blockIdx.x);
-      params.nhead_k(batch, head_k, pair);
-      n_block = int(blockIdx.y);
-      owned = pair < params.pairs;
+    if (params.chunk_pairs > 0) {
+      const int cta = int(blockIdx.x);
+      int chunk, in_chunk, column;
+      if (cta < params.full_chunk_ctas_total) {
+        params.full_chunk_ctas(chunk, in_chunk, cta);
+        params.full_chunk_width(n_block, column, in_chunk);
+      } else {
+        chunk = params.full_chunks;
+        params.last_chunk_width(n_block, column, cta - params.full_chunk_ctas_total);
+      }
+      params.nhead_k(batch, head_k, chunk * params.chunk_pairs + column);
     }
   }
-  if (!owned) return {n_block, head_k, batch, skipped_sequence(), false};
   const SequenceSlice seq = locate_sequence<Traits::kIsGroupMode>(params.p, batch);
   return {n_block, head_k, batch, seq, n_block * Traits::kBlockN < seq.seqlen_k};
 }
