@@ -27,10 +27,10 @@ BWD_SM90_COVERS = (
 # Head dims the template is built for but that no kernel set takes, and why: the backward then
 # runs on sm80_cpasync_mma there.
 BWD_SM90_HELD_BACK = {
-    (96, 96): "its dQ differs from call to call by up to 1e-2 (relative L2) where every other "
-              "head dim's differs by rounding (2e-5), and under compute-sanitizer's racecheck a "
-              "16x16 block of it is wrong or NaN in about half the runs (NOTES 79, 95); "
-              "sm80_cpasync_mma runs d96 until the cause is found",
+    (96, 96): "its gradients differ from call to call by up to 1e-2 (relative L2) where every "
+              "other head dim's differ by rounding (2e-5), and under compute-sanitizer's "
+              "racecheck a 16x16 block of its dQ is wrong or NaN in about half the runs (NOTES "
+              "79, 95); sm80_cpasync_mma runs d96 until the cause is found",
 }
 # The mbarriers after the last tile: K/V full, Q/dO full and empty per stage, and dQ full and
 # empty per consumer warpgroup. The storage struct is 1 KiB aligned, so they round its size up
