@@ -129,7 +129,8 @@ def report(kernels: list[Kernel]) -> str:
     return "\n".join(lines)
 
 
-def _lengths(text: str) -> tuple[int, int]:
+def _one_or_two(text: str) -> tuple[int, int]:
+    """"24" -> (24, 24); "24/8" -> (24, 8)."""
     first, _, second = text.partition("/")
     return int(first), int(second or first)
 
@@ -139,8 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--report", type=Path, help="print the table of a saved ncu CSV and exit")
     parser.add_argument("--kind", choices=["fwd", "bwd"], default="bwd")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--heads", type=_lengths, default=(16, 16), help="query[/KV] heads")
-    parser.add_argument("--seqlen", type=_lengths, default=(2048, 2048), help="query[/key] length")
+    parser.add_argument("--heads", type=_one_or_two, default=(16, 16), help="query[/KV] heads")
+    parser.add_argument("--seqlen", type=_one_or_two, default=(2048, 2048), help="query[/key] length")
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--hdim-v", type=int, help="V's head dim (default: --hdim)")
     parser.add_argument("--causal", action="store_true")
