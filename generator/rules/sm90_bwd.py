@@ -20,18 +20,10 @@ BWD_SM90_CONSUMER_WARPGROUPS = 2
 BWD_SM90_STAGES = 2
 BWD_SM90_HDIMS = tuple(BWD_SM90_KEYS_BY_HDIM)
 BWD_SM90_COVERS = (
-    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 128, 256 and 192x128, every "
+    "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 96, 128, 256 and 192x128, every "
     "mask (causal and sliding windows), GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group "
     "mode and fast (atomic dQ) mode; sm80_cpasync_mma covers the rest"
 )
-# Head dims the template is built for but that no kernel set takes, and why: the backward then
-# runs on sm80_cpasync_mma there.
-BWD_SM90_HELD_BACK = {
-    (96, 96): "its gradients differ from call to call by up to 1e-2 (relative L2) where every "
-              "other head dim's differ by rounding (2e-5), and under compute-sanitizer's "
-              "racecheck a 16x16 block of its dQ is wrong or NaN in about half the runs (NOTES "
-              "79, 95); sm80_cpasync_mma runs d96 until the cause is found",
-}
 # The mbarriers after the last tile: K/V full, Q/dO full and empty per stage, and dQ full and
 # empty per consumer warpgroup. The storage struct is 1 KiB aligned, so they round its size up
 # to the next KiB.
@@ -101,10 +93,6 @@ def sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"head dims {sig.hdim_q}x{sig.hdim_v}: {alg.pipeline}'s backward takes head dims of "
             f"{taken} (the tiles its two consumer layouts are built for)"
         )
-    held_back = BWD_SM90_HELD_BACK.get((sig.hdim_q, sig.hdim_v))
-    if held_back:
-        reasons.append(f"head dim {sig.hdim_q} is held back on {alg.pipeline}'s backward: "
-                       f"{held_back}")  # fmt: skip
     keys = BWD_SM90_KEYS_BY_HDIM.get((sig.hdim_q, sig.hdim_v), 128)
     dims = (f"head dim {sig.hdim_q}" if sig.hdim_q == sig.hdim_v
             else f"head dims {sig.hdim_q}x{sig.hdim_v}")  # fmt: skip

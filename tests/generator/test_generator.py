@@ -16,7 +16,6 @@ from support.paths import REPO_ROOT
 from generator import emit, rules
 from generator.enumerate import select, select_for_arches
 from generator.receipts import compile_filter, get_receipt
-from generator.rules.sm90_bwd import BWD_SM90_HELD_BACK
 from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
 from generator.specs import SpecsError, load_specs
 
@@ -116,22 +115,9 @@ def test_every_listed_tile_is_valid() -> None:
             )
             for c in selection.accepted
         }
-        # A tile the rules hold back (BWD_SM90_HELD_BACK) builds in no set; its rejections say
-        # why instead.
-        held_back = set(BWD_SM90_HELD_BACK) if arch == "sm_90a" else set()
-        for hdims in held_back:
-            assert any(
-                r.signature.family == "bwd_dq_dk_dv"
-                and (r.signature.hdim_q, r.signature.hdim_v) == hdims
-                and any("is held back on sm90_tma_wgmma's backward" in x for x in r.reasons)
-                for r in selection.rejected
-            ), hdims
         for family in ("fwd", "bwd_dq_dk_dv", "bwd_dot_do_o", "bwd_convert_dq"):
             for pipeline, by_hdim in specs[arch].tiles[family].items():
                 for (hdim_q, hdim_v), tiles in by_hdim.items():
-                    held = pipeline == "sm90_tma_wgmma" and (hdim_q, hdim_v) in held_back
-                    if family == "bwd_dq_dk_dv" and held:
-                        continue
                     for t in tiles:
                         key = (pipeline, hdim_q, hdim_v, t.tile_m, t.tile_n, t.warps, t.stages)
                         assert key in built, f"{arch}: no {family} kernel builds with {key}"
@@ -236,8 +222,8 @@ def test_receipt_sizes(arch: str) -> None:
     # the signatures without LSE, and builds d64's 128-row tile beside the 192-row default of
     # its unmasked batch-mode signatures (fp16/bf16 x LSE on/off).
     # The Hopper backward main stage: both plans of ci (bf16 d128 causal batch, fp16 d64 window
-    # group); fp16/bf16 x d64/d128/d256/d192x128 x 3 masks x batch/group of default and full
-    # (one tile each; d96 is held back, and its plans run on sm80).
+    # group); fp16/bf16 x d64/d96/d128/d256/d192x128 x 3 masks x batch/group of default and full
+    # (one tile each).
     # The fp8 forward (Q, K and V in e4m3): fp16/bf16 x d64/d128/d256 x none/causal x batch/group
     # with LSE in default, and without in full, which also builds the plain 2-stage tile beside
     # the fp8 3-stage one at d128 and d256, and 128 rows beside d64's unmasked batch-mode 192.
@@ -258,8 +244,8 @@ def test_receipt_sizes(arch: str) -> None:
     hopper_bwd_features = 2 * (2 * (3 + 4) + 2 + 1)
     hopper = {
         name: count + fp8_forward[name] + hopper_features[name]
-        for name, count in {"ci": 4 + 2, "default": 42 + 48 + hopper_bwd_features,
-                            "full": 84 + 4 + 48 + hopper_bwd_features}.items()
+        for name, count in {"ci": 4 + 2, "default": 42 + 60 + hopper_bwd_features,
+                            "full": 84 + 4 + 60 + hopper_bwd_features}.items()
     }
     if arch != "sm_90a":
         hopper = dict.fromkeys(sizes, 0)
@@ -1318,13 +1304,6 @@ def test_bwd_sm90_accepts_its_scope() -> None:
         ({"stages": 1}, r"stages=1: the sm90_tma_wgmma backward's Q/dO ring has 2 stages"),
         ({"ctas_per_sm": 2}, r"ctas_per_sm=2: one warp-specialized CTA fills an SM"),
         ({"tile_k": 64}, r"tile_k=64 must equal hdim_q=128"),
-        (
-            {"hdim_q": 96, "hdim_v": 96, "tile_k": 96},
-            (
-                r"head dim 96 is held back on sm90_tma_wgmma's backward: its gradients differ from "
-                r"call to call .* \(NOTES 79, 95\); sm80_cpasync_mma runs d96"
-            ),
-        ),
     ],
 )
 def test_bwd_sm90_rule_fires_with_reason(changes: dict[str, object], expected: str) -> None:
@@ -1391,6 +1370,7 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
         for mode in ("batch", "group")
         for d, dv, n in (
             (64, 64, 128),
+            (96, 96, 128),
             (128, 128, 128),
             (256, 256, 64),
             (192, 128, 64),

@@ -73,6 +73,13 @@ struct BwdSm90HeadSplitTraits
                                  cute::Shape<M, cute::Int<kColsPerWarpgroup>, N>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
       AtomAlongN{}));
+  // Each warpgroup's queries and columns are one contiguous run, as the dS^T
+  // hand-off, the dQ pieces and the dK/dV epilogue take them.
+  static_assert(kAtomSpansCols<TiledMmaSdP, kQueriesPerWarpgroup> &&
+                    kAtomSpansCols<TiledMmadK, kColsPerWarpgroup> &&
+                    kAtomSpansCols<TiledMmadV, kColsPerWarpgroupV> &&
+                    kAtomSpansCols<TiledMmadQ, kColsPerWarpgroup>,
+                "one wgmma spans each warpgroup's share of every product");
 
   // P^T and dS^T (keys, queries); dS^T also as (queries, keys) for dQ.
   using SmemLayoutPt = typename Base::SmemLayoutKeysQueries;

@@ -59,9 +59,8 @@ struct BwdSm90KeySplitTraits
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomAlongM{}));
   using TiledMmadQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<M, cute::Int<kHeadDim / kConsumerWarpgroups>, N>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      GmmaSsOpWholeCols<Element, kBlockM, kHeadDim / kConsumerWarpgroups, BlockN,
+                        cute::GMMA::Major::MN, cute::GMMA::Major::MN>{},
       AtomAlongN{}));
 
   // dS^T (keys, queries) and its (queries, keys) view for dQ's A operand.
@@ -87,6 +86,10 @@ struct BwdSm90KeySplitTraits
                                                      cute::cosize_v<SmemLayoutdQBox>,
                 "each warpgroup's columns are one contiguous half of the dQ tile");
   using TmaDq = typename Base::template TmaDqFor<SmemLayoutdQBox, DqBox>;
+  // A warpgroup's reduce-add reads its half once that warpgroup alone has
+  // staged it: no column of the half may come from the other warpgroup.
+  static_assert(kAtomSpansCols<TiledMmadQ, kDqColsPerWarpgroup>,
+                "each warpgroup's dQ product covers its own half of the columns");
 
   struct SharedStorage : Base::TileStorage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> ds;

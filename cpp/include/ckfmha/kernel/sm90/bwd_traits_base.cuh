@@ -16,6 +16,9 @@
 #include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
+// wgmma's shapes beyond CuTe's default set (64x48x16 for d96's dQ halves).
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
+#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
@@ -36,6 +39,38 @@ using GmmaTransposedStages = decltype(cute::composition(
     Layout{},
     cute::make_ordered_layout(cute::Shape<cute::Int<Cols>, cute::Int<Rows>, cute::Int<Stages>>{},
                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+// A wgmma op whose one instruction spans all `Cols` columns of a warpgroup's
+// share of a product split along N between the warpgroups. CuTe's selector
+// takes 48 columns only with its extended shapes enabled, and otherwise picks
+// 16: with two warpgroups along N the tiled product would then deal the
+// columns out 16 at a time (warpgroup 0: 0-15, 32-47, 64-79), while the
+// staging and the reduce-adds take each warpgroup's columns as one
+// contiguous half.
+template <class Element, int Rows, int Cols, int Depth, cute::GMMA::Major MajorA,
+          cute::GMMA::Major MajorB>
+constexpr auto gmma_ss_op_whole_cols() {
+  if constexpr (Cols == 48 && std::is_same_v<Element, cutlass::bfloat16_t>) {
+    return cute::SM90::GMMA::MMA_64x48x16_F32BF16BF16_SS<MajorA, MajorB>{};
+  } else if constexpr (Cols == 48) {
+    return cute::SM90::GMMA::MMA_64x48x16_F32F16F16_SS<MajorA, MajorB>{};
+  } else {
+    return cute::GMMA::ss_op_selector<
+        Element, Element, float, cute::Shape<cute::Int<Rows>, cute::Int<Cols>, cute::Int<Depth>>,
+        MajorA, MajorB>();
+  }
+}
+template <class Element, int Rows, int Cols, int Depth,
+          cute::GMMA::Major MajorA = cute::GMMA::Major::K,
+          cute::GMMA::Major MajorB = cute::GMMA::Major::K>
+using GmmaSsOpWholeCols =
+    decltype(gmma_ss_op_whole_cols<Element, Rows, Cols, Depth, MajorA, MajorB>());
+
+// Whether each warpgroup of a product tiled along N owns one contiguous run
+// of `Cols` columns: its atom is that wide.
+template <class TiledMma, int Cols>
+inline constexpr bool kAtomSpansCols =
+    int(cute::size<1>(typename TiledMma::AtomShape_MNK{})) == Cols;
 
 // The parameter list is the sm80 backward's, so the generator writes every
 // backward instance alike; what these templates do not implement is
