@@ -56,12 +56,15 @@ class Shape:
         return 4.0 * self.batch * self.heads_q * self.hdim * pairs
 
 
-# GQA groups of 1, 3 and 5, odd lengths, head counts 12/24/40, d64 and d128, both masks.
+# GQA groups of 1, 3 and 5, head counts 12/24/40, d64 and d128, both masks; key counts that
+# are whole 16-byte bias rows (the Hopper kernel's bias ring) and odd ones (its register path).
 SHAPES = (
     Shape(2, 16, 16, 4096, 128, True),
     Shape(1, 40, 8, 3001, 128, False),
+    Shape(2, 24, 8, 4000, 128, False),
     Shape(4, 24, 8, 2048, 64, True),
     Shape(2, 12, 12, 4097, 64, False),
+    Shape(4, 24, 24, 2000, 64, False),
 )
 
 

@@ -83,23 +83,53 @@ def fwd_sm90_layout_bytes(
     return _round_up(tiles + barriers, SM90_SMEM_ALIGNMENT) + SM90_SMEM_ALIGNMENT
 
 
-def fwd_sm90_smem_bytes(config: KernelConfig) -> int:
-    """kSmemBytes of the layout the traits choose: O staged (64 rows by one column chunk per
-    consumer warpgroup in batch mode, the whole tile as swizzled rows in group mode) and Q
-    double-buffered where both fit SM90_SMEM_LIMIT; O staged with one Q where only that fits;
-    else one Q and O written from registers."""
-    sig, alg = config.signature, config.algorithm
+def fwd_sm90_bias_ring_bytes(config: KernelConfig, stages: int, elem: int = 2) -> int:
+    """sizeof(FwdBiasRingStorage) at `stages` (0: no ring): per stage tile_m rows of tile_n bias
+    values (rotated, not padded), then a full and an empty mbarrier per stage, 128-byte
+    aligned."""
+    if stages == 0:
+        return 0
+    alg = config.algorithm
+    return _round_up(stages * alg.tile_m * alg.tile_n * elem + 16 * stages, 128)
+
+
+def fwd_sm90_bias_stages(config: KernelConfig) -> int:
+    """Stages of the elementwise bias ring the traits choose: 2 where they fit beside staged O
+    and one Q, else 1, else 0 (no ring: the bias is read into registers)."""
+    sig = config.signature
+    if sig.bias != "elementwise" or is_fp8_forward(config):
+        return 0
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    with_o = fwd_sm90_layout_bytes(config, 1, _o_staging_elems(config), elem)
+    for stages in (2, 1):
+        if with_o + fwd_sm90_bias_ring_bytes(config, stages, elem) <= SM90_SMEM_LIMIT:
+            return stages
+    return 0
+
+
+def _o_staging_elems(config: KernelConfig) -> int:
+    """O's staging elements: 64 rows by one column chunk per consumer warpgroup in batch mode,
+    the whole tile as swizzled rows in group mode."""
+    sig, alg = config.signature, config.algorithm
     if sig.mode == "group":
-        o_staging = alg.tile_m * sig.hdim_v
-    else:
-        o_staging = (alg.tile_m // 64) * 64 * min(sig.hdim_v, SM90_O_CHUNK_COLS)
-    two_q = fwd_sm90_layout_bytes(config, SM90_MAX_Q_STAGES, o_staging, elem)
+        return alg.tile_m * sig.hdim_v
+    return (alg.tile_m // 64) * 64 * min(sig.hdim_v, SM90_O_CHUNK_COLS)
+
+
+def fwd_sm90_smem_bytes(config: KernelConfig) -> int:
+    """kSmemBytes of the layout the traits choose: staged O first, then the bias ring
+    (fwd_sm90_bias_stages), then a second Q where all fit SM90_SMEM_LIMIT; O staged with one Q
+    where only that fits; else one Q and O written from registers."""
+    sig = config.signature
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    o_staging = _o_staging_elems(config)
+    ring = fwd_sm90_bias_ring_bytes(config, fwd_sm90_bias_stages(config), elem)
+    two_q = fwd_sm90_layout_bytes(config, SM90_MAX_Q_STAGES, o_staging, elem) + ring
     q_stages = SM90_MAX_Q_STAGES if two_q <= SM90_SMEM_LIMIT else 1
-    with_o = fwd_sm90_layout_bytes(config, q_stages, o_staging, elem)
+    with_o = fwd_sm90_layout_bytes(config, q_stages, o_staging, elem) + ring
     if with_o <= SM90_SMEM_LIMIT:
         return with_o
-    return fwd_sm90_layout_bytes(config, q_stages, 0, elem)
+    return fwd_sm90_layout_bytes(config, q_stages, 0, elem) + ring
 
 
 def is_fp8_forward(config: KernelConfig) -> bool:
@@ -237,6 +267,7 @@ def sm90_fwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
     facts += [
         ("kSmemLimit", SM90_SMEM_LIMIT, "the shared-memory limit"),
         ("kSmemBytes", fwd_sm90_smem_bytes(config), "shared-memory bytes"),
+        ("kBiasStages", fwd_sm90_bias_stages(config), "elementwise bias ring stages"),
     ]
     return assertions_from(__name__, *facts)
 

@@ -289,6 +289,45 @@ def _check_bhsd_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, options: di
             f"{what} {sorted(options)}")
 
 
+_SM90_BIAS_BATCH = [
+    k for k in KERNELS
+    if k["pipeline"] == "sm90_tma_wgmma" and k["bias"] == "elementwise" and k["mode"] == "batch"
+]  # fmt: skip
+
+
+def _bias_view(inputs: Inputs, shape: tuple[int, int, int, int], dtype: Any,
+               row_pad: int, element_offset: int) -> Any:  # fmt: skip
+    """A [b, h, sq, sk] bias whose rows are `row_pad` elements longer in memory and whose first
+    element lies `element_offset` elements into its storage."""
+    b, h, sq, sk = shape
+    flat = inputs.normal((b * h * sq * (sk + row_pad) + element_offset,), dtype)
+    rows = flat[element_offset:].view(b, h, sq, sk + row_pad)
+    return rows[..., :sk]
+
+
+@pytest.mark.parametrize("kernel", _SM90_BIAS_BATCH, ids=[k["name"] for k in _SM90_BIAS_BATCH])
+def test_sm90_bias_ring_and_register_paths(kernel: dict[str, Any]) -> None:
+    """The Hopper forward bulk-copies bias rows into a shared-memory ring when the pointer, the
+    strides and the key count are whole 16-byte vectors, and reads them into registers
+    otherwise (fwd_bias_ring.cuh). Many key and query tiles, GQA, a full (not broadcast) bias:
+    contiguous and with padded rows (the ring, a partial last key tile of 96 keys), one element
+    off alignment, and an odd key count (registers)."""
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 4)
+    dtype = torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    b, hq, hk = 2, 6, 2
+    cases = [("ring", 700, 1120, 0, 0), ("ring, padded rows", 300, 1120, 24, 0),
+             ("registers, misaligned", 300, 1120, 0, 1), ("registers, odd keys", 700, 1123, 0, 0)]
+    for what, sq, sk, row_pad, offset in cases:
+        options = {**mask_options(kernel, 1),
+                   **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}  # fmt: skip
+        options["bias"] = _bias_view(inputs, (b, hq, sq, sk), dtype, row_pad, offset)
+        q = inputs.normal((b, hq, sq, d), dtype)
+        k = inputs.normal((b, hk, sk, d), dtype)
+        v = inputs.normal((b, hk, sk, dv), dtype)
+        _check_bhsd_case(kernel, q, k, v, options, f"bias {what} {sq}x{sk}")
+
+
 @pytest.mark.parametrize("kernel", PERSISTENT_KERNELS, ids=[k["name"] for k in PERSISTENT_KERNELS])
 def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)

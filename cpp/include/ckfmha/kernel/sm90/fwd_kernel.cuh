@@ -4,7 +4,9 @@
 //   producer warpgroup (fwd_ring.cuh): one thread issues TMA copies of each
 //     tile's Q and of its K and V tiles into a ring of stages, in the order
 //     the consumers read them; with fp8 inputs warps 1-3 write each V tile
-//     transposed into the ring the consumers read (fwd_fp8.cuh).
+//     transposed into the ring the consumers read (fwd_fp8.cuh); with an
+//     elementwise bias warp 1 copies each key tile's bias into a ring of
+//     its own (fwd_bias_ring.cuh).
 //   consumer warpgroups (two or three, 64 query rows each; fwd_mma.cuh):
 //     S = Q K^T, the mask and online softmax, and O += P V, software-
 //     pipelined by one key tile and taking turns on the tensor cores; then
@@ -52,7 +54,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const int warp = int(threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
-  if (threadIdx.x == 0) fwd_sm90_init_barriers<Traits>(bar);
+  typename Traits::BiasRing* bias_ring = Traits::bias_ring(storage);
+  if (threadIdx.x == 0) {
+    fwd_sm90_init_barriers<Traits>(bar);
+    if constexpr (Traits::kBiasStages > 0) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
+  }
   __syncthreads();
 
   if (warp < 4) {
@@ -61,6 +67,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kQkvFp8) {
       if (warp != 0) {
         fwd_sm90_transpose_v<Traits>(params, bar, sV, sVt, int(threadIdx.x) - 32);
+        return;
+      }
+    }
+    if constexpr (Traits::kBiasStages > 0) {
+      if (warp == 1) {
+        fwd_sm90_load_bias_tiles<Traits>(params, *bias_ring, lane);
         return;
       }
     }
@@ -80,6 +92,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   turns.start();
 
   int kv_count = 0;  // same counters as the producer's
+  FwdBiasRingReader<Traits> bias_reader{bias_ring};
   int q_count = 0;
   Tensor out = acc.out();
   acc.softmax.reset();
@@ -98,7 +111,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++q_count;
       return;
     }
-    mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
+    if constexpr (Traits::kBiasStages > 0) {
+      // The same test as the producer warp's, per sequence.
+      if (bias_rows_bulk_copyable<Element>(p, work.seq.seqlen_k)) {
+        mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out,
+                                            &bias_reader);
+        bias_reader.count += n_tiles;
+      } else {
+        mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
+      }
+    } else {
+      mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
+    }
     kv_count += n_tiles;
     epilogue.template finish_softmax<Fp8BlockScales>(p, work, mma.cO_rows_cols, acc);
     // O's conversion and address are made here, between the epilogue's two

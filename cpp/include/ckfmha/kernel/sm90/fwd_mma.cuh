@@ -24,6 +24,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -216,10 +217,15 @@ struct FwdSm90Mma {
   // `BlockScales`: fp8 per-block scales (p.fp8_block_scales), a loop of its
   // own so that per-tensor scales keep their loop as it was: sharing one
   // with a run-time test per tile cost them 10-14% (NOTES 85).
-  template <bool BlockScales, class Work, class Barriers, class Turns, class Out>
+  // `bias_ring`: the reader of the elementwise bias ring (fwd_bias_ring.cuh)
+  // where this query tile's bias comes through it, else nullptr (no bias, or
+  // read into registers a tile ahead).
+  template <bool BlockScales, class Work, class Barriers, class Turns, class Out,
+            class BiasRingReader = std::nullptr_t>
   __device__ __forceinline__ void attend(FwdParams const& p, Barriers& bar, Turns const& turns,
                                          Work const& work, RingSlot q_slot,
-                                         int const& kv_count, Accumulators& acc, Out& out) {
+                                         int const& kv_count, Accumulators& acc, Out& out,
+                                         BiasRingReader bias_ring = nullptr) {
     using namespace cute;
     using Barrier = cutlass::arch::ClusterTransactionBarrier;
     constexpr int kBlockM = Traits::kBlockM;
@@ -241,9 +247,13 @@ struct FwdSm90Mma {
     }
     // Key tile i's first key (tiles run from the last to the first).
     auto n_begin_of = [&](int i) { return (n_last - 1 - i) * kBlockN; };
+    constexpr bool kBiasFromRing = !std::is_same_v<BiasRingReader, std::nullptr_t>;
+    using TileOfBias = std::conditional_t<kBiasFromRing, NoBiasTile, BiasTile>;
     auto read_bias = [&](int i) {
-      BiasTile bias{};
-      if constexpr (kBiasAhead) transform.load_bias(bias, cS_rows_cols, m_begin, n_begin_of(i));
+      TileOfBias bias{};
+      if constexpr (kBiasAhead && !kBiasFromRing) {
+        transform.load_bias(bias, cS_rows_cols, m_begin, n_begin_of(i));
+      }
       return bias;
     };
 
@@ -264,9 +274,11 @@ struct FwdSm90Mma {
       }
     };
     auto softmax_scores = [&](auto& acc_s, int i, float k_scale, auto needs_mask, auto first,
-                              BiasTile const& bias) {
+                              TileOfBias const& bias) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
-      if constexpr (kBiasAhead) {
+      if constexpr (kBiasFromRing) {
+        bias_ring->add(transform, scores, cS_rows_cols, i);
+      } else if constexpr (kBiasAhead) {
         transform.apply_loaded(scores, bias);
       } else if constexpr (Transform::kActive) {
         transform.apply(scores, cS_rows_cols, m_begin, n_begin_of(i));
@@ -326,7 +338,7 @@ struct FwdSm90Mma {
     auto first_tile = [&](auto needs_mask) __attribute__((always_inline)) {
       const RingSlot slot = ring_slot(0);
       const float2 kv_scales = key_scales(0);
-      const BiasTile bias = read_bias(0);
+      const TileOfBias bias = read_bias(0);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       Barrier::wait(&bar.k_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_s);
@@ -350,7 +362,7 @@ struct FwdSm90Mma {
       const float2 kv_scales = key_scales(i);
       // Block scales: O moves from the previous tile's v units into this one's.
       const float v_before = BlockScales ? key_scales(i - 1).y : 0.f;
-      const BiasTile bias = read_bias(i);
+      const TileOfBias bias = read_bias(i);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
       // Both operands are waited for before the turn, which must not be held
       // while a load is late.

@@ -7,6 +7,7 @@
 
 #include "ckfmha/kernel/common/features.h"
 #include "ckfmha/kernel/common/smem_rows.cuh"  // the O staging layout
+#include "ckfmha/kernel/sm90/fwd_bias_ring.cuh"
 
 #include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -290,20 +291,49 @@ struct FwdSm90Traits {
   // Dynamic shared memory is only 16-byte aligned: one extra KiB lets the
   // kernel round its base up to 1024.
   static constexpr int kSmemLimit = 227 * 1024;
-  // Staging O comes first (its register path lost at s512, NOTES 33); a
-  // second Q only where both fit (not d256).
+  // An elementwise bias streams through a ring of its own after the storage
+  // struct (fwd_bias_ring.cuh): two stages where they fit beside staged O
+  // and one Q, else one; none where not even that fits (d256), and such
+  // kernels read their bias into registers.
+  template <int BiasStages>
+  static constexpr int kBiasRingBytes =
+      BiasStages == 0
+          ? 0
+          : int(sizeof(FwdBiasRingStorage<Element, BlockM, BlockN, BiasStages>));
+  template <int BiasStages>
+  static constexpr bool kBiasRingFits =
+      int(sizeof(StorageWithO<1>)) + kBiasRingBytes<BiasStages> + 1024 <= kSmemLimit;
+  static constexpr int kBiasStages =
+      Bias != BiasMode::kElementwise ? 0
+      : kBiasRingFits<2>             ? 2
+      : kBiasRingFits<1>             ? 1
+                                     : 0;
+  using BiasRing =
+      std::conditional_t<kBiasStages == 0, NoBiasRing,
+                         FwdBiasRingStorage<Element, BlockM, BlockN, kBiasStages>>;
+  static constexpr int kBiasBytes = kBiasRingBytes<kBiasStages>;
+  // Staging O comes first (its register path lost at s512, NOTES 33), then
+  // the bias ring; a second Q only where all fit (not d256, nor d128 with a
+  // bias ring).
   static constexpr int kQStages =
-      int(sizeof(StorageWithO<kMaxQStages>)) + 1024 <= kSmemLimit ? kMaxQStages : 1;
+      int(sizeof(StorageWithO<kMaxQStages>)) + kBiasBytes + 1024 <= kSmemLimit ? kMaxQStages
+                                                                               : 1;
   using SmemLayoutQRing = decltype(cute::tile_to_shape(
       GmmaRowMajorAtom<InputElement, HeadDimQK>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<HeadDimQK>, cute::Int<kQStages>>{}));
-  static constexpr bool kStagesO = int(sizeof(StorageWithO<kQStages>)) + 1024 <= kSmemLimit;
+  static constexpr bool kStagesO =
+      int(sizeof(StorageWithO<kQStages>)) + kBiasBytes + 1024 <= kSmemLimit;
   static constexpr Sm90OutputPath kOutputPath =
       !kStagesO ? Sm90OutputPath::kRegisters
                 : (IsGroupMode ? Sm90OutputPath::kSmemRows : Sm90OutputPath::kTmaStore);
   using SharedStorage =
       std::conditional_t<kStagesO, StorageWithO<kQStages>, StorageWithoutO<kQStages>>;
-  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + kBiasBytes + 1024;
+
+  // The bias ring, right after the storage struct (a whole number of KiB).
+  __device__ static BiasRing* bias_ring(SharedStorage* storage) {
+    return reinterpret_cast<BiasRing*>(reinterpret_cast<char*>(storage) + sizeof(SharedStorage));
+  }
   static_assert(kSmemBytes <= kSmemLimit, "Q, the K/V ring and barriers must fit shared memory");
 
   // The ring the P V product reads: V itself, or (fp8) its transpose.
