@@ -84,13 +84,13 @@ def fwd_sm90_layout_bytes(
 
 
 def fwd_sm90_bias_ring_bytes(config: KernelConfig, stages: int, elem: int = 2) -> int:
-    """sizeof(FwdBiasRingStorage) at `stages` (0: no ring): per stage tile_m rows of tile_n bias
-    values (rotated, not padded), then a full and an empty mbarrier per stage, 128-byte
-    aligned."""
+    """sizeof(FwdBiasRingStorage) at `stages` (0: no ring): per stage a swizzled tile_m x tile_n
+    bias tile as the TMA writes it, then a full and an empty mbarrier per stage, on 1 KiB
+    alignment."""
     if stages == 0:
         return 0
     alg = config.algorithm
-    return _round_up(stages * alg.tile_m * alg.tile_n * elem + 16 * stages, 128)
+    return _round_up(stages * alg.tile_m * alg.tile_n * elem + 16 * stages, SM90_SMEM_ALIGNMENT)
 
 
 def fwd_sm90_bias_stages(config: KernelConfig) -> int:

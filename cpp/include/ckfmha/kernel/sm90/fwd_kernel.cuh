@@ -5,8 +5,8 @@
 //     tile's Q and of its K and V tiles into a ring of stages, in the order
 //     the consumers read them; with fp8 inputs warps 1-3 write each V tile
 //     transposed into the ring the consumers read (fwd_fp8.cuh); with an
-//     elementwise bias warp 1 copies each key tile's bias into a ring of
-//     its own (fwd_bias_ring.cuh).
+//     elementwise bias warp 1's first thread copies each key tile's bias
+//     into a ring of its own (fwd_bias_ring.cuh).
 //   consumer warpgroups (two or three, 64 query rows each; fwd_mma.cuh):
 //     S = Q K^T, the mask and online softmax, and O += P V, software-
 //     pipelined by one key tile and taking turns on the tensor cores; then
@@ -34,7 +34,10 @@ namespace ckfmha::kernel {
 // loop as it was: sharing one loop with a run-time test per key tile cost
 // them 10-14%, and one kernel holding both loops left d128's and d256's
 // accumulators in local memory (NOTES 85).
-template <class Traits, bool Fp8BlockScales = false>
+// `BiasFromRing`: an elementwise bias through the shared-memory ring
+// (fwd_bias_ring.cuh), likewise a kernel of its own: beside the register
+// path in one kernel, both paths spilled more.
+template <class Traits, bool Fp8BlockScales = false, bool BiasFromRing = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_kernel(__grid_constant__ const FwdSm90Params<Traits> params) {
   using namespace cute;
@@ -57,7 +60,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   typename Traits::BiasRing* bias_ring = Traits::bias_ring(storage);
   if (threadIdx.x == 0) {
     fwd_sm90_init_barriers<Traits>(bar);
-    if constexpr (Traits::kBiasStages > 0) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
+    if constexpr (BiasFromRing) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
   }
   __syncthreads();
 
@@ -70,9 +73,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         return;
       }
     }
-    if constexpr (Traits::kBiasStages > 0) {
+    if constexpr (BiasFromRing) {
       if (warp == 1) {
-        fwd_sm90_load_bias_tiles<Traits>(params, *bias_ring, lane);
+        if (lane == 0) fwd_sm90_load_bias_tiles<Traits>(params, *bias_ring);
         return;
       }
     }
@@ -111,15 +114,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++q_count;
       return;
     }
-    if constexpr (Traits::kBiasStages > 0) {
-      // The same test as the producer warp's, per sequence.
-      if (bias_rows_bulk_copyable<Element>(p, work.seq.seqlen_k)) {
-        mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out,
-                                            &bias_reader);
-        bias_reader.count += n_tiles;
-      } else {
-        mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
-      }
+    if constexpr (BiasFromRing) {
+      mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out,
+                                          &bias_reader);
+      bias_reader.count += n_tiles;
     } else {
       mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
     }

@@ -49,6 +49,28 @@ int launch_fwd_sm90(void const* problem, void const* args,
                               pr.batch};
   int sms = 0;
   if (int err = current_device_sms(&sms); err != 0) return err;
+  // The bias ring's descriptor (fwd_bias_ring.cuh), where the bias fits TMA:
+  // a (rows, keys, heads, batch) view whose broadcast axes have size 1 (TMA
+  // takes no zero stride; the kernel reads index 0 there).
+  typename Traits::TmaBias tma_bias{};
+  bool bias_from_ring = false;
+  if constexpr (Traits::kBiasStages > 0) {
+    using Element = typename Traits::Element;
+    bias_from_ring = bias_fits_tma<Element>(ar.bias, pr.bias_stride);
+    if (bias_from_ring) {
+      const int64_t plane = pr.bias_stride[2] * pr.seqlen_q;  // any legal stride of a unit axis
+      const bool per_head = pr.bias_stride[1] != 0, per_batch = pr.bias_stride[0] != 0;
+      tma_bias = make_tma_copy(
+          SM90_TMA_LOAD{},
+          make_tensor(make_gmem_ptr(static_cast<Element const*>(ar.bias)),
+                      make_shape(pr.seqlen_q, pr.seqlen_k, per_head ? pr.nhead_q : 1,
+                                 per_batch ? pr.batch : 1),
+                      make_stride(pr.bias_stride[2], _1{}, per_head ? pr.bias_stride[1] : plane,
+                                  per_batch ? pr.bias_stride[0] : plane)),
+          take<0, 2>(typename Traits::SmemLayoutBiasRing{}),
+          Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{}, _1{});
+    }
+  }
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
   FwdSm90Params<Traits> params{
@@ -75,6 +97,9 @@ int launch_fwd_sm90(void const* problem, void const* args,
       order,
       rows_q,
       rows_k,
+      tma_bias,
+      pr.seqlen_q,
+      pr.seqlen_k,
   };
   // One CTA per SM (each takes all of an SM's shared memory), never more
   // CTAs than units of work.
@@ -82,6 +107,12 @@ int launch_fwd_sm90(void const* problem, void const* args,
   if constexpr (Traits::kQkvFp8) {
     if (pr.fp8_block_scales) {
       return launch_kernel(&fwd_sm90_kernel<Traits, true>, grid, Traits::kThreads,
+                           Traits::kSmemBytes, stream, params);
+    }
+  }
+  if constexpr (Traits::kBiasStages > 0) {
+    if (bias_from_ring) {
+      return launch_kernel(&fwd_sm90_kernel<Traits, false, true>, grid, Traits::kThreads,
                            Traits::kSmemBytes, stream, params);
     }
   }

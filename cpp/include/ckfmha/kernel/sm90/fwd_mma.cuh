@@ -120,10 +120,11 @@ struct FwdSm90Mma {
   using TileO = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kHeadDimV>>;
   using Accumulators = FwdSm90Accumulators<Traits>;
   // Bias, ALiBi and soft-cap rewrite S into log2-domain logits before the
-  // mask (the softmax then runs at unit scale). An elementwise bias tile is
-  // read into registers at the start of its turn, so that the loads run under
-  // the turn's products (staged a turn ahead in shared memory with cp.async
-  // instead, it ran slower: NOTES 90).
+  // mask (the softmax then runs at unit scale). An elementwise bias tile
+  // comes through a TMA-fed shared-memory ring where the bias fits TMA
+  // (fwd_bias_ring.cuh); otherwise it is read into registers at the start of
+  // its turn, so that the loads run under the turn's products (staged a turn
+  // ahead with cp.async by the consumers instead, it ran slower: NOTES 90).
   using Transform = LogitTransform<typename Traits::Element, Traits::kBias, Traits::kHasSoftcap>;
   static constexpr bool kBiasAhead = Traits::kBias == BiasMode::kElementwise;
   using ScoresLayout = decltype(gmma_accum_as_rows_cols(

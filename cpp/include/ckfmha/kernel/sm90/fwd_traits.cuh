@@ -296,10 +296,15 @@ struct FwdSm90Traits {
   // and one Q, else one; none where not even that fits (d256), and such
   // kernels read their bias into registers.
   template <int BiasStages>
+  using SmemLayoutBiasStages = decltype(cute::tile_to_shape(
+      GmmaRowMajorAtom<Element, BlockN>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<BlockN>, cute::Int<BiasStages>>{}));
+  template <int BiasStages>
+  using BiasRingStages =
+      FwdBiasRingStorage<Element, SmemLayoutBiasStages<BiasStages>, BiasStages>;
+  template <int BiasStages>
   static constexpr int kBiasRingBytes =
-      BiasStages == 0
-          ? 0
-          : int(sizeof(FwdBiasRingStorage<Element, BlockM, BlockN, BiasStages>));
+      BiasStages == 0 ? 0 : int(sizeof(BiasRingStages<BiasStages>));
   template <int BiasStages>
   static constexpr bool kBiasRingFits =
       int(sizeof(StorageWithO<1>)) + kBiasRingBytes<BiasStages> + 1024 <= kSmemLimit;
@@ -309,9 +314,21 @@ struct FwdSm90Traits {
       : kBiasRingFits<1>             ? 1
                                      : 0;
   using BiasRing =
-      std::conditional_t<kBiasStages == 0, NoBiasRing,
-                         FwdBiasRingStorage<Element, BlockM, BlockN, kBiasStages>>;
+      std::conditional_t<kBiasStages == 0, NoBiasRing, BiasRingStages<kBiasStages>>;
+  using SmemLayoutBiasRing = SmemLayoutBiasStages<kBiasStages == 0 ? 1 : kBiasStages>;
   static constexpr int kBiasBytes = kBiasRingBytes<kBiasStages>;
+  static constexpr int kTmaBytesBias = kBlockM * BlockN * int(sizeof(Element));
+  using GmemTensorBias = decltype(cute::make_tensor(
+      cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
+      cute::Shape<int, int, int, int>{}, GmemStride{}));
+  // The bias as (rows, keys, heads, batch), keys contiguous; only kernels
+  // with a ring carry its descriptor.
+  using TmaBias = std::conditional_t<
+      kBiasStages == 0, NoBiasTma,
+      decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorBias{},
+                                   cute::take<0, 2>(SmemLayoutBiasRing{}),
+                                   cute::Shape<cute::Int<kBlockM>, cute::Int<BlockN>>{},
+                                   cute::_1{}))>;
   // Staging O comes first (its register path lost at s512, NOTES 33), then
   // the bias ring; a second Q only where all fit (not d256, nor d128 with a
   // bias ring).
