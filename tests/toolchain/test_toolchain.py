@@ -298,7 +298,7 @@ template <class T, int DQ, int DV, int M, int N, int W, int S, MaskMode Mask, Bi
 struct FwdSm80Traits {
   static constexpr int kThreads = W * 32;
   static constexpr AgreesWithAnyNumber kSmemBytes{}, kMinCtasPerSm{}, kSmemLimit{},
-      kConsumerRegisters{}, kRowsPerThread{}, kKeysPerThread{};
+      kConsumerRegisters{}, kRowsPerThread{}, kKeysPerThread{}, kBiasStages{};
 };
 template <class Traits> __global__ void stand_in_kernel(int* out) {
   if (out) *out = Traits::kThreads;
