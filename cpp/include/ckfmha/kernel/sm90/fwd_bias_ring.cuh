@@ -45,14 +45,15 @@ struct NoBiasRing {};
 struct NoBiasTma {};
 
 // Whether a bias can come through the ring: TMA's 16-byte alignment of the
-// base and of every stride, and distinct rows (a row-broadcast bias repeats
-// one row, which the register path reads from L1).
+// base and of every stride, strides TMA can encode (none negative), and
+// distinct rows (a row-broadcast bias repeats one row, which the register
+// path reads from L1).
 template <class Element>
 inline bool bias_fits_tma(void const* bias, int64_t const (&stride)[3]) {
   constexpr int64_t kVector = 16 / int64_t(sizeof(Element));
-  return bias != nullptr && reinterpret_cast<uintptr_t>(bias) % 16 == 0 &&
-         stride[0] % kVector == 0 && stride[1] % kVector == 0 && stride[2] % kVector == 0 &&
-         stride[2] != 0;
+  bool fits = bias != nullptr && reinterpret_cast<uintptr_t>(bias) % 16 == 0 && stride[2] > 0;
+  for (int64_t s : stride) fits = fits && s >= 0 && s % kVector == 0;
+  return fits;
 }
 
 template <class Traits>
