@@ -79,8 +79,10 @@ __device__ __forceinline__ void fwd_sm90_load_bias_tiles(Params const& params,
   constexpr int kBlockN = Traits::kBlockN;
   FwdParams const& p = params.p;
   Tensor sB = make_tensor(make_smem_ptr(ring.rows.data()), typename Traits::SmemLayoutBiasRing{});
+  // The descriptor's view (fwd_launch.cuh): the bias is [batch, heads,
+  // seqlen_q, seqlen_k] (the longest sequences in group mode).
   Tensor mB = params.tma_bias.get_tma_tensor(make_shape(
-      params.bias_rows, params.bias_keys, p.bias_head_stride != 0 ? p.nhead_q : 1,
+      p.seqlen_q, p.seqlen_k, p.bias_head_stride != 0 ? p.nhead_q : 1,
       p.bias_batch_stride != 0 ? params.order.num_batches : 1));
   int count = 0;  // ring tiles so far: the stage and its barriers' phase
   for_each_tile(params.order, [&](QueryTile query_tile) {
@@ -109,15 +111,15 @@ template <class Traits>
 struct FwdBiasRingReader {
   using Element = typename Traits::Element;
   typename Traits::BiasRing* ring;
-  int count = 0;  // ring tiles so far, as the producer thread counts them
 
-  // Key tile `i` of the query tile whose first ring tile is `count`:
-  // scores(r, c) becomes the log2-domain logit of the raw score plus the
-  // bias at the tile's (row, key) coords(r, c); the stage is released at
-  // once. Fragment columns 2k and 2k + 1 are neighbouring keys, one word.
+  // The ring's tile `index` (one per key tile, in the K/V ring's order, so
+  // the consumers' K/V tile count): scores(r, c) becomes the log2-domain
+  // logit of the raw score plus the bias at the tile's (row, key)
+  // coords(r, c); the stage is released at once. Fragment columns 2k and
+  // 2k + 1 are neighbouring keys, one word.
   template <class Transform, class Scores, class Coords>
   __device__ __forceinline__ void add(Transform const& transform, Scores& scores,
-                                      Coords const& coords, int i) const {
+                                      Coords const& coords, int index) const {
     using namespace cute;
     using Barrier = cutlass::arch::ClusterTransactionBarrier;
     using Layout = typename Traits::SmemLayoutBiasRing;
@@ -125,7 +127,7 @@ struct FwdBiasRingReader {
     // acts on byte addresses.
     constexpr auto kLinear = get_nonswizzle_portion(Layout{});
     constexpr auto kSwizzle = get_swizzle_portion(Layout{});
-    const RingSlot slot = ring_slot_of<Traits::kBiasStages>(count + i);
+    const RingSlot slot = ring_slot_of<Traits::kBiasStages>(index);
     Barrier::wait(&ring->full[slot.stage], slot.phase);
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ring->rows.data()));
     CUTE_UNROLL

@@ -117,7 +117,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (BiasFromRing) {
       mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out,
                                           &bias_reader);
-      bias_reader.count += n_tiles;
     } else {
       mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out);
     }

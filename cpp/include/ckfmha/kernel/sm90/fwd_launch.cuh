@@ -98,8 +98,6 @@ int launch_fwd_sm90(void const* problem, void const* args,
       rows_q,
       rows_k,
       tma_bias,
-      pr.seqlen_q,
-      pr.seqlen_k,
   };
   // One CTA per SM (each takes all of an SM's shared memory), never more
   // CTAs than units of work.

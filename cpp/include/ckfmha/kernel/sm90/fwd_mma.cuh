@@ -278,7 +278,7 @@ struct FwdSm90Mma {
                               TileOfBias const& bias) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
       if constexpr (kBiasFromRing) {
-        bias_ring->add(transform, scores, cS_rows_cols, i);
+        bias_ring->add(transform, scores, cS_rows_cols, kv_count + i);
       } else if constexpr (kBiasAhead) {
         transform.apply_loaded(scores, bias);
       } else if constexpr (Transform::kActive) {

@@ -30,11 +30,8 @@ struct FwdSm90Params {
   // token counts in group mode (whose views have one "batch").
   int tma_rows_q;
   int tma_rows_k;
-  // An elementwise bias through the shared-memory ring (fwd_bias_ring.cuh):
-  // its descriptor and the (rows, keys) of its view.
+  // An elementwise bias through the shared-memory ring (fwd_bias_ring.cuh).
   typename Traits::TmaBias tma_bias;
-  int bias_rows;
-  int bias_keys;
 };
 
 // Where the ring's i-th K/V tile of all loaded so far lives, and the parity
