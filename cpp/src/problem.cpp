@@ -350,8 +350,10 @@ std::string check_fwd_problem(ckfmha_fwd_problem const& p) {
         << kMaxGridYZ;
     return msg.str();
   }
-  if (!std::isfinite(p.scale) || p.scale == 0.f) {
-    msg << "scale is " << p.scale << "; it must be finite and non-zero";
+  // The kernels track each row's largest raw score, which is its largest
+  // logit only for a positive scale: a negative one would overflow exp2.
+  if (!std::isfinite(p.scale) || !(p.scale > 0.f)) {
+    msg << "scale is " << p.scale << "; it must be positive and finite";
     return msg.str();
   }
   for (auto [name, stride] : {std::pair<const char*, int64_t const(*)[3]>{"q", &p.q_stride},

@@ -865,3 +865,13 @@ def test_cli_without_gpu_exits_cleanly(capsys):
     assert cli_main(["explain", "--heads", "4", "--seqlen", "64", "--hdim", "64"]) == 2
     assert "--arch" in capsys.readouterr().err
     assert cli_main(["run", "--heads", "4", "--seqlen", "64", "--hdim", "64"]) == 2
+
+
+@pytest.mark.parametrize("scale", [-0.125, 0.0, float("nan"), float("inf")])
+def test_scale_must_be_positive_and_finite(kernels, scale):
+    """The kernels track each row's largest raw score, the largest logit only for a positive
+    scale: any other scale is refused before a launch, by name."""
+    kernel = kernels[0]
+    problem = problem_for(kernel, scale=scale)
+    with pytest.raises(errors.InvalidArgumentError, match="scale is .*; it must be positive"):
+        ckfmha.Dispatcher().select(problem, arch=kernel["arch"])

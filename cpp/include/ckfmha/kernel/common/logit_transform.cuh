@@ -92,6 +92,63 @@ struct LogitTransform {
     return biased_logit_log2(s, bias_at(row, col), cap_grad);
   }
 
+  // Soft-cap without a bias, on the Hopper forward: scores leave cap_scores()
+  // as tanh(scale * s / cap), and the softmax's own multiply-add takes them
+  // to the log2 domain with softmax_scale_log2() = cap * log2(e). Scaling
+  // each score here first (by cap, then by log2(e)) cost two instructions a
+  // score, and the consumers issue at a fixed rate (NOTES 98).
+  static constexpr bool kCapScaledBySoftmax = HasSoftcap && Bias == BiasMode::kNone;
+  // ALiBi without a soft-cap, likewise: alibi_scores() adds the distance
+  // penalty in raw score units (over the softmax scale, which the problem's
+  // checks keep positive), one multiply-add a score on a float distance, and
+  // the softmax scales as for plain scores. Scaling to log2 units here, on an
+  // integer distance converted per score, cost three instructions more.
+  static constexpr bool kAlibiInScoreUnits = Bias == BiasMode::kAlibi && !HasSoftcap;
+
+  // The factor from what the scores hold to log2-domain logits: cap * log2(e)
+  // after cap_scores(), the plain scale after alibi_scores(), 1 after apply()
+  // (already log2-domain). Params: FwdParams, as for for_sequence.
+  template <class Params>
+  __device__ __forceinline__ static float softmax_scale_log2(Params const& p) {
+    if constexpr (kCapScaledBySoftmax) {
+      return p.softcap * kLog2e;
+    } else if constexpr (kAlibiInScoreUnits) {
+      return p.scale_log2;
+    } else {
+      return 1.f;
+    }
+  }
+
+  // scores/coords as in apply(). A row's distances to this thread's keys
+  // differ by the columns' offsets, which are constants once unrolled: one
+  // conversion per row, then one add and one multiply-add a score.
+  template <class Scores, class Coords>
+  __device__ __forceinline__ void alibi_scores(Scores& scores, Coords const& coords,
+                                               int m_begin, int n_begin) const {
+    using namespace cute;
+    static_assert(kAlibiInScoreUnits, "a soft-cap takes ALiBi through apply()");
+    const float penalty = -alibi_slope / scale;
+    CUTE_UNROLL
+    for (int i = 0; i < size<0>(scores); ++i) {
+      const int col0 = get<1>(coords(i, 0));
+      const int row = m_begin + get<0>(coords(i, 0));
+      const float base = float(row + seqlen_k - seqlen_q - n_begin - col0);
+      CUTE_UNROLL
+      for (int j = 0; j < size<1>(scores); ++j) {
+        const float distance = base - float(get<1>(coords(i, j)) - col0);
+        scores(i, j) = fmaf(fabsf(distance), penalty, scores(i, j));
+      }
+    }
+  }
+
+  template <class Scores>
+  __device__ __forceinline__ void cap_scores(Scores& scores) const {
+    using namespace cute;
+    static_assert(kCapScaledBySoftmax, "a bias is added after the cap, in apply()");
+    CUTE_UNROLL
+    for (int i = 0; i < size(scores); ++i) scores(i) = tanhf(scores(i) * softcap_prescale);
+  }
+
   // scores/coords as in AttentionMask::apply; m_begin/n_begin: tile origin.
   template <class Scores, class Coords>
   __device__ __forceinline__ void apply(Scores& scores, Coords const& coords, int m_begin,

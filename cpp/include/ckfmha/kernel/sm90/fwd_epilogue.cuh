@@ -131,13 +131,15 @@ struct FwdSm90Epilogue {
             out, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
       }
     } else {
-      // Transformed scores (bias, ALiBi, soft-cap) are log2-domain already.
-      constexpr bool kTransformed = FwdSm90Mma<Traits>::Transform::kActive;
+      // Transformed scores (bias, ALiBi, soft-cap) carry the factor to log2
+      // units that Transform::softmax_scale_log2 gives (1 where log2-domain).
+      using Transform = typename FwdSm90Mma<Traits>::Transform;
+      constexpr bool kTransformed = Transform::kActive;
       constexpr float kLog2e = 1.4426950408889634f;
       const float sink_log2 = Traits::kHasSink ? p.sink[head] * kLog2e : 0.f;
       const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
-      acc.softmax.template finalize<Traits::kHasSink>(out, kTransformed ? 1.f : p.scale_log2,
-                                                      sink_log2, rescale, lse);
+      const float max_to_log2 = kTransformed ? Transform::softmax_scale_log2(p) : p.scale_log2;
+      acc.softmax.template finalize<Traits::kHasSink>(out, max_to_log2, sink_log2, rescale, lse);
     }
 
     if constexpr (Traits::kHasLse) {

@@ -281,6 +281,10 @@ struct FwdSm90Mma {
         bias_ring->add(transform, scores, cS_rows_cols, kv_count + i);
       } else if constexpr (kBiasAhead) {
         transform.apply_loaded(scores, bias);
+      } else if constexpr (Transform::kCapScaledBySoftmax) {
+        transform.cap_scores(scores);
+      } else if constexpr (Transform::kAlibiInScoreUnits) {
+        transform.alibi_scores(scores, cS_rows_cols, m_begin, n_begin_of(i));
       } else if constexpr (Transform::kActive) {
         transform.apply(scores, cS_rows_cols, m_begin, n_begin_of(i));
       }
@@ -300,7 +304,7 @@ struct FwdSm90Mma {
             std::integral_constant<int, kProbOffset>{});
       } else if constexpr (Transform::kActive) {
         return softmax.template update_scores<decltype(first)::value>(
-            scores, 1.f, std::integral_constant<int, kMaxSlack>{});
+            scores, Transform::softmax_scale_log2(p), std::integral_constant<int, kMaxSlack>{});
       } else {
         return softmax.template update_scores<decltype(first)::value>(
             scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
