@@ -18,6 +18,11 @@ template <class Element, BiasMode Bias, bool HasSoftcap>
 struct LogitTransform {
   static constexpr bool kActive = HasSoftcap || Bias != BiasMode::kNone;
   static constexpr float kLog2e = 1.4426950408889634f;
+  // An elementwise bias without a soft-cap, on the Hopper forward: added in
+  // raw score units (bias / scale, one multiply-add a score), and the softmax
+  // scales as for plain scores; taken to log2 units here, it cost a multiply
+  // more a score (NOTES 98).
+  static constexpr bool kBiasInScoreUnits = Bias == BiasMode::kElementwise && !HasSoftcap;
 
   float scale;
   float softcap;
@@ -25,6 +30,7 @@ struct LogitTransform {
   Element const* bias_rows;  // elementwise: this (batch, head)'s [seqlen_q, seqlen_k] plane
   int64_t bias_row_stride;
   float alibi_slope;
+  float inv_scale;  // 1 / scale, where a bias is added in score units
   int seqlen_q;
   int seqlen_k;
 
@@ -41,6 +47,7 @@ struct LogitTransform {
       t.softcap_prescale = p.softcap_prescale;
       t.seqlen_q = seqlen_q;
       t.seqlen_k = seqlen_k;
+      if constexpr (kBiasInScoreUnits) t.inv_scale = 1.f / p.scale;
       if constexpr (Bias == BiasMode::kElementwise) {
         t.bias_rows = static_cast<Element const*>(p.bias) + batch * p.bias_batch_stride +
                       head * p.bias_head_stride;
@@ -106,16 +113,28 @@ struct LogitTransform {
   static constexpr bool kAlibiInScoreUnits = Bias == BiasMode::kAlibi && !HasSoftcap;
 
   // The factor from what the scores hold to log2-domain logits: cap * log2(e)
-  // after cap_scores(), the plain scale after alibi_scores(), 1 after apply()
+  // after cap_scores(), the plain scale after alibi_scores() and
+  // bias_for_softmax() without a cap, 1 after apply()
   // (already log2-domain). Params: FwdParams, as for for_sequence.
   template <class Params>
   __device__ __forceinline__ static float softmax_scale_log2(Params const& p) {
     if constexpr (kCapScaledBySoftmax) {
       return p.softcap * kLog2e;
-    } else if constexpr (kAlibiInScoreUnits) {
+    } else if constexpr (kAlibiInScoreUnits || kBiasInScoreUnits) {
       return p.scale_log2;
     } else {
       return 1.f;
+    }
+  }
+
+  // The Hopper forward's biased score: in score units (kBiasInScoreUnits),
+  // else the log2-domain logit.
+  __device__ __forceinline__ float bias_for_softmax(float s, float bias) const {
+    if constexpr (kBiasInScoreUnits) {
+      return fmaf(bias, inv_scale, s);
+    } else {
+      float cap_grad;
+      return biased_logit_log2(s, bias, cap_grad);
     }
   }
 
@@ -201,7 +220,8 @@ struct LogitTransform {
     }
   }
 
-  // apply() with the elementwise bias read ahead by load_bias.
+  // The Hopper forward's elementwise bias read ahead by load_bias, added as
+  // bias_for_softmax() adds it.
   template <class Scores, class Fragment>
   __device__ __forceinline__ void apply_loaded(Scores& scores, Fragment const& bias) const {
     using namespace cute;
@@ -210,8 +230,7 @@ struct LogitTransform {
     for (int i = 0; i < size<0>(scores); ++i) {
       CUTE_UNROLL
       for (int j = 0; j < size<1>(scores); ++j) {
-        float cap_grad;
-        scores(i, j) = biased_logit_log2(scores(i, j), float(bias(i, j)), cap_grad);
+        scores(i, j) = bias_for_softmax(scores(i, j), float(bias(i, j)));
       }
     }
   }

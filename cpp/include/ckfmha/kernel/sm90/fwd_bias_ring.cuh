@@ -113,10 +113,11 @@ struct FwdBiasRingReader {
   typename Traits::BiasRing* ring;
 
   // The ring's tile `index` (one per key tile, in the K/V ring's order, so
-  // the consumers' K/V tile count): scores(r, c) becomes the log2-domain
-  // logit of the raw score plus the bias at the tile's (row, key)
-  // coords(r, c); the stage is released at once. Fragment columns 2k and
-  // 2k + 1 are neighbouring keys, one word.
+  // the consumers' K/V tile count): scores(r, c) becomes the raw score plus
+  // the bias at the tile's (row, key) coords(r, c), in the units
+  // LogitTransform::bias_for_softmax gives; the
+  // stage is released at once. Fragment columns 2k and 2k + 1 are
+  // neighbouring keys, one word.
   template <class Transform, class Scores, class Coords>
   __device__ __forceinline__ void add(Transform const& transform, Scores& scores,
                                       Coords const& coords, int index) const {
@@ -140,9 +141,8 @@ struct FwdBiasRingReader {
         uint32_t word;
         asm volatile("ld.shared.u32 %0, [%1];" : "=r"(word) : "r"(address));
         const auto pair = reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
-        float cap_grad;
-        scores(r, c) = transform.biased_logit_log2(scores(r, c), float(pair[0]), cap_grad);
-        scores(r, c + 1) = transform.biased_logit_log2(scores(r, c + 1), float(pair[1]), cap_grad);
+        scores(r, c) = transform.bias_for_softmax(scores(r, c), float(pair[0]));
+        scores(r, c + 1) = transform.bias_for_softmax(scores(r, c + 1), float(pair[1]));
       }
     }
     Barrier::arrive(&ring->empty[slot.stage]);
