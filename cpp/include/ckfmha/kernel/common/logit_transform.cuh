@@ -18,11 +18,6 @@ template <class Element, BiasMode Bias, bool HasSoftcap>
 struct LogitTransform {
   static constexpr bool kActive = HasSoftcap || Bias != BiasMode::kNone;
   static constexpr float kLog2e = 1.4426950408889634f;
-  // An elementwise bias without a soft-cap, on the Hopper forward: added in
-  // raw score units (bias / scale, one multiply-add a score), and the softmax
-  // scales as for plain scores; taken to log2 units here, it cost a multiply
-  // more a score (NOTES 98).
-  static constexpr bool kBiasInScoreUnits = Bias == BiasMode::kElementwise && !HasSoftcap;
 
   float scale;
   float softcap;
@@ -111,11 +106,15 @@ struct LogitTransform {
   // the softmax scales as for plain scores. Scaling to log2 units here, on an
   // integer distance converted per score, cost three instructions more.
   static constexpr bool kAlibiInScoreUnits = Bias == BiasMode::kAlibi && !HasSoftcap;
+  // An elementwise bias without a soft-cap, likewise: added in raw score
+  // units (bias / scale, one multiply-add a score, bias_for_softmax); taken
+  // to log2 units here, it cost a multiply more a score.
+  static constexpr bool kBiasInScoreUnits = Bias == BiasMode::kElementwise && !HasSoftcap;
 
   // The factor from what the scores hold to log2-domain logits: cap * log2(e)
-  // after cap_scores(), the plain scale after alibi_scores() and
-  // bias_for_softmax() without a cap, 1 after apply()
-  // (already log2-domain). Params: FwdParams, as for for_sequence.
+  // after cap_scores(), the plain scale after alibi_scores() and after
+  // bias_for_softmax() without a cap, 1 after apply() (log2-domain already).
+  // Params: FwdParams, as for for_sequence.
   template <class Params>
   __device__ __forceinline__ static float softmax_scale_log2(Params const& p) {
     if constexpr (kCapScaledBySoftmax) {

@@ -115,9 +115,8 @@ struct FwdBiasRingReader {
   // The ring's tile `index` (one per key tile, in the K/V ring's order, so
   // the consumers' K/V tile count): scores(r, c) becomes the raw score plus
   // the bias at the tile's (row, key) coords(r, c), in the units
-  // LogitTransform::bias_for_softmax gives; the
-  // stage is released at once. Fragment columns 2k and 2k + 1 are
-  // neighbouring keys, one word.
+  // LogitTransform::bias_for_softmax gives; the stage is released at once.
+  // Fragment columns 2k and 2k + 1 are neighbouring keys, one word.
   template <class Transform, class Scores, class Coords>
   __device__ __forceinline__ void add(Transform const& transform, Scores& scores,
                                       Coords const& coords, int index) const {
