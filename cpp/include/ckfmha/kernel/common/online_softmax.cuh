@@ -92,12 +92,16 @@ struct OnlineSoftmax {
   // the LSE: e4m3 P keeps more of a row's small probabilities that way.
   // `Tree` reduces a row's maximum and sum pairwise rather than in one chain
   // (shorter dependency chains, where the products are fast enough for the
-  // softmax's latency to show: the fp8 forward).
-  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Tree = false>
+  // softmax's latency to show: the fp8 forward). Without `Sums` the row sums
+  // are left to the caller (the tensor cores' product of P and ones on
+  // Hopper), and row_sum stays 0.
+  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Tree = false,
+            bool Sums = true>
   __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2,
                                                        std::integral_constant<int, MaxSlack> = {},
                                                        std::integral_constant<int, ProbOffset> = {},
-                                                       std::bool_constant<Tree> = {}) {
+                                                       std::bool_constant<Tree> = {},
+                                                       std::bool_constant<Sums> = {}) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
     Corrections correction{};
@@ -141,10 +145,12 @@ struct OnlineSoftmax {
       for (int j = 0; j < size<1>(scores); ++j) {
         float p = exp2f(scores(i, j) * scale_log2 - shift);
         scores(i, j) = p;
-        if constexpr (!Tree) sum += p;
+        if constexpr (Sums && !Tree) sum += p;
       }
-      if constexpr (Tree) sum = row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
-      row_sum[i] += sum;
+      if constexpr (Sums && Tree) {
+        sum = row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
+      }
+      if constexpr (Sums) row_sum[i] += sum;
     }
     return correction;
   }
@@ -211,12 +217,24 @@ struct OnlineSoftmax {
   template <bool HasSink, int ProbOffset = 0, class Output>
   __device__ __forceinline__ void finalize(Output& out, float max_to_log2, float sink_log2,
                                            float rescale, float (&lse)[Rows]) {
+    float totals[Rows];
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) totals[i] = lane_group_sum<LaneGroup>(row_sum[i]);
+    finalize_with_totals<HasSink, ProbOffset>(out, totals, max_to_log2, sink_log2, rescale, lse);
+  }
+
+  // finalize with each row's whole sum given (the same in every lane of its
+  // group), where the sums were not kept in row_sum.
+  template <bool HasSink, int ProbOffset = 0, class Output>
+  __device__ __forceinline__ void finalize_with_totals(Output& out, float const (&totals)[Rows],
+                                                       float max_to_log2, float sink_log2,
+                                                       float rescale, float (&lse)[Rows]) {
     using namespace cute;
     static_assert(!HasSink || ProbOffset == 0, "a sink's weight would need the offset too");
     constexpr float kLn2 = 0.6931471805599453f;
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
-      float total = lane_group_sum<LaneGroup>(row_sum[i]);
+      const float total = totals[i];
       float max_log2 = row_max[i] == -INFINITY ? -INFINITY : row_max[i] * max_to_log2;
       float inv;
       if constexpr (HasSink) {

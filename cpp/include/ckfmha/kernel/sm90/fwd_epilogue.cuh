@@ -118,6 +118,14 @@ struct FwdSm90Epilogue {
     Tensor out = acc.out();
 
     float lse[kRows];
+    // Row sums from the tensor cores (fwd_row_sums.cuh), the same in every
+    // lane of a row's quad.
+    float totals[kRows];
+    if constexpr (Traits::kRowSumsByProduct) {
+      Tensor sums = acc.sums();
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) totals[r] = sums(r, 0);
+    }
     if constexpr (Traits::kQkvFp8) {
       // P carries 2^kFp8ProbOffsetLog2 and O holds values in units of v's
       // scale. With block scales the maxima are in log2 units already
@@ -127,8 +135,9 @@ struct FwdSm90Epilogue {
         const float v_units = fp8_key_block_scales(p, work, work.n_first * Traits::kBlockN).y;
         acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(out, 1.f, 0.f, v_units, lse);
       } else {
-        acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(
-            out, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
+        static_assert(Traits::kRowSumsByProduct);
+        acc.softmax.template finalize_with_totals<false, kFp8ProbOffsetLog2>(
+            out, totals, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
       }
     } else {
       // Transformed scores (bias, ALiBi, soft-cap) carry the factor to log2
@@ -139,7 +148,13 @@ struct FwdSm90Epilogue {
       const float sink_log2 = Traits::kHasSink ? p.sink[head] * kLog2e : 0.f;
       const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
       const float max_to_log2 = kTransformed ? Transform::softmax_scale_log2(p) : p.scale_log2;
-      acc.softmax.template finalize<Traits::kHasSink>(out, max_to_log2, sink_log2, rescale, lse);
+      if constexpr (Traits::kRowSumsByProduct) {
+        acc.softmax.template finalize_with_totals<Traits::kHasSink>(out, totals, max_to_log2,
+                                                                    sink_log2, rescale, lse);
+      } else {
+        acc.softmax.template finalize<Traits::kHasSink>(out, max_to_log2, sink_log2, rescale,
+                                                        lse);
+      }
     }
 
     if constexpr (Traits::kHasLse) {

@@ -130,51 +130,33 @@ __device__ __forceinline__ float2 fp8_key_block_scales(FwdParams const& p, Work 
   return make_float2(__ldg(p.k_scale_ptr + at), __ldg(p.v_scale_ptr + at));
 }
 
-// Four 4-byte words from rows r0..r3 (one byte per column) as four words of
-// columns 0..3, each holding its byte of r0..r3 in that order.
-__device__ __forceinline__ void transpose_4x4_bytes(uint32_t r0, uint32_t r1, uint32_t r2,
-                                                    uint32_t r3, uint32_t (&cols)[4]) {
-  const uint32_t lo01 = __byte_perm(r0, r1, 0x5140);  // r0.b0 r1.b0 r0.b1 r1.b1
-  const uint32_t hi01 = __byte_perm(r0, r1, 0x7362);  // r0.b2 r1.b2 r0.b3 r1.b3
-  const uint32_t lo23 = __byte_perm(r2, r3, 0x5140);
-  const uint32_t hi23 = __byte_perm(r2, r3, 0x7362);
-  cols[0] = __byte_perm(lo01, lo23, 0x5410);
-  cols[1] = __byte_perm(lo01, lo23, 0x7632);
-  cols[2] = __byte_perm(hi01, hi23, 0x5410);
-  cols[3] = __byte_perm(hi01, hi23, 0x7632);
-}
-
-// One V tile (BlockN keys x HeadDimV bytes) into V^T (HeadDimV x BlockN).
-// A lane makes one 4-key group of V^T at a time from 16 columns of 4 key
-// rows (four 16-byte loads, sixteen 4-byte stores); a warp's stores at one
-// instruction fill contiguous bytes of one V^T row, conflict-free. With 64
-// keys a warp takes two column blocks at once, with 256 two passes of 32
-// groups.
+// V^T from V with the matrix load and store instructions, in units of 16
+// keys x 32 head-dim bytes (512 bytes). ldmatrix .trans reads the unit as
+// four 8x8 matrices of 16-bit pairs, keys down the rows (keys 0-7 and 8-15,
+// bytes 0-15 and 16-31), and hands lane l = 4g + q, from each, the byte
+// pairs (2g, 2g + 1) of keys 2q and 2q + 1. Two byte permutes per pair of
+// matrices then give the lane, for head-dim bytes 2g and 2g + 1 (and 16 +
+// those), the four bytes of keys 2q, 2q + 1, 2q + 8, 2q + 9: exactly V^T's
+// 4-byte word at key position 4q of those rows in P's key order (above).
+// stmatrix writes four 8x8 matrices of such words, each lane row g of each.
 //
-// Addresses are cheap: both tiles' swizzle atoms are 8 rows tall and
-// stacked down the rows first, so row 8a + r lies at (row 8a's start) +
-// (row r's offset in the first atom). A lane computes the 8 V^T offsets of
-// its group once per tile, and per column block the offsets of its key rows
-// within an atom (key and key + 1; key + 8 and key + 9 are the next atom's).
-// 32-bit shared-memory accesses by address: the tiles' generic pointers cost
-// 64-bit arithmetic and generic loads, which the producer's few registers
-// could not hold.
-__device__ __forceinline__ uint32_t load_shared_u32(uint32_t address) {
-  uint32_t value;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(address));
-  return value;
-}
-
-__device__ __forceinline__ uint4 load_shared_u128(uint32_t address) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+// Bank conflicts: ldmatrix's eight rows are eight keys, whose swizzled
+// 16-byte chunks differ. stmatrix's eight rows are V^T rows, and the
+// swizzle spreads them only if their row numbers differ modulo 8, which
+// rows 2g alone (g = 0..7) do not; so lanes g >= 4 swap their even and odd
+// words, and matrix 0 takes rows 0, 2, 4, 6, 9, 11, 13, 15, matrix 1 the
+// others.
+__device__ __forceinline__ uint4 load_matrix_x4_trans(uint32_t address) {
+  uint4 r;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "r"(address));
-  return v;
+  return r;
 }
 
-__device__ __forceinline__ void store_shared_u32(uint32_t address, uint32_t value) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(value));
+__device__ __forceinline__ void store_matrix_x4(uint32_t address, uint4 words) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address),
+               "r"(words.x), "r"(words.y), "r"(words.z), "r"(words.w));
 }
 
 template <class Tile>
@@ -182,57 +164,78 @@ __device__ __forceinline__ uint32_t shared_address(Tile const& tile, int row, in
   return cute::cast_smem_ptr_to_uint(&tile(row, col));
 }
 
+// Addresses in a swizzled K-major tile of bytes, `Rows` rows of 8-row
+// atoms `AtomCols` bytes wide, stacked down the rows first: element
+// (row0 + r, col0 + c) lies at (address of (r, c)) ^ (col0 % AtomCols) plus
+// the atom's offset, for row0 a multiple of 8 and col0 a multiple of 16
+// whose in-atom bits c does not use. The swizzle XORs the column bits with
+// the row's bits within its atom, which row0 leaves alone, so both parts
+// are constants of the unit: one operation and an immediate offset per
+// address.
+template <int Rows, int AtomCols>
+struct SwizzledByteTile {
+  static constexpr uint32_t kAtomBytes = 8 * AtomCols;
+
+  __device__ __forceinline__ static uint32_t at(uint32_t address_of_rc, int row0, int col0) {
+    const uint32_t atom = uint32_t(row0 / 8) * kAtomBytes +
+                          uint32_t(col0 / AtomCols) * (Rows / 8) * kAtomBytes;
+    return (address_of_rc ^ uint32_t(col0 % AtomCols)) + atom;
+  }
+};
+
+template <int Cols>
+constexpr int kSwizzleAtomBytes = Cols % 128 == 0 ? 128 : (Cols % 64 == 0 ? 64 : 32);
+
+// One warp's units of a V tile, `Warp` fixed so that every unit's offsets
+// are constants. `src` and `dst`: this lane's ldmatrix and stmatrix
+// addresses in the unit at keys 0-15 and head-dim bytes 0-31.
+template <class Traits, int Warp>
+__device__ __forceinline__ void transpose_v_units(uint32_t src, uint32_t dst, uint32_t first,
+                                                  uint32_t second) {
+  constexpr int kKeyBlocks = Traits::kBlockN / 16;
+  constexpr int kUnits = kKeyBlocks * (Traits::kHeadDimV / 32);
+  constexpr int kWarps = Traits::kTransposeThreads / 32;
+  using V = SwizzledByteTile<Traits::kBlockN, kSwizzleAtomBytes<Traits::kHeadDimV>>;
+  using Vt = SwizzledByteTile<Traits::kHeadDimV, kSwizzleAtomBytes<Traits::kBlockN>>;
+  CUTE_UNROLL
+  for (int unit = Warp; unit < kUnits; unit += kWarps) {
+    const int key0 = 16 * (unit % kKeyBlocks);
+    const int col0 = 32 * (unit / kKeyBlocks);
+    const uint4 pairs = load_matrix_x4_trans(V::at(src, key0, col0));
+    uint4 words;
+    words.x = __byte_perm(pairs.x, pairs.y, first);
+    words.y = __byte_perm(pairs.x, pairs.y, second);
+    words.z = __byte_perm(pairs.z, pairs.w, first);
+    words.w = __byte_perm(pairs.z, pairs.w, second);
+    store_matrix_x4(Vt::at(dst, col0, key0), words);
+  }
+}
+
+// One V tile (BlockN keys x HeadDimV bytes) into V^T (HeadDimV x BlockN),
+// the units shared round-robin among the transposing warps.
 template <class Traits, class TileV, class TileVt>
 __device__ __forceinline__ void transpose_v_tile(TileV const& sV, TileVt const& sVt, int warp,
                                                  int lane) {
-  constexpr int kGroups = Traits::kBlockN / 4;
-  constexpr int kGroupsPerPass = kGroups < 32 ? kGroups : 32;
-  constexpr int kBlocksPerPass = 32 / kGroupsPerPass;
-  constexpr int kColumnBlocks = Traits::kHeadDimV / 16;
-  constexpr int kWarps = Traits::kTransposeThreads / 32;
-  static_assert(kGroups % kGroupsPerPass == 0 && kColumnBlocks % kBlocksPerPass == 0,
-                "a pass of a warp covers whole 4-key groups and column blocks");
-  const uint32_t v = shared_address(sV, 0, 0);
-  const uint32_t vt = shared_address(sVt, 0, 0);
-  const uint32_t v_atom_rows = shared_address(sV, 8, 0) - v;
-  const uint32_t vt_atom_rows = shared_address(sVt, 8, 0) - vt;
-  CUTE_UNROLL
-  for (int pass = 0; pass < kGroups / kGroupsPerPass; ++pass) {
-    const int group = pass * kGroupsPerPass + lane % kGroupsPerPass;
-    const int step = group / 8, quad = group % 8;
-    const int key = 32 * step + 16 * (quad / 4) + 2 * (quad % 4);
-    uint32_t row_offset[8];
-    CUTE_UNROLL
-    for (int r = 0; r < 8; ++r) row_offset[r] = shared_address(sVt, r, 4 * group) - vt;
-    // The lane's key rows: key and key + 1 (key is even, so both in one
-    // atom), and the same two rows of the next atom.
-    const uint32_t v_rows = v + uint32_t(key / 8) * v_atom_rows;
-#pragma unroll 1
-    for (int first = warp * kBlocksPerPass; first < kColumnBlocks;
-         first += kWarps * kBlocksPerPass) {
-      const int col = 16 * (first + lane / kGroupsPerPass);
-      const uint32_t even = v_rows + (shared_address(sV, key % 8, col) - v);
-      const uint32_t odd = v_rows + (shared_address(sV, key % 8 + 1, col) - v);
-      const uint32_t block = shared_address(sVt, col, 0);
-      // All 64 bytes in flight at once, then one 4-byte column of them at a
-      // time into V^T.
-      const uint4 r0 = load_shared_u128(even), r1 = load_shared_u128(odd);
-      const uint4 r2 = load_shared_u128(even + v_atom_rows);
-      const uint4 r3 = load_shared_u128(odd + v_atom_rows);
-      auto store = [&](int word, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-        uint32_t cols[4];
-        transpose_4x4_bytes(a, b, c, d, cols);
-        CUTE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          const int r = 4 * word + j;
-          store_shared_u32(block + (r / 8) * vt_atom_rows + row_offset[r % 8], cols[j]);
-        }
-      };
-      store(0, r0.x, r1.x, r2.x, r3.x);
-      store(1, r0.y, r1.y, r2.y, r3.y);
-      store(2, r0.z, r1.z, r2.z, r3.z);
-      store(3, r0.w, r1.w, r2.w, r3.w);
-    }
+  static_assert(Traits::kTransposeThreads == 96, "three transposing warps");
+  const int matrix = lane / 8, row = lane % 8;
+  // The row this lane addresses: ldmatrix's key and byte offset, stmatrix's
+  // V^T row (even rows 2 x row in matrices 0 and 2 for rows 0-3, odd ones
+  // for rows 4-7; matrices 1 and 3 the other way).
+  const int src_key = 8 * (matrix % 2) + row;
+  const int src_col = 16 * (matrix / 2);
+  const int dst_row = 16 * (matrix / 2) + 2 * row + int((row >= 4) != (matrix % 2 == 1));
+  const uint32_t src = shared_address(sV, src_key, src_col);
+  const uint32_t dst = shared_address(sVt, dst_row, 0);
+  // The words this lane holds: for g < 4 the even row's in matrices 0 and 2.
+  const bool upper = lane / 4 >= 4;
+  const uint32_t first = upper ? 0x7531u : 0x6420u;
+  const uint32_t second = upper ? 0x6420u : 0x7531u;
+  if (warp == 0) {
+    transpose_v_units<Traits, 0>(src, dst, first, second);
+  } else if (warp == 1) {
+    transpose_v_units<Traits, 1>(src, dst, first, second);
+  } else {
+    transpose_v_units<Traits, 2>(src, dst, first, second);
   }
 }
 

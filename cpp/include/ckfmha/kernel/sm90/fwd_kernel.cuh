@@ -20,6 +20,7 @@
 #include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_mma.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"
+#include "ckfmha/kernel/sm90/fwd_row_sums.cuh"
 #include "ckfmha/kernel/sm90/fwd_tile_work.cuh"
 #include "ckfmha/kernel/sm90/fwd_traits.cuh"
 
@@ -62,6 +63,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_init_barriers<Traits>(bar);
     if constexpr (BiasFromRing) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
   }
+  if constexpr (Traits::kRowSumsByProduct) {
+    fill_ones<Traits>(Traits::ones_data(storage), int(threadIdx.x));
+    cutlass::arch::fence_view_async_shared();
+  }
   __syncthreads();
 
   if (warp < 4) {
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // ---- consumer warpgroups
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   const int tid = int(threadIdx.x) - 128;
-  FwdSm90Mma<Traits> mma(sQ, sK, sVt, tid);
+  FwdSm90Mma<Traits> mma(sQ, sK, sVt, Traits::ones_data(storage), tid);
   FwdSm90Accumulators<Traits> acc;
   FwdSm90Epilogue<Traits> epilogue(storage, mma.mma_pv, tid);
 
@@ -100,6 +105,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor out = acc.out();
   acc.softmax.reset();
   clear(acc.acc_o);
+  acc.clear_row_sums();
   // Inlined by force: with the feature paths ptxas otherwise made it a call
   // and kept the accumulators on the stack.
   for_each_tile(params.order, [&](QueryTile query_tile) __attribute__((always_inline)) {
@@ -136,6 +142,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     ++q_count;
     clear(acc.acc_o);
+    acc.clear_row_sums();
     acc.softmax.reset();
   });
   // Shared memory must outlive the last stores' reads.

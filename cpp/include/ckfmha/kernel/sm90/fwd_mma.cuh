@@ -20,6 +20,7 @@
 #include "ckfmha/kernel/params/fwd_params.h"
 #include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"  // RingSlot
+#include "ckfmha/kernel/sm90/fwd_row_sums.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -103,10 +104,22 @@ struct FwdSm90Accumulators {
       probs;
   // fp8: q's dequantisation scales of this thread's rows (fwd_fp8.cuh).
   std::conditional_t<Traits::kQkvFp8, Fp8RowScales<kRows>, NoFp8RowScales> scales;
+  // The rows' running sums as the tensor cores make them (fwd_row_sums.cuh),
+  // where the softmax does not keep them itself.
+  std::conditional_t<Traits::kRowSumsByProduct,
+                     typename FwdRowSumsMma<Traits>::Accumulator, NoRowSums>
+      row_sums;
 
   // O seen as (rows, cols), as the softmax reads it.
   __device__ __forceinline__ auto out() {
     return cute::make_tensor(acc_o.data(), gmma_accum_as_rows_cols(acc_o.layout()));
+  }
+  // The sums as (rows, 2 columns), both columns holding the row's sum.
+  __device__ __forceinline__ auto sums() {
+    return cute::make_tensor(row_sums.data(), gmma_accum_as_rows_cols(row_sums.layout()));
+  }
+  __device__ __forceinline__ void clear_row_sums() {
+    if constexpr (Traits::kRowSumsByProduct) cute::clear(row_sums);
   }
 };
 
@@ -164,15 +177,26 @@ struct FwdSm90Mma {
   decltype(thr_pv.partition_fragment_B(std::declval<SmemVt>())) tOrVt;  // (MMA, N, K, stage)
   decltype(gmma_accum_coords(thr_qk, TileS{})) cS_rows_cols;
   decltype(gmma_accum_coords(thr_pv, TileO{})) cO_rows_cols;
+  std::conditional_t<Traits::kRowSumsByProduct, FwdRowSumsMma<Traits>, NoRowSums> sums_mma;
 
-  // `tid` counts from 0 over the consumer warpgroups.
+  // `tid` counts from 0 over the consumer warpgroups; `ones`: the row sums'
+  // ones tile (Traits::ones_data).
   __device__ __forceinline__ FwdSm90Mma(SmemQ const& sQ, SmemK const& sK, SmemVt const& sVt,
-                                        int tid)
+                                        Element* ones, int tid)
       : thr_qk(mma_qk.get_thread_slice(tid)), thr_pv(mma_pv.get_thread_slice(tid)),
         tSrQ(thr_qk.partition_fragment_A(sQ)), tSrK(thr_qk.partition_fragment_B(sK)),
         tOrVt(thr_pv.partition_fragment_B(sVt)),
         cS_rows_cols(gmma_accum_coords(thr_qk, TileS{})),
-        cO_rows_cols(gmma_accum_coords(thr_pv, TileO{})) {}
+        cO_rows_cols(gmma_accum_coords(thr_pv, TileO{})),
+        sums_mma(make_sums_mma(ones, tid)) {}
+
+  __device__ __forceinline__ static auto make_sums_mma(Element* ones, int tid) {
+    if constexpr (Traits::kRowSumsByProduct) {
+      return FwdRowSumsMma<Traits>(ones, tid);
+    } else {
+      return NoRowSums{};
+    }
+  }
 
   // S = Q K^T of one key tile into acc_s, both operands from shared memory.
   template <class AccS>
@@ -187,7 +211,9 @@ struct FwdSm90Mma {
     warpgroup_commit_batch();
   }
 
-  // O += P V of the previous key tile, P from registers.
+  // O += P V of the previous key tile, P from registers; `Sums`: the row
+  // sums' product too, in the same batch.
+  template <bool Sums>
   __device__ __forceinline__ void issue_pv(Accumulators& acc, int stage) {
     using namespace cute;
     auto operand_a = [&]() {
@@ -202,6 +228,7 @@ struct FwdSm90Mma {
     for (int k = 0; k < size<2>(tOrP); ++k) {
       gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc.acc_o);
     }
+    if constexpr (Sums) sums_mma.issue(tOrP, acc.row_sums);
     warpgroup_commit_batch();
   }
 
@@ -259,6 +286,12 @@ struct FwdSm90Mma {
     };
 
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
+    // The row sums come from the tensor cores (fwd_row_sums.cuh), except
+    // with block scales, whose O changes units from tile to tile.
+    constexpr bool kSumsByProduct = Traits::kRowSumsByProduct && !BlockScales;
+    auto fence_sums = [&]() {
+      if constexpr (kSumsByProduct) warpgroup_fence_operand(acc.row_sums);
+    };
     // fp8: q's and k's dequantisation scales join the softmax scale: once per
     // query tile, or (block scales) per row and key tile, key tile i's read
     // before the tile's barriers so that the loads hide under them.
@@ -294,7 +327,8 @@ struct FwdSm90Mma {
       if constexpr (Traits::kQkvFp8 && !BlockScales) {
         return softmax.template update_scores<decltype(first)::value>(
             scores, fp8_scale_log2, std::integral_constant<int, kMaxSlack>{},
-            std::integral_constant<int, kProbOffset>{}, std::true_type{});
+            std::integral_constant<int, kProbOffset>{}, std::true_type{},
+            std::bool_constant<!kSumsByProduct>{});
       } else if constexpr (BlockScales) {
         float factor[Accumulators::kRows];
         CUTE_UNROLL
@@ -304,10 +338,14 @@ struct FwdSm90Mma {
             std::integral_constant<int, kProbOffset>{});
       } else if constexpr (Transform::kActive) {
         return softmax.template update_scores<decltype(first)::value>(
-            scores, Transform::softmax_scale_log2(p), std::integral_constant<int, kMaxSlack>{});
+            scores, Transform::softmax_scale_log2(p), std::integral_constant<int, kMaxSlack>{},
+            std::integral_constant<int, 0>{}, std::false_type{},
+            std::bool_constant<!kSumsByProduct>{});
       } else {
         return softmax.template update_scores<decltype(first)::value>(
-            scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
+            scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{},
+            std::integral_constant<int, 0>{}, std::false_type{},
+            std::bool_constant<!kSumsByProduct>{});
       }
     };
     // Dropout zeroes probabilities after the row sums took them (finalize
@@ -375,10 +413,11 @@ struct FwdSm90Mma {
       if (!v_ready) Barrier::wait(&bar.v_full[prev.stage], prev.phase);
       warpgroup_fence_operand(acc_s);
       warpgroup_fence_operand(acc_o);
+      fence_sums();
       turns.wait_turn();
       warpgroup_arrive();
       issue_s(acc_s, q_slot.stage, slot.stage);
-      issue_pv(acc, prev.stage);
+      issue_pv<kSumsByProduct>(acc, prev.stage);
       turns.hand_over();
       warpgroup_wait<1>();  // S_i; the P V product may still run
       warpgroup_fence_operand(acc_s);
@@ -395,12 +434,20 @@ struct FwdSm90Mma {
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
+      fence_sums();
       Barrier::arrive(&bar.v_empty[prev.stage]);
+      auto rescale = [&]() __attribute__((always_inline)) {
+        softmax.rescale(out, correction);
+        if constexpr (kSumsByProduct) {
+          Tensor sums = acc.sums();
+          softmax.rescale(sums, correction);
+        }
+      };
       // Warp-uniform: with the lazy maximum most turns skip the rescale.
       if constexpr (kMaxSlack == 0) {
-        softmax.rescale(out, correction);
+        rescale();
       } else if (__any_sync(0xffffffffu, correction.any)) {
-        softmax.rescale(out, correction);
+        rescale();
       }
       store_probs(acc_s);
     };
@@ -409,12 +456,14 @@ struct FwdSm90Mma {
       const RingSlot slot = ring_slot(n_tiles - 1);
       if (!v_ready) Barrier::wait(&bar.v_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_o);
+      fence_sums();
       turns.wait_turn();
       warpgroup_arrive();
-      issue_pv(acc, slot.stage);
+      issue_pv<kSumsByProduct>(acc, slot.stage);
       turns.hand_over();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
+      fence_sums();
       Barrier::arrive(&bar.v_empty[slot.stage]);
     };
 
