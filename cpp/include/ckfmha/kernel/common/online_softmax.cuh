@@ -53,7 +53,10 @@ __device__ __forceinline__ float row_tree_reduce(Scores const& scores, int i, Op
 template <int Rows, int LaneGroup = 4>
 struct OnlineSoftmax {
   float row_max[Rows];  // in raw score units (before the softmax scale)
-  float row_sum[Rows];  // this thread's share of sum(exp(scale * (s - row_max)))
+  // This thread's share of sum(exp(scale * (s - row_max))), or (row sums
+  // made by the tensor cores, Sums = false below) the whole row's, which the
+  // caller adds in.
+  float row_sum[Rows];
 
   // Per-row factors for the output accumulator after a maximum moved, and
   // whether any of this thread's rows moved (all factors are 1 otherwise).
@@ -94,7 +97,7 @@ struct OnlineSoftmax {
   // (shorter dependency chains, where the products are fast enough for the
   // softmax's latency to show: the fp8 forward). Without `Sums` the row sums
   // are left to the caller (the tensor cores' product of P and ones on
-  // Hopper), and row_sum stays 0.
+  // Hopper): row_sum is only corrected for moved maxima here.
   template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Tree = false,
             bool Sums = true>
   __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2,
@@ -160,11 +163,12 @@ struct OnlineSoftmax {
   // keys): row i's scores are multiplied by scale_log2[i] before exp2, and
   // row_max is kept in log2 units (scaled), since raw maxima of tiles with
   // different scales do not compare. finalize then takes max_to_log2 = 1.
-  // Maxima and sums are reduced pairwise, as with `Tree` above.
-  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0>
+  // Maxima and sums are reduced pairwise, as with `Tree` above; `Sums` as in
+  // update_scores.
+  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Sums = true>
   __device__ __forceinline__ Corrections update_scaled_scores(
       Scores& scores, float const (&scale_log2)[Rows], std::integral_constant<int, MaxSlack> = {},
-      std::integral_constant<int, ProbOffset> = {}) {
+      std::integral_constant<int, ProbOffset> = {}, std::bool_constant<Sums> = {}) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
     Corrections correction{};
@@ -192,7 +196,9 @@ struct OnlineSoftmax {
       for (int j = 0; j < size<1>(scores); ++j) {
         scores(i, j) = exp2f(scores(i, j) * scale_log2[i] - shift);
       }
-      row_sum[i] += row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
+      if constexpr (Sums) {
+        row_sum[i] += row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
+      }
     }
     return correction;
   }
@@ -224,7 +230,7 @@ struct OnlineSoftmax {
   }
 
   // finalize with each row's whole sum given (the same in every lane of its
-  // group), where the sums were not kept in row_sum.
+  // group), where row_sum holds whole rows rather than shares.
   template <bool HasSink, int ProbOffset = 0, class Output>
   __device__ __forceinline__ void finalize_with_totals(Output& out, float const (&totals)[Rows],
                                                        float max_to_log2, float sink_log2,

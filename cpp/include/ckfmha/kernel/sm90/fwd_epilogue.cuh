@@ -118,13 +118,12 @@ struct FwdSm90Epilogue {
     Tensor out = acc.out();
 
     float lse[kRows];
-    // Row sums from the tensor cores (fwd_row_sums.cuh), the same in every
-    // lane of a row's quad.
+    // Row sums from the tensor cores (fwd_row_sums.cuh) are whole rows in
+    // every lane of a row's quad already.
     float totals[kRows];
     if constexpr (Traits::kRowSumsByProduct) {
-      Tensor sums = acc.sums();
       CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) totals[r] = sums(r, 0);
+      for (int r = 0; r < kRows; ++r) totals[r] = acc.softmax.row_sum[r];
     }
     if constexpr (Traits::kQkvFp8) {
       // P carries 2^kFp8ProbOffsetLog2 and O holds values in units of v's
@@ -133,11 +132,18 @@ struct FwdSm90Epilogue {
       // runs backwards: the first tile's).
       if constexpr (Fp8BlockScales) {
         const float v_units = fp8_key_block_scales(p, work, work.n_first * Traits::kBlockN).y;
-        acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(out, 1.f, 0.f, v_units, lse);
-      } else {
-        static_assert(Traits::kRowSumsByProduct);
+        if constexpr (Traits::kRowSumsByProduct) {
+          acc.softmax.template finalize_with_totals<false, kFp8ProbOffsetLog2>(out, totals, 1.f,
+                                                                               0.f, v_units, lse);
+        } else {
+          acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(out, 1.f, 0.f, v_units, lse);
+        }
+      } else if constexpr (Traits::kRowSumsByProduct) {
         acc.softmax.template finalize_with_totals<false, kFp8ProbOffsetLog2>(
             out, totals, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
+      } else {
+        acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(
+            out, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
       }
     } else {
       // Transformed scores (bias, ALiBi, soft-cap) carry the factor to log2

@@ -105,7 +105,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor out = acc.out();
   acc.softmax.reset();
   clear(acc.acc_o);
-  acc.clear_row_sums();
   // Inlined by force: with the feature paths ptxas otherwise made it a call
   // and kept the accumulators on the stack.
   for_each_tile(params.order, [&](QueryTile query_tile) __attribute__((always_inline)) {
@@ -142,7 +141,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     ++q_count;
     clear(acc.acc_o);
-    acc.clear_row_sums();
     acc.softmax.reset();
   });
   // Shared memory must outlive the last stores' reads.

@@ -104,22 +104,27 @@ struct FwdSm90Accumulators {
       probs;
   // fp8: q's dequantisation scales of this thread's rows (fwd_fp8.cuh).
   std::conditional_t<Traits::kQkvFp8, Fp8RowScales<kRows>, NoFp8RowScales> scales;
-  // The rows' running sums as the tensor cores make them (fwd_row_sums.cuh),
-  // where the softmax does not keep them itself.
+  // One key tile's row sums as the tensor cores make them
+  // (fwd_row_sums.cuh), which add_tile_sums adds into the softmax's.
   std::conditional_t<Traits::kRowSumsByProduct,
                      typename FwdRowSumsMma<Traits>::Accumulator, NoRowSums>
-      row_sums;
+      tile_sums;
 
   // O seen as (rows, cols), as the softmax reads it.
   __device__ __forceinline__ auto out() {
     return cute::make_tensor(acc_o.data(), gmma_accum_as_rows_cols(acc_o.layout()));
   }
-  // The sums as (rows, 2 columns), both columns holding the row's sum.
-  __device__ __forceinline__ auto sums() {
-    return cute::make_tensor(row_sums.data(), gmma_accum_as_rows_cols(row_sums.layout()));
-  }
-  __device__ __forceinline__ void clear_row_sums() {
-    if constexpr (Traits::kRowSumsByProduct) cute::clear(row_sums);
+  // Adds the landed tile sums, `factor` times each (the correction of a
+  // maximum that moved since that tile's probabilities were made), into the
+  // running sums, which then hold whole rows in every lane.
+  template <class Factors>
+  __device__ __forceinline__ void add_tile_sums(Factors const& factor) {
+    using namespace cute;
+    Tensor sums = make_tensor(tile_sums.data(), gmma_accum_as_rows_cols(tile_sums.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      softmax.row_sum[r] = fmaf(sums(r, 0), factor(r), softmax.row_sum[r]);
+    }
   }
 };
 
@@ -228,7 +233,7 @@ struct FwdSm90Mma {
     for (int k = 0; k < size<2>(tOrP); ++k) {
       gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc.acc_o);
     }
-    if constexpr (Sums) sums_mma.issue(tOrP, acc.row_sums);
+    if constexpr (Sums) sums_mma.issue(tOrP, acc.tile_sums);
     warpgroup_commit_batch();
   }
 
@@ -286,11 +291,10 @@ struct FwdSm90Mma {
     };
 
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
-    // The row sums come from the tensor cores (fwd_row_sums.cuh), except
-    // with block scales, whose O changes units from tile to tile.
-    constexpr bool kSumsByProduct = Traits::kRowSumsByProduct && !BlockScales;
+    // The row sums come from the tensor cores (fwd_row_sums.cuh).
+    constexpr bool kSumsByProduct = Traits::kRowSumsByProduct;
     auto fence_sums = [&]() {
-      if constexpr (kSumsByProduct) warpgroup_fence_operand(acc.row_sums);
+      if constexpr (kSumsByProduct) warpgroup_fence_operand(acc.tile_sums);
     };
     // fp8: q's and k's dequantisation scales join the softmax scale: once per
     // query tile, or (block scales) per row and key tile, key tile i's read
@@ -335,7 +339,7 @@ struct FwdSm90Mma {
         for (int r = 0; r < Accumulators::kRows; ++r) factor[r] = acc.scales.q_log2[r] * k_scale;
         return softmax.template update_scaled_scores<decltype(first)::value>(
             scores, factor, std::integral_constant<int, kMaxSlack>{},
-            std::integral_constant<int, kProbOffset>{});
+            std::integral_constant<int, kProbOffset>{}, std::bool_constant<!kSumsByProduct>{});
       } else if constexpr (Transform::kActive) {
         return softmax.template update_scores<decltype(first)::value>(
             scores, Transform::softmax_scale_log2(p), std::integral_constant<int, kMaxSlack>{},
@@ -426,28 +430,24 @@ struct FwdSm90Mma {
           softmax_scores(acc_s, i, kv_scales.x, needs_mask, std::false_type{}, bias);
       drop(acc_s, i);
       test_next_operands(i);
-      if constexpr (BlockScales) {
-        const float v_ratio = v_before / kv_scales.y;
-        CUTE_UNROLL
-        for (int r = 0; r < Accumulators::kRows; ++r) correction.row[r] *= v_ratio;
-        correction.any = true;
-      }
+      [[maybe_unused]] const float v_ratio = BlockScales ? v_before / kv_scales.y : 1.f;
+      if constexpr (BlockScales) correction.any = true;
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       fence_sums();
       Barrier::arrive(&bar.v_empty[prev.stage]);
-      auto rescale = [&]() __attribute__((always_inline)) {
-        softmax.rescale(out, correction);
-        if constexpr (kSumsByProduct) {
-          Tensor sums = acc.sums();
-          softmax.rescale(sums, correction);
-        }
-      };
+      // The previous tile's sums, made before this tile's maxima.
+      if constexpr (kSumsByProduct) acc.add_tile_sums([&](int r) { return correction.row[r]; });
+      // Block scales: O also moves into this tile's v units (the sums do not).
+      if constexpr (BlockScales) {
+        CUTE_UNROLL
+        for (int r = 0; r < Accumulators::kRows; ++r) correction.row[r] *= v_ratio;
+      }
       // Warp-uniform: with the lazy maximum most turns skip the rescale.
       if constexpr (kMaxSlack == 0) {
-        rescale();
+        softmax.rescale(out, correction);
       } else if (__any_sync(0xffffffffu, correction.any)) {
-        rescale();
+        softmax.rescale(out, correction);
       }
       store_probs(acc_s);
     };
@@ -465,6 +465,7 @@ struct FwdSm90Mma {
       warpgroup_fence_operand(acc_o);
       fence_sums();
       Barrier::arrive(&bar.v_empty[slot.stage]);
+      if constexpr (kSumsByProduct) acc.add_tile_sums([](int) { return 1.f; });
     };
 
     auto tile_needs_mask = [&](int i) {

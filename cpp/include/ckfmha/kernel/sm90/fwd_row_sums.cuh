@@ -1,15 +1,16 @@
 // The softmax's row sums on the tensor cores (Traits::kRowSumsByProduct):
 // each P V product also multiplies the same P registers by a constant tile
 // of ones in shared memory, an 8-column wgmma per K step whose accumulator
-// then holds, in every column, the running sum of its row's probabilities.
-// That takes the add per score off the consumers' softmax, whose issue
-// slots pace the fp8 forward (NOTES 84, 99). Every K step reads the same
+// then holds, in every column, the sum of its row's probabilities over the
+// key tile. That takes the add per score off the consumers' softmax, whose
+// issue slots pace the fp8 forward (NOTES 84, 99); a thread then adds one
+// sum per row and tile into its running sums. Every K step reads the same
 // ones: one step's tile, 256 bytes.
 //
-// The sums are those of P as the P V product reads it (rounded to e4m3 or
-// bf16/fp16), so O's numerator and denominator carry the same rounding. The
-// accumulator is rescaled with O whenever a row's maximum moves, and every
-// lane of a row's quad holds the whole sum: no shuffles at the end.
+// The product starts from zero at every key tile: a running sum kept in the
+// accumulator lost most of each tile's addition once it had grown, the fp8
+// wgmma's accumulation keeping only the leading bits (at 16k keys O came out
+// 30% off). Every lane of a row's quad holds the row's whole sum.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -41,13 +42,17 @@ struct FwdRowSumsMma {
         tSrOnes(thr.partition_fragment_B(
             cute::make_tensor(cute::make_smem_ptr(ones), typename Traits::SmemLayoutOnes{}))) {}
 
-  // acc += P x ones, P as the P V product's A registers (MMA, 1, K); issued
+  // acc = P x ones, P as the P V product's A registers (MMA, 1, K); issued
   // inside that product's wgmma batch.
   template <class Probs>
   __device__ __forceinline__ void issue(Probs const& tOrP, Accumulator& acc) {
     using namespace cute;
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
     CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOrP); ++k) gemm(mma, tOrP(_, _, k), tSrOnes(_, _, 0), acc);
+    for (int k = 0; k < size<2>(tOrP); ++k) {
+      gemm(mma, tOrP(_, _, k), tSrOnes(_, _, 0), acc);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
   }
 };
 
