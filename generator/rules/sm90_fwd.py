@@ -54,8 +54,6 @@ SM90_FP8_TILE_N = (64, 128)
 SM90_FP8_SCALE_BLOCK = 128
 SM90_FP8_HDIMS = (64, 128, 256)
 SM90_FP8_STAGES = (2, 3)
-# The row sums' ones tile (fwd_row_sums.cuh): one 8 x 32-byte swizzle atom, 256-byte aligned.
-SM90_ONES_BYTES = 256
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -68,9 +66,8 @@ def fwd_sm90_layout_bytes(
     """kSmemBytes of one of the template's layouts: `q_stages` Q tiles, the K/V ring (fp8: one
     byte an element, and V's transposed ring beside its staging one), O's staging buffers (0
     elements: none; `elem` bytes each, O's dtype), the mbarriers (full/empty per Q stage,
-    full/empty of K and of V per ring stage; fp8 also staged/free of V's staging ring) and
-    after them the row sums' 256-byte ones tile, all in 1 KiB units, and a KiB to round the
-    base up."""
+    full/empty of K and of V per ring stage; fp8 also staged/free of V's staging ring), all in
+    1 KiB units, and a KiB to round the base up."""
     sig, alg = config.signature, config.algorithm
     fp8 = is_fp8_forward(config)
     operand = 1 if fp8 else elem
@@ -83,8 +80,7 @@ def fwd_sm90_layout_bytes(
     ]
     tiles = sum(_round_up(size, SM90_SMEM_ALIGNMENT) for size in arrays)
     barriers = 8 * (2 * SM90_MAX_Q_STAGES + (6 if fp8 else 4) * alg.stages)
-    ones = _round_up(barriers, SM90_ONES_BYTES) + SM90_ONES_BYTES
-    return _round_up(tiles + ones, SM90_SMEM_ALIGNMENT) + SM90_SMEM_ALIGNMENT
+    return _round_up(tiles + barriers, SM90_SMEM_ALIGNMENT) + SM90_SMEM_ALIGNMENT
 
 
 def fwd_sm90_bias_ring_bytes(config: KernelConfig, stages: int, elem: int = 2) -> int:

@@ -53,10 +53,7 @@ __device__ __forceinline__ float row_tree_reduce(Scores const& scores, int i, Op
 template <int Rows, int LaneGroup = 4>
 struct OnlineSoftmax {
   float row_max[Rows];  // in raw score units (before the softmax scale)
-  // This thread's share of sum(exp(scale * (s - row_max))), or (row sums
-  // made by the tensor cores, Sums = false below) the whole row's, which the
-  // caller adds in.
-  float row_sum[Rows];
+  float row_sum[Rows];  // this thread's share of sum(exp(scale * (s - row_max)))
 
   // Per-row factors for the output accumulator after a maximum moved, and
   // whether any of this thread's rows moved (all factors are 1 otherwise).
@@ -95,16 +92,12 @@ struct OnlineSoftmax {
   // the LSE: e4m3 P keeps more of a row's small probabilities that way.
   // `Tree` reduces a row's maximum and sum pairwise rather than in one chain
   // (shorter dependency chains, where the products are fast enough for the
-  // softmax's latency to show: the fp8 forward). Without `Sums` the row sums
-  // are left to the caller (the tensor cores' product of P and ones on
-  // Hopper): row_sum is only corrected for moved maxima here.
-  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Tree = false,
-            bool Sums = true>
+  // softmax's latency to show: the fp8 forward).
+  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Tree = false>
   __device__ __forceinline__ Corrections update_scores(Scores& scores, float scale_log2,
                                                        std::integral_constant<int, MaxSlack> = {},
                                                        std::integral_constant<int, ProbOffset> = {},
-                                                       std::bool_constant<Tree> = {},
-                                                       std::bool_constant<Sums> = {}) {
+                                                       std::bool_constant<Tree> = {}) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
     Corrections correction{};
@@ -148,12 +141,10 @@ struct OnlineSoftmax {
       for (int j = 0; j < size<1>(scores); ++j) {
         float p = exp2f(scores(i, j) * scale_log2 - shift);
         scores(i, j) = p;
-        if constexpr (Sums && !Tree) sum += p;
+        if constexpr (!Tree) sum += p;
       }
-      if constexpr (Sums && Tree) {
-        sum = row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
-      }
-      if constexpr (Sums) row_sum[i] += sum;
+      if constexpr (Tree) sum = row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
+      row_sum[i] += sum;
     }
     return correction;
   }
@@ -163,12 +154,11 @@ struct OnlineSoftmax {
   // keys): row i's scores are multiplied by scale_log2[i] before exp2, and
   // row_max is kept in log2 units (scaled), since raw maxima of tiles with
   // different scales do not compare. finalize then takes max_to_log2 = 1.
-  // Maxima and sums are reduced pairwise, as with `Tree` above; `Sums` as in
-  // update_scores.
-  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0, bool Sums = true>
+  // Maxima and sums are reduced pairwise, as with `Tree` above.
+  template <bool FirstTile, class Scores, int MaxSlack = 0, int ProbOffset = 0>
   __device__ __forceinline__ Corrections update_scaled_scores(
       Scores& scores, float const (&scale_log2)[Rows], std::integral_constant<int, MaxSlack> = {},
-      std::integral_constant<int, ProbOffset> = {}, std::bool_constant<Sums> = {}) {
+      std::integral_constant<int, ProbOffset> = {}) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == Rows);
     Corrections correction{};
@@ -196,9 +186,7 @@ struct OnlineSoftmax {
       for (int j = 0; j < size<1>(scores); ++j) {
         scores(i, j) = exp2f(scores(i, j) * scale_log2[i] - shift);
       }
-      if constexpr (Sums) {
-        row_sum[i] += row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
-      }
+      row_sum[i] += row_tree_reduce(scores, i, [](float a, float b) { return a + b; });
     }
     return correction;
   }
@@ -223,24 +211,12 @@ struct OnlineSoftmax {
   template <bool HasSink, int ProbOffset = 0, class Output>
   __device__ __forceinline__ void finalize(Output& out, float max_to_log2, float sink_log2,
                                            float rescale, float (&lse)[Rows]) {
-    float totals[Rows];
-    CUTE_UNROLL
-    for (int i = 0; i < Rows; ++i) totals[i] = lane_group_sum<LaneGroup>(row_sum[i]);
-    finalize_with_totals<HasSink, ProbOffset>(out, totals, max_to_log2, sink_log2, rescale, lse);
-  }
-
-  // finalize with each row's whole sum given (the same in every lane of its
-  // group), where row_sum holds whole rows rather than shares.
-  template <bool HasSink, int ProbOffset = 0, class Output>
-  __device__ __forceinline__ void finalize_with_totals(Output& out, float const (&totals)[Rows],
-                                                       float max_to_log2, float sink_log2,
-                                                       float rescale, float (&lse)[Rows]) {
     using namespace cute;
     static_assert(!HasSink || ProbOffset == 0, "a sink's weight would need the offset too");
     constexpr float kLn2 = 0.6931471805599453f;
     CUTE_UNROLL
     for (int i = 0; i < Rows; ++i) {
-      const float total = totals[i];
+      float total = lane_group_sum<LaneGroup>(row_sum[i]);
       float max_log2 = row_max[i] == -INFINITY ? -INFINITY : row_max[i] * max_to_log2;
       float inv;
       if constexpr (HasSink) {

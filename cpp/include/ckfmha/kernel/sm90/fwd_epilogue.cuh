@@ -118,13 +118,6 @@ struct FwdSm90Epilogue {
     Tensor out = acc.out();
 
     float lse[kRows];
-    // Row sums from the tensor cores (fwd_row_sums.cuh) are whole rows in
-    // every lane of a row's quad already.
-    float totals[kRows];
-    if constexpr (Traits::kRowSumsByProduct) {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) totals[r] = acc.softmax.row_sum[r];
-    }
     if constexpr (Traits::kQkvFp8) {
       // P carries 2^kFp8ProbOffsetLog2 and O holds values in units of v's
       // scale. With block scales the maxima are in log2 units already
@@ -132,15 +125,7 @@ struct FwdSm90Epilogue {
       // runs backwards: the first tile's).
       if constexpr (Fp8BlockScales) {
         const float v_units = fp8_key_block_scales(p, work, work.n_first * Traits::kBlockN).y;
-        if constexpr (Traits::kRowSumsByProduct) {
-          acc.softmax.template finalize_with_totals<false, kFp8ProbOffsetLog2>(out, totals, 1.f,
-                                                                               0.f, v_units, lse);
-        } else {
-          acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(out, 1.f, 0.f, v_units, lse);
-        }
-      } else if constexpr (Traits::kRowSumsByProduct) {
-        acc.softmax.template finalize_with_totals<false, kFp8ProbOffsetLog2>(
-            out, totals, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
+        acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(out, 1.f, 0.f, v_units, lse);
       } else {
         acc.softmax.template finalize<false, kFp8ProbOffsetLog2>(
             out, fp8_qk_scale_log2(p, head), 0.f, fp8_v_scale(p, head), lse);
@@ -154,13 +139,7 @@ struct FwdSm90Epilogue {
       const float sink_log2 = Traits::kHasSink ? p.sink[head] * kLog2e : 0.f;
       const float rescale = Traits::kHasDropout ? p.dropout_rescale : 1.f;
       const float max_to_log2 = kTransformed ? Transform::softmax_scale_log2(p) : p.scale_log2;
-      if constexpr (Traits::kRowSumsByProduct) {
-        acc.softmax.template finalize_with_totals<Traits::kHasSink>(out, totals, max_to_log2,
-                                                                    sink_log2, rescale, lse);
-      } else {
-        acc.softmax.template finalize<Traits::kHasSink>(out, max_to_log2, sink_log2, rescale,
-                                                        lse);
-      }
+      acc.softmax.template finalize<Traits::kHasSink>(out, max_to_log2, sink_log2, rescale, lse);
     }
 
     if constexpr (Traits::kHasLse) {

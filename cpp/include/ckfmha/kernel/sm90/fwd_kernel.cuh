@@ -20,7 +20,6 @@
 #include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_mma.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"
-#include "ckfmha/kernel/sm90/fwd_row_sums.cuh"
 #include "ckfmha/kernel/sm90/fwd_tile_work.cuh"
 #include "ckfmha/kernel/sm90/fwd_traits.cuh"
 
@@ -63,10 +62,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_init_barriers<Traits>(bar);
     if constexpr (BiasFromRing) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
   }
-  if constexpr (Traits::kRowSumsByProduct) {
-    fill_ones<Traits>(Traits::ones_data(storage), int(threadIdx.x));
-    cutlass::arch::fence_view_async_shared();
-  }
   __syncthreads();
 
   if (warp < 4) {
@@ -92,7 +87,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // ---- consumer warpgroups
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   const int tid = int(threadIdx.x) - 128;
-  FwdSm90Mma<Traits> mma(sQ, sK, sVt, Traits::ones_data(storage), tid);
+  FwdSm90Mma<Traits> mma(sQ, sK, sVt, tid);
   FwdSm90Accumulators<Traits> acc;
   FwdSm90Epilogue<Traits> epilogue(storage, mma.mma_pv, tid);
 

@@ -20,7 +20,6 @@
 #include "ckfmha/kernel/params/fwd_params.h"
 #include "ckfmha/kernel/sm90/fwd_fp8.cuh"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"  // RingSlot
-#include "ckfmha/kernel/sm90/fwd_row_sums.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -104,27 +103,10 @@ struct FwdSm90Accumulators {
       probs;
   // fp8: q's dequantisation scales of this thread's rows (fwd_fp8.cuh).
   std::conditional_t<Traits::kQkvFp8, Fp8RowScales<kRows>, NoFp8RowScales> scales;
-  // One key tile's row sums as the tensor cores make them
-  // (fwd_row_sums.cuh), which add_tile_sums adds into the softmax's.
-  std::conditional_t<Traits::kRowSumsByProduct,
-                     typename FwdRowSumsMma<Traits>::Accumulator, NoRowSums>
-      tile_sums;
 
   // O seen as (rows, cols), as the softmax reads it.
   __device__ __forceinline__ auto out() {
     return cute::make_tensor(acc_o.data(), gmma_accum_as_rows_cols(acc_o.layout()));
-  }
-  // Adds the landed tile sums, `factor` times each (the correction of a
-  // maximum that moved since that tile's probabilities were made), into the
-  // running sums, which then hold whole rows in every lane.
-  template <class Factors>
-  __device__ __forceinline__ void add_tile_sums(Factors const& factor) {
-    using namespace cute;
-    Tensor sums = make_tensor(tile_sums.data(), gmma_accum_as_rows_cols(tile_sums.layout()));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      softmax.row_sum[r] = fmaf(sums(r, 0), factor(r), softmax.row_sum[r]);
-    }
   }
 };
 
@@ -182,26 +164,15 @@ struct FwdSm90Mma {
   decltype(thr_pv.partition_fragment_B(std::declval<SmemVt>())) tOrVt;  // (MMA, N, K, stage)
   decltype(gmma_accum_coords(thr_qk, TileS{})) cS_rows_cols;
   decltype(gmma_accum_coords(thr_pv, TileO{})) cO_rows_cols;
-  std::conditional_t<Traits::kRowSumsByProduct, FwdRowSumsMma<Traits>, NoRowSums> sums_mma;
 
-  // `tid` counts from 0 over the consumer warpgroups; `ones`: the row sums'
-  // ones tile (Traits::ones_data).
+  // `tid` counts from 0 over the consumer warpgroups.
   __device__ __forceinline__ FwdSm90Mma(SmemQ const& sQ, SmemK const& sK, SmemVt const& sVt,
-                                        Element* ones, int tid)
+                                        int tid)
       : thr_qk(mma_qk.get_thread_slice(tid)), thr_pv(mma_pv.get_thread_slice(tid)),
         tSrQ(thr_qk.partition_fragment_A(sQ)), tSrK(thr_qk.partition_fragment_B(sK)),
         tOrVt(thr_pv.partition_fragment_B(sVt)),
         cS_rows_cols(gmma_accum_coords(thr_qk, TileS{})),
-        cO_rows_cols(gmma_accum_coords(thr_pv, TileO{})),
-        sums_mma(make_sums_mma(ones, tid)) {}
-
-  __device__ __forceinline__ static auto make_sums_mma(Element* ones, int tid) {
-    if constexpr (Traits::kRowSumsByProduct) {
-      return FwdRowSumsMma<Traits>(ones, tid);
-    } else {
-      return NoRowSums{};
-    }
-  }
+        cO_rows_cols(gmma_accum_coords(thr_pv, TileO{})) {}
 
   // S = Q K^T of one key tile into acc_s, both operands from shared memory.
   template <class AccS>
@@ -216,9 +187,7 @@ struct FwdSm90Mma {
     warpgroup_commit_batch();
   }
 
-  // O += P V of the previous key tile, P from registers; `Sums`: the row
-  // sums' product too, in the same batch.
-  template <bool Sums>
+  // O += P V of the previous key tile, P from registers.
   __device__ __forceinline__ void issue_pv(Accumulators& acc, int stage) {
     using namespace cute;
     auto operand_a = [&]() {
@@ -233,7 +202,6 @@ struct FwdSm90Mma {
     for (int k = 0; k < size<2>(tOrP); ++k) {
       gemm(mma_pv, tOrP(_, _, k), tOrVt(_, _, k, stage), acc.acc_o);
     }
-    if constexpr (Sums) sums_mma.issue(tOrP, acc.tile_sums);
     warpgroup_commit_batch();
   }
 
@@ -291,11 +259,6 @@ struct FwdSm90Mma {
     };
 
     auto ring_slot = [&](int i) { return ring_slot_of<kStages>(kv_count + i); };
-    // The row sums come from the tensor cores (fwd_row_sums.cuh).
-    constexpr bool kSumsByProduct = Traits::kRowSumsByProduct;
-    auto fence_sums = [&]() {
-      if constexpr (kSumsByProduct) warpgroup_fence_operand(acc.tile_sums);
-    };
     // fp8: q's and k's dequantisation scales join the softmax scale: once per
     // query tile, or (block scales) per row and key tile, key tile i's read
     // before the tile's barriers so that the loads hide under them.
@@ -331,25 +294,20 @@ struct FwdSm90Mma {
       if constexpr (Traits::kQkvFp8 && !BlockScales) {
         return softmax.template update_scores<decltype(first)::value>(
             scores, fp8_scale_log2, std::integral_constant<int, kMaxSlack>{},
-            std::integral_constant<int, kProbOffset>{}, std::true_type{},
-            std::bool_constant<!kSumsByProduct>{});
+            std::integral_constant<int, kProbOffset>{}, std::true_type{});
       } else if constexpr (BlockScales) {
         float factor[Accumulators::kRows];
         CUTE_UNROLL
         for (int r = 0; r < Accumulators::kRows; ++r) factor[r] = acc.scales.q_log2[r] * k_scale;
         return softmax.template update_scaled_scores<decltype(first)::value>(
             scores, factor, std::integral_constant<int, kMaxSlack>{},
-            std::integral_constant<int, kProbOffset>{}, std::bool_constant<!kSumsByProduct>{});
+            std::integral_constant<int, kProbOffset>{});
       } else if constexpr (Transform::kActive) {
         return softmax.template update_scores<decltype(first)::value>(
-            scores, Transform::softmax_scale_log2(p), std::integral_constant<int, kMaxSlack>{},
-            std::integral_constant<int, 0>{}, std::false_type{},
-            std::bool_constant<!kSumsByProduct>{});
+            scores, Transform::softmax_scale_log2(p), std::integral_constant<int, kMaxSlack>{});
       } else {
         return softmax.template update_scores<decltype(first)::value>(
-            scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{},
-            std::integral_constant<int, 0>{}, std::false_type{},
-            std::bool_constant<!kSumsByProduct>{});
+            scores, p.scale_log2, std::integral_constant<int, kMaxSlack>{});
       }
     };
     // Dropout zeroes probabilities after the row sums took them (finalize
@@ -417,11 +375,10 @@ struct FwdSm90Mma {
       if (!v_ready) Barrier::wait(&bar.v_full[prev.stage], prev.phase);
       warpgroup_fence_operand(acc_s);
       warpgroup_fence_operand(acc_o);
-      fence_sums();
       turns.wait_turn();
       warpgroup_arrive();
       issue_s(acc_s, q_slot.stage, slot.stage);
-      issue_pv<kSumsByProduct>(acc, prev.stage);
+      issue_pv(acc, prev.stage);
       turns.hand_over();
       warpgroup_wait<1>();  // S_i; the P V product may still run
       warpgroup_fence_operand(acc_s);
@@ -430,19 +387,15 @@ struct FwdSm90Mma {
           softmax_scores(acc_s, i, kv_scales.x, needs_mask, std::false_type{}, bias);
       drop(acc_s, i);
       test_next_operands(i);
-      [[maybe_unused]] const float v_ratio = BlockScales ? v_before / kv_scales.y : 1.f;
-      if constexpr (BlockScales) correction.any = true;
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_o);
-      fence_sums();
-      Barrier::arrive(&bar.v_empty[prev.stage]);
-      // The previous tile's sums, made before this tile's maxima.
-      if constexpr (kSumsByProduct) acc.add_tile_sums([&](int r) { return correction.row[r]; });
-      // Block scales: O also moves into this tile's v units (the sums do not).
       if constexpr (BlockScales) {
+        const float v_ratio = v_before / kv_scales.y;
         CUTE_UNROLL
         for (int r = 0; r < Accumulators::kRows; ++r) correction.row[r] *= v_ratio;
+        correction.any = true;
       }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&bar.v_empty[prev.stage]);
       // Warp-uniform: with the lazy maximum most turns skip the rescale.
       if constexpr (kMaxSlack == 0) {
         softmax.rescale(out, correction);
@@ -456,16 +409,13 @@ struct FwdSm90Mma {
       const RingSlot slot = ring_slot(n_tiles - 1);
       if (!v_ready) Barrier::wait(&bar.v_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_o);
-      fence_sums();
       turns.wait_turn();
       warpgroup_arrive();
-      issue_pv<kSumsByProduct>(acc, slot.stage);
+      issue_pv(acc, slot.stage);
       turns.hand_over();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
-      fence_sums();
       Barrier::arrive(&bar.v_empty[slot.stage]);
-      if constexpr (kSumsByProduct) acc.add_tile_sums([](int) { return 1.f; });
     };
 
     auto tile_needs_mask = [&](int i) {

@@ -149,22 +149,6 @@ struct FwdSm90Traits {
               cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
               cute::Step<cute::_2, cute::_1, cute::_3>{})))>;
   static constexpr int kVtElements = KvFp8 ? int(cute::cosize_v<SmemLayoutVt>) : 1;
-  // The softmax's row sums from the P V product's batch: P times a tile of
-  // ones (fwd_row_sums.cuh), for fp8. The ones are one wgmma K step, 8
-  // columns by 32 bytes (256 bytes after the barriers, where the storage's
-  // padding to a KiB has room), read again at every step.
-  static constexpr bool kRowSumsByProduct = KvFp8;
-  static constexpr int kWgmmaStepK = 32 / int(sizeof(InputElement));
-  using TiledMmaRowSums = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<InputElement, InputElement, float,
-                                 cute::Shape<cute::_64, cute::_8, cute::Int<BlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
-      AtomLayout{}));
-  using SmemLayoutOnes = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW32_Atom<InputElement>{},
-      cute::Shape<cute::_8, cute::Int<kWgmmaStepK>>{}));
-  static constexpr int kOnesElements = int(cute::cosize_v<SmemLayoutOnes>);
-  static_assert(kOnesElements * int(sizeof(InputElement)) == 256, "one 8x32-byte swizzle atom");
   // How O leaves the CTA. Batch mode stages it in shared memory and writes
   // it out with TMA stores (asynchronous: the next tile starts while they
   // drain; rows past seqlen_q fall outside the tensor and are clipped). Each
@@ -272,7 +256,6 @@ struct FwdSm90Traits {
     alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
     Barriers bar;
-    alignas(256) InputElement ones[kOnesElements];
   };
   template <int QStages>
   struct PlainStorageWithO {
@@ -281,7 +264,6 @@ struct FwdSm90Traits {
     alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
     Barriers bar;
-    alignas(256) InputElement ones[kOnesElements];
   };
   template <int QStages>
   struct Fp8StorageWithoutO {
@@ -290,7 +272,6 @@ struct FwdSm90Traits {
     alignas(1024) cute::array_aligned<InputElement, cute::cosize_v<SmemLayoutV>> v;
     alignas(1024) cute::array_aligned<InputElement, kVtElements> vt;
     Barriers bar;
-    alignas(256) InputElement ones[kOnesElements];
   };
   template <int QStages>
   struct Fp8StorageWithO {
@@ -300,7 +281,6 @@ struct FwdSm90Traits {
     alignas(1024) cute::array_aligned<InputElement, kVtElements> vt;
     alignas(1024) cute::array_aligned<Element, kOStagingElements> o;
     Barriers bar;
-    alignas(256) InputElement ones[kOnesElements];
   };
   template <int QStages>
   using StorageWithoutO = std::conditional_t<KvFp8, Fp8StorageWithoutO<QStages>,
@@ -381,9 +361,6 @@ struct FwdSm90Traits {
       return storage->v.data();
     }
   }
-
-  // The ones tile of the row sums' product (fwd_row_sums.cuh).
-  __device__ static InputElement* ones_data(SharedStorage* storage) { return storage->ones; }
 
   // The O staging buffer; null on the register path, which never reads it.
   __device__ static Element* o_staging(SharedStorage* storage) {
