@@ -80,35 +80,95 @@ __device__ __forceinline__ void load_fp8_kv_tiles(uint8_t* k_stage, uint8_t* v_s
   }
 }
 
-// Widens a (Rows, Cols)-byte stage into `tile`, the (Rows, Cols) swizzled
-// fp16 tile: each chunk of 16 bytes becomes two 16-byte element vectors
-// (the swizzle permutes 8-element vectors only, so each stays contiguous).
-template <int Threads, int Rows, int Cols, class Tile>
-__device__ __forceinline__ void widen_fp8_tile(uint8_t const* stage, Tile& tile, int tid) {
-  using Element = typename Tile::value_type;
-  static_assert(std::is_same_v<Element, cutlass::half_t>, "fp8 K/V is widened to fp16");
-  constexpr int kChunksPerRow = Cols / 16;
-  constexpr int kChunks = Rows * kChunksPerRow;
-  static_assert(kChunks % Threads == 0, "whole chunks per thread");
-  // Partly unrolled: fully unrolled, the compiler hoists every chunk's shared
-  // load ahead of the conversions and runs out of registers.
-#pragma unroll 4
-  for (int i = 0; i < kChunks / Threads; ++i) {
-    const int chunk = tid + i * Threads;
-    const int row = chunk / kChunksPerRow;
-    const int col = (chunk % kChunksPerRow) * 16;
-    const uint4 bytes = *reinterpret_cast<uint4 const*>(stage + row * Cols + col);
-    const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
-    uint32_t wide[8];
+// Where one thread's 16-byte chunks of a widened tile lie, made once per
+// kernel. Threads take consecutive chunks, so a thread's chunks share their
+// columns and sit kRowsPerPass rows apart: in the byte stage (row-major)
+// each pass is a constant step on, and in the swizzled element tile (8-row
+// atoms stacked down the rows, swizzled by the row within its atom) the
+// offsets repeat every kPeriod passes, a whole number of atoms further.
+// With the widening's address arithmetic out of the loop, the conversions
+// and the shared-memory accesses are most of what is left.
+template <int Threads, int Rows, int Cols>
+struct Fp8WidenPlan {
+  static constexpr int kChunksPerRow = Cols / 16;
+  static_assert(Cols % 16 == 0 && Threads % kChunksPerRow == 0, "whole rows per pass");
+  static constexpr int kRowsPerPass = Threads / kChunksPerRow;
+  static constexpr int kPasses = Rows * kChunksPerRow / Threads;
+  static_assert(Rows * kChunksPerRow % Threads == 0, "whole chunks per thread");
+  // Passes until a thread's rows are back at the same place in their atoms.
+  static constexpr int kPeriod = kRowsPerPass % 8 == 0   ? 1
+                                 : kRowsPerPass % 4 == 0 ? 2
+                                 : kRowsPerPass % 2 == 0 ? 4
+                                                         : 8;
+  static constexpr uint32_t kStageStep = uint32_t(kRowsPerPass * Cols);
+
+  uint32_t stage_offset;         // pass 0's chunk in the byte stage
+  uint32_t tile_offset[kPeriod][2];  // passes 0..kPeriod-1: the low and high 8 elements
+  uint32_t tile_step;            // kPeriod passes further down the element tile
+
+  template <class Tile>
+  __device__ __forceinline__ Fp8WidenPlan(Tile const& tile, int tid) {
+    auto at = [&](int row, int col) { return cute::cast_smem_ptr_to_uint(&tile(row, col)); };
+    const uint32_t origin = at(0, 0);
+    const int row = tid / kChunksPerRow;
+    const int col = (tid % kChunksPerRow) * 16;
+    stage_offset = uint32_t(row * Cols + col);
     CUTE_UNROLL
-    for (int w = 0; w < 4; ++w) {
-      wide[2 * w] = widen_e4m3_pair(uint16_t(words[w] & 0xffffu));
-      wide[2 * w + 1] = widen_e4m3_pair(uint16_t(words[w] >> 16));
+    for (int i = 0; i < kPeriod; ++i) {
+      tile_offset[i][0] = at(row + i * kRowsPerPass, col) - origin;
+      tile_offset[i][1] = at(row + i * kRowsPerPass, col + 8) - origin;
     }
-    Element* low = &tile(row, col);
-    Element* high = &tile(row, col + 8);
-    *reinterpret_cast<uint4*>(low) = make_uint4(wide[0], wide[1], wide[2], wide[3]);
-    *reinterpret_cast<uint4*>(high) = make_uint4(wide[4], wide[5], wide[6], wide[7]);
+    tile_step = at(kPeriod * kRowsPerPass, 0) - origin;
+  }
+};
+
+__device__ __forceinline__ uint4 load_shared_16_bytes(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address));
+  return v;
+}
+
+__device__ __forceinline__ void store_shared_16_bytes(uint32_t address, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w));
+}
+
+// Widens a (Rows, Cols)-byte stage at shared address `stage` into the
+// swizzled fp16 tile at `tile` (the tile `plan` was made from): each chunk
+// of 16 bytes becomes two 16-byte element vectors (the swizzle permutes
+// 8-element vectors only, so each stays contiguous).
+template <class Plan>
+__device__ __forceinline__ void widen_fp8_tile(uint32_t stage, uint32_t tile, Plan const& plan) {
+  constexpr int kPeriod = Plan::kPeriod;
+  // Unrolled a few passes at a time: fully unrolled, the compiler hoists
+  // every chunk's shared load ahead of the conversions and runs out of
+  // registers.
+  constexpr int kUnroll = Plan::kPasses < 4 ? Plan::kPasses : (kPeriod > 4 ? kPeriod : 4);
+  static_assert(Plan::kPasses % kUnroll == 0 && kUnroll % kPeriod == 0);
+  uint32_t src = stage + plan.stage_offset;
+  uint32_t dst = tile;
+#pragma unroll 1
+  for (int block = 0; block < Plan::kPasses / kUnroll; ++block) {
+    CUTE_UNROLL
+    for (int j = 0; j < kUnroll; ++j) {
+      const uint4 bytes = load_shared_16_bytes(src + j * Plan::kStageStep);
+      const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+      uint32_t wide[8];
+      CUTE_UNROLL
+      for (int w = 0; w < 4; ++w) {
+        wide[2 * w] = widen_e4m3_pair(uint16_t(words[w] & 0xffffu));
+        wide[2 * w + 1] = widen_e4m3_pair(uint16_t(words[w] >> 16));
+      }
+      const uint32_t atoms = dst + (j / kPeriod) * plan.tile_step;
+      store_shared_16_bytes(atoms + plan.tile_offset[j % kPeriod][0],
+                            make_uint4(wide[0], wide[1], wide[2], wide[3]));
+      store_shared_16_bytes(atoms + plan.tile_offset[j % kPeriod][1],
+                            make_uint4(wide[4], wide[5], wide[6], wide[7]));
+    }
+    src += kUnroll * Plan::kStageStep;
+    dst += (kUnroll / kPeriod) * plan.tile_step;
   }
 }
 

@@ -233,13 +233,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     load_fp8_kv_tiles<Traits::kThreads, kBlockN, Traits::kHeadDimQK, Traits::kHeadDimV>(
         k_stage, v_stage, row_source, tid);
   };
-  // Widens the byte stage of a landed tile into the element K and V tiles.
+  // Widens the byte stage of a landed tile into the element K and V tiles
+  // (one element tile each: the plans' offsets hold for every key tile).
+  using WidenK = Fp8WidenPlan<Traits::kThreads, kBlockN, Traits::kHeadDimQK>;
+  using WidenV = Fp8WidenPlan<Traits::kThreads, kBlockN, Traits::kHeadDimV>;
+  using WidenPlans = std::conditional_t<kFp8, cute::tuple<WidenK, WidenV>, cute::tuple<>>;
+  const WidenPlans widen_plans = [&]() {
+    if constexpr (kFp8) {
+      return WidenPlans{WidenK(sK, tid), WidenV(sV, tid)};
+    } else {
+      return WidenPlans{};
+    }
+  }();
   auto widen_fp8_kv = [&](int stage) __attribute__((always_inline)) {
     if constexpr (kFp8) {
-      uint8_t const* k_stage = fp8_stages + stage * Traits::kFp8StageBytes;
-      uint8_t const* v_stage = k_stage + kBlockN * Traits::kHeadDimQK;
-      widen_fp8_tile<Traits::kThreads, kBlockN, Traits::kHeadDimQK>(k_stage, sK, tid);
-      widen_fp8_tile<Traits::kThreads, kBlockN, Traits::kHeadDimV>(v_stage, sV, tid);
+      const uint32_t k_stage = cute::cast_smem_ptr_to_uint(fp8_stages) +
+                               uint32_t(stage * Traits::kFp8StageBytes);
+      const uint32_t v_stage = k_stage + uint32_t(kBlockN * Traits::kHeadDimQK);
+      widen_fp8_tile(k_stage, cute::cast_smem_ptr_to_uint(&sK(0, 0)), cute::get<0>(widen_plans));
+      widen_fp8_tile(v_stage, cute::cast_smem_ptr_to_uint(&sV(0, 0)), cute::get<1>(widen_plans));
     }
   };
 
