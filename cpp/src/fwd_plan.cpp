@@ -85,7 +85,8 @@ bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k, int
 // when that tile does not run the grid unsplit (runs_unsplit) but another
 // tile of the same rows does (more CTAs resident per SM), the other tile runs
 // it as one split, writing O directly with no combine. Smaller grids keep
-// the first tile's deeper loads.
+// the first tile's deeper loads. (fp8 K/V picks among the unsplit tiles
+// below.)
 // `family`: fwd_splitkv, or a paged family (same body, same preference).
 bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
                        ckfmha_fwd_problem const& p, int device_arch, int num_sms,
@@ -115,7 +116,29 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
       *out = k;
     }
   }
-  if (!found || p.num_splits != 0 || runs_unsplit(p, *out, device_arch, num_sms)) return found;
+  if (!found || p.num_splits != 0) return found;
+  // fp8 K/V: a grid that some tile of these rows runs unsplit goes to the
+  // one of them with the fewest resident slots, the fullest SMs. A 16-key
+  // tile fills 7 slots a SM at d128 and wins where a grid fills them (H100,
+  // b64 h32/32 32k: 1.87x bf16 K/V against 1.63x for 16x32), but costs twice
+  // the per-tile work of a 32-key one, so with 4 CTAs a SM either way (b64
+  // h32/8 32k: 512 CTAs) the 32-key tile stays ahead (1.58x against 1.28x).
+  if (widened) {
+    int fewest_slots = 0;
+    for (auto const& k : kernels) {
+      if (k.family == out->family && k.arch == out->arch && k.mask == out->mask &&
+          k.tile_m == out->tile_m && runs_unsplit(p, k, device_arch, num_sms) &&
+          same_shape(k, p, family) && reject_reason(k, p, device_arch, family).empty()) {
+        const int slots = resident_ctas_per_sm(k, device_arch);
+        if (fewest_slots == 0 || slots < fewest_slots) {
+          fewest_slots = slots;
+          *out = k;
+        }
+      }
+    }
+    return true;
+  }
+  if (runs_unsplit(p, *out, device_arch, num_sms)) return true;
   for (auto const& k : kernels) {
     if (k.family == out->family && k.arch == out->arch && k.mask == out->mask &&
         k.tile_m == out->tile_m && runs_unsplit(p, k, device_arch, num_sms) &&

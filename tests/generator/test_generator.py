@@ -252,12 +252,13 @@ def test_receipt_sizes(arch: str) -> None:
     # Split-KV: every tile of one split signature (bf16 d128) and its combine stage in ci;
     # 2 dtypes x d64/d128 x 3 masks x 2 modes x every tile, and 2 x 2 x 2 combines, in default
     # and full. sm_90a lists a third d128 tile (16x32 keys, one wave of a b64 decode).
-    d128_tiles = len([
-        t for t in specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(128, 128)]
-        if not t.when
-    ])  # fmt: skip
-    d64_tiles = len(specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"][(64, 64)])
+    split_tiles = specs[arch].tiles["fwd_splitkv"]["sm80_cpasync_mma"]
+    d128_tiles = len([t for t in split_tiles[(128, 128)] if not t.when])
+    d64_tiles = len([t for t in split_tiles[(64, 64)] if not t.when])
     assert (d64_tiles, d128_tiles) == (2, 3 if arch == "sm_90a" else 2)
+    # Tiles listed for fp8 K/V only (sm_89: 16x32 at d128; sm_90a: 16x16 at d64 and d128).
+    fp8_only = sum(len([t for t in split_tiles[(h, h)] if t.when]) for h in (64, 128))
+    assert fp8_only == {"sm_89": 1, "sm_90a": 2}.get(arch, 0)
     per_signature = 2 * 3 * (d64_tiles + d128_tiles)  # dtypes x masks x tiles
     split = {"ci": d128_tiles + 1, "default": 2 * per_signature + 8, "full": 2 * per_signature + 8}
     # Paged K/V: the batch_prefill twins of the ci split signature (linear and vectorized pages,
@@ -265,9 +266,10 @@ def test_receipt_sizes(arch: str) -> None:
     # and full.
     paged = {"ci": 2 * d128_tiles, "default": 4 * per_signature, "full": 4 * per_signature}
     # fp8 K/V (sm_89 and later): fwd_splitkv and fwd_pagedkv x 2 dtypes x 2 masks, and causal
-    # batch_prefill x 2 dtypes, at d64 and d128, every tile that fits, in default and full. On
-    # sm_89 (99 KiB per block) only an fp8-only 16x32 tile fits at d128.
-    fp8_tiles = {"sm_89": d64_tiles + 1, "sm_90a": d64_tiles + d128_tiles}.get(arch, 0)
+    # batch_prefill x 2 dtypes, at d64 and d128, every tile that fits and the fp8-only ones, in
+    # default and full. On sm_89 (99 KiB per block) only the fp8-only 16x32 tile fits at d128.
+    fp8_tiles = {"sm_89": d64_tiles + fp8_only,
+                 "sm_90a": d64_tiles + d128_tiles + fp8_only}.get(arch, 0)  # fmt: skip
     fp8 = 10 * fp8_tiles
     fp8_kv = {"ci": 0, "default": fp8, "full": fp8}
     split = {name: split[name] + paged[name] + fp8_kv[name] for name in split}

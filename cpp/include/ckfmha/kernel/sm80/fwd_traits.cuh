@@ -91,8 +91,10 @@ struct FwdSm80Traits {
   using SmemLayoutV = typename RowsV::template Layout<BlockN>;
   using SmemLayoutO = typename RowsV::template Layout<BlockM>;
   // Column-major V arrives as (HeadDimV, BlockN) rows of keys: it is stored
-  // that way, swizzled along the keys, and read with plain ldmatrix.
-  using RowsVt = SmemRows<Element, BlockN, kThreads>;
+  // that way, swizzled along the keys, and read with plain ldmatrix. Other
+  // kernels never use it, and rows of 32 keys stand in for theirs (16-key
+  // tiles, the fp8 K/V decode's, have no 32-element rows).
+  using RowsVt = SmemRows<Element, VColMajor ? BlockN : 32, kThreads>;
   // V^T as (HeadDimV, BlockN), the B operand of O += P V: a transposed view of
   // row-major V, or the stored layout of column-major V.
   using SmemLayoutVt = std::conditional_t<
