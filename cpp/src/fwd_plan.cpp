@@ -117,6 +117,13 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
     }
   }
   if (!found || p.num_splits != 0) return found;
+  // Another tile of the chosen one's rows that runs the grid unsplit.
+  const ckfmha_kernel_entry chosen = *out;
+  auto runs_it_unsplit = [&](ckfmha_kernel_entry const& k) {
+    return k.family == chosen.family && k.arch == chosen.arch && k.mask == chosen.mask &&
+           k.tile_m == chosen.tile_m && runs_unsplit(p, k, device_arch, num_sms) &&
+           same_shape(k, p, family) && reject_reason(k, p, device_arch, family).empty();
+  };
   // fp8 K/V: a grid that some tile of these rows runs unsplit goes to the
   // one of them with the fewest resident slots, the fullest SMs. A 16-key
   // tile fills 7 slots a SM at d128 and wins where a grid fills them (H100,
@@ -126,23 +133,18 @@ bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
   if (widened) {
     int fewest_slots = 0;
     for (auto const& k : kernels) {
-      if (k.family == out->family && k.arch == out->arch && k.mask == out->mask &&
-          k.tile_m == out->tile_m && runs_unsplit(p, k, device_arch, num_sms) &&
-          same_shape(k, p, family) && reject_reason(k, p, device_arch, family).empty()) {
-        const int slots = resident_ctas_per_sm(k, device_arch);
-        if (fewest_slots == 0 || slots < fewest_slots) {
-          fewest_slots = slots;
-          *out = k;
-        }
+      if (!runs_it_unsplit(k)) continue;
+      const int slots = resident_ctas_per_sm(k, device_arch);
+      if (fewest_slots == 0 || slots < fewest_slots) {
+        fewest_slots = slots;
+        *out = k;
       }
     }
     return true;
   }
-  if (runs_unsplit(p, *out, device_arch, num_sms)) return true;
+  if (runs_unsplit(p, chosen, device_arch, num_sms)) return true;
   for (auto const& k : kernels) {
-    if (k.family == out->family && k.arch == out->arch && k.mask == out->mask &&
-        k.tile_m == out->tile_m && runs_unsplit(p, k, device_arch, num_sms) &&
-        same_shape(k, p, family) && reject_reason(k, p, device_arch, family).empty()) {
+    if (runs_it_unsplit(k)) {
       *out = k;
       break;
     }
