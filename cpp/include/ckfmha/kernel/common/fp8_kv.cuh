@@ -108,6 +108,8 @@ struct Fp8WidenPlan {
 
   template <class Tile>
   __device__ __forceinline__ Fp8WidenPlan(Tile const& tile, int tid) {
+    static_assert(std::is_same_v<typename Tile::value_type, cutlass::half_t>,
+                  "fp8 K/V is widened to fp16");
     auto at = [&](int row, int col) { return cute::cast_smem_ptr_to_uint(&tile(row, col)); };
     const uint32_t origin = at(0, 0);
     const int row = tid / kChunksPerRow;

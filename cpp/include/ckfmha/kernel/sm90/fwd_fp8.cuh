@@ -183,9 +183,6 @@ struct SwizzledByteTile {
   }
 };
 
-template <int Cols>
-constexpr int kSwizzleAtomBytes = Cols % 128 == 0 ? 128 : (Cols % 64 == 0 ? 64 : 32);
-
 // One warp's units of a V tile, `Warp` fixed so that every unit's offsets
 // are constants. `src` and `dst`: this lane's ldmatrix and stmatrix
 // addresses in the unit at keys 0-15 and head-dim bytes 0-31.
@@ -195,8 +192,8 @@ __device__ __forceinline__ void transpose_v_units(uint32_t src, uint32_t dst, ui
   constexpr int kKeyBlocks = Traits::kBlockN / 16;
   constexpr int kUnits = kKeyBlocks * (Traits::kHeadDimV / 32);
   constexpr int kWarps = Traits::kTransposeThreads / 32;
-  using V = SwizzledByteTile<Traits::kBlockN, kSwizzleAtomBytes<Traits::kHeadDimV>>;
-  using Vt = SwizzledByteTile<Traits::kHeadDimV, kSwizzleAtomBytes<Traits::kBlockN>>;
+  using V = SwizzledByteTile<Traits::kBlockN, Traits::kVAtomBytes>;
+  using Vt = SwizzledByteTile<Traits::kHeadDimV, Traits::kVtAtomBytes>;
   CUTE_UNROLL
   for (int unit = Warp; unit < kUnits; unit += kWarps) {
     const int key0 = 16 * (unit % kKeyBlocks);

@@ -22,11 +22,18 @@
 namespace ckfmha::kernel {
 
 // The widest GMMA swizzle whose atom (8 rows x 128/64/32 bytes) divides a
-// row of `Cols` elements.
+// row of `row_bytes`: the atom's width in bytes.
+constexpr int gmma_row_major_atom_bytes(int row_bytes) {
+  return row_bytes % 128 == 0 ? 128 : (row_bytes % 64 == 0 ? 64 : 32);
+}
+
+// That atom for a row of `Cols` elements.
 template <class Element, int Cols>
 using GmmaRowMajorAtom = std::conditional_t<
-    Cols * sizeof(Element) % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
-    std::conditional_t<Cols * sizeof(Element) % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+    gmma_row_major_atom_bytes(Cols * int(sizeof(Element))) == 128,
+    cute::GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<gmma_row_major_atom_bytes(Cols * int(sizeof(Element))) == 64,
+                       cute::GMMA::Layout_K_SW64_Atom<Element>,
                        cute::GMMA::Layout_K_SW32_Atom<Element>>>;
 
 enum class Sm90OutputPath { kTmaStore, kSmemRows, kRegisters };
@@ -149,6 +156,11 @@ struct FwdSm90Traits {
               cute::Shape<cute::Int<HeadDimV>, cute::Int<BlockN>, cute::Int<Stages>>{},
               cute::Step<cute::_2, cute::_1, cute::_3>{})))>;
   static constexpr int kVtElements = KvFp8 ? int(cute::cosize_v<SmemLayoutVt>) : 1;
+  // The swizzle atoms' widths in bytes of V's and V^T's rows (the fp8
+  // transposer's address arithmetic, fwd_fp8.cuh).
+  static constexpr int kVAtomBytes =
+      gmma_row_major_atom_bytes(HeadDimV * int(sizeof(InputElement)));
+  static constexpr int kVtAtomBytes = gmma_row_major_atom_bytes(BlockN * int(sizeof(InputElement)));
   // How O leaves the CTA. Batch mode stages it in shared memory and writes
   // it out with TMA stores (asynchronous: the next tile starts while they
   // drain; rows past seqlen_q fall outside the tensor and are clipped). Each
