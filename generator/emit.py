@@ -80,6 +80,9 @@ class PipelineTemplate:
     header: str
     traits: str
     launcher: str
+    # The template's ckfmha_resident_ctas_fn, for families whose planner
+    # counts resident CTAs (the split-KV ones); None elsewhere.
+    resident_ctas: str | None = None
 
 
 PIPELINE_TEMPLATES: dict[str, PipelineTemplate] = {
@@ -107,6 +110,7 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         header="ckfmha/kernel/sm80/fwd_splitkv_launch.cuh",
         traits="ckfmha::kernel::FwdSm80Traits",
         launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
+        resident_ctas="ckfmha::kernel::resident_ctas_fwd_splitkv_sm80",
     ),
     # Paged K/V: the split-KV template and launcher with PagedKv set.
     **{
@@ -114,6 +118,7 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
             header="ckfmha/kernel/sm80/fwd_splitkv_launch.cuh",
             traits="ckfmha::kernel::FwdSm80Traits",
             launcher="ckfmha::kernel::launch_fwd_splitkv_sm80",
+            resident_ctas="ckfmha::kernel::resident_ctas_fwd_splitkv_sm80",
         )
         for family in PAGED_FAMILIES
     },
@@ -235,6 +240,24 @@ def _instance_text(config: KernelConfig, traits_args: str) -> str:
         "const ckfmha_launch_context* context, ckfmha_stream_t stream) {\n"
         f"  return {template.launcher}<{namespace}::Traits>(problem, args, context, stream);\n"
         "}\n"
+        f"{_resident_ctas_text(config, template, namespace)}"
+    )
+
+
+def resident_ctas_symbol(config: KernelConfig) -> str | None:
+    """The instance's ckfmha_resident_ctas_fn, where its template has one."""
+    return f"{config.symbol}_resident_ctas" if template_for(config).resident_ctas else None
+
+
+def _resident_ctas_text(config: KernelConfig, template: PipelineTemplate, namespace: str) -> str:
+    symbol = resident_ctas_symbol(config)
+    if symbol is None:
+        return ""
+    return (
+        "\n"
+        f'extern "C" int {symbol}(int32_t* ctas_per_sm) {{\n'
+        f"  return {template.resident_ctas}<{namespace}::Traits>(ctas_per_sm);\n"
+        "}\n"
     )
 
 
@@ -319,6 +342,7 @@ def render_header(configs: Sequence[KernelConfig]) -> str:
     declarations = "".join(
         f"int {c.symbol}(const void* problem, const void* args,\n"
         "    const ckfmha_launch_context* context, ckfmha_stream_t stream);\n"
+        + (f"int {symbol}(int32_t* ctas_per_sm);\n" if (symbol := resident_ctas_symbol(c)) else "")
         for c in configs
     )
     return (
@@ -360,8 +384,12 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"
-        f"     &{config.symbol}}},\n"
+        f"     &{config.symbol}, {_address_or_null(resident_ctas_symbol(config))}}},\n"
     )
+
+
+def _address_or_null(symbol: str | None) -> str:
+    return f"&{symbol}" if symbol else "nullptr"
 
 
 def render_table(

@@ -65,6 +65,7 @@ int plan_context(int arch, PlanContext* context) {
       current_device_arch(&device_arch_now) == CKFMHA_SUCCESS &&
       device_arch_now == context->device_arch) {
     if (int s = current_device_sm_count(&context->num_sms)) return s;
+    context->live_device = true;
   }
   return CKFMHA_SUCCESS;
 }

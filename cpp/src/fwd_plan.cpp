@@ -5,6 +5,7 @@
 #include "ckfmha/kernel/params/splitkv_workspace.h"
 #include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/fwd_select.hpp"
+#include "ckfmha/runtime/occupancy.hpp"
 #include "ckfmha/runtime/problem.hpp"
 
 #include <algorithm>
@@ -71,11 +72,60 @@ int64_t unsplit_ctas(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k) 
 // kUnsplitMinCtasPerSm of them per SM. Such a grid already keeps the memory
 // system busy: splitting it adds partial traffic and a combine pass, not
 // bandwidth, so it runs as one split.
-bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k, int device_arch,
-                  int num_sms) {
-  const int64_t sms = std::max(num_sms, 1);
+bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k,
+                  PlanContext const& context) {
+  const int64_t sms = std::max(context.num_sms, 1);
   const int64_t ctas = unsplit_ctas(p, k);
-  return ctas <= sms * resident_ctas_per_sm(k, device_arch) && ctas >= kUnsplitMinCtasPerSm * sms;
+  return ctas <= sms * resident_ctas_per_sm(k, context) && ctas >= kUnsplitMinCtasPerSm * sms;
+}
+
+// The most splits the wave model tries: each split keeps kMinKeyTilesPerSplit
+// key tiles (kMinFp8KeyTilesPerSplit for fp8 K/V) and the combine reads at
+// most kAutoMaxSplits partials a row.
+int64_t max_auto_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k) {
+  const int64_t key_tiles = ceil_div(p.seqlen_k, k.tile_n);
+  const int64_t min_tiles =
+      k.kv_quant == CKFMHA_KV_QUANT_NONE ? kMinKeyTilesPerSplit : kMinFp8KeyTilesPerSplit;
+  return std::clamp<int64_t>(key_tiles / min_tiles, 1, kAutoMaxSplits);
+}
+
+// fp8 K/V is widened in shared memory by the CTA's own threads (one warp on
+// the 16-row tiles), and that work, not the loads, sets the pace: the more
+// CTAs at work at once, the faster, up to the resident slots. So fp8 tiles
+// rank by the CTAs `k` keeps at work in one wave: its grid times the largest
+// split count that still fits one wave (or the caller's count), at most every
+// slot. Ties go to the longer key tile, which costs less work per key, then
+// to the deeper loads (more byte stages): a grid too small to fill either
+// tile's slots waits on each CTA's own loads. H100, fp8 over bf16 K/V tokens
+// per second (NOTES 101): at d128, 16x16 with two byte stages (10 slots a SM)
+// reads 1.87-1.91x at b16-b64 h32/8-h32/32 8k-32k where 16x16 with four (7
+// slots) reads 1.71-1.78x and 16x32 (4 slots) 1.53-1.59x; at d64 the 16x16
+// tiles read 1.75-1.94x where 16x64 reads 1.60-1.66x. At b1 h32/4 4k d64 (4
+// CTAs of 64 splits) four byte stages read 0.82x against two's 0.73x.
+// The occupancy calculator's resident CTAs of `k` on the live device, or 0
+// (no live device of the plan's arch, or no query in the entry).
+int measured_resident_ctas(ckfmha_kernel_entry const& k, PlanContext const& context) {
+  if (!context.live_device || !arch_runs_on(k, context.device_arch)) return 0;
+  return occupancy_resident_ctas(k);
+}
+
+// "N resident CTAs per SM", and where N comes from.
+std::string resident_ctas_text(ckfmha_kernel_entry const& k, PlanContext const& context) {
+  const bool measured = measured_resident_ctas(k, context) > 0;
+  return std::to_string(resident_ctas_per_sm(k, context)) + " resident CTAs per SM (" +
+         (measured ? "occupancy of the compiled kernel" : "estimated at 256 registers a thread") +
+         ")";
+}
+
+int64_t fp8_busy_ctas(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k,
+                      PlanContext const& context) {
+  const int64_t slots = int64_t(std::max(context.num_sms, 1)) * resident_ctas_per_sm(k, context);
+  const int64_t ctas = unsplit_ctas(p, k);
+  const int64_t fits_one_wave = slots / std::max<int64_t>(ctas, 1);
+  const int64_t splits = p.num_splits > 0
+                             ? int64_t(p.num_splits)
+                             : std::clamp<int64_t>(fits_one_wave, 1, max_auto_splits(p, k));
+  return std::min(ctas * splits, slots);
 }
 
 // Among the fitting split kernels: SASS for this exact arch, then the smallest
@@ -85,64 +135,42 @@ bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k, int
 // when that tile does not run the grid unsplit (runs_unsplit) but another
 // tile of the same rows does (more CTAs resident per SM), the other tile runs
 // it as one split, writing O directly with no combine. Smaller grids keep
-// the first tile's deeper loads. (fp8 K/V picks among the unsplit tiles
-// below.)
+// the first tile's deeper loads. fp8 K/V ranks its tiles otherwise: see
+// fp8_busy_ctas.
 // `family`: fwd_splitkv, or a paged family (same body, same preference).
 bool find_split_kernel(std::vector<ckfmha_kernel_entry> const& kernels,
-                       ckfmha_fwd_problem const& p, int device_arch, int num_sms,
+                       ckfmha_fwd_problem const& p, PlanContext const& context,
                        ckfmha_kernel_entry* out,
                        ckfmha_family family = CKFMHA_FAMILY_FWD_SPLITKV) {
+  const int device_arch = context.device_arch;
   const int64_t rows = packed_rows(p);
-  // fp8 K/V is widened in shared memory by the CTA's own threads, and that
-  // work, not the loads, sets the pace: among the tiles holding every packed
-  // row, the one with the most CTAs resident per SM goes first (H100, b4
-  // h32/8 32k keys d128, against the bf16 kernel's tokens per second: 16x32
-  // 1.46x, 64x64 on 4 warps 1.02x, 16x64 0.83x).
   const bool widened = p.kv_quant != CKFMHA_KV_QUANT_NONE;
   bool found = false;
-  std::tuple<int, int, int, int64_t, int> best{};
+  std::tuple<int, int, int64_t, int, int, int64_t, int> best{};
   for (auto const& k : kernels) {
     if (!same_shape(k, p, family) || !reject_reason(k, p, device_arch, family).empty()) {
       continue;
     }
     int64_t tile_fit = k.tile_m >= rows ? -int64_t(k.tile_m) : int64_t(k.tile_m) - (1 << 20);
-    std::tuple<int, int, int, int64_t, int> score{
+    std::tuple<int, int, int64_t, int, int, int64_t, int> score{
         k.arch == device_arch, widened && k.tile_m >= rows,
-        widened ? resident_ctas_per_sm(k, device_arch) : 0, tile_fit,
-        mask_kind_preferred(k.mask, p.mask)};
+        widened ? fp8_busy_ctas(p, k, context) : 0, widened ? k.tile_n : 0,
+        widened ? k.stages : 0, tile_fit, mask_kind_preferred(k.mask, p.mask)};
     if (!found || score > best) {
       found = true;
       best = score;
       *out = k;
     }
   }
-  if (!found || p.num_splits != 0) return found;
+  if (!found || p.num_splits != 0 || widened) return found;
   // Another tile of the chosen one's rows that runs the grid unsplit.
   const ckfmha_kernel_entry chosen = *out;
   auto runs_it_unsplit = [&](ckfmha_kernel_entry const& k) {
     return k.family == chosen.family && k.arch == chosen.arch && k.mask == chosen.mask &&
-           k.tile_m == chosen.tile_m && runs_unsplit(p, k, device_arch, num_sms) &&
+           k.tile_m == chosen.tile_m && runs_unsplit(p, k, context) &&
            same_shape(k, p, family) && reject_reason(k, p, device_arch, family).empty();
   };
-  // fp8 K/V: a grid that some tile of these rows runs unsplit goes to the
-  // one of them with the fewest resident slots, the fullest SMs. A 16-key
-  // tile fills 7 slots a SM at d128 and wins where a grid fills them (H100,
-  // b64 h32/32 32k: 1.87x bf16 K/V against 1.63x for 16x32), but costs twice
-  // the per-tile work of a 32-key one, so with 4 CTAs a SM either way (b64
-  // h32/8 32k: 512 CTAs) the 32-key tile stays ahead (1.58x against 1.28x).
-  if (widened) {
-    int fewest_slots = 0;
-    for (auto const& k : kernels) {
-      if (!runs_it_unsplit(k)) continue;
-      const int slots = resident_ctas_per_sm(k, device_arch);
-      if (fewest_slots == 0 || slots < fewest_slots) {
-        fewest_slots = slots;
-        *out = k;
-      }
-    }
-    return true;
-  }
-  if (runs_unsplit(p, chosen, device_arch, num_sms)) return true;
+  if (runs_unsplit(p, chosen, context)) return true;
   for (auto const& k : kernels) {
     if (runs_it_unsplit(k)) {
       *out = k;
@@ -221,7 +249,7 @@ FwdPlan plan_paged(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_p
       return not_found("kernel " + std::string(split.name) + " cannot run this problem: " + reason);
     }
     why = "paged kernel forced by name";
-  } else if (!find_split_kernel(kernels, p, arch, context.num_sms, &split, family)) {
+  } else if (!find_split_kernel(kernels, p, context, &split, family)) {
     return not_found(why_no_paged(kernels, p, arch));
   } else {
     why = std::string("paged K/V cache (") +
@@ -235,7 +263,7 @@ FwdPlan plan_paged(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_p
                      ") for the paged plan");
   }
   const int splits =
-      p.num_splits > 0 ? p.num_splits : heuristic_num_splits(p, split, arch, context.num_sms);
+      p.num_splits > 0 ? p.num_splits : heuristic_num_splits(p, split, context);
   return split_plan(split, combine, p, splits,
                     why + ", num_splits=" + std::to_string(splits) +
                         (p.num_splits > 0 ? " as asked" : " by the wave model"));
@@ -254,7 +282,7 @@ FwdPlan plan_split_only(std::vector<ckfmha_kernel_entry> const& kernels,
                      "this is sm_" + std::to_string(arch));
   }
   ckfmha_kernel_entry split{}, combine{};
-  const bool have_split = find_split_kernel(kernels, p, arch, context.num_sms, &split);
+  const bool have_split = find_split_kernel(kernels, p, context, &split);
   if (!have_split || !find_combine(kernels, p, arch, &combine)) {
     return not_found(why_no_split(kernels, p, arch, have_split) +
                      " (fp8 K/V runs on split-KV kernels only)");
@@ -265,7 +293,7 @@ FwdPlan plan_split_only(std::vector<ckfmha_kernel_entry> const& kernels,
                       std::string(quant) + " K/V, num_splits=" + std::to_string(p.num_splits) +
                           " as asked");
   }
-  const int splits = heuristic_num_splits(p, split, arch, context.num_sms);
+  const int splits = heuristic_num_splits(p, split, context);
   if (splits > 1 && !context.workspace_available) {
     return split_plan(split, combine, p, 1,
                       std::string(quant) + " K/V, one split: no workspace given (the wave "
@@ -275,8 +303,7 @@ FwdPlan plan_split_only(std::vector<ckfmha_kernel_entry> const& kernels,
   return split_plan(split, combine, p, splits,
                     std::string(quant) + " K/V runs split-KV kernels; num_splits=" +
                         std::to_string(splits) + " by the wave model (" +
-                        std::to_string(resident_ctas_per_sm(split, arch)) +
-                        " resident CTAs per SM)");
+                        resident_ctas_text(split, context) + ")");
 }
 
 // fp8 queries (with fp8 K/V): the one-stage Hopper fp8 forward, the only
@@ -327,7 +354,7 @@ FwdPlan plan_forced(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd_
   }
   int splits = p.num_splits > 0
                    ? p.num_splits
-                   : heuristic_num_splits(p, k, context.device_arch, context.num_sms);
+                   : heuristic_num_splits(p, k, context);
   return split_plan(k, combine, p, splits,
                     "split kernel forced by name, num_splits=" + std::to_string(splits) +
                         (p.num_splits > 0 ? " as asked" : " by the heuristic"));
@@ -392,7 +419,7 @@ int reference_sm_count(int arch) {
   }
 }
 
-int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
+int estimated_resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
   // Shared memory per SM and resident threads per SM of each arch.
   const int64_t smem_per_sm = device_arch >= 90                       ? 228 * 1024
                               : device_arch == 80 || device_arch == 87 ? 164 * 1024
@@ -414,17 +441,22 @@ int resident_ctas_per_sm(ckfmha_kernel_entry const& k, int device_arch) {
   return int(std::max<int64_t>(resident, 1));
 }
 
+int resident_ctas_per_sm(ckfmha_kernel_entry const& k, PlanContext const& context) {
+  const int measured = measured_resident_ctas(k, context);
+  return measured > 0 ? measured : estimated_resident_ctas_per_sm(k, context.device_arch);
+}
+
 int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& split,
-                         int device_arch, int num_sms) {
+                         PlanContext const& context) {
   // The tile-count model below does not see bandwidth: for a grid that
-  // runs_unsplit it would trade the one wave for two shorter ones.
-  if (runs_unsplit(p, split, device_arch, num_sms)) return 1;
+  // runs_unsplit it would trade the one wave for two shorter ones. fp8 K/V
+  // is paced by its CTAs' own work instead (fp8_busy_ctas): its splits fill
+  // the free slots of a wave too.
+  if (split.kv_quant == CKFMHA_KV_QUANT_NONE && runs_unsplit(p, split, context)) return 1;
   const int64_t ctas = unsplit_ctas(p, split);
-  const int64_t slots = int64_t(std::max(num_sms, 1)) * resident_ctas_per_sm(split, device_arch);
+  const int64_t slots = int64_t(std::max(context.num_sms, 1)) * resident_ctas_per_sm(split, context);
   const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
-  const int64_t min_tiles = split.kv_quant == CKFMHA_KV_QUANT_NONE ? kMinKeyTilesPerSplit
-                                                                    : kMinFp8KeyTilesPerSplit;
-  const int64_t max_splits = std::clamp<int64_t>(key_tiles / min_tiles, 1, kAutoMaxSplits);
+  const int64_t max_splits = max_auto_splits(p, split);
   int64_t best = 1, best_time = INT64_MAX;
   for (int64_t s = 1; s <= max_splits; ++s) {
     const int64_t time = ceil_div(ctas * s, slots) * (ceil_div(key_tiles, s) + 1);
@@ -464,7 +496,7 @@ FwdPlan plan_fwd_rules(std::vector<ckfmha_kernel_entry> const& kernels,
     return one_stage(one.kernel, "num_splits=1 asks for one stage");
   }
   ckfmha_kernel_entry split{}, combine{};
-  const bool have_split = find_split_kernel(kernels, p, arch, context.num_sms, &split);
+  const bool have_split = find_split_kernel(kernels, p, context, &split);
   const bool have_combine = have_split && find_combine(kernels, p, arch, &combine);
   if (p.num_splits > 1) {
     if (!have_combine) {
@@ -478,7 +510,7 @@ FwdPlan plan_fwd_rules(std::vector<ckfmha_kernel_entry> const& kernels,
 
   std::string stay;  // why an automatic plan stays one-stage
   const int splits =
-      have_combine ? heuristic_num_splits(p, split, context.device_arch, context.num_sms) : 0;
+      have_combine ? heuristic_num_splits(p, split, context) : 0;
   if (!have_combine) {
     stay = why_no_split(kernels, p, arch, have_split);
   } else if (!context.workspace_available && splits > 1) {
@@ -501,7 +533,7 @@ FwdPlan plan_fwd_rules(std::vector<ckfmha_kernel_entry> const& kernels,
         why << "no one-stage kernel fits";
       }
       why << "; num_splits=" << splits << " by the wave model ("
-          << resident_ctas_per_sm(split, arch) << " resident CTAs per SM, >= "
+          << resident_ctas_text(split, context) << ", >= "
           << kMinKeyTilesPerSplit << " key tiles per split, <= " << kAutoMaxSplits << ")";
       return split_plan(split, combine, p, splits, why.str());
     }

@@ -17,6 +17,7 @@ struct CachedPlan {
   ckfmha_fwd_problem problem{};
   int device_arch = 0;
   int num_sms = 0;
+  bool live_device = false;
   bool workspace_available = false;
   ckfmha_selection selection = CKFMHA_SELECTION_HEURISTIC;
   uint64_t selection_generation = 0;
@@ -38,6 +39,7 @@ bool same_key(CachedPlan const& entry, std::vector<ckfmha_kernel_entry> const& k
   // wrong hit.
   return entry.valid && entry.kernel_count == kernels.size() &&
          entry.device_arch == context.device_arch && entry.num_sms == context.num_sms &&
+         entry.live_device == context.live_device &&
          entry.workspace_available == context.workspace_available &&
          entry.selection == context.selection &&
          entry.selection_generation == context.selection_generation &&
@@ -64,6 +66,7 @@ FwdPlan const& cached_plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   std::memcpy(&slot.problem, &problem, sizeof(problem));
   slot.device_arch = context.device_arch;
   slot.num_sms = context.num_sms;
+  slot.live_device = context.live_device;
   slot.workspace_available = context.workspace_available;
   slot.selection = context.selection;
   slot.selection_generation = context.selection_generation;

@@ -56,7 +56,7 @@ std::vector<FwdCandidate> rated_candidates(std::vector<ckfmha_kernel_entry> cons
       continue;
     }
     std::set<int> counts(std::begin(kModelSplitCounts), std::end(kModelSplitCounts));
-    counts.insert(heuristic_num_splits(p, k, arch, context.num_sms));
+    counts.insert(heuristic_num_splits(p, k, context));
     for (int n : counts) {
       if (n <= kMaxSplits && (n == 1 || can_combine)) out.push_back({k, i, n});
     }

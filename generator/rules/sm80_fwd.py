@@ -19,6 +19,9 @@ from .traits_assertions import TraitsAssertion, assertions_from
 NON_ACCUMULATOR_REGISTERS = 32
 # K/V shared-memory stages of the sm80 template: single- or double-buffered.
 SM80_STAGES = (1, 2)
+# fp8 K/V: twice as many stages of bytes (FwdSm80Traits::kFp8Stages). Many CTAs a SM hide the
+# loads of 16-key tiles, where a second pair of stages costs a CTA slot (NOTES 101).
+SM80_FP8_KV_STAGES = (1, 2)
 
 
 def sm80_fwd_smem_bytes(
@@ -56,10 +59,10 @@ def sm80_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"tile_n={alg.tile_n} is not a positive multiple of {MMA_ROWS}; key tiles feed "
             "16-wide MMA steps"
         )
-    if sig.kv_quant != "none" and alg.stages != 2:
+    if sig.kv_quant != "none" and alg.stages not in SM80_FP8_KV_STAGES:
         reasons.append(
-            f"stages={alg.stages} with fp8 K/V: the body keeps 2 x stages byte stages, three "
-            "tiles in flight while one is widened and used (stages=2)"
+            f"stages={alg.stages} with fp8 K/V: the body keeps 2 x stages byte stages, one "
+            "(stages=1) or three (stages=2) tiles in flight while one is widened and used"
         )
     if alg.stages not in SM80_STAGES:
         reasons.append(

@@ -51,7 +51,8 @@ def paged_reasons(config: KernelConfig) -> list[str]:
             f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)}: K and V rows share one page lookup "
             "per key row and one copy partition, so hdim_q must equal hdim_v"
         )
-    if alg.stages != PAGED_STAGES:
+    # fp8 K/V has its own byte stages (sm80_fwd.py's stages rule), loaded K and V together.
+    if alg.stages != PAGED_STAGES and sig.kv_quant == "none":
         reasons.append(
             f"stages={alg.stages}: the paged body loads a key tile's K and V rows together, "
             f"double-buffered (stages={PAGED_STAGES})"

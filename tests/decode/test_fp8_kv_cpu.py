@@ -10,6 +10,7 @@ nothing is allocated or staged before the checks under test.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -407,6 +408,36 @@ def test_no_kernel_reads_fp8_kv_on_sm80(paged_kv: str | None) -> None:
     assert "kv=fp8" not in dispatcher.explain(
         ckfmha.FwdProblem(**{**problem.__dict__, "kv_dtype": None}), arch=80
     )
+
+
+@pytest.mark.parametrize(
+    ("batch", "nhead_k", "tile", "splits"),
+    [
+        # 512 CTAs make one unsplit wave on either 16-row tile (132 SMs x 4 slots of 16x32, x 7
+        # of 16x16): as many CTAs at work either way, so the longer key tile, less work a key.
+        (64, 8, "m16n32", "one"),
+        # 2048 CTAs overflow both: the 16x16 tile keeps 7 of them at work a SM, 16x32 only 4.
+        (64, 32, "m16n16", "several"),
+        # 32 CTAs: each tile splits to fill its slots, and the 16x16 tile has more of them.
+        (4, 8, "m16n16", "several"),
+    ],
+)
+def test_fp8_kv_tiles_rank_by_ctas_at_work(batch: int, nhead_k: int, tile: str,
+                                          splits: str) -> None:  # fmt: skip
+    names = [k["name"] for k in ckfmha.Registry().kernels()
+             if k["family"] == "fwd_splitkv" and k["arch"] == 90 and k["dtype"] == "bf16"
+             and k["hdim_q"] == 128 and "kve4m3" in k["name"] and "_causal_lse_" in k["name"]]  # fmt: skip
+    if not all(any(f"_{t}k128_w1s2" in n for n in names) for t in ("m16n16", "m16n32")):
+        pytest.skip("library built without sm_90a's 16x16 and 16x32 fp8 K/V tiles at d128")
+    problem = _fp8_problem(batch=batch, nhead_k=nhead_k, seqlen_k=32768, causal=True,
+                           causal_alignment="bottom_right")  # fmt: skip
+    dispatcher = ckfmha.Dispatcher()
+    plan = dispatcher.explain(problem, arch=90).split("plan: ")[-1]
+    assert f"_{tile}k128_w1s2" in dispatcher.select(problem, arch=90), plan
+    count = int(re.search(r"num_splits=(\d+)", plan).group(1))  # type: ignore[union-attr]
+    assert (count == 1) == (splits == "one"), plan
+    assert re.search(r"\d+ resident CTAs per SM \((occupancy of the compiled kernel|estimated at "
+                     r"256 registers a thread)\)", plan), plan  # fmt: skip
 
 
 # ---- serving ----

@@ -51,7 +51,10 @@ def test_fp8_rejections_name_the_reason() -> None:
     assert "read by the split-KV body and written by the cache append" in one_stage
     assert "read by fwd only with fp8 queries (q_quant e4m3) on sm90_tma_wgmma" in one_stage
     assert "linear pages only" in _reasons(family="fwd_pagedkv", page_layout="vectorized")
-    assert "stages=1 with fp8 K/V" in _reasons(stages=1)
+    assert "stages=3 with fp8 K/V" in _reasons(stages=3)
+    # One pair of byte stages (stages=1) is a valid fp8 body, paged too; fp16/bf16 pages are not.
+    assert _reasons(stages=1) == "" and _reasons(family="fwd_pagedkv", stages=1) == ""
+    assert "double-buffered (stages=2)" in _reasons(family="fwd_pagedkv", stages=1, kv_quant="none")
     assert "kv_quant 'e5m2' is unknown" in _reasons(kv_quant="e5m2")
 
 
@@ -60,6 +63,10 @@ def test_fp8_shared_memory_is_byte_stages_plus_one_element_tile() -> None:
     expected = 16 * 128 * 2 + 4 * 64 * 256 + 64 * 256 * 2
     assert sm80_fwd_smem_bytes(128, 128, 16, 64, 2, 2, kv_fp8=True) == expected
     assert sm80_fwd_smem_bytes(128, 128, 16, 64, 2, 2) == 16 * 128 * 2 + 2 * 64 * 256 * 2
+    # stages=1: two byte stages.
+    assert sm80_fwd_smem_bytes(128, 128, 16, 16, 1, 2, kv_fp8=True) == (
+        16 * 128 * 2 + 2 * 16 * 256 + 16 * 256 * 2
+    )
     assertions = {a.member: a.cpp_value for a in rules.traits_assertions(_fp8_config())}
     assert str(expected) in str(assertions["kSmemBytes"])
 

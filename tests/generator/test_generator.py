@@ -16,7 +16,13 @@ from support.paths import REPO_ROOT
 from generator import emit, rules
 from generator.enumerate import select, select_for_arches
 from generator.receipts import compile_filter, get_receipt
-from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
+from generator.signature import (
+    PAGED_FAMILIES,
+    Algorithm,
+    BwdSignature,
+    FwdSignature,
+    KernelConfig,
+)
 from generator.specs import SpecsError, load_specs
 
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
@@ -256,9 +262,10 @@ def test_receipt_sizes(arch: str) -> None:
     d128_tiles = len([t for t in split_tiles[(128, 128)] if not t.when])
     d64_tiles = len([t for t in split_tiles[(64, 64)] if not t.when])
     assert (d64_tiles, d128_tiles) == (2, 3 if arch == "sm_90a" else 2)
-    # Tiles listed for fp8 K/V only (sm_89: 16x32 at d128; sm_90a: 16x16 at d128).
+    # Tiles listed for fp8 K/V only (sm_89: 16x32 at d128; sm_90a: 16x16 with two and with four
+    # byte stages at d64 and d128).
     fp8_only = sum(len([t for t in split_tiles[(h, h)] if t.when]) for h in (64, 128))
-    assert fp8_only == {"sm_89": 1, "sm_90a": 1}.get(arch, 0)
+    assert fp8_only == {"sm_89": 1, "sm_90a": 4}.get(arch, 0)
     per_signature = 2 * 3 * (d64_tiles + d128_tiles)  # dtypes x masks x tiles
     split = {"ci": d128_tiles + 1, "default": 2 * per_signature + 8, "full": 2 * per_signature + 8}
     # Paged K/V: the batch_prefill twins of the ci split signature (linear and vectorized pages,
@@ -1029,14 +1036,16 @@ int main() {
   std::printf("%d %d\\n", t->abi_version, t->count);
   for (int i = 0; i < t->count; ++i) {
     const ckfmha_kernel_entry& e = t->entries[i];
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d\\n",
+    int32_t resident = -1;  // -1: the entry has no query
+    if (e.resident_ctas != nullptr && e.resident_ctas(&resident) != 0) resident = -2;
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
                 e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.kv_quant, e.q_quant, e.arch,
                 e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
-                e.launch(nullptr, nullptr, nullptr, nullptr));
+                e.launch(nullptr, nullptr, nullptr, nullptr), resident);
   }
 }
 """
@@ -1056,11 +1065,15 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
         )
     )  # fmt: skip
     files = emit.emit(tmp_path, configs, [], specs)
+    # Each stub answers its entry's index: the launch returns it, the resident-CTA query (the
+    # split-KV families') writes 1000 more.
     stubs = "".join(
         f'extern "C" int {c.symbol}(const void*, const void*, const ckfmha_launch_context*, '
         f"ckfmha_stream_t) {{ return {i}; }}\n"
+        + (f'extern "C" int {symbol}(int32_t* ctas) {{ *ctas = {1000 + i}; return 0; }}\n'
+           if (symbol := emit.resident_ctas_symbol(c)) else "")
         for i, c in enumerate(configs)
-    )
+    )  # fmt: skip
     (tmp_path / "stubs.cpp").write_text(f'#include "ckfmha_kernels.h"\n{stubs}')
     (tmp_path / "dump.cpp").write_text(TABLE_DUMP)
     program = tmp_path / "dump"
@@ -1072,7 +1085,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"11 {len(configs)}"
+    assert lines[0] == f"12 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -1102,6 +1115,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             int(getattr(sig, "page_layout", "linear") == "vectorized"),
             int(sig.kv_quant == "e4m3"), int(sig.q_quant == "e4m3"), specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
+            1000 + i if sig.family in ("fwd_splitkv", *PAGED_FAMILIES) else -1,
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]
 

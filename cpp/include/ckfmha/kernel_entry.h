@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 11
+#define CKFMHA_KERNEL_ABI_VERSION 12
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */
@@ -31,6 +31,13 @@ typedef struct ckfmha_launch_context {
  * ckfmha_appendkv_problem/_args for fwd_appendkv. context may be NULL. */
 typedef int (*ckfmha_launch_fn)(const void* problem, const void* args,
                                 const ckfmha_launch_context* context, ckfmha_stream_t stream);
+
+/* How many CTAs of the kernel one SM of the current device holds at once, as
+ * the CUDA occupancy calculator finds from the registers ptxas gave it, its
+ * shared memory and its threads. Returns 0, or -cudaError_t when a CUDA call
+ * fails. Only what is compiled knows its register count, so the split-KV
+ * planner asks this rather than assuming the worst case. */
+typedef int (*ckfmha_resident_ctas_fn)(int32_t* ctas_per_sm);
 
 typedef struct ckfmha_kernel_entry {
   const char* name;
@@ -63,6 +70,9 @@ typedef struct ckfmha_kernel_entry {
   int32_t warps;
   int32_t stages;
   ckfmha_launch_fn launch;
+  /* The split-KV families (fwd_splitkv, fwd_pagedkv, batch_prefill); NULL
+   * for the others, whose planners do not count resident CTAs. */
+  ckfmha_resident_ctas_fn resident_ctas;
 } ckfmha_kernel_entry;
 
 typedef struct ckfmha_kernel_table {

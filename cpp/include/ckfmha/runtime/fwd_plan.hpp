@@ -35,6 +35,10 @@ struct FwdPlan {
 struct PlanContext {
   int device_arch = 0;
   int num_sms = 0;
+  // Whether the current device has device_arch. Resident CTAs of a split
+  // kernel then come from the occupancy calculator on its compiled code;
+  // otherwise (explaining another arch, no device) they are estimated.
+  bool live_device = false;
   // Whether the caller gives a workspace. Without one an automatic plan uses
   // no plan that needs one (so callers that never heard of workspaces keep
   // working): one stage, or a split plan of one split.
@@ -58,11 +62,16 @@ FwdPlan const& cached_plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
 // The split count the dispatcher chooses for `split` (a fwd_splitkv kernel)
 // when the problem leaves num_splits at 0 (the wave model in fwd_plan.cpp).
 int heuristic_num_splits(ckfmha_fwd_problem const& problem, ckfmha_kernel_entry const& split,
-                         int device_arch, int num_sms);
+                         PlanContext const& context);
 
-// CTAs of `split` one SM holds at once, estimated from its shared memory,
-// threads and a worst-case 255 registers per thread.
-int resident_ctas_per_sm(ckfmha_kernel_entry const& split, int device_arch);
+// CTAs of `split` one SM holds at once: the occupancy calculator's count on a
+// live device (context.live_device), else the estimate below.
+int resident_ctas_per_sm(ckfmha_kernel_entry const& split, PlanContext const& context);
+
+// The same count estimated from the split kernel's shared memory, threads and
+// a worst-case 256 registers per thread (ptxas's count is known only to the
+// compiled code).
+int estimated_resident_ctas_per_sm(ckfmha_kernel_entry const& split, int device_arch);
 
 // The SM count assumed for `arch` when no device of that arch is present.
 int reference_sm_count(int arch);

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace ckfmha::kernel {
 
 // SMs of the current device: the persistent forward grid's width, and what
@@ -26,18 +28,37 @@ inline dim3 fwd_grid(ckfmha_fwd_problem const& problem, int block_m) {
   return dim3((problem.seqlen_q + block_m - 1) / block_m, problem.nhead_q, problem.batch);
 }
 
+// Shared memory past the 48 KiB default is opt-in per function and per
+// device; setting it on every use is cheap and keeps multi-device processes
+// correct.
+template <class Params>
+cudaError_t allow_dynamic_smem(void (*kernel)(Params), int smem_bytes) {
+  if (smem_bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+}
+
 template <class Params>
 int launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes,
                   ckfmha_stream_t stream, Params const& params) {
-  if (smem_bytes > 48 * 1024) {
-    // The opt-in limit is per function and per device; setting it each
-    // launch is cheap and keeps multi-device processes correct.
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return -int(err);
-  }
+  cudaError_t err = allow_dynamic_smem(kernel, smem_bytes);
+  if (err != cudaSuccess) return -int(err);
   kernel<<<grid, threads, smem_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(params);
-  cudaError_t err = cudaGetLastError();
+  err = cudaGetLastError();
+  return err == cudaSuccess ? 0 : -int(err);
+}
+
+// CTAs of `kernel` one SM of the current device holds at once (the
+// ckfmha_resident_ctas_fn convention of kernel_entry.h). The opt-in comes
+// first: without it the calculator counts no CTA over 48 KiB.
+template <class Params>
+int resident_ctas_per_sm(void (*kernel)(Params), int threads, int smem_bytes,
+                         int32_t* ctas_per_sm) {
+  cudaError_t err = allow_dynamic_smem(kernel, smem_bytes);
+  int ctas = 0;
+  if (err == cudaSuccess) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem_bytes);
+  }
+  *ctas_per_sm = ctas;
   return err == cudaSuccess ? 0 : -int(err);
 }
 

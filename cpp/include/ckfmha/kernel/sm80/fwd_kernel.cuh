@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     load_rows(qk_load, qk_load_thr.partition_S(gQ), tQsQ, tQcQ, seq.seqlen_q - m_begin);
   }
   if (n_last > n_first) {
-    if constexpr (Traits::kDoubleBuffered) {
+    if constexpr (Traits::kDoubleBuffered || kFp8) {
       load_kv(n_last - 1, 0, std::true_type{});
     } else {
       load_k(n_last - 1, 0, std::true_type{});

@@ -40,4 +40,10 @@ int launch_fwd_splitkv_sm80(void const* problem, void const* args,
                        stream, params);
 }
 
+template <class Traits>
+int resident_ctas_fwd_splitkv_sm80(int32_t* ctas_per_sm) {
+  return resident_ctas_per_sm(&fwd_sm80_kernel<Traits>, Traits::kThreads, Traits::kSmemBytes,
+                              ctas_per_sm);
+}
+
 }  // namespace ckfmha::kernel

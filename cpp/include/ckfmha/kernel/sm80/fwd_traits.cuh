@@ -49,14 +49,15 @@ struct FwdSm80Traits {
   // they need one head dim, and are loaded together, so double-buffered.
   // With VColMajor the pages are vLLM's "vectorized" ones (V^T per page).
   static constexpr bool kPagedKv = PagedKv;
-  static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && Stages == 2),
-                "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 stages");
+  static_assert(!PagedKv || (SplitKv && HeadDimQK == HeadDimV && (Stages == 2 || KvFp8)),
+                "paged K/V runs on the split-KV body with hdim_q == hdim_v and 2 stages (fp8 K/V: "
+                "its own byte stages)");
 
   // fp8 K/V (common/fp8_kv.cuh): K and V arrive as e4m3 bytes in byte stages
   // and are widened into one Element tile each before the products.
   static constexpr bool kKvFp8 = KvFp8;
-  static_assert(!KvFp8 || (SplitKv && Stages == 2 && !VColMajor),
-                "fp8 K/V runs on the split-KV body, double-buffered, with V row-major");
+  static_assert(!KvFp8 || (SplitKv && (Stages == 1 || Stages == 2) && !VColMajor),
+                "fp8 K/V runs on the split-KV body, with 2 or 4 byte stages and V row-major");
 
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -115,7 +116,8 @@ struct FwdSm80Traits {
   // Element K/V tiles: one per stage, or the one widened tile of fp8 K/V,
   // whose byte stages (K then V, kFp8StageBytes each) follow them.
   // fp8 tiles are half the bytes: twice the stages in the budget of `Stages`
-  // element stages keep as many bytes in flight, i.e. twice the keys.
+  // element stages keep as many bytes in flight, i.e. twice the keys
+  // (Stages = 1: the next tile loads while one is widened and used).
   static constexpr int kElementKvStages = KvFp8 ? 1 : Stages;
   static constexpr int kFp8Stages = KvFp8 ? 2 * Stages : 0;
   static constexpr int kFp8StageBytes = KvFp8 ? BlockN * (HeadDimQK + HeadDimV) : 0;
