@@ -26,11 +26,14 @@ namespace {
 // per split (shorter splits cost more in partial traffic than they win) nor
 // more than kAutoMaxSplits (the combine reads every split's LSE per row).
 constexpr int64_t kMinKeyTilesPerSplit = 2;
-// fp8 K/V CTAs pay more before their first tile (the query rescale, three
-// tiles requested ahead), so their splits keep more key tiles: with splits
-// forced at b1-b4 (H100, 4k-32k keys), the counts 4 tiles a split allows were
-// the fastest or within 3% of them at six shapes, where 8 cost up to 1.27x.
-constexpr int64_t kMinFp8KeyTilesPerSplit = 4;
+// fp8 K/V CTAs pay more before their first tile (the query rescale, the
+// tiles requested ahead), so their splits keep at least 64 keys, whatever the
+// tile: 4 tiles of 16 keys, 2 of 32, 1 of 64. At b1-b4 (H100, 4k-32k keys,
+// splits forced) the 32- and 64-key tiles ran fastest at 64 keys a split
+// (b1 h32/4 4k: 16x32 d128 10.8 us at 64 splits against 13.1 at 32, 16x64
+// d64 8.0 against 9.5), and 32 keys a split cost up to 1.33x (16x16 tile,
+// b4 h32/4 4k d128 and b1 h32/32 4k d64, 128 splits against 64).
+constexpr int64_t kMinFp8KeysPerSplit = 64;
 constexpr int64_t kAutoMaxSplits = 128;
 // Decode-shaped: one K/V head's packed query rows (heads sharing it times the
 // query positions) fit one 64-row tile, so the split-KV kernel reads each K/V
@@ -80,13 +83,13 @@ bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k,
 }
 
 // The most splits the wave model tries: each split keeps kMinKeyTilesPerSplit
-// key tiles (kMinFp8KeyTilesPerSplit for fp8 K/V) and the combine reads at
+// key tiles (kMinFp8KeysPerSplit keys for fp8 K/V) and the combine reads at
 // most kAutoMaxSplits partials a row.
 int64_t max_auto_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k) {
-  const int64_t key_tiles = ceil_div(p.seqlen_k, k.tile_n);
-  const int64_t min_tiles =
-      k.kv_quant == CKFMHA_KV_QUANT_NONE ? kMinKeyTilesPerSplit : kMinFp8KeyTilesPerSplit;
-  return std::clamp<int64_t>(key_tiles / min_tiles, 1, kAutoMaxSplits);
+  const int64_t splits = k.kv_quant == CKFMHA_KV_QUANT_NONE
+                             ? ceil_div(p.seqlen_k, k.tile_n) / kMinKeyTilesPerSplit
+                             : p.seqlen_k / std::max<int64_t>(kMinFp8KeysPerSplit, k.tile_n);
+  return std::clamp<int64_t>(splits, 1, kAutoMaxSplits);
 }
 
 // fp8 K/V is widened in shared memory by the CTA's own threads (one warp on
