@@ -342,6 +342,7 @@ class KernelEntry(ctypes.Structure):
         ("warps", ctypes.c_int32),
         ("stages", ctypes.c_int32),
         ("launch", ctypes.c_void_p),
+        ("resident_ctas", ctypes.c_void_p),
     ]
 
 
@@ -410,10 +411,12 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (11, len(kernels))
+    assert (table.abi_version, table.count) == (12, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}
     assert all(e.launch for e in loaded)
+    # Only the split-KV families count resident CTAs: one-stage forwards leave the query out.
+    assert not any(e.resident_ctas for e in loaded)
     # Instance symbols stay hidden: only the table is exported.
     assert not hasattr(library, kernels[0].symbol)
