@@ -40,8 +40,14 @@ constexpr int64_t kAutoMaxSplits = 128;
 // tile once per group where one-stage kernels read it once per query head
 // into mostly padded 128-row tiles.
 constexpr int64_t kDecodePackedRows = 64;
-// Unsplit grids of fewer CTAs per SM keep the tile with the deepest loads.
-constexpr int64_t kUnsplitMinCtasPerSm = 2;
+// fp16/bf16 K/V: a grid of at least this many CTAs per SM runs unsplit. The
+// split body is bound by bandwidth there, and splits add partial traffic and
+// a combine pass (H100, d128, one split against the wave model's: b64 h32/4
+// 1k keys, 256 CTAs, 48.1 us against 55.8 for 3 splits, cuDNN 48.1; b64
+// h32/32 1k, 2048 CTAs, 342 against 352 for 2; NOTES 103). Below one CTA a
+// SM the CTAs wait on their own loads, and splits pay (b16 h32/8 4k, 128
+// CTAs: NOTES 41).
+constexpr int64_t kUnsplitMinCtasPerSm = 1;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -71,15 +77,22 @@ int64_t unsplit_ctas(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k) 
   return ceil_div(packed_rows(p), k.tile_m) * p.nhead_k * p.batch;
 }
 
-// Whether `k`'s unsplit grid fits one wave of resident CTAs with at least
-// kUnsplitMinCtasPerSm of them per SM. Such a grid already keeps the memory
-// system busy: splitting it adds partial traffic and a combine pass, not
-// bandwidth, so it runs as one split.
+// Whether `k`'s unsplit grid has at least kUnsplitMinCtasPerSm CTAs per SM,
+// and so runs as one split (fp16/bf16 K/V).
+bool fills_sms_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k,
+                       PlanContext const& context) {
+  return unsplit_ctas(p, k) >= kUnsplitMinCtasPerSm * std::max(context.num_sms, 1);
+}
+
+// Whether `k`'s unsplit grid also fits one wave of resident CTAs: the tile
+// preference of find_split_kernel (one wave of a tile with less in flight per
+// CTA beat two of the deeper one: b64 h32/8 1k d128, 512 CTAs, 16x32 89.1 us
+// against 16x64 92.9).
 bool runs_unsplit(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k,
                   PlanContext const& context) {
   const int64_t sms = std::max(context.num_sms, 1);
-  const int64_t ctas = unsplit_ctas(p, k);
-  return ctas <= sms * resident_ctas_per_sm(k, context) && ctas >= kUnsplitMinCtasPerSm * sms;
+  return fills_sms_unsplit(p, k, context) &&
+         unsplit_ctas(p, k) <= sms * resident_ctas_per_sm(k, context);
 }
 
 // The most splits the wave model tries: each split keeps kMinKeyTilesPerSplit
@@ -451,11 +464,11 @@ int resident_ctas_per_sm(ckfmha_kernel_entry const& k, PlanContext const& contex
 
 int heuristic_num_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& split,
                          PlanContext const& context) {
-  // The tile-count model below does not see bandwidth: for a grid that
-  // runs_unsplit it would trade the one wave for two shorter ones. fp8 K/V
-  // is paced by its CTAs' own work instead (fp8_busy_ctas): its splits fill
-  // the free slots of a wave too.
-  if (split.kv_quant == CKFMHA_KV_QUANT_NONE && runs_unsplit(p, split, context)) return 1;
+  // The tile-count model below does not see bandwidth: for a grid of a CTA
+  // or more per SM it would trade waves for shorter ones, where the bytes set
+  // the time. fp8 K/V is paced by its CTAs' own work instead
+  // (fp8_busy_ctas): its splits fill the free slots of a wave too.
+  if (split.kv_quant == CKFMHA_KV_QUANT_NONE && fills_sms_unsplit(p, split, context)) return 1;
   const int64_t ctas = unsplit_ctas(p, split);
   const int64_t slots = int64_t(std::max(context.num_sms, 1)) * resident_ctas_per_sm(split, context);
   const int64_t key_tiles = ceil_div(p.seqlen_k, split.tile_n);
