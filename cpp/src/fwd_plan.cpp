@@ -105,19 +105,6 @@ int64_t max_auto_splits(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& 
   return std::clamp<int64_t>(splits, 1, kAutoMaxSplits);
 }
 
-// fp8 K/V is widened in shared memory by the CTA's own threads (one warp on
-// the 16-row tiles), and that work, not the loads, sets the pace: the more
-// CTAs at work at once, the faster, up to the resident slots. So fp8 tiles
-// rank by the CTAs `k` keeps at work in one wave: its grid times the largest
-// split count that still fits one wave (or the caller's count), at most every
-// slot. Ties go to the longer key tile, which costs less work per key, then
-// to the deeper loads (more byte stages): a grid too small to fill either
-// tile's slots waits on each CTA's own loads. H100, fp8 over bf16 K/V tokens
-// per second (NOTES 101): at d128, 16x16 with two byte stages (10 slots a SM)
-// reads 1.87-1.91x at b16-b64 h32/8-h32/32 8k-32k where 16x16 with four (7
-// slots) reads 1.71-1.78x and 16x32 (4 slots) 1.53-1.59x; at d64 the 16x16
-// tiles read 1.75-1.94x where 16x64 reads 1.60-1.66x. At b1 h32/4 4k d64 (4
-// CTAs of 64 splits) four byte stages read 0.82x against two's 0.73x.
 // The occupancy calculator's resident CTAs of `k` on the live device, or 0
 // (no live device of the plan's arch, or no query in the entry).
 int measured_resident_ctas(ckfmha_kernel_entry const& k, PlanContext const& context) {
@@ -133,6 +120,19 @@ std::string resident_ctas_text(ckfmha_kernel_entry const& k, PlanContext const& 
          ")";
 }
 
+// fp8 K/V is widened in shared memory by the CTA's own threads (one warp on
+// the 16-row tiles), and that work, not the loads, sets the pace: the more
+// CTAs at work at once, the faster, up to the resident slots. So fp8 tiles
+// rank by the CTAs `k` keeps at work in one wave: its grid times the largest
+// split count that still fits one wave (or the caller's count), at most every
+// slot. Ties go to the longer key tile, which costs less work per key, then
+// to the deeper loads (more byte stages): a grid too small to fill either
+// tile's slots waits on each CTA's own loads. H100, fp8 over bf16 K/V tokens
+// per second (NOTES 101): at d128, 16x16 with two byte stages (10 slots a SM)
+// reads 1.87-1.91x at b16-b64 h32/8-h32/32 8k-32k where 16x16 with four (7
+// slots) reads 1.71-1.78x and 16x32 (4 slots) 1.53-1.59x; at d64 the 16x16
+// tiles read 1.75-1.94x where 16x64 reads 1.60-1.66x. At b1 h32/4 4k d64 (4
+// CTAs of 64 splits) four byte stages read 0.82x against two's 0.73x.
 int64_t fp8_busy_ctas(ckfmha_fwd_problem const& p, ckfmha_kernel_entry const& k,
                       PlanContext const& context) {
   const int64_t slots = int64_t(std::max(context.num_sms, 1)) * resident_ctas_per_sm(k, context);
