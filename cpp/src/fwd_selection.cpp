@@ -5,6 +5,7 @@
 #include "ckfmha/runtime/selection_features.hpp"
 #include "ckfmha/runtime/selection_mode.hpp"
 #include "ckfmha/runtime/selection_model.hpp"
+#include "ckfmha/runtime/split_choice.hpp"
 #include "ckfmha/runtime/tuning_table.hpp"
 
 #include <algorithm>

@@ -59,20 +59,6 @@ FwdPlan plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
 FwdPlan const& cached_plan_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
                                ckfmha_fwd_problem const& problem, PlanContext const& context);
 
-// The split count the dispatcher chooses for `split` (a fwd_splitkv kernel)
-// when the problem leaves num_splits at 0 (the wave model in fwd_plan.cpp).
-int heuristic_num_splits(ckfmha_fwd_problem const& problem, ckfmha_kernel_entry const& split,
-                         PlanContext const& context);
-
-// CTAs of `split` one SM holds at once: the occupancy calculator's count on a
-// live device (context.live_device), else the estimate below.
-int resident_ctas_per_sm(ckfmha_kernel_entry const& split, PlanContext const& context);
-
-// The same count estimated from the split kernel's shared memory, threads and
-// a worst-case 256 registers per thread (ptxas's count is known only to the
-// compiled code).
-int estimated_resident_ctas_per_sm(ckfmha_kernel_entry const& split, int device_arch);
-
 // The SM count assumed for `arch` when no device of that arch is present.
 int reference_sm_count(int arch);
 
