@@ -243,6 +243,9 @@ def test_large_prefill_stays_one_stage(split_kernel: dict) -> None:
         (90, 16, "m16n64", False),
         # 384 CTAs fit the 16x64 tile's own wave: one split on it.
         (90, 48, "m16n64", True),
+        # 1024 CTAs overflow both tiles' waves: the first tile, still unsplit (a CTA a SM or
+        # more: the bytes, not the waves, set the time).
+        (90, 128, "m16n64", True),
         # sm_80 lists no 16x32 tile: the 16x64 tile runs 512 CTAs in two waves, unsplit (at a
         # CTA a SM or more the bytes, not the waves, set the time).
         (80, 64, "m16n64", True),
