@@ -29,10 +29,11 @@ import ckfmha
 
 # The feature sets models use with each mask (the default kernel set's signatures): soft-cap
 # (Gemma 2), ALiBi (BLOOM, MPT), sinks (gpt-oss) and dropout with causal masks, all four
-# together; an additive bias (padding masks, relative positions) and dropout without a mask.
+# together; an additive bias (relative positions), a key-padding bias ([b, 1, 1, s], one row
+# broadcast over the queries: padded batches) and dropout without a mask.
 CAUSAL_FEATURES = ("softcap", "alibi", "sink", "dropout", "alibi+dropout",
                    "bias+dropout+softcap+sink")
-UNMASKED_FEATURES = ("bias", "dropout")
+UNMASKED_FEATURES = ("bias", "padding", "dropout")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,13 @@ def feature_options(feature: str, shape: Shape, dtype: torch.dtype) -> dict[str,
             # Broadcast over the batch, as padding masks and relative-position biases come.
             options["bias"] = torch.randn(1, h, s, s, device="cuda", dtype=dtype).expand(
                 shape.batch, h, s, s)
+        elif name == "padding":
+            # Each sequence valid up to its own length (at least half), -inf past it.
+            lengths = torch.randint(s // 2, s + 1, (shape.batch,), device="cuda")
+            keys = torch.arange(s, device="cuda")
+            padded = keys[None, :] >= lengths[:, None]
+            bias = torch.zeros(shape.batch, 1, 1, s, device="cuda", dtype=dtype)
+            options["bias"] = bias.masked_fill(padded[:, None, None, :], float("-inf"))
         elif name == "sink":
             options["sink"] = torch.randn(h, device="cuda")
         elif name == "dropout":
@@ -141,7 +149,7 @@ def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,
     gqa = {"enable_gqa": hq != hk}
     row["cudnn_plain_ms"] = timed(sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, shape.causal, **gqa),
                                   args)
-    if feature == "bias" and not shape.causal:
+    if feature in ("bias", "padding") and not shape.causal:
         # SDPA's cuDNN backend takes an additive mask; it expands GQA itself only in flash.
         kk, vv = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
         row["cudnn_feature_ms"] = timed(
@@ -180,7 +188,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON")
+    parser.add_argument("--features", default=None,
+                        help="comma-separated features to run (default: every one)")
     args = parser.parse_args()
+    only = set(args.features.split(",")) if args.features else None
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
@@ -188,6 +199,7 @@ def main() -> None:
         run_row(shape, feature, dtype, args.dtype, args)
         for shape in SHAPES
         for feature in (CAUSAL_FEATURES if shape.causal else UNMASKED_FEATURES)
+        if only is None or feature in only
     ]
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}  (TFLOP/s)")
     print_rows(rows)

@@ -34,6 +34,8 @@ SM90_SMEM_LIMIT = 227 * 1024
 # Swizzled TMA/wgmma tiles start on 1 KiB boundaries, so the storage struct is padded to whole
 # KiB, and the kernel rounds the 16-byte aligned dynamic base up by at most one more KiB.
 SM90_SMEM_ALIGNMENT = 1024
+# Rows the elementwise bias ring holds in row mode (kBiasRowSlots in fwd_bias_ring.cuh).
+SM90_BIAS_ROW_SLOTS = 8
 # O leaves in chunks of at most this many columns, each consumer warpgroup's 64 rows through a
 # staging buffer of its own (batch mode).
 SM90_O_CHUNK_COLS = 128
@@ -85,12 +87,13 @@ def fwd_sm90_layout_bytes(
 
 def fwd_sm90_bias_ring_bytes(config: KernelConfig, stages: int, elem: int = 2) -> int:
     """sizeof(FwdBiasRingStorage) at `stages` (0: no ring): per stage a swizzled tile_m x tile_n
-    bias tile as the TMA writes it, then a full and an empty mbarrier per stage, on 1 KiB
-    alignment."""
+    bias tile as the TMA writes it, then a full and an empty mbarrier per stage and per row
+    slot of row mode (a row-broadcast bias), on 1 KiB alignment."""
     if stages == 0:
         return 0
     alg = config.algorithm
-    return _round_up(stages * alg.tile_m * alg.tile_n * elem + 16 * stages, SM90_SMEM_ALIGNMENT)
+    return _round_up(stages * alg.tile_m * alg.tile_n * elem + 16 * (stages + SM90_BIAS_ROW_SLOTS),
+                     SM90_SMEM_ALIGNMENT)
 
 
 def fwd_sm90_bias_stages(config: KernelConfig) -> int:

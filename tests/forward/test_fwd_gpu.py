@@ -289,6 +289,27 @@ def _check_bhsd_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, options: di
             f"{what} {sorted(options)}")
 
 
+def _check_varlen_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, lens_q: np.ndarray,
+                       lens_k: np.ndarray, options: dict[str, Any], what: str) -> None:
+    """One fwd_varlen call with kernel["name"] on packed [tokens, h, d] tensors of sequences
+    `lens_q`/`lens_k` into NaN-poisoned outputs, against the float64 reference."""
+    hq, dv = q.shape[1], v.shape[-1]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=q.dtype)
+    lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
+    result = ckfmha.fwd_varlen(
+        q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
+        max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()), out=out,
+        kernel=kernel["name"], return_dropout_randval=kernel["dropout"],
+        **_lse_request(kernel, lse), **options)
+    torch.cuda.synchronize()
+    ref_options = _varlen_reference_options(kernel, options, _outputs(kernel, result)[2],
+                                            lens_q, lens_k, hq)
+    ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k, **ref_options)
+    compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse, f"{what} {sorted(options)}")
+
+
 _SM90_BIAS_BATCH = [
     k for k in KERNELS
     if k["pipeline"] == "sm90_tma_wgmma" and k["bias"] == "elementwise" and k["mode"] == "batch"
@@ -328,6 +349,63 @@ def test_sm90_bias_ring_and_register_paths(kernel: dict[str, Any]) -> None:
         _check_bhsd_case(kernel, q, k, v, options, f"bias {what} {sq}x{sk}")
 
 
+def _key_padding_bias(kernel: dict[str, Any], inputs: Inputs, b: int, heads: int, sk: int,
+                      dtype: Any, offset: int) -> Any:  # fmt: skip
+    """A [b, heads, 1, sk] additive key-padding bias (random values on each sequence's valid
+    keys, -inf past a random valid length of at least one key) starting `offset` elements into
+    its storage, so that an odd offset leaves it 2-byte aligned only. Key 0 is valid, which
+    every row sees under the bottom-right causal mask; a window may see only padded keys, so
+    window kernels pad with -30 instead (the reference's softmax of a row of -inf is undefined)."""
+    flat = inputs.normal((b * heads * sk + offset,), dtype)
+    bias = flat[offset:].view(b, heads, 1, sk)
+    pad = -30.0 if kernel["mask"] == "window" else float("-inf")
+    for batch in range(b):
+        valid = 1 + inputs.integer(sk)
+        bias[batch, :, :, valid:] = pad
+    return bias
+
+
+_SM90_BIAS_ANY_MODE = [
+    k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["bias"] == "elementwise"
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", _SM90_BIAS_ANY_MODE,
+                         ids=[k["name"] for k in _SM90_BIAS_ANY_MODE])
+def test_sm90_bias_row_mode(kernel: dict[str, Any]) -> None:
+    """A bias broadcast over the query rows (a key-padding mask, [b, 1 or heads, 1, sk]) takes
+    the ring's row mode, whatever its alignment (fwd_bias_ring.cuh): per-batch padding with
+    -inf, one bias per head or one for all, odd key counts, misaligned storage, GQA, several
+    key tiles and, in group mode, sequences of their own lengths."""
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 5)
+    dtype = torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    hq, hk = 6, 2
+    if kernel["mode"] == "batch":
+        cases = [("one row for all heads", 3, 700, 1123, 1, 1),
+                 ("a row per head, aligned", 2, 300, 1024, hq, 0),
+                 ("one query row", 2, 1, 517, 1, 3)]
+        for what, b, sq, sk, heads, offset in cases:
+            options = {**mask_options(kernel, 1),
+                       **_feature_options(kernel, inputs, b, hq, sq, sk, dtype)}  # fmt: skip
+            options["bias"] = _key_padding_bias(kernel, inputs, b, heads, sk, dtype, offset)
+            q = inputs.normal((b, hq, sq, d), dtype)
+            k = inputs.normal((b, hk, sk, d), dtype)
+            v = inputs.normal((b, hk, sk, dv), dtype)
+            _check_bhsd_case(kernel, q, k, v, options, f"row-broadcast bias {what} {sq}x{sk}")
+        return
+    lens_q = np.array([inputs.integer(600) + 1 for _ in range(5)] + [300])
+    lens_k = lens_q + np.array([inputs.integer(400) for _ in range(6)])
+    max_q, max_k = int(lens_q.max()), int(lens_k.max())
+    q = inputs.normal((int(lens_q.sum()), hq, d), dtype)
+    k = inputs.normal((int(lens_k.sum()), hk, d), dtype)
+    v = inputs.normal((int(lens_k.sum()), hk, dv), dtype)
+    options = {**mask_options(kernel, 1),
+               **_feature_options(kernel, inputs, len(lens_q), hq, max_q, max_k, dtype)}
+    options["bias"] = _key_padding_bias(kernel, inputs, len(lens_q), 1, max_k, dtype, 1)
+    _check_varlen_case(kernel, q, k, v, lens_q, lens_k, options, "row-broadcast bias, group mode")
+
+
 @pytest.mark.parametrize("kernel", PERSISTENT_KERNELS, ids=[k["name"] for k in PERSISTENT_KERNELS])
 def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
     inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 1)
@@ -353,26 +431,12 @@ def test_persistent_kernel_walks_many_tiles(kernel: dict[str, Any]) -> None:
         options = mask_options(kernel, 1)
         lens_q = np.array([inputs.integer(700) for _ in range(24)] + [0, 700])
         lens_k = np.array([inputs.integer(700) for _ in range(24)] + [300, 0])
-        cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-        cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
-        q = inputs.normal((int(cu_q[-1]), hq, d), dtype)
-        k = inputs.normal((int(cu_k[-1]), hk, d), dtype)
-        v = inputs.normal((int(cu_k[-1]), hk, dv), dtype)
-        out = torch.full((int(cu_q[-1]), hq, dv), float("nan"), device="cuda", dtype=dtype)
-        lse = torch.full((hq, int(cu_q[-1])), float("nan"), device="cuda", dtype=torch.float32)
+        q = inputs.normal((int(lens_q.sum()), hq, d), dtype)
+        k = inputs.normal((int(lens_k.sum()), hk, d), dtype)
+        v = inputs.normal((int(lens_k.sum()), hk, dv), dtype)
         max_q, max_k = int(lens_q.max()), int(lens_k.max())
         options.update(_feature_options(kernel, inputs, len(lens_q), hq, max_q, max_k, dtype))
-        result = ckfmha.fwd_varlen(
-            q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(),
-            max_seqlen_q=max_q, max_seqlen_k=max_k, out=out, kernel=kernel["name"],
-            return_dropout_randval=kernel["dropout"], **_lse_request(kernel, lse), **options)
-        torch.cuda.synchronize()
-        ref_options = _varlen_reference_options(kernel, options, _outputs(kernel, result)[2],
-                                                lens_q, lens_k, hq)
-        ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), cu_q, cu_k,
-                                                  **ref_options)
-        compare(kernel, out, lse if kernel["lse"] else None, ref, ref_lse,
-                f"persistent group {sorted(options)}")
+        _check_varlen_case(kernel, q, k, v, lens_q, lens_k, options, "persistent group")
 
 
 BATCH_PERSISTENT_KERNELS = [k for k in PERSISTENT_KERNELS if k["mode"] == "batch"]

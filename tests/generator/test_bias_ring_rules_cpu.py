@@ -40,7 +40,7 @@ def _storage(q_stages: int, hdim: int, tile_n: int, o_bytes: int) -> int:
 
 def test_ring_rows_and_barriers() -> None:
     # 128 rows of 128 bf16 keys (swizzled, as the TMA writes them), then a full and an empty
-    # barrier per stage, rounded to the ring's 1 KiB alignment.
+    # barrier per stage and per row slot of row mode, rounded to the ring's 1 KiB alignment.
     assert fwd_sm90_bias_ring_bytes(_config(64), 1) == 128 * 256 + KIB
     assert fwd_sm90_bias_ring_bytes(_config(64), 2) == 2 * 128 * 256 + KIB
     assert fwd_sm90_bias_ring_bytes(_config(64), 0) == 0

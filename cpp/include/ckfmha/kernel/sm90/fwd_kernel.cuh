@@ -6,7 +6,8 @@
 //     the consumers read them; with fp8 inputs warps 1-3 write each V tile
 //     transposed into the ring the consumers read (fwd_fp8.cuh); with an
 //     elementwise bias warp 1's first thread copies each key tile's bias
-//     into a ring of its own (fwd_bias_ring.cuh).
+//     into a ring of its own, or for a row-broadcast bias all of warp 1
+//     reads each key tile's one row (fwd_bias_ring.cuh).
 //   consumer warpgroups (two or three, 64 query rows each; fwd_mma.cuh):
 //     S = Q K^T, the mask and online softmax, and O += P V, software-
 //     pipelined by one key tile and taking turns on the tensor cores; then
@@ -34,10 +35,11 @@ namespace ckfmha::kernel {
 // loop as it was: sharing one loop with a run-time test per key tile cost
 // them 10-14%, and one kernel holding both loops left d128's and d256's
 // accumulators in local memory (NOTES 85).
-// `BiasFromRing`: an elementwise bias through the shared-memory ring
-// (fwd_bias_ring.cuh), likewise a kernel of its own: beside the register
-// path in one kernel, both paths spilled more.
-template <class Traits, bool Fp8BlockScales = false, bool BiasFromRing = false>
+// `Bias`: where an elementwise bias comes from (fwd_bias_ring.cuh): read
+// into registers, or through the shared-memory ring as tiles or as one
+// broadcast row a key tile, each likewise a kernel of its own: beside the
+// register path in one kernel, both paths spilled more.
+template <class Traits, bool Fp8BlockScales = false, BiasSource Bias = BiasSource::kRegisters>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_sm90_kernel(__grid_constant__ const FwdSm90Params<Traits> params) {
   using namespace cute;
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   typename Traits::BiasRing* bias_ring = Traits::bias_ring(storage);
   if (threadIdx.x == 0) {
     fwd_sm90_init_barriers<Traits>(bar);
-    if constexpr (BiasFromRing) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
+    if constexpr (Bias != BiasSource::kRegisters) fwd_sm90_init_bias_ring<Traits>(*bias_ring);
   }
   __syncthreads();
 
@@ -73,9 +75,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         return;
       }
     }
-    if constexpr (BiasFromRing) {
+    if constexpr (Bias == BiasSource::kTileRing) {
       if (warp == 1) {
         if (lane == 0) fwd_sm90_load_bias_tiles<Traits>(params, *bias_ring);
+        return;
+      }
+    }
+    if constexpr (Bias == BiasSource::kRowRing) {
+      if (warp == 1) {
+        fwd_sm90_load_bias_rows<Traits>(params, *bias_ring, lane);
         return;
       }
     }
@@ -95,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   turns.start();
 
   int kv_count = 0;  // same counters as the producer's
-  FwdBiasRingReader<Traits> bias_reader{bias_ring};
+  FwdBiasRingReader<Traits, Bias == BiasSource::kRowRing> bias_reader{bias_ring};
   int q_count = 0;
   Tensor out = acc.out();
   acc.softmax.reset();
@@ -114,7 +122,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++q_count;
       return;
     }
-    if constexpr (BiasFromRing) {
+    if constexpr (Bias != BiasSource::kRegisters) {
       mma.template attend<Fp8BlockScales>(p, bar, turns, work, q_slot, kv_count, acc, out,
                                           &bias_reader);
     } else {

@@ -51,13 +51,15 @@ int launch_fwd_sm90(void const* problem, void const* args,
   if (int err = current_device_sms(&sms); err != 0) return err;
   // The bias ring's descriptor (fwd_bias_ring.cuh), where the bias fits TMA:
   // a (rows, keys, heads, batch) view whose broadcast axes have size 1 (TMA
-  // takes no zero stride; the kernel reads index 0 there).
+  // takes no zero stride; the kernel reads index 0 there). A row-broadcast
+  // bias takes the ring's row mode, which reads without a descriptor.
   typename Traits::TmaBias tma_bias{};
-  bool bias_from_ring = false;
+  BiasSource bias_source = BiasSource::kRegisters;
   if constexpr (Traits::kBiasStages > 0) {
     using Element = typename Traits::Element;
-    bias_from_ring = bias_fits_tma<Element>(ar.bias, pr.bias_stride);
-    if (bias_from_ring) {
+    if (bias_rows_broadcast(ar.bias, pr.bias_stride)) bias_source = BiasSource::kRowRing;
+    if (bias_fits_tma<Element>(ar.bias, pr.bias_stride)) {
+      bias_source = BiasSource::kTileRing;
       const int64_t plane = pr.bias_stride[2] * pr.seqlen_q;  // any legal stride of a unit axis
       const bool per_head = pr.bias_stride[1] != 0, per_batch = pr.bias_stride[0] != 0;
       tma_bias = make_tma_copy(
@@ -109,9 +111,13 @@ int launch_fwd_sm90(void const* problem, void const* args,
     }
   }
   if constexpr (Traits::kBiasStages > 0) {
-    if (bias_from_ring) {
-      return launch_kernel(&fwd_sm90_kernel<Traits, false, true>, grid, Traits::kThreads,
-                           Traits::kSmemBytes, stream, params);
+    if (bias_source == BiasSource::kTileRing) {
+      return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kTileRing>, grid,
+                           Traits::kThreads, Traits::kSmemBytes, stream, params);
+    }
+    if (bias_source == BiasSource::kRowRing) {
+      return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kRowRing>, grid,
+                           Traits::kThreads, Traits::kSmemBytes, stream, params);
     }
   }
   return launch_kernel(&fwd_sm90_kernel<Traits>, grid, Traits::kThreads, Traits::kSmemBytes,
