@@ -72,41 +72,49 @@ def _layer_visibility(
 
 def _matching_visibility(
     mask: torch.Tensor, candidates: list[_Visibility], seqlen_q: int, seqlen_k: int
-) -> _Visibility | None:
-    """The first candidate pattern the mask equals exactly, or None. A float mask counts as
-    a pattern only if each entry is 0 or the most negative value (eager masks, -inf)."""
+) -> tuple[_Visibility | None, bool]:
+    """The first candidate pattern the mask equals exactly (or None), and whether every query
+    row of the mask equals its first (a padding mask without causality: one row per sequence
+    serves as the bias). A float mask counts as a pattern only if each entry is 0 or the most
+    negative value (eager masks, -inf)."""
     if mask.dtype == torch.bool:
         visible = mask
         pure = torch.ones((), dtype=torch.bool, device=mask.device)
     else:
         visible = mask == 0
         pure = (visible | (mask <= torch.finfo(mask.dtype).min)).all()
-    checks = [pure]
+    checks = [pure, (mask == mask[..., :1, :]).all()]
     for candidate in candidates:
         expected = candidate.visible_keys(seqlen_q, seqlen_k, mask.device)
         checks.append((visible == expected).all())
     found = torch.stack(checks).tolist()  # one device sync for all checks
+    rows_equal = bool(found[1])
     if not found[0]:
-        return None
-    return next((c for c, hit in zip(candidates, found[1:], strict=True) if hit), None)
+        return None, rows_equal
+    hits = zip(candidates, found[2:], strict=True)
+    return next((c for c, hit in hits if hit), None), rows_equal
 
 
 def _mask_plan(
     mask: torch.Tensor, candidates: list[_Visibility], seqlen_q: int, seqlen_k: int,
     dtype: torch.dtype,
 ) -> _Visibility | torch.Tensor:  # fmt: skip
-    """A pattern the mask equals, else the mask as an additive bias; remembered on the mask
-    object (keyed by its version and the question) so the layers after the first that
-    share it skip the device sync. Inference tensors have no version counter (nor are they
-    changed in place between a model's layers). While tracing, the mask is used as a bias."""
+    """A pattern the mask equals, else the mask as an additive bias: its first query row
+    alone ([.., 1, seqlen_k], broadcast over the rows) where every row equals it and the mask
+    takes no gradient, which the Hopper kernels read once a key tile rather than once a
+    score. Remembered on the mask object (keyed by its version and the question) so the
+    layers after the first that share it skip the device sync. Inference tensors have no
+    version counter (nor are they changed in place between a model's layers). While
+    tracing, the mask is used as a bias."""
     if is_tracing(mask):
         return additive_bias(mask, dtype)
     version = None if mask.is_inference() else mask._version
     key = (version, seqlen_q, seqlen_k, dtype, tuple(candidates))
     memo: dict[Any, Any] = getattr(mask, _MASK_MEMO, None) or {}
     if key not in memo:
-        match = _matching_visibility(mask, candidates, seqlen_q, seqlen_k)
-        memo[key] = match if match is not None else additive_bias(mask, dtype)
+        match, rows_equal = _matching_visibility(mask, candidates, seqlen_q, seqlen_k)
+        rows = mask[..., :1, :] if rows_equal and not mask.requires_grad else mask
+        memo[key] = match if match is not None else additive_bias(rows, dtype)
         setattr(mask, _MASK_MEMO, memo)
     return memo[key]
 

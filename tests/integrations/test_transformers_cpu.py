@@ -150,14 +150,31 @@ def test_float_padding_mask_is_used_as_it_is() -> None:
     options = _options(mask, 4, 4)
     assert options.bias is not None and options.bias.dtype == BF16
     assert torch.equal(options.bias, mask.to(BF16)) and not options.causal
-    # Values that are neither 0 nor the lowest (an ALiBi-like mask) are a bias too.
+    # Values that are neither 0 nor the lowest (an ALiBi-like mask) are a bias too; its rows
+    # are all equal, so one row of it serves.
     slopes = -torch.arange(4.0)[None, None, None, :].expand(1, 1, 4, 4)
-    assert torch.equal(_options(slopes, 4, 4).bias, slopes.to(BF16))
+    assert torch.equal(_options(slopes, 4, 4).bias, slopes[..., :1, :].to(BF16))
 
 
 def test_expanded_mask_gives_a_bias_with_contiguous_rows() -> None:
     mask = torch.tensor([True, False, True])[None, None, None, :].expand(2, 1, 3, 3)
     assert _options(mask, 3, 3, is_causal=False).bias.stride(-1) == 1
+
+
+def test_padding_without_causality_becomes_one_bias_row_per_sequence() -> None:
+    # An encoder's padded batch: every query row of a sequence sees the same keys, so the
+    # bias is [b, 1, 1, sk] (the Hopper kernels' row mode) and equals the mask's rows.
+    mask = torch.ones(3, 1, 5, 5, dtype=torch.bool)
+    mask[0, ..., 3:] = False
+    mask[2, ..., 1:] = False
+    bias = _options(mask, 5, 5, is_causal=False).bias
+    assert bias.shape == (3, 1, 1, 5)
+    assert torch.equal(bias.expand(3, 1, 5, 5) == 0, mask)
+    # One row that differs, or a mask that takes a gradient, keeps the full bias.
+    mask[1, 0, 4, 0] = False
+    assert _options(mask, 5, 5, is_causal=False).bias.shape == (3, 1, 5, 5)
+    trained = torch.randn(2, 1, 1, 4, requires_grad=True).expand(2, 1, 4, 4)
+    assert _options(trained, 4, 4, is_causal=False).bias.shape == (2, 1, 4, 4)
 
 
 def test_mask_shape_must_cover_queries_and_keys() -> None:

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "ckfmha/kernel/common/features.h"
+#include "ckfmha/kernel/common/fragment_layout.cuh"
 #include "ckfmha/kernel/common/persistent_tile_order.cuh"
 #include "ckfmha/kernel/params/fwd_params.h"
 #include "ckfmha/kernel/sm90/fwd_ring.cuh"  // RingSlot
@@ -40,11 +41,27 @@ namespace ckfmha::kernel {
 // the accumulator layout (8 rows, 4 key pairs of each) hit 32 distinct banks.
 //
 // Row mode keeps kBiasRowSlots rows of one key tile each at the start of
-// `rows`, unswizzled: a warp's reads are 4 distinct
-// words, each broadcast to the lanes of its key pair. More slots than tile
-// stages because a row lands in a few hundred cycles and the consumers can
-// then run that many tiles ahead of a slow load.
+// `rows`, as fp32 in the consumers' fragment order (BiasRowLayout). More
+// slots than tile stages because a row lands in a few hundred cycles and
+// the consumers can then run that many tiles ahead of a slow load.
 inline constexpr int kBiasRowSlots = 8;
+
+// A row slot's layout. A consumer thread's scores hold, for each 8-key chunk
+// j of the tile, keys 8 j + 2 q and 8 j + 2 q + 1 with q = lane % 4 (the
+// wgmma accumulator's columns, gmma_accum_as_rows_cols): its fragment column
+// c is key 8 (c / 2) + 2 q + c % 2. The slot stores quad q's keys in
+// fragment order, so that a thread's columns c to c + 3 are one 16-byte
+// load, and pads each quad by four floats so that the four quads' loads fall
+// in distinct banks.
+template <int BlockN>
+struct BiasRowLayout {
+  static_assert(BlockN % 16 == 0, "a quad's keys are whole 16-byte loads");
+  static constexpr int kQuadFloats = BlockN / 4 + 4;
+  static constexpr int kSlotFloats = 4 * kQuadFloats;
+  __host__ __device__ static constexpr int offset(int key) {
+    return (key % 8) / 2 * kQuadFloats + key / 8 * 2 + key % 2;
+  }
+};
 
 template <class Element, class SmemLayout, int Stages>
 struct FwdBiasRingStorage {
@@ -59,9 +76,6 @@ struct FwdBiasRingStorage {
 struct NoBiasRing {};
 struct NoBiasTma {};
 
-// Whether a bias can come through the ring: TMA's 16-byte alignment of the
-// base and of every stride, strides TMA can encode (none negative), and
-// distinct rows (a row-broadcast bias takes row mode instead).
 // Where an elementwise bias comes from, a kernel for each (fwd_kernel.cuh).
 enum class BiasSource { kRegisters, kTileRing, kRowRing };
 
@@ -71,6 +85,9 @@ inline bool bias_rows_broadcast(void const* bias, int64_t const (&stride)[3]) {
   return bias != nullptr && stride[2] == 0;
 }
 
+// Whether a bias can come through the ring as tiles: TMA's 16-byte alignment
+// of the base and of every stride, strides TMA can encode (none negative),
+// and distinct rows (a row-broadcast bias takes row mode instead).
 template <class Element>
 inline bool bias_fits_tma(void const* bias, int64_t const (&stride)[3]) {
   constexpr int64_t kVector = 16 / int64_t(sizeof(Element));
@@ -133,9 +150,20 @@ __device__ __forceinline__ void fwd_sm90_load_bias_tiles(Params const& params,
   });
 }
 
+// Whether row mode's consumers start their S product from the row (one
+// 16-byte load per four scores, no instruction a score): where the bias is
+// added in raw score units, that is without a soft-cap, which must act on
+// the product alone (LogitTransform::kBiasInScoreUnits).
+template <class Traits>
+__host__ __device__ constexpr bool bias_rows_init_scores() {
+  return Traits::kBias == BiasMode::kElementwise && !Traits::kHasSoftcap;
+}
+
 // Row mode, run by every lane of warp 1: each key tile's row of the bias
-// (keys past the sequence as zeros), in the consumers' order. A lane's keys
-// are lane + 32 j, read as single elements so that any alignment and stride
+// (keys past the sequence as zeros), in the consumers' order, as fp32 in
+// raw score units (over the softmax scale) where the consumers start their
+// S product from it (bias_rows_init_scores), else as read. A lane's keys are
+// lane + 32 j, read as single elements so that any alignment and stride
 // serves; the next tile's keys are read before waiting for a free slot, so
 // that their latency overlaps the wait.
 template <class Traits, class Params>
@@ -145,10 +173,15 @@ __device__ __forceinline__ void fwd_sm90_load_bias_rows(Params const& params,
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using Element = typename Traits::Element;
   using Work = Sm90TileWork<Traits>;
+  using Layout = BiasRowLayout<Traits::kBlockN>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kPerLane = kBlockN / 32;
   static_assert(kBlockN % 32 == 0, "a key tile is whole warps of keys");
+  static_assert(kBiasRowSlots * Layout::kSlotFloats * 4 <= int(sizeof(ring.rows)),
+                "the row slots fit the ring's tile stages");
   FwdParams const& p = params.p;
+  const float unit = bias_rows_init_scores<Traits>() ? 1.f / p.scale : 1.f;
+  float* slots = reinterpret_cast<float*>(ring.rows.data());
   int count = 0;  // rows so far: the slot and its barriers' phase
   for_each_tile(params.order, [&](QueryTile query_tile) {
     const Work work(p, query_tile);
@@ -173,9 +206,11 @@ __device__ __forceinline__ void fwd_sm90_load_bias_rows(Params const& params,
       if (i + 1 < n_tiles) read(i + 1, next);
       const RingSlot slot = ring_slot_of<kBiasRowSlots>(count + i);
       Barrier::wait(&ring.row_empty[slot.stage], slot.phase ^ 1);
-      Element* slot_row = ring.rows.data() + slot.stage * kBlockN;
+      float* slot_row = slots + slot.stage * Layout::kSlotFloats;
       CUTE_UNROLL
-      for (int j = 0; j < kPerLane; ++j) slot_row[lane + 32 * j] = keys[j];
+      for (int j = 0; j < kPerLane; ++j) {
+        slot_row[Layout::offset(lane + 32 * j)] = float(keys[j]) * unit;
+      }
       Barrier::arrive(&ring.row_full[slot.stage]);
       CUTE_UNROLL
       for (int j = 0; j < kPerLane; ++j) keys[j] = next[j];
@@ -184,54 +219,77 @@ __device__ __forceinline__ void fwd_sm90_load_bias_rows(Params const& params,
   });
 }
 
-// Two neighbouring keys' bias, one shared-memory word.
-template <class Element>
-__device__ __forceinline__ cutlass::Array<Element, 2> load_bias_pair(uint32_t address) {
-  uint32_t word;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(word) : "r"(address));
-  return reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
-}
-
-// Scores (r, c) and (r, c + 1) with the pair added, in the units
-// LogitTransform::bias_for_softmax gives.
-template <class Transform, class Scores, class Element>
-__device__ __forceinline__ void add_bias_pair(Transform const& transform, Scores& scores, int r,
-                                              int c, cutlass::Array<Element, 2> const& pair) {
-  scores(r, c) = transform.bias_for_softmax(scores(r, c), float(pair[0]));
-  scores(r, c + 1) = transform.bias_for_softmax(scores(r, c + 1), float(pair[1]));
-}
-
 // The consumers' side: a tile's bias added to its scores from the ring, or
-// in row mode (`RowMode`) the tile's one row added to every row's scores.
+// in row mode (`RowMode`) the tile's one row, for every row of scores.
 template <class Traits, bool RowMode>
 struct FwdBiasRingReader {
   using Element = typename Traits::Element;
+  using RowLayout = BiasRowLayout<Traits::kBlockN>;
+  // Row mode without a soft-cap: init_scores() before the S product takes
+  // the place of add() after it.
+  static constexpr bool kInitsScores = RowMode && bias_rows_init_scores<Traits>();
   typename Traits::BiasRing* ring;
+
+  // Row mode: `visit(c, v)` with v the row's values at fragment columns c to
+  // c + 3 of this thread's scores (coords as for add()), then the slot
+  // released.
+  template <class Coords, class Visit>
+  __device__ __forceinline__ void for_row(Coords const& coords, int columns, int index,
+                                          Visit&& visit) const {
+    using namespace cute;
+    using Barrier = cutlass::arch::ClusterTransactionBarrier;
+    const RingSlot slot = ring_slot_of<kBiasRowSlots>(index);
+    Barrier::wait(&ring->row_full[slot.stage], slot.phase);
+    // Column 0 is key 2 q of the tile: quad q's keys start the thread's run.
+    float const* quad = reinterpret_cast<float const*>(ring->rows.data()) +
+                        slot.stage * RowLayout::kSlotFloats +
+                        RowLayout::offset(get<1>(coords(0, 0)));
+    CUTE_UNROLL
+    for (int c = 0; c < columns; c += 4) visit(c, *reinterpret_cast<float4 const*>(quad + c));
+    Barrier::arrive(&ring->row_empty[slot.stage]);
+  }
+
+  // Row mode without a soft-cap: the S accumulator `acc_s` (wgmma layout)
+  // set to the row in raw score units, for the product to add to.
+  template <class AccS, class Coords>
+  __device__ __forceinline__ void init_scores(AccS& acc_s, Coords const& coords,
+                                              int index) const {
+    using namespace cute;
+    static_assert(kInitsScores);
+    Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
+    for_row(coords, size<1>(scores), index, [&](int c, float4 v) {
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(scores); ++r) {
+        scores(r, c) = v.x;
+        scores(r, c + 1) = v.y;
+        scores(r, c + 2) = v.z;
+        scores(r, c + 3) = v.w;
+      }
+    });
+  }
 
   // The ring's tile `index` (one per key tile, in the K/V ring's order, so
   // the consumers' K/V tile count): scores(r, c) becomes the raw score plus
   // the bias at the tile's (row, key) coords(r, c), in the units
   // LogitTransform::bias_for_softmax gives; the stage is released at once.
-  // Fragment columns 2k and 2k + 1 are neighbouring keys, one word; in row
-  // mode each word is read once for all of a thread's rows.
+  // Tiles: fragment columns 2k and 2k + 1 are neighbouring keys, one word.
   template <class Transform, class Scores, class Coords>
   __device__ __forceinline__ void add(Transform const& transform, Scores& scores,
                                       Coords const& coords, int index) const {
     using namespace cute;
     using Barrier = cutlass::arch::ClusterTransactionBarrier;
-    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ring->rows.data()));
     if constexpr (RowMode) {
-      const RingSlot slot = ring_slot_of<kBiasRowSlots>(index);
-      Barrier::wait(&ring->row_full[slot.stage], slot.phase);
-      const uint32_t row = base + uint32_t(slot.stage * Traits::kBlockN * int(sizeof(Element)));
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); c += 2) {
-        const uint32_t address = row + uint32_t(get<1>(coords(0, c)) * int(sizeof(Element)));
-        const auto pair = load_bias_pair<Element>(address);
+      static_assert(!kInitsScores, "the row is already in the scores");
+      for_row(coords, size<1>(scores), index, [&](int c, float4 v) {
+        const float values[4] = {v.x, v.y, v.z, v.w};
         CUTE_UNROLL
-        for (int r = 0; r < size<0>(scores); ++r) add_bias_pair(transform, scores, r, c, pair);
-      }
-      Barrier::arrive(&ring->row_empty[slot.stage]);
+        for (int r = 0; r < size<0>(scores); ++r) {
+          CUTE_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            scores(r, c + e) = transform.bias_for_softmax(scores(r, c + e), values[e]);
+          }
+        }
+      });
     } else {
       using Layout = typename Traits::SmemLayoutBiasRing;
       // Byte offsets: the layout without its swizzle, then the swizzle,
@@ -240,6 +298,7 @@ struct FwdBiasRingReader {
       constexpr auto kSwizzle = get_swizzle_portion(Layout{});
       const RingSlot slot = ring_slot_of<Traits::kBiasStages>(index);
       Barrier::wait(&ring->full[slot.stage], slot.phase);
+      const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ring->rows.data()));
       CUTE_UNROLL
       for (int r = 0; r < size<0>(scores); ++r) {
         const int row = get<0>(coords(r, 0));
@@ -247,7 +306,11 @@ struct FwdBiasRingReader {
         for (int c = 0; c < size<1>(scores); c += 2) {
           const int linear = kLinear(row, get<1>(coords(r, c)), slot.stage);
           const uint32_t address = base + uint32_t(kSwizzle(linear * int(sizeof(Element))));
-          add_bias_pair(transform, scores, r, c, load_bias_pair<Element>(address));
+          uint32_t word;
+          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(word) : "r"(address));
+          const auto pair = reinterpret_cast<cutlass::Array<Element, 2> const&>(word);
+          scores(r, c) = transform.bias_for_softmax(scores(r, c), float(pair[0]));
+          scores(r, c + 1) = transform.bias_for_softmax(scores(r, c + 1), float(pair[1]));
         }
       }
       Barrier::arrive(&ring->empty[slot.stage]);

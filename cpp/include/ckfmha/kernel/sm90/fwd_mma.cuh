@@ -174,11 +174,13 @@ struct FwdSm90Mma {
         cS_rows_cols(gmma_accum_coords(thr_qk, TileS{})),
         cO_rows_cols(gmma_accum_coords(thr_pv, TileO{})) {}
 
-  // S = Q K^T of one key tile into acc_s, both operands from shared memory.
-  template <class AccS>
+  // S = Q K^T of one key tile into acc_s, both operands from shared memory;
+  // `Accumulate`: added to what acc_s holds (a row-broadcast bias,
+  // FwdBiasRingReader::init_scores).
+  template <bool Accumulate = false, class AccS>
   __device__ __forceinline__ void issue_s(AccS& acc_s, int q_stage, int stage) {
     using namespace cute;
-    mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+    mma_qk.accumulate_ = Accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tSrQ); ++k) {
       gemm(mma_qk, tSrQ(_, _, k, q_stage), tSrK(_, _, k, stage), acc_s);
@@ -249,6 +251,14 @@ struct FwdSm90Mma {
     // Key tile i's first key (tiles run from the last to the first).
     auto n_begin_of = [&](int i) { return (n_last - 1 - i) * kBlockN; };
     constexpr bool kBiasFromRing = !std::is_same_v<BiasRingReader, std::nullptr_t>;
+    // Row mode without a soft-cap: each S product starts from the bias row.
+    constexpr bool kInitScores = [] {
+      if constexpr (kBiasFromRing) {
+        return std::remove_pointer_t<BiasRingReader>::kInitsScores;
+      } else {
+        return false;
+      }
+    }();
     using TileOfBias = std::conditional_t<kBiasFromRing, NoBiasTile, BiasTile>;
     auto read_bias = [&](int i) {
       TileOfBias bias{};
@@ -278,7 +288,7 @@ struct FwdSm90Mma {
                               TileOfBias const& bias) {
       Tensor scores = make_tensor(acc_s.data(), gmma_accum_as_rows_cols(acc_s.layout()));
       if constexpr (kBiasFromRing) {
-        bias_ring->add(transform, scores, cS_rows_cols, kv_count + i);
+        if constexpr (!kInitScores) bias_ring->add(transform, scores, cS_rows_cols, kv_count + i);
       } else if constexpr (kBiasAhead) {
         transform.apply_loaded(scores, bias);
       } else if constexpr (Transform::kCapScaledBySoftmax) {
@@ -345,11 +355,12 @@ struct FwdSm90Mma {
       const float2 kv_scales = key_scales(0);
       const TileOfBias bias = read_bias(0);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+      if constexpr (kInitScores) bias_ring->init_scores(acc_s, cS_rows_cols, kv_count);
       Barrier::wait(&bar.k_full[slot.stage], slot.phase);
       warpgroup_fence_operand(acc_s);
       turns.wait_turn();
       warpgroup_arrive();
-      issue_s(acc_s, q_slot.stage, slot.stage);
+      issue_s<kInitScores>(acc_s, q_slot.stage, slot.stage);
       turns.hand_over();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
@@ -369,6 +380,7 @@ struct FwdSm90Mma {
       const float v_before = BlockScales ? key_scales(i - 1).y : 0.f;
       const TileOfBias bias = read_bias(i);
       Tensor acc_s = partition_fragment_C(mma_qk, TileS{});
+      if constexpr (kInitScores) bias_ring->init_scores(acc_s, cS_rows_cols, kv_count + i);
       // Both operands are waited for before the turn, which must not be held
       // while a load is late.
       if (!k_ready) Barrier::wait(&bar.k_full[slot.stage], slot.phase);
@@ -377,7 +389,7 @@ struct FwdSm90Mma {
       warpgroup_fence_operand(acc_o);
       turns.wait_turn();
       warpgroup_arrive();
-      issue_s(acc_s, q_slot.stage, slot.stage);
+      issue_s<kInitScores>(acc_s, q_slot.stage, slot.stage);
       issue_pv(acc, prev.stage);
       turns.hand_over();
       warpgroup_wait<1>();  // S_i; the P V product may still run
