@@ -107,16 +107,34 @@ def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]
         "dropout": "dropout_p" in options, "softcap": "softcap" in options,
         "sink": "sink" in options, "v_col_major": False, "kv_quant": "none", "q_quant": "none",
     }  # fmt: skip
-    return registered_kernel(wanted)
+    names = registered_kernels(wanted)
+    if len(names) > 1:
+        # Several tiles of one signature (the d64 192-row companion of row-broadcast biases):
+        # the one the dispatcher picks for this problem.
+        bias = options.get("bias")
+        problem = ckfmha.FwdProblem(
+            batch=shape.batch, nhead_q=shape.heads_q, nhead_k=shape.heads_k,
+            seqlen_q=shape.seqlen, hdim=shape.hdim, dtype=dtype, causal=shape.causal, lse=True,
+            bias=wanted["bias"], bias_rows_broadcast=bias is not None and bias.stride(2) == 0,
+            sink=wanted["sink"], dropout_p=options.get("dropout_p", 0.0),
+            softcap=options.get("softcap", 0.0))  # fmt: skip
+        chosen = ckfmha.Dispatcher().select(problem)
+        return chosen if chosen in names else names[0]
+    return names[0] if names else None
+
+
+def registered_kernels(wanted: dict[str, Any]) -> list[str]:
+    """The registered kernels for this device's arch whose fields match ``wanted``."""
+    arch = ckfmha.device_arch()
+    return [
+        k["name"] for k in ckfmha.Registry().kernels()
+        if all(k[key] == value for key, value in wanted.items()) and k["arch"] == arch
+    ]  # fmt: skip
 
 
 def registered_kernel(wanted: dict[str, Any]) -> str | None:
     """The first registered kernel for this device's arch whose fields match ``wanted``."""
-    arch = ckfmha.device_arch()
-    names = [
-        k["name"] for k in ckfmha.Registry().kernels()
-        if all(k[key] == value for key, value in wanted.items()) and k["arch"] == arch
-    ]  # fmt: skip
+    names = registered_kernels(wanted)
     return names[0] if names else None
 
 

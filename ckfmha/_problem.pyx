@@ -48,6 +48,8 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     cdef int bias = bias_code(problem.bias)
     cdef int mode = mode_code(problem.mode)
     out.bias = <capi.ckfmha_bias>bias
+    if problem.bias_rows_broadcast:
+        out.bias_stride[2] = 0
     out.has_sink = 1 if problem.sink else 0
     out.dropout_p = float(problem.dropout_p)
     out.mode = <capi.ckfmha_mode>mode

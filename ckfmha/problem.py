@@ -156,6 +156,9 @@ class FwdProblem:
     window: tuple[int, int] | None = None
     softcap: float = 0.0
     bias: str = "none"  # "none" | "elementwise" | "alibi"
+    # An elementwise bias broadcast over the query rows ([b, 1 or h, 1, sk]: key-padding
+    # masks), which some kernels take only in that form.
+    bias_rows_broadcast: bool = False
     sink: bool = False
     dropout_p: float = 0.0
     mode: str = "batch"  # "batch" | "group" (varlen; seqlens are then the longest sequence)

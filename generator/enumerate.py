@@ -75,7 +75,8 @@ def candidates(
                 yield sig, pipeline, None
                 continue
             every_tile = receipt.all_tiles or sig.family in SHAPE_CHOSEN_TILE_FAMILIES
-            for tile in tiles if every_tile else tiles[:1]:
+            chosen = tiles if every_tile else tiles[:1] + tuple(t for t in tiles[1:] if t.companion)
+            for tile in chosen:
                 yield (
                     sig,
                     pipeline,

@@ -32,6 +32,10 @@ class TileSpec:
     # Signature fields this tile is limited to ("mask": ("none",), ...); empty: every
     # signature. A signature's default tile is the first entry that applies to it.
     when: tuple[tuple[str, tuple[str | bool, ...]], ...] = ()
+    # Built beside the default tile in every kernel set, not only in sets of every tile: the
+    # dispatcher picks between the two per problem (the Hopper d64 192-row tile takes
+    # row-broadcast biases only, the default 128-row tile every other bias).
+    companion: bool = False
 
     def applies_to(self, signature: Signature) -> bool:
         # A field another family's signature has (rope, page_layout) limits the tile to
@@ -151,7 +155,14 @@ def _parse_tile(raw: Mapping[str, Any], where: str) -> TileSpec:
         stages=int(raw.get("stages", 1)),
         ctas_per_sm=int(raw.get("ctas_per_sm", 1)),
         when=_parse_when(raw.get("when", {}), where),
+        companion=_parse_flag(raw.get("companion", False), "companion", where),
     )
+
+
+def _parse_flag(value: Any, key: str, where: str) -> bool:
+    if type(value) is not bool:
+        raise SpecsError(f"{where}: {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def _parse_arch(name: str, raw: Mapping[str, Any]) -> ArchSpec:

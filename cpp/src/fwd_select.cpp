@@ -39,6 +39,12 @@ std::string kv_storage_mismatch(ckfmha_kernel_entry const& k, ckfmha_fwd_problem
 
 bool is_paged(ckfmha_fwd_problem const& p) { return p.kv_storage != CKFMHA_KV_CONTIGUOUS; }
 
+bool bias_rows_only(ckfmha_kernel_entry const& k) {
+  // FwdSm90Traits::kBiasRowsOnly: the Hopper template's three-warpgroup tiles.
+  return k.bias == CKFMHA_BIAS_ELEMENTWISE && k.tile_m == 192 &&
+         std::string_view(k.pipeline) == "sm90_tma_wgmma";
+}
+
 bool is_paged_family(ckfmha_family family) {
   return family == CKFMHA_FAMILY_FWD_PAGEDKV || family == CKFMHA_FAMILY_BATCH_PREFILL;
 }
@@ -80,6 +86,9 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
     why << "mask " << mask_kind_name(k.mask) << ", problem needs " << mask_name(p.mask);
   } else if (k.bias != p.bias) {
     why << "bias " << bias_name(k.bias) << ", problem has " << bias_name(p.bias);
+  } else if (bias_rows_only(k) && p.bias_stride[2] != 0) {
+    why << "takes an elementwise bias broadcast over the query rows only ([b, 1 or h, 1, sk]: "
+           "three consumer warpgroups hold no bias tile), problem's bias has a row per query";
   } else if (p.store_lse && !k.has_lse) {
     why << "does not write LSE, problem asks for it";
   } else if (bool(k.has_dropout) != wants_dropout(p)) {
@@ -142,15 +151,18 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   // Preference among fitting kernels: SASS built for this exact arch, then the
   // faster pipeline (Hopper's TMA + wgmma over mma.sync), then the narrowest
   // mask kind (causal over window), then an exact LSE match, then the fewest
-  // wasted query rows, then generator order (the tile table lists its default first).
-  std::tuple<int, int, int, int, int64_t> best_score{};
+  // wasted query rows, then a kernel for row-broadcast biases only (a companion
+  // tile, which fits only such biases), then generator order (the tile table
+  // lists its default first).
+  std::tuple<int, int, int, int, int64_t, int> best_score{};
   for (auto const& k : kernels) {
     if (!same_shape(k, p, CKFMHA_FAMILY_FWD) || !reject_reason(k, p, device_arch).empty()) {
       continue;
     }
-    std::tuple<int, int, int, int, int64_t> score{
-        k.arch == device_arch, pipeline_rank(k.pipeline), k.mask == preferred_mask_kind(p.mask),
-        bool(k.has_lse) == bool(p.store_lse), -wasted_query_rows(p.seqlen_q, k.tile_m)};
+    std::tuple<int, int, int, int, int64_t, int> score{
+        k.arch == device_arch,  pipeline_rank(k.pipeline),
+        k.mask == preferred_mask_kind(p.mask), bool(k.has_lse) == bool(p.store_lse),
+        -wasted_query_rows(p.seqlen_q, k.tile_m), bias_rows_only(k)};
     if (!best.found || score > best_score) {
       best.found = true;
       best.kernel = k;

@@ -174,7 +174,7 @@ LearnedChoice decide(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_fwd
 // generation. Serving loops change the key length every step and the batch
 // often; neighbouring shapes get the same plan, and the trees are walked
 // again only when a length moves to the next step.
-using ShapeKey = std::array<int64_t, 27>;
+using ShapeKey = std::array<int64_t, 28>;
 
 int64_t length_step(int64_t n) {
   return n < 16 ? n : 16 + int64_t(std::floor(std::log2(double(n)) * 16));
@@ -186,11 +186,12 @@ ShapeKey shape_key(ckfmha_fwd_problem const& p, PlanContext const& context,
           p.nhead_q,                 p.nhead_k,               length_step(p.seqlen_q),
           length_step(p.seqlen_k),   p.hdim_q,                p.hdim_v,
           int64_t(p.mask),           p.window_left,           p.window_right,
-          int64_t(p.bias),           p.store_lse,             p.dropout_p > 0.f,
-          p.store_dropout_randval,   p.softcap > 0.f,         p.has_sink,
-          p.v_col_major,             context.device_arch,     context.num_sms,
-          context.workspace_available, int64_t(context.selection_generation),
-          int64_t(kernel_count),     int64_t(p.kv_storage),
+          int64_t(p.bias),           p.bias_stride[2] == 0,   p.store_lse,
+          p.dropout_p > 0.f,         p.store_dropout_randval, p.softcap > 0.f,
+          p.has_sink,                p.v_col_major,           context.device_arch,
+          context.num_sms,           context.workspace_available,
+          int64_t(context.selection_generation), int64_t(kernel_count),
+          int64_t(p.kv_storage),
           // Group mode: the token counts (the mean lengths are features).
           length_step(p.mode == CKFMHA_MODE_GROUP ? p.total_q : 0),
           length_step(p.mode == CKFMHA_MODE_GROUP ? p.total_k : 0)};

@@ -1,15 +1,17 @@
 """Which tile the dispatcher picks when a signature is built with several query-tile heights.
 
 No kernel set built in CI has such a signature for the forward family, so the test
-registers a module of its own: a C kernel table with two entries of one made-up
-signature (a 192-row tile listed first, as the tile table lists its default first, then
-a 128-row one), whose launch functions are never called. The module loads in a child
-process so the registry of the other tests never sees it.
+registers a module of its own: a C kernel table with two entries of each of two made-up
+signatures (the tile table's default first: a 192-row tile then a 128-row one without a
+bias; with an elementwise bias the 128-row tile, then the 192-row companion for row-broadcast
+biases), whose launch functions are never called. The module loads in a child process so
+the registry of the other tests never sees it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -28,19 +30,23 @@ static int never_launched(const void* problem, const void* args,
   return -1;
 }
 
-#define ENTRY(NAME, TILE_M, WARPS)                                                       \
+#define ENTRY(NAME, BIAS, TILE_M, WARPS)                                                 \
   {NAME, CKFMHA_FAMILY_FWD, CKFMHA_DTYPE_FP16, CKFMHA_MODE_BATCH, 40, 40,                \
-   CKFMHA_MASK_KIND_NONE, CKFMHA_BIAS_NONE, 1, 0, 0, 0, 0, 0, CKFMHA_ROPE_NONE, 0,       \
+   CKFMHA_MASK_KIND_NONE, BIAS, 1, 0, 0, 0, 0, 0, CKFMHA_ROPE_NONE, 0,                   \
    CKFMHA_PAGE_LAYOUT_LINEAR, CKFMHA_KV_QUANT_NONE, CKFMHA_KV_QUANT_NONE, 90, "sm_90a",  \
    "sm90_tma_wgmma", TILE_M, 128, 40, WARPS, 2,                                          \
    never_launched}
 
+/* Plain: the 192-row default first. Elementwise bias: the 128-row default first, then the
+   192-row companion, which takes row-broadcast biases only. */
 static const ckfmha_kernel_entry entries[] = {
-    ENTRY("test_fwd_fp16_d40_m192", 192, 16),
-    ENTRY("test_fwd_fp16_d40_m128", 128, 12),
+    ENTRY("test_fwd_fp16_d40_m192", CKFMHA_BIAS_NONE, 192, 16),
+    ENTRY("test_fwd_fp16_d40_m128", CKFMHA_BIAS_NONE, 128, 12),
+    ENTRY("test_fwd_fp16_d40_bias_m128", CKFMHA_BIAS_ELEMENTWISE, 128, 12),
+    ENTRY("test_fwd_fp16_d40_bias_m192", CKFMHA_BIAS_ELEMENTWISE, 192, 16),
 };
 
-static const ckfmha_kernel_table table = {CKFMHA_KERNEL_ABI_VERSION, 2, entries};
+static const ckfmha_kernel_table table = {CKFMHA_KERNEL_ABI_VERSION, 4, entries};
 
 const ckfmha_kernel_table* ckfmha_module_kernel_table(void) { return &table; }
 """
@@ -54,6 +60,23 @@ for seqlen in map(int, sys.argv[2:]):
     problem = ckfmha.FwdProblem(batch=2, nhead_q=4, seqlen_q=seqlen, hdim=40, dtype="fp16",
                                 lse=True)
     picks[seqlen] = ckfmha.Dispatcher().select(problem, arch="sm_90a")
+print(json.dumps(picks))
+"""
+
+BIAS_CHILD = r"""
+import json, sys
+import ckfmha
+ckfmha.Registry().load_module(sys.argv[1])
+dispatcher = ckfmha.Dispatcher()
+picks = {}
+for broadcast in (False, True):
+    for seqlen in (2048, 100):
+        problem = ckfmha.FwdProblem(batch=2, nhead_q=4, seqlen_q=seqlen, hdim=40, dtype="fp16",
+                                    lse=True, bias="elementwise", bias_rows_broadcast=broadcast)
+        picks[f"{broadcast} {seqlen}"] = dispatcher.select(problem, arch="sm_90a")
+full = ckfmha.FwdProblem(batch=2, nhead_q=4, seqlen_q=2048, hdim=40, dtype="fp16", lse=True,
+                         bias="elementwise")
+picks["explain"] = dispatcher.explain(full, arch="sm_90a")
 print(json.dumps(picks))
 """
 
@@ -91,3 +114,20 @@ def test_padding_under_an_eighth_keeps_the_table_order(tmp_path: Path) -> None:
     assert picks[100] == m128
     assert picks[200] == m128
     assert picks[1100] == m192
+
+
+@needs_cc
+def test_row_broadcast_biases_take_the_companion_tile(tmp_path: Path) -> None:
+    module = _build_module(tmp_path)
+    result = subprocess.run([sys.executable, "-c", BIAS_CHILD, str(module)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    picks = json.loads(result.stdout)
+    m128, m192 = "test_fwd_fp16_d40_bias_m128", "test_fwd_fp16_d40_bias_m192"
+    # A bias with a row per query: the companion refuses it, and says why.
+    assert picks["False 2048"] == m128 and picks["False 100"] == m128
+    assert re.search(rf"rejected  {m192}: takes an elementwise bias broadcast over the query "
+                     r"rows only \(\[b, 1 or h, 1, sk\]", picks["explain"]), picks["explain"]
+    # A row-broadcast bias: the companion where it pads no more rows than the default tile.
+    assert picks["True 2048"] == m192
+    assert picks["True 100"] == m128

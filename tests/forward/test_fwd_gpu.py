@@ -47,10 +47,20 @@ KERNELS = device_kernels("fwd")
 KERNEL_IDS = [k["name"] for k in KERNELS]
 
 
+def _bias_rows_only(kernel: dict[str, Any]) -> bool:
+    """The Hopper template's 192-row tile takes an elementwise bias only broadcast over the
+    query rows (FwdSm90Traits::kBiasRowsOnly); the dispatcher refuses it any other."""
+    return (kernel["pipeline"] == "sm90_tma_wgmma" and kernel["tile_m"] == 192
+            and kernel["bias"] == "elementwise")  # fmt: skip
+
+
 def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq: int,
                      sk: int, dtype: Any) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    if kernel["bias"] == "elementwise":
+    if _bias_rows_only(kernel):
+        # One row a (batch, head), broadcast over the batch and the query rows.
+        options["bias"] = inputs.normal((1, hq, 1, sk), dtype).expand(b, hq, sq, sk)
+    elif kernel["bias"] == "elementwise":
         # Broadcast over the batch: a stride-0 axis must work.
         options["bias"] = inputs.normal((1, hq, sq, sk), dtype).expand(b, hq, sq, sk)
     elif kernel["bias"] == "alibi":
@@ -313,6 +323,7 @@ def _check_varlen_case(kernel: dict[str, Any], q: Any, k: Any, v: Any, lens_q: n
 _SM90_BIAS_BATCH = [
     k for k in KERNELS
     if k["pipeline"] == "sm90_tma_wgmma" and k["bias"] == "elementwise" and k["mode"] == "batch"
+    and not _bias_rows_only(k)
 ]  # fmt: skip
 
 

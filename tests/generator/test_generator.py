@@ -236,12 +236,13 @@ def test_receipt_sizes(arch: str) -> None:
     fp8_forward = {"ci": 0, "default": 24, "full": 16 * (1 + 2 + 2) + 2 * 2}
     # The Hopper forward's features (bias, ALiBi, dropout, soft-cap, sinks): the ci set's three
     # feature kernels at fp16/bf16 head dims; the pairwise feature layer (x 2 dtypes x d64/d128)
-    # and the 7 training forwards it lacks (x 2 dtypes x d64/d128) in default and full. Head dim
-    # 32: fp16/bf16 x 3 masks, with LSE (default) and also without (full).
+    # and the 7 training forwards it lacks (x 2 dtypes x d64/d128) in default and full, plus the
+    # 192-row companion of the unmasked d64 elementwise bias (x 2 dtypes). Head dim 32:
+    # fp16/bf16 x 3 masks, with LSE (default) and also without (full).
     hopper_features = {
         "ci": 3,
-        "default": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 6,
-        "full": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 12,
+        "default": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 2 + 6,
+        "full": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 2 + 12,
     }
     # The Hopper backward's features (ALiBi, soft-cap, dropout) x 2 dtypes: at d64/d128 the three
     # feature plans without an elementwise bias and the four training plans it adds (soft-cap
@@ -835,31 +836,48 @@ def test_sm90_template_accepts_plain_attention() -> None:
 def test_tile_limited_by_when_is_the_default_only_where_it_applies() -> None:
     """d64's 192-row Hopper tile is listed first (after the fp8 forward's) for unmasked
     batch-mode signatures without an elementwise bias or dropout only; every other d64
-    signature keeps the 128-row tile as its default."""
+    signature keeps the 128-row tile as its default, and unmasked batch-mode elementwise
+    biases without a soft-cap also get the 192-row tile as a companion (row-broadcast biases
+    only, which the dispatcher sends there)."""
     specs = load_specs()
-    chosen = {
-        (c.signature.dtype, c.signature.mode, c.signature.mask, c.signature.lse,
-         c.signature.bias, c.signature.dropout): c.algorithm.tile_m
-        for c in select(get_receipt("default"), specs["sm_90a"]).accepted
-        if c.signature.family == "fwd"
-        and c.algorithm.pipeline == "sm90_tma_wgmma"
-        and c.signature.hdim_q == 64
-        and c.signature.q_quant == "none"
-    }
+    chosen: dict[tuple[object, ...], set[int]] = {}
+    for c in select(get_receipt("default"), specs["sm_90a"]).accepted:
+        sig = c.signature
+        if (sig.family == "fwd" and c.algorithm.pipeline == "sm90_tma_wgmma"
+                and sig.hdim_q == 64 and sig.q_quant == "none"):
+            key = (sig.dtype, sig.mode, sig.mask, sig.lse, sig.bias, sig.dropout, sig.softcap)
+            chosen.setdefault(key, set()).add(c.algorithm.tile_m)
     assert chosen, "the default set has d64 Hopper forward kernels"
-    for (dtype, mode, mask, lse, bias, dropout), tile_m in chosen.items():
-        rows192 = (mode, mask) == ("batch", "none") and bias != "elementwise" and not dropout
-        assert tile_m == (192 if rows192 else 128), (dtype, mode, mask, lse, bias, dropout)
-    assert {tile_m for key, tile_m in chosen.items() if key[4] == "elementwise"} == {128}
+    for (dtype, mode, mask, lse, bias, dropout, softcap), tiles in chosen.items():
+        unmasked = (mode, mask) == ("batch", "none") and not dropout
+        if unmasked and bias == "elementwise" and not softcap:
+            expected = {128, 192}
+        elif unmasked and bias != "elementwise":
+            expected = {192}
+        else:
+            expected = {128}
+        assert tiles == expected, (dtype, mode, mask, lse, bias, dropout, softcap)
     # The fp8 forward's tiles lead the list, limited to fp8 signatures (192 rows for the
-    # unmasked batch-mode ones, as for bf16).
-    fp8_rows192, fp8_tile, tile = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)[:3]
+    # unmasked batch-mode ones, as for bf16); the companion comes last.
+    d64 = specs["sm_90a"].tiles_for("fwd", "sm90_tma_wgmma", 64)
+    fp8_rows192, fp8_tile, tile = d64[:3]
     assert fp8_rows192.when == (("kv_quant", ("e4m3",)), ("mask", ("none",)), ("mode", ("batch",)))
     assert fp8_tile.when == (("kv_quant", ("e4m3",)),)
     assert tile.when == (
         ("bias", ("none", "alibi")), ("dropout", (False,)), ("mask", ("none",)),
         ("mode", ("batch",)),
     )  # fmt: skip
+    assert [t.companion for t in d64] == [False] * (len(d64) - 1) + [True]
+    assert d64[-1].tile_m == 192 and ("bias", ("elementwise",)) in d64[-1].when
+
+
+def test_companion_flag_is_checked_when_the_specs_load(tmp_path: Path) -> None:
+    specs = json.loads((REPO_ROOT / "arch_specs.json").read_text())
+    specs["arches"]["sm_90a"]["tiles"]["fwd"]["sm90_tma_wgmma"]["128"][0]["companion"] = "yes"
+    custom = tmp_path / "arch_specs.json"
+    custom.write_text(json.dumps(specs))
+    with pytest.raises(SpecsError, match=r"'companion' must be true or false, got 'yes'"):
+        load_specs(custom)
 
 
 @pytest.mark.parametrize(
@@ -932,10 +950,11 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     hopper = [n for n in names if "_sm90_tma_wgmma_" in n and n.startswith("fwd_")
               and "_qkve4m3__" not in n]  # fmt: skip
     # fp16/bf16 x none/causal/window x (batch mode at 6 head dims + group mode at 2), LSE; and
-    # the feature layer's and training set's signatures (fp16/bf16 x d64/d128).
+    # the feature layer's and training set's signatures (fp16/bf16 x d64/d128), the unmasked
+    # d64 elementwise bias on two tiles (the 192-row one for row-broadcast biases).
     plain = [n for n in hopper if not re.search(r"_(bias|alibi|drop|softcap|sink)", n)]
     assert len(plain) == 48
-    assert len(hopper) == 48 + len(_feature_combos()) * 2 * 2 + 7 * 2 * 2
+    assert len(hopper) == 48 + len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 2
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
     instance = emit.render_instance(
         next(

@@ -29,6 +29,10 @@ bool is_paged(ckfmha_fwd_problem const& problem);
 bool is_paged_family(ckfmha_family family);
 ckfmha_family paged_family(ckfmha_fwd_problem const& problem);
 
+// Whether a kernel takes only elementwise biases broadcast over the query rows
+// (the Hopper template's three-warpgroup tiles, FwdSm90Traits::kBiasRowsOnly).
+bool bias_rows_only(ckfmha_kernel_entry const& kernel);
+
 struct Selection {
   bool found = false;
   ckfmha_kernel_entry kernel{};

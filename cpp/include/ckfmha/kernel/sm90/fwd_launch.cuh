@@ -55,7 +55,11 @@ int launch_fwd_sm90(void const* problem, void const* args,
   // bias takes the ring's row mode, which reads without a descriptor.
   typename Traits::TmaBias tma_bias{};
   BiasSource bias_source = BiasSource::kRegisters;
-  if constexpr (Traits::kBiasStages > 0) {
+  if constexpr (Traits::kBiasRowsOnly) {
+    // The runtime's checks send these kernels row-broadcast biases only.
+    if (!bias_rows_broadcast(ar.bias, pr.bias_stride)) return -int(cudaErrorNotSupported);
+    bias_source = BiasSource::kRowRing;
+  } else if constexpr (Traits::kBiasStages > 0) {
     using Element = typename Traits::Element;
     if (bias_rows_broadcast(ar.bias, pr.bias_stride)) bias_source = BiasSource::kRowRing;
     if (bias_fits_tma<Element>(ar.bias, pr.bias_stride)) {
@@ -110,18 +114,23 @@ int launch_fwd_sm90(void const* problem, void const* args,
                            Traits::kSmemBytes, stream, params);
     }
   }
-  if constexpr (Traits::kBiasStages > 0) {
-    if (bias_source == BiasSource::kTileRing) {
-      return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kTileRing>, grid,
-                           Traits::kThreads, Traits::kSmemBytes, stream, params);
+  if constexpr (Traits::kBiasRowsOnly) {
+    return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kRowRing>, grid,
+                         Traits::kThreads, Traits::kSmemBytes, stream, params);
+  } else {
+    if constexpr (Traits::kBiasStages > 0) {
+      if (bias_source == BiasSource::kTileRing) {
+        return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kTileRing>, grid,
+                             Traits::kThreads, Traits::kSmemBytes, stream, params);
+      }
+      if (bias_source == BiasSource::kRowRing) {
+        return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kRowRing>, grid,
+                             Traits::kThreads, Traits::kSmemBytes, stream, params);
+      }
     }
-    if (bias_source == BiasSource::kRowRing) {
-      return launch_kernel(&fwd_sm90_kernel<Traits, false, BiasSource::kRowRing>, grid,
-                           Traits::kThreads, Traits::kSmemBytes, stream, params);
-    }
+    return launch_kernel(&fwd_sm90_kernel<Traits>, grid, Traits::kThreads, Traits::kSmemBytes,
+                         stream, params);
   }
-  return launch_kernel(&fwd_sm90_kernel<Traits>, grid, Traits::kThreads, Traits::kSmemBytes,
-                       stream, params);
 }
 
 }  // namespace ckfmha::kernel

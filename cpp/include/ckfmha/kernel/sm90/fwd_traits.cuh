@@ -325,6 +325,12 @@ struct FwdSm90Traits {
       : kBiasRingFits<2>             ? 2
       : kBiasRingFits<1>             ? 1
                                      : 0;
+  // Three consumer warpgroups (160 registers a thread) have no room for a
+  // bias tile, in registers or added from the ring (both spilled 0.9-1.3 KB
+  // at d64): their elementwise bias is a row broadcast over the query rows,
+  // in the ring's row mode only; the runtime gives them no other bias.
+  static constexpr bool kBiasRowsOnly =
+      Bias == BiasMode::kElementwise && kConsumerWarpgroups == 3;
   using BiasRing =
       std::conditional_t<kBiasStages == 0, NoBiasRing, BiasRingStages<kBiasStages>>;
   using SmemLayoutBiasRing = SmemLayoutBiasStages<kBiasStages == 0 ? 1 : kBiasStages>;
@@ -336,7 +342,7 @@ struct FwdSm90Traits {
   // The bias as (rows, keys, heads, batch), keys contiguous; only kernels
   // with a ring carry its descriptor.
   using TmaBias = std::conditional_t<
-      kBiasStages == 0, NoBiasTma,
+      kBiasStages == 0 || kBiasRowsOnly, NoBiasTma,
       decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorBias{},
                                    cute::take<0, 2>(SmemLayoutBiasRing{}),
                                    cute::Shape<cute::Int<kBlockM>, cute::Int<BlockN>>{},
