@@ -48,8 +48,12 @@ cdef int fill_fwd_problem(object problem, capi.ckfmha_fwd_problem* out) except -
     cdef int bias = bias_code(problem.bias)
     cdef int mode = mode_code(problem.mode)
     out.bias = <capi.ckfmha_bias>bias
-    if problem.bias_rows_broadcast:
-        out.bias_stride[2] = 0
+    if bias == capi.CKFMHA_BIAS_ELEMENTWISE:
+        # A contiguous [batch, nhead_q, seqlen_q or 1, seqlen_k] bias (0 broadcasts a row).
+        out.bias_stride[2] = 0 if problem.bias_rows_broadcast else out.seqlen_k
+        out.bias_stride[1] = <int64_t>(1 if problem.bias_rows_broadcast else out.seqlen_q) \
+            * out.seqlen_k
+        out.bias_stride[0] = <int64_t>out.nhead_q * out.bias_stride[1]
     out.has_sink = 1 if problem.sink else 0
     out.dropout_p = float(problem.dropout_p)
     out.mode = <capi.ckfmha_mode>mode
