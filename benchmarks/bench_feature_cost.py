@@ -115,12 +115,17 @@ def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]
         problem = ckfmha.FwdProblem(
             batch=shape.batch, nhead_q=shape.heads_q, nhead_k=shape.heads_k,
             seqlen_q=shape.seqlen, hdim=shape.hdim, dtype=dtype, causal=shape.causal, lse=True,
-            bias=wanted["bias"], bias_rows_broadcast=bias is not None and bias.stride(2) == 0,
+            bias=wanted["bias"], bias_rows_broadcast=rows_broadcast(bias),
             sink=wanted["sink"], dropout_p=options.get("dropout_p", 0.0),
             softcap=options.get("softcap", 0.0))  # fmt: skip
         chosen = ckfmha.Dispatcher().select(problem)
         return chosen if chosen in names else names[0]
     return names[0] if names else None
+
+
+def rows_broadcast(bias: torch.Tensor | None) -> bool:
+    """Whether a bias repeats one row for every query (size 1 or stride 0 there)."""
+    return bias is not None and (bias.shape[-2] == 1 or bias.stride(-2) == 0)
 
 
 def registered_kernels(wanted: dict[str, Any]) -> list[str]:
