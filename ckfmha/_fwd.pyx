@@ -443,16 +443,16 @@ def fwd(q, k, v, *, causal=False, causal_alignment="top_left", window=None, scal
     and must belong to the arrays' device.
     """
     key = None
-    if (bias is None and alibi_slopes is None and sink is None and not dropout_p and
+    if (alibi_slopes is None and sink is None and not dropout_p and
             not return_dropout_randval and not v_col_major and kernel is None and
             stream is None and dtype is None and kv_dtype is None and k_scale is None and
             v_scale is None and q_dtype is None and q_scale is None and out_dtype is None):
         # Torch tensors and options an earlier call had: its checked problem serves
         # (ckfmha/_fwd_fast.pyx).
-        key = fast_key(q, k, v, out, lse_out, causal, causal_alignment, window, scale,
+        key = fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, window, scale,
                        softcap, return_lse, layout, num_splits)
         if key is not None:
-            results = run_cached(key, q, k, v, out, lse_out)
+            results = run_cached(key, q, k, v, out, lse_out, bias)
             if results is not None:
                 return results
     check_scale_args(k_scale, v_scale)

@@ -10,8 +10,8 @@ cdef class CachedForward:
     cdef tuple lse_shape
 
 
-cdef object fast_key(q, k, v, out, lse_out, causal, causal_alignment, window, scale, softcap,
-                     return_lse, layout, num_splits)
-cdef object run_cached(object key, q, k, v, out, lse_out)
+cdef object fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, window, scale,
+                     softcap, return_lse, layout, num_splits)
+cdef object run_cached(object key, q, k, v, out, lse_out, bias)
 cdef int remember(object key, capi.ckfmha_fwd_problem* problem, int device, tuple o_shape,
                   tuple lse_shape) except -1

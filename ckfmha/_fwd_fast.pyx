@@ -2,14 +2,16 @@
 """The per-call fast path of ``ckfmha.fwd`` over torch tensors.
 
 A call whose arrays and options equal an earlier successful call's (shapes, strides, dtypes
-and devices of q, k, v and the outputs; mask, scale, soft-cap, LSE, layout, split count) has
+and devices of q, k, v, the outputs and an elementwise bias; mask, scale, soft-cap, LSE,
+layout, split count) has
 nothing new to check but its pointers: the earlier call's C problem, already validated, is
 reused, and only the data pointers, the stream, the outputs and the split-KV workspace are
 new. That skips the Python argument handling (views, device and dtype checks, fp8 and feature
 options), which costs more than the C planning and the launches for small problems such as
 decode steps.
 
-Calls with anything else (NumPy, CuPy or JAX arrays, bias, ALiBi, sinks, dropout, fp8, a
+Calls with anything else (NumPy, CuPy or JAX arrays, a bias not on the GPU, ALiBi, sinks,
+dropout, fp8, a
 forced kernel or an explicit stream, a device other than the current one) take the full path,
 as does a call here whose C run fails: the full path then reports the error (or compiles a
 kernel a changed selection mode needs).
@@ -59,9 +61,11 @@ cdef tuple _spec(t):
     return (t.shape, t.stride(), t.dtype, t.device)
 
 
-cdef object fast_key(q, k, v, out, lse_out, causal, causal_alignment, window, scale, softcap,
-                     return_lse, layout, num_splits):
-    """The cache key of a call that may take the fast path, else None."""
+cdef object fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, window, scale,
+                     softcap, return_lse, layout, num_splits):
+    """The cache key of a call that may take the fast path, else None. A bias must be a
+    torch tensor on the GPU: the full path then reads it where it lies, with the strides the
+    key holds (a host bias is staged through a copy of other strides)."""
     if not _torch_ready():
         return None
     T = _tensor_type
@@ -72,13 +76,16 @@ cdef object fast_key(q, k, v, out, lse_out, causal, causal_alignment, window, sc
         return None
     if not q.is_cuda or q.dtype not in _plain_dtypes:
         return None
+    if bias is not None and (type(bias) is not T or not bias.is_cuda):
+        return None
     if window is not None and type(window) is not tuple:
         if type(window) is not list:
             return None
         window = tuple(window)  # the torch ops pass [left, right]
     key = (_spec(q), _spec(k), _spec(v), None if out is None else _spec(out),
-           None if lse_out is None else _spec(lse_out), causal, causal_alignment, window,
-           scale, softcap, bool(return_lse), layout, num_splits)
+           None if lse_out is None else _spec(lse_out), None if bias is None else _spec(bias),
+           causal, causal_alignment, window, scale, softcap, bool(return_lse), layout,
+           num_splits)
     try:
         hash(key)
     except TypeError:
@@ -115,7 +122,7 @@ cdef bint _overlap(uintptr_t a, int64_t a_span, uintptr_t b, int64_t b_span):
     return a_span > 0 and b_span > 0 and a < b + <uintptr_t>b_span and b < a + <uintptr_t>a_span
 
 
-cdef object run_cached(object key, q, k, v, out, lse_out):
+cdef object run_cached(object key, q, k, v, out, lse_out, bias):
     """The call's results through its cached problem, or None when it must take the full path
     (no entry, another current device, caller outputs that may overlap the inputs, a failed
     run)."""
@@ -130,6 +137,8 @@ cdef object run_cached(object key, q, k, v, out, lse_out):
     args.q = <const void*><uintptr_t>q.data_ptr()
     args.k = <const void*><uintptr_t>k.data_ptr()
     args.v = <const void*><uintptr_t>v.data_ptr()
+    if bias is not None:
+        args.bias = <const void*><uintptr_t>bias.data_ptr()
     device = q.device
     torch_empty = sys.modules["torch"].empty
     o = torch_empty(entry.o_shape, dtype=entry.o_dtype, device=device) if out is None else out
@@ -141,8 +150,10 @@ cdef object run_cached(object key, q, k, v, out, lse_out):
         args.lse = <float*><uintptr_t>lse.data_ptr()
     if out is not None or lse_out is not None:
         # Caller outputs: whenever spans meet, the full path's exact check decides.
-        inputs = ((<uintptr_t>args.q, _span(q)), (<uintptr_t>args.k, _span(k)),
-                  (<uintptr_t>args.v, _span(v)))
+        inputs = [(<uintptr_t>args.q, _span(q)), (<uintptr_t>args.k, _span(k)),
+                  (<uintptr_t>args.v, _span(v))]
+        if bias is not None:
+            inputs.append((<uintptr_t>args.bias, _span(bias)))
         o_span = _span(o)
         lse_span = _span(lse) if lse is not None else 0
         for start, span in inputs:

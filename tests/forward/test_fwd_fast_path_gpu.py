@@ -116,3 +116,33 @@ def test_cached_call_still_refuses_outputs_over_inputs() -> None:
     k_view = k.view(torch.bfloat16)
     with pytest.raises(InvalidArgumentError, match="out"):
         ckfmha.fwd(q, k, v, out=k_view)
+
+
+def test_bias_calls_read_each_calls_bias() -> None:
+    """A GPU bias takes the fast path with its shape and strides in the key: every call reads
+    its own bias (key-padding rows of a new length each call, then a full bias), and a caller
+    output over the bias is still refused."""
+    inputs = Inputs(13)
+    _fwd_fast.clear()
+    b, hq, hk, sq, sk, d = 2, 12, 4, 200, 333, 64
+    for call in range(3):
+        q, k, v = _qkv(inputs, (b, hq, sq, d), (b, hk, sk, d))
+        bias = inputs.normal((b, 1, 1, sk), torch.bfloat16)
+        bias[0, ..., 1 + inputs.integer(sk):] = float("-inf")
+        o = ckfmha.fwd(q, k, v, bias=bias)
+        torch.cuda.synchronize()
+        ref, _ = attention_reference(f64(q), f64(k), f64(v), bias=f64(bias))
+        compare({"dtype": "bf16"}, o, None, ref, None, f"key-padding bias, call {call}")
+    assert _fwd_fast.cached_calls() == 1
+    q, k, v = _qkv(inputs, (b, hq, sq, d), (b, hk, d, d))
+    for call in range(2):
+        full = inputs.normal((b, hq, sq, d), torch.bfloat16)
+        out = torch.full((b, hq, sq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ckfmha.fwd(q, k, v, bias=full, out=out)
+        torch.cuda.synchronize()
+        ref, _ = attention_reference(f64(q), f64(k), f64(v), bias=f64(full))
+        compare({"dtype": "bf16"}, out, None, ref, None, f"full bias, call {call}")
+    assert _fwd_fast.cached_calls() == 2
+    # The output's spec equals the bias's: only the pointers say that they meet.
+    with pytest.raises(InvalidArgumentError, match="out"):
+        ckfmha.fwd(q, k, v, bias=full, out=full)
