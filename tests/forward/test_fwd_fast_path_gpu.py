@@ -4,8 +4,9 @@ A torch call whose shapes, strides, dtypes, devices and options match an earlier
 that call's checked C problem. These tests repeat calls with fresh random data each time
 (checked against the float64 reference, outputs poisoned first), so a cached problem that kept
 an earlier call's pointers, shapes or options would fail them; they also check that calls
-which differ in strides, layout, mask or LSE get their own entries, and that caller outputs
-overlapping the inputs are still refused on a cached call.
+which differ in strides, layout, mask or LSE get their own entries, that calls with a GPU
+bias read each call's bias, and that caller outputs overlapping the inputs (the bias among
+them) are still refused on a cached call.
 The kernels are those of the default set (bf16, d64/d128, none/causal/window, split-KV).
 """
 
