@@ -3,18 +3,16 @@
 
 A call whose arrays and options equal an earlier successful call's (shapes, strides, dtypes
 and devices of q, k, v, the outputs and an elementwise bias; mask, scale, soft-cap, LSE,
-layout, split count) has
-nothing new to check but its pointers: the earlier call's C problem, already validated, is
-reused, and only the data pointers, the stream, the outputs and the split-KV workspace are
-new. That skips the Python argument handling (views, device and dtype checks, fp8 and feature
-options), which costs more than the C planning and the launches for small problems such as
-decode steps.
+layout, split count) has nothing new to check but its pointers: the earlier call's C
+problem, already validated, is reused, and only the data pointers, the stream, the outputs
+and the split-KV workspace are new. That skips the Python argument handling (views, device
+and dtype checks, fp8 and feature options), which costs more than the C planning and the
+launches for small problems such as decode steps.
 
 Calls with anything else (NumPy, CuPy or JAX arrays, a bias not on the GPU, ALiBi, sinks,
-dropout, fp8, a
-forced kernel or an explicit stream, a device other than the current one) take the full path,
-as does a call here whose C run fails: the full path then reports the error (or compiles a
-kernel a changed selection mode needs).
+dropout, fp8, a forced kernel or an explicit stream, a device other than the current one)
+take the full path, as does a call here whose C run fails: the full path then reports the
+error (or compiles a kernel a changed selection mode needs).
 """
 
 from libc.stdint cimport int64_t, uintptr_t
