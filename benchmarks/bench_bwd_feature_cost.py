@@ -6,8 +6,9 @@ the registry: the Hopper (sm90_tma_wgmma) kernel with the feature, the Hopper ke
 ran before the Hopper template took the feature). O and LSE come from ckfmha's plain forward
 (the kernels' time does not depend on the values, and not every feature's forward is in the
 default set at every head dim). Peer in the same run: torch SDPA's cuDNN backward on the plain
-problem, and its flash backward with the same dropout probability on dropout rows. Rows whose
-feature has no Hopper main stage in the build are left out.
+problem, its flash backward with the same dropout probability on dropout rows, and its cuDNN
+backward with the key padding as an additive mask on padding rows. Rows whose feature has no
+Hopper main stage in the build are left out.
 TFLOP/s count 2.5 * 4 * d FLOPs per visible (query, key) pair.
 
     python benchmarks/bench_bwd_feature_cost.py --commit $(git rev-parse --short HEAD) \
@@ -28,16 +29,19 @@ from bench_feature_cost import (
     print_rows,
     registered_kernel,
     summarize_and_write,
+    whole_mask,
 )
 from bench_fwd import add_run_arguments, median_ms
 from torch.nn.attention import SDPBackend
 
 import ckfmha
 
-# What the backward's Hopper template takes: soft-caps (Gemma 2), ALiBi (BLOOM, MPT) and dropout,
-# with causal masks, plus soft-capped d256 (Gemma 2's head dim).
-FEATURES = ("softcap", "alibi", "dropout")
+# What the backward's Hopper template takes: soft-caps (Gemma 2), ALiBi (BLOOM, MPT), dropout and
+# key-padding biases ([b, 1, 1, s]: padded batches), with causal masks, plus soft-capped d256
+# (Gemma 2's head dim); key padding without a mask as well (encoders).
+FEATURES = ("softcap", "alibi", "dropout", "padding")
 BWD_SHAPES = (*[s for s in SHAPES if s.causal], Shape(2, 16, 8, 4096, 256, True))
+UNMASKED_FEATURES = ("padding",)
 
 
 def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]) -> str | None:
@@ -45,7 +49,8 @@ def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]
     wanted = {
         "family": "bwd_dq_dk_dv", "pipeline": pipeline, "dtype": dtype, "mode": "batch",
         "hdim_q": shape.hdim, "hdim_v": shape.hdim, "mask": "causal" if shape.causal else "none",
-        "bias": "alibi" if "alibi_slopes" in options else "none",
+        "bias": "alibi" if "alibi_slopes" in options else "elementwise" if "bias" in options
+        else "none",
         "dropout": "dropout_p" in options, "softcap": "softcap" in options, "dbias": False,
     }  # fmt: skip
     return registered_kernel(wanted)
@@ -84,6 +89,14 @@ def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,
     row["cudnn_plain_ms"] = median_ms(
         sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, k, v, do, shape.causal,
                       enable_gqa=hq != hk), args.warmup, args.iters, args.repeats)  # fmt: skip
+    if feature == "padding":
+        # SDPA's cuDNN backend takes the padding as an additive mask (causality folded in);
+        # it expands GQA itself only in flash.
+        kk, vv = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
+        row["cudnn_feature_ms"] = median_ms(
+            sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, kk, vv, do, False,
+                          attn_mask=whole_mask(options["bias"], shape)),
+            args.warmup, args.iters, args.repeats)  # fmt: skip
     if feature == "dropout":
         row["flash_feature_ms"] = median_ms(
             sdpa_backward(SDPBackend.FLASH_ATTENTION, q, k, v, do, shape.causal,
@@ -105,16 +118,20 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
-    measured = (run_row(shape, feature, dtype, args.dtype, args)
-                for shape in BWD_SHAPES for feature in FEATURES)  # fmt: skip
+    cases = [(shape, feature) for shape in BWD_SHAPES for feature in FEATURES]
+    cases += [(shape, feature) for shape in SHAPES if not shape.causal
+              for feature in UNMASKED_FEATURES]  # fmt: skip
+    measured = (run_row(shape, feature, dtype, args.dtype, args) for shape, feature in cases)
     rows = [row for row in measured if row is not None]
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}  (backward, TFLOP/s)")
     print_rows(rows)
     for r in rows:
         flash = r.get("flash_feature_tflops")
+        masked = r.get("cudnn_feature_tflops")
         print(f"  {r['shape']:30s} {r['feature']:10s} cuDNN plain "
               f"{r.get('cudnn_plain_tflops') or 0:6.0f}"
-              + (f"  flash with dropout {flash:6.0f}" if flash else ""))
+              + (f"  flash with dropout {flash:6.0f}" if flash else "")
+              + (f"  cuDNN with the mask {masked:6.0f}" if masked else ""))
     summarize_and_write(rows, "bwd_feature_cost", "2.5 * 4*b*h*sq*sk*d, halved for causal",
                         device, args)
 

@@ -5,6 +5,8 @@ registry: the Hopper (sm90_tma_wgmma) kernel with the feature, the Hopper kernel
 (the plain problem), and the sm80 template's kernel with the feature (what sm_90a ran before
 the Hopper template took features). Peers in the same run: torch SDPA's cuDNN backend on the
 plain problem, and on the bias problem (attn_mask), and its flash backend on the dropout one.
+A key-padding bias also runs as a bias of every query row (``full``), which is what the
+kernels get from a mask that is not recognised as padding.
 TFLOP/s count 4 * d FLOPs per visible (query, key) pair.
 
     python benchmarks/bench_feature_cost.py --commit $(git rev-parse --short HEAD) \
@@ -29,10 +31,11 @@ import ckfmha
 
 # The feature sets models use with each mask (the default kernel set's signatures): soft-cap
 # (Gemma 2), ALiBi (BLOOM, MPT), sinks (gpt-oss) and dropout with causal masks, all four
-# together; an additive bias (relative positions), a key-padding bias ([b, 1, 1, s], one row
-# broadcast over the queries: padded batches) and dropout without a mask.
+# together; a key-padding bias ([b, 1, 1, s], one row broadcast over the queries: padded
+# batches) with and without a causal mask; an additive bias (relative positions) and dropout
+# without a mask.
 CAUSAL_FEATURES = ("softcap", "alibi", "sink", "dropout", "alibi+dropout",
-                   "bias+dropout+softcap+sink")
+                   "bias+dropout+softcap+sink", "padding")
 UNMASKED_FEATURES = ("bias", "padding", "dropout")
 
 
@@ -172,11 +175,22 @@ def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,
     gqa = {"enable_gqa": hq != hk}
     row["cudnn_plain_ms"] = timed(sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, shape.causal, **gqa),
                                   args)
-    if feature in ("bias", "padding") and not shape.causal:
-        # SDPA's cuDNN backend takes an additive mask; it expands GQA itself only in flash.
+    if feature in ("bias", "padding"):
+        # SDPA's cuDNN backend takes an additive mask (with causality folded in: SDPA takes a
+        # mask or is_causal, not both); it expands GQA itself only in flash.
         kk, vv = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
+        full_mask = whole_mask(options["bias"], shape)
         row["cudnn_feature_ms"] = timed(
-            sdpa(SDPBackend.CUDNN_ATTENTION, q, kk, vv, False, attn_mask=options["bias"]), args)
+            sdpa(SDPBackend.CUDNN_ATTENTION, q, kk, vv, False, attn_mask=full_mask), args)
+    if feature == "padding":
+        # The same padding as a bias of every query row, [b, 1, s, s]: what a mask that is not
+        # recognised as padding costs.
+        full = options["bias"].expand(b, 1, s, s).contiguous()
+        name = kernel_name("sm90_tma_wgmma", dtype_name, shape, {"bias": full})
+        row["hopper_full_kernel"] = name
+        row["hopper_full_ms"] = (
+            timed(lambda: ckfmha.fwd(q, k, v, kernel=name, return_lse=True, bias=full, **mask),
+                  args) if name else None)  # fmt: skip
     if feature == "dropout":
         row["flash_feature_ms"] = timed(
             sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, shape.causal, dropout_p=0.1, **gqa), args)
@@ -189,16 +203,27 @@ def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,
     return row
 
 
+def whole_mask(bias: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """``bias`` over every query row, with -inf above the diagonal for a causal shape."""
+    s = shape.seqlen
+    whole = bias.expand(bias.shape[0], bias.shape[1], s, s)
+    if not shape.causal:
+        return whole
+    above = torch.ones(s, s, dtype=torch.bool, device=bias.device).triu(1)
+    return whole.masked_fill(above, float("-inf"))
+
+
 def _cell(value: float | None, spec: str, width: int) -> str:
     return format(value, spec) if value else "-".rjust(width)
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(f"{'shape':30s} {'feature':26s} {'feat':>6s} {'plain':>6s} {'sm80':>6s} "
-          f"{'/plain':>7s} {'/sm80':>7s}")
+          f"{'full':>6s} {'cudnn':>6s} {'/plain':>7s} {'/sm80':>7s}")
     for r in rows:
         cells = [_cell(r.get(f"{key}_tflops"), "6.0f", 6)
-                 for key in ("hopper_feature", "hopper_plain", "sm80_feature")]
+                 for key in ("hopper_feature", "hopper_plain", "sm80_feature", "hopper_full",
+                             "cudnn_feature")]
         cells += [_cell(r[key], "7.3f", 7) for key in ("feature_vs_plain", "hopper_vs_sm80")]
         print(f"{r['shape']:30s} {r['feature']:26s} {' '.join(cells)}")
 

@@ -149,7 +149,8 @@ cdef class _Launch:
         # The fields of first_use.BwdKey, in order.
         key = ("bwd", (<int>p.dtype, <int>p.mode, p.hdim_q, p.hdim_v, <int>p.mask, <int>p.bias,
                        p.dropout_p > 0, p.softcap > 0, bool(p.store_dbias),
-                       bool(p.deterministic)))
+                       bool(p.deterministic),
+                       p.bias == capi.CKFMHA_BIAS_ELEMENTWISE and p.bias_stride[2] != 0))
         cdef size_t workspace_bytes = 0
         cdef ArrayView wv
         # Without kernels (empty problems, zero gradients by memset) nothing is compiled and

@@ -210,6 +210,9 @@ cdef int fill_bwd_problem(object problem, bint deterministic,
     out.scale = forward.scale
     out.softcap = forward.softcap
     out.bias = forward.bias
+    # The forward's bias strides: a contiguous bias, or one row per sequence where the problem
+    # says its rows broadcast (the Hopper main stage takes only those).
+    out.bias_stride = forward.bias_stride
     # A forward with sinks: the backward also writes their gradient (the same kernels).
     out.has_sink = forward.has_sink
     out.dropout_p = forward.dropout_p

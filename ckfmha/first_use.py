@@ -83,11 +83,16 @@ class BwdKey:
     softcap: bool
     dbias: bool
     deterministic: bool = False
+    # An elementwise bias with a row per query (not broadcast over the query rows).
+    bias_per_query: bool = False
 
 
 # Main-stage templates that add dQ with atomics only: a deterministic backward needs another
 # (dispatcher.cpp rejects them for deterministic problems).
 FAST_MODE_ONLY_PIPELINES = ("sm90_tma_wgmma",)
+# Main-stage templates whose elementwise bias is one value a key: a bias with a row per query
+# needs another (bwd_plan.cpp rejects them for it).
+KEY_BIAS_ONLY_PIPELINES = ("sm90_tma_wgmma",)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,10 @@ def kernels_for(key: Key, arch: int | str | None = None) -> list[Any]:
     gen = jit.generator_modules()
     specs = gen.specs.load_specs()
     spec = specs[jit.arch_spec_name(arch, specs)]
-    excluded = FAST_MODE_ONLY_PIPELINES if getattr(key, "deterministic", False) else ()
+    excluded = (
+        *(FAST_MODE_ONLY_PIPELINES if getattr(key, "deterministic", False) else ()),
+        *(KEY_BIAS_ONLY_PIPELINES if getattr(key, "bias_per_query", False) else ()),
+    )
     for plan in plans_for(key, gen):
         stages = [jit.preferred_configs(signature, spec, excluded) for signature in plan]
         if all(stages):

@@ -298,6 +298,7 @@ TRAINING_COMBOS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("causal", {"dropout": True}),  # decoders trained with attention dropout
     ("none", {"dropout": True}),  # encoders trained with attention dropout
     ("none", {"bias": "elementwise"}),  # padding masks passed as a bias (SDPA's attn_mask)
+    ("causal", {"bias": "elementwise"}),  # padded decoder batches: causal plus key padding
 )
 
 
@@ -394,6 +395,7 @@ def _core_signatures() -> tuple[Signature, ...]:
         _paged("bf16", 128, "window", BATCH_PREFILL, page_layout="vectorized"),
         _combine("bf16", 128, mode="group"),
         *_bwd_plan("fp16", 64, "window", mode="group"),
+        *_bwd_plan("bf16", 64, "causal", bias="elementwise"),
         _appendkv("fp16", 64, "interleaved"),
     )
     return tuple(dict.fromkeys(common + coverage))

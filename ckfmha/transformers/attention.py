@@ -15,7 +15,6 @@ from ckfmha.transformers.masks import (
     _ALL_KEYS,
     _layer_visibility,
     _mask_plan,
-    _Visibility,
 )
 from ckfmha.transformers.routing import _record_attention_reached
 
@@ -73,11 +72,7 @@ def kernel_options(
             )
         if native != _ALL_KEYS:
             candidates.append(_ALL_KEYS)
-        plan = _mask_plan(attention_mask, candidates, seqlen_q, seqlen_k, dtype)
-        if isinstance(plan, _Visibility):
-            visibility = plan
-        else:
-            visibility, bias = _ALL_KEYS, plan
+        visibility, bias = _mask_plan(attention_mask, candidates, seqlen_q, seqlen_k, dtype)
     if position_bias is not None:
         position_bias = position_bias.to(dtype)
         bias = keys_contiguous(position_bias if bias is None else bias + position_bias)

@@ -70,53 +70,88 @@ def _layer_visibility(
     return _ALL_KEYS
 
 
+@dataclass(frozen=True)
+class _MaskMatch:
+    """What a mask was found to equal: a pattern exactly, a pattern and one set of visible
+    keys per sequence (a padded batch: ``keys_seen``, the keys any query row sees), or
+    neither; and whether every query row equals the first."""
+
+    exact: _Visibility | None
+    padded: _Visibility | None
+    keys_seen: torch.Tensor
+    rows_equal: bool
+
+
 def _matching_visibility(
     mask: torch.Tensor, candidates: list[_Visibility], seqlen_q: int, seqlen_k: int
-) -> tuple[_Visibility | None, bool]:
-    """The first candidate pattern the mask equals exactly (or None), and whether every query
-    row of the mask equals its first (a padding mask without causality: one row per sequence
-    serves as the bias). A float mask counts as a pattern only if each entry is 0 or the most
-    negative value (eager masks, -inf)."""
+) -> _MaskMatch:
+    """Compare the mask with each candidate pattern, alone and restricted to the keys the
+    mask lets any query row of its sequence see. A float mask counts as a pattern only if
+    each entry is 0 or the most negative value (eager masks, -inf). One device sync."""
     if mask.dtype == torch.bool:
         visible = mask
         pure = torch.ones((), dtype=torch.bool, device=mask.device)
     else:
         visible = mask == 0
         pure = (visible | (mask <= torch.finfo(mask.dtype).min)).all()
+    # A key no row sees under the pattern is hidden by the pattern too, so hiding it in the
+    # padding as well changes nothing: the union over rows is the padding where one exists.
+    keys_seen = visible.any(dim=-2, keepdim=True)
     checks = [pure, (mask == mask[..., :1, :]).all()]
     for candidate in candidates:
         expected = candidate.visible_keys(seqlen_q, seqlen_k, mask.device)
         checks.append((visible == expected).all())
-    found = torch.stack(checks).tolist()  # one device sync for all checks
-    rows_equal = bool(found[1])
-    if not found[0]:
-        return None, rows_equal
-    hits = zip(candidates, found[2:], strict=True)
-    return next((c for c, hit in hits if hit), None), rows_equal
+        checks.append((visible == (expected & keys_seen)).all())
+    found = torch.stack(checks).tolist()
+    is_pure, rows_equal = bool(found[0]), bool(found[1])
+    exact = [c for c, hit in zip(candidates, found[2::2], strict=True) if hit]
+    padded = [c for c, hit in zip(candidates, found[3::2], strict=True) if hit]
+    return _MaskMatch(
+        exact=exact[0] if is_pure and exact else None,
+        padded=padded[0] if is_pure and padded else None,
+        keys_seen=keys_seen,
+        rows_equal=rows_equal,
+    )
 
 
 def _mask_plan(
     mask: torch.Tensor, candidates: list[_Visibility], seqlen_q: int, seqlen_k: int,
     dtype: torch.dtype,
-) -> _Visibility | torch.Tensor:  # fmt: skip
-    """A pattern the mask equals, else the mask as an additive bias: its first query row
-    alone ([.., 1, seqlen_k], broadcast over the rows) where every row equals it and the mask
-    takes no gradient, which the Hopper kernels read once a key tile rather than once a
-    score. Remembered on the mask object (keyed by its version and the question) so the
-    layers after the first that share it skip the device sync. Inference tensors have no
-    version counter (nor are they changed in place between a model's layers). While
-    tracing, the mask is used as a bias."""
+) -> tuple[_Visibility, torch.Tensor | None]:  # fmt: skip
+    """The pattern and the additive bias (or None) that together apply the mask, in order of
+    preference: a pattern the mask equals, with no bias; a pattern with one bias row per
+    sequence ([.., 1, seqlen_k], the Hopper kernels read it once a key tile rather than
+    once a score) for a padded batch under a causal or window mask, or under none where
+    every query row equals the first; else all keys with the whole mask as the bias. A mask
+    that takes a gradient keeps its full bias. Remembered on the mask object (keyed by its
+    version and the question) so the layers after the first that share it skip the device
+    sync. Inference tensors have no version counter (nor are they changed in place between
+    a model's layers). While tracing, the mask is used as a bias."""
     if is_tracing(mask):
-        return additive_bias(mask, dtype)
+        return _ALL_KEYS, additive_bias(mask, dtype)
     version = None if mask.is_inference() else mask._version
     key = (version, seqlen_q, seqlen_k, dtype, tuple(candidates))
     memo: dict[Any, Any] = getattr(mask, _MASK_MEMO, None) or {}
     if key not in memo:
-        match, rows_equal = _matching_visibility(mask, candidates, seqlen_q, seqlen_k)
-        rows = mask[..., :1, :] if rows_equal and not mask.requires_grad else mask
-        memo[key] = match if match is not None else additive_bias(rows, dtype)
+        memo[key] = _plan_from_match(
+            mask, _matching_visibility(mask, candidates, seqlen_q, seqlen_k), dtype
+        )
         setattr(mask, _MASK_MEMO, memo)
     return memo[key]
+
+
+def _plan_from_match(
+    mask: torch.Tensor, match: _MaskMatch, dtype: torch.dtype
+) -> tuple[_Visibility, torch.Tensor | None]:
+    if match.exact is not None:
+        return match.exact, None
+    if mask.requires_grad:
+        return _ALL_KEYS, additive_bias(mask, dtype)
+    if match.padded is not None:
+        return match.padded, additive_bias(match.keys_seen, dtype)
+    if match.rows_equal:
+        return _ALL_KEYS, additive_bias(mask[..., :1, :], dtype)
+    return _ALL_KEYS, additive_bias(mask, dtype)
 
 
 def mask_is_native(

@@ -40,9 +40,12 @@ std::string kv_storage_mismatch(ckfmha_kernel_entry const& k, ckfmha_fwd_problem
 bool is_paged(ckfmha_fwd_problem const& p) { return p.kv_storage != CKFMHA_KV_CONTIGUOUS; }
 
 bool bias_rows_only(ckfmha_kernel_entry const& k) {
-  // FwdSm90Traits::kBiasRowsOnly: the Hopper template's three-warpgroup tiles.
-  return k.bias == CKFMHA_BIAS_ELEMENTWISE && k.tile_m == 192 &&
-         std::string_view(k.pipeline) == "sm90_tma_wgmma";
+  if (k.bias != CKFMHA_BIAS_ELEMENTWISE || std::string_view(k.pipeline) != "sm90_tma_wgmma") {
+    return false;
+  }
+  // The Hopper backward main stage reads one bias value a key (BwdSm90KeyBias);
+  // the forward's three-warpgroup tiles have row slots only (FwdSm90Traits::kBiasRowsOnly).
+  return k.family == CKFMHA_FAMILY_BWD_DQ_DK_DV || k.tile_m == 192;
 }
 
 bool is_paged_family(ckfmha_family family) {

@@ -102,6 +102,29 @@ def test_every_registered_backward_kernel_has_a_plan(bwd_kernels):
             assert exact == plan
 
 
+def test_hopper_main_stage_takes_only_biases_broadcast_over_the_query_rows(bwd_kernels):
+    hopper = [k for k in bwd_kernels
+              if k["pipeline"] == "sm90_tma_wgmma" and k["bias"] == "elementwise"]
+    if not hopper:
+        pytest.skip("library built without a Hopper backward for elementwise biases")
+    dispatcher = ckfmha.Dispatcher()
+    for kernel in hopper:
+        fields = _problem_fields(kernel, bias="elementwise")
+        arch = kernel["arch_name"]
+        padding = dispatcher.select_bwd(arch=arch, bias_rows_broadcast=True, **fields)
+        assert padding[1] == kernel["name"], padding
+        # A bias with a row per query: an sm80 main stage where one is built, else none.
+        text = dispatcher.explain_bwd(arch=arch, **fields)
+        assert "takes an elementwise bias broadcast over the query rows only" in text, text
+        try:
+            full = dispatcher.select_bwd(arch=arch, **fields)
+        except errors.UnsupportedError as error:
+            assert "no compiled bwd_dq_dk_dv kernel" in str(error)
+        else:
+            by_name = {k["name"]: k for k in bwd_kernels}
+            assert by_name[full[1]]["pipeline"] == "sm80_cpasync_mma", full
+
+
 def test_explain_bwd_lists_each_stage(bwd_kernels):
     if not bwd_kernels:
         pytest.skip("library built without backward kernels")

@@ -81,7 +81,17 @@ def _feature_options(kernel: dict[str, Any], inputs: Inputs, b: int, hq: int, sq
                      sk: int, dtype: Any) -> dict[str, Any]:  # fmt: skip
     """Bias, ALiBi, soft-cap and dropout as the kernel computes them (the forward's values)."""
     options: dict[str, Any] = {}
-    if kernel["bias"] == "elementwise":
+    if kernel["bias"] == "elementwise" and kernel["pipeline"] == "sm90_tma_wgmma":
+        # The Hopper main stage reads one bias value a key: a bias broadcast over the query
+        # rows, random per sequence and head, with each sequence's last 0-7 keys at -inf (key
+        # padding; every row still sees a key under the masks the tests draw). Odd sequences
+        # pass it expanded over the rows (stride 0), even ones as [b, h, 1, sk].
+        bias = inputs.normal((b, hq, 1, sk), dtype)
+        for row in range(b):
+            padded = int(torch.randint(0, 8, (1,), generator=inputs.generator))
+            bias[row, ..., sk - min(padded, sk - 1):] = float("-inf")
+        options["bias"] = bias.expand(b, hq, sq, sk) if sk % 2 else bias
+    elif kernel["bias"] == "elementwise":
         # Broadcast over the batch: a stride-0 axis must work.
         options["bias"] = inputs.normal((1, hq, sq, sk), dtype).expand(b, hq, sq, sk)
     elif kernel["bias"] == "alibi":
@@ -284,6 +294,29 @@ def test_sm90_kernel_multi_tile_cases(kernel: dict[str, Any]) -> None:
         return
     for index, (sq, sk) in enumerate(SM90_SEQLEN_PAIRS):
         _run_batch_case(kernel, index, sq, sk, inputs, deterministic=False)
+
+
+_SM90_KEY_BIAS = [k for k in KERNELS
+                  if k["pipeline"] == "sm90_tma_wgmma" and k["bias"] == "elementwise"]
+
+
+@pytest.mark.parametrize("kernel", _SM90_KEY_BIAS, ids=[k["name"] for k in _SM90_KEY_BIAS])
+def test_sm90_key_bias_kernel_refuses_a_bias_per_query(kernel: dict[str, Any]) -> None:
+    """The Hopper main stage reads one bias value a key: forced onto a bias with a row per
+    query it refuses, naming what it takes, instead of reading the first row for all."""
+    inputs = Inputs(zlib.crc32(kernel["name"].encode()) + 4)
+    dtype = _torch_dtype(kernel["dtype"])
+    d, dv = kernel["hdim_q"], kernel["hdim_v"]
+    b, hq, sq, sk = 1, 2, 64, 128
+    q, k = inputs.normal((b, hq, sq, d), dtype), inputs.normal((b, hq, sk, d), dtype)
+    v, do = inputs.normal((b, hq, sk, dv), dtype), inputs.normal((b, hq, sq, dv), dtype)
+    o = inputs.normal((b, hq, sq, dv), dtype)
+    lse = inputs.normal((b, hq, sq), torch.float32)
+    options = {**mask_options(kernel, 0), **_feature_options(kernel, inputs, b, hq, sq, sk, dtype),
+               "bias": inputs.normal((b, hq, sq, sk), dtype)}
+    with pytest.raises(ckfmha.errors.UnsupportedError,
+                       match="broadcast over the query rows only"):
+        ckfmha.bwd(do, q, k, v, o, lse, kernel=kernel["name"], **options)
 
 
 _SM90_CAUSAL = [k for k in KERNELS if k["pipeline"] == "sm90_tma_wgmma" and k["mask"] == "causal"]

@@ -236,13 +236,13 @@ def test_receipt_sizes(arch: str) -> None:
     fp8_forward = {"ci": 0, "default": 24, "full": 16 * (1 + 2 + 2) + 2 * 2}
     # The Hopper forward's features (bias, ALiBi, dropout, soft-cap, sinks): the ci set's three
     # feature kernels at fp16/bf16 head dims; the pairwise feature layer (x 2 dtypes x d64/d128)
-    # and the 7 training forwards it lacks (x 2 dtypes x d64/d128) in default and full, plus the
+    # and the 8 training forwards it lacks (x 2 dtypes x d64/d128) in default and full, plus the
     # 192-row companion of the unmasked d64 elementwise bias (x 2 dtypes). Head dim 32:
     # fp16/bf16 x 3 masks, with LSE (default) and also without (full).
     hopper_features = {
         "ci": 3,
-        "default": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 2 + 6,
-        "full": len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 2 + 12,
+        "default": len(_feature_combos()) * 2 * 2 + 8 * 2 * 2 + 2 + 6,
+        "full": len(_feature_combos()) * 2 * 2 + 8 * 2 * 2 + 2 + 12,
     }
     # The Hopper backward's features (ALiBi, soft-cap, dropout) x 2 dtypes: at d64/d128 the three
     # feature plans without an elementwise bias and the four training plans it adds (soft-cap
@@ -293,18 +293,18 @@ def test_receipt_sizes(arch: str) -> None:
     bwd_default, bwd_full = _bwd_sizes(specs[arch])
     sizes = {name: size - (bwd_full if name == "full" else bwd_default if name == "default" else 6)
              for name, size in sizes.items()}  # fmt: skip
-    # Training pairs: 7 new forwards x 2 dtypes x d64/d128 (the eighth, an unmasked elementwise
-    # bias, is a feature-layer kernel already), and backward main stages for the five whose
+    # Training pairs: 8 new forwards x 2 dtypes x d64/d128 (the ninth, an unmasked elementwise
+    # bias, is a feature-layer kernel already), and backward main stages for the six whose
     # plan the backward set lacks (soft-cap with causal/window, dropout with causal/none, an
-    # unmasked bias without dbias); their row-wise stages are shared.
+    # unmasked and a causal bias without dbias); their row-wise stages are shared.
     fwd_tiles = specs[arch].tiles["fwd"]["sm80_cpasync_mma"]
     bwd_tiles = specs[arch].tiles["bwd_dq_dk_dv"]["sm80_cpasync_mma"]
     hdims = ((64, 64), (128, 128))
     training = {
         "ci": 0,
-        "default": 7 * 2 * 2 + 5 * 2 * 2,
-        "full": 7 * 2 * sum(len(fwd_tiles[h]) for h in hdims)
-        + 5 * 2 * sum(len(bwd_tiles[h]) for h in hdims),
+        "default": 8 * 2 * 2 + 6 * 2 * 2,
+        "full": 8 * 2 * sum(len(fwd_tiles[h]) for h in hdims)
+        + 6 * 2 * sum(len(bwd_tiles[h]) for h in hdims),
     }
     sizes = {name: size - training[name] for name, size in sizes.items()}
     # 2 dtypes x 6 head-dim pairs x 3 masks, plain group mode (2 dtypes x d64/d128 x 3
@@ -394,10 +394,10 @@ def test_filter_selects_by_regex() -> None:
     # x d64/d128 x 2 page layouts x 2 tiles), and the causal backward kernels: 6 head dims in
     # batch and in group mode, and the causal feature combinations (ALiBi in batch
     # mode, all features in group mode), and the causal bf16 dbias kernels (d64/d128); the
-    # causal training pairs add 4 forwards (soft-cap, sink, ALiBi, dropout) and 2 backward main
-    # stages (soft-cap, dropout) at d64/d128; and the soft-capped d256 and d192x128 dropout
-    # backward plans.
-    training = 4 * 2 + 2 * 2
+    # causal training pairs add 5 forwards (soft-cap, sink, ALiBi, dropout, an elementwise bias)
+    # and 3 backward main stages (soft-cap, dropout, the bias) at d64/d128; and the soft-capped
+    # d256 and d192x128 dropout backward plans.
+    training = 5 * 2 + 3 * 2
     assert len(selection.accepted) == (
         6 + 2 + 4 + causal_features * 2 + 8 + 16 + 6 + 6 + 4 + 2 + training + 2
     )
@@ -954,7 +954,7 @@ def test_sm90_pipeline_exists_only_on_hopper() -> None:
     # d64 elementwise bias on two tiles (the 192-row one for row-broadcast biases).
     plain = [n for n in hopper if not re.search(r"_(bias|alibi|drop|softcap|sink)", n)]
     assert len(plain) == 48
-    assert len(hopper) == 48 + len(_feature_combos()) * 2 * 2 + 7 * 2 * 2 + 2
+    assert len(hopper) == 48 + len(_feature_combos()) * 2 * 2 + 8 * 2 * 2 + 2
     assert "fwd_bf16_batch_d128x128_causal_lse__sm_90a_sm90_tma_wgmma_m128n128k128_w12s2" in hopper
     instance = emit.render_instance(
         next(

@@ -133,22 +133,62 @@ def test_exact_sliding_window_mask_runs_as_a_window() -> None:
     assert _options(mask, 100, 100).bias is not None
 
 
-def test_bool_padding_mask_becomes_an_additive_bias() -> None:
+def test_causal_padding_mask_becomes_causal_and_one_bias_row_per_sequence() -> None:
+    # A left-padded decoder batch: the causal pattern, and the keys each sequence holds as a
+    # [b, 1, 1, sk] bias (the Hopper kernels' row mode), 0 where kept and -inf where padded.
     mask = _causal(6, 6)[None, None].repeat(2, 1, 1, 1)
-    mask[0, :, :, :2] = False  # left padding in row 0
+    mask[0, :, :, :2] = False  # left padding in sequence 0
+    options = _options(mask, 6, 6)
+    assert _visibility(options) == (True, "bottom_right", None)
+    bias = options.bias
+    assert bias.dtype == BF16 and bias.shape == (2, 1, 1, 6) and bias.stride(-1) == 1
+    assert torch.equal(bias[0, 0, 0] == 0, torch.tensor([False, False] + [True] * 4))
+    assert bool((bias[1] == 0).all()) and bool((bias[0, ..., :2] == NEG_INF).all())
+    # Decoding: queries aligned to the last keys, padding per sequence and head.
+    step = _causal(3, 9)[None, None].repeat(2, 4, 1, 1)
+    step[1, 2, :, 5] = False
+    options = _options(step, 3, 9)
+    assert _visibility(options) == (True, "bottom_right", None)
+    assert options.bias.shape == (2, 4, 1, 9) and bool(options.bias[1, 2, 0, 5] == NEG_INF)
+
+
+def test_sliding_window_padding_mask_becomes_a_window_and_one_bias_row() -> None:
+    rows, cols = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    mask = ((cols <= rows) & (cols > rows - 8))[None, None].repeat(2, 1, 1, 1)
+    mask[1, ..., :11] = False
+    options = _options(mask, 40, 40, sliding_window=8)
+    assert _visibility(options) == (False, "bottom_right", (7, 0))
+    assert options.bias.shape == (2, 1, 1, 40)
+    assert bool((options.bias[1, ..., :11] == NEG_INF).all()) and bool((options.bias[0] == 0).all())
+
+
+def test_a_mask_that_is_no_pattern_and_padding_stays_a_full_bias() -> None:
+    mask = _causal(6, 6)[None, None].repeat(2, 1, 1, 1)
+    mask[0, :, :, :2] = False
+    mask[1, 0, 4, 2] = False  # one query row hides a key the later rows see
     options = _options(mask, 6, 6)
     assert _visibility(options) == (False, "bottom_right", None)
     bias = options.bias
-    assert bias.dtype == BF16 and bias.shape == (2, 1, 6, 6) and bias.stride(-1) == 1
+    assert bias.shape == (2, 1, 6, 6) and bias.stride(-1) == 1
     assert torch.equal(bias == 0, mask) and bool((bias[~mask] == NEG_INF).all())
+    # A mask that takes a gradient keeps its full bias even where it is causal and padding.
+    trained = torch.zeros(2, 1, 6, 6).masked_fill(~_causal(6, 6), torch.finfo(torch.float32).min)
+    trained[0, ..., :2] = torch.finfo(torch.float32).min
+    trained.requires_grad_(True)
+    assert _options(trained, 6, 6).bias.shape == (2, 1, 6, 6)
 
 
 def test_float_padding_mask_is_used_as_it_is() -> None:
     mask = torch.zeros(2, 1, 4, 4)
     mask[0, :, :, 0] = torch.finfo(torch.float32).min
     mask = mask.masked_fill(~_causal(4, 4), torch.finfo(torch.float32).min)
+    # eager's float masks (0 or the lowest value) are patterns too: causal and one row.
     options = _options(mask, 4, 4)
-    assert options.bias is not None and options.bias.dtype == BF16
+    assert options.causal and options.bias.dtype == BF16 and options.bias.shape == (2, 1, 1, 4)
+    assert torch.equal(options.bias.expand(2, 1, 4, 4), mask[..., 3:, :].expand(2, 1, 4, 4).to(BF16))
+    # Any other value makes the mask a bias, used as it is.
+    mask[1, 0, 2, 1] = -5.0
+    options = _options(mask, 4, 4)
     assert torch.equal(options.bias, mask.to(BF16)) and not options.causal
     # Values that are neither 0 nor the lowest (an ALiBi-like mask) are a bias too; its rows
     # are all equal, so one row of it serves.
@@ -353,7 +393,9 @@ def test_padded_batch_matches_eager(name: str, monkeypatch) -> None:
         want = eager(ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(got[real], want[real], atol=LOGITS_ATOL, rtol=0)
-    assert all(call["bias"] is not None for call in kernel.calls)
+    # Every layer keeps its pattern and takes the padding as one bias row per sequence.
+    assert all(call["bias"].shape == (2, 1, 1, 45) for call in kernel.calls)
+    assert all(call["causal"] or call["window"] == (31, 0) for call in kernel.calls)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss"])

@@ -134,6 +134,17 @@ def test_documented_keys_get_their_plans() -> None:
         BwdKey(BF16, BATCH, 128, 128, CAUSAL, 0, False, False, False, deterministic=True), "sm_90a"
     )
     assert [c.algorithm.pipeline for c in exact][1] == "sm80_cpasync_mma"
+    # Its elementwise bias is one value a key: key padding runs on it, a bias with a row per
+    # query needs the sm80 main stage.
+    padding = first_use.kernels_for(
+        BwdKey(BF16, BATCH, 128, 128, CAUSAL, ELEMENTWISE, False, False, False), "sm_90a"
+    )
+    assert [c.algorithm.pipeline for c in padding][1] == "sm90_tma_wgmma"
+    full = first_use.kernels_for(
+        BwdKey(BF16, BATCH, 128, 128, CAUSAL, ELEMENTWISE, False, False, False,
+               bias_per_query=True), "sm_90a"
+    )  # fmt: skip
+    assert [c.algorithm.pipeline for c in full][1] == "sm80_cpasync_mma"
 
 
 def test_the_preferred_template_is_built() -> None:

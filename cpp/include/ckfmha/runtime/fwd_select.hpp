@@ -29,8 +29,9 @@ bool is_paged(ckfmha_fwd_problem const& problem);
 bool is_paged_family(ckfmha_family family);
 ckfmha_family paged_family(ckfmha_fwd_problem const& problem);
 
-// Whether a kernel takes only elementwise biases broadcast over the query rows
-// (the Hopper template's three-warpgroup tiles, FwdSm90Traits::kBiasRowsOnly).
+// Whether a kernel takes only elementwise biases broadcast over the query rows:
+// the Hopper forward's three-warpgroup tiles (FwdSm90Traits::kBiasRowsOnly) and
+// the Hopper backward main stage (one value a key, BwdSm90KeyBias).
 bool bias_rows_only(ckfmha_kernel_entry const& kernel);
 
 struct Selection {

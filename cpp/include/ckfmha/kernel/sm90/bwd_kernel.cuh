@@ -22,8 +22,9 @@
 //     (at d128 their accumulators do not fit beside dK and dV).
 // Keys sit on the wgmma M dimension throughout, so no accumulator ever needs
 // a transpose in registers. In group mode a batch entry is a sequence of the
-// packed tensors (bwd_ring.cuh); ALiBi, soft-caps and dropout act on P^T and
-// dS^T element by element (bwd_scores.cuh, bwd_dropout.cuh).
+// packed tensors (bwd_ring.cuh); ALiBi, soft-caps, dropout and a bias
+// broadcast over the query rows (key padding) act on P^T and dS^T element by
+// element (bwd_scores.cuh, bwd_dropout.cuh).
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"
@@ -188,7 +189,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // dropout alone they are made from P^T when dV is issued.
   using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
   constexpr bool kDropout = Traits::kHasDropout;
-  constexpr bool kWeightsFirst = Transform::kActive;
+  // An elementwise bias here is broadcast over the query rows (the launcher
+  // takes no other): one value per key. With a soft-cap it is added after
+  // the cap, through the transform.
+  constexpr bool kKeyBias = Traits::kBias == BiasMode::kElementwise && !Traits::kHasSoftcap;
+  constexpr bool kWeightsFirst = Transform::kActive && !kKeyBias;
+  using KeyBias = BwdSm90KeyBias<decltype(size<0>(gmma_accum_as_rows_cols(acc_s.layout())))::value>;
   using DropoutTile = BwdSm90DropoutTile<kBlockM>;
   uint32_t* dropout_words = Traits::dropout_words(storage, warpgroup);
   BwdSm90Dropout dropout{0u, p.dropout_rescale};  // this query tile's keep bits
@@ -221,6 +227,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       bwd_sm90_transformed_probabilities<kMasked, kDropout>(probs, weights, cS_rows_cols, mask,
                                                             transform, dropout, p.scale_log2,
                                                             lse_log2, m_begin, n_begin);
+    } else if constexpr (kKeyBias) {
+      Element const* keys = static_cast<Element const*>(p.bias) +
+                            tile.batch * p.bias_batch_stride + walk.head(it) * p.bias_head_stride;
+      const KeyBias key_bias =
+          KeyBias::load(keys, tile.seq.seqlen_k, cS_rows_cols, n_begin);
+      bwd_sm90_probabilities<kMasked>(probs, cS_rows_cols, mask, lse_log2, p.scale_log2,
+                                      m_begin, n_begin, key_bias);
     } else {
       bwd_sm90_probabilities<kMasked>(probs, cS_rows_cols, mask, lse_log2, p.scale_log2,
                                       m_begin, n_begin);

@@ -60,6 +60,11 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
   // Encoding a descriptor reads only host memory; a bad tensor shows up as a
   // launch error, which the caller reports.
   BwdParams const bwd = make_bwd_params(pr, ar, context);
+  // An elementwise bias is read as one value per key (BwdSm90KeyBias); the
+  // runtime's checks send these kernels row-broadcast biases only.
+  if constexpr (Traits::kBias == BiasMode::kElementwise) {
+    if (ar.bias == nullptr || pr.bias_stride[2] != 0) return -int(cudaErrorNotSupported);
+  }
   // Group mode: one view over the packed tokens (its "batch" stride is any
   // legal value: the view has a single batch). The plan checked that
   // total_q/total_k are given and fit the descriptors' 32-bit coordinates.

@@ -2,9 +2,10 @@
 // (keys, queries) accumulators, viewed as (rows, cols) of this thread:
 // P^T = exp2(S^T * scale_log2 - LSE_log2) in place of S^T (0 where the mask
 // hides the pair), and dS^T = P^T (dP^T - D) in place of dP^T. The LSE and D
-// of a query tile come from its ring stage in shared memory. With ALiBi or a
-// soft-cap the logits are rewritten first (LogitTransform), and the soft-cap's
-// derivative joins P^T in dS^T.
+// of a query tile come from its ring stage in shared memory. A bias broadcast
+// over the query rows adds one value per key (BwdSm90KeyBias). With ALiBi or
+// a soft-cap the logits are rewritten first (LogitTransform), and the
+// soft-cap's derivative joins P^T in dS^T.
 #pragma once
 
 #include "ckfmha/kernel/common/logit_transform.cuh"
@@ -15,14 +16,42 @@
 
 namespace ckfmha::kernel {
 
+// A bias broadcast over the query rows ([b, 1 or h, 1, sk]: key padding)
+// holds one value per key, and a thread's rows of S^T are keys: it reads
+// that value once a query tile (a GQA walk changes heads between tiles) and
+// adds it to each row's log2-domain logits, one add a score. Keys past the
+// sequence read 0: the mask hides them.
+template <int Rows>
+struct BwdSm90KeyBias {
+  float log2[Rows];
+
+  template <class Element, class Coords>
+  __device__ __forceinline__ static BwdSm90KeyBias load(Element const* keys, int seqlen_k,
+                                                        Coords const& coords, int n_begin) {
+    using namespace cute;
+    constexpr float kLog2e = 1.4426950408889634f;
+    BwdSm90KeyBias bias;
+    CUTE_UNROLL
+    for (int i = 0; i < Rows; ++i) {
+      const int key = n_begin + get<0>(coords(i, 0));
+      bias.log2[i] = key < seqlen_k ? float(keys[key]) * kLog2e : 0.f;
+    }
+    return bias;
+  }
+};
+
+// No key bias: the logits are the scaled scores alone.
+struct BwdSm90NoKeyBias {};
+
 // `coords` holds each element's (key, query) within the tile, whose first
 // query row is `m_begin` and first key `n_begin`.
-template <bool kMasked, class Probs, class Coords, class Mask>
+template <bool kMasked, class Probs, class Coords, class Mask, class KeyBias = BwdSm90NoKeyBias>
 __device__ __forceinline__ void bwd_sm90_probabilities(Probs& probs, Coords const& coords,
                                                        Mask const& mask, float const* lse_log2,
                                                        float scale_log2, int m_begin,
-                                                       int n_begin) {
+                                                       int n_begin, KeyBias const& key_bias = {}) {
   using namespace cute;
+  constexpr bool kKeyBias = !std::is_same_v<KeyBias, BwdSm90NoKeyBias>;
   CUTE_UNROLL
   for (int i = 0; i < size<0>(probs); ++i) {
     CUTE_UNROLL
@@ -32,7 +61,14 @@ __device__ __forceinline__ void bwd_sm90_probabilities(Probs& probs, Coords cons
         visible = mask.visible(m_begin + get<1>(coords(i, j)), n_begin + get<0>(coords(i, j)));
       }
       const int col = get<1>(coords(i, j));
-      probs(i, j) = visible ? exp2f(probs(i, j) * scale_log2 - lse_log2[col]) : 0.f;
+      float logit;
+      if constexpr (kKeyBias) {
+        // A padded key's -inf minus an empty row's +inf LSE stays -inf.
+        logit = fmaf(probs(i, j), scale_log2, key_bias.log2[i]) - lse_log2[col];
+      } else {
+        logit = probs(i, j) * scale_log2 - lse_log2[col];
+      }
+      probs(i, j) = visible ? exp2f(logit) : 0.f;
     }
   }
 }
