@@ -429,7 +429,9 @@ def test_sm90_main_stage_is_preferred_in_fast_mode_and_explained_otherwise():
         pytest.skip("library built without sm90 backward kernels")
     dispatcher = ckfmha.Dispatcher()
     for kernel in hopper:
-        fields = _problem_fields(kernel)
+        # The Hopper main stage's elementwise bias is one row per sequence (key padding).
+        fields = _problem_fields(kernel, bias=kernel["bias"],
+                                 bias_rows_broadcast=kernel["bias"] == "elementwise")
         assert dispatcher.select_bwd(arch=kernel["arch_name"], **fields)[1] == kernel["name"]
         text = dispatcher.explain_bwd(arch=kernel["arch_name"], deterministic=True, **fields)
         assert (f"rejected  {kernel['name']}: sm90_tma_wgmma adds dQ with fp32 atomics (fast "

@@ -244,11 +244,12 @@ def test_receipt_sizes(arch: str) -> None:
         "default": len(_feature_combos()) * 2 * 2 + 8 * 2 * 2 + 2 + 6,
         "full": len(_feature_combos()) * 2 * 2 + 8 * 2 * 2 + 2 + 12,
     }
-    # The Hopper backward's features (ALiBi, soft-cap, dropout) x 2 dtypes: at d64/d128 the three
-    # feature plans without an elementwise bias and the four training plans it adds (soft-cap
-    # causal/window, dropout causal/none); soft-capped d256 (causal, window); dropout at
-    # d192x128 in group mode.
-    hopper_bwd_features = 2 * (2 * (3 + 4) + 2 + 1)
+    # The Hopper backward's features (ALiBi, soft-cap, dropout, a row-broadcast elementwise
+    # bias) x 2 dtypes: at d64/d128 the three feature plans without an elementwise bias, the
+    # four training plans it adds (soft-cap causal/window, dropout causal/none), and the three
+    # plans with a bias but no dbias (soft-capped without a mask, and the training plans with
+    # no mask and causal); soft-capped d256 (causal, window); dropout at d192x128 in group mode.
+    hopper_bwd_features = 2 * (2 * (3 + 4 + 3) + 2 + 1)
     hopper = {
         name: count + fp8_forward[name] + hopper_features[name]
         for name, count in {"ci": 4 + 2, "default": 42 + 60 + hopper_bwd_features,
@@ -1285,8 +1286,10 @@ def test_bwd_sm90_accepts_its_scope() -> None:
                 for mode in ("batch", "group"):
                     assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
                                      tile_n=keys, mask=mask, mode=mode) == ""  # fmt: skip
+            # An elementwise bias (broadcast over the query rows) on the key-split layout.
+            key_split = ({"bias": "elementwise", "mode": "group"},) if keys == 128 else ()
             for features in ({"bias": "alibi"}, {"softcap": True},
-                             {"bias": "alibi", "softcap": True}):  # fmt: skip
+                             {"bias": "alibi", "softcap": True}, *key_split):  # fmt: skip
                 assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
                                  tile_n=keys, **features) == ""  # fmt: skip
             # Dropout's random words fit beside every layout but d256's.
@@ -1299,14 +1302,16 @@ def test_bwd_sm90_accepts_its_scope() -> None:
     ("changes", "expected"),
     [
         (
-            {"bias": "elementwise", "mode": "group"},
+            {"bias": "elementwise", "hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 64},
             (
-                r"bias 'elementwise' not implemented yet; sm90_tma_wgmma's backward covers .* "
-                r"every mask \(causal and sliding windows\), GQA/MQA, ALiBi, logit soft-caps, "
-                r"dropout, batch and group mode .* sm80_cpasync_mma covers the rest"
+                r"bias 'elementwise' on the head-split layout not implemented yet; "
+                r"sm90_tma_wgmma's backward covers .* every mask \(causal and sliding windows\), "
+                r"GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group mode .* at head dims "
+                r"64, 96 and 128 an elementwise bias broadcast over the query rows .* "
+                r"sm80_cpasync_mma covers the rest"
             ),
         ),
-        ({"bias": "elementwise", "dbias": True}, r"bias 'elementwise', dbias not implemented"),
+        ({"bias": "elementwise", "dbias": True}, r"^dbias not implemented yet"),
         (
             {"dropout": True, "hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 64},
             r"shared memory 236544 bytes exceeds sm_90a's limit of 232448 bytes per block",
@@ -1398,7 +1403,7 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
     features = sorted(n.split("__")[0] for n in names if n not in plain)
     assert "bwd_dq_dk_dv_bf16_batch_d256x256_window_softcap" in features
     assert "bwd_dq_dk_dv_fp16_group_d64x64_causal_alibi_drop_softcap" in features
-    assert len(features) == 34
+    assert len(features) == 46
     assert sorted(plain) == sorted(
         f"bwd_dq_dk_dv_{dtype}_{mode}_d{d}x{dv}_{mask}__sm_90a_sm90_tma_wgmma_m64n{n}k{d}_w12s2"
         for dtype in ("fp16", "bf16")
@@ -1425,7 +1430,7 @@ def test_bwd_sm90_kernels_in_the_default_set_and_their_instance() -> None:
         "launch_bwd_dq_dk_dv_sm90<ckfmha_instance_" in instance
         and "::Traits>(problem, args, context, stream)" in instance
     )
-    # Rejected sm90 candidates (elementwise bias and dbias, other head dims) stay on sm80.
+    # Rejected sm90 candidates (dbias, other head dims) stay on sm80.
     rejected = select(get_receipt("default"), load_specs()["sm_90a"]).rejected
     assert any(r.pipeline == "sm90_tma_wgmma" and r.signature.family == "bwd_dq_dk_dv"
                and r.signature.bias == "elementwise" for r in rejected)  # fmt: skip

@@ -50,6 +50,9 @@ FEATURE_CASES = [
     ("dropout", {"dropout_p": 0.1}),
     ("bias_with_grad", {"bias": "grad"}),
     ("bias_as_mask", {"bias": "fixed"}),
+    # A padded decoder batch: causal and one bias row per sequence (Hopper: row mode forward,
+    # one value a key in the backward).
+    ("padding_causal", {"causal": True, "bias": "padding"}),
 ]
 
 
@@ -74,7 +77,12 @@ def test_feature_gradients_match_float64_autograd(name: str, options: dict, dtyp
     if options.get("alibi"):
         slopes = torch.tensor([2.0 ** (-8 * (i + 1) / hq) for i in range(hq)], device="cuda")
         kwargs["alibi_slopes"] = ref_kwargs["alibi_slopes"] = slopes
-    if "bias" in options:
+    if options.get("bias") == "padding":
+        bias = torch.randn(b, 1, 1, sk, device="cuda").to(dt)
+        bias[0, ..., sk - 4:] = float("-inf")
+        bias[1, ..., 5] = float("-inf")
+        kwargs["bias"] = ref_kwargs["bias"] = bias
+    elif "bias" in options:
         bias = torch.randn(1, hq, sq, sk, device="cuda").to(dt)
         bias[..., 5] = float("-inf")  # a masked key, as a padding mask gives
         if options["bias"] == "grad":
