@@ -1286,8 +1286,9 @@ def test_bwd_sm90_accepts_its_scope() -> None:
                 for mode in ("batch", "group"):
                     assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
                                      tile_n=keys, mask=mask, mode=mode) == ""  # fmt: skip
-            # An elementwise bias (broadcast over the query rows) on the key-split layout.
-            key_split = ({"bias": "elementwise", "mode": "group"},) if keys == 128 else ()
+            # An elementwise bias (broadcast over the query rows) on the key-split layout, in
+            # batch mode.
+            key_split = ({"bias": "elementwise"},) if keys == 128 else ()
             for features in ({"bias": "alibi"}, {"softcap": True},
                              {"bias": "alibi", "softcap": True}, *key_split):  # fmt: skip
                 assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
@@ -1307,10 +1308,11 @@ def test_bwd_sm90_accepts_its_scope() -> None:
                 r"bias 'elementwise' on the head-split layout not implemented yet; "
                 r"sm90_tma_wgmma's backward covers .* every mask \(causal and sliding windows\), "
                 r"GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group mode .* at head dims "
-                r"64, 96 and 128 an elementwise bias broadcast over the query rows .* "
-                r"sm80_cpasync_mma covers the rest"
+                r"64, 96 and 128 in batch mode an elementwise bias broadcast over the query "
+                r"rows .* sm80_cpasync_mma covers the rest"
             ),
         ),
+        ({"bias": "elementwise", "mode": "group"}, r"^bias 'elementwise' in group mode not"),
         ({"bias": "elementwise", "dbias": True}, r"^dbias not implemented yet"),
         (
             {"dropout": True, "hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 64},
