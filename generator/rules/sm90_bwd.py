@@ -22,9 +22,9 @@ BWD_SM90_HDIMS = tuple(BWD_SM90_KEYS_BY_HDIM)
 BWD_SM90_COVERS = (
     "sm90_tma_wgmma's backward covers fp16/bf16, head dims 64, 96, 128, 256 and 192x128, every "
     "mask (causal and sliding windows), GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group "
-    "mode and fast (atomic dQ) mode, and at head dims 64, 96 and 128 in batch mode an "
-    "elementwise bias broadcast over the query rows ([b, 1 or h, 1, sk], key padding; the "
-    "dispatcher sends other biases to sm80_cpasync_mma); sm80_cpasync_mma covers the rest"
+    "mode and fast (atomic dQ) mode, and in batch mode an elementwise bias broadcast over the "
+    "query rows ([b, 1 or h, 1, sk], key padding; the dispatcher sends other biases to "
+    "sm80_cpasync_mma); sm80_cpasync_mma covers the rest"
 )
 # The mbarriers after the last tile: K/V full, Q/dO full and empty per stage, and dQ full and
 # empty per consumer warpgroup. The storage struct is 1 KiB aligned, so they round its size up
@@ -85,7 +85,6 @@ def sm90_bwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     reasons = template_basics(config)
     keys = BWD_SM90_KEYS_BY_HDIM.get((sig.hdim_q, sig.hdim_v), 128)
     unsupported = named_if_on(
-        (f"bias {sig.bias!r} on the head-split layout", sig.bias == "elementwise" and keys == 64),
         (f"bias {sig.bias!r} in group mode", sig.bias == "elementwise" and sig.mode == "group"),
         ("dbias", sig.dbias),
     )

@@ -1286,11 +1286,11 @@ def test_bwd_sm90_accepts_its_scope() -> None:
                 for mode in ("batch", "group"):
                     assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
                                      tile_n=keys, mask=mask, mode=mode) == ""  # fmt: skip
-            # An elementwise bias (broadcast over the query rows) on the key-split layout, in
-            # batch mode.
-            key_split = ({"bias": "elementwise"},) if keys == 128 else ()
+            # An elementwise bias (broadcast over the query rows) in batch mode, on both
+            # layouts.
             for features in ({"bias": "alibi"}, {"softcap": True},
-                             {"bias": "alibi", "softcap": True}, *key_split):  # fmt: skip
+                             {"bias": "alibi", "softcap": True}, {"bias": "elementwise"},
+                             {"bias": "elementwise", "softcap": True}):  # fmt: skip
                 assert _bwd_sm90(dtype=dtype, hdim_q=hdim, hdim_v=hdim, tile_k=hdim,
                                  tile_n=keys, **features) == ""  # fmt: skip
             # Dropout's random words fit beside every layout but d256's.
@@ -1303,16 +1303,15 @@ def test_bwd_sm90_accepts_its_scope() -> None:
     ("changes", "expected"),
     [
         (
-            {"bias": "elementwise", "hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 64},
+            {"bias": "elementwise", "mode": "group"},
             (
-                r"bias 'elementwise' on the head-split layout not implemented yet; "
+                r"^bias 'elementwise' in group mode not implemented yet; "
                 r"sm90_tma_wgmma's backward covers .* every mask \(causal and sliding windows\), "
-                r"GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group mode .* at head dims "
-                r"64, 96 and 128 in batch mode an elementwise bias broadcast over the query "
-                r"rows .* sm80_cpasync_mma covers the rest"
+                r"GQA/MQA, ALiBi, logit soft-caps, dropout, batch and group mode .* and in batch "
+                r"mode an elementwise bias broadcast over the query rows .* sm80_cpasync_mma "
+                r"covers the rest"
             ),
         ),
-        ({"bias": "elementwise", "mode": "group"}, r"^bias 'elementwise' in group mode not"),
         ({"bias": "elementwise", "dbias": True}, r"^dbias not implemented yet"),
         (
             {"dropout": True, "hdim_q": 256, "hdim_v": 256, "tile_k": 256, "tile_n": 64},

@@ -14,8 +14,8 @@
 //   and added to the fp32 accumulator by TMA reduce-adds (fast mode only:
 //   the order of the adds is not fixed); a ring stage is released once they
 //   have read it, behind the next tile's products.
-// Group mode and the features (ALiBi, soft-caps, dropout) as at d <= 128
-// (bwd_kernel.cuh).
+// Group mode and the features (ALiBi, soft-caps, dropout, a bias broadcast
+// over the query rows) as at d <= 128 (bwd_kernel.cuh).
 #pragma once
 
 #include "ckfmha/kernel/common/attention_mask.cuh"
@@ -121,7 +121,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // drops and rescales the weights of dV's product and dP^T.
   using Transform = LogitTransform<Element, Traits::kBias, Traits::kHasSoftcap>;
   constexpr bool kDropout = Traits::kHasDropout;
-  constexpr bool kPerElement = Transform::kActive || kDropout;
+  // An elementwise bias is broadcast over the query rows (the launcher takes
+  // no other): one value a key (BwdSm90KeyBias), as at d <= 128. With a
+  // soft-cap or dropout it goes through the transform.
+  constexpr bool kKeyBias =
+      Traits::kBias == BiasMode::kElementwise && !Traits::kHasSoftcap && !kDropout;
+  constexpr bool kPerElement = (Transform::kActive && !kKeyBias) || kDropout;
   using DropoutTile = BwdSm90DropoutTile<Traits::kDropoutQueries>;
   BwdSm90Dropout dropout{0u, p.dropout_rescale};  // this query tile's keep bits
   Tensor acc_dk = partition_fragment_C(mma_dk, Shape<N, D>{});
@@ -225,6 +230,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         bwd_sm90_transformed_probabilities<kMasked, kDropout>(
             probs, weights, cS_rows_cols, mask, transform, dropout, p.scale_log2,
             storage->lse_log2[stage], m_begin, n_begin);
+      } else if constexpr (kKeyBias) {
+        using KeyBias = BwdSm90KeyBias<decltype(size<0>(probs))::value>;
+        Element const* keys = static_cast<Element const*>(p.bias) +
+                              tile.batch * p.bias_batch_stride +
+                              walk.head(it) * p.bias_head_stride;
+        const KeyBias key_bias = KeyBias::load(keys, tile.seq.seqlen_k, cS_rows_cols, n_begin);
+        bwd_sm90_probabilities<kMasked>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
+                                        p.scale_log2, m_begin, n_begin, key_bias);
       } else {
         bwd_sm90_probabilities<kMasked>(probs, cS_rows_cols, mask, storage->lse_log2[stage],
                                         p.scale_log2, m_begin, n_begin);

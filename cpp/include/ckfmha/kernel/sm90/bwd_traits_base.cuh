@@ -83,9 +83,9 @@ template <class Element_, int HeadDimQK, int HeadDimV, int BlockM, int BlockN, i
           bool HasDbias, bool IsGroupMode, int MinCtasPerSm, bool SplitsHeadDim>
 struct BwdSm90TraitsBase {
   using Element = Element_;
-  static_assert(!HasDbias && (Bias != BiasMode::kElementwise || !SplitsHeadDim),
-                "the sm90 backward covers masks, windows, GQA, ALiBi, soft-caps, dropout and, "
-                "on the key-split layout, a bias broadcast over the query rows");
+  static_assert(!HasDbias,
+                "the sm90 backward covers masks, windows, GQA, ALiBi, soft-caps, dropout and a "
+                "bias broadcast over the query rows, without its gradient");
   static_assert(MinCtasPerSm == 1, "one warp-specialized CTA fills an SM");
   static_assert(std::is_same_v<Element, cutlass::half_t> ||
                     std::is_same_v<Element, cutlass::bfloat16_t>,
