@@ -90,9 +90,6 @@ class BwdKey:
 # Main-stage templates that add dQ with atomics only: a deterministic backward needs another
 # (dispatcher.cpp rejects them for deterministic problems).
 FAST_MODE_ONLY_PIPELINES = ("sm90_tma_wgmma",)
-# Main-stage templates whose elementwise bias is one value a key: a bias with a row per query
-# needs another (bwd_plan.cpp rejects them for it).
-KEY_BIAS_ONLY_PIPELINES = ("sm90_tma_wgmma",)
 
 
 @dataclass(frozen=True)
@@ -192,12 +189,11 @@ def kernels_for(key: Key, arch: int | str | None = None) -> list[Any]:
     gen = jit.generator_modules()
     specs = gen.specs.load_specs()
     spec = specs[jit.arch_spec_name(arch, specs)]
-    excluded = (
-        *(FAST_MODE_ONLY_PIPELINES if getattr(key, "deterministic", False) else ()),
-        *(KEY_BIAS_ONLY_PIPELINES if getattr(key, "bias_per_query", False) else ()),
-    )
+    excluded = FAST_MODE_ONLY_PIPELINES if getattr(key, "deterministic", False) else ()
+    # A bias with a row per query cannot run on kernels that take only row-broadcast biases.
+    per_query = getattr(key, "bias_per_query", False)
     for plan in plans_for(key, gen):
-        stages = [jit.preferred_configs(signature, spec, excluded) for signature in plan]
+        stages = [jit.preferred_configs(signature, spec, excluded, per_query) for signature in plan]
         if all(stages):
             return [config for stage in stages for config in stage]
     return []

@@ -153,11 +153,14 @@ def resolve(configs: str | Iterable[Any], arch: int | str | None = None) -> list
     return list({config.name: config for config in resolved}.values())
 
 
-def preferred_configs(signature: Any, spec: Any, excluded: Sequence[str] = ()) -> list[Any]:
+def preferred_configs(
+    signature: Any, spec: Any, excluded: Sequence[str] = (), bias_per_query: bool = False
+) -> list[Any]:
     """The configs the generator accepts for ``signature`` on arch ``spec`` from its preferred
     template (the one the dispatcher ranks first) outside ``excluded``: the default tile, or
-    every tile for the families whose tile the dispatcher picks by shape. [] if no template
-    takes it."""
+    every tile for the families whose tile the dispatcher picks by shape. With
+    ``bias_per_query`` (an elementwise bias with a row per query) kernels that take only
+    row-broadcast biases are left out. [] if no template takes it."""
     gen = generator_modules()
     receipt = gen.receipts.Receipt(
         name="first-use", description="", signatures=(signature,), all_tiles=False
@@ -165,6 +168,7 @@ def preferred_configs(signature: Any, spec: Any, excluded: Sequence[str] = ()) -
     accepted = [
         c for c in gen.enumerate.select(receipt, spec).accepted
         if c.algorithm.pipeline not in excluded
+        and not (bias_per_query and gen.rules.bias_rows_only(c))
     ]  # fmt: skip
     return gen.enumerate.preferred_only(accepted)
 

@@ -384,7 +384,8 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f'     /*arch=*/{arch.arch_number}, "{arch.name}", "{alg.pipeline}", '
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"
-        f"     &{config.symbol}, {_address_or_null(resident_ctas_symbol(config))}}},\n"
+        f"     &{config.symbol}, {_address_or_null(resident_ctas_symbol(config))}, "
+        f"/*bias_rows_only=*/{int(rules.bias_rows_only(config))}}},\n"
     )
 
 

@@ -39,14 +39,7 @@ std::string kv_storage_mismatch(ckfmha_kernel_entry const& k, ckfmha_fwd_problem
 
 bool is_paged(ckfmha_fwd_problem const& p) { return p.kv_storage != CKFMHA_KV_CONTIGUOUS; }
 
-bool bias_rows_only(ckfmha_kernel_entry const& k) {
-  if (k.bias != CKFMHA_BIAS_ELEMENTWISE || std::string_view(k.pipeline) != "sm90_tma_wgmma") {
-    return false;
-  }
-  // The Hopper backward main stage reads one bias value a key (BwdSm90KeyBias);
-  // the forward's three-warpgroup tiles have row slots only (FwdSm90Traits::kBiasRowsOnly).
-  return k.family == CKFMHA_FAMILY_BWD_DQ_DK_DV || k.tile_m == 192;
-}
+bool bias_rows_only(ckfmha_kernel_entry const& k) { return k.bias_rows_only != 0; }
 
 bool is_paged_family(ckfmha_family family) {
   return family == CKFMHA_FAMILY_FWD_PAGEDKV || family == CKFMHA_FAMILY_BATCH_PREFILL;

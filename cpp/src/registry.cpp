@@ -95,7 +95,8 @@ std::string Registry::to_json() const {
         << ", \"arch_name\": " << json_string(e.arch_name)
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k
-        << ", \"warps\": " << e.warps << ", \"stages\": " << e.stages << "}";
+        << ", \"warps\": " << e.warps << ", \"stages\": " << e.stages
+        << ", \"bias_rows_only\": " << (e.bias_rows_only ? "true" : "false") << "}";
     first = false;
   }
   out << (first ? "]" : "\n]");

@@ -47,6 +47,7 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "Rule",
     "TraitsAssertion",
+    "bias_rows_only",
     "bwd_sm80_smem_bytes",
     "bwd_sm90_smem_bytes",
     "check",
@@ -100,6 +101,13 @@ def check(config: KernelConfig, arch: ArchSpec) -> list[str]:
         return reasons
     reasons.extend(PIPELINE_TEMPLATES[pipeline](family).check(config, arch))
     return reasons
+
+
+def bias_rows_only(config: KernelConfig) -> bool:
+    """Whether `config`'s kernel takes only elementwise biases broadcast over the query rows
+    ([b, 1 or h, 1, sk]); the runtime refuses it other biases."""
+    template = PIPELINE_TEMPLATES.get(config.algorithm.pipeline)
+    return template is not None and template(config.signature.family).bias_rows_only(config)
 
 
 def traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, ...]:

@@ -36,11 +36,14 @@ Rule = Callable[[KernelConfig, ArchSpec], list[str]]
 
 @dataclass(frozen=True)
 class TemplateRules:
-    """One kernel template's limits (the reasons a config cannot be built on it) and the
-    numbers its instances assert against its traits struct."""
+    """One kernel template's limits (the reasons a config cannot be built on it), the
+    numbers its instances assert against its traits struct, and whether an instance takes
+    only elementwise biases broadcast over the query rows (its kernel entry's
+    bias_rows_only, which the runtime's selection reads)."""
 
     check: Rule
     traits_assertions: Callable[[KernelConfig], tuple[TraitsAssertion, ...]]
+    bias_rows_only: Callable[[KernelConfig], bool] = lambda config: False
 
 
 def arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:

@@ -140,7 +140,14 @@ def sm90_bwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
         ("kSplitsHeadDim", splits_head_dim, "the consumer layout (head dim split or not)"),
         ("kSmemBytes", bwd_sm90_traits_smem_bytes(sig.hdim_q, elem, sig.hdim_v, sig.dropout),
          "shared-memory bytes"),
+        ("kBiasRowsOnly", bwd_sm90_bias_rows_only(config), "row-broadcast biases only"),
     )
 
 
-TEMPLATE = TemplateRules(sm90_bwd_rules, sm90_bwd_traits_assertions)
+def bwd_sm90_bias_rows_only(config: KernelConfig) -> bool:
+    """The main stage reads an elementwise bias as one value a key (BwdSm90KeyBias), so it
+    takes only biases broadcast over the query rows."""
+    return config.signature.bias == "elementwise"
+
+
+TEMPLATE = TemplateRules(sm90_bwd_rules, sm90_bwd_traits_assertions, bwd_sm90_bias_rows_only)

@@ -271,8 +271,15 @@ def sm90_fwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
         ("kSmemLimit", SM90_SMEM_LIMIT, "the shared-memory limit"),
         ("kSmemBytes", fwd_sm90_smem_bytes(config), "shared-memory bytes"),
         ("kBiasStages", fwd_sm90_bias_stages(config), "elementwise bias ring stages"),
+        ("kBiasRowsOnly", fwd_sm90_bias_rows_only(config), "row-broadcast biases only"),
     ]
     return assertions_from(__name__, *facts)
 
 
-TEMPLATE = TemplateRules(sm90_fwd_rules, sm90_fwd_traits_assertions)
+def fwd_sm90_bias_rows_only(config: KernelConfig) -> bool:
+    """Three consumer warpgroups (192 rows) hold no bias tile: their elementwise bias is one
+    row broadcast over the query rows (FwdSm90Traits::kBiasRowsOnly)."""
+    return config.signature.bias == "elementwise" and config.algorithm.tile_m == 192
+
+
+TEMPLATE = TemplateRules(sm90_fwd_rules, sm90_fwd_traits_assertions, fwd_sm90_bias_rows_only)

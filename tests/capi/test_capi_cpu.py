@@ -24,6 +24,7 @@ no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour 
 KERNEL_FIELDS = {
     "name", "family", "dtype", "mode", "hdim_q", "hdim_v", "mask", "lse", "kv_quant", "q_quant",
     "arch", "arch_name", "pipeline", "tile_m", "tile_n", "tile_k", "warps", "stages",
+    "bias_rows_only",
 }  # fmt: skip
 
 
@@ -128,6 +129,10 @@ def test_registry_json_fields(all_kernels):
         assert isinstance(kernel["dbias"], bool)
         if kernel["dbias"]:
             assert kernel["family"] == "bwd_dq_dk_dv" and kernel["bias"] == "elementwise"
+        # Only kernels with an elementwise bias can be limited to row-broadcast ones.
+        assert isinstance(kernel["bias_rows_only"], bool)
+        if kernel["bias_rows_only"]:
+            assert kernel["bias"] == "elementwise" and kernel["pipeline"] == "sm90_tma_wgmma"
         assert kernel["dtype"] in ("fp16", "bf16", "fp32")
         assert kernel["mask"] in ("none", "causal", "window")
         assert kernel["bias"] in ("none", "elementwise", "alibi")

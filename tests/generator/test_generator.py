@@ -1058,14 +1058,14 @@ int main() {
     const ckfmha_kernel_entry& e = t->entries[i];
     int32_t resident = -1;  // -1: the entry has no query
     if (e.resident_ctas != nullptr && e.resident_ctas(&resident) != 0) resident = -2;
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d %d\\n",
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
                 e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.kv_quant, e.q_quant, e.arch,
                 e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
-                e.launch(nullptr, nullptr, nullptr, nullptr), resident);
+                e.launch(nullptr, nullptr, nullptr, nullptr), resident, e.bias_rows_only);
   }
 }
 """
@@ -1073,8 +1073,9 @@ int main() {
 
 @needs_gxx
 def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
-    """Builds the ci table, and an fp8 forward (its q_quant), against kernel_entry.h and reads
-    every field back."""
+    """Builds the ci table, an fp8 forward (its q_quant), and two kernels that take only
+    row-broadcast biases (the Hopper backward's, a 192-row Hopper forward's), against
+    kernel_entry.h and reads every field back."""
     specs = load_specs()
     configs = select_for_arches(get_receipt("ci"), ("sm_80", "sm_90a"), specs).accepted
     configs.append(
@@ -1084,6 +1085,15 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             Algorithm("sm_90a", "sm90_tma_wgmma", 128, 128, 128, 12, 2),
         )
     )  # fmt: skip
+    rows_only = [
+        KernelConfig(BwdSignature("bwd_dq_dk_dv", "bf16", "batch", 64, 64, "causal",
+                                  bias="elementwise"),
+                     Algorithm("sm_90a", "sm90_tma_wgmma", 64, 128, 64, 12, 2)),
+        KernelConfig(FwdSignature("bf16", "batch", 64, 64, "none", True, bias="elementwise"),
+                     Algorithm("sm_90a", "sm90_tma_wgmma", 192, 128, 64, 16, 2)),
+    ]  # fmt: skip
+    assert all(rules.bias_rows_only(c) for c in rows_only)
+    configs += rows_only
     files = emit.emit(tmp_path, configs, [], specs)
     # Each stub answers its entry's index: the launch returns it, the resident-CTA query (the
     # split-KV families') writes 1000 more.
@@ -1105,7 +1115,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"12 {len(configs)}"
+    assert lines[0] == f"13 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -1136,6 +1146,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             int(sig.kv_quant == "e4m3"), int(sig.q_quant == "e4m3"), specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
             1000 + i if sig.family in ("fwd_splitkv", *PAGED_FAMILIES) else -1,
+            int(config in rows_only),
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]
 

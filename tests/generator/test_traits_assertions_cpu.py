@@ -31,7 +31,7 @@ EXPECTED_MEMBERS = {
     ("fwd_pagedkv", "sm80_cpasync_mma"): SM80_MEMBERS,
     ("batch_prefill", "sm80_cpasync_mma"): SM80_MEMBERS,
     ("fwd", "sm90_tma_wgmma"): {"kThreads", "kConsumerRegisters", "kSmemLimit", "kSmemBytes",
-                                   "kBiasStages"},
+                                   "kBiasStages", "kBiasRowsOnly"},
     ("fwd", "simt_fma"): {"kSmemBytes", "kThreads", "kRowsPerThread", "kKeysPerThread"},
     ("fwd_splitkv_combine", "splitkv_combine"): {"kThreads", "kColsPerThread", "kRowsPerCta"},
     ("fwd_appendkv", "appendkv"): {"kThreads", "kKvItems"},
@@ -39,7 +39,8 @@ EXPECTED_MEMBERS = {
     ("bwd_convert_dq", "sm80_cpasync_mma"): ROWWISE_MEMBERS,
     ("bwd_dq_dk_dv", "sm80_cpasync_mma"): SM80_MEMBERS
     | {"kWarpsMSdP", "kWarpsMdK", "kWarpsMdV", "kWarpsMdQ"},
-    ("bwd_dq_dk_dv", "sm90_tma_wgmma"): {"kThreads", "kSplitsHeadDim", "kSmemBytes"},
+    ("bwd_dq_dk_dv", "sm90_tma_wgmma"): {"kThreads", "kSplitsHeadDim", "kSmemBytes",
+                                         "kBiasRowsOnly"},
 }
 
 

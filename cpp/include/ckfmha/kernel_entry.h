@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 12
+#define CKFMHA_KERNEL_ABI_VERSION 13
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */
@@ -73,6 +73,11 @@ typedef struct ckfmha_kernel_entry {
   /* The split-KV families (fwd_splitkv, fwd_pagedkv, batch_prefill); NULL
    * for the others, whose planners do not count resident CTAs. */
   ckfmha_resident_ctas_fn resident_ctas;
+  /* 1: the kernel takes only elementwise biases broadcast over the query rows
+   * ([b, 1 or h, 1, sk], bias_stride[2] == 0); the dispatcher refuses it the
+   * others. The generator sets it and the instance asserts it against its
+   * traits (kBiasRowsOnly). */
+  int32_t bias_rows_only;
 } ckfmha_kernel_entry;
 
 typedef struct ckfmha_kernel_table {

@@ -124,8 +124,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // An elementwise bias is broadcast over the query rows (the launcher takes
   // no other): one value a key (BwdSm90KeyBias), as at d <= 128. With a
   // soft-cap or dropout it goes through the transform.
-  constexpr bool kKeyBias =
-      Traits::kBias == BiasMode::kElementwise && !Traits::kHasSoftcap && !kDropout;
+  constexpr bool kKeyBias = Traits::kBiasRowsOnly && !Traits::kHasSoftcap && !kDropout;
   constexpr bool kPerElement = (Transform::kActive && !kKeyBias) || kDropout;
   using DropoutTile = BwdSm90DropoutTile<Traits::kDropoutQueries>;
   BwdSm90Dropout dropout{0u, p.dropout_rescale};  // this query tile's keep bits

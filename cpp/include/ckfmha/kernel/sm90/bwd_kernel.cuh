@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // An elementwise bias here is broadcast over the query rows (the launcher
   // takes no other): one value per key. With a soft-cap it is added after
   // the cap, through the transform.
-  constexpr bool kKeyBias = Traits::kBias == BiasMode::kElementwise && !Traits::kHasSoftcap;
+  constexpr bool kKeyBias = Traits::kBiasRowsOnly && !Traits::kHasSoftcap;
   constexpr bool kWeightsFirst = Transform::kActive && !kKeyBias;
   using KeyBias = BwdSm90KeyBias<decltype(size<0>(gmma_accum_as_rows_cols(acc_s.layout())))::value>;
   using DropoutTile = BwdSm90DropoutTile<kBlockM>;

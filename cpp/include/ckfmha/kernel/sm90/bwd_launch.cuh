@@ -62,7 +62,7 @@ int launch_bwd_dq_dk_dv_sm90(void const* problem, void const* args,
   BwdParams const bwd = make_bwd_params(pr, ar, context);
   // An elementwise bias is read as one value per key (BwdSm90KeyBias); the
   // runtime's checks send these kernels row-broadcast biases only.
-  if constexpr (Traits::kBias == BiasMode::kElementwise) {
+  if constexpr (Traits::kBiasRowsOnly) {
     if (ar.bias == nullptr || pr.bias_stride[2] != 0) return -int(cudaErrorNotSupported);
   }
   // Group mode: one view over the packed tokens (its "batch" stride is any

@@ -107,6 +107,9 @@ struct BwdSm90TraitsBase {
   static constexpr MaskMode kMask = Mask;
   static constexpr bool kIsGroupMode = IsGroupMode;
   static constexpr BiasMode kBias = Bias;
+  // An elementwise bias is read as one value a key (BwdSm90KeyBias): it must be
+  // broadcast over the query rows, which the launcher checks.
+  static constexpr bool kBiasRowsOnly = Bias == BiasMode::kElementwise;
   static constexpr bool kHasSoftcap = HasSoftcap;
   static constexpr bool kHasDropout = HasDropout;
   // Dropout's random words (bwd_dropout.cuh): a tile per consumer warpgroup
