@@ -31,7 +31,7 @@ from bench_feature_cost import (
     summarize_and_write,
     whole_mask,
 )
-from bench_fwd import add_run_arguments, median_ms
+from bench_fwd import add_run_arguments, median_ms, warm_up_device
 from torch.nn.attention import SDPBackend
 
 import ckfmha
@@ -118,6 +118,7 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
+    warm_up_device()
     cases = [(shape, feature) for shape in BWD_SHAPES for feature in FEATURES]
     cases += [(shape, feature) for shape in SHAPES if not shape.causal
               for feature in UNMASKED_FEATURES]  # fmt: skip

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_fwd import geomean, median_ms, results_stem, run_record, sdpa
+from bench_fwd import geomean, median_ms, results_stem, run_record, sdpa, warm_up_device
 from torch.nn.attention import SDPBackend
 
 import ckfmha
@@ -243,6 +243,7 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = [
         run_row(shape, feature, dtype, args.dtype, args)
         for shape in SHAPES

@@ -17,6 +17,7 @@ import json
 import math
 import platform
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -89,6 +90,18 @@ def sdpa(backend: SDPBackend, q: Any, k: Any, v: Any, causal: bool,
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **sdpa_kwargs)
     return call
+
+
+def warm_up_device(seconds: float = 2.0) -> None:
+    """Keep the GPU busy with matrix products for ``seconds`` before anything is timed: its
+    clocks ramp up under load, and the first row timed on a machine that had been idle read
+    up to 25% slow (NOTES 105)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def matmul_tflops(dtype: torch.dtype) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.paths import REPO_ROOT
 
-from generator import build, emit
+from generator import build, emit, rules
 from generator.build_config import BuildConfig, BuildConfigError, from_env, split_list
 from generator.enumerate import select_for_arches
 from generator.receipts import get_receipt
@@ -298,7 +298,7 @@ template <class T, int DQ, int DV, int M, int N, int W, int S, MaskMode Mask, Bi
 struct FwdSm80Traits {
   static constexpr int kThreads = W * 32;
   static constexpr AgreesWithAnyNumber kSmemBytes{}, kMinCtasPerSm{}, kSmemLimit{},
-      kConsumerRegisters{}, kRowsPerThread{}, kKeysPerThread{}, kBiasStages{};
+      kConsumerRegisters{}, kRowsPerThread{}, kKeysPerThread{}, kBiasStages{}, kBiasRowsOnly{};
 };
 template <class Traits> __global__ void stand_in_kernel(int* out) {
   if (out) *out = Traits::kThreads;
@@ -343,6 +343,7 @@ class KernelEntry(ctypes.Structure):
         ("stages", ctypes.c_int32),
         ("launch", ctypes.c_void_p),
         ("resident_ctas", ctypes.c_void_p),
+        ("bias_rows_only", ctypes.c_int32),
     ]
 
 
@@ -411,11 +412,12 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (12, len(kernels))
+    assert (table.abi_version, table.count) == (13, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}
     assert all(e.launch for e in loaded)
+    assert [e.bias_rows_only for e in loaded] == [int(rules.bias_rows_only(k)) for k in kernels]
     # Only the split-KV families count resident CTAs: one-stage forwards leave the query out.
     assert not any(e.resident_ctas for e in loaded)
     # Instance symbols stay hidden: only the table is exported.
