@@ -143,6 +143,8 @@ def _mask_plan(
 def _plan_from_match(
     mask: torch.Tensor, match: _MaskMatch, dtype: torch.dtype
 ) -> tuple[_Visibility, torch.Tensor | None]:
+    """The plan of ``_mask_plan`` from what the mask was found to equal. A mask that takes a
+    gradient stays whole, so that its gradient reaches every entry."""
     if match.exact is not None:
         return match.exact, None
     if mask.requires_grad:
