@@ -162,6 +162,62 @@ def test_sliding_window_padding_mask_becomes_a_window_and_one_bias_row() -> None
     assert bool((options.bias[1, ..., :11] == NEG_INF).all()) and bool((options.bias[0] == 0).all())
 
 
+def _applied(options: hf.KernelOptions, batch: int, heads: int, seqlen_q: int,
+             seqlen_k: int) -> torch.Tensor:  # fmt: skip
+    """bool [batch, heads, seqlen_q, seqlen_k]: the keys the kernels let each query see under
+    `options`: its pattern and, where there is one, its bias's finite entries."""
+    window = options.window
+    pattern = hf.masks._Visibility(causal=options.causal,
+                                   causal_alignment=options.causal_alignment, window=window)
+    seen = pattern.visible_keys(seqlen_q, seqlen_k, torch.device("cpu"))
+    seen = seen.expand(batch, heads, seqlen_q, seqlen_k)
+    if options.bias is None:
+        return seen
+    return seen & torch.isfinite(options.bias).expand(batch, heads, seqlen_q, seqlen_k)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_padded_masks_keep_exactly_their_visible_keys(seed: int) -> None:
+    # Random decoder and encoder masks: causal (either alignment), sliding windows or none,
+    # with left or right padding per sequence (or per head), as bool or eager float masks.
+    # Whatever the plan, pattern and bias together hide exactly what the mask hides, and a
+    # padded batch under a known pattern takes one bias row per sequence.
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(high: int) -> int:
+        return int(torch.randint(0, high, (1,), generator=g))
+
+    batch, heads = 1 + draw(3), 1 + draw(2)
+    seqlen_k = 1 + draw(40)
+    seqlen_q = seqlen_k if draw(2) else 1 + draw(seqlen_k)
+    kind = ["causal", "top_left", "window", "none"][draw(4)]
+    sliding = 1 + draw(12) if kind == "window" else None
+    if kind == "top_left":
+        rows = _causal(seqlen_q, seqlen_k, "top_left")
+    else:
+        visibility = hf.masks._layer_visibility(kind != "none", sliding, seqlen_q, seqlen_k,
+                                                "bottom_right")
+        rows = visibility.visible_keys(seqlen_q, seqlen_k, torch.device("cpu"))
+    keys = torch.ones(batch, heads, 1, seqlen_k, dtype=torch.bool)
+    for b in range(batch):
+        pad = draw(seqlen_k)
+        if draw(2):
+            keys[b, ..., :pad] = False  # left padding
+        else:
+            keys[b, ..., seqlen_k - pad:] = False  # right padding
+    if heads > 1 and draw(2):
+        keys[0, 1, 0, draw(seqlen_k)] = False  # one head hides one more key
+    mask = rows[None, None] & keys
+    if draw(2):
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    options = _options(mask, seqlen_q, seqlen_k, is_causal=kind != "none",
+                       sliding_window=sliding)  # fmt: skip
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    assert torch.equal(_applied(options, batch, heads, seqlen_q, seqlen_k), visible)
+    if options.bias is not None:
+        assert options.bias.shape[-2] == 1, "padding under a known pattern is one row"
+
+
 def test_a_mask_that_is_no_pattern_and_padding_stays_a_full_bias() -> None:
     mask = _causal(6, 6)[None, None].repeat(2, 1, 1, 1)
     mask[0, :, :, :2] = False
