@@ -1,7 +1,6 @@
 #include "ckfmha/runtime/bwd_plan.hpp"
 
 #include "ckfmha/runtime/dispatcher.hpp"
-#include "ckfmha/runtime/fwd_select.hpp"
 #include "ckfmha/runtime/problem.hpp"
 
 #include <cstdint>
@@ -78,7 +77,7 @@ std::string reject_reason_bwd(ckfmha_kernel_entry const& k, ckfmha_bwd_problem c
     why << "mask " << mask_kind_name(k.mask) << ", problem needs " << mask_name(p.mask);
   } else if (k.bias != p.bias) {
     why << "bias " << bias_name(k.bias) << ", problem has " << bias_name(p.bias);
-  } else if (bias_rows_only(k) && p.bias_stride[2] != 0) {
+  } else if (k.bias_rows_only && p.bias_stride[2] != 0) {
     why << "takes an elementwise bias broadcast over the query rows only ([b, 1 or h, 1, sk]: "
            "one value a key), problem's bias has a row per query";
   } else if (bool(k.has_dropout) != wants_dropout(p)) {

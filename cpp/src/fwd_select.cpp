@@ -7,7 +7,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -38,8 +37,6 @@ std::string kv_storage_mismatch(ckfmha_kernel_entry const& k, ckfmha_fwd_problem
 }  // namespace
 
 bool is_paged(ckfmha_fwd_problem const& p) { return p.kv_storage != CKFMHA_KV_CONTIGUOUS; }
-
-bool bias_rows_only(ckfmha_kernel_entry const& k) { return k.bias_rows_only != 0; }
 
 bool is_paged_family(ckfmha_family family) {
   return family == CKFMHA_FAMILY_FWD_PAGEDKV || family == CKFMHA_FAMILY_BATCH_PREFILL;
@@ -82,7 +79,7 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_fwd_problem const
     why << "mask " << mask_kind_name(k.mask) << ", problem needs " << mask_name(p.mask);
   } else if (k.bias != p.bias) {
     why << "bias " << bias_name(k.bias) << ", problem has " << bias_name(p.bias);
-  } else if (bias_rows_only(k) && p.bias_stride[2] != 0) {
+  } else if (k.bias_rows_only && p.bias_stride[2] != 0) {
     why << "takes an elementwise bias broadcast over the query rows only ([b, 1 or h, 1, sk]: "
            "three consumer warpgroups hold no bias tile), problem's bias has a row per query";
   } else if (p.store_lse && !k.has_lse) {
@@ -158,7 +155,7 @@ Selection select_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
     std::tuple<int, int, int, int, int64_t, int> score{
         k.arch == device_arch,  pipeline_rank(k.pipeline),
         k.mask == preferred_mask_kind(p.mask), bool(k.has_lse) == bool(p.store_lse),
-        -wasted_query_rows(p.seqlen_q, k.tile_m), bias_rows_only(k)};
+        -wasted_query_rows(p.seqlen_q, k.tile_m), k.bias_rows_only != 0};
     if (!best.found || score > best_score) {
       best.found = true;
       best.kernel = k;

@@ -29,11 +29,6 @@ bool is_paged(ckfmha_fwd_problem const& problem);
 bool is_paged_family(ckfmha_family family);
 ckfmha_family paged_family(ckfmha_fwd_problem const& problem);
 
-// Whether a kernel takes only elementwise biases broadcast over the query rows
-// (its entry's flag, from the generator: the Hopper forward's three-warpgroup
-// tiles and the Hopper backward main stage).
-bool bias_rows_only(ckfmha_kernel_entry const& kernel);
-
 struct Selection {
   bool found = false;
   ckfmha_kernel_entry kernel{};
