@@ -49,6 +49,7 @@ from bench_fwd import (
     results_stem,
     run_record,
     sdpa,
+    warm_up_device,
 )
 from bench_fwd import standard_suite as fwd_standard_suite
 from broad_cases import (
@@ -438,6 +439,7 @@ def main() -> None:
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}  {len(cases)} cases, "
           f"estimated {estimate:.0f} s")
     start = time.perf_counter()
+    warm_up_device()
     copy_rate = copy_gbps(args) if "decode" in args.kinds else None
     rows = []
     for i, case in enumerate(cases):

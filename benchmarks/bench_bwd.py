@@ -36,6 +36,7 @@ from bench_fwd import (
     ratio,
     results_stem,
     run_record,
+    warm_up_device,
 )
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -163,6 +164,7 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = [run_case(case, dtype, args) for case in standard_suite(args.hdims, args.seqlens)]
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}  (backward)")
     print_table(rows)  # type: ignore[arg-type]

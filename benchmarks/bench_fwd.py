@@ -229,6 +229,7 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = [run_case(case, dtype, args) for case in standard_suite(args.hdims, args.seqlens)]
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}")
     print_table(rows)
