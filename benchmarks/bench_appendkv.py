@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_fwd import median_ms
+from bench_fwd import median_ms, warm_up_device
 
 import ckfmha
 
@@ -155,6 +155,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
+    warm_up_device()
     kinds = [(False, False), (True, False)] + ([(True, True)] if args.vectorized else [])
     rows = [run_shape(b, s, capacity, rope, paged, args, vectorized)
             for rope in args.rope for paged, vectorized in kinds for b, s, capacity in SHAPES]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from bench_bwd import Case, standard_suite
-from bench_fwd import fmt, geomean, median_ms, ratio
+from bench_fwd import fmt, geomean, median_ms, ratio, warm_up_device
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ckfmha
@@ -106,6 +106,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = []
     for case in standard_suite(args.hdims, args.seqlens):
         rows.append(run_case(case, args))

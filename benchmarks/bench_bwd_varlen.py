@@ -32,6 +32,7 @@ from bench_fwd import (
     ratio,
     results_stem,
     run_record,
+    warm_up_device,
 )
 
 import ckfmha
@@ -240,6 +241,7 @@ def main() -> None:
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = [run_case(case, dtype, args) for case in suite(args.hdims)]
     print(f"device: {device}  dtype: {args.dtype}  commit: {args.commit}  (varlen backward)")
     names = ("ckfmha", "ckfmha_sm80", "torch_flash_varlen")

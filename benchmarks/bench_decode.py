@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_fwd import median_ms
+from bench_fwd import median_ms, warm_up_device
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ckfmha
@@ -183,6 +183,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = [] if args.paged_only else [
         run_shape(b, sk, sq, args) for sq in args.seqlen_q for b, sk in SHAPES]
     paged_rows = [run_paged_shape(b, sk, sq, page, layout, args) for page in args.paged

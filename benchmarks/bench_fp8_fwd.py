@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_fwd import geomean, median_ms, ratio, results_stem, run_record, sdpa
+from bench_fwd import geomean, median_ms, ratio, results_stem, run_record, sdpa, warm_up_device
 from broad_cases import BroadCase
 from torch.nn.attention import SDPBackend
 
@@ -275,6 +275,7 @@ def main() -> None:
     if not args.no_broad:
         cases += broad_suite(args.quick)
     device = torch.cuda.get_device_name()
+    warm_up_device()
     note = cudnn_available()
     rows = []
     for case in cases:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from bench_decode import paged_cache
+from bench_fwd import warm_up_device
 
 import ckfmha
 
@@ -217,6 +218,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
+    warm_up_device()
     copy = copy_gbps(args)
     shapes = list(itertools.product(args.hdim, args.groups, args.seqlen_k, args.batch))
     rows = []

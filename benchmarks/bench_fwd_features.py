@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bench_fwd import median_ms
+from bench_fwd import median_ms, warm_up_device
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ckfmha
@@ -93,6 +93,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.cuda.get_device_name()
+    warm_up_device()
     rows = window_rows(args) + varlen_rows(args)
     print(f"device: {device}  commit: {args.commit}")
     for row in rows:
