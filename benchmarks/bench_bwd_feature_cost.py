@@ -25,7 +25,9 @@ from bench_bwd import BWD_FLOPS_FACTOR, sdpa_backward
 from bench_feature_cost import (
     SHAPES,
     Shape,
+    bias_kind,
     feature_options,
+    heads_expanded,
     print_rows,
     registered_kernel,
     summarize_and_write,
@@ -49,8 +51,7 @@ def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]
     wanted = {
         "family": "bwd_dq_dk_dv", "pipeline": pipeline, "dtype": dtype, "mode": "batch",
         "hdim_q": shape.hdim, "hdim_v": shape.hdim, "mask": "causal" if shape.causal else "none",
-        "bias": "alibi" if "alibi_slopes" in options else "elementwise" if "bias" in options
-        else "none",
+        "bias": bias_kind(options),
         "dropout": "dropout_p" in options, "softcap": "softcap" in options, "dbias": False,
     }  # fmt: skip
     return registered_kernel(wanted)
@@ -90,9 +91,8 @@ def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,
         sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, k, v, do, shape.causal,
                       enable_gqa=hq != hk), args.warmup, args.iters, args.repeats)  # fmt: skip
     if feature == "padding":
-        # SDPA's cuDNN backend takes the padding as an additive mask (causality folded in);
-        # it expands GQA itself only in flash.
-        kk, vv = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
+        # The padding as SDPA's additive mask, causality folded in.
+        kk, vv = heads_expanded(k, v, hq)
         row["cudnn_feature_ms"] = median_ms(
             sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, kk, vv, do, False,
                           attn_mask=whole_mask(options["bias"], shape)),

@@ -99,14 +99,23 @@ def feature_options(feature: str, shape: Shape, dtype: torch.dtype) -> dict[str,
     return options
 
 
+def bias_kind(options: dict[str, Any]) -> str:
+    """The registry's bias field for a feature's keyword arguments (``feature_options``)."""
+    return "alibi" if "alibi_slopes" in options else "elementwise" if "bias" in options else "none"
+
+
+def heads_expanded(k: torch.Tensor, v: torch.Tensor, heads_q: int) -> tuple[torch.Tensor, ...]:
+    """K and V repeated to the query heads: SDPA's cuDNN backend takes an additive mask but
+    expands GQA itself only in its flash backend."""
+    return tuple(t.repeat_interleave(heads_q // t.shape[1], dim=1) for t in (k, v))
+
+
 def kernel_name(pipeline: str, dtype: str, shape: Shape, options: dict[str, Any]) -> str | None:
     """The registered batch-mode LSE kernel of ``pipeline`` that serves the problem."""
     wanted = {
         "family": "fwd", "pipeline": pipeline, "dtype": dtype, "mode": "batch",
         "hdim_q": shape.hdim, "hdim_v": shape.hdim, "lse": True,
-        "mask": "causal" if shape.causal else "none",
-        "bias": "alibi" if "alibi_slopes" in options else "elementwise" if "bias" in options
-        else "none",
+        "mask": "causal" if shape.causal else "none", "bias": bias_kind(options),
         "dropout": "dropout_p" in options, "softcap": "softcap" in options,
         "sink": "sink" in options, "v_col_major": False, "kv_quant": "none", "q_quant": "none",
     }  # fmt: skip
@@ -176,12 +185,12 @@ def run_row(shape: Shape, feature: str, dtype: torch.dtype, dtype_name: str,
     row["cudnn_plain_ms"] = timed(sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, shape.causal, **gqa),
                                   args)
     if feature in ("bias", "padding"):
-        # SDPA's cuDNN backend takes an additive mask (with causality folded in: SDPA takes a
-        # mask or is_causal, not both); it expands GQA itself only in flash.
-        kk, vv = (t.repeat_interleave(hq // hk, dim=1) for t in (k, v))
-        full_mask = whole_mask(options["bias"], shape)
+        # The bias as SDPA's additive mask, causality folded in (SDPA takes a mask or
+        # is_causal, not both).
+        kk, vv = heads_expanded(k, v, hq)
         row["cudnn_feature_ms"] = timed(
-            sdpa(SDPBackend.CUDNN_ATTENTION, q, kk, vv, False, attn_mask=full_mask), args)
+            sdpa(SDPBackend.CUDNN_ATTENTION, q, kk, vv, False,
+                 attn_mask=whole_mask(options["bias"], shape)), args)  # fmt: skip
     if feature == "padding":
         # The same padding as a bias of every query row, [b, 1, s, s]: what a mask that is not
         # recognised as padding costs.
