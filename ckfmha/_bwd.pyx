@@ -6,6 +6,7 @@ from libc.string cimport memset
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
+from ckfmha._bwd_fast cimport fast_key, remember, run_cached
 from ckfmha._fwd cimport (
     _bhs_strides,
     _bhsd,
@@ -307,21 +308,40 @@ def bwd(do, q, k, v, o, lse, *, causal=False, causal_alignment="top_left", windo
     (InvalidArgumentError naming both; views of one packed dqkv buffer that do not overlap are
     fine). Empty problems: batch 0, or no queries and no keys, launch nothing; without queries
     dk = dv = 0, without keys dq = 0, and dsink = 0 in both cases (memsets, no kernel).
+
+    Repeated calls: with torch tensors on the current device and no ALiBi, sink, dropout,
+    bias gradient, caller output, ``kernel``, ``stream`` or ``dtype``, a call whose arrays'
+    shapes, strides, dtypes and devices and whose options equal an earlier successful call's
+    reuses that call's checked problem (a training step's backward, step after step).
     """
+    key = None
+    if (alibi_slopes is None and sink is None and not dropout_p and not return_dbias and
+            not return_dsink and dq_out is None and dk_out is None and dv_out is None and
+            dbias_out is None and dsink_out is None and kernel is None and stream is None and
+            dtype is None):
+        # ckfmha/_bwd_fast.pyx: an earlier call's checked problem serves.
+        key = fast_key(do, q, k, v, o, lse, bias, causal, causal_alignment, window, scale,
+                       softcap, deterministic, layout)
+        if key is not None:
+            results = run_cached(key, do, q, k, v, o, lse, bias)
+            if results is not None:
+                return results
     index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, sink, dq_out, dk_out, dv_out,
                            dbias_out, dsink_out)
     with on_device(index):
         return _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, scale, softcap,
                     bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                     deterministic, layout, dq_out, dk_out, dv_out, return_dbias, dbias_out,
-                    return_dsink, dsink_out, kernel, stream, dtype)
+                    return_dsink, dsink_out, kernel, stream, dtype, key)
 
 
 cdef object _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, scale, softcap,
                  bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset, deterministic,
                  layout, dq_out, dk_out, dv_out, return_dbias, dbias_out, return_dsink, dsink_out,
-                 kernel, stream, dtype):
-    """``bwd`` with the arrays' device (``index``) current."""
+                 kernel, stream, dtype, fast_path_key=None):
+    """``bwd`` with the arrays' device (``index``) current. ``fast_path_key``: the call's key
+    in the fast path's cache (None: not eligible), under which a call that launches kernels is
+    remembered."""
     cdef int c_layout = layout_code(layout)
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
@@ -390,6 +410,8 @@ cdef object _bwd(index, do, q, k, v, o, lse, causal, causal_alignment, window, s
     launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out, dsink_out)
                           if out is not None])
     launch.run(kind, q, handle, kernel)
+    if fast_path_key is not None and launch.launches_kernels():
+        remember(fast_path_key, &launch.problem, index, qv.shape, kv.shape, vv.shape)
     return _results(kind, handle, keep, _given(dq_out, dk_out, dv_out, return_dbias, dbias_out,
                                                return_dsink, dsink_out))
 

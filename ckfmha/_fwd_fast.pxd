@@ -1,9 +1,9 @@
 cimport ckfmha as capi
+from ckfmha._torch_calls cimport CachedCall
 
 
-cdef class CachedForward:
+cdef class CachedForward(CachedCall):
     cdef capi.ckfmha_fwd_problem problem
-    cdef int device
     cdef tuple o_shape
     cdef object o_dtype
     # None when the call returns no LSE.

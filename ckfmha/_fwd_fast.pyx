@@ -18,45 +18,24 @@ error (or compiles a kernel a changed selection mode needs).
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memset
 
-import sys
-
 cimport ckfmha as capi
+from ckfmha._torch_calls cimport (
+    CallCache,
+    TorchHandles,
+    cuda_tensor,
+    hashable,
+    spec,
+    spec_or_none,
+    tensor_or_none,
+    torch_handles,
+    window_key,
+)
 
-# Entries kept before the cache starts over: each distinct shape and option set of a process
-# is one entry.
-cdef int _CAPACITY = 256
-cdef dict _cache = {}
-cdef object _tensor_type = None
-cdef object _plain_dtypes = None
-cdef object _lse_dtype = None
-cdef object _workspace_dtype = None
-cdef object _raw_stream = None
+cdef CallCache _cache = CallCache()
 
 
-cdef class CachedForward:
+cdef class CachedForward(CachedCall):
     pass
-
-
-cdef bint _torch_ready():
-    """Whether torch is imported (a torch tensor reached us), caching what the path needs."""
-    global _tensor_type, _plain_dtypes, _lse_dtype, _workspace_dtype, _raw_stream
-    if _tensor_type is not None:
-        return True
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if _raw_stream is None:
-        return False
-    _plain_dtypes = (torch.float16, torch.bfloat16, torch.float32)
-    _lse_dtype = torch.float32
-    _workspace_dtype = torch.uint8
-    _tensor_type = torch.Tensor
-    return True
-
-
-cdef tuple _spec(t):
-    return (t.shape, t.stride(), t.dtype, t.device)
 
 
 cdef object fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, window, scale,
@@ -64,31 +43,24 @@ cdef object fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, wind
     """The cache key of a call that may take the fast path, else None. A bias must be a
     torch tensor on the GPU: the full path then reads it where it lies, with the strides the
     key holds (a host bias is staged through a copy of other strides)."""
-    if not _torch_ready():
+    cdef TorchHandles torch = torch_handles()
+    if torch is None:
         return None
-    T = _tensor_type
-    if type(q) is not T or type(k) is not T or type(v) is not T:
+    if not cuda_tensor(torch, q) or type(k) is not torch.tensor or type(v) is not torch.tensor:
         return None
-    if (out is not None and type(out) is not T) or (lse_out is not None and
-                                                    type(lse_out) is not T):
+    if not tensor_or_none(torch, out) or not tensor_or_none(torch, lse_out):
         return None
-    if not q.is_cuda or q.dtype not in _plain_dtypes:
+    if q.dtype is not torch.float16 and q.dtype is not torch.bfloat16 and \
+            q.dtype is not torch.float32:
         return None
-    if bias is not None and (type(bias) is not T or not bias.is_cuda):
+    if bias is not None and not cuda_tensor(torch, bias):
         return None
-    if window is not None and type(window) is not tuple:
-        if type(window) is not list:
-            return None
-        window = tuple(window)  # the torch ops pass [left, right]
-    key = (_spec(q), _spec(k), _spec(v), None if out is None else _spec(out),
-           None if lse_out is None else _spec(lse_out), None if bias is None else _spec(bias),
-           causal, causal_alignment, window, scale, softcap, bool(return_lse), layout,
-           num_splits)
-    try:
-        hash(key)
-    except TypeError:
+    window = window_key(window)
+    if window is False:
         return None
-    return key
+    return hashable((spec(q), spec(k), spec(v), spec_or_none(out), spec_or_none(lse_out),
+                     spec_or_none(bias), causal, causal_alignment, window, scale, softcap,
+                     bool(return_lse), layout, num_splits))
 
 
 cdef int64_t _span(t):
@@ -110,9 +82,7 @@ cdef int remember(object key, capi.ckfmha_fwd_problem* problem, int device, tupl
     entry.o_shape = o_shape
     entry.o_dtype = key[0][2]  # q's dtype, which the output has (no fp8 here)
     entry.lse_shape = lse_shape
-    if len(_cache) >= _CAPACITY:
-        _cache.clear()
-    _cache[key] = entry
+    _cache.put(key, entry)
     return 0
 
 
@@ -124,11 +94,8 @@ cdef object run_cached(object key, q, k, v, out, lse_out, bias):
     """The call's results through its cached problem, or None when it must take the full path
     (no entry, another current device, caller outputs that may overlap the inputs, a failed
     run)."""
-    cdef CachedForward entry = _cache.get(key)
+    cdef CachedForward entry = _cache.here(key)
     if entry is None:
-        return None
-    cdef int current = -1
-    if capi.ckfmha_current_device(&current) != capi.CKFMHA_SUCCESS or current != entry.device:
         return None
     cdef capi.ckfmha_fwd_args args
     memset(&args, 0, sizeof(args))
@@ -138,12 +105,13 @@ cdef object run_cached(object key, q, k, v, out, lse_out, bias):
     if bias is not None:
         args.bias = <const void*><uintptr_t>bias.data_ptr()
     device = q.device
-    torch_empty = sys.modules["torch"].empty
+    cdef TorchHandles torch = torch_handles()
+    torch_empty = torch.empty
     o = torch_empty(entry.o_shape, dtype=entry.o_dtype, device=device) if out is None else out
     args.o = <void*><uintptr_t>o.data_ptr()
     lse = None
     if entry.lse_shape is not None:
-        lse = (torch_empty(entry.lse_shape, dtype=_lse_dtype, device=device)
+        lse = (torch_empty(entry.lse_shape, dtype=torch.float32, device=device)
                if lse_out is None else lse_out)
         args.lse = <float*><uintptr_t>lse.data_ptr()
     if out is not None or lse_out is not None:
@@ -166,10 +134,10 @@ cdef object run_cached(object key, q, k, v, out, lse_out, bias):
         return None
     workspace = None
     if workspace_bytes > 0:
-        workspace = torch_empty((workspace_bytes,), dtype=_workspace_dtype, device=device)
+        workspace = torch_empty((workspace_bytes,), dtype=torch.uint8, device=device)
         args.workspace = <void*><uintptr_t>workspace.data_ptr()
         args.workspace_bytes = workspace_bytes
-    cdef uintptr_t stream = <uintptr_t>_raw_stream(entry.device)
+    cdef uintptr_t stream = <uintptr_t>torch.raw_stream(entry.device)
     cdef int status
     with nogil:
         status = capi.ckfmha_fwd_run(&entry.problem, &args, NULL, <capi.ckfmha_stream_t>stream)

@@ -67,15 +67,17 @@ def _window(window: list[int] | None) -> tuple[int, int] | None:
     return None if window is None else (int(window[0]), int(window[1]))
 
 
-def _rng_state(dropout_p: float, dropout_seed: int | None) -> torch.Tensor:
-    """(seed, offset) for this call: the given seed, else a fresh one when dropout is on."""
+def _rng_state(dropout_p: float, dropout_seed: int | None) -> tuple[int, torch.Tensor]:
+    """This call's seed, and the (seed, offset) tensor the forward ops return: the given seed,
+    else a fresh one when dropout is on. The tensor is on the CPU whatever device a
+    ``torch.device`` context makes the default."""
     if dropout_p <= 0.0:
         seed = 0
     elif dropout_seed is None:
         seed = int(torch.randint(_SEED_BOUND, (1,), dtype=torch.int64).item())
     else:
         seed = int(dropout_seed)
-    return torch.tensor([seed, 0], dtype=torch.int64)
+    return seed, torch.tensor([seed, 0], dtype=torch.int64, device="cpu")
 
 
 def _features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
@@ -104,13 +106,13 @@ torch.library.define(
 )
 
 
-@torch.library.impl("ckfmha::fwd", "CUDA")
-def _fwd_cuda(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
-              softcap, dropout_p, dropout_seed, layout, deterministic, kv_dtype=None,
-              k_scale=None, v_scale=None, k_scale_value=None,
-              v_scale_value=None):  # fmt: skip
-    rng_state = _rng_state(dropout_p, dropout_seed)
-    seed = int(rng_state[0])
+def run_fwd(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
+            softcap, dropout_p, dropout_seed, layout, deterministic, kv_dtype=None,
+            k_scale=None, v_scale=None, k_scale_value=None,
+            v_scale_value=None):  # fmt: skip
+    """ckfmha::fwd's CUDA implementation, which the eager route (``ckfmha.torch.eager``)
+    calls directly."""
+    seed, rng_state = _rng_state(dropout_p, dropout_seed)
     o, lse = ckfmha.fwd(
         q.detach(), k.detach(), v.detach(), return_lse=True, layout=layout, dropout_seed=seed,
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
@@ -118,6 +120,9 @@ def _fwd_cuda(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, windo
         **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
     )  # fmt: skip
     return o, lse, rng_state
+
+
+torch.library.impl("ckfmha::fwd", "CUDA")(run_fwd)
 
 
 def _bhsd_dims(shape: torch.Size, layout: str) -> tuple[int, int, int, int]:
@@ -195,10 +200,10 @@ def _gradients(grads: tuple, q: torch.Tensor, want_dbias: bool, want_dsink: bool
     return dq, dk, dv, dbias, dsink
 
 
-@torch.library.impl("ckfmha::bwd", "CUDA")
-def _bwd_cuda(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, causal,
-              causal_alignment, window, scale, softcap, dropout_p, layout, deterministic,
-              want_dbias, want_dsink):  # fmt: skip
+def run_bwd(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, causal,
+            causal_alignment, window, scale, softcap, dropout_p, layout, deterministic,
+            want_dbias, want_dsink):  # fmt: skip
+    """ckfmha::bwd's CUDA implementation, called directly on the eager route."""
     seed, offset = (int(x) for x in rng_state.tolist())
     grads = ckfmha.bwd(
         _grad_ready(dout), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
@@ -208,6 +213,9 @@ def _bwd_cuda(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, caus
                     dropout_p),
     )  # fmt: skip
     return _gradients(grads, q, want_dbias, want_dsink)
+
+
+torch.library.impl("ckfmha::bwd", "CUDA")(run_bwd)
 
 
 @torch.library.register_fake("ckfmha::bwd")
@@ -248,19 +256,22 @@ torch.library.define(
 )
 
 
-@torch.library.impl("ckfmha::fwd_varlen", "CUDA")
-def _fwd_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bias,
-                     alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
-                     dropout_p, dropout_seed, deterministic):  # fmt: skip
-    rng_state = _rng_state(dropout_p, dropout_seed)
+def run_fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bias,
+                   alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                   dropout_p, dropout_seed, deterministic):  # fmt: skip
+    """ckfmha::fwd_varlen's CUDA implementation, called directly on the eager route."""
+    seed, rng_state = _rng_state(dropout_p, dropout_seed)
     o, lse = ckfmha.fwd_varlen(
         q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=True,
-        dropout_seed=int(rng_state[0]),
+        dropout_seed=seed,
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
                     dropout_p),
     )  # fmt: skip
     return o, lse, rng_state
+
+
+torch.library.impl("ckfmha::fwd_varlen", "CUDA")(run_fwd_varlen)
 
 
 @torch.library.register_fake("ckfmha::fwd_varlen")
@@ -317,11 +328,11 @@ torch.library.define(
 )
 
 
-@torch.library.impl("ckfmha::bwd_varlen", "CUDA")
-def _bwd_varlen_cuda(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
-                     max_seqlen_q, max_seqlen_k, bias, alibi_slopes, sink, causal,
-                     causal_alignment, window, scale, softcap, dropout_p, deterministic,
-                     want_dbias, want_dsink):  # fmt: skip
+def run_bwd_varlen(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                   max_seqlen_q, max_seqlen_k, bias, alibi_slopes, sink, causal,
+                   causal_alignment, window, scale, softcap, dropout_p, deterministic,
+                   want_dbias, want_dsink):  # fmt: skip
+    """ckfmha::bwd_varlen's CUDA implementation, called directly on the eager route."""
     seed, offset = (int(x) for x in rng_state.tolist())
     grads = ckfmha.bwd_varlen(
         _grad_ready(dout), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
@@ -332,6 +343,9 @@ def _bwd_varlen_cuda(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlen
                     dropout_p),
     )  # fmt: skip
     return _gradients(grads, q, want_dbias, want_dsink)
+
+
+torch.library.impl("ckfmha::bwd_varlen", "CUDA")(run_bwd_varlen)
 
 
 @torch.library.register_fake("ckfmha::bwd_varlen")

@@ -3,7 +3,9 @@
 Registered with torch.library.register_autograd, so the gradient is traced by torch.compile
 (AOTAutograd sees ``ckfmha.bwd`` as one more op) and eager autograd alike, for callers of the
 ops themselves; ``ckfmha.torch.attention`` and ``attention_varlen`` apply the same gradients
-through the ``Attention`` and ``AttentionVarlen`` Functions, which cost less host time. Gradients flow to
+through the ``Attention`` and ``AttentionVarlen`` Functions, which cost less host time, and
+in plain eager code through ``AttentionEager`` and ``AttentionVarlenEager``, which call the
+ops' implementations without the dispatcher (``ckfmha.torch.eager``). Gradients flow to
 q, k, v, an elementwise bias (summed over the axes it broadcasts along) and the sinks; the
 ALiBi slopes, offsets and scalars get none. The LSE and rng_state outputs are not
 differentiable: the backward kernels take no LSE gradient. fp8 K/V (inference only) has no
@@ -18,7 +20,7 @@ import torch
 
 from ckfmha import _dtypes
 from ckfmha.errors import InvalidArgumentError
-from ckfmha.torch import attention_ops  # noqa: F401  (defines the ops registered here)
+from ckfmha.torch import attention_ops, eager
 
 # The forward ops' inputs in schema order: the backward returns one gradient (or None) each.
 _FWD_INPUTS = ("q", "k", "v", "bias", "alibi_slopes", "sink", "causal", "causal_alignment",
@@ -41,7 +43,10 @@ def _bias_grad(dbias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return dbias.float().sum(dim=axes, keepdim=True).to(bias.dtype)
 
 
-def _setup(ctx: Any, names: tuple[str, ...], inputs: tuple, output: tuple) -> dict[str, Any]:
+def _setup(ctx: Any, names: tuple[str, ...], inputs: tuple, output: tuple,
+           grad_names: tuple[str, ...] | None) -> dict[str, Any]:  # fmt: skip
+    """Save what the backward needs. ``names`` are the op's inputs in schema order;
+    ``grad_names`` the arguments the gradients are returned for (None: the same)."""
     args = dict(zip(names, inputs))
     o, lse, rng_state = output
     ctx.mark_non_differentiable(lse, rng_state)
@@ -51,8 +56,9 @@ def _setup(ctx: Any, names: tuple[str, ...], inputs: tuple, output: tuple) -> di
     # torch.use_deterministic_algorithms(True) asks for the deterministic backward too.
     ctx.deterministic = (bool(args["deterministic"])
                          or torch.are_deterministic_algorithms_enabled())  # fmt: skip
-    ctx.bias_index = names.index("bias")
-    ctx.sink_index = names.index("sink")
+    ctx.grad_names = names if grad_names is None else grad_names
+    ctx.bias_index = ctx.grad_names.index("bias")
+    ctx.sink_index = ctx.grad_names.index("sink")
     return args
 
 
@@ -63,8 +69,8 @@ def _wants(ctx: Any) -> tuple[bool, bool]:
     return want_dbias, want_dsink
 
 
-def _input_grads(ctx: Any, names: tuple[str, ...], grads: tuple, want_dbias: bool,
-                 want_dsink: bool) -> tuple:  # fmt: skip
+def _input_grads(ctx: Any, grads: tuple, want_dbias: bool, want_dsink: bool) -> tuple:
+    """One gradient (or None) for each of the arguments the forward was applied to."""
     dq, dk, dv, dbias, dsink = grads
     bias, sink = ctx.saved_tensors[6], ctx.saved_tensors[8]
     by_name: dict[str, Any] = {"q": dq, "k": dk, "v": dv}
@@ -72,7 +78,7 @@ def _input_grads(ctx: Any, names: tuple[str, ...], grads: tuple, want_dbias: boo
         by_name["bias"] = _bias_grad(dbias, bias)
     if want_dsink:
         by_name["sink"] = dsink.to(sink.dtype)
-    return tuple(by_name.get(name) for name in names)
+    return tuple(by_name.get(name) for name in ctx.grad_names)
 
 
 FP8_KV_HAS_NO_BACKWARD = (
@@ -89,8 +95,9 @@ def is_fp8_kv(k: torch.Tensor, kv_dtype: str | None) -> bool:
     return k.dtype == getattr(torch, "float8_e4m3fn", None)
 
 
-def _setup_fwd(ctx: Any, inputs: tuple, output: tuple) -> None:
-    args = _setup(ctx, _FWD_INPUTS, inputs, output)
+def _setup_fwd(ctx: Any, inputs: tuple, output: tuple,
+               grad_names: tuple[str, ...] | None = None) -> None:  # fmt: skip
+    args = _setup(ctx, _FWD_INPUTS, inputs, output, grad_names)
     ctx.layout = args["layout"]
     ctx.fp8_kv = is_fp8_kv(args["k"], args["kv_dtype"])
 
@@ -100,16 +107,18 @@ def _backward_fwd(ctx: Any, grad_o: torch.Tensor, _grad_lse: Any, _grad_rng: Any
         raise InvalidArgumentError(FP8_KV_HAS_NO_BACKWARD, 1)
     q, k, v, o, lse, rng_state, bias, alibi_slopes, sink = ctx.saved_tensors
     want_dbias, want_dsink = _wants(ctx)
-    grads = torch.ops.ckfmha.bwd(
+    run = attention_ops.run_bwd if eager.untraced(grad_o, q) else torch.ops.ckfmha.bwd
+    grads = run(
         grad_o, q, k, v, o, lse, rng_state, bias, alibi_slopes, sink, **ctx.options,
         layout=ctx.layout, deterministic=ctx.deterministic, want_dbias=want_dbias,
         want_dsink=want_dsink,
     )  # fmt: skip
-    return _input_grads(ctx, _FWD_INPUTS, grads, want_dbias, want_dsink)
+    return _input_grads(ctx, grads, want_dbias, want_dsink)
 
 
-def _setup_varlen(ctx: Any, inputs: tuple, output: tuple) -> None:
-    args = _setup(ctx, _VARLEN_INPUTS, inputs, output)
+def _setup_varlen(ctx: Any, inputs: tuple, output: tuple,
+                  grad_names: tuple[str, ...] | None = None) -> None:  # fmt: skip
+    args = _setup(ctx, _VARLEN_INPUTS, inputs, output, grad_names)
     ctx.offsets = (args["cu_seqlens_q"], args["cu_seqlens_k"])
     ctx.max_seqlens = (args["max_seqlen_q"], args["max_seqlen_k"])
 
@@ -118,12 +127,14 @@ def _backward_varlen(ctx: Any, grad_o: torch.Tensor, _grad_lse: Any, _grad_rng: 
     q, k, v, o, lse, rng_state, bias, alibi_slopes, sink = ctx.saved_tensors
     want_dbias, want_dsink = _wants(ctx)
     cu_q, cu_k = ctx.offsets
-    grads = torch.ops.ckfmha.bwd_varlen(
+    run = attention_ops.run_bwd_varlen if eager.untraced(grad_o, q) else \
+        torch.ops.ckfmha.bwd_varlen
+    grads = run(
         grad_o, q, k, v, o, lse, rng_state, cu_q, cu_k, *ctx.max_seqlens, bias, alibi_slopes,
         sink, **ctx.options, deterministic=ctx.deterministic, want_dbias=want_dbias,
         want_dsink=want_dsink,
     )  # fmt: skip
-    return _input_grads(ctx, _VARLEN_INPUTS, grads, want_dbias, want_dsink)
+    return _input_grads(ctx, grads, want_dbias, want_dsink)
 
 
 torch.library.register_autograd("ckfmha::fwd", _backward_fwd, setup_context=_setup_fwd)
@@ -149,8 +160,41 @@ def _gradient_function(name: str, op: Any, setup: Any, backward: Any) -> type:
         setup(ctx, inputs, output)
         return output
 
+    return _function_type(name, f"torch.ops.{op} with its gradient.", forward, backward)
+
+
+# The eager route's Functions (``eager.untraced`` calls): the op's implementation called
+# directly. The Function is applied to the tensors that take a gradient and one tuple of the
+# op's inputs in schema order (the same tensors among them): Function.apply's own cost grows
+# with its argument count (on a CPU-only probe, 20 arguments cost 14 us where 6 cost 5).
+_EAGER_GRAD_NAMES = ("q", "k", "v", "bias", "sink", "inputs")
+
+
+def _eager_function(name: str, run: Any, setup: Any, backward: Any) -> type:
+    """A Function over (q, k, v, bias, sink, inputs) applying ``run`` to ``inputs`` and
+    returning (o, lse). rng_state stays on ctx rather than being an output: each output
+    costs the autograd engine a gradient slot, and a CPU tensor among them made it hand
+    the node between its CPU and CUDA work queues. Gradients are not materialised: the LSE
+    never has one, and zeros for it would cost an allocation and a fill per backward."""
+
+    def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, sink: Any, inputs: tuple) -> tuple:
+        ctx.set_materialize_grads(False)
+        o, lse, rng_state = run(*inputs)
+        setup(ctx, inputs, (o, lse, rng_state), _EAGER_GRAD_NAMES)
+        return o, lse
+
+    def eager_backward(ctx: Any, grad_o: Any, grad_lse: Any) -> tuple:
+        if grad_o is None:  # only the LSE was used, and it takes no gradient
+            return (None,) * len(_EAGER_GRAD_NAMES)
+        return backward(ctx, grad_o, grad_lse, None)
+
+    doc = f"attention_ops.{run.__name__} (the eager route) with its gradient."
+    return _function_type(name, doc, forward, eager_backward)
+
+
+def _function_type(name: str, doc: str, forward: Any, backward: Any) -> type:
     return type(name, (torch.autograd.Function,), {
-        "__doc__": f"torch.ops.{op} with its gradient.", "__module__": __name__,
+        "__doc__": doc, "__module__": __name__,
         "forward": staticmethod(forward), "backward": staticmethod(backward),
     })  # fmt: skip
 
@@ -158,3 +202,7 @@ def _gradient_function(name: str, op: Any, setup: Any, backward: Any) -> type:
 Attention = _gradient_function("Attention", torch.ops.ckfmha.fwd, _setup_fwd, _backward_fwd)
 AttentionVarlen = _gradient_function("AttentionVarlen", torch.ops.ckfmha.fwd_varlen,
                                      _setup_varlen, _backward_varlen)  # fmt: skip
+AttentionEager = _eager_function("AttentionEager", attention_ops.run_fwd, _setup_fwd,
+                                 _backward_fwd)  # fmt: skip
+AttentionVarlenEager = _eager_function("AttentionVarlenEager", attention_ops.run_fwd_varlen,
+                                       _setup_varlen, _backward_varlen)  # fmt: skip

@@ -18,7 +18,7 @@ from ckfmha import _dtypes
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.fp8_attention import out_dtype_of, q_quant_of
 from ckfmha.fp8_kv import KV_QUANT_NONE
-from ckfmha.torch import attention_ops, autograd, cache_ops  # noqa: F401  (register the ops)
+from ckfmha.torch import attention_ops, autograd, cache_ops, eager  # noqa: F401  (the ops)
 from ckfmha.torch.autograd import FP8_KV_HAS_NO_BACKWARD, is_fp8_kv
 
 # A scale: a number, or a device fp32 tensor of 1 or nhead_k values (nhead_q for q_scale), or,
@@ -159,14 +159,27 @@ def attention(
         q_quant_of(code, code, code, q_scale_given=q_scale is not None)
         out_dtype_of(code, KV_QUANT_NONE, out_dtype)
     _refuse_fp8_gradients(k, kv_dtype, (q, k, v, bias, sink))
-    apply = autograd.Attention.apply if _records_gradient(q, k, v, bias, sink) else \
-        torch.ops.ckfmha.fwd
-    o, lse, _ = apply(
-        q, k, v, bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,
-        _window(window), scale, float(softcap), float(dropout_p), dropout_seed, layout,
-        deterministic, kv_dtype, *_scale_args(k_scale, v_scale),
-    )  # fmt: skip
+    inputs = (q, k, v, bias, _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment,
+              _window(window), scale, float(softcap), float(dropout_p), dropout_seed, layout,
+              deterministic, kv_dtype, *_scale_args(k_scale, v_scale))  # fmt: skip
+    o, lse, _ = _apply(autograd.AttentionEager, autograd.Attention, attention_ops.run_fwd,
+                       torch.ops.ckfmha.fwd, inputs, 3, alibi_slopes)  # fmt: skip
     return (o, lse) if return_lse else o
+
+
+def _apply(eager_function: Any, function: Any, run: Any, op: Any, inputs: tuple,
+           bias_at: int, alibi_slopes: torch.Tensor | None) -> tuple:  # fmt: skip
+    """Run a forward op over ``inputs`` (schema order; the bias at ``bias_at``, the sink two
+    after it): through its gradient Function when autograd records the call, and by the eager
+    route (``eager.untraced``) when nothing traces it. Returns (o, lse, rng_state or None)."""
+    q, k, v = inputs[:3]
+    bias, sink = inputs[bias_at], inputs[bias_at + 2]
+    records = _records_gradient(q, k, v, bias, sink)
+    if eager.untraced(q, k, v, bias, sink, alibi_slopes):
+        if records:
+            return (*eager_function.apply(q, k, v, bias, sink, inputs), None)
+        return run(*inputs)
+    return function.apply(*inputs) if records else op(*inputs)
 
 
 def attention_varlen(
@@ -223,13 +236,12 @@ def attention_varlen(
         raise InvalidArgumentError(
             f"{named} given, but q is {q.dtype}: attention_varlen takes fp8 arguments with fp8 "
             "queries only (float8_e4m3fn q, or uint8 codes with q_dtype='fp8_e4m3')", 1)
-    apply = autograd.AttentionVarlen.apply if _records_gradient(q, k, v, bias, sink) else \
-        torch.ops.ckfmha.fwd_varlen
-    o, lse, _ = apply(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bias,
-        _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment, _window(window), scale,
-        float(softcap), float(dropout_p), dropout_seed, deterministic,
-    )  # fmt: skip
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bias,
+              _fp32(alibi_slopes), _fp32(sink), causal, causal_alignment, _window(window),
+              scale, float(softcap), float(dropout_p), dropout_seed, deterministic)  # fmt: skip
+    o, lse, _ = _apply(autograd.AttentionVarlenEager, autograd.AttentionVarlen,
+                       attention_ops.run_fwd_varlen, torch.ops.ckfmha.fwd_varlen, inputs, 7,
+                       alibi_slopes)  # fmt: skip
     return (o, lse) if return_lse else o
 
 

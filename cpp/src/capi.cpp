@@ -81,12 +81,13 @@ int ckfmha_pointer_device(const void* ptr, int* device) {
 
 int ckfmha_registry_count(int* count) {
   if (int s = require(count != nullptr, "count is NULL")) return s;
-  *count = int(Registry::instance().entries().size());
+  *count = int(Registry::instance().entries()->size());
   return succeed();
 }
 
 int ckfmha_registry_name(int index, char* buf, size_t buf_len) {
-  auto entries = Registry::instance().entries();
+  const Registry::Snapshot snapshot = Registry::instance().entries();
+  auto const& entries = *snapshot;
   if (index < 0 || index >= int(entries.size())) {
     return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "kernel index " + std::to_string(index) +
                                                    " out of range [0, " +

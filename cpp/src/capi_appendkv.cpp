@@ -136,7 +136,7 @@ int ckfmha_appendkv_select(const ckfmha_appendkv_problem* problem, int arch, cha
   }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
-  AppendKvPlan plan = plan_appendkv(Registry::instance().entries(), *problem, device_arch);
+  AppendKvPlan plan = plan_appendkv(*Registry::instance().entries(), *problem, device_arch);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
 }
@@ -151,7 +151,7 @@ int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, int arch, ch
   }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
-  return copy_text_out(explain_appendkv(Registry::instance().entries(), *problem, device_arch), buf,
+  return copy_text_out(explain_appendkv(*Registry::instance().entries(), *problem, device_arch), buf,
                    buf_len, needed);
 }
 
@@ -179,7 +179,7 @@ int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_app
   }
   int device_arch = 0;
   if (int s = current_device_arch(&device_arch)) return s;
-  AppendKvPlan plan = plan_appendkv(Registry::instance().entries(), *problem, device_arch,
+  AppendKvPlan plan = plan_appendkv(*Registry::instance().entries(), *problem, device_arch,
                                     kernel_name != nullptr ? &forced : nullptr);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   ckfmha_launch_context launch_context{};

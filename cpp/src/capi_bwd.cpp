@@ -150,7 +150,7 @@ int ckfmha_bwd_select(const ckfmha_bwd_problem* problem, int arch, char* names_b
   }
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
-  BwdPlan plan = select_bwd(Registry::instance().entries(), bwd_launch_problem(*problem),
+  BwdPlan plan = select_bwd(*Registry::instance().entries(), bwd_launch_problem(*problem),
                             device_arch, nullptr, bwd_selection(device_arch));
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   std::string names = std::string(plan.dot_do_o.name) + "\n" + plan.dq_dk_dv.name + "\n" +
@@ -171,7 +171,7 @@ int ckfmha_bwd_explain(const ckfmha_bwd_problem* problem, int arch, char* buf, s
   int device_arch = 0;
   if (int s = resolve_arch(arch, &device_arch)) return s;
   return copy_text_out(
-      explain_bwd(Registry::instance().entries(), bwd_launch_problem(*problem), device_arch,
+      explain_bwd(*Registry::instance().entries(), bwd_launch_problem(*problem), device_arch,
                   bwd_selection(device_arch)),
       buf, buf_len, needed);
 }
@@ -236,7 +236,8 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
   int device_arch = 0;
   if (int s = current_device_arch(&device_arch)) return s;
 
-  auto kernels = Registry::instance().entries();
+  const Registry::Snapshot snapshot = Registry::instance().entries();
+  auto const& kernels = *snapshot;
   ckfmha_kernel_entry forced{};
   if (kernel_name != nullptr) {
     if (!Registry::instance().find(kernel_name, &forced)) {
@@ -253,8 +254,9 @@ int ckfmha_bwd_run(const ckfmha_bwd_problem* problem, const ckfmha_bwd_args* arg
                   std::string("kernel ") + kernel_name + " cannot run this problem: " + why);
     }
   }
-  BwdPlan plan = select_bwd(kernels, *problem, device_arch, kernel_name ? &forced : nullptr,
-                            bwd_selection(device_arch));
+  BwdPlan const& plan = cached_select_bwd(kernels, *problem, device_arch,
+                                          kernel_name ? &forced : nullptr,
+                                          bwd_selection(device_arch));
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why_none);
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;

@@ -163,7 +163,7 @@ int ckfmha_fwd_select(const ckfmha_fwd_problem* problem, int arch, char* name_bu
   }
   PlanContext context;
   if (int s = plan_context(arch, &context)) return s;
-  FwdPlan plan = plan_fwd(Registry::instance().entries(), fwd_launch_problem(*problem), context);
+  FwdPlan plan = plan_fwd(*Registry::instance().entries(), fwd_launch_problem(*problem), context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
 }
@@ -178,7 +178,7 @@ int ckfmha_fwd_explain(const ckfmha_fwd_problem* problem, int arch, char* buf, s
   PlanContext context;
   if (int s = plan_context(arch, &context)) return s;
   return copy_text_out(
-      explain_fwd_plan(Registry::instance().entries(), fwd_launch_problem(*problem), context), buf,
+      explain_fwd_plan(*Registry::instance().entries(), fwd_launch_problem(*problem), context), buf,
       buf_len, needed);
 }
 
@@ -195,7 +195,7 @@ int ckfmha_fwd_workspace_size(const ckfmha_fwd_problem* problem, int arch,
   ckfmha_kernel_entry forced{};
   if (int s = find_forced(kernel_name, &forced, &context)) return s;
   FwdPlan const& plan =
-      cached_plan_fwd(Registry::instance().entries(), fwd_launch_problem(*problem), context);
+      cached_plan_fwd(*Registry::instance().entries(), fwd_launch_problem(*problem), context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   *bytes = plan.workspace_bytes;
   return succeed();
@@ -253,7 +253,7 @@ int ckfmha_fwd_run(const ckfmha_fwd_problem* problem, const ckfmha_fwd_args* arg
   ckfmha_kernel_entry forced{};
   if (int s = find_forced(kernel_name, &forced, &context)) return s;
   // A copy: the cache's entry may be replaced by a plan made while launching.
-  const FwdPlan plan = cached_plan_fwd(Registry::instance().entries(), *problem, context);
+  const FwdPlan plan = cached_plan_fwd(*Registry::instance().entries(), *problem, context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   if (int s = check_workspace(plan, *args)) return s;
   // Column-major V kernels fall back to element loads when V's base is not

@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 
+#include <cstring>
 #include <sstream>
 
 extern "C" const ckfmha_kernel_table* ckfmha_builtin_kernel_table(void);
@@ -34,33 +35,39 @@ Registry& Registry::instance() {
   return registry;
 }
 
-Registry::Registry() {
+Registry::Registry() : entries_(std::make_shared<const std::vector<ckfmha_kernel_entry>>()) {
   if (const ckfmha_kernel_table* table = ckfmha_builtin_kernel_table()) add_table(*table);
 }
 
 int Registry::add_table(ckfmha_kernel_table const& table) {
   std::lock_guard<std::mutex> lock(mutex_);
+  auto next = std::make_shared<std::vector<ckfmha_kernel_entry>>(*entries_);
   int added = 0;
   for (int i = 0; i < table.count; ++i) {
     ckfmha_kernel_entry const& entry = table.entries[i];
     bool known = false;
-    for (auto const& existing : entries_) known = known || std::string(existing.name) == entry.name;
+    for (auto const& existing : *next) {
+      if (std::strcmp(existing.name, entry.name) == 0) {
+        known = true;
+        break;
+      }
+    }
     if (!known) {
-      entries_.push_back(entry);
+      next->push_back(entry);
       ++added;
     }
   }
+  if (added > 0) entries_ = std::move(next);
   return added;
 }
 
-std::vector<ckfmha_kernel_entry> Registry::entries() const {
+Registry::Snapshot Registry::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_;
 }
 
 bool Registry::find(std::string const& name, ckfmha_kernel_entry* out) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto const& entry : entries_) {
+  for (auto const& entry : *entries()) {
     if (name == entry.name) {
       *out = entry;
       return true;
@@ -73,7 +80,8 @@ std::string Registry::to_json() const {
   std::ostringstream out;
   out << "[";
   bool first = true;
-  for (auto const& e : entries()) {
+  const Snapshot snapshot = entries();
+  for (auto const& e : *snapshot) {
     out << (first ? "" : ",") << "\n  {\"name\": " << json_string(e.name)
         << ", \"family\": " << json_string(family_name(e.family))
         << ", \"dtype\": " << json_string(dtype_name(e.dtype))

@@ -168,11 +168,16 @@ def test_export_traces_a_module_through_sdpa_with_no_graph_break() -> None:
 
 def test_rng_state_follows_torch_manual_seed_and_given_seeds() -> None:
     torch.manual_seed(3)
-    first = attention_ops._rng_state(0.1, None)
+    seed, first = attention_ops._rng_state(0.1, None)
     torch.manual_seed(3)
-    assert torch.equal(first, attention_ops._rng_state(0.1, None))
-    assert attention_ops._rng_state(0.1, 1234).tolist() == [1234, 0]
-    assert attention_ops._rng_state(0.0, None).tolist() == [0, 0]
+    assert torch.equal(first, attention_ops._rng_state(0.1, None)[1])
+    assert first.tolist() == [seed, 0]
+    assert attention_ops._rng_state(0.1, 1234)[1].tolist() == [1234, 0]
+    assert attention_ops._rng_state(0.0, None)[0] == 0
+    assert attention_ops._rng_state(0.0, None)[1].tolist() == [0, 0]
+    # On the CPU whatever a device context says: the backward reads it without a sync.
+    with torch.device("meta"):
+        assert attention_ops._rng_state(0.1, 7)[1].device.type == "cpu"
 
 
 def test_ops_refuse_cpu_tensors_naming_what_they_need() -> None:

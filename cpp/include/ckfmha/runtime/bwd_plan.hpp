@@ -37,6 +37,15 @@ BwdPlan select_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
                    ckfmha_kernel_entry const* forced = nullptr,
                    BwdSelection const& selection = {});
 
+// select_bwd through a per-thread memo of recent plans (bwd_plan_cache.cpp):
+// the same problem, arch, forced kernel, selection and registry give the same
+// plan without walking the kernels again. The reference stays valid until
+// this thread plans again.
+BwdPlan const& cached_select_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
+                                 ckfmha_bwd_problem const& problem, int device_arch,
+                                 ckfmha_kernel_entry const* forced,
+                                 BwdSelection const& selection);
+
 std::string explain_bwd(std::vector<ckfmha_kernel_entry> const& kernels,
                         ckfmha_bwd_problem const& problem, int device_arch,
                         BwdSelection const& selection = {});

@@ -4,6 +4,7 @@
 
 #include "ckfmha/kernel_entry.h"
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -18,8 +19,14 @@ class Registry {
   // Copies the entries of `table` whose names are new; returns how many.
   int add_table(ckfmha_kernel_table const& table);
 
-  // Snapshot, so callers never hold the lock while launching.
-  std::vector<ckfmha_kernel_entry> entries() const;
+  // The entries as registered so far: an immutable snapshot shared by every
+  // caller, so taking it costs a reference count and never holds the lock
+  // while launching. Registering a module publishes a new snapshot; calls
+  // that took the old one finish with it. (A copy per call cost each launch
+  // a large allocation and a memcpy of the whole table: ~1500 entries in a
+  // default install, on every plan.)
+  using Snapshot = std::shared_ptr<const std::vector<ckfmha_kernel_entry>>;
+  Snapshot entries() const;
   bool find(std::string const& name, ckfmha_kernel_entry* out) const;
 
   std::string to_json() const;
@@ -27,7 +34,7 @@ class Registry {
  private:
   Registry();
   mutable std::mutex mutex_;
-  std::vector<ckfmha_kernel_entry> entries_;
+  Snapshot entries_;
 };
 
 // dlopens a module and registers its table; sets *added. Returns a status.
