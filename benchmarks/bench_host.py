@@ -10,8 +10,8 @@ kinds of call per implementation:
 - ``fwd_bwd``: that forward and ``o.backward(grad)``, a training step's attention.
 
 Every call of a kind is timed beside the same kind through SDPA's flash and cuDNN backends in
-the same run, and the best of several rounds counts (a round is disturbed by the host, never
-helped by it).
+the same run, taking turns within each round, and the best of several rounds counts (a round
+is disturbed by the host, never helped by it).
 
     python benchmarks/bench_host.py --commit $(git rev-parse --short HEAD) \
         --out benchmarks/results/host
@@ -41,18 +41,22 @@ KINDS = ("fwd", "fwd_grad", "fwd_bwd")
 PEERS = {"torch_flash": SDPBackend.FLASH_ATTENTION, "torch_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def per_call_us(fn: Callable[[], Any], calls: int, rounds: int) -> float:
-    """Microseconds per call of ``calls`` calls issued back to back, best of ``rounds``."""
-    for _ in range(min(calls, 50)):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
+def host_us(calls: dict[str, Callable[[], Any]], count: int, rounds: int) -> dict[str, float]:
+    """Microseconds per call of ``count`` calls issued back to back, for each implementation:
+    the best of ``rounds`` rounds, the implementations taking turns within each round so that
+    a slow spell of the host falls on all of them alike."""
+    for fn in calls.values():
+        for _ in range(min(count, 50)):
             fn()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            for _ in range(count):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / count * 1e6)
+            torch.cuda.synchronize()
     return best
 
 
@@ -133,7 +137,7 @@ def run_shape(shape: tuple[int, ...], dtype: torch.dtype, args: argparse.Namespa
     row: dict[str, Any] = {"shape": "b{} h{} s{} d{}".format(*shape), "causal": True,
                            "max_abs_diff_vs_flash": check_outputs(shape, dtype)}  # fmt: skip
     for kind, calls in kind_calls(shape, dtype).items():
-        host = {name: per_call_us(fn, args.calls, args.rounds) for name, fn in calls.items()}
+        host = host_us(calls, args.calls, args.rounds)
         gpu = {name: gpu_us(fn, 20) for name, fn in calls.items()}
         row[kind] = {"host_us": host, "gpu_us": gpu,
                      "ratio_vs_torch_flash": host["ckfmha"] / host["torch_flash"],
@@ -156,7 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--calls", type=int, default=300, help="calls per timed round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON")
     args = parser.parse_args()
@@ -173,7 +177,8 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         record = {**run_record("host", device, args.commit, args.dtype),
                   "method": f"best of {args.rounds} rounds of {args.calls} calls issued "
-                            "without a wait; GPU time from a CUDA graph of 20 calls",
+                            "without a wait, implementations taking turns in each round; GPU "
+                            "time from a CUDA graph of 20 calls",
                   "rows": rows}  # fmt: skip
         (args.out / f"{results_stem(record)}.json").write_text(json.dumps(record, indent=2) + "\n")
 
