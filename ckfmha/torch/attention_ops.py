@@ -80,6 +80,10 @@ def _rng_state(dropout_p: float, dropout_seed: int | None) -> tuple[int, torch.T
     return seed, torch.tensor([seed, 0], dtype=torch.int64, device="cpu")
 
 
+# q, k, v, o, lse and the upstream gradient reach ckfmha as they are: it reads torch CUDA
+# tensors on the current stream through their attributes, which a tensor that requires a
+# gradient allows (a detach per tensor cost about a microsecond a call). The feature arrays
+# may be host tensors that ckfmha stages through NumPy, which refuses those: they are detached.
 def _features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
               dropout_p) -> dict[str, Any]:  # fmt: skip
     return {
@@ -91,9 +95,9 @@ def _features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
     }  # fmt: skip
 
 
-def _empty_like_input(like: torch.Tensor) -> torch.Tensor:
+def _empty_like_input(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The placeholder a backward returns for a gradient nobody asked for."""
-    return like.new_empty((0,))
+    return like.new_empty((0,), dtype=like.dtype if dtype is None else dtype)
 
 
 # ---- forward, batch mode ----
@@ -114,7 +118,7 @@ def run_fwd(q, k, v, bias, alibi_slopes, sink, causal, causal_alignment, window,
     calls directly."""
     seed, rng_state = _rng_state(dropout_p, dropout_seed)
     o, lse = ckfmha.fwd(
-        q.detach(), k.detach(), v.detach(), return_lse=True, layout=layout, dropout_seed=seed,
+        q, k, v, return_lse=True, layout=layout, dropout_seed=seed,
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
                     dropout_p),
         **kv_quant_options(kv_dtype, k_scale, v_scale, k_scale_value, v_scale_value),
@@ -196,7 +200,7 @@ def _gradients(grads: tuple, q: torch.Tensor, want_dbias: bool, want_dsink: bool
     dq, dk, dv = grads[:3]
     rest = list(grads[3:])
     dbias = rest.pop(0) if want_dbias else _empty_like_input(q)
-    dsink = rest.pop(0) if want_dsink else _empty_like_input(q).float()
+    dsink = rest.pop(0) if want_dsink else _empty_like_input(q, torch.float32)
     return dq, dk, dv, dbias, dsink
 
 
@@ -204,11 +208,11 @@ def run_bwd(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, causal
             causal_alignment, window, scale, softcap, dropout_p, layout, deterministic,
             want_dbias, want_dsink):  # fmt: skip
     """ckfmha::bwd's CUDA implementation, called directly on the eager route."""
-    seed, offset = (int(x) for x in rng_state.tolist())
+    seed, offset = _replayed_stream(rng_state, dropout_p)
     grads = ckfmha.bwd(
-        _grad_ready(dout), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
-        layout=layout, deterministic=deterministic, dropout_seed=seed, dropout_offset=offset,
-        return_dbias=want_dbias, return_dsink=want_dsink,
+        _grad_ready(dout), q, k, v, out, lse, layout=layout, deterministic=deterministic,
+        dropout_seed=seed, dropout_offset=offset, return_dbias=want_dbias,
+        return_dsink=want_dsink,
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
                     dropout_p),
     )  # fmt: skip
@@ -233,6 +237,15 @@ def _fake_gradients(q, k, v, bias_shape: tuple, want_dbias: bool, want_dsink: bo
     dbias = q.new_empty(bias_shape) if want_dbias else _empty_like_input(q)
     dsink = q.new_empty((bias_shape[1],) if want_dsink else (0,), dtype=torch.float32)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink)
+
+
+def _replayed_stream(rng_state: torch.Tensor, dropout_p: float) -> tuple[int, int]:
+    """The forward's (seed, offset) for the backward to replay; without dropout there is no
+    stream, and the CPU tensor is not read."""
+    if dropout_p <= 0.0:
+        return 0, 0
+    seed, offset = (int(x) for x in rng_state.tolist())
+    return seed, offset
 
 
 def _grad_ready(t: torch.Tensor) -> torch.Tensor:
@@ -262,7 +275,7 @@ def run_fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     """ckfmha::fwd_varlen's CUDA implementation, called directly on the eager route."""
     seed, rng_state = _rng_state(dropout_p, dropout_seed)
     o, lse = ckfmha.fwd_varlen(
-        q.detach(), k.detach(), v.detach(), cu_seqlens_q, cu_seqlens_k,
+        q, k, v, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, return_lse=True,
         dropout_seed=seed,
         **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
@@ -333,9 +346,9 @@ def run_bwd_varlen(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_
                    causal_alignment, window, scale, softcap, dropout_p, deterministic,
                    want_dbias, want_dsink):  # fmt: skip
     """ckfmha::bwd_varlen's CUDA implementation, called directly on the eager route."""
-    seed, offset = (int(x) for x in rng_state.tolist())
+    seed, offset = _replayed_stream(rng_state, dropout_p)
     grads = ckfmha.bwd_varlen(
-        _grad_ready(dout), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+        _grad_ready(dout), q, k, v, out, lse,
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         deterministic=deterministic, dropout_seed=seed, dropout_offset=offset,
         return_dbias=want_dbias, return_dsink=want_dsink,

@@ -4,11 +4,24 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <string>
 
 namespace ckfmha::runtime {
 
 namespace {
+
+// Per-device facts that never change while a process runs, read once: every
+// plan asks for the current device's arch and SM count, and each attribute
+// query is a driver call (half a microsecond to several under load). 0 means
+// not read yet; devices past the table are queried each time.
+constexpr int kCachedDevices = 64;
+std::array<std::atomic<int>, kCachedDevices> g_arch{};
+std::array<std::atomic<int>, kCachedDevices> g_sm_count{};
+// The visible device count (CUDA reads CUDA_VISIBLE_DEVICES once, at init); -1: not read yet.
+std::atomic<int> g_device_count{-1};
+
 int cuda_failure(cudaError_t err, const char* what) {
   // Clear the sticky-free error state so a later call starts clean.
   cudaGetLastError();
@@ -22,14 +35,19 @@ int cuda_failure(cudaError_t err, const char* what) {
 }  // namespace
 
 int device_count(int* count) {
+  if (int known = g_device_count.load(std::memory_order_relaxed); known >= 0) {
+    *count = known;
+    return succeed();
+  }
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
     cudaGetLastError();
-    *count = 0;
-    return succeed();
+    n = 0;
+  } else if (err != cudaSuccess) {
+    return cuda_failure(err, "cudaGetDeviceCount");
   }
-  if (err != cudaSuccess) return cuda_failure(err, "cudaGetDeviceCount");
+  g_device_count.store(n, std::memory_order_relaxed);
   *count = n;
   return succeed();
 }
@@ -60,6 +78,13 @@ int require_device_index(int device) {
 }
 
 int device_arch(int device, int* arch) {
+  const bool cacheable = device >= 0 && device < kCachedDevices;
+  if (cacheable) {
+    if (int known = g_arch[device].load(std::memory_order_relaxed); known > 0) {
+      *arch = known;
+      return succeed();
+    }
+  }
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err == cudaSuccess) {
@@ -67,6 +92,7 @@ int device_arch(int device, int* arch) {
   }
   if (err != cudaSuccess) return cuda_failure(err, "cudaDeviceGetAttribute(compute capability)");
   *arch = 10 * major + minor;
+  if (cacheable) g_arch[device].store(*arch, std::memory_order_relaxed);
   return succeed();
 }
 
@@ -85,8 +111,16 @@ int current_device_arch(int* arch) {
 int current_device_sm_count(int* count) {
   int device = 0;
   if (int status = current_device(&device); status != CKFMHA_SUCCESS) return status;
+  const bool cacheable = device >= 0 && device < kCachedDevices;
+  if (cacheable) {
+    if (int known = g_sm_count[device].load(std::memory_order_relaxed); known > 0) {
+      *count = known;
+      return succeed();
+    }
+  }
   cudaError_t err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return cuda_failure(err, "cudaDeviceGetAttribute(SM count)");
+  if (cacheable) g_sm_count[device].store(*count, std::memory_order_relaxed);
   return succeed();
 }
 
