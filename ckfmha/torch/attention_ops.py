@@ -204,17 +204,28 @@ def _gradients(grads: tuple, q: torch.Tensor, want_dbias: bool, want_dsink: bool
     return dq, dk, dv, dbias, dsink
 
 
+def bwd_options(rng_state, bias, alibi_slopes, sink, causal, causal_alignment, window, scale,
+                softcap, dropout_p, deterministic, want_dbias,
+                want_dsink) -> dict[str, Any]:  # fmt: skip
+    """The keyword arguments of ckfmha.bwd and bwd_varlen for the backward of a forward run
+    with these options (its rng_state replayed), asking for the gradients wanted."""
+    seed, offset = _replayed_stream(rng_state, dropout_p)
+    return {
+        "deterministic": deterministic, "dropout_seed": seed, "dropout_offset": offset,
+        "return_dbias": want_dbias, "return_dsink": want_dsink,
+        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
+                    dropout_p),
+    }  # fmt: skip
+
+
 def run_bwd(dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, causal,
             causal_alignment, window, scale, softcap, dropout_p, layout, deterministic,
             want_dbias, want_dsink):  # fmt: skip
     """ckfmha::bwd's CUDA implementation, called directly on the eager route."""
-    seed, offset = _replayed_stream(rng_state, dropout_p)
     grads = ckfmha.bwd(
-        _grad_ready(dout), q, k, v, out, lse, layout=layout, deterministic=deterministic,
-        dropout_seed=seed, dropout_offset=offset, return_dbias=want_dbias,
-        return_dsink=want_dsink,
-        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
-                    dropout_p),
+        grad_ready(dout), q, k, v, out, lse, layout=layout,
+        **bwd_options(rng_state, bias, alibi_slopes, sink, causal, causal_alignment, window,
+                      scale, softcap, dropout_p, deterministic, want_dbias, want_dsink),
     )  # fmt: skip
     return _gradients(grads, q, want_dbias, want_dsink)
 
@@ -248,7 +259,7 @@ def _replayed_stream(rng_state: torch.Tensor, dropout_p: float) -> tuple[int, in
     return seed, offset
 
 
-def _grad_ready(t: torch.Tensor) -> torch.Tensor:
+def grad_ready(t: torch.Tensor) -> torch.Tensor:
     """Upstream gradients may be views with any strides (expanded zeros, transposes): the
     kernels need a contiguous head dim and 16-byte aligned rows."""
     t = t.detach()
@@ -346,14 +357,11 @@ def run_bwd_varlen(dout, q, k, v, out, lse, rng_state, cu_seqlens_q, cu_seqlens_
                    causal_alignment, window, scale, softcap, dropout_p, deterministic,
                    want_dbias, want_dsink):  # fmt: skip
     """ckfmha::bwd_varlen's CUDA implementation, called directly on the eager route."""
-    seed, offset = _replayed_stream(rng_state, dropout_p)
     grads = ckfmha.bwd_varlen(
-        _grad_ready(dout), q, k, v, out, lse,
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic, dropout_seed=seed, dropout_offset=offset,
-        return_dbias=want_dbias, return_dsink=want_dsink,
-        **_features(bias, alibi_slopes, sink, causal, causal_alignment, window, scale, softcap,
-                    dropout_p),
+        grad_ready(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        **bwd_options(rng_state, bias, alibi_slopes, sink, causal, causal_alignment, window,
+                      scale, softcap, dropout_p, deterministic, want_dbias, want_dsink),
     )  # fmt: skip
     return _gradients(grads, q, want_dbias, want_dsink)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+import ckfmha
 from ckfmha import _dtypes
 from ckfmha.errors import InvalidArgumentError
 from ckfmha.torch import attention_ops, eager
@@ -166,27 +167,67 @@ def _gradient_function(name: str, op: Any, setup: Any, backward: Any) -> type:
 # The eager route's Functions (``eager.untraced`` calls): the op's implementation called
 # directly. The Function is applied to the tensors that take a gradient and one tuple of the
 # op's inputs in schema order (the same tensors among them): Function.apply's own cost grows
-# with its argument count (on a CPU-only probe, 20 arguments cost 14 us where 6 cost 5).
+# with its argument count (on a CPU-only probe, 20 arguments cost 14 us where 6 cost 5). The
+# backward's ckfmha call is prepared in the forward, on the caller's thread: the autograd
+# engine runs the backward on a thread of its own, where the same Python takes about twice as
+# long (NOTES entry 106), so the backward only unpacks, calls and reduces.
 _EAGER_GRAD_NAMES = ("q", "k", "v", "bias", "sink", "inputs")
 
 
-def _eager_function(name: str, run: Any, setup: Any, backward: Any) -> type:
+def _wanted(ctx: Any, bias: Any, sink: Any) -> tuple[bool, bool]:
+    """Whether the eager Function's bias and sink (arguments 3 and 4) want a gradient."""
+    return (bias is not None and ctx.needs_input_grad[3],
+            sink is not None and ctx.needs_input_grad[4])  # fmt: skip
+
+
+def _prepare_fwd(ctx: Any, inputs: tuple, rng_state: Any) -> tuple:
+    """(ckfmha.bwd, arguments after the LSE, keyword arguments, dbias wanted, dsink wanted)."""
+    bias, alibi_slopes, sink = inputs[3:6]
+    want_dbias, want_dsink = _wanted(ctx, bias, sink)
+    options = attention_ops.bwd_options(rng_state, bias, alibi_slopes, sink,
+                                        *ctx.options.values(), ctx.deterministic, want_dbias,
+                                        want_dsink)  # fmt: skip
+    options["layout"] = ctx.layout
+    return ckfmha.bwd, (), options, want_dbias, want_dsink
+
+
+def _prepare_varlen(ctx: Any, inputs: tuple, rng_state: Any) -> tuple:
+    """(ckfmha.bwd_varlen, the offsets, keyword arguments, dbias wanted, dsink wanted)."""
+    bias, alibi_slopes, sink = inputs[7:10]
+    want_dbias, want_dsink = _wanted(ctx, bias, sink)
+    options = attention_ops.bwd_options(rng_state, bias, alibi_slopes, sink,
+                                        *ctx.options.values(), ctx.deterministic, want_dbias,
+                                        want_dsink)  # fmt: skip
+    options["max_seqlen_q"], options["max_seqlen_k"] = ctx.max_seqlens
+    return ckfmha.bwd_varlen, ctx.offsets, options, want_dbias, want_dsink
+
+
+def _eager_function(name: str, run: Any, setup: Any, prepare: Any, backward: Any) -> type:
     """A Function over (q, k, v, bias, sink, inputs) applying ``run`` to ``inputs`` and
     returning (o, lse). rng_state stays on ctx rather than being an output: each output
     costs the autograd engine a gradient slot, and a CPU tensor among them made it hand
     the node between its CPU and CUDA work queues. Gradients are not materialised: the LSE
-    never has one, and zeros for it would cost an allocation and a fill per backward."""
+    never has one, and zeros for it would cost an allocation and a fill per backward. Where
+    something traces the backward (compiled autograd), ``backward`` runs it through the op."""
 
     def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, sink: Any, inputs: tuple) -> tuple:
         ctx.set_materialize_grads(False)
         o, lse, rng_state = run(*inputs)
         setup(ctx, inputs, (o, lse, rng_state), _EAGER_GRAD_NAMES)
+        ctx.call = prepare(ctx, inputs, rng_state)
         return o, lse
 
     def eager_backward(ctx: Any, grad_o: Any, grad_lse: Any) -> tuple:
         if grad_o is None:  # only the LSE was used, and it takes no gradient
             return (None,) * len(_EAGER_GRAD_NAMES)
-        return backward(ctx, grad_o, grad_lse, None)
+        q, k, v, o, lse, _, bias, _, sink = ctx.saved_tensors
+        if not eager.untraced(grad_o, q):
+            return backward(ctx, grad_o, grad_lse, None)
+        call, extra, options, want_dbias, want_dsink = ctx.call
+        grads = call(attention_ops.grad_ready(grad_o), q, k, v, o, lse, *extra, **options)
+        dbias = _bias_grad(grads[3], bias) if want_dbias else None
+        dsink = grads[3 + want_dbias].to(sink.dtype) if want_dsink else None
+        return grads[0], grads[1], grads[2], dbias, dsink, None
 
     doc = f"attention_ops.{run.__name__} (the eager route) with its gradient."
     return _function_type(name, doc, forward, eager_backward)
@@ -203,6 +244,7 @@ Attention = _gradient_function("Attention", torch.ops.ckfmha.fwd, _setup_fwd, _b
 AttentionVarlen = _gradient_function("AttentionVarlen", torch.ops.ckfmha.fwd_varlen,
                                      _setup_varlen, _backward_varlen)  # fmt: skip
 AttentionEager = _eager_function("AttentionEager", attention_ops.run_fwd, _setup_fwd,
-                                 _backward_fwd)  # fmt: skip
+                                 _prepare_fwd, _backward_fwd)  # fmt: skip
 AttentionVarlenEager = _eager_function("AttentionVarlenEager", attention_ops.run_fwd_varlen,
-                                       _setup_varlen, _backward_varlen)  # fmt: skip
+                                       _setup_varlen, _prepare_varlen,
+                                       _backward_varlen)  # fmt: skip

@@ -1,8 +1,8 @@
 """The torch entry points' eager route (``ckfmha.torch.eager``), on the CPU.
 
 What decides the route is checked under each tracer and mode that must keep the ops. The
-route's gradient Function is checked by running it with float64 stand-ins for the ops'
-CUDA implementations: the gradients must reach the arguments they belong to, summed over a
+route's gradient Function is checked by running it with float64 stand-ins for the forward
+op's CUDA implementation and for ckfmha.bwd: the gradients must reach the arguments they belong to, summed over a
 bias's broadcast axes, with the gradients nobody asked for not computed.
 """
 
@@ -78,7 +78,8 @@ def _reference(q, k, v, bias, sink, causal: bool) -> tuple:
 
 
 class _StandIns:
-    """run_fwd and run_bwd over float64 CPU tensors, recording what the backward was asked."""
+    """run_fwd and ckfmha.bwd over float64 CPU tensors, recording what the backward was
+    asked."""
 
     def __init__(self) -> None:
         self.forwards = 0
@@ -89,8 +90,10 @@ class _StandIns:
         o, lse = _reference(q, k, v, bias, sink, causal)
         return o, lse.float(), torch.zeros(2, dtype=torch.int64)
 
-    def run_bwd(self, dout, q, k, v, out, lse, rng_state, bias, alibi_slopes, sink, *,
-                causal, want_dbias, want_dsink, **options) -> tuple:
+    def bwd(self, dout, q, k, v, out, lse, *, causal, bias, sink, return_dbias, return_dsink,
+            **options) -> tuple:  # fmt: skip
+        """ckfmha.bwd's results: (dq, dk, dv), then dbias and dsink where asked for."""
+        want_dbias, want_dsink = return_dbias, return_dsink
         self.asked.append((want_dbias, want_dsink))
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -100,10 +103,10 @@ class _StandIns:
             o, _ = _reference(*leaves, full, fp32_sink, causal)
             wrt = leaves + [t for t in (full, fp32_sink) if t is not None]
             grads = list(torch.autograd.grad(o, wrt, dout))
-        dq, dk, dv = grads[:3]
-        dbias = grads[3] if want_dbias else q.new_empty((0,))
-        dsink = grads[-1].float() if want_dsink else q.new_empty((0,)).float()
-        return dq, dk, dv, dbias, dsink
+        wanted = [grads[3]] if want_dbias else []
+        if want_dsink:
+            wanted.append(grads[-1].float())
+        return (*grads[:3], *wanted)
 
 
 @pytest.fixture
@@ -111,9 +114,9 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch) -> _StandIns:
     fakes = _StandIns()
     monkeypatch.setattr(eager, "untraced", lambda *tensors: True)
     monkeypatch.setattr(attention_ops, "run_fwd", fakes.run_fwd)
-    monkeypatch.setattr(attention_ops, "run_bwd", fakes.run_bwd)
+    monkeypatch.setattr(ckfmha, "bwd", fakes.bwd)
     function = autograd._eager_function("AttentionEager", fakes.run_fwd, autograd._setup_fwd,
-                                        autograd._backward_fwd)  # fmt: skip
+                                        autograd._prepare_fwd, autograd._backward_fwd)  # fmt: skip
     monkeypatch.setattr(autograd, "AttentionEager", function)
     return fakes
 
