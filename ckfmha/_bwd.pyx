@@ -6,7 +6,7 @@ from libc.string cimport memset
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
-from ckfmha._bwd_fast cimport fast_key, remember, run_cached
+from ckfmha._bwd_fast cimport fast_key, remember, run_cached, workspace_words
 from ckfmha._fwd cimport (
     _bhs_strides,
     _bhsd,
@@ -164,7 +164,7 @@ cdef class _Launch:
             check(capi.ckfmha_bwd_workspace_size(&self.problem, &workspace_bytes))
             # The caller's framework allocates the workspace (torch's caching allocator, or a
             # DeviceArray), so the C library never allocates on the stream.
-            self.workspace = allocate(kind, like, (max(1, (workspace_bytes + 3) // 4),),
+            self.workspace = allocate(kind, like, (workspace_words(workspace_bytes),),
                                       _dtypes.FP32)
             wv = self.view(self.workspace, handle, None, "workspace", 1, _F32, True)
             self.args.workspace = <void*>wv.ptr

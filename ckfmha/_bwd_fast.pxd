@@ -10,6 +10,7 @@ cdef class CachedBackward(CachedCall):
     cdef object dtype
 
 
+cdef size_t workspace_words(size_t workspace_bytes)
 cdef object fast_key(do, q, k, v, o, lse, bias, causal, causal_alignment, window, scale,
                      softcap, deterministic, layout)
 cdef object run_cached(object key, do, q, k, v, o, lse, bias)

@@ -36,6 +36,13 @@ cdef class CachedBackward(CachedCall):
     pass
 
 
+cdef size_t workspace_words(size_t workspace_bytes):
+    """The fp32 words both paths allocate for a workspace of that many bytes: whole words,
+    at least one (an allocation of none would give no pointer)."""
+    cdef size_t words = (workspace_bytes + 3) // 4
+    return words if words > 0 else 1
+
+
 cdef object fast_key(do, q, k, v, o, lse, bias, causal, causal_alignment, window, scale,
                      softcap, deterministic, layout):
     """The cache key of a call that may take the fast path, else None. A bias must be a
@@ -104,9 +111,8 @@ cdef object run_cached(object key, do, q, k, v, o, lse, bias):
     args.dq = <void*><uintptr_t>dq.data_ptr()
     args.dk = <void*><uintptr_t>dk.data_ptr()
     args.dv = <void*><uintptr_t>dv.data_ptr()
-    # Sized as the full path sizes it (whole fp32 words, at least one).
-    cdef size_t words = (workspace_bytes + 3) // 4
-    workspace = torch_empty((words if words > 0 else 1,), dtype=torch.float32, device=device)
+    workspace = torch_empty((workspace_words(workspace_bytes),), dtype=torch.float32,
+                            device=device)
     args.workspace = <void*><uintptr_t>workspace.data_ptr()
     args.workspace_bytes = workspace_bytes
     cdef uintptr_t stream = <uintptr_t>torch.raw_stream(entry.device)
