@@ -9,7 +9,7 @@ import numpy as np
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
 from ckfmha._fp8_kv cimport KvScales, attention_views
-from ckfmha._fwd_fast cimport fast_key, remember, run_cached
+from ckfmha._fwd_fast cimport fast_key, remember, run_cached, varlen_fast_key
 from ckfmha._problem cimport fill_fwd_problem, to_int32
 from ckfmha._status cimport check
 
@@ -28,7 +28,7 @@ from ckfmha.fp8_attention import (
     uses_block_scales,
 )
 from ckfmha.fp8_kv import KV_QUANT_NONE, check_scale_args, kv_quant_of
-from ckfmha.host_metadata import MetadataValues
+from ckfmha.host_metadata import MetadataValues, validation_requested
 from ckfmha.metadata_checks import check_varlen
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
@@ -633,7 +633,27 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
 
     Empty problems: batch 0 (one offset), no tokens or max_seqlen_q 0 launch nothing; a
     sequence without keys (max_seqlen_k 0: all of them) gets o = 0 and LSE = -inf.
+
+    Repeated calls: with torch tensors on the current device (int32 offsets there too), no
+    bias, ALiBi, sink, dropout, V layout, caller output, fp8, ``kernel``, ``stream``,
+    ``dtype`` or validation, a call whose arrays' shapes, strides, dtypes and devices, maximum
+    lengths and options equal an earlier successful call's reuses that call's checked problem;
+    the offsets' values may differ (the kernels read them).
     """
+    key = None
+    if (bias is None and alibi_slopes is None and sink is None and not dropout_p and
+            not return_dropout_randval and not v_col_major and out is None and
+            lse_out is None and kernel is None and stream is None and dtype is None and
+            kv_dtype is None and k_scale is None and v_scale is None and q_dtype is None and
+            q_scale is None and out_dtype is None and not validation_requested(validate)):
+        # ckfmha/_fwd_fast.pyx, as for fwd.
+        key = varlen_fast_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              skip_min_seqlen_q, causal, causal_alignment, window, scale,
+                              softcap, return_lse, num_splits)
+        if key is not None:
+            results = run_cached(key, q, k, v, None, None, None, cu_seqlens_q, cu_seqlens_k)
+            if results is not None:
+                return results
     check_scale_args(k_scale, v_scale)
     check_q_scale_arg(q_scale)
     index = check_devices((("q", q), ("k", k), ("v", v), ("out", out), ("lse_out", lse_out),
@@ -648,7 +668,7 @@ def fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_
                            bias, alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                            return_dropout_randval, return_lse, v_col_major, num_splits, out,
                            lse_out, kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale,
-                           q_dtype, q_scale, out_dtype)
+                           q_dtype, q_scale, out_dtype, key)
 
 
 cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -656,8 +676,9 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                         alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                         return_dropout_randval, return_lse, v_col_major, num_splits, out, lse_out,
                         kernel, stream, dtype, validate, kv_dtype, k_scale, v_scale, q_dtype,
-                        q_scale, out_dtype):
-    """``fwd_varlen`` with the arrays' device (``index``) current."""
+                        q_scale, out_dtype, fast_path_key=None):
+    """``fwd_varlen`` with the arrays' device (``index``) current. ``fast_path_key`` as in
+    ``_fwd``."""
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
     cdef ArrayView qv, kv, vv
@@ -743,6 +764,9 @@ cdef object _fwd_varlen(index, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                           ckv.region("cu_seqlens_k")] + features.input_regions
                    + kv_scales.regions)
     _run(&problem, &args, kernel, handle, kind, q)
+    if fast_path_key is not None and _launches_kernels(&problem):
+        remember(fast_path_key, &problem, index, o_shape,
+                 (nhead_q, total_q) if lv is not None else None)
 
     results = _results(kind, handle, o_obj, out, lse_obj, lse_out, features)
     return results[0] if len(results) == 1 else results

@@ -12,6 +12,10 @@ cdef class CachedForward(CachedCall):
 
 cdef object fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, window, scale,
                      softcap, return_lse, layout, num_splits)
-cdef object run_cached(object key, q, k, v, out, lse_out, bias)
+cdef object varlen_fast_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            skip_min_seqlen_q, causal, causal_alignment, window, scale,
+                            softcap, return_lse, num_splits)
+cdef object run_cached(object key, q, k, v, out, lse_out, bias, cu_seqlens_q=*,
+                       cu_seqlens_k=*)
 cdef int remember(object key, capi.ckfmha_fwd_problem* problem, int device, tuple o_shape,
                   tuple lse_shape) except -1

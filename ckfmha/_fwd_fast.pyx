@@ -15,7 +15,7 @@ take the full path, as does a call here whose C run fails: the full path then re
 error (or compiles a kernel a changed selection mode needs).
 """
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.string cimport memset
 
 cimport ckfmha as capi
@@ -63,6 +63,33 @@ cdef object fast_key(q, k, v, out, lse_out, bias, causal, causal_alignment, wind
                      bool(return_lse), layout, num_splits))
 
 
+cdef object varlen_fast_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            skip_min_seqlen_q, causal, causal_alignment, window, scale,
+                            softcap, return_lse, num_splits):
+    """The cache key of a group-mode call that may take the fast path, else None: its offsets
+    int32 torch tensors on the GPU (the kernels read them, so only their pointers are new
+    each call), no caller outputs, no bias (the full path checks them against the lengths)."""
+    cdef TorchHandles torch = torch_handles()
+    if torch is None:
+        return None
+    if not cuda_tensor(torch, q) or type(k) is not torch.tensor or type(v) is not torch.tensor:
+        return None
+    if q.dtype is not torch.float16 and q.dtype is not torch.bfloat16 and \
+            q.dtype is not torch.float32:
+        return None
+    if not cuda_tensor(torch, cu_seqlens_q) or not cuda_tensor(torch, cu_seqlens_k):
+        return None
+    if cu_seqlens_q.dtype is not torch.int32 or cu_seqlens_k.dtype is not torch.int32:
+        return None
+    window = window_key(window)
+    if window is False:
+        return None
+    # q's spec leads, as in fast_key (remember reads the output dtype there).
+    return hashable((spec(q), spec(k), spec(v), spec(cu_seqlens_q), spec(cu_seqlens_k),
+                     max_seqlen_q, max_seqlen_k, skip_min_seqlen_q, causal, causal_alignment,
+                     window, scale, softcap, bool(return_lse), num_splits, "varlen"))
+
+
 cdef int64_t _span(t):
     """Bytes from t's first element to one past its last (torch strides are never negative)."""
     cdef int64_t last = 0
@@ -90,10 +117,11 @@ cdef bint _overlap(uintptr_t a, int64_t a_span, uintptr_t b, int64_t b_span):
     return a_span > 0 and b_span > 0 and a < b + <uintptr_t>b_span and b < a + <uintptr_t>a_span
 
 
-cdef object run_cached(object key, q, k, v, out, lse_out, bias):
+cdef object run_cached(object key, q, k, v, out, lse_out, bias, cu_seqlens_q=None,
+                       cu_seqlens_k=None):
     """The call's results through its cached problem, or None when it must take the full path
     (no entry, another current device, caller outputs that may overlap the inputs, a failed
-    run)."""
+    run). Group-mode calls pass their offsets."""
     cdef CachedForward entry = _cache.here(key)
     if entry is None:
         return None
@@ -104,6 +132,9 @@ cdef object run_cached(object key, q, k, v, out, lse_out, bias):
     args.v = <const void*><uintptr_t>v.data_ptr()
     if bias is not None:
         args.bias = <const void*><uintptr_t>bias.data_ptr()
+    if cu_seqlens_q is not None:
+        args.cu_seqlens_q = <const int32_t*><uintptr_t>cu_seqlens_q.data_ptr()
+        args.cu_seqlens_k = <const int32_t*><uintptr_t>cu_seqlens_k.data_ptr()
     device = q.device
     cdef TorchHandles torch = torch_handles()
     torch_empty = torch.empty

@@ -9,6 +9,7 @@ cdef class TorchHandles:
     cdef readonly object bfloat16
     cdef readonly object float32
     cdef readonly object uint8
+    cdef readonly object int32
 
 
 cdef TorchHandles torch_handles()

@@ -43,6 +43,7 @@ cdef TorchHandles torch_handles():
     handles.bfloat16 = torch.bfloat16
     handles.float32 = torch.float32
     handles.uint8 = torch.uint8
+    handles.int32 = torch.int32
     _handles = handles
     return handles
 

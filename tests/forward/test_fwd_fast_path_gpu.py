@@ -5,9 +5,10 @@ that call's checked C problem. These tests repeat calls with fresh random data e
 (checked against the float64 reference, outputs poisoned first), so a cached problem that kept
 an earlier call's pointers, shapes or options would fail them; they also check that calls
 which differ in strides, layout, mask or LSE get their own entries, that calls with a GPU
-bias read each call's bias, and that caller outputs overlapping the inputs (the bias among
-them) are still refused on a cached call.
-The kernels are those of the default set (bf16, d64/d128, none/causal/window, split-KV).
+bias read each call's bias, that group-mode calls read each call's offsets, and that caller
+outputs overlapping the inputs (the bias among them) are still refused on a cached call.
+The kernels are those of the default set (bf16, d64/d128, none/causal/window, split-KV,
+group mode at d64).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from support.gpu_compare import Inputs, compare, f64
 import ckfmha
 from ckfmha import _fwd_fast
 from ckfmha.errors import InvalidArgumentError
-from ckfmha.reference import attention_reference
+from ckfmha.reference import attention_reference, varlen_attention_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -147,3 +148,35 @@ def test_bias_calls_read_each_calls_bias() -> None:
     # The output's spec equals the bias's: only the pointers say that they meet.
     with pytest.raises(InvalidArgumentError, match="out"):
         ckfmha.fwd(q, k, v, bias=full, out=full)
+
+
+# Offsets of three sequences with the same totals and maximum lengths each call (an empty
+# query sequence among them): one cache entry serves every call, and each call's boundaries
+# must be the ones read.
+VARLEN_OFFSETS = [
+    ([0, 100, 250, 300], [0, 200, 300, 420]),
+    ([0, 140, 160, 300], [0, 120, 320, 420]),
+    ([0, 60, 200, 300], [0, 50, 250, 420]),
+    ([0, 150, 150, 300], [0, 200, 220, 420]),
+]
+
+
+def test_varlen_calls_read_each_calls_offsets() -> None:
+    inputs = Inputs(31)
+    _fwd_fast.clear()
+    hq, hk, d, max_q, max_k = 12, 4, 64, 160, 200
+    for call, (offsets_q, offsets_k) in enumerate(VARLEN_OFFSETS):
+        q, k, v = _qkv(inputs, (offsets_q[-1], hq, d), (offsets_k[-1], hk, d))
+        cu_q, cu_k = (torch.tensor(o, dtype=torch.int32, device="cuda")
+                      for o in (offsets_q, offsets_k))  # fmt: skip
+        o, lse = ckfmha.fwd_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                   causal=True, return_lse=True)  # fmt: skip
+        torch.cuda.synchronize()
+        ref, ref_lse = varlen_attention_reference(f64(q), f64(k), f64(v), offsets_q, offsets_k,
+                                                  causal=True)  # fmt: skip
+        compare({"dtype": "bf16"}, o, lse, ref, ref_lse, f"varlen call {call}")
+    assert _fwd_fast.cached_calls() == 1
+    # Validation reads the offsets back on every call: such calls take the full path.
+    ckfmha.fwd_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=True,
+                      return_lse=True, validate=True)  # fmt: skip
+    assert _fwd_fast.cached_calls() == 1
