@@ -6,7 +6,13 @@ from libc.string cimport memset
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
-from ckfmha._bwd_fast cimport fast_key, remember, run_cached, workspace_words
+from ckfmha._bwd_fast cimport (
+    fast_key,
+    remember,
+    run_cached,
+    varlen_fast_key,
+    workspace_words,
+)
 from ckfmha._fwd cimport (
     _bhs_strides,
     _bhsd,
@@ -31,7 +37,7 @@ from ckfmha.aliasing import check_no_overlap
 from ckfmha.array_devices import check_devices
 from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
-from ckfmha.host_metadata import MetadataValues
+from ckfmha.host_metadata import MetadataValues, validation_requested
 from ckfmha.problem import layout_code, mask_code, window_bounds
 
 _F32 = (_dtypes.FP32,)
@@ -438,7 +444,21 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
     no sequence has any). Offsets are checked as
     in ``fwd_varlen`` (host ones always; device ones with ``validate=True`` or
     CKFMHA_VALIDATE=1, else bounded by the kernels and reported as DeviceMetadataError).
+    Repeated calls take the fast path of ``bwd`` (without a bias) and of ``fwd_varlen``
+    (int32 offsets on the GPU, no validation).
     """
+    key = None
+    if (bias is None and alibi_slopes is None and sink is None and not dropout_p and
+            not return_dbias and not return_dsink and dq_out is None and dk_out is None and
+            dv_out is None and dbias_out is None and dsink_out is None and kernel is None and
+            stream is None and dtype is None and not validation_requested(validate)):
+        key = varlen_fast_key(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, causal, causal_alignment, window, scale, softcap,
+                              deterministic)
+        if key is not None:
+            results = run_cached(key, do, q, k, v, o, lse, None, cu_seqlens_q, cu_seqlens_k)
+            if results is not None:
+                return results
     index = _check_devices(do, q, k, v, o, lse, bias, alibi_slopes, sink, dq_out, dk_out, dv_out,
                            dbias_out, dsink_out, cu_seqlens_q, cu_seqlens_k)
     with on_device(index):
@@ -446,15 +466,17 @@ def bwd_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                            max_seqlen_k, causal, causal_alignment, window, scale, softcap, bias,
                            alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                            deterministic, dq_out, dk_out, dv_out, return_dbias, dbias_out,
-                           return_dsink, dsink_out, kernel, stream, dtype, validate)
+                           return_dsink, dsink_out, kernel, stream, dtype, validate, key)
 
 
 cdef object _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, causal, causal_alignment, window, scale, softcap, bias,
                         alibi_slopes, sink, dropout_p, dropout_seed, dropout_offset,
                         deterministic, dq_out, dk_out, dv_out, return_dbias, dbias_out,
-                        return_dsink, dsink_out, kernel, stream, dtype, validate):
-    """``bwd_varlen`` with the arrays' device (``index``) current."""
+                        return_dsink, dsink_out, kernel, stream, dtype, validate,
+                        fast_path_key=None):
+    """``bwd_varlen`` with the arrays' device (``index``) current; ``fast_path_key`` as in
+    ``_bwd``."""
     kind = array_kind(q)
     handle = resolve_stream(stream, kind, q, index)
     cdef _Launch launch = _Launch()
@@ -543,5 +565,7 @@ cdef object _bwd_varlen(index, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, 
     launch.check_outputs([out for out in (dq_out, dk_out, dv_out, dbias_out, dsink_out)
                           if out is not None])
     launch.run(kind, q, handle, kernel)
+    if fast_path_key is not None and launch.launches_kernels():
+        remember(fast_path_key, &launch.problem, index, qv.shape, kv.shape, vv.shape)
     return _results(kind, handle, keep, _given(dq_out, dk_out, dv_out, return_dbias, dbias_out,
                                                return_dsink, dsink_out))

@@ -14,7 +14,7 @@ dtype, another current device; so does a call here whose C run fails, and the fu
 reports the error.
 """
 
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int32_t, uintptr_t
 from libc.string cimport memset
 
 cimport ckfmha as capi
@@ -67,6 +67,26 @@ cdef object fast_key(do, q, k, v, o, lse, bias, causal, causal_alignment, window
                      bool(deterministic), layout))
 
 
+cdef object varlen_fast_key(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, causal, causal_alignment, window, scale, softcap,
+                            deterministic):
+    """The cache key of a group-mode call that may take the fast path, else None: its offsets
+    int32 torch tensors on the GPU (the kernels read them), no bias."""
+    cdef TorchHandles torch = torch_handles()
+    if torch is None:
+        return None
+    if not cuda_tensor(torch, cu_seqlens_q) or not cuda_tensor(torch, cu_seqlens_k):
+        return None
+    if cu_seqlens_q.dtype is not torch.int32 or cu_seqlens_k.dtype is not torch.int32:
+        return None
+    key = fast_key(do, q, k, v, o, lse, None, causal, causal_alignment, window, scale, softcap,
+                   deterministic, "varlen")
+    if key is None:
+        return None
+    return hashable(key + (spec(cu_seqlens_q), spec(cu_seqlens_k), max_seqlen_q,
+                           max_seqlen_k))
+
+
 cdef int remember(object key, capi.ckfmha_bwd_problem* problem, int device, tuple dq_shape,
                   tuple dk_shape, tuple dv_shape) except -1:
     """Keeps a successful full-path call's problem for later calls with the same key. The
@@ -83,9 +103,11 @@ cdef int remember(object key, capi.ckfmha_bwd_problem* problem, int device, tupl
     return 0
 
 
-cdef object run_cached(object key, do, q, k, v, o, lse, bias):
+cdef object run_cached(object key, do, q, k, v, o, lse, bias, cu_seqlens_q=None,
+                       cu_seqlens_k=None):
     """(dq, dk, dv) through the call's cached problem, or None when it must take the full
-    path (no entry, another current device, a failed run)."""
+    path (no entry, another current device, a failed run). Group-mode calls pass their
+    offsets."""
     cdef CachedBackward entry = _cache.here(key)
     if entry is None:
         return None
@@ -102,6 +124,9 @@ cdef object run_cached(object key, do, q, k, v, o, lse, bias):
     args.do_ = <const void*><uintptr_t>do.data_ptr()
     if bias is not None:
         args.bias = <const void*><uintptr_t>bias.data_ptr()
+    if cu_seqlens_q is not None:
+        args.cu_seqlens_q = <const int32_t*><uintptr_t>cu_seqlens_q.data_ptr()
+        args.cu_seqlens_k = <const int32_t*><uintptr_t>cu_seqlens_k.data_ptr()
     device = q.device
     cdef TorchHandles torch = torch_handles()
     torch_empty = torch.empty

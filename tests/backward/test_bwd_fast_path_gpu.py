@@ -6,8 +6,9 @@ against the float64 reference, so a cached problem that kept an earlier call's p
 shapes or options fails; the gradients' memory comes from torch's caching allocator, which
 hands the previous call's freed blocks back, so each call's gradients are poisoned with NaN
 through those blocks first. Calls that differ in strides, layout, mask, scale or mode get
-their own entries, and a GPU bias is read call by call.
-The kernels are the default set's (bf16 d64, none and causal, a key-padding bias).
+their own entries, a GPU bias is read call by call, and group-mode calls read each call's
+offsets.
+The kernels are the default set's (bf16 d64, none and causal, a key-padding bias, group mode).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from support.gpu_compare import Inputs, f64
 
 import ckfmha
 from ckfmha import _bwd_fast
-from ckfmha.reference import attention_reference
-from ckfmha.reference_bwd import attention_backward_reference
+from ckfmha.reference import attention_reference, varlen_attention_reference
+from ckfmha.reference_bwd import (
+    attention_backward_reference,
+    varlen_attention_backward_reference,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -142,3 +146,40 @@ def test_features_outside_the_fast_path_take_the_full_path() -> None:
     assert got[0] is dq
     _check(got, q, k, v, do, "bhsd", "caller dq")
     assert _bwd_fast.cached_calls() == 0
+
+
+# Three sequences with the same totals and maximum lengths each call (one without queries,
+# whose keys get zero gradients, among them): one entry serves every call.
+VARLEN_OFFSETS = [
+    ([0, 100, 250, 300], [0, 200, 300, 420]),
+    ([0, 140, 160, 300], [0, 120, 320, 420]),
+    ([0, 150, 150, 300], [0, 200, 220, 420]),
+]
+
+
+def test_varlen_calls_read_each_calls_offsets() -> None:
+    inputs = Inputs(37)
+    _bwd_fast.clear()
+    hq, hk, d, max_q, max_k = 12, 4, 64, 160, 200
+    for call, (offsets_q, offsets_k) in enumerate(VARLEN_OFFSETS):
+        total_q, total_k = offsets_q[-1], offsets_k[-1]
+        q, do = (inputs.normal((total_q, hq, d), torch.bfloat16) for _ in range(2))
+        k, v = (inputs.normal((total_k, hk, d), torch.bfloat16) for _ in range(2))
+        cu_q, cu_k = (torch.tensor(o, dtype=torch.int32, device="cuda")
+                      for o in (offsets_q, offsets_k))  # fmt: skip
+        out, lse = varlen_attention_reference(f64(q), f64(k), f64(v), offsets_q, offsets_k,
+                                              causal=True)  # fmt: skip
+        o = torch.from_numpy(out).to(device="cuda", dtype=torch.bfloat16)
+        lse = torch.from_numpy(np.ascontiguousarray(lse)).to("cuda", torch.float32)
+        _poison_freed_blocks([tuple(q.shape), tuple(k.shape)])
+        got = ckfmha.bwd_varlen(do, q, k, v, o, lse, cu_q, cu_k, max_seqlen_q=max_q,
+                                max_seqlen_k=max_k, causal=True)  # fmt: skip
+        torch.cuda.synchronize()
+        ref = varlen_attention_backward_reference(f64(q), f64(k), f64(v), f64(do), offsets_q,
+                                                  offsets_k, causal=True)  # fmt: skip
+        for name, grad, want in zip(("dq", "dk", "dv"), got, (ref.dq, ref.dk, ref.dv)):
+            g = f64(grad)
+            assert not np.isnan(g).any(), f"unwritten (NaN) elements in {name} (call {call})"
+            rel = np.linalg.norm(g - want) / max(np.linalg.norm(want), 1e-30)
+            assert rel < REL_L2_TOL, f"{name} (varlen call {call}): relative L2 error {rel:.3e}"
+    assert _bwd_fast.cached_calls() == 1
