@@ -46,6 +46,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         CKFMHA_FAMILY_BWD_DOT_DO_O
         CKFMHA_FAMILY_BWD_DQ_DK_DV
         CKFMHA_FAMILY_BWD_CONVERT_DQ
+        CKFMHA_FAMILY_CONV_FWD
 
     ctypedef enum ckfmha_mode:
         CKFMHA_MODE_BATCH
@@ -355,4 +356,43 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
                                 size_t buf_len, size_t* needed)
     int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem,
                             const ckfmha_appendkv_args* args, const char* kernel_name,
+                            ckfmha_stream_t stream)
+
+    # grouped convolution (family conv_fwd)
+    ctypedef enum ckfmha_conv_direction:
+        CKFMHA_CONV_FWD
+
+    ctypedef struct ckfmha_conv_problem:
+        ckfmha_dtype dtype
+        int32_t spatial_dims
+        int32_t batch
+        int32_t groups
+        int32_t in_channels
+        int32_t out_channels
+        int32_t input[3]
+        int32_t filter[3]
+        int32_t stride[3]
+        int32_t padding[3]
+        int32_t dilation[3]
+        int32_t output[3]
+        int64_t x_stride[4]
+        int64_t y_stride[4]
+
+    ctypedef struct ckfmha_conv_fwd_args:
+        const void* x
+        const void* w
+        void* y
+
+    int ckfmha_conv_problem_init(ckfmha_conv_problem* problem, ckfmha_dtype dtype,
+                                 int32_t spatial_dims, int32_t batch, int32_t groups,
+                                 int32_t in_channels, int32_t out_channels, const int32_t* input,
+                                 const int32_t* filter, const int32_t* stride,
+                                 const int32_t* padding, const int32_t* dilation)
+    int ckfmha_conv_problem_validate(const ckfmha_conv_problem* problem)
+    int ckfmha_conv_select(const ckfmha_conv_problem* problem, ckfmha_conv_direction direction,
+                           int arch, char* name_buf, size_t buf_len)
+    int ckfmha_conv_explain(const ckfmha_conv_problem* problem, ckfmha_conv_direction direction,
+                            int arch, char* buf, size_t buf_len, size_t* needed)
+    int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem,
+                            const ckfmha_conv_fwd_args* args, const char* kernel_name,
                             ckfmha_stream_t stream)

@@ -12,6 +12,7 @@ Quick start::
     ckfmha.Dispatcher().explain(batch=2, nhead_q=16, seqlen_q=4096, hdim=128, arch=90)
     q = ckfmha.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, cos=cos, sin=sin, q=q)
     decode = ckfmha.serving.BatchDecode(...)  # plan/run, replayable in a CUDA graph
+    y = ckfmha.conv_fwd(x, w, stride=2, padding=1)  # grouped conv: x [N, H, W, G, C]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 
 from ckfmha._appendkv import append_kv, explain_append_kv, select_append_kv
 from ckfmha._bwd import bwd, bwd_varlen
+from ckfmha._conv import conv_explain, conv_fwd, conv_select
 from ckfmha._device import (
     current_device,
     device_arch,
@@ -40,6 +42,7 @@ from ckfmha._memory import (
 from ckfmha._paged import fwd_paged
 from ckfmha._registry import Dispatcher, Registry
 from ckfmha._status import last_error, status_name
+from ckfmha.conv_problem import ConvProblem
 from ckfmha.errors import (
     BufferTooSmallError,
     CkfmhaError,
@@ -93,6 +96,7 @@ def get_library_dir() -> str:
 __all__ = [
     "BufferTooSmallError",
     "CkfmhaError",
+    "ConvProblem",
     "CudaError",
     "DeviceArray",
     "DeviceMetadataError",
@@ -110,6 +114,9 @@ __all__ = [
     "bwd_varlen",
     "check_errors",
     "clear_tuning",
+    "conv_explain",
+    "conv_fwd",
+    "conv_select",
     "current_device",
     "default_tuning_path",
     "device_arch",

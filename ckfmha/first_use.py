@@ -1,11 +1,12 @@
 """Kernels compiled on first use: what a problem needs that the registry lacks, built on the spot.
 
-Every launch (``fwd``, ``fwd_varlen``, ``fwd_paged``, ``bwd``, ``bwd_varlen``, ``append_kv``)
-passes a small key of the features its problem uses. The first time a key is seen, the kernels
-the generator would build for it on this GPU's arch (the preferred template's default tile;
-every tile of a split-KV family, whose tile the dispatcher picks by shape) are looked up in
-the registry; missing ones are compiled into the cache (``ckfmha.jit``), loaded, and the call
-goes on. Later calls with the same key cost one set lookup.
+Every launch (``fwd``, ``fwd_varlen``, ``fwd_paged``, ``bwd``, ``bwd_varlen``, ``append_kv``,
+the convolutions) passes a small key of the features its problem uses. The first time a key is
+seen, the kernels the generator would build for it on this GPU's arch (the preferred template's
+default tile; every tile of a split-KV family or a convolution, whose tile the dispatcher picks
+by shape) are looked up in the registry; missing ones are compiled into the cache
+(``ckfmha.jit``), loaded, and the call goes on. Later calls with the same key cost one set
+lookup.
 
 ``CKFMHA_JIT=0`` turns compiling off: a call that then finds no kernel raises
 ``UnsupportedError`` naming the missing kernels and the command that prebuilds them.
@@ -102,7 +103,65 @@ class AppendKvKey:
     cache_quant: int = 0  # ckfmha_kv_quant: 1 writes fp8 (e4m3) caches
 
 
-Key = FwdKey | BwdKey | AppendKvKey
+@dataclass(frozen=True)
+class ConvKey:
+    """A grouped convolution: its pass, element type, 2D or 3D, the channel vector its tensors
+    allow (``conv_vector``) and the direct kernel's channel bucket its groups fit
+    (``conv_direct_bucket``, 0 for none), which decide the kernels it can run on. Runners that
+    pass four fields (no bucket) get the implicit-GEMM kernels alone."""
+
+    direction: int  # ckfmha_conv_direction: 0 forward
+    dtype: int
+    spatial_dims: int  # 2 or 3
+    vector: int  # 8, 4, 2 or 1 channels per load
+    max_channels: int = 0  # 0, or 1, 2, 4 or 8: the direct kernel's bucket
+
+
+Key = FwdKey | BwdKey | AppendKvKey | ConvKey
+
+# ckfmha_conv_direction -> the generator's family.
+CONV_DIRECTIONS = {0: "conv_fwd"}
+# Channels a convolution kernel loads at once, widest first (generator.signature.CONV_VECTORS).
+CONV_VECTORS = (8, 4, 2, 1)
+# The direct kernel's channel buckets the kernel sets build, narrowest first
+# (generator.receipts.DIRECT_BUCKETS): wider groups run faster on the implicit GEMM.
+CONV_MAX_CHANNELS = (1, 2, 4)
+
+
+def conv_direct_bucket(in_channels: int, out_channels: int) -> int:
+    """The direct kernel's channel bucket for groups of `in_channels` input and `out_channels`
+    output channels: the smallest of 1, 2, 4 holding both, or 0 when none does (wider groups
+    run on the implicit-GEMM kernels alone; empty ones are the launch's to report)."""
+    if min(in_channels, out_channels) < 1:
+        return 0
+    widest = max(in_channels, out_channels)
+    return next((bucket for bucket in CONV_MAX_CHANNELS if bucket >= widest), 0)
+
+
+def conv_vector(
+    in_channels: int,
+    x_strides: Sequence[int],
+    x_ptr: int,
+    w_ptr: int,
+    element_bytes: int = 2,
+) -> int:
+    """The widest channel vector a convolution's kernels may load x and w in: the largest v of
+    8, 4, 2, 1 dividing the channels per group and every x stride (batch and spatial, in
+    elements), with both pointers aligned to v elements. Pointers 0 stand for aligned ones.
+
+    The C runtime's dispatcher takes the widest kernel under the same rule
+    (conv_vector_allowed, cpp/src/conv_plan.cpp), so the key's kernels are the ones it picks.
+    """
+    for vector in CONV_VECTORS[:-1]:
+        alignment = vector * element_bytes
+        if (
+            in_channels % vector == 0
+            and all(stride % vector == 0 for stride in x_strides)
+            and x_ptr % alignment == 0
+            and w_ptr % alignment == 0
+        ):
+            return vector
+    return CONV_VECTORS[-1]
 
 
 def _fwd_plans(key: FwdKey, gen: Any) -> list[list[Any]]:
@@ -172,12 +231,38 @@ def _appendkv_plans(key: AppendKvKey, gen: Any) -> list[list[Any]]:
     return [[signature]]
 
 
+def _conv_plans(key: ConvKey, gen: Any) -> list[list[Any]]:
+    """The implicit-GEMM signature of the key's vector, with every tile of the default set (the
+    generator's conv tiles), since the dispatcher picks the tile by the problem's shape; where
+    the groups fit a channel bucket, also the direct kernel of that bucket (one channel a load),
+    which the dispatcher weighs against them. A plan without the direct kernel follows, for a
+    bucket the generator cannot build. A pass or element type without kernels has no plan: the
+    launch says why."""
+    family = CONV_DIRECTIONS.get(key.direction)
+    dtype = DTYPES.get(key.dtype)
+    if family is None or dtype is None:
+        return []
+    sig = gen.signature
+    implicit_gemm = sig.ConvSignature(
+        dtype=dtype, spatial_dims=key.spatial_dims, vector=key.vector, family=family
+    )
+    if not key.max_channels:
+        return [[implicit_gemm]]
+    direct = sig.ConvSignature(
+        dtype=dtype, spatial_dims=key.spatial_dims, vector=1, max_channels=key.max_channels,
+        family=family,
+    )  # fmt: skip
+    return [[implicit_gemm, direct], [implicit_gemm]]
+
+
 def plans_for(key: Key, gen: Any) -> list[list[Any]]:
     """The signatures each plan that can serve ``key`` needs, best plan first."""
     if isinstance(key, FwdKey):
         return _fwd_plans(key, gen)
     if isinstance(key, BwdKey):
         return _bwd_plans(key, gen)
+    if isinstance(key, ConvKey):
+        return _conv_plans(key, gen)
     return _appendkv_plans(key, gen)
 
 
@@ -263,7 +348,7 @@ class _FirstUse:
 
 
 _FIRST_USE = _FirstUse()
-_KEY_TYPES = {"fwd": FwdKey, "bwd": BwdKey, "appendkv": AppendKvKey}
+_KEY_TYPES = {"fwd": FwdKey, "bwd": BwdKey, "appendkv": AppendKvKey, "conv": ConvKey}
 # (arch, raw key) pairs already served, read without the lock: a call whose kernels are there
 # costs a current-device query and one set lookup.
 _SERVED_RAW: set[tuple[int | None, tuple[str, tuple[Any, ...]]]] = set()

@@ -10,12 +10,14 @@ from pathlib import Path
 
 from . import rules
 from .enumerate import Rejection
+from .rules.pipelines import CONV_DIRECT_PIPELINE
 from .signature import (
     APPENDKV,
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
     BWD_FAMILIES,
+    CONV_FWD,
     PAGED_FAMILIES,
     KernelConfig,
 )
@@ -46,6 +48,7 @@ _FAMILY_ENUMS = {
     BWD_DQ_DK_DV: "CKFMHA_FAMILY_BWD_DQ_DK_DV",
     BWD_CONVERT_DQ: "CKFMHA_FAMILY_BWD_CONVERT_DQ",
     APPENDKV: "CKFMHA_FAMILY_FWD_APPENDKV",
+    CONV_FWD: "CKFMHA_FAMILY_CONV_FWD",
 }
 _MODE_ENUMS = {"batch": "CKFMHA_MODE_BATCH", "group": "CKFMHA_MODE_GROUP"}
 _MASK_ENUMS = {
@@ -152,6 +155,25 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         header="ckfmha/kernel/appendkv/launch.cuh",
         traits="ckfmha::kernel::FwdAppendKvTraits",
         launcher="ckfmha::kernel::launch_fwd_appendkv",
+    ),
+    # The grouped convolution: an implicit GEMM on the sm80 path's cp.async + mma.sync.
+    (CONV_FWD, "sm80_cpasync_mma"): PipelineTemplate(
+        header="ckfmha/kernel/conv/fwd_launch.cuh",
+        traits="ckfmha::kernel::ConvFwdSm80Traits",
+        launcher="ckfmha::kernel::launch_conv_fwd_sm80",
+    ),
+    # ... and on sm_90a the same gathers feeding wgmma.
+    (CONV_FWD, "sm90_cpasync_wgmma"): PipelineTemplate(
+        header="ckfmha/kernel/conv/fwd_launch.cuh",
+        traits="ckfmha::kernel::ConvFwdSm90Traits",
+        launcher="ckfmha::kernel::launch_conv_fwd_sm90",
+    ),
+    # Groups of few channels, directly on the CUDA cores (the launch header holds its launcher
+    # too, so its instances share compile units with the implicit-GEMM ones).
+    (CONV_FWD, CONV_DIRECT_PIPELINE): PipelineTemplate(
+        header="ckfmha/kernel/conv/fwd_launch.cuh",
+        traits="ckfmha::kernel::ConvFwdDirectTraits",
+        launcher="ckfmha::kernel::launch_conv_fwd_direct",
     ),
 }
 
@@ -310,8 +332,28 @@ def _render_appendkv_instance(config: KernelConfig) -> str:
     )
 
 
+def _render_conv_instance(config: KernelConfig) -> str:
+    sig, alg = config.signature, config.algorithm
+    if alg.pipeline == CONV_DIRECT_PIPELINE:
+        return _instance_text(
+            config,
+            f"{_CUTLASS_TYPES[sig.dtype]}, /*SpatialDims=*/{sig.spatial_dims}, "
+            f"/*MaxChannels=*/{sig.max_channels}, /*Run=*/{alg.tile_m}, /*Warps=*/{alg.warps}",
+        )
+    indent = " " * 4
+    return _instance_text(
+        config,
+        f"{_CUTLASS_TYPES[sig.dtype]}, /*SpatialDims=*/{sig.spatial_dims}, "
+        f"/*Vector=*/{sig.vector},\n"
+        f"{indent}/*TileM=*/{alg.tile_m}, /*TileN=*/{alg.tile_n}, /*TileK=*/{alg.tile_k}, "
+        f"/*Warps=*/{alg.warps}, /*Stages=*/{alg.stages}",
+    )
+
+
 def render_instance(config: KernelConfig) -> str:
     sig, alg = config.signature, config.algorithm
+    if sig.family == CONV_FWD:
+        return _render_conv_instance(config)
     if sig.family == APPENDKV:
         return _render_appendkv_instance(config)
     if sig.family in BWD_FAMILIES:
@@ -385,7 +427,12 @@ def _table_entry(config: KernelConfig, arch: ArchSpec) -> str:
         f"/*tile_m=*/{alg.tile_m}, /*tile_n=*/{alg.tile_n}, /*tile_k=*/{alg.tile_k}, "
         f"/*warps=*/{alg.warps}, /*stages=*/{alg.stages},\n"
         f"     &{config.symbol}, {_address_or_null(resident_ctas_symbol(config))}, "
-        f"/*bias_rows_only=*/{int(rules.bias_rows_only(config))}}},\n"
+        f"/*bias_rows_only=*/{int(rules.bias_rows_only(config))},\n"
+        # Convolution families fill these; every attention kernel has 0 in all three, and
+        # the implicit-GEMM conv kernels (any channel count) 0 in the last.
+        f"     /*conv_spatial_dims=*/{getattr(sig, 'spatial_dims', 0)}, "
+        f"/*conv_vector=*/{getattr(sig, 'vector', 0)}, "
+        f"/*conv_max_channels=*/{getattr(sig, 'max_channels', 0)}}},\n"
     )
 
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 
 from . import rules
 from .receipts import Receipt
-from .signature import Algorithm, KernelConfig, Signature
+from .signature import CONV_FAMILIES, Algorithm, KernelConfig, Signature
 from .specs import ArchSpec, get_arch, hdim_label
 
 # Templates in the order the dispatcher prefers them where several fit a problem (dispatcher.cpp,
 # pipeline_rank): Hopper's TMA + wgmma, then cp.async + mma.sync; the rest (SIMT, the combine
-# and append stages) are the only template of their families.
-PIPELINE_PREFERENCE = ("sm90_tma_wgmma", "sm80_cpasync_mma")
+# and append stages) are the only template of their families, and the direct conv kernel the
+# only one of its signatures (those with a channel bucket).
+PIPELINE_PREFERENCE = ("sm90_tma_wgmma", "sm90_cpasync_wgmma", "sm80_cpasync_mma")
 
 
 def pipeline_preference(pipeline: str) -> int:
@@ -66,6 +67,9 @@ def candidates(
         for sig in receipt.signatures:
             if pipeline not in rules.pipelines_for_signature(sig, arch.pipelines):
                 continue
+            if sig.family in CONV_FAMILIES:
+                yield from _conv_candidates(receipt, sig, pipeline, arch)
+                continue
             tiles = tuple(
                 tile
                 for tile in arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
@@ -93,7 +97,38 @@ def candidates(
                 )
 
 
+def _conv_candidates(
+    receipt: Receipt, sig: Signature, pipeline: str, arch: ArchSpec
+) -> Iterable[tuple[Signature, str, Algorithm | None]]:
+    """A conv signature with each of the receipt's conv tiles of `pipeline` that apply to it
+    (the dispatcher picks by shape; a direct signature has one tile of its channel bucket)."""
+    tiles = [t for t in receipt.conv_tiles if t.pipeline == pipeline and t.applies_to(sig)]
+    if not tiles:
+        yield sig, pipeline, None
+    for tile in tiles:
+        yield (
+            sig,
+            pipeline,
+            Algorithm(
+                arch=arch.name,
+                pipeline=pipeline,
+                tile_m=tile.tile_m,
+                tile_n=tile.tile_n,
+                tile_k=tile.tile_k,
+                warps=tile.warps,
+                stages=tile.stages,
+            ),
+        )
+
+
 def _no_tile_reasons(sig: Signature, pipeline: str, arch: ArchSpec) -> tuple[str, ...]:
+    if sig.family in CONV_FAMILIES:
+        reason = (
+            f"the kernel set lists no tiles for {sig.family}/{pipeline} that apply to "
+            f"{getattr(sig, 'spatial_dims', 0)}D signatures of "
+            f"max_channels={getattr(sig, 'max_channels', 0)}"
+        )
+        return (reason,)
     listed = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
     if listed:
         # The table has entries for these head dims, but each is limited (`when`) to

@@ -8,9 +8,11 @@ import re
 from .signature import (
     APPENDKV,
     BWD_DQ_DK_DV,
+    CONV_FWD,
     Algorithm,
     AppendKvSignature,
     BwdSignature,
+    ConvSignature,
     FwdSignature,
     KernelConfig,
     Signature,
@@ -42,10 +44,20 @@ _APPENDKV = re.compile(
     rf"{APPENDKV}_(?P<dtype>fp16|bf16|fp32)_d(?P<q>\d+)x(?P<v>\d+)"
     r"_rope_(?P<rope>none|interleaved|half_rotated)(?P<paged>_paged)?(?:_kv(?P<kv_quant>e4m3))?"
 )
+# Any dims, vector and channel bucket read back, so that the rules can say what is supported.
+_CONV = re.compile(
+    rf"(?P<family>{CONV_FWD})_(?P<dtype>fp16|bf16|fp32)_(?P<dims>\d+)d_v(?P<vector>\d+)"
+    r"(?:_c(?P<max_channels>\d+))?"
+)
 _BIAS = {None: "none", "bias": "elementwise", "alibi": "alibi"}
 
 
 def _signature(text: str) -> Signature | None:
+    if match := _CONV.fullmatch(text):
+        return ConvSignature(
+            dtype=match["dtype"], spatial_dims=int(match["dims"]), vector=int(match["vector"]),
+            max_channels=int(match["max_channels"] or 0), family=match["family"],
+        )  # fmt: skip
     if match := _APPENDKV.fullmatch(text):
         return AppendKvSignature(
             dtype=match["dtype"], hdim_q=int(match["q"]), hdim_v=int(match["v"]),

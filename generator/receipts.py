@@ -14,12 +14,15 @@ from .signature import (
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
+    CONV_SPATIAL_DIMS,
+    CONV_VECTORS,
     FWD_PAGEDKV,
     PAGE_LAYOUTS,
     PAGED_FAMILIES,
     ROPE_MODES,
     AppendKvSignature,
     BwdSignature,
+    ConvSignature,
     FwdSignature,
     Signature,
 )
@@ -41,6 +44,82 @@ FEATURE_FACTORS = {
 
 
 @dataclass(frozen=True)
+class ConvTile:
+    """A tile of a grouped-convolution template. Implicit GEMM (sm80_cpasync_mma,
+    sm90_cpasync_wgmma): tile_m output positions x tile_n output channels per CTA, tile_k
+    reduction elements (filter taps x input channels) per shared-memory stage. Direct
+    (conv_direct): tile_m output positions a thread computes along w (Run), tile_n = 32 groups
+    per CTA, tile_k = the group's channel bucket, one output row per warp, stages = 1.
+    Convolutions have no head dim to key a tile table in arch_specs.json by, so the kernel sets
+    list their tiles here.
+
+    A tile applies to the signatures of its channel bucket only (`max_channels`: 0 for the
+    implicit-GEMM tiles, which take any channel count; 1, 2, 4 or 8 for a direct tile) and, when
+    `spatial_dims` is set, of those dims only, so that enumeration pairs each direct signature
+    with exactly its own tile and never a direct tile with an implicit-GEMM signature."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warps: int
+    stages: int
+    pipeline: str = "sm80_cpasync_mma"
+    max_channels: int = 0
+    spatial_dims: int = 0  # 0: 2D and 3D
+
+    def applies_to(self, signature: Signature) -> bool:
+        dims = getattr(signature, "spatial_dims", 0)
+        bucket = getattr(signature, "max_channels", 0)
+        return bucket == self.max_channels and self.spatial_dims in (0, dims)
+
+
+# The dispatcher picks a conv kernel's tile per problem (conv_plan.cpp models each tile's
+# waves and padding), so every tile of a set is built, not a default and alternatives: the
+# square tile for wide layers, narrower ones for few output channels per group (down to 16
+# for depthwise-like groups) and a small one for few output positions.
+# On sm_90a (wgmma) the square tile comes twice: three stages with two CTAs an SM for grids
+# of many CTAs, six stages and one CTA for long reductions over few CTAs.
+SM90_CONV = "sm90_cpasync_wgmma"
+DIRECT_CONV = "conv_direct"
+# The direct kernel's one tile per (dims, channel bucket): 32 groups a CTA (a lane each), 2D
+# with 8 warps (rows) and a run of 16 positions a thread (8 for 8 channels, keeping Run x
+# channels at 64 fp32 accumulators), 3D with 4 warps and a run of 8: its input tile holds a
+# plane per filter tap along d, and half the rows and half the run keep it near a 2D tile's
+# shared memory (a 3x3x3 filter at stride 1: 3 x 6 x 10 input positions, as 10 x 18 in 2D).
+# The sets build buckets 1, 2 and 4: groups of 8 channels ran faster on the implicit GEMM
+# (H100: 16 against 6.5 TFLOP/s at ResNeXt's 28x28 layer, NOTES 107), so the dispatcher, which
+# prefers a direct kernel that fits, must not find one for them.
+DIRECT_BUCKETS = (1, 2, 4)
+DIRECT_2D_RUNS = {1: 16, 2: 16, 4: 16, 8: 8}
+DIRECT_3D_RUNS = {1: 8, 2: 8, 4: 8, 8: 8}
+CONV_DIRECT_TILES = tuple(
+    ConvTile(runs[c], 32, c, warps, 1, DIRECT_CONV, max_channels=c, spatial_dims=dims)
+    for dims, runs, warps in ((2, DIRECT_2D_RUNS, 8), (3, DIRECT_3D_RUNS, 4))
+    for c in DIRECT_BUCKETS
+)
+CONV_CORE_TILES = (
+    ConvTile(128, 128, 32, 4, 3),
+    ConvTile(128, 128, 64, 8, 3, SM90_CONV),
+    *CONV_DIRECT_TILES,
+)
+CONV_DEFAULT_TILES = CONV_CORE_TILES + (
+    ConvTile(128, 64, 32, 4, 3),
+    ConvTile(64, 32, 32, 4, 4),
+    ConvTile(128, 16, 32, 4, 4),
+    ConvTile(128, 128, 64, 8, 6, SM90_CONV),
+    ConvTile(128, 64, 64, 4, 4, SM90_CONV),
+    ConvTile(128, 32, 64, 4, 4, SM90_CONV),
+    ConvTile(128, 16, 32, 4, 4, SM90_CONV),
+)
+CONV_FULL_TILES = CONV_DEFAULT_TILES + (
+    ConvTile(256, 128, 32, 8, 3),
+    ConvTile(128, 128, 64, 4, 3),
+    ConvTile(128, 256, 64, 8, 4, SM90_CONV),
+    ConvTile(256, 128, 64, 8, 4, SM90_CONV),
+)
+
+
+@dataclass(frozen=True)
 class Receipt:
     name: str
     description: str
@@ -50,6 +129,10 @@ class Receipt:
     # True: a signature gets only its preferred template's kernels (enumerate.PIPELINE_PREFERENCE),
     # not also the slower templates the dispatcher would never pick for it.
     preferred_only: bool = False
+    # The tiles each conv signature is built with (all of those that apply to it: the
+    # dispatcher picks by shape); sets that list none of their own, as first use's, build the
+    # default set's.
+    conv_tiles: tuple[ConvTile, ...] = CONV_DEFAULT_TILES
 
 
 def _fwd(
@@ -348,6 +431,47 @@ def _appendkv_signatures() -> tuple[AppendKvSignature, ...]:
     return plain + fp8
 
 
+def _conv(dtype: str, spatial_dims: int, vector: int, max_channels: int = 0) -> ConvSignature:
+    return ConvSignature(
+        dtype=dtype, spatial_dims=spatial_dims, vector=vector, max_channels=max_channels
+    )
+
+
+def _conv_signatures() -> tuple[ConvSignature, ...]:
+    """The grouped-convolution forward for {fp16,bf16} x {2D,3D} x every channel vector: the
+    runtime takes the widest vector a problem's channels, strides and pointers allow, so each
+    width serves problems no wider one can."""
+    implicit_gemm = tuple(
+        _conv(dtype, spatial_dims, vector)
+        for dtype, spatial_dims, vector in itertools.product(
+            DTYPES, CONV_SPATIAL_DIMS, CONV_VECTORS
+        )
+    )
+    return implicit_gemm + _direct_conv_signatures()
+
+
+def _direct_conv_signatures() -> tuple[ConvSignature, ...]:
+    """The direct kernel for {fp16,bf16} x {2D,3D} x the built channel buckets: groups of at
+    most 1, 2 or 4 input and output channels (depthwise and narrow groups), one channel a
+    load."""
+    return tuple(
+        _conv(dtype, spatial_dims, 1, max_channels)
+        for dtype, spatial_dims, max_channels in itertools.product(
+            DTYPES, CONV_SPATIAL_DIMS, DIRECT_BUCKETS
+        )
+    )
+
+
+def _core_conv_signatures() -> tuple[ConvSignature, ...]:
+    """16-byte loads (channel counts of multiples of 8) in bf16 2D and 3D and fp16 2D, and bf16
+    2D one channel at a time, which runs any channel count (the first layer's 3 channels); and
+    the bf16 2D direct kernels for depthwise groups (1 channel) and groups of up to 4."""
+    return (
+        _conv("bf16", 2, 8), _conv("bf16", 3, 8), _conv("fp16", 2, 8), _conv("bf16", 2, 1),
+        _conv("bf16", 2, 1, max_channels=1), _conv("bf16", 2, 1, max_channels=4),
+    )  # fmt: skip
+
+
 def _core_signatures() -> tuple[Signature, ...]:
     """The kernels most calls hit, plus one instance of each template and feature path so that
     building the set proves every template compiles (each adds little: instances of a template
@@ -384,6 +508,8 @@ def _core_signatures() -> tuple[Signature, ...]:
             )
         ),
         *(_appendkv("bf16", 128, "none", paged, kv_quant="e4m3") for paged in (False, True)),
+        # Grouped convolution, one tile each.
+        *_core_conv_signatures(),
     )
     # One instance of each remaining template and feature path (the ci set's coverage).
     coverage = (
@@ -410,12 +536,17 @@ RECEIPTS: dict[str, Receipt] = {
             "{fp16,bf16} x d{64,128} x {no mask, causal}, varlen causal forward, the d128 "
             "decode plans (split-KV and paged, K/V in dtype or fp8 e4m3), the bf16 d128 fp8 "
             "forward (Q, K and V in e4m3, no mask or causal; sm_90a), KV-cache appends at d128 "
-            "(bf16 also into fp8 caches), and one kernel of each "
+            "(bf16 also into fp8 caches), the grouped-convolution forward (bf16 2D and 3D and "
+            "fp16 2D with 8-channel loads, bf16 2D with 1-channel loads; tile m128n128k32w4s3, "
+            "on sm_90a m128n128k64w8s3 on wgmma; and the bf16 2D direct kernels for groups of "
+            "1 and of up to 4 channels), "
+            "and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",
             signatures=_core_signatures(),
             all_tiles=False,
             preferred_only=True,
+            conv_tiles=CONV_CORE_TILES,
         ),
         Receipt(
             name="ci",
@@ -464,13 +595,19 @@ RECEIPTS: dict[str, Receipt] = {
             "forward and backward pairs for the features models train with (soft-cap, sinks, "
             "ALiBi, dropout with the masks their models use) at d64/d128; KV-cache appends for {fp16,bf16} x "
             "d{32,64,96,128,256} and fp32 x d{64,128}, x RoPE {none,interleaved,half_rotated} x "
-            "{contiguous,paged}, and into fp8 caches for {fp16,bf16} x d{64,128} (sm_89+); default tiles (split-KV: every tile)",
+            "{contiguous,paged}, and into fp8 caches for {fp16,bf16} x d{64,128} (sm_89+); the "
+            "grouped-convolution forward for {fp16,bf16} x {2D,3D} x channel vectors {8,4,2,1} "
+            "with tiles m128n128k32w4s3, m128n64k32w4s3, m64n32k32w4s4 and m128n16k32w4s4 "
+            "(and on sm_90a five wgmma tiles), and its direct kernel for {fp16,bf16} x {2D,3D} "
+            "x groups of at most {1,2,4,8} channels (one tile each); "
+            "default tiles (split-KV, conv: every tile)",
             # Training pairs repeat signatures other layers hold: each is listed once.
             signatures=_unique(
                 _mask_signatures((True,)) + _group_signatures() + _v_col_major_signatures()
                 + _feature_signatures() + _fp32_signatures(full=False) + _splitkv_signatures()
                 + _paged_signatures() + _fp8_kv_signatures() + _fp8_forward_signatures((True,))
                 + _bwd_signatures() + _training_signatures() + _appendkv_signatures()
+                + _conv_signatures()
             ),
             all_tiles=False,
         ),
@@ -478,14 +615,17 @@ RECEIPTS: dict[str, Receipt] = {
             name="full",
             description="default plus no-LSE variants (the fp8 forward's too), fp32 at every "
             "head dim and every "
-            "alternative tile",
+            "alternative tile, and the conv tiles m256n128k32w8s3 and m128n128k64w4s3 (the "
+            "latter where its shared memory fits: not on sm_86 or sm_89)",
             signatures=_unique(
                 _mask_signatures((True, False)) + _group_signatures()
                 + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)
                 + _splitkv_signatures() + _paged_signatures() + _fp8_kv_signatures()
                 + _fp8_forward_signatures((True, False)) + _bwd_signatures() + _training_signatures() + _appendkv_signatures()
+                + _conv_signatures()
             ),
             all_tiles=True,
+            conv_tiles=CONV_FULL_TILES,
         ),
     )
 }

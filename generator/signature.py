@@ -162,30 +162,10 @@ class BwdSignature:
         )
 
 
-APPENDKV = "fwd_appendkv"
-# Rotary embeddings of appended keys: none, pairs (2i, 2i+1) (GPT-J), pairs (i, i + d/2) (NeoX).
-ROPE_MODES = ("none", "interleaved", "half_rotated")
+class NoAttentionFeatures:
+    """The attention features of a signature whose kernels have none (appends, convolutions),
+    so code that reads any signature finds them, always off."""
 
-
-@dataclass(frozen=True, order=True)
-class AppendKvSignature:
-    """What a fwd_appendkv kernel computes: new K/V tokens written into a KV cache.
-
-    hdim_q is the key head dim (the field name every signature shares), hdim_v the value one.
-    `rope` rotates the keys (and queries, when a problem asks) at their cache positions;
-    `paged` writes through a block table into fixed-size pages instead of a contiguous cache.
-    """
-
-    dtype: str
-    hdim_q: int
-    hdim_v: int
-    rope: str = "none"
-    paged: bool = False
-    family: str = APPENDKV
-    # "e4m3": the caches are fp8, written as e4m3(value / scale) for the split-KV body's fp8 K/V.
-    kv_quant: str = "none"
-
-    # Attention features, so code that reads any signature finds them (always off).
     @property
     def mode(self) -> str:
         return "batch"
@@ -222,6 +202,30 @@ class AppendKvSignature:
     def q_quant(self) -> str:
         return "none"
 
+
+APPENDKV = "fwd_appendkv"
+# Rotary embeddings of appended keys: none, pairs (2i, 2i+1) (GPT-J), pairs (i, i + d/2) (NeoX).
+ROPE_MODES = ("none", "interleaved", "half_rotated")
+
+
+@dataclass(frozen=True, order=True)
+class AppendKvSignature(NoAttentionFeatures):
+    """What a fwd_appendkv kernel computes: new K/V tokens written into a KV cache.
+
+    hdim_q is the key head dim (the field name every signature shares), hdim_v the value one.
+    `rope` rotates the keys (and queries, when a problem asks) at their cache positions;
+    `paged` writes through a block table into fixed-size pages instead of a contiguous cache.
+    """
+
+    dtype: str
+    hdim_q: int
+    hdim_v: int
+    rope: str = "none"
+    paged: bool = False
+    family: str = APPENDKV
+    # "e4m3": the caches are fp8, written as e4m3(value / scale) for the split-KV body's fp8 K/V.
+    kv_quant: str = "none"
+
     @property
     def name(self) -> str:
         paged = "_paged" if self.paged else ""
@@ -231,7 +235,59 @@ class AppendKvSignature:
         )
 
 
-Signature = FwdSignature | BwdSignature | AppendKvSignature
+# Grouped convolution. Only the forward pass exists; the data and weight gradients would be
+# families of their own ("conv_bwd_data", "conv_bwd_weight") on the same signature.
+CONV_FWD = "conv_fwd"
+CONV_FAMILIES = (CONV_FWD,)
+# 2D (NHWGC) and 3D (NDHWGC) problems.
+CONV_SPATIAL_DIMS = (2, 3)
+# Channels each global load and store moves at once: 8 is a 16-byte vector of fp16/bf16, the
+# narrower ones serve channel counts, strides or pointers that 16 bytes do not divide.
+CONV_VECTORS = (8, 4, 2, 1)
+# Channel buckets of the direct kernel (groups of few channels on the CUDA cores): a kernel of
+# bucket c runs groups whose input and output channels are both at most c. 0 is no bucket: the
+# implicit-GEMM kernels, which take any channel count.
+CONV_MAX_CHANNELS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, order=True)
+class ConvSignature(NoAttentionFeatures):
+    """What a grouped-convolution kernel computes: the element type, 2D or 3D, the channel
+    vector its loads assume (the runtime picks the widest one the problem's channel count,
+    strides and pointers allow, so every width is a kernel of its own) and, for the direct
+    kernel, the most input and output channels a group may have."""
+
+    dtype: str  # "fp16" | "bf16"
+    spatial_dims: int  # 2 | 3
+    vector: int  # 8 | 4 | 2 | 1
+    max_channels: int = 0  # 0: any (implicit GEMM); 1 | 2 | 4 | 8: the direct kernel
+    family: str = CONV_FWD
+
+    # Head dims and storage features, so code that reads any signature finds them (neutral).
+    @property
+    def hdim_q(self) -> int:
+        return 0
+
+    @property
+    def hdim_v(self) -> int:
+        return 0
+
+    @property
+    def page_layout(self) -> str:
+        return "linear"
+
+    @property
+    def kv_quant(self) -> str:
+        return "none"
+
+    @property
+    def name(self) -> str:
+        # The channel bucket appears only on direct kernels, so implicit-GEMM names stay stable.
+        bucket = f"_c{self.max_channels}" if self.max_channels else ""
+        return _checked(f"{self.family}_{self.dtype}_{self.spatial_dims}d_v{self.vector}{bucket}")
+
+
+Signature = FwdSignature | BwdSignature | AppendKvSignature | ConvSignature
 
 
 @dataclass(frozen=True, order=True)

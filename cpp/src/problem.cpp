@@ -85,6 +85,7 @@ const char* family_name(ckfmha_family family) {
     case CKFMHA_FAMILY_BWD_DOT_DO_O: return "bwd_dot_do_o";
     case CKFMHA_FAMILY_BWD_DQ_DK_DV: return "bwd_dq_dk_dv";
     case CKFMHA_FAMILY_BWD_CONVERT_DQ: return "bwd_convert_dq";
+    case CKFMHA_FAMILY_CONV_FWD: return "conv_fwd";
   }
   return "unknown";
 }

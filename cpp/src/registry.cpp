@@ -104,7 +104,10 @@ std::string Registry::to_json() const {
         << ", \"pipeline\": " << json_string(e.pipeline) << ", \"tile_m\": " << e.tile_m
         << ", \"tile_n\": " << e.tile_n << ", \"tile_k\": " << e.tile_k
         << ", \"warps\": " << e.warps << ", \"stages\": " << e.stages
-        << ", \"bias_rows_only\": " << (e.bias_rows_only ? "true" : "false") << "}";
+        << ", \"bias_rows_only\": " << (e.bias_rows_only ? "true" : "false")
+        << ", \"conv_spatial_dims\": " << e.conv_spatial_dims
+        << ", \"conv_vector\": " << e.conv_vector
+        << ", \"conv_max_channels\": " << e.conv_max_channels << "}";
     first = false;
   }
   out << (first ? "]" : "\n]");

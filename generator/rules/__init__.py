@@ -6,18 +6,21 @@ users (`python -m generator --explain`, the manifest) who must decide what to ch
 common.py holds the rules every template shares; each kernel template has a module of its own
 limits, which also says what its instances assert against the template's C++ traits
 (traits_assertions.py): sm80_fwd (with splitkv_paged for the split-KV and paged families),
-sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise and sm90_bwd.
+sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd and conv (the
+grouped convolution on the sm80 path and, with wgmma, on sm_90a, and its direct CUDA-core
+template for groups of few channels).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..signature import BWD_DQ_DK_DV, BWD_ROWWISE_FAMILIES, KernelConfig
+from ..signature import BWD_DQ_DK_DV, BWD_ROWWISE_FAMILIES, CONV_FWD, KernelConfig
 from ..specs import ArchSpec
 from . import (
     appendkv,
     bwd_rowwise,
+    conv,
     simt_fwd,
     sm80_bwd,
     sm80_fwd,
@@ -26,7 +29,9 @@ from . import (
     splitkv_combine,
 )
 from .common import ELEMENT_BYTES, Rule, TemplateRules, arch_rules
+from .conv import conv_smem_bytes, conv_smem_launch_bytes, conv_warp_grid
 from .pipelines import (
+    CONV_DIRECT_PIPELINE,
     FAMILY_PIPELINES,
     PIPELINE_DTYPES,
     SUPPORTED_FAMILIES,
@@ -40,6 +45,7 @@ from .sm90_bwd import bwd_sm90_smem_bytes
 from .traits_assertions import TraitsAssertion
 
 __all__ = [
+    "CONV_DIRECT_PIPELINE",
     "ELEMENT_BYTES",
     "FAMILY_PIPELINES",
     "PIPELINE_DTYPES",
@@ -51,6 +57,9 @@ __all__ = [
     "bwd_sm80_smem_bytes",
     "bwd_sm90_smem_bytes",
     "check",
+    "conv_smem_bytes",
+    "conv_smem_launch_bytes",
+    "conv_warp_grid",
     "pipelines_for_dtype",
     "pipelines_for_family",
     "pipelines_for_signature",
@@ -62,7 +71,9 @@ __all__ = [
 
 def _sm80_template(family: str) -> TemplateRules:
     """The sm80 path's templates: forward (also split-KV and paged), the backward main stage,
-    the row-wise stages."""
+    the row-wise stages, the grouped convolution."""
+    if family == CONV_FWD:
+        return conv.TEMPLATE
     if family == BWD_DQ_DK_DV:
         return sm80_bwd.TEMPLATE
     if family in BWD_ROWWISE_FAMILIES:
@@ -79,6 +90,8 @@ def _sm90_template(family: str) -> TemplateRules:
 PIPELINE_TEMPLATES: dict[str, Callable[[str], TemplateRules]] = {
     "sm80_cpasync_mma": _sm80_template,
     "sm90_tma_wgmma": _sm90_template,
+    "sm90_cpasync_wgmma": lambda family: conv.SM90_TEMPLATE,
+    CONV_DIRECT_PIPELINE: lambda family: conv.DIRECT_TEMPLATE,
     "simt_fma": lambda family: simt_fwd.TEMPLATE,
     "splitkv_combine": lambda family: splitkv_combine.TEMPLATE,
     "appendkv": lambda family: appendkv.TEMPLATE,

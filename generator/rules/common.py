@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..signature import KV_QUANTS, PAGE_LAYOUTS, PAGED_FAMILIES, Q_QUANTS, KernelConfig
+from ..signature import (
+    CONV_FAMILIES,
+    KV_QUANTS,
+    PAGE_LAYOUTS,
+    PAGED_FAMILIES,
+    Q_QUANTS,
+    KernelConfig,
+)
 from ..specs import ArchSpec, hdim_label
 from .pipelines import (
     FAMILY_PIPELINES,
@@ -70,20 +77,9 @@ def arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"pipeline {alg.pipeline!r} is not available on {arch.name}; available: "
             f"{', '.join(arch.pipelines)}"
         )
-    hdims = arch.hdims_for(sig.family, alg.pipeline)
-    if (sig.hdim_q, sig.hdim_v) not in hdims:
-        listed = ", ".join(hdim_label(q, v) for q, v in hdims) or "none"
-        reasons.append(
-            f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)} have no tile table for "
-            f"{sig.family}/{alg.pipeline} on {arch.name}; head dims with tiles: {listed}"
-        )
-    for label, hdim in (("hdim_q", sig.hdim_q), ("hdim_v", sig.hdim_v)):
-        if hdim <= 0 or hdim % HDIM_MULTIPLE or hdim > MAX_HDIM:
-            reasons.append(
-                f"{label}={hdim} is not a multiple of {HDIM_MULTIPLE} in 32..{MAX_HDIM}; shared "
-                "memory rows are swizzled in 32- or 64-element chunks, so pad q/k/v to the next "
-                "supported head dim"
-            )
+    # Convolutions have no head dims (their signatures say 0); rules/conv.py sizes their tiles.
+    if sig.family not in CONV_FAMILIES:
+        reasons.extend(_head_dim_reasons(config, arch))
     if sig.bias not in SUPPORTED_BIASES:
         reasons.append(f"bias {sig.bias!r} is unknown; supported: {', '.join(SUPPORTED_BIASES)}")
     if sig.mask not in SUPPORTED_MASKS:
@@ -107,6 +103,27 @@ def arch_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
             f"warps={alg.warps} gives {alg.warps * 32} threads; {arch.name} allows 1 to "
             f"{arch.max_threads_per_block // 32} warps per block"
         )
+    return reasons
+
+
+def _head_dim_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Attention head dims: a tile table for them, and a size the shared-memory swizzle takes."""
+    sig, alg = config.signature, config.algorithm
+    reasons: list[str] = []
+    hdims = arch.hdims_for(sig.family, alg.pipeline)
+    if (sig.hdim_q, sig.hdim_v) not in hdims:
+        listed = ", ".join(hdim_label(q, v) for q, v in hdims) or "none"
+        reasons.append(
+            f"head dims {hdim_label(sig.hdim_q, sig.hdim_v)} have no tile table for "
+            f"{sig.family}/{alg.pipeline} on {arch.name}; head dims with tiles: {listed}"
+        )
+    for label, hdim in (("hdim_q", sig.hdim_q), ("hdim_v", sig.hdim_v)):
+        if hdim <= 0 or hdim % HDIM_MULTIPLE or hdim > MAX_HDIM:
+            reasons.append(
+                f"{label}={hdim} is not a multiple of {HDIM_MULTIPLE} in 32..{MAX_HDIM}; shared "
+                "memory rows are swizzled in 32- or 64-element chunks, so pad q/k/v to the next "
+                "supported head dim"
+            )
     return reasons
 
 

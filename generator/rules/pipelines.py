@@ -10,19 +10,28 @@ from ..signature import (
     BWD_DQ_DK_DV,
     BWD_FAMILIES,
     BWD_ROWWISE_FAMILIES,
+    CONV_FAMILIES,
+    CONV_FWD,
     PAGED_FAMILIES,
 )
 
 if TYPE_CHECKING:
     from ..signature import Signature
 
+# The grouped convolution's template for groups of few channels (plain CUDA-core code, so every
+# arch has it).
+CONV_DIRECT_PIPELINE = "conv_direct"
 SUPPORTED_FAMILIES = (
-    "fwd", "fwd_splitkv", "fwd_splitkv_combine", *PAGED_FAMILIES, *BWD_FAMILIES, APPENDKV
+    "fwd", "fwd_splitkv", "fwd_splitkv_combine", *PAGED_FAMILIES, *BWD_FAMILIES, APPENDKV,
+    CONV_FWD,
 )  # fmt: skip
 # The templates that implement each family: split-KV is a variant of the sm80 template, and its
 # combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
 # row-wise stages are plain 16-byte vector passes that every arch runs) and its main stage also
-# on the sm90 path; appending to a KV cache is a memory-bound copy kernel of its own.
+# on the sm90 path; appending to a KV cache is a memory-bound copy kernel of its own; the
+# grouped convolution is an implicit GEMM on the sm80 path's cp.async + mma.sync, and on sm_90a
+# the same gathers feed wgmma; groups of few channels (depthwise) run on a direct CUDA-core
+# kernel of their own.
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
     "fwd_splitkv": ("sm80_cpasync_mma",),
@@ -34,6 +43,7 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     # the sm80 path's on every arch.
     BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
     APPENDKV: ("appendkv",),
+    CONV_FWD: ("sm80_cpasync_mma", "sm90_cpasync_wgmma", CONV_DIRECT_PIPELINE),
 }
 # fp8 queries: the one-stage forward on the Hopper template, whose wgmma multiplies e4m3 tiles
 # as they are (Q K^T, then P quantised to e4m3 times V); K/V are fp8 too.
@@ -44,9 +54,11 @@ Q_FP8_PIPELINE = "sm90_tma_wgmma"
 PIPELINE_DTYPES: dict[str, tuple[str, ...]] = {
     "sm80_cpasync_mma": ("fp16", "bf16"),
     "sm90_tma_wgmma": ("fp16", "bf16"),
+    "sm90_cpasync_wgmma": ("fp16", "bf16"),
     "simt_fma": ("fp32",),
     "splitkv_combine": ("fp16", "bf16"),
     "appendkv": ("fp16", "bf16", "fp32"),
+    CONV_DIRECT_PIPELINE: ("fp16", "bf16"),
 }
 
 
@@ -67,8 +79,14 @@ def pipelines_for_family(family: str, dtype: str, pipelines: Sequence[str]) -> t
 
 def pipelines_for_signature(signature: Signature, pipelines: Sequence[str]) -> tuple[str, ...]:
     """pipelines_for_family's, and for fp8 queries only their template where `pipelines` has
-    it: on other archs every one meets them, so the rejections say why."""
+    it: on other archs every one meets them, so the rejections say why. A convolution with a
+    channel bucket meets the direct template alone, one without it the implicit-GEMM ones
+    (each template's rules reject the other kind, for names asked for explicitly)."""
     meeting = pipelines_for_family(signature.family, signature.dtype, pipelines)
     if getattr(signature, "q_quant", "none") != "none" and Q_FP8_PIPELINE in meeting:
         return (Q_FP8_PIPELINE,)
+    if signature.family in CONV_FAMILIES and CONV_DIRECT_PIPELINE in meeting:
+        direct = getattr(signature, "max_channels", 0) != 0
+        kind = tuple(p for p in meeting if (p == CONV_DIRECT_PIPELINE) == direct)
+        return kind or meeting
     return meeting

@@ -24,7 +24,7 @@ no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour 
 KERNEL_FIELDS = {
     "name", "family", "dtype", "mode", "hdim_q", "hdim_v", "mask", "lse", "kv_quant", "q_quant",
     "arch", "arch_name", "pipeline", "tile_m", "tile_n", "tile_k", "warps", "stages",
-    "bias_rows_only",
+    "bias_rows_only", "conv_spatial_dims", "conv_vector", "conv_max_channels",
 }  # fmt: skip
 
 
@@ -124,7 +124,14 @@ def test_registry_json_fields(all_kernels):
     for kernel in all_kernels:
         assert KERNEL_FIELDS <= set(kernel)
         assert kernel["family"] in ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
-                                    *PAGED_FAMILIES, *BWD_FAMILIES)
+                                    *PAGED_FAMILIES, *BWD_FAMILIES, "conv_fwd")
+        # Convolutions carry their spatial dims, channel vector and (direct kernels) the
+        # channels a group may have; attention kernels carry zeros there.
+        conv = kernel["family"] == "conv_fwd"
+        assert (kernel["conv_spatial_dims"] in (2, 3)) == conv
+        assert (kernel["conv_vector"] in (1, 2, 4, 8)) == conv
+        assert kernel["conv_max_channels"] in ((0, 1, 2, 4, 8) if conv else (0,))
+        assert (kernel["conv_max_channels"] != 0) == (conv and "_conv_direct_" in kernel["name"])
         # Only the backward's main stage computes dbias, and only of an elementwise bias.
         assert isinstance(kernel["dbias"], bool)
         if kernel["dbias"]:

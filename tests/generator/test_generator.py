@@ -20,6 +20,7 @@ from generator.signature import (
     PAGED_FAMILIES,
     Algorithm,
     BwdSignature,
+    ConvSignature,
     FwdSignature,
     KernelConfig,
 )
@@ -105,7 +106,15 @@ def test_every_listed_tile_is_valid() -> None:
             and any("fp8 queries run on the sm_90a wgmma template only" in reason
                     for reason in r.reasons)
         ]  # fmt: skip
-        allowed = missing_table + no_fp8 + no_fp8_queries
+        # The conv tile with a 64-wide reduction step keeps 96 KiB of operand stages and a row
+        # table: over the 99 KiB per block of sm_86 and sm_89.
+        conv_smem = [
+            r for r in sm80
+            if r.signature.family == "conv_fwd" and r.algorithm is not None
+            and r.algorithm.tile_k == 64 and arch in ("sm_86", "sm_89")
+            and all("exceeds" in reason and "shared memory" in reason for reason in r.reasons)
+        ]  # fmt: skip
+        allowed = missing_table + no_fp8 + no_fp8_queries + conv_smem
         assert [r for r in sm80 if r not in allowed] == [], [r.reasons for r in sm80]
         # Templates with fewer features reject some signatures, but each listed tile must
         # build for at least one.
@@ -282,6 +291,19 @@ def test_receipt_sizes(arch: str) -> None:
     fp8 = 10 * fp8_tiles
     fp8_kv = {"ci": 0, "default": fp8, "full": fp8}
     split = {name: split[name] + paged[name] + fp8_kv[name] for name in split}
+    # Grouped convolution: fp16/bf16 x 2D/3D x 4 channel vectors x the 4 default mma.sync tiles;
+    # full adds two, of which the 64-wide reduction one (with its row table) does not fit the
+    # 99 KiB per block of sm_86 and sm_89. sm_90a also builds the 5 default wgmma tiles, and 7
+    # in full. The direct kernel: fp16/bf16 x 2D/3D x the 3 built channel buckets, one tile
+    # each, in default and full on every arch.
+    conv_full_tiles = 6 if specs[arch].max_dynamic_smem_per_block >= 102400 else 5
+    conv_wgmma = (5, 7) if arch == "sm_90a" else (0, 0)
+    conv = {
+        "ci": 0,
+        "default": 16 * (4 + conv_wgmma[0]) + 12,
+        "full": 16 * (conv_full_tiles + conv_wgmma[1]) + 12,
+    }
+    sizes = {name: size - conv[name] for name, size in sizes.items()}
     # Two backward plans of three stages each in ci.
     assert sizes["ci"] == 9 + hopper["ci"] + split["ci"] + 6 + 2
     # KV-cache appends: (fp16/bf16 x 5 head dims + fp32 x 2) x 3 RoPE modes x 2 cache kinds, and
@@ -444,7 +466,8 @@ def test_column_major_v_is_valid_in_either_mode(mode: str) -> None:
             {"dtype": "fp32"},
             (
                 r"dtype 'fp32' does not run on the sm80_cpasync_mma template, which takes "
-                r"fp16, bf16; sm90_tma_wgmma takes fp16, bf16; simt_fma takes fp32"
+                r"fp16, bf16; sm90_tma_wgmma takes fp16, bf16; sm90_cpasync_wgmma takes "
+                r"fp16, bf16; simt_fma takes fp32"
             ),
         ),
         ({"mode": "paged"}, r"mode 'paged' is unknown; supported: batch, group"),
@@ -577,11 +600,10 @@ def test_signatures_meet_only_pipelines_taking_their_dtype() -> None:
     pipelines = {c.signature.dtype: set() for c in selection.accepted}
     for c in selection.accepted:
         pipelines[c.signature.dtype].add(c.algorithm.pipeline)
-    assert pipelines == {
-        "fp16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine", "appendkv"},
-        "bf16": {"sm80_cpasync_mma", "sm90_tma_wgmma", "splitkv_combine", "appendkv"},
-        "fp32": {"simt_fma", "appendkv"},
-    }  # fmt: skip
+    # The grouped convolution's wgmma and direct templates take fp16/bf16 too.
+    half = {"sm80_cpasync_mma", "sm90_tma_wgmma", "sm90_cpasync_wgmma", "splitkv_combine",
+            "appendkv", "conv_direct"}  # fmt: skip
+    assert pipelines == {"fp16": half, "bf16": half, "fp32": {"simt_fma", "appendkv"}}
 
 
 def test_signature_no_tile_applies_to_is_rejected_with_the_limits(tmp_path: Path) -> None:
@@ -631,8 +653,9 @@ def test_fp32_without_a_simt_pipeline_is_rejected_with_reason(tmp_path: Path) ->
 def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
     """The sm80 template builds every signature of the full set on the pre-Hopper archs, but
     fp8 K/V: it needs sm_89's e4m3 conversions, and on sm_89 its byte stages leave some split
-    tiles over the 99 KiB per block; and fp8 queries, which run on the Hopper template only.
-    Each such rejection says so."""
+    tiles over the 99 KiB per block; fp8 queries, which run on the Hopper template only; and
+    the conv tile whose 64-wide reduction step leaves it over the 99 KiB per block. Each such
+    rejection says so."""
     result = _run_cli("--kernels", "full", "--arch", "sm_80;sm_86;sm_89", "--explain")
     assert result.returncode == 0, result.stderr
     blocks = result.stdout.split("rejected ")[1:]
@@ -641,6 +664,10 @@ def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
         name, reasons = block.split("\n", 1)
         if "_qkve4m3__" in name:
             assert "fp8 queries run on the sm_90a wgmma template only" in reasons, block
+            continue
+        if name.startswith("conv_fwd_"):
+            assert "_m128n128k64_w4s3" in name and "exceeds" in reasons, block
+            assert "sm_86" in name or "sm_89" in name, block
             continue
         assert "_kve4m3__" in name, block
         assert "fp8 K/V needs sm_89 or later" in reasons or "(fp8 K/V)" in reasons, block
@@ -1058,14 +1085,15 @@ int main() {
     const ckfmha_kernel_entry& e = t->entries[i];
     int32_t resident = -1;  // -1: the entry has no query
     if (e.resident_ctas != nullptr && e.resident_ctas(&resident) != 0) resident = -2;
-    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d %d %d\\n",
+    std::printf("%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %s %s %d %d %d %d %d %d %d %d %d %d %d\\n",
                 e.name, e.family, e.dtype, e.mode, e.hdim_q, e.hdim_v, e.mask, e.bias,
                 e.has_lse, e.has_dropout, e.has_softcap, e.has_sink, e.v_col_major,
                 e.has_dbias, e.rope, e.paged_kv, e.page_layout, e.kv_quant, e.q_quant, e.arch,
                 e.arch_name,
                 e.pipeline,
                 e.tile_m, e.tile_n, e.tile_k, e.warps, e.stages,
-                e.launch(nullptr, nullptr, nullptr, nullptr), resident, e.bias_rows_only);
+                e.launch(nullptr, nullptr, nullptr, nullptr), resident, e.bias_rows_only,
+                e.conv_spatial_dims, e.conv_vector, e.conv_max_channels);
   }
 }
 """
@@ -1073,9 +1101,10 @@ int main() {
 
 @needs_gxx
 def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
-    """Builds the ci table, an fp8 forward (its q_quant), and two kernels that take only
-    row-broadcast biases (the Hopper backward's, a 192-row Hopper forward's), against
-    kernel_entry.h and reads every field back."""
+    """Builds the ci table, an fp8 forward (its q_quant), two kernels that take only
+    row-broadcast biases (the Hopper backward's, a 192-row Hopper forward's) and three grouped
+    convolutions (their conv fields; the 2D one on the wgmma template, and a direct one with
+    its channel bucket), against kernel_entry.h and reads every field back."""
     specs = load_specs()
     configs = select_for_arches(get_receipt("ci"), ("sm_80", "sm_90a"), specs).accepted
     configs.append(
@@ -1094,6 +1123,14 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert all(rules.bias_rows_only(c) for c in rows_only)
     configs += rows_only
+    configs += [
+        KernelConfig(ConvSignature("fp16", 3, 4),
+                     Algorithm("sm_80", "sm80_cpasync_mma", 64, 32, 32, 4, 4)),
+        KernelConfig(ConvSignature("bf16", 2, 1),
+                     Algorithm("sm_90a", "sm90_cpasync_wgmma", 128, 128, 64, 8, 3)),
+        KernelConfig(ConvSignature("fp16", 3, 1, max_channels=4),
+                     Algorithm("sm_86", "conv_direct", 8, 32, 4, 4, 1)),
+    ]  # fmt: skip
     files = emit.emit(tmp_path, configs, [], specs)
     # Each stub answers its entry's index: the launch returns it, the resident-CTA query (the
     # split-KV families') writes 1000 more.
@@ -1115,7 +1152,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"13 {len(configs)}"
+    assert lines[0] == f"14 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {
@@ -1128,6 +1165,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             "bwd_dot_do_o": 6,
             "bwd_dq_dk_dv": 7,
             "bwd_convert_dq": 8,
+            "conv_fwd": 9,
         },
         "rope": {"none": 0, "interleaved": 1, "half_rotated": 2},
         "mask": {"none": 0, "causal": 1, "window": 2},
@@ -1146,7 +1184,8 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             int(sig.kv_quant == "e4m3"), int(sig.q_quant == "e4m3"), specs[alg.arch].arch_number,
             alg.arch, alg.pipeline, alg.tile_m, alg.tile_n, alg.tile_k, alg.warps, alg.stages, i,
             1000 + i if sig.family in ("fwd_splitkv", *PAGED_FAMILIES) else -1,
-            int(config in rows_only),
+            int(config in rows_only), getattr(sig, "spatial_dims", 0), getattr(sig, "vector", 0),
+            getattr(sig, "max_channels", 0),
         ]  # fmt: skip
         assert line.split() == [str(v) for v in expected]
 

@@ -2,7 +2,7 @@
 
 cpp/include/ckfmha/kernel/ holds arch-neutral pieces in common/ (masks, softmax, tile copies,
 ...) and the launch parameters in params/, and one folder per kernel family: sm80/, sm90/,
-simt/, splitkv_combine/ and appendkv/. Includes point from a family folder to common/ and
+simt/, splitkv_combine/, appendkv/ and conv/. Includes point from a family folder to common/ and
 params/ or within the family, never from one family to another nor from the shared folders
 to a family: a piece two families need lives in common/ (or params/).
 """
@@ -19,7 +19,7 @@ INCLUDE = REPO_ROOT / "cpp" / "include"
 KERNEL = INCLUDE / "ckfmha" / "kernel"
 
 SHARED_FOLDERS = ("common", "params")
-FAMILY_FOLDERS = ("sm80", "sm90", "simt", "splitkv_combine", "appendkv")
+FAMILY_FOLDERS = ("sm80", "sm90", "simt", "splitkv_combine", "appendkv", "conv")
 KERNEL_INCLUDE = re.compile(r'^\s*#\s*include\s+"ckfmha/kernel/([^"]+)"', re.MULTILINE)
 
 

@@ -15,7 +15,13 @@ from support.paths import REPO_ROOT
 from generator import build, emit, rules
 from generator.enumerate import select
 from generator.receipts import RECEIPTS
-from generator.signature import Algorithm, BwdSignature, FwdSignature, KernelConfig
+from generator.signature import (
+    Algorithm,
+    BwdSignature,
+    ConvSignature,
+    FwdSignature,
+    KernelConfig,
+)
 from generator.specs import ArchSpec, load_specs
 from generator.toolchain import CompileJob, CudaToolchain
 
@@ -41,6 +47,12 @@ EXPECTED_MEMBERS = {
     | {"kWarpsMSdP", "kWarpsMdK", "kWarpsMdV", "kWarpsMdQ"},
     ("bwd_dq_dk_dv", "sm90_tma_wgmma"): {"kThreads", "kSplitsHeadDim", "kSmemBytes",
                                          "kBiasRowsOnly"},
+    ("conv_fwd", "sm80_cpasync_mma"): {"kThreads", "kWarpsM", "kWarpsN", "kSmemBytes",
+                                       "kSmemLaunchBytes"},
+    ("conv_fwd", "sm90_cpasync_wgmma"): {"kThreads", "kWarpgroups", "kSmemBytes",
+                                         "kSmemLaunchBytes", "kMinCtasPerSm"},
+    # Its shared memory depends on the problem (stride, dilation, filter): nothing to assert.
+    ("conv_fwd", "conv_direct"): {"kThreads", "kMaxChannels", "kRun", "kTileH", "kGroups"},
 }
 
 
@@ -116,6 +128,32 @@ def test_asserted_shared_memory_is_what_the_rules_check(config: KernelConfig) ->
     under = "\n".join(rules.check(config, _limited(arch, asserted - 1)))
     assert f"shared memory {asserted} bytes" in under, under
     assert rules.check(config, _limited(arch, asserted)) == []
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        KernelConfig(
+            ConvSignature("fp16", 3, 4), Algorithm("sm_80", "sm80_cpasync_mma", 128, 64, 32, 4, 3)
+        ),
+        KernelConfig(
+            ConvSignature("bf16", 2, 8),
+            Algorithm("sm_90a", "sm90_cpasync_wgmma", 128, 128, 64, 8, 6),
+        ),
+    ],
+    ids=lambda config: config.algorithm.pipeline + "/" + config.signature.family,
+)
+def test_conv_instances_assert_the_launched_bytes_the_rules_check(config: KernelConfig) -> None:
+    """A conv kernel launches its operand stages and its row table: the rules hold
+    kSmemLaunchBytes (not kSmemBytes) to the arch's limit, to the byte."""
+    arch = config.algorithm.arch
+    assert rules.check(config, SPECS[arch]) == []
+    found = _assertions(emit.render_instance(config), config)
+    launched, stages = int(found["kSmemLaunchBytes"][0]), int(found["kSmemBytes"][0])
+    assert launched == stages + config.algorithm.tile_m * 32
+    under = "\n".join(rules.check(config, _limited(arch, launched - 1)))
+    assert f"shared memory {launched} bytes" in under, under
+    assert rules.check(config, _limited(arch, launched)) == []
 
 
 # kSmemBytes of sm90 instances as nvcc computes it from the traits (sizeof of their shared

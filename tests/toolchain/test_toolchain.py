@@ -344,6 +344,9 @@ class KernelEntry(ctypes.Structure):
         ("launch", ctypes.c_void_p),
         ("resident_ctas", ctypes.c_void_p),
         ("bias_rows_only", ctypes.c_int32),
+        ("conv_spatial_dims", ctypes.c_int32),
+        ("conv_vector", ctypes.c_int32),
+        ("conv_max_channels", ctypes.c_int32),
     ]
 
 
@@ -412,7 +415,7 @@ def test_module_builds_and_its_table_loads(tmp_path: Path) -> None:
     table_fn = getattr(library, emit.MODULE_TABLE_SYMBOL)
     table_fn.restype = ctypes.POINTER(KernelTable)
     table = table_fn().contents
-    assert (table.abi_version, table.count) == (13, len(kernels))
+    assert (table.abi_version, table.count) == (14, len(kernels))
     loaded = [table.entries[i] for i in range(table.count)]
     assert [e.name.decode() for e in loaded] == [k.name for k in kernels]
     assert {e.arch for e in loaded} == {80, 90}

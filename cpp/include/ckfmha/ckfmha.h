@@ -65,7 +65,8 @@ typedef enum ckfmha_family {
   CKFMHA_FAMILY_BATCH_PREFILL = 5,
   CKFMHA_FAMILY_BWD_DOT_DO_O = 6,
   CKFMHA_FAMILY_BWD_DQ_DK_DV = 7,
-  CKFMHA_FAMILY_BWD_CONVERT_DQ = 8
+  CKFMHA_FAMILY_BWD_CONVERT_DQ = 8,
+  CKFMHA_FAMILY_CONV_FWD = 9 /* grouped convolution, forward (ckfmha_conv_*) */
 } ckfmha_family;
 
 typedef enum ckfmha_mode {
@@ -744,6 +745,78 @@ CKFMHA_API int ckfmha_appendkv_explain(const ckfmha_appendkv_problem* problem, i
 /* One kernel on `stream`; kernel_name NULL (automatic) or a fwd_appendkv kernel. */
 CKFMHA_API int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem,
                                    const ckfmha_appendkv_args* args, const char* kernel_name,
+                                   ckfmha_stream_t stream);
+
+/* ---- grouped convolution (family conv_fwd) ---- */
+
+/* Which pass of a convolution a call computes. */
+typedef enum ckfmha_conv_direction {
+  CKFMHA_CONV_FWD = 0 /* y = conv(x, w) */
+} ckfmha_conv_direction;
+
+/*
+ * Grouped convolution problem, 2D or 3D, channels-last with the group explicit:
+ *   x [batch, *input, groups, in_channels]          (NHWGC / NDHWGC)
+ *   w [groups, out_channels, *filter, in_channels]   (GKYXC / GKZYXC), dense
+ *   y [batch, *output, groups, out_channels]         (NHWGK / NDHWGK)
+ * in_channels and out_channels are per group: groups 1 is an ordinary
+ * convolution, in_channels = out_channels = 1 a depthwise one. The spatial
+ * arrays hold spatial_dims entries, outermost first ((h, w) in 2D, (d, h, w)
+ * in 3D); later entries are ignored. Each dim has its own stride, zero
+ * padding (the same on both sides) and dilation, and
+ *   output = (input + 2 * padding - dilation * (filter - 1) - 1) / stride + 1,
+ * which the problem must state (ckfmha_conv_problem_init computes it).
+ * x_stride and y_stride are in elements: [0] the batch stride, [1 + i] spatial
+ * dim i's; within a position the groups and channels are dense (channel
+ * stride 1, group stride in_channels resp. out_channels), as a torch
+ * channels_last (channels_last_3d) tensor holds them. Pointers and strides
+ * need only be element-aligned: kernels with 16-byte vectors are chosen when
+ * the channel counts, strides and pointers allow them, narrower ones
+ * otherwise. Accumulation is in fp32.
+ */
+typedef struct ckfmha_conv_problem {
+  ckfmha_dtype dtype; /* fp16 or bf16: x, w and y */
+  int32_t spatial_dims; /* 2 or 3 */
+  int32_t batch;
+  int32_t groups;
+  int32_t in_channels;  /* per group (C) */
+  int32_t out_channels; /* per group (K) */
+  int32_t input[3];
+  int32_t filter[3];
+  int32_t stride[3];
+  int32_t padding[3];
+  int32_t dilation[3];
+  int32_t output[3];
+  int64_t x_stride[4]; /* (batch, spatial...) */
+  int64_t y_stride[4];
+} ckfmha_conv_problem;
+
+typedef struct ckfmha_conv_fwd_args {
+  const void* x;
+  const void* w;
+  void* y;
+} ckfmha_conv_fwd_args;
+
+/* Fills a problem with dense x and y; stride, padding and dilation may be NULL
+ * (1, 0 and 1 in every dim) and otherwise hold spatial_dims entries. */
+CKFMHA_API int ckfmha_conv_problem_init(ckfmha_conv_problem* problem, ckfmha_dtype dtype,
+                                        int32_t spatial_dims, int32_t batch, int32_t groups,
+                                        int32_t in_channels, int32_t out_channels,
+                                        const int32_t* input, const int32_t* filter,
+                                        const int32_t* stride, const int32_t* padding,
+                                        const int32_t* dilation);
+CKFMHA_API int ckfmha_conv_problem_validate(const ckfmha_conv_problem* problem);
+/* arch < 0: the current device's. Writes the chosen kernel's name (empty when
+ * the output is empty and no kernel runs). */
+CKFMHA_API int ckfmha_conv_select(const ckfmha_conv_problem* problem,
+                                  ckfmha_conv_direction direction, int arch, char* name_buf,
+                                  size_t buf_len);
+CKFMHA_API int ckfmha_conv_explain(const ckfmha_conv_problem* problem,
+                                   ckfmha_conv_direction direction, int arch, char* buf,
+                                   size_t buf_len, size_t* needed);
+/* y = conv(x, w) on `stream`; kernel_name NULL (automatic) or a conv_fwd kernel. */
+CKFMHA_API int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem,
+                                   const ckfmha_conv_fwd_args* args, const char* kernel_name,
                                    ckfmha_stream_t stream);
 
 #ifdef __cplusplus

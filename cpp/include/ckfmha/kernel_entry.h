@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 13
+#define CKFMHA_KERNEL_ABI_VERSION 14
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */
@@ -28,7 +28,8 @@ typedef struct ckfmha_launch_context {
 
 /* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,
  * ckfmha_bwd_problem/_args for the three backward stages,
- * ckfmha_appendkv_problem/_args for fwd_appendkv. context may be NULL. */
+ * ckfmha_appendkv_problem/_args for fwd_appendkv, ckfmha_conv_problem and
+ * ckfmha_conv_fwd_args for conv_fwd. context may be NULL. */
 typedef int (*ckfmha_launch_fn)(const void* problem, const void* args,
                                 const ckfmha_launch_context* context, ckfmha_stream_t stream);
 
@@ -78,6 +79,14 @@ typedef struct ckfmha_kernel_entry {
    * others. The generator sets it and the instance asserts it against its
    * traits (kBiasRowsOnly). */
   int32_t bias_rows_only;
+  /* Convolution families (0 elsewhere): 2 or 3 spatial dims, and the channels
+   * each load and store moves at once (8: 16-byte vectors of fp16/bf16; 4, 2,
+   * 1 for channel counts, strides or pointers that 16 bytes do not divide). */
+  int32_t conv_spatial_dims;
+  int32_t conv_vector;
+  /* 0: any channel count (implicit GEMM); 1, 2, 4 or 8: a kernel for groups
+   * of at most that many input and output channels (computed directly). */
+  int32_t conv_max_channels;
 } ckfmha_kernel_entry;
 
 typedef struct ckfmha_kernel_table {

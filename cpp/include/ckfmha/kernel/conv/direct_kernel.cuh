@@ -1,0 +1,241 @@
+// Grouped convolution forward for groups of few channels (depthwise, and up
+// to 16 input and output channels a group), computed directly on the CUDA
+// cores. An implicit GEMM would pad each group's tiny product to a tensor-core
+// tile and gather a few bytes per row; here a CTA stages an input tile of
+// 32 consecutive groups (their channels are contiguous in NHWGC) and their
+// filters in shared memory, and each thread computes a run of output
+// positions of one output row for all output channels of one group: a loaded
+// input value serves every output channel of its group, a loaded weight every
+// position of the run.
+#pragma once
+
+#include "ckfmha/kernel/params/conv_params.h"
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+template <class Element_, int SpatialDims, int MaxChannels, int Run, int Warps>
+struct ConvFwdDirectTraits {
+  using Element = Element_;
+  static constexpr int kSpatialDims = SpatialDims;
+  // Input and output channels a group may have (each at most this).
+  static constexpr int kMaxChannels = MaxChannels;
+  static_assert(MaxChannels == 1 || MaxChannels == 2 || MaxChannels == 4 || MaxChannels == 8 ||
+                    MaxChannels == 16,
+                "1, 2, 4, 8 or 16 channels a group");
+  // Output positions along w a thread computes, and so the tile's width.
+  static constexpr int kRun = Run;
+  static constexpr int kTileW = Run;
+  // One output row per warp; its lanes take consecutive groups.
+  static constexpr int kTileH = Warps;
+  static constexpr int kGroups = 32;
+  static constexpr int kThreads = Warps * 32;
+  static_assert(Run * MaxChannels <= 64, "a thread's accumulators: run x output channels <= 64");
+};
+
+namespace conv_detail {
+
+// Shared-memory footprint of a CTA for a problem (the launcher sizes it at
+// run time: the input tile depends on stride, dilation and filter).
+struct DirectTile {
+  int32_t in_d, in_h, in_w;  // the input tile the CTA's outputs read
+  int32_t channels;          // input channels of the CTA's groups: kGroups x C
+  int32_t x_elems;           // input tile elements, in the input's dtype
+  int32_t w_elems;           // filter values of the CTA's groups, fp32
+  // The input tile's bytes rounded up to 16, then the filters'.
+  __host__ __device__ int64_t x_bytes() const { return (int64_t(x_elems) * 2 + 15) / 16 * 16; }
+  __host__ __device__ int64_t bytes() const { return x_bytes() + int64_t(w_elems) * 4; }
+};
+
+template <class Traits>
+__host__ __device__ inline DirectTile direct_tile(ConvFwdParams const& p) {
+  DirectTile t;
+  t.in_d = (p.filter[0] - 1) * p.dilation[0] + 1;
+  t.in_h = (Traits::kTileH - 1) * p.stride[1] + (p.filter[1] - 1) * p.dilation[1] + 1;
+  t.in_w = (Traits::kTileW - 1) * p.stride[2] + (p.filter[2] - 1) * p.dilation[2] + 1;
+  t.channels = Traits::kGroups * p.in_channels;
+  t.x_elems = t.in_d * t.in_h * t.in_w * t.channels;
+  t.w_elems = Traits::kGroups * p.out_channels * p.filter[0] * p.filter[1] * p.filter[2] *
+              p.in_channels;
+  return t;
+}
+
+}  // namespace conv_detail
+
+// Grid: x = output tiles of (od, oh / TileH, ow / TileW), y = blocks of 32
+// groups, z = batch.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads)
+    conv_fwd_direct_kernel(ConvFwdParams const __grid_constant__ p) {
+  using Element = typename Traits::Element;
+  constexpr int kRun = Traits::kRun;
+  constexpr int kMax = Traits::kMaxChannels;
+  constexpr int kGroups = Traits::kGroups;
+  extern __shared__ __align__(16) char smem[];
+  const conv_detail::DirectTile tile = conv_detail::direct_tile<Traits>(p);
+  Element* xs = reinterpret_cast<Element*>(smem);  // [in_d][in_h][in_w][C][kGroups]
+  float* ws = reinterpret_cast<float*>(smem + tile.x_bytes());  // [K][taps][C][kGroups]
+
+  const int tiles_w = (p.output[2] + Traits::kTileW - 1) / Traits::kTileW;
+  const int tiles_h = (p.output[1] + Traits::kTileH - 1) / Traits::kTileH;
+  int rest = blockIdx.x;
+  const int tile_w = rest % tiles_w;
+  rest /= tiles_w;
+  const int tile_h = rest % tiles_h;
+  const int od = rest / tiles_h;
+  const int group0 = blockIdx.y * kGroups;
+  const int n = blockIdx.z;
+  const int C = p.in_channels;
+  const int K = p.out_channels;
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const int groups_here = min(kGroups, p.groups - group0);
+
+  // The input tile as [position][channel][group] (consecutive groups in
+  // consecutive words, as the lanes read them), zeros in the padding and past
+  // the last group. A warp takes one tile position at a time; its lanes read
+  // their groups' channels.
+  const int first_d = od * p.stride[0] - p.padding[0];
+  const int first_h = tile_h * Traits::kTileH * p.stride[1] - p.padding[1];
+  const int first_w = tile_w * Traits::kTileW * p.stride[2] - p.padding[2];
+  const Element* x = static_cast<const Element*>(p.x) + n * p.x_stride[0] + int64_t(group0) * C;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int positions = tile.in_d * tile.in_h * tile.in_w;
+  constexpr int kWarps = Traits::kThreads / 32;
+  // Eight positions' loads are issued before any is stored, so that a warp
+  // waits for memory once per eight positions rather than once per position.
+  constexpr int kBatch = 8;
+  for (int base = warp; base < positions; base += kWarps * kBatch) {
+    Element values[kBatch][kMax];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int pos = base + b * kWarps;
+      const int iw = pos % tile.in_w;
+      const int ih = (pos / tile.in_w) % tile.in_h;
+      const int id = pos / (tile.in_w * tile.in_h);
+      const int gd = first_d + id, gh = first_h + ih, gw = first_w + iw;
+      const bool inside = pos < positions && lane < groups_here &&
+                          uint32_t(gd) < uint32_t(p.input[0]) &&
+                          uint32_t(gh) < uint32_t(p.input[1]) && uint32_t(gw) < uint32_t(p.input[2]);
+      const Element* src = x + gd * p.x_stride[1] + gh * p.x_stride[2] + gw * p.x_stride[3] +
+                           lane * C;
+#pragma unroll
+      for (int c = 0; c < kMax; ++c) {
+        values[b][c] = inside && c < C ? src[c] : Element(0.f);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int pos = base + b * kWarps;
+      if (pos < positions) {
+        Element* dst = xs + pos * tile.channels + lane;
+#pragma unroll
+        for (int c = 0; c < kMax; ++c) {
+          if (c < C) dst[c * kGroups] = values[b][c];
+        }
+      }
+    }
+  }
+  // The filters as [k][tap][c][group].
+  const Element* w = static_cast<const Element*>(p.w) + int64_t(group0) * K * taps * C;
+  const int filter_elems = K * taps * C;  // one group's
+  for (int i = warp; i < filter_elems; i += Traits::kThreads / 32) {
+    ws[i * kGroups + lane] = lane < groups_here ? float(w[int64_t(lane) * filter_elems + i]) : 0.f;
+  }
+  __syncthreads();
+
+  const int row = warp;
+  const int oh = tile_h * Traits::kTileH + row;
+  const int ow0 = tile_w * Traits::kTileW;
+  if (lane >= groups_here || oh >= p.output[1]) return;
+
+  float acc[kRun][kMax];
+  for (int j = 0; j < kRun; ++j)
+    for (int k = 0; k < kMax; ++k) acc[j][k] = 0.f;
+
+  const int row_stride = tile.in_w * tile.channels;
+  const int plane_stride = tile.in_h * row_stride;
+  // Unit stride and dilation along w (most layers): a row's inputs for all
+  // its filter columns are one window of Run + X - 1 values, loaded once
+  // and reused by every filter column (filters up to kWindowTaps wide).
+  constexpr int kWindowTaps = 7;
+  const bool windowed =
+      p.stride[2] == 1 && p.dilation[2] == 1 && p.filter[2] <= kWindowTaps;
+  int tap = 0;
+  for (int fz = 0; fz < p.filter[0]; ++fz) {
+    for (int fy = 0; fy < p.filter[1]; ++fy) {
+      const Element* x_row = xs + fz * p.dilation[0] * plane_stride +
+                             (row * p.stride[1] + fy * p.dilation[1]) * row_stride + lane;
+      if (windowed) {
+#pragma unroll
+        for (int c = 0; c < kMax; ++c) {
+          if (c < C) {
+            float window[kRun + kWindowTaps - 1];
+#pragma unroll
+            for (int i = 0; i < kRun + kWindowTaps - 1; ++i) {
+              window[i] = i < kRun + p.filter[2] - 1
+                              ? float(x_row[i * tile.channels + c * kGroups])
+                              : 0.f;
+            }
+#pragma unroll
+            for (int fx = 0; fx < kWindowTaps; ++fx) {
+              if (fx < p.filter[2]) {
+#pragma unroll
+                for (int k = 0; k < kMax; ++k) {
+                  if (k < K) {
+                    const float weight = ws[((k * taps + tap + fx) * C + c) * kGroups + lane];
+#pragma unroll
+                    for (int j = 0; j < kRun; ++j) {
+                      acc[j][k] = fmaf(window[j + fx], weight, acc[j][k]);
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+        tap += p.filter[2];
+        continue;
+      }
+      for (int fx = 0; fx < p.filter[2]; ++fx, ++tap) {
+        const Element* x_tap = x_row + fx * p.dilation[2] * tile.channels;
+#pragma unroll
+        for (int c = 0; c < kMax; ++c) {
+          if (c < C) {
+            float in[kRun];
+#pragma unroll
+            for (int j = 0; j < kRun; ++j) {
+              in[j] = float(x_tap[j * p.stride[2] * tile.channels + c * kGroups]);
+            }
+#pragma unroll
+            for (int k = 0; k < kMax; ++k) {
+              if (k < K) {
+                const float weight = ws[((k * taps + tap) * C + c) * kGroups + lane];
+#pragma unroll
+                for (int j = 0; j < kRun; ++j) acc[j][k] = fmaf(in[j], weight, acc[j][k]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  Element* y = static_cast<Element*>(p.y) + n * p.y_stride[0] + od * p.y_stride[1] +
+               oh * p.y_stride[2] + int64_t(group0 + lane) * K;
+#pragma unroll
+  for (int j = 0; j < kRun; ++j) {
+    const int ow = ow0 + j;
+    if (ow < p.output[2]) {
+#pragma unroll
+      for (int k = 0; k < kMax; ++k) {
+        if (k < K) y[ow * p.y_stride[3] + k] = Element(acc[j][k]);
+      }
+    }
+  }
+}
+
+}  // namespace ckfmha::kernel

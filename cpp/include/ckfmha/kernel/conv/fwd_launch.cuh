@@ -1,0 +1,109 @@
+// Host-side launcher for one conv_fwd instance. The runtime has checked the
+// problem and pointers and chosen a kernel whose channel vector the tensors
+// allow before a launcher runs.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/common/launch.cuh"
+#include "ckfmha/kernel/conv/direct_kernel.cuh"
+#include "ckfmha/kernel/conv/fwd_kernel.cuh"
+#include "ckfmha/kernel/conv/fwd_sm90_kernel.cuh"
+#include "ckfmha/kernel/params/conv_params.h"
+#include "ckfmha/kernel/params/launch_context.h"
+#include "ckfmha/kernel_entry.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+// The problem in the kernels' 3D form: a 2D problem gains a depth of 1.
+inline ConvFwdParams make_conv_fwd_params(ckfmha_conv_problem const& pr,
+                                          ckfmha_conv_fwd_args const& ar) {
+  ConvFwdParams p{};
+  p.x = ar.x;
+  p.w = ar.w;
+  p.y = ar.y;
+  p.batch = pr.batch;
+  p.groups = pr.groups;
+  p.in_channels = pr.in_channels;
+  p.out_channels = pr.out_channels;
+  const int skip = 3 - pr.spatial_dims;  // leading unit dims
+  for (int d = 0; d < 3; ++d) {
+    const bool real = d >= skip;
+    const int i = d - skip;
+    p.input[d] = real ? pr.input[i] : 1;
+    p.filter[d] = real ? pr.filter[i] : 1;
+    p.stride[d] = real ? pr.stride[i] : 1;
+    p.padding[d] = real ? pr.padding[i] : 0;
+    p.dilation[d] = real ? pr.dilation[i] : 1;
+    p.output[d] = real ? pr.output[i] : 1;
+    p.x_stride[1 + d] = real ? pr.x_stride[1 + i] : 0;
+    p.y_stride[1 + d] = real ? pr.y_stride[1 + i] : 0;
+  }
+  p.x_stride[0] = pr.x_stride[0];
+  p.y_stride[0] = pr.y_stride[0];
+  p.rows = int64_t(pr.batch) * p.output[0] * p.output[1] * p.output[2];
+  p.reduction = p.filter[0] * p.filter[1] * p.filter[2] * pr.in_channels;
+  bool paired = reinterpret_cast<uintptr_t>(ar.y) % 4 == 0 && pr.out_channels % 2 == 0;
+  for (int d = 0; d < 4; ++d) paired = paired && p.y_stride[d] % 2 == 0;
+  p.paired_stores = paired ? 1 : 0;
+  return p;
+}
+
+// One CTA per (row tile, channel tile, group); groups past 65535 (the grid's
+// z limit) loop inside the CTAs.
+template <class Traits>
+int launch_conv_fwd(void (*kernel)(ConvFwdParams), void const* problem, void const* args,
+                    ckfmha_stream_t stream) {
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
+  const ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  const int64_t tiles_m = (params.rows + Traits::kTileM - 1) / Traits::kTileM;
+  const int64_t tiles_n = (params.out_channels + Traits::kTileN - 1) / Traits::kTileN;
+  if (tiles_m > 0x7fffffff || tiles_n > 65535) return -int(cudaErrorInvalidConfiguration);
+  dim3 grid(unsigned(tiles_m), unsigned(tiles_n), unsigned(std::min(params.groups, 65535)));
+  return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream, params);
+}
+
+template <class Traits>
+int launch_conv_fwd_sm80(void const* problem, void const* args,
+                         ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;  // no device metadata is read
+  return launch_conv_fwd<Traits>(&conv_fwd_sm80_kernel<Traits>, problem, args, stream);
+}
+
+template <class Traits>
+int launch_conv_fwd_sm90(void const* problem, void const* args,
+                         ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;
+  return launch_conv_fwd<Traits>(&conv_fwd_sm90_kernel<Traits>, problem, args, stream);
+}
+
+// Groups of few channels on the CUDA cores: one CTA per (output tile, block
+// of 32 groups, batch). Its shared memory depends on the problem (the input
+// tile a stride, dilation and filter need); the runtime checks it fits
+// before choosing the kernel (conv_plan.cpp), and the launch fails cleanly
+// otherwise.
+template <class Traits>
+int launch_conv_fwd_direct(void const* problem, void const* args,
+                           ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
+  const ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  const int64_t smem = conv_detail::direct_tile<Traits>(params).bytes();
+  if (smem > 227 * 1024) return -int(cudaErrorInvalidConfiguration);
+  const int64_t tiles = int64_t((params.output[2] + Traits::kTileW - 1) / Traits::kTileW) *
+                        ((params.output[1] + Traits::kTileH - 1) / Traits::kTileH) *
+                        params.output[0];
+  const int64_t group_blocks = (params.groups + Traits::kGroups - 1) / Traits::kGroups;
+  if (tiles > 0x7fffffff || group_blocks > 65535 || params.batch > 65535) {
+    return -int(cudaErrorInvalidConfiguration);
+  }
+  dim3 grid(unsigned(tiles), unsigned(group_blocks), unsigned(params.batch));
+  return launch_kernel(&conv_fwd_direct_kernel<Traits>, grid, Traits::kThreads, int(smem), stream,
+                       params);
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,51 @@
+// Grouped convolution problems: checks, the channel vector the tensors allow,
+// kernel selection with reasons and the (single-stage) plan.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel_entry.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckfmha::runtime {
+
+// Empty when `problem` is well formed (independent of any kernel), else what
+// is wrong and what is allowed.
+std::string check_conv_problem(ckfmha_conv_problem const& problem);
+
+// Output positions times batch: the rows of the implicit GEMM, 0 when nothing runs.
+int64_t conv_output_rows(ckfmha_conv_problem const& problem);
+
+std::string describe(ckfmha_conv_problem const& problem);
+const char* conv_direction_name(ckfmha_conv_direction direction);
+
+// The widest channel vector (8, 4, 2 or 1 elements) the problem's channel
+// count and x strides allow, and the pointers when given (NULL: assumed
+// aligned, as select and explain do). Python's first-use key applies the same
+// rule (ckfmha.first_use.conv_vector).
+int32_t conv_vector_allowed(ckfmha_conv_problem const& problem, const void* x, const void* w);
+
+struct ConvPlan {
+  bool found = false;
+  ckfmha_kernel_entry kernel{};
+  std::string why;  // found: why this kernel; else what is missing and what exists
+};
+
+struct ConvPlanContext {
+  int device_arch = 0;
+  int sm_count = 0;
+  int32_t vector = 8;                          // conv_vector_allowed
+  ckfmha_kernel_entry const* forced = nullptr;  // a kernel the caller named
+};
+
+ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels,
+                   ckfmha_conv_problem const& problem, ckfmha_conv_direction direction,
+                   ConvPlanContext const& context);
+
+std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
+                         ckfmha_conv_problem const& problem, ckfmha_conv_direction direction,
+                         ConvPlanContext const& context);
+
+}  // namespace ckfmha::runtime

@@ -1,0 +1,385 @@
+// Grouped convolution: problem checks, the channel vector, and the choice of a
+// tile by the implicit GEMM's shape.
+#include "ckfmha/runtime/conv_plan.hpp"
+
+#include "ckfmha/runtime/dispatcher.hpp"
+#include "ckfmha/runtime/problem.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <tuple>
+
+namespace ckfmha::runtime {
+
+namespace {
+
+constexpr const char* kDimNames[2][3] = {{"h", "w", ""}, {"d", "h", "w"}};
+
+const char* dim_name(ckfmha_conv_problem const& p, int i) {
+  return kDimNames[p.spatial_dims == 3 ? 1 : 0][i];
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What the given direction's kernels are called and which family holds them.
+ckfmha_family family_of(ckfmha_conv_direction direction) {
+  (void)direction;  // only the forward exists so far
+  return CKFMHA_FAMILY_CONV_FWD;
+}
+
+std::string check_direction(ckfmha_conv_direction direction) {
+  if (direction == CKFMHA_CONV_FWD) return {};
+  return "convolution direction " + std::to_string(int(direction)) +
+         " is not supported; supported: forward (" + std::to_string(int(CKFMHA_CONV_FWD)) + ")";
+}
+
+std::string join_dims(ckfmha_conv_problem const& p, int32_t const (&values)[3]) {
+  std::ostringstream out;
+  for (int i = 0; i < p.spatial_dims; ++i) out << (i ? "x" : "") << values[i];
+  return out.str();
+}
+
+}  // namespace
+
+const char* conv_direction_name(ckfmha_conv_direction direction) {
+  return direction == CKFMHA_CONV_FWD ? "forward" : "unknown";
+}
+
+std::string check_conv_problem(ckfmha_conv_problem const& p) {
+  std::ostringstream msg;
+  if (p.dtype != CKFMHA_DTYPE_FP16 && p.dtype != CKFMHA_DTYPE_BF16) {
+    msg << "dtype " << dtype_name(p.dtype) << " is not supported for convolution; supported: "
+        << "fp16, bf16 (fp32 accumulation)";
+  } else if (p.spatial_dims != 2 && p.spatial_dims != 3) {
+    msg << "spatial_dims " << p.spatial_dims << " is not supported; supported: 2 (NHWGC) and 3 "
+        << "(NDHWGC)";
+  } else if (p.batch < 0) {
+    msg << "batch is " << p.batch << "; it must be >= 0";
+  } else if (p.groups < 1 || p.in_channels < 1 || p.out_channels < 1) {
+    msg << "groups, in_channels and out_channels (per group) must be >= 1; got " << p.groups
+        << ", " << p.in_channels << ", " << p.out_channels;
+  }
+  if (!msg.str().empty()) return msg.str();
+  int64_t taps = 1;
+  for (int i = 0; i < p.spatial_dims; ++i) {
+    const char* d = dim_name(p, i);
+    if (p.input[i] < 1 || p.filter[i] < 1 || p.stride[i] < 1 || p.dilation[i] < 1 ||
+        p.padding[i] < 0) {
+      msg << "dim " << d << ": input " << p.input[i] << ", filter " << p.filter[i] << ", stride "
+          << p.stride[i] << ", dilation " << p.dilation[i] << ", padding " << p.padding[i]
+          << "; input, filter, stride and dilation must be >= 1 and padding >= 0";
+      return msg.str();
+    }
+    const int64_t span = int64_t(p.dilation[i]) * (p.filter[i] - 1) + 1;
+    const int64_t padded = int64_t(p.input[i]) + 2 * int64_t(p.padding[i]);
+    if (padded < span) {
+      msg << "dim " << d << ": the filter spans " << span << " positions (filter " << p.filter[i]
+          << ", dilation " << p.dilation[i] << ") but the padded input has " << padded
+          << " (input " << p.input[i] << " + 2 x padding " << p.padding[i]
+          << "): the output would be empty";
+      return msg.str();
+    }
+    const int64_t output = (padded - span) / p.stride[i] + 1;
+    if (p.output[i] != output) {
+      msg << "dim " << d << ": output is " << p.output[i] << " but input " << p.input[i]
+          << ", filter " << p.filter[i] << ", stride " << p.stride[i] << ", padding "
+          << p.padding[i] << " and dilation " << p.dilation[i] << " give " << output;
+      return msg.str();
+    }
+    taps *= p.filter[i];
+  }
+  if (taps * p.in_channels > std::numeric_limits<int32_t>::max()) {
+    msg << "filter taps x in_channels = " << taps * p.in_channels
+        << " exceeds 2^31 - 1, the reduction length the kernels index";
+    return msg.str();
+  }
+  for (int i = 0; i <= p.spatial_dims; ++i) {
+    if (p.x_stride[i] < 0 || p.y_stride[i] < 1) {
+      msg << (i == 0 ? std::string("batch") : std::string("dim ") + dim_name(p, i - 1))
+          << " strides: x " << p.x_stride[i] << ", y " << p.y_stride[i]
+          << "; x strides must be >= 0 and y strides >= 1";
+      return msg.str();
+    }
+  }
+  return {};
+}
+
+int64_t conv_output_rows(ckfmha_conv_problem const& p) {
+  int64_t rows = p.batch;
+  for (int i = 0; i < p.spatial_dims; ++i) rows *= p.output[i];
+  return rows;
+}
+
+std::string describe(ckfmha_conv_problem const& p) {
+  std::ostringstream out;
+  out << "conv " << p.spatial_dims << "d " << dtype_name(p.dtype) << " batch=" << p.batch
+      << " input=" << join_dims(p, p.input) << " groups=" << p.groups << " C=" << p.in_channels
+      << " K=" << p.out_channels << " filter=" << join_dims(p, p.filter)
+      << " stride=" << join_dims(p, p.stride) << " padding=" << join_dims(p, p.padding)
+      << " dilation=" << join_dims(p, p.dilation) << " output=" << join_dims(p, p.output);
+  return out.str();
+}
+
+int32_t conv_vector_allowed(ckfmha_conv_problem const& p, const void* x, const void* w) {
+  const int64_t element_bytes = 2;
+  for (int32_t v : {8, 4, 2}) {
+    bool ok = p.in_channels % v == 0;
+    for (int i = 0; ok && i <= p.spatial_dims; ++i) ok = p.x_stride[i] % v == 0;
+    const auto bytes = uintptr_t(v * element_bytes);
+    ok = ok && reinterpret_cast<uintptr_t>(x) % bytes == 0 &&
+         reinterpret_cast<uintptr_t>(w) % bytes == 0;
+    if (ok) return v;
+  }
+  return 1;
+}
+
+namespace {
+
+// Shared memory per block each arch grants (arch_specs.json's
+// max_dynamic_smem_per_block).
+int64_t max_smem_per_block(int arch) {
+  switch (arch) {
+    case 80: return 166912;
+    case 86:
+    case 89: return 101376;
+    default: return arch >= 90 ? 232448 : 101376;
+  }
+}
+
+// What a direct kernel (conv/direct_kernel.cuh, direct_tile) stages for a
+// problem: the input tile its outputs read, in the input's dtype, and its 32
+// groups' filters in fp32. The tile: warps output rows of `tile_m` positions.
+int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p) {
+  const int skip = 3 - p.spatial_dims;
+  auto dim = [&](int32_t const (&values)[3], int axis, int32_t fallback) {
+    return axis >= skip ? int64_t(values[axis - skip]) : int64_t(fallback);
+  };
+  const int64_t tile_out[3] = {1, k.warps, k.tile_m};
+  int64_t positions = 1, taps = 1;
+  for (int axis = 0; axis < 3; ++axis) {
+    const int64_t filter = dim(p.filter, axis, 1);
+    positions *= (tile_out[axis] - 1) * dim(p.stride, axis, 1) +
+                 (filter - 1) * dim(p.dilation, axis, 1) + 1;
+    taps *= filter;
+  }
+  const int64_t groups = k.tile_n;
+  const int64_t x_bytes = (positions * groups * p.in_channels * 2 + 15) / 16 * 16;
+  return x_bytes + groups * p.out_channels * taps * p.in_channels * 4;
+}
+
+// reject_reason's verdict without its text: the selection walks the whole
+// registry (attention kernels included) on every call.
+bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+          ckfmha_conv_direction direction, ConvPlanContext const& context) {
+  return k.family == family_of(direction) && k.dtype == p.dtype &&
+         k.conv_spatial_dims == p.spatial_dims && k.conv_vector <= context.vector &&
+         arch_runs_on(k, context.device_arch) &&
+         (k.conv_max_channels == 0 ||
+          (p.in_channels <= k.conv_max_channels && p.out_channels <= k.conv_max_channels &&
+           direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch)));
+}
+
+std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                          ckfmha_conv_direction direction, ConvPlanContext const& context) {
+  std::ostringstream why;
+  const ckfmha_family family = family_of(direction);
+  if (k.family != family) {
+    why << "family " << family_name(k.family) << ", problem needs " << family_name(family);
+  } else if (!arch_runs_on(k, context.device_arch)) {
+    why << "built for " << k.arch_name << ", which does not run on sm_" << context.device_arch;
+  } else if (k.dtype != p.dtype) {
+    why << "dtype " << dtype_name(k.dtype) << ", problem is " << dtype_name(p.dtype);
+  } else if (k.conv_spatial_dims != p.spatial_dims) {
+    why << k.conv_spatial_dims << " spatial dims, problem has " << p.spatial_dims;
+  } else if (k.conv_vector > context.vector) {
+    why << "loads " << k.conv_vector << " channels at once, but in_channels " << p.in_channels
+        << ", the x strides or the pointers allow " << context.vector;
+  } else if (k.conv_max_channels != 0 &&
+             (p.in_channels > k.conv_max_channels || p.out_channels > k.conv_max_channels)) {
+    why << "computes groups of at most " << k.conv_max_channels
+        << " input and output channels, problem has " << p.in_channels << " and "
+        << p.out_channels;
+  } else if (k.conv_max_channels != 0 &&
+             direct_smem_bytes(k, p) > max_smem_per_block(context.device_arch)) {
+    why << "stages " << direct_smem_bytes(k, p) << " bytes of input tile and filters for this "
+        << "stride, dilation and filter, over sm_" << context.device_arch << "'s "
+        << max_smem_per_block(context.device_arch) << " per block";
+  }
+  return why.str();
+}
+
+bool is_wgmma(ckfmha_kernel_entry const& k) {
+  return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
+}
+
+// CTAs of a kernel an SM runs at once. The wgmma kernels are built for two
+// where their shared memory fits and their vectors are 4 or 8 channels
+// (ConvFwdSm90Traits::kMinCtasPerSm); the
+// mma.sync ones hold one or two 128x128 tiles and more of smaller ones.
+int64_t resident_ctas(ckfmha_kernel_entry const& k) {
+  if (is_wgmma(k)) {
+    const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
+                         int64_t(k.tile_m) * 32;  // + the row table, 32 bytes a row
+    return 2 * smem <= 220 * 1024 && k.conv_vector >= 4 ? 2 : 1;
+  }
+  return std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
+}
+
+// Relative time of the implicit GEMM on a kernel's tile: waves of CTAs times
+// one wave's time. A CTA's time per reduction step is the larger of its
+// products (tile_m x tile_n) and its loads (64 x (tile_m + tile_n), equal at
+// 128x128): the kernels wait on their gathers (ncu on an H100: 62% of cycles
+// with no warp eligible at 28x28x128, 3x3), so a narrow tile saves loads in
+// proportion to its width, not its area (NOTES 107). CTAs sharing an SM share
+// its time. Padding shows up as extra CTAs, a last wave's idle SMs as a whole
+// wave. Over several waves, CTAs that share an SM hide each other's prologue
+// and epilogue (10% measured at 28x28x128, 3x3).
+struct TileCost {
+  double cost;
+  double fill;  // useful / computed products
+  int64_t ctas;
+};
+
+TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, int sm_count) {
+  const int64_t rows = conv_output_rows(p);
+  const int64_t tiles_m = ceil_div(rows, k.tile_m);
+  const int64_t tiles_n = ceil_div(p.out_channels, k.tile_n);
+  const int64_t ctas = tiles_m * tiles_n * p.groups;
+  const double computed = double(tiles_m * k.tile_m) * double(tiles_n * k.tile_n);
+  const double useful = double(rows) * double(p.out_channels);
+  const int64_t resident = resident_ctas(k);
+  const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
+  const int64_t waves = ceil_div(ctas, slots);
+  const double overlap = resident > 1 && waves > 1 ? 0.9 : 1.0;
+  const double step = std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n));
+  const double wave_time = double(resident) * step * overlap;
+  return {double(waves) * wave_time, useful / computed, ctas};
+}
+
+std::string why_none(std::vector<ckfmha_kernel_entry> const& kernels,
+                     ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
+                     ConvPlanContext const& context) {
+  const ckfmha_family family = family_of(direction);
+  std::ostringstream msg;
+  msg << "no compiled " << family_name(family) << " kernel fits " << describe(p) << " on sm_"
+      << context.device_arch << " (channel vector " << context.vector << "). ";
+  std::map<std::string, std::set<int32_t>> variants;
+  for (auto const& k : kernels) {
+    if (k.family != family || !arch_runs_on(k, context.device_arch)) continue;
+    variants[std::string(dtype_name(k.dtype)) + " " + std::to_string(k.conv_spatial_dims) + "d"]
+        .insert(k.conv_vector);
+  }
+  if (variants.empty()) {
+    msg << "No " << family_name(family) << " kernels for sm_" << context.device_arch
+        << " are registered (build them with `python -m ckfmha build`, or let a Python call "
+           "compile them on first use).";
+  } else {
+    msg << "Available on sm_" << context.device_arch << " (channel vectors):";
+    for (auto const& [shape, vectors] : variants) {
+      msg << " " << shape << " {";
+      bool first = true;
+      for (int32_t v : vectors) {
+        msg << (first ? "" : ", ") << v;
+        first = false;
+      }
+      msg << "};";
+    }
+  }
+  msg << " ckfmha_conv_explain lists each kernel's reason.";
+  return msg.str();
+}
+
+}  // namespace
+
+ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_problem const& p,
+                   ckfmha_conv_direction direction, ConvPlanContext const& context) {
+  ConvPlan plan;
+  if (std::string error = check_direction(direction); !error.empty()) {
+    plan.why = error;
+    return plan;
+  }
+  if (context.forced != nullptr) {
+    std::string why = reject_reason(*context.forced, p, direction, context);
+    if (!why.empty()) {
+      plan.why = std::string("kernel ") + context.forced->name + " cannot run this problem: " + why;
+      return plan;
+    }
+    plan.found = true;
+    plan.kernel = *context.forced;
+    plan.why = "kernel forced by name";
+    return plan;
+  }
+  // Preference: a direct kernel for groups of few channels (an implicit GEMM
+  // pads their products to tensor-core tiles), the widest channel vector,
+  // SASS for this exact arch, wgmma over mma.sync, then the tile with the
+  // lowest modelled cost, then generator order.
+  std::tuple<bool, int32_t, bool, bool, double> best{};
+  TileCost best_cost{};
+  for (auto const& k : kernels) {
+    if (!fits(k, p, direction, context)) continue;
+    const TileCost cost = tile_cost(k, p, context.sm_count);
+    std::tuple<bool, int32_t, bool, bool, double> score{
+        k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch, is_wgmma(k),
+        -cost.cost};
+    if (!plan.found || score > best) {
+      plan.found = true;
+      plan.kernel = k;
+      best = score;
+      best_cost = cost;
+    }
+  }
+  if (!plan.found) {
+    plan.why = why_none(kernels, p, direction, context);
+    return plan;
+  }
+  std::ostringstream why;
+  if (plan.kernel.conv_max_channels != 0) {
+    why << "groups of " << p.in_channels << " input and " << p.out_channels
+        << " output channels computed directly, 32 groups a CTA";
+    plan.why = why.str();
+    return plan;
+  }
+  why << (plan.kernel.arch == context.device_arch ? "SASS for this arch" : "compatible SASS")
+      << ", " << plan.kernel.conv_vector << "-channel loads, tile " << plan.kernel.tile_m << "x"
+      << plan.kernel.tile_n << ": " << best_cost.ctas << " CTAs on " << context.sm_count
+      << " SMs, " << int(best_cost.fill * 100.0 + 0.5) << "% of the tiles' products useful";
+  plan.why = why.str();
+  return plan;
+}
+
+std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
+                         ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
+                         ConvPlanContext const& context) {
+  std::ostringstream out;
+  out << "problem: " << conv_direction_name(direction) << " " << describe(p) << " on sm_"
+      << context.device_arch << ", channel vector " << context.vector << "\n";
+  ConvPlan plan = plan_conv(kernels, p, direction, context);
+  const ckfmha_family family = family_of(direction);
+  int listed = 0;
+  for (auto const& k : kernels) {
+    if (k.family != family) continue;
+    ++listed;
+    std::string why = reject_reason(k, p, direction, context);
+    if (why.empty()) {
+      const bool selected = plan.found && std::string(plan.kernel.name) == k.name;
+      out << (selected ? "  selected  " : "  fits      ") << k.name << "\n";
+    } else {
+      out << "  rejected  " << k.name << ": " << why << "\n";
+    }
+  }
+  if (listed == 0) out << "  (no " << family_name(family) << " kernels are registered)\n";
+  out << "plan: ";
+  if (plan.found) {
+    out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";
+  } else {
+    out << "none: " << plan.why << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ckfmha::runtime
