@@ -360,7 +360,7 @@ def test_every_direct_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
     if dims == 2:
         cases = [Case(dtype, 2, (13, 19), 35, bucket, bucket, (3, 3), 1, 1),
                  Case(dtype, 1, (17, 23), 70, *narrow, (7, 7), 1, 3),
-                 Case(dtype, 2, (11, 9), 33, bucket, narrow[1], (3, 5), (2, 3), (1, 2), (1, 2)),
+                 Case(dtype, 2, (11, 9), 33, bucket, narrow[1], (3, 5), (2, 2), (1, 2), (1, 2)),
                  Case(dtype, 1, (9, 40), 3, narrow[0], bucket, (1, 3), 1, (0, 1), layout="slice")]  # fmt: skip
     else:
         cases = [Case(dtype, 2, (4, 7, 9), 33, bucket, bucket, (3, 3, 3), 1, 1),
@@ -368,6 +368,28 @@ def test_every_direct_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
                       (2, 1, 1))]  # fmt: skip
     for case in cases:
         run_case(case, kernel=kernel["name"])
+
+
+def test_a_tile_the_direct_kernel_cannot_stage_falls_back() -> None:
+    """Stride 3 along w over a run of 16 outputs, 4-channel groups: the direct kernel's input
+    tile would outgrow shared memory, so the dispatcher takes an implicit-GEMM kernel, which
+    computes it; forcing the direct kernel fails with the reason."""
+    case = Case("bf16", 2, (11, 9), 33, 4, 2, (3, 5), (2, 3), (1, 2), (1, 2))
+    direct = [k["name"] for k in _device_direct_kernels()
+              if DIRECT_NAME.match(k["name"])["dtype"] == "bf16"
+              and DIRECT_NAME.match(k["name"])["dims"] == "2"
+              and DIRECT_NAME.match(k["name"])["bucket"] == "4"]  # fmt: skip
+    if not direct:
+        pytest.skip("no bf16 2D direct kernel for 4-channel groups is registered")
+    inputs = Inputs()
+    x = make_x(case, inputs)
+    w = inputs.normal(case.problem.w_shape, case.dtype)
+    geometry = {"stride": case.stride, "padding": case.padding, "dilation": case.dilation}
+    chosen = ckfmha.conv_select(x, w, **geometry)
+    assert "_conv_direct_" not in chosen
+    run_case(case)
+    with pytest.raises(errors.UnsupportedError, match="shared memory|per block"):
+        ckfmha.conv_fwd(x, w, kernel=direct[0], **geometry)
 
 
 def test_direct_kernel_refuses_wider_groups() -> None:
