@@ -103,38 +103,39 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const Element* x = static_cast<const Element*>(p.x) + n * p.x_stride[0] + int64_t(group0) * C;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const int positions = tile.in_d * tile.in_h * tile.in_w;
+  // A warp takes rows of the tile (no division per position: ncu found the
+  // depthwise kernel issue-bound, the per-position decode its largest part)
+  // and issues eight positions' loads before storing any, so that it waits
+  // for memory once per eight positions.
   constexpr int kWarps = Traits::kThreads / 32;
-  // Eight positions' loads are issued before any is stored, so that a warp
-  // waits for memory once per eight positions rather than once per position.
   constexpr int kBatch = 8;
-  for (int base = warp; base < positions; base += kWarps * kBatch) {
-    Element values[kBatch][kMax];
+  const int rows_total = tile.in_d * tile.in_h;
+  for (int r = warp; r < rows_total; r += kWarps) {
+    const int ih = r % tile.in_h;
+    const int gd = first_d + r / tile.in_h, gh = first_h + ih;
+    const bool row_inside = lane < groups_here && uint32_t(gd) < uint32_t(p.input[0]) &&
+                            uint32_t(gh) < uint32_t(p.input[1]);
+    const Element* src_row = x + gd * p.x_stride[1] + gh * p.x_stride[2] + lane * C;
+    Element* dst_row = xs + r * tile.in_w * tile.channels + lane;
+    for (int iw0 = 0; iw0 < tile.in_w; iw0 += kBatch) {
+      Element values[kBatch][kMax];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int pos = base + b * kWarps;
-      const int iw = pos % tile.in_w;
-      const int ih = (pos / tile.in_w) % tile.in_h;
-      const int id = pos / (tile.in_w * tile.in_h);
-      const int gd = first_d + id, gh = first_h + ih, gw = first_w + iw;
-      const bool inside = pos < positions && lane < groups_here &&
-                          uint32_t(gd) < uint32_t(p.input[0]) &&
-                          uint32_t(gh) < uint32_t(p.input[1]) && uint32_t(gw) < uint32_t(p.input[2]);
-      const Element* src = x + gd * p.x_stride[1] + gh * p.x_stride[2] + gw * p.x_stride[3] +
-                           lane * C;
-#pragma unroll
-      for (int c = 0; c < kMax; ++c) {
-        values[b][c] = inside && c < C ? src[c] : Element(0.f);
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int pos = base + b * kWarps;
-      if (pos < positions) {
-        Element* dst = xs + pos * tile.channels + lane;
+      for (int b = 0; b < kBatch; ++b) {
+        const int gw = first_w + iw0 + b;
+        const bool inside =
+            row_inside && iw0 + b < tile.in_w && uint32_t(gw) < uint32_t(p.input[2]);
 #pragma unroll
         for (int c = 0; c < kMax; ++c) {
-          if (c < C) dst[c * kGroups] = values[b][c];
+          values[b][c] = inside && c < C ? src_row[gw * p.x_stride[3] + c] : Element(0.f);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (iw0 + b < tile.in_w) {
+#pragma unroll
+          for (int c = 0; c < kMax; ++c) {
+            if (c < C) dst_row[(iw0 + b) * tile.channels + c * kGroups] = values[b][c];
+          }
         }
       }
     }
