@@ -70,18 +70,6 @@ int check_alignment(ckfmha_appendkv_problem const& p, ckfmha_appendkv_args const
   return CKFMHA_SUCCESS;
 }
 
-int find_forced(const char* kernel_name, ckfmha_kernel_entry* forced) {
-  if (!Registry::instance().find(kernel_name, forced)) {
-    return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
-  }
-  if (forced->family != CKFMHA_FAMILY_FWD_APPENDKV) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                std::string("kernel ") + kernel_name + " is a " + family_name(forced->family) +
-                    " kernel; ckfmha_appendkv_run runs fwd_appendkv kernels");
-  }
-  return CKFMHA_SUCCESS;
-}
-
 void fill_strides(ckfmha_layout layout, int64_t (&stride)[3], int64_t heads, int64_t seqlen,
                   int64_t hdim) {
   const bool bhsd = layout == CKFMHA_LAYOUT_BHSD;
@@ -175,7 +163,10 @@ int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem, const ckfmha_app
   if (int s = check_alignment(*problem, *args)) return s;
   ckfmha_kernel_entry forced{};
   if (kernel_name != nullptr) {
-    if (int s = find_forced(kernel_name, &forced)) return s;
+    if (int s = find_forced_of_family(kernel_name, CKFMHA_FAMILY_FWD_APPENDKV,
+                                       "ckfmha_appendkv_run", &forced)) {
+      return s;
+    }
   }
   int device_arch = 0;
   if (int s = current_device_arch(&device_arch)) return s;

@@ -73,12 +73,9 @@ BwdSelection bwd_selection(int device_arch) {
   BwdSelection selection;
   selection.mode = current_selection();
   if (selection.mode == CKFMHA_SELECTION_HEURISTIC) return selection;
-  selection.num_sms = reference_sm_count(device_arch);
-  int count = 0, arch_now = 0;
-  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
-      current_device_arch(&arch_now) == CKFMHA_SUCCESS && arch_now == device_arch) {
-    current_device_sm_count(&selection.num_sms);
-  }
+  // A count the device does not give leaves the reference part's: the cost
+  // features only rank plans.
+  planning_sm_count(device_arch, &selection.num_sms);
   return selection;
 }
 

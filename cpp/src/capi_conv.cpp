@@ -22,30 +22,10 @@ int checked_problem(ckfmha_conv_problem const* problem) {
   return checked(problem, check_conv_problem);
 }
 
-// The arch plans are made for and its SM count: the current device's when it
-// has that arch, else the arch's reference part (as the attention plans do).
+// The arch plans are made for and its SM count (planning_sm_count).
 int conv_context(int arch, ConvPlanContext* context) {
   if (int s = resolve_arch(arch, &context->device_arch)) return s;
-  context->sm_count = reference_sm_count(context->device_arch);
-  int count = 0, device_arch_now = 0;
-  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
-      current_device_arch(&device_arch_now) == CKFMHA_SUCCESS &&
-      device_arch_now == context->device_arch) {
-    if (int s = current_device_sm_count(&context->sm_count)) return s;
-  }
-  return CKFMHA_SUCCESS;
-}
-
-int find_forced(const char* kernel_name, ckfmha_kernel_entry* forced) {
-  if (!Registry::instance().find(kernel_name, forced)) {
-    return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
-  }
-  if (forced->family != CKFMHA_FAMILY_CONV_FWD) {
-    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                std::string("kernel ") + kernel_name + " is a " + family_name(forced->family) +
-                    " kernel; ckfmha_conv_fwd_run runs conv_fwd kernels");
-  }
-  return CKFMHA_SUCCESS;
+  return planning_sm_count(context->device_arch, &context->sm_count);
 }
 
 void dense_strides(int64_t (&stride)[4], int32_t dims, int32_t const (&extent)[3],
@@ -165,7 +145,10 @@ int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem, const ckfmha_conv_fw
   ckfmha_kernel_entry forced{};
   ConvPlanContext context;
   if (kernel_name != nullptr) {
-    if (int s = find_forced(kernel_name, &forced)) return s;
+    if (int s = find_forced_of_family(kernel_name, CKFMHA_FAMILY_CONV_FWD, "ckfmha_conv_fwd_run",
+                                      &forced)) {
+      return s;
+    }
     context.forced = &forced;
   }
   if (int s = conv_context(-1, &context)) return s;

@@ -59,15 +59,7 @@ int plan_context(int arch, PlanContext* context) {
   if (int s = resolve_arch(arch, &context->device_arch)) return s;
   context->selection = current_selection();
   context->selection_generation = selection_generation();
-  int count = 0, device_arch_now = 0;
-  context->num_sms = reference_sm_count(context->device_arch);
-  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
-      current_device_arch(&device_arch_now) == CKFMHA_SUCCESS &&
-      device_arch_now == context->device_arch) {
-    if (int s = current_device_sm_count(&context->num_sms)) return s;
-    context->live_device = true;
-  }
-  return CKFMHA_SUCCESS;
+  return planning_sm_count(context->device_arch, &context->num_sms, &context->live_device);
 }
 
 // A kernel forced by name (NULL: none) joins the plan context.

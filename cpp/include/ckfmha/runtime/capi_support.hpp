@@ -5,6 +5,9 @@
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/runtime/device.hpp"
+#include "ckfmha/runtime/fwd_plan.hpp"
+#include "ckfmha/runtime/problem.hpp"
+#include "ckfmha/runtime/registry.hpp"
 #include "ckfmha/runtime/status.hpp"
 
 #include <cstdint>
@@ -34,6 +37,37 @@ inline int resolve_arch(int arch, int* resolved) {
     return CKFMHA_SUCCESS;
   }
   return current_device_arch(resolved);
+}
+
+// The SM count plans for `device_arch` are made with: the current device's
+// when it has that arch (then *live_device is set, if given), else the arch's
+// reference part (documented in ckfmha.h). Fails only when the device's count
+// cannot be read.
+inline int planning_sm_count(int device_arch, int* sms, bool* live_device = nullptr) {
+  *sms = reference_sm_count(device_arch);
+  int count = 0, arch_now = 0;
+  if (device_count(&count) == CKFMHA_SUCCESS && count > 0 &&
+      current_device_arch(&arch_now) == CKFMHA_SUCCESS && arch_now == device_arch) {
+    if (live_device != nullptr) *live_device = true;
+    return current_device_sm_count(sms);
+  }
+  return CKFMHA_SUCCESS;
+}
+
+// The registered kernel `kernel_name` for a run function of one family
+// (`runner`, e.g. "ckfmha_conv_fwd_run"): NOT_FOUND when no kernel has the
+// name, INVALID_ARGUMENT when it belongs to another family.
+inline int find_forced_of_family(const char* kernel_name, ckfmha_family family,
+                                 const char* runner, ckfmha_kernel_entry* forced) {
+  if (!Registry::instance().find(kernel_name, forced)) {
+    return fail(CKFMHA_ERROR_NOT_FOUND, std::string("no registered kernel named ") + kernel_name);
+  }
+  if (forced->family != family) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                std::string("kernel ") + kernel_name + " is a " + family_name(forced->family) +
+                    " kernel; " + runner + " runs " + family_name(family) + " kernels");
+  }
+  return CKFMHA_SUCCESS;
 }
 
 // A pointer the problem's features make necessary, and what to say when NULL.
