@@ -81,14 +81,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
     CUTE_UNROLL
     for (int stage = 0; stage < kStages - 1; ++stage) {
       if (stage < k_tiles) load_tile(p, stage);
-      cp_async_commit();
+      cp_async_fence();
     }
     for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile) {
       cp_async_wait<kStages - 2>();
       __syncthreads();  // tile k_tile has landed; the stage it replaces is consumed
       const int32_t next = k_tile + kStages - 1;
       if (next < k_tiles) load_tile(p, next % kStages);
-      cp_async_commit();
+      cp_async_fence();
       const int stage = k_tile % kStages;
       CUTE_UNROLL
       for (int kk = 0; kk < size<2>(tCrA); ++kk) {

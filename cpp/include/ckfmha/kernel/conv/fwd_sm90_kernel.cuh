@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     CUTE_UNROLL
     for (int t = 0; t < kAhead; ++t) {
       if (t < k_tiles) load_tile(p, t);
-      cp_async_commit();
+      cp_async_fence();
     }
     clear(acc);
     for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile) {
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       if (ahead < k_tiles) {
         load_tile(p, ahead % kStages);
       }
-      cp_async_commit();
+      cp_async_fence();
       const int stage = k_tile % kStages;
       warpgroup_fence_operand(acc);
       warpgroup_arrive();

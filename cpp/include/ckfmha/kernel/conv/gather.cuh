@@ -51,13 +51,6 @@ __device__ __forceinline__ void copy_or_zero(uint32_t smem_addr, const void* gme
   }
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
-
 // Fills the CTA's row table: each output position's batch offset in x, its
 // offset in y and the input coordinates of its first tap.
 template <int SpatialDims, int TileM, int Threads>
