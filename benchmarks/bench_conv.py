@@ -1,4 +1,5 @@
-"""Grouped convolution forward: ckfmha.conv_fwd beside cuDNN (torch's conv2d/conv3d).
+"""Grouped convolution, each pass beside cuDNN: ckfmha.conv_fwd / conv_bwd_data /
+conv_bwd_weight against torch's conv2d/conv3d and its convolution_backward (``--direction``).
 
 The layers come from real models: ResNeXt-50 32x4d's grouped 3x3 convolutions (each stage, the
 stride-2 ones too), ConvNeXt-T's depthwise 7x7, MobileNetV2's depthwise 3x3, a grouped and a
@@ -6,18 +7,20 @@ dense 3x3x3 of a video network, ResNet-50's pointwise 1x1 and ResNet-18/34's den
 a training batch (32; 8 for video) and an inference batch (1). cuDNN runs through torch on
 channels_last tensors of the same dtype with ``torch.backends.cudnn.benchmark = True``, so it
 picks its fastest algorithm per layer; ckfmha reads the same memory viewed as [N, *spatial, G,
-C] (no copy) and a [G, K, *filter, C] copy of the weight made once, outside the timing.
+C] (no copy) and a [G, K, *filter, C] copy of the weight made once, outside the timing. The
+backward passes take a random dy of the output's shape, channels_last likewise; cuDNN computes
+the one gradient asked for (convolution_backward's output mask).
 
-Every ckfmha result is checked once against torch's convolution of the same inputs in fp32 (no
-TF32) before anything is timed; a layer whose result is off is reported and not timed. The two
+Every ckfmha result is checked once against torch's computation of the same pass on the same
+inputs in fp32 (no TF32) before anything is timed; a layer whose result is off is reported and not timed. The two
 implementations take turns: each round times ``--iters`` calls of one then of the other with
 CUDA events (the order alternating between rounds), and the median round counts. With
 ``--graph`` each round replays a CUDA graph of the calls instead, which leaves out the host's
 time per call (small layers take microseconds). TFLOP/s = 2 * N * output positions * G * K * C
-* filter taps / time.
+* filter taps / time, for every pass.
 
     python benchmarks/bench_conv.py --commit $(git rev-parse --short HEAD) \
-        --out benchmarks/results/conv
+        --direction bwd_weight --out benchmarks/results/conv
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ SUITES: dict[str, Callable[[], list[Layer]]] = {
     "dense": _dense,
 }  # fmt: skip
 TRAIN_BATCH = {2: 32, 3: 8}
+# The results' suite name per pass (the forward's kept its name).
+SUITE_NAMES = {"fwd": "conv", "bwd_data": "conv_bwd_data", "bwd_weight": "conv_bwd_weight"}
 INFERENCE_BATCH = 1
 
 
@@ -176,21 +181,70 @@ def _torch_conv(dims: int) -> Callable[..., Any]:
     return F.conv2d if dims == 2 else F.conv3d
 
 
-def error_over_bound(y: Any, x_ncx: Any, weight: Any, layer: Layer, dtype: str) -> float:
-    """max |y - ref| / (u |ref| + 2^-12 S) over the output, ref and S by torch in fp32."""
-    conv = _torch_conv(len(layer.input))
+@dataclass
+class Operands:
+    """One layer's tensors in torch's layouts (channels_last) and as ckfmha views of them."""
+
+    x_ncx: Any  # [N, G*C, *input]
+    weight: Any  # [G*K, C, *filter]
+    dy_ncx: Any  # [N, G*K, *output]
+    x: Any  # [N, *input, G, C], a view of x_ncx
+    w: Any  # [G, K, *filter, C], a copy
+    dy: Any  # [N, *output, G, K], a view of dy_ncx
+
+
+def _positions(t: Any, groups: int) -> Any:
+    """torch's [N, G*C, *spatial] as ckfmha's [N, *spatial, G, C] (a view for channels_last)."""
+    return t.permute(0, *range(2, t.dim()), 1).unflatten(-1, (groups, -1))
+
+
+def _filters(t: Any, groups: int) -> Any:
+    """torch's [G*K, C, *filter] weight as ckfmha's [G, K, *filter, C]."""
+    return t.unflatten(0, (groups, -1)).permute(0, 1, *range(3, t.dim() + 1), 2)
+
+
+def _torch_pass(direction: str, o: Operands, layer: Layer) -> Any:
+    """cuDNN's result of one pass, in torch's layout."""
+    dims = len(layer.input)
     args = {"stride": layer.stride, "padding": layer.padding, "groups": layer.groups}
+    if direction == "fwd":
+        return _torch_conv(dims)(o.x_ncx, o.weight, None, **args)
+    mask = [direction == "bwd_data", direction == "bwd_weight", False]
+    grads = torch.ops.aten.convolution_backward(
+        o.dy_ncx, o.x_ncx, o.weight, None, [layer.stride] * dims, [layer.padding] * dims,
+        [1] * dims, False, [0] * dims, layer.groups, mask)  # fmt: skip
+    return grads[0] if direction == "bwd_data" else grads[1]
+
+
+def _ckfmha_pass(direction: str, o: Operands, layer: Layer) -> Any:
+    geometry = {"stride": layer.stride, "padding": layer.padding}
+    if direction == "fwd":
+        return ckfmha.conv_fwd(o.x, o.w, **geometry)
+    if direction == "bwd_data":
+        return ckfmha.conv_bwd_data(o.dy, o.w, input_size=layer.input, **geometry)
+    return ckfmha.conv_bwd_weight(o.x, o.dy, filter_size=layer.filter, **geometry)
+
+
+def _in_ckfmha_layout(direction: str, t: Any, groups: int) -> Any:
+    return _filters(t, groups) if direction == "bwd_weight" else _positions(t, groups)
+
+
+def error_over_bound(got: Any, direction: str, o: Operands, layer: Layer, dtype: str) -> float:
+    """max |got - ref| / (u |ref| + 2^-12 S) over the result, ref and S by torch in fp32 (S:
+    the pass over the operands' absolute values)."""
     tf32 = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
-        ref = conv(x_ncx.float(), weight.float(), **args)
-        magnitude = conv(x_ncx.float().abs(), weight.float().abs(), **args)
+        exact = Operands(o.x_ncx.float(), o.weight.float(), o.dy_ncx.float(), None, None, None)
+        absolute = Operands(exact.x_ncx.abs(), exact.weight.abs(), exact.dy_ncx.abs(), None,
+                            None, None)  # fmt: skip
+        ref = _torch_pass(direction, exact, layer)
+        magnitude = _torch_pass(direction, absolute, layer)
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
-    # torch's [N, G*K, *out] as ckfmha's [N, *out, G, K].
-    order = (0, *range(2, 2 + len(layer.input)), 1)
-    ref = ref.permute(order).unflatten(-1, (layer.groups, layer.k))
-    magnitude = magnitude.permute(order).unflatten(-1, (layer.groups, layer.k))
+    ref = _in_ckfmha_layout(direction, ref, layer.groups)
+    magnitude = _in_ckfmha_layout(direction, magnitude, layer.groups)
+    y = got
     if torch.isnan(y).any():
         return math.inf
     bound = UNIT_ROUNDOFF[dtype] * ref.abs() + ACCUMULATION * magnitude
@@ -200,6 +254,7 @@ def error_over_bound(y: Any, x_ncx: Any, weight: Any, layer: Layer, dtype: str) 
 
 
 def run_layer(layer: Layer, batch: int, dtype: str, args: argparse.Namespace) -> Row:
+    direction = args.direction
     dims = len(layer.input)
     problem = layer.problem(batch, dtype)
     row = Row(layer.model, layer.name, batch, _label(layer, batch), problem.flops())
@@ -212,22 +267,23 @@ def run_layer(layer: Layer, batch: int, dtype: str, args: argparse.Namespace) ->
     weight = (torch.randn(g * k, c, *layer.filter, device="cuda", generator=generator)
               * (c * math.prod(layer.filter)) ** -0.5).to(torch_dtype)  # fmt: skip
     weight = weight.contiguous(memory_format=fmt_)
+    dy_ncx = torch.randn(batch, g * k, *problem.output, device="cuda", dtype=torch_dtype,
+                         generator=generator).contiguous(memory_format=fmt_)  # fmt: skip
     # The same memory as [N, *spatial, G, C]; the weight [G*K, C, *f] as [G, K, *f, C].
-    x = x_ncx.permute(0, *range(2, 2 + dims), 1).unflatten(-1, (g, c))
-    w = weight.unflatten(0, (g, k)).permute(0, 1, *range(3, 3 + dims), 2).contiguous()
-    geometry = {"stride": layer.stride, "padding": layer.padding}
-    conv = _torch_conv(dims)
+    o = Operands(x_ncx, weight, dy_ncx, _positions(x_ncx, g), _filters(weight, g).contiguous(),
+                 _positions(dy_ncx, g))  # fmt: skip
     impls = {
-        "ckfmha": lambda: ckfmha.conv_fwd(x, w, **geometry),
-        "cudnn": lambda: conv(x_ncx, weight, None, groups=g, **geometry),
+        "ckfmha": lambda: _ckfmha_pass(direction, o, layer),
+        "cudnn": lambda: _torch_pass(direction, o, layer),
     }
     try:
         y = impls["ckfmha"]()
-        row.kernel = ckfmha.conv_select(x, w, **geometry)
+        row.kernel = ckfmha.conv_select(o.x, o.w, stride=layer.stride, padding=layer.padding,
+                                        direction=direction)  # fmt: skip
     except ckfmha.CkfmhaError as exc:
         row.note = f"ckfmha: {str(exc).splitlines()[0]}"
         return row
-    row.error_over_bound = error_over_bound(y, x_ncx, weight, layer, dtype)
+    row.error_over_bound = error_over_bound(y, direction, o, layer, dtype)
     if not row.error_over_bound <= 1.0:
         row.note = f"wrong result: error {row.error_over_bound:.3g} x the bound; not timed"
         return row
@@ -262,6 +318,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suites", nargs="+", choices=list(SUITES), default=list(SUITES))
     parser.add_argument("--batches", choices=["train", "inference", "both"], default="both")
+    parser.add_argument("--direction", choices=["fwd", "bwd_data", "bwd_weight"],
+                        default="fwd", help="the pass timed")  # fmt: skip
     parser.add_argument("--graph", action="store_true",
                         help="time CUDA graph replays (no host time per call)")
     add_run_arguments(parser, warmup=5, iters=20, repeats=7, out_help="directory for the JSON")
@@ -282,18 +340,21 @@ def main() -> None:
                 rows.append(run_layer(layer, batch, args.dtype, args))
                 torch.cuda.empty_cache()
     print(f"device: {device}  dtype: {args.dtype}  cudnn: {torch.backends.cudnn.version()}  "
-          f"commit: {args.commit}  timing: {'CUDA graphs' if args.graph else 'calls'}")
+          f"commit: {args.commit}  pass: {args.direction}  "
+          f"timing: {'CUDA graphs' if args.graph else 'calls'}")
     print_table(rows)
     result_summary = summary(rows)
     print({name: fmt(value, ".3f") for name, value in result_summary.items()})
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         record = {
-            **run_record("conv", device, args.commit, args.dtype),
+            **run_record(SUITE_NAMES[args.direction], device, args.commit, args.dtype),
+            "direction": args.direction,
             "flops_convention": "2*N*output positions*G*K*C*filter taps",
             "timing": ("median of rounds, implementations alternating; "
                        + ("CUDA graph replays" if args.graph else "calls issued from Python")),
-            "peer": "torch conv2d/conv3d (cuDNN, channels_last, cudnn.benchmark=True)",
+            "peer": ("torch conv2d/conv3d and aten.convolution_backward (cuDNN, channels_last, "
+                     "cudnn.benchmark=True)"),
             "summary": result_summary,
             "rows": [asdict(r) for r in rows],
         }  # fmt: skip

@@ -47,6 +47,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         CKFMHA_FAMILY_BWD_DQ_DK_DV
         CKFMHA_FAMILY_BWD_CONVERT_DQ
         CKFMHA_FAMILY_CONV_FWD
+        CKFMHA_FAMILY_CONV_BWD_WEIGHT
 
     ctypedef enum ckfmha_mode:
         CKFMHA_MODE_BATCH
@@ -358,9 +359,11 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
                             const ckfmha_appendkv_args* args, const char* kernel_name,
                             ckfmha_stream_t stream)
 
-    # grouped convolution (family conv_fwd)
+    # grouped convolution (families conv_fwd, conv_bwd_weight)
     ctypedef enum ckfmha_conv_direction:
         CKFMHA_CONV_FWD
+        CKFMHA_CONV_BWD_DATA
+        CKFMHA_CONV_BWD_WEIGHT
 
     ctypedef struct ckfmha_conv_problem:
         ckfmha_dtype dtype
@@ -383,6 +386,20 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const void* w
         void* y
 
+    ctypedef struct ckfmha_conv_bwd_data_args:
+        const void* dy
+        const void* w
+        void* dx
+        void* workspace
+        size_t workspace_bytes
+
+    ctypedef struct ckfmha_conv_bwd_weight_args:
+        const void* x
+        const void* dy
+        void* dw
+        void* workspace
+        size_t workspace_bytes
+
     int ckfmha_conv_problem_init(ckfmha_conv_problem* problem, ckfmha_dtype dtype,
                                  int32_t spatial_dims, int32_t batch, int32_t groups,
                                  int32_t in_channels, int32_t out_channels, const int32_t* input,
@@ -396,3 +413,11 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem,
                             const ckfmha_conv_fwd_args* args, const char* kernel_name,
                             ckfmha_stream_t stream)
+    int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
+                                   ckfmha_conv_direction direction, int arch, size_t* bytes)
+    int ckfmha_conv_bwd_data_run(const ckfmha_conv_problem* problem,
+                                 const ckfmha_conv_bwd_data_args* args,
+                                 const char* kernel_name, ckfmha_stream_t stream)
+    int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
+                                   const ckfmha_conv_bwd_weight_args* args,
+                                   const char* kernel_name, ckfmha_stream_t stream)

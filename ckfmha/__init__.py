@@ -13,6 +13,7 @@ Quick start::
     q = ckfmha.append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, cos=cos, sin=sin, q=q)
     decode = ckfmha.serving.BatchDecode(...)  # plan/run, replayable in a CUDA graph
     y = ckfmha.conv_fwd(x, w, stride=2, padding=1)  # grouped conv: x [N, H, W, G, C]
+    dx = ckfmha.conv_bwd_data(dy, w, input_size=(H, W), stride=2, padding=1)  # and its gradients
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 from ckfmha._appendkv import append_kv, explain_append_kv, select_append_kv
 from ckfmha._bwd import bwd, bwd_varlen
 from ckfmha._conv import conv_explain, conv_fwd, conv_select
+from ckfmha._conv_bwd import conv_bwd_data, conv_bwd_weight
 from ckfmha._device import (
     current_device,
     device_arch,
@@ -114,6 +116,8 @@ __all__ = [
     "bwd_varlen",
     "check_errors",
     "clear_tuning",
+    "conv_bwd_data",
+    "conv_bwd_weight",
     "conv_explain",
     "conv_fwd",
     "conv_select",

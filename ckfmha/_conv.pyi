@@ -27,6 +27,7 @@ def conv_select(
     out: Any = None,
     dtype: Any = None,
     arch: int | str | None = None,
+    direction: str = "fwd",
 ) -> str: ...
 def conv_explain(
     x: Any | ConvProblem,
@@ -38,4 +39,5 @@ def conv_explain(
     out: Any = None,
     dtype: Any = None,
     arch: int | str | None = None,
+    direction: str = "fwd",
 ) -> str: ...

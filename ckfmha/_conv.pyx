@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""ckfmha.conv_fwd: grouped convolution, 2D and 3D, channels-last with the group explicit."""
+"""ckfmha.conv_fwd: grouped convolution, 2D and 3D, channels-last with the group explicit; and
+selection and explanation for all three passes."""
 
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -23,6 +24,7 @@ from ckfmha.array_devices import HOST, array_device, check_devices
 from ckfmha.conv_problem import (
     CONV_FWD,
     ConvProblem,
+    direction_code,
     check_channels_dense,
     check_dense,
     outer_strides,
@@ -291,30 +293,35 @@ cdef int _problem_from_request(capi.ckfmha_conv_problem* problem, x, w, stride, 
 
 
 def conv_select(x, w=None, *, stride=1, padding=0, dilation=1, out=None, dtype=None,
-                arch=None) -> str:
-    """Name of the conv_fwd kernel ``conv_fwd`` would launch for these arguments ('' when the
-    batch is empty and nothing runs).
+                arch=None, direction="fwd") -> str:
+    """Name of the kernel a pass of this convolution would launch ('' when the batch is empty
+    and nothing runs).
 
-    x, w (and out): arrays as ``conv_fwd`` takes them; only their shapes, strides and dtypes
-    are read (host arrays are not copied, device memory is not touched). Or x a
-    ``ckfmha.ConvProblem`` alone. ``arch`` (90, "sm_90a", ...) defaults to the current
-    device's; pass it to ask about another architecture, or on a machine without a GPU. The
-    pointers' alignment is not known here: a launch on pointers that 16 bytes do not divide
-    takes a narrower-vector kernel.
+    x, w (and out, the forward's y): arrays as ``conv_fwd`` takes them; only their shapes,
+    strides and dtypes are read (host arrays are not copied, device memory is not touched).
+    Or x a ``ckfmha.ConvProblem`` alone. The problem is the forward's for every pass.
+    ``direction``: "fwd" (conv_fwd), "bwd_data" (conv_bwd_data: the conv_fwd kernel of its
+    first stride phase) or "bwd_weight" (conv_bwd_weight). ``arch`` (90, "sm_90a", ...)
+    defaults to the current device's; pass it to ask about another architecture, or on a
+    machine without a GPU. The pointers' alignment is not known here: a launch on pointers
+    that 16 bytes do not divide takes a narrower-vector kernel.
     """
     cdef capi.ckfmha_conv_problem problem
     cdef char buf[NAME_CAPACITY]
+    cdef int c_direction = direction_code(direction)
     _problem_from_request(&problem, x, w, stride, padding, dilation, out, dtype)
-    check(capi.ckfmha_conv_select(&problem, capi.CKFMHA_CONV_FWD, parse_arch(arch), buf,
-                                  NAME_CAPACITY))
+    check(capi.ckfmha_conv_select(&problem, <capi.ckfmha_conv_direction>c_direction,
+                                  parse_arch(arch), buf, NAME_CAPACITY))
     return buf.decode("utf-8", "replace")
 
 
 def conv_explain(x, w=None, *, stride=1, padding=0, dilation=1, out=None, dtype=None,
-                 arch=None) -> str:
-    """Kernel-by-kernel account of which conv_fwd kernels fit (arguments as in
-    ``conv_select``), why the others do not, and the plan."""
+                 arch=None, direction="fwd") -> str:
+    """Kernel-by-kernel account of which kernels fit a pass (arguments as in
+    ``conv_select``), why the others do not, and the plan (backward-data: its stride phases
+    and each one's kernel)."""
     cdef capi.ckfmha_conv_problem problem
+    cdef int c_direction = direction_code(direction)
     _problem_from_request(&problem, x, w, stride, padding, dilation, out, dtype)
     cdef int c_arch = parse_arch(arch)
     cdef size_t needed = 1 << 16
@@ -325,8 +332,9 @@ def conv_explain(x, w=None, *, stride=1, padding=0, dilation=1, out=None, dtype=
         if buf == NULL:
             raise MemoryError()
         try:
-            status = capi.ckfmha_conv_explain(&problem, capi.CKFMHA_CONV_FWD, c_arch, buf,
-                                              needed, &needed)
+            status = capi.ckfmha_conv_explain(&problem,
+                                              <capi.ckfmha_conv_direction>c_direction, c_arch,
+                                              buf, needed, &needed)
             if status != capi.CKFMHA_ERROR_BUFFER_TOO_SMALL:
                 check(status)
                 return buf.decode("utf-8", "replace")

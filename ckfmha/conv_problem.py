@@ -20,12 +20,25 @@ from ckfmha.reference_conv import output_size
 
 PerDim = int | Sequence[int]
 SPATIAL_DIMS = (2, 3)
-# The C API's per-direction code (ckfmha_conv_direction).
+# The C API's per-direction codes (ckfmha_conv_direction), by the names Python calls take.
 CONV_FWD = 0
+CONV_BWD_DATA = 1
+CONV_BWD_WEIGHT = 2
+DIRECTIONS = {"fwd": CONV_FWD, "bwd_data": CONV_BWD_DATA, "bwd_weight": CONV_BWD_WEIGHT}
 
 
 def _invalid(message: str) -> InvalidArgumentError:
     return InvalidArgumentError(message, 1)
+
+
+def direction_code(direction: str) -> int:
+    """The C code of a pass named "fwd", "bwd_data" or "bwd_weight"."""
+    code = DIRECTIONS.get(direction) if isinstance(direction, str) else None
+    if code is None:
+        raise _invalid(
+            f"direction is {direction!r}; supported: {', '.join(map(repr, DIRECTIONS))}"
+        )
+    return code
 
 
 def per_dim(name: str, value: PerDim, dims: int, least: int) -> tuple[int, ...]:

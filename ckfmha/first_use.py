@@ -110,7 +110,7 @@ class ConvKey:
     (``conv_direct_bucket``, 0 for none), which decide the kernels it can run on. Runners that
     pass four fields (no bucket) get the implicit-GEMM kernels alone."""
 
-    direction: int  # ckfmha_conv_direction: 0 forward
+    direction: int  # ckfmha_conv_direction: 0 forward, 1 backward-data, 2 backward-weight
     dtype: int
     spatial_dims: int  # 2 or 3
     vector: int  # 8, 4, 2 or 1 channels per load
@@ -119,8 +119,12 @@ class ConvKey:
 
 Key = FwdKey | BwdKey | AppendKvKey | ConvKey
 
-# ckfmha_conv_direction -> the generator's family.
-CONV_DIRECTIONS = {0: "conv_fwd"}
+# ckfmha_conv_direction -> the generator's family. Backward-data has no family of its own: its
+# plan runs forward kernels over dy, so its key is the forward key of that transformed problem
+# (dy as the input: in_channels = K, the output channels per group).
+CONV_DIRECTIONS = {0: "conv_fwd", 1: "conv_fwd", 2: "conv_bwd_weight"}
+# The families with a direct kernel for groups of few channels.
+CONV_DIRECT_FAMILIES = ("conv_fwd",)
 # Channels a convolution kernel loads at once, widest first (generator.signature.CONV_VECTORS).
 CONV_VECTORS = (8, 4, 2, 1)
 # The direct kernel's channel buckets the kernel sets build, narrowest first
@@ -236,8 +240,9 @@ def _conv_plans(key: ConvKey, gen: Any) -> list[list[Any]]:
     generator's conv tiles), since the dispatcher picks the tile by the problem's shape; where
     the groups fit a channel bucket, also the direct kernel of that bucket (one channel a load),
     which the dispatcher weighs against them. A plan without the direct kernel follows, for a
-    bucket the generator cannot build. A pass or element type without kernels has no plan: the
-    launch says why."""
+    bucket the generator cannot build. The weight gradient has no direct kernel: its plan is
+    the implicit-GEMM signature whatever the bucket. A pass or element type without kernels has
+    no plan: the launch says why."""
     family = CONV_DIRECTIONS.get(key.direction)
     dtype = DTYPES.get(key.dtype)
     if family is None or dtype is None:
@@ -246,7 +251,7 @@ def _conv_plans(key: ConvKey, gen: Any) -> list[list[Any]]:
     implicit_gemm = sig.ConvSignature(
         dtype=dtype, spatial_dims=key.spatial_dims, vector=key.vector, family=family
     )
-    if not key.max_channels:
+    if not key.max_channels or family not in CONV_DIRECT_FAMILIES:
         return [[implicit_gemm]]
     direct = sig.ConvSignature(
         dtype=dtype, spatial_dims=key.spatial_dims, vector=1, max_channels=key.max_channels,

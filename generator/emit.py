@@ -17,6 +17,8 @@ from .signature import (
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
     BWD_FAMILIES,
+    CONV_BWD_WEIGHT,
+    CONV_FAMILIES,
     CONV_FWD,
     PAGED_FAMILIES,
     KernelConfig,
@@ -49,6 +51,7 @@ _FAMILY_ENUMS = {
     BWD_CONVERT_DQ: "CKFMHA_FAMILY_BWD_CONVERT_DQ",
     APPENDKV: "CKFMHA_FAMILY_FWD_APPENDKV",
     CONV_FWD: "CKFMHA_FAMILY_CONV_FWD",
+    CONV_BWD_WEIGHT: "CKFMHA_FAMILY_CONV_BWD_WEIGHT",
 }
 _MODE_ENUMS = {"batch": "CKFMHA_MODE_BATCH", "group": "CKFMHA_MODE_GROUP"}
 _MASK_ENUMS = {
@@ -174,6 +177,13 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         header="ckfmha/kernel/conv/fwd_launch.cuh",
         traits="ckfmha::kernel::ConvFwdDirectTraits",
         launcher="ckfmha::kernel::launch_conv_fwd_direct",
+    ),
+    # The weight gradient: an implicit GEMM per group on cp.async + mma.sync, on every arch
+    # (on sm_90a too: the family has no wgmma template).
+    (CONV_BWD_WEIGHT, "sm80_cpasync_mma"): PipelineTemplate(
+        header="ckfmha/kernel/conv/bwd_weight_launch.cuh",
+        traits="ckfmha::kernel::ConvBwdWeightSm80Traits",
+        launcher="ckfmha::kernel::launch_conv_bwd_weight_sm80",
     ),
 }
 
@@ -333,6 +343,8 @@ def _render_appendkv_instance(config: KernelConfig) -> str:
 
 
 def _render_conv_instance(config: KernelConfig) -> str:
+    """Every implicit-GEMM conv template (the forward's on mma.sync and wgmma, the weight
+    gradient's) takes the same arguments; only the meaning of its tile differs."""
     sig, alg = config.signature, config.algorithm
     if alg.pipeline == CONV_DIRECT_PIPELINE:
         return _instance_text(
@@ -352,7 +364,7 @@ def _render_conv_instance(config: KernelConfig) -> str:
 
 def render_instance(config: KernelConfig) -> str:
     sig, alg = config.signature, config.algorithm
-    if sig.family == CONV_FWD:
+    if sig.family in CONV_FAMILIES:
         return _render_conv_instance(config)
     if sig.family == APPENDKV:
         return _render_appendkv_instance(config)

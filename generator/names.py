@@ -8,6 +8,7 @@ import re
 from .signature import (
     APPENDKV,
     BWD_DQ_DK_DV,
+    CONV_BWD_WEIGHT,
     CONV_FWD,
     Algorithm,
     AppendKvSignature,
@@ -46,8 +47,8 @@ _APPENDKV = re.compile(
 )
 # Any dims, vector and channel bucket read back, so that the rules can say what is supported.
 _CONV = re.compile(
-    rf"(?P<family>{CONV_FWD})_(?P<dtype>fp16|bf16|fp32)_(?P<dims>\d+)d_v(?P<vector>\d+)"
-    r"(?:_c(?P<max_channels>\d+))?"
+    rf"(?P<family>{CONV_FWD}|{CONV_BWD_WEIGHT})_(?P<dtype>fp16|bf16|fp32)"
+    r"_(?P<dims>\d+)d_v(?P<vector>\d+)(?:_c(?P<max_channels>\d+))?"
 )
 _BIAS = {None: "none", "bias": "elementwise", "alibi": "alibi"}
 

@@ -14,6 +14,8 @@ from .signature import (
     BWD_CONVERT_DQ,
     BWD_DOT_DO_O,
     BWD_DQ_DK_DV,
+    CONV_BWD_WEIGHT,
+    CONV_FWD,
     CONV_SPATIAL_DIMS,
     CONV_VECTORS,
     FWD_PAGEDKV,
@@ -45,16 +47,19 @@ FEATURE_FACTORS = {
 
 @dataclass(frozen=True)
 class ConvTile:
-    """A tile of a grouped-convolution template. Implicit GEMM (sm80_cpasync_mma,
+    """A tile of a grouped-convolution template. Forward implicit GEMM (sm80_cpasync_mma,
     sm90_cpasync_wgmma): tile_m output positions x tile_n output channels per CTA, tile_k
     reduction elements (filter taps x input channels) per shared-memory stage. Direct
     (conv_direct): tile_m output positions a thread computes along w (Run), tile_n = 32 groups
-    per CTA, tile_k = the group's channel bucket, one output row per warp, stages = 1.
+    per CTA, tile_k = the group's channel bucket, one output row per warp, stages = 1. Weight
+    gradient (conv_bwd_weight, sm80_cpasync_mma): tile_m output channels x tile_n filter taps x
+    input channels of dw per CTA, tile_k batch x output positions per stage.
     Convolutions have no head dim to key a tile table in arch_specs.json by, so the kernel sets
     list their tiles here.
 
-    A tile applies to the signatures of its channel bucket only (`max_channels`: 0 for the
-    implicit-GEMM tiles, which take any channel count; 1, 2, 4 or 8 for a direct tile) and, when
+    A tile applies to the signatures of its `family` only (the two families share a pipeline
+    but not a template), of its channel bucket only (`max_channels`: 0 for the implicit-GEMM
+    tiles, which take any channel count; 1, 2, 4 or 8 for a direct tile) and, when
     `spatial_dims` is set, of those dims only, so that enumeration pairs each direct signature
     with exactly its own tile and never a direct tile with an implicit-GEMM signature."""
 
@@ -66,11 +71,16 @@ class ConvTile:
     pipeline: str = "sm80_cpasync_mma"
     max_channels: int = 0
     spatial_dims: int = 0  # 0: 2D and 3D
+    family: str = CONV_FWD
 
     def applies_to(self, signature: Signature) -> bool:
         dims = getattr(signature, "spatial_dims", 0)
         bucket = getattr(signature, "max_channels", 0)
-        return bucket == self.max_channels and self.spatial_dims in (0, dims)
+        return (
+            signature.family == self.family
+            and bucket == self.max_channels
+            and self.spatial_dims in (0, dims)
+        )
 
 
 # The dispatcher picks a conv kernel's tile per problem (conv_plan.cpp models each tile's
@@ -97,10 +107,23 @@ CONV_DIRECT_TILES = tuple(
     for dims, runs, warps in ((2, DIRECT_2D_RUNS, 8), (3, DIRECT_3D_RUNS, 4))
     for c in DIRECT_BUCKETS
 )
+
+
+def _bwd_weight_tile(tile_m: int, tile_n: int, tile_k: int, warps: int, stages: int) -> ConvTile:
+    """A tile of the weight gradient's one template (mma.sync, on every arch)."""
+    return ConvTile(tile_m, tile_n, tile_k, warps, stages, family=CONV_BWD_WEIGHT)
+
+
+# The weight gradient's tiles, all built too (the dispatcher picks by shape): the square tile
+# for wide groups, 64 output channels (tile_m) or 64 taps x input channels (tile_n) for narrow
+# ones, 64 x 64 with a fourth stage for the narrowest; full adds a 64-position reduction step on
+# 8 warps, whose 96 KiB of stages and 4 KiB of position table exceed the 99 KiB per block of
+# sm_86 and sm_89.
 CONV_CORE_TILES = (
     ConvTile(128, 128, 32, 4, 3),
     ConvTile(128, 128, 64, 8, 3, SM90_CONV),
     *CONV_DIRECT_TILES,
+    _bwd_weight_tile(128, 128, 32, 4, 3),
 )
 CONV_DEFAULT_TILES = CONV_CORE_TILES + (
     ConvTile(128, 64, 32, 4, 3),
@@ -110,12 +133,16 @@ CONV_DEFAULT_TILES = CONV_CORE_TILES + (
     ConvTile(128, 64, 64, 4, 4, SM90_CONV),
     ConvTile(128, 32, 64, 4, 4, SM90_CONV),
     ConvTile(128, 16, 32, 4, 4, SM90_CONV),
+    _bwd_weight_tile(64, 64, 32, 4, 4),
+    _bwd_weight_tile(128, 64, 32, 4, 3),
+    _bwd_weight_tile(64, 128, 32, 4, 3),
 )
 CONV_FULL_TILES = CONV_DEFAULT_TILES + (
     ConvTile(256, 128, 32, 8, 3),
     ConvTile(128, 128, 64, 4, 3),
     ConvTile(128, 256, 64, 8, 4, SM90_CONV),
     ConvTile(256, 128, 64, 8, 4, SM90_CONV),
+    _bwd_weight_tile(128, 128, 64, 8, 3),
 )
 
 
@@ -431,20 +458,24 @@ def _appendkv_signatures() -> tuple[AppendKvSignature, ...]:
     return plain + fp8
 
 
-def _conv(dtype: str, spatial_dims: int, vector: int, max_channels: int = 0) -> ConvSignature:
+def _conv(
+    dtype: str, spatial_dims: int, vector: int, max_channels: int = 0, family: str = CONV_FWD
+) -> ConvSignature:
     return ConvSignature(
-        dtype=dtype, spatial_dims=spatial_dims, vector=vector, max_channels=max_channels
-    )
+        dtype=dtype, spatial_dims=spatial_dims, vector=vector, max_channels=max_channels,
+        family=family,
+    )  # fmt: skip
 
 
 def _conv_signatures() -> tuple[ConvSignature, ...]:
-    """The grouped-convolution forward for {fp16,bf16} x {2D,3D} x every channel vector: the
-    runtime takes the widest vector a problem's channels, strides and pointers allow, so each
-    width serves problems no wider one can."""
+    """The grouped-convolution forward and weight gradient for {fp16,bf16} x {2D,3D} x every
+    channel vector: the runtime takes the widest vector a problem's channels, strides and
+    pointers allow, so each width serves problems no wider one can. The data gradient runs on
+    the forward's kernels."""
     implicit_gemm = tuple(
-        _conv(dtype, spatial_dims, vector)
-        for dtype, spatial_dims, vector in itertools.product(
-            DTYPES, CONV_SPATIAL_DIMS, CONV_VECTORS
+        _conv(dtype, spatial_dims, vector, family=family)
+        for family, dtype, spatial_dims, vector in itertools.product(
+            (CONV_FWD, CONV_BWD_WEIGHT), DTYPES, CONV_SPATIAL_DIMS, CONV_VECTORS
         )
     )
     return implicit_gemm + _direct_conv_signatures()
@@ -464,11 +495,14 @@ def _direct_conv_signatures() -> tuple[ConvSignature, ...]:
 
 def _core_conv_signatures() -> tuple[ConvSignature, ...]:
     """16-byte loads (channel counts of multiples of 8) in bf16 2D and 3D and fp16 2D, and bf16
-    2D one channel at a time, which runs any channel count (the first layer's 3 channels); and
-    the bf16 2D direct kernels for depthwise groups (1 channel) and groups of up to 4."""
+    2D one channel at a time, which runs any channel count (the first layer's 3 channels), for
+    the forward (and so the data gradient) and the weight gradient; and the bf16 2D direct
+    kernels for depthwise groups (1 channel) and groups of up to 4."""
+    implicit_gemm = (("bf16", 2, 8), ("bf16", 3, 8), ("fp16", 2, 8), ("bf16", 2, 1))
     return (
-        _conv("bf16", 2, 8), _conv("bf16", 3, 8), _conv("fp16", 2, 8), _conv("bf16", 2, 1),
+        *(_conv(*shape) for shape in implicit_gemm),
         _conv("bf16", 2, 1, max_channels=1), _conv("bf16", 2, 1, max_channels=4),
+        *(_conv(*shape, family=CONV_BWD_WEIGHT) for shape in implicit_gemm),
     )  # fmt: skip
 
 
@@ -539,7 +573,8 @@ RECEIPTS: dict[str, Receipt] = {
             "(bf16 also into fp8 caches), the grouped-convolution forward (bf16 2D and 3D and "
             "fp16 2D with 8-channel loads, bf16 2D with 1-channel loads; tile m128n128k32w4s3, "
             "on sm_90a m128n128k64w8s3 on wgmma; and the bf16 2D direct kernels for groups of "
-            "1 and of up to 4 channels), "
+            "1 and of up to 4 channels) and its weight gradient (the same four signatures, "
+            "tile m128n128k32w4s3 on every arch), "
             "and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",
@@ -599,7 +634,9 @@ RECEIPTS: dict[str, Receipt] = {
             "grouped-convolution forward for {fp16,bf16} x {2D,3D} x channel vectors {8,4,2,1} "
             "with tiles m128n128k32w4s3, m128n64k32w4s3, m64n32k32w4s4 and m128n16k32w4s4 "
             "(and on sm_90a five wgmma tiles), and its direct kernel for {fp16,bf16} x {2D,3D} "
-            "x groups of at most {1,2,4,8} channels (one tile each); "
+            "x groups of at most {1,2,4} channels (one tile each), and its weight gradient for "
+            "{fp16,bf16} x {2D,3D} x channel vectors {8,4,2,1} with tiles m128n128k32w4s3, "
+            "m64n64k32w4s4, m128n64k32w4s3 and m64n128k32w4s3; "
             "default tiles (split-KV, conv: every tile)",
             # Training pairs repeat signatures other layers hold: each is listed once.
             signatures=_unique(
@@ -615,8 +652,9 @@ RECEIPTS: dict[str, Receipt] = {
             name="full",
             description="default plus no-LSE variants (the fp8 forward's too), fp32 at every "
             "head dim and every "
-            "alternative tile, and the conv tiles m256n128k32w8s3 and m128n128k64w4s3 (the "
-            "latter where its shared memory fits: not on sm_86 or sm_89)",
+            "alternative tile, the conv tiles m256n128k32w8s3 and m128n128k64w4s3 (the "
+            "latter where its shared memory fits: not on sm_86 or sm_89) and the weight "
+            "gradient's m128n128k64w8s3 (also not on sm_86 or sm_89)",
             signatures=_unique(
                 _mask_signatures((True, False)) + _group_signatures()
                 + _v_col_major_signatures() + _feature_signatures() + _fp32_signatures(full=True)

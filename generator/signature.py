@@ -235,10 +235,12 @@ class AppendKvSignature(NoAttentionFeatures):
         )
 
 
-# Grouped convolution. Only the forward pass exists; the data and weight gradients would be
-# families of their own ("conv_bwd_data", "conv_bwd_weight") on the same signature.
+# Grouped convolution: the forward pass and the weight gradient, families of their own on the
+# same signature. The data gradient has no family: its plan runs forward kernels over dy (a
+# convolution per stride phase with the flipped, transposed filter).
 CONV_FWD = "conv_fwd"
-CONV_FAMILIES = (CONV_FWD,)
+CONV_BWD_WEIGHT = "conv_bwd_weight"
+CONV_FAMILIES = (CONV_FWD, CONV_BWD_WEIGHT)
 # 2D (NHWGC) and 3D (NDHWGC) problems.
 CONV_SPATIAL_DIMS = (2, 3)
 # Channels each global load and store moves at once: 8 is a 16-byte vector of fp16/bf16, the
@@ -246,22 +248,23 @@ CONV_SPATIAL_DIMS = (2, 3)
 CONV_VECTORS = (8, 4, 2, 1)
 # Channel buckets of the direct kernel (groups of few channels on the CUDA cores): a kernel of
 # bucket c runs groups whose input and output channels are both at most c. 0 is no bucket: the
-# implicit-GEMM kernels, which take any channel count.
+# implicit-GEMM kernels, which take any channel count. Only conv_fwd has a direct kernel.
 CONV_MAX_CHANNELS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, order=True)
 class ConvSignature(NoAttentionFeatures):
-    """What a grouped-convolution kernel computes: the element type, 2D or 3D, the channel
-    vector its loads assume (the runtime picks the widest one the problem's channel count,
-    strides and pointers allow, so every width is a kernel of its own) and, for the direct
-    kernel, the most input and output channels a group may have."""
+    """What a grouped-convolution kernel computes: its pass (`family`: y from x and w, or dw
+    from x and dy), the element type, 2D or 3D, the channel vector its loads assume (the runtime
+    picks the widest one the problem's channel count, strides and pointers allow, so every width
+    is a kernel of its own) and, for the forward's direct kernel, the most input and output
+    channels a group may have."""
 
     dtype: str  # "fp16" | "bf16"
     spatial_dims: int  # 2 | 3
     vector: int  # 8 | 4 | 2 | 1
     max_channels: int = 0  # 0: any (implicit GEMM); 1 | 2 | 4 | 8: the direct kernel
-    family: str = CONV_FWD
+    family: str = CONV_FWD  # one of CONV_FAMILIES
 
     # Head dims and storage features, so code that reads any signature finds them (neutral).
     @property

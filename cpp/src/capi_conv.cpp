@@ -1,8 +1,14 @@
 // The extern "C" surface of grouped convolution: argument checks, then the
-// plan and its one launch.
+// plan and its launches (one for the forward; the backward plans' stages in
+// order on the caller's stream).
 #include "ckfmha/ckfmha.h"
 
+#include "ckfmha/kernel/params/conv_params.h"
+
+#include "ckfmha/runtime/capi_conv_support.hpp"
 #include "ckfmha/runtime/capi_support.hpp"
+#include "ckfmha/runtime/conv_aux_kernels.hpp"
+#include "ckfmha/runtime/conv_bwd_plan.hpp"
 #include "ckfmha/runtime/conv_plan.hpp"
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/device_errors.hpp"
@@ -18,14 +24,20 @@ using namespace ckfmha::runtime;
 
 namespace {
 
-int checked_problem(ckfmha_conv_problem const* problem) {
-  return checked(problem, check_conv_problem);
+// The channel vector a single-kernel direction's tensors allow (backward-data
+// works it out per phase).
+int32_t direction_vector(ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
+                         const void* a, const void* b) {
+  return direction == CKFMHA_CONV_BWD_WEIGHT ? conv_weight_vector_allowed(p, a, b)
+                                             : conv_vector_allowed(p, a, b);
 }
 
-// The arch plans are made for and its SM count (planning_sm_count).
-int conv_context(int arch, ConvPlanContext* context) {
-  if (int s = resolve_arch(arch, &context->device_arch)) return s;
-  return planning_sm_count(context->device_arch, &context->sm_count);
+// The first phase a kernel runs, or null when no tap reaches any position.
+ConvDataPhase const* first_running_phase(ConvDataPlan const& plan) {
+  for (auto const& ph : plan.phases) {
+    if (!ph.empty) return &ph;
+  }
+  return nullptr;
 }
 
 void dense_strides(int64_t (&stride)[4], int32_t dims, int32_t const (&extent)[3],
@@ -97,11 +109,20 @@ int ckfmha_conv_problem_validate(const ckfmha_conv_problem* problem) {
 int ckfmha_conv_select(const ckfmha_conv_problem* problem, ckfmha_conv_direction direction,
                        int arch, char* name_buf, size_t buf_len) {
   if (int s = checked_problem(problem)) return s;
+  if (int s = checked_direction(direction)) return s;
   // An empty output selects no kernel: an empty name.
   if (conv_output_rows(*problem) == 0) return copy_text_out("", name_buf, buf_len, nullptr);
   ConvPlanContext context;
   if (int s = conv_context(arch, &context)) return s;
-  context.vector = conv_vector_allowed(*problem, nullptr, nullptr);
+  if (direction == CKFMHA_CONV_BWD_DATA) {
+    // The kernel of the first phase that runs one (every phase when forced).
+    ConvDataPlan plan = plan_conv_bwd_data(*Registry::instance().entries(), *problem, context,
+                                           nullptr, nullptr);
+    if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+    ConvDataPhase const* phase = first_running_phase(plan);
+    return copy_text_out(phase ? phase->plan.kernel.name : "", name_buf, buf_len, nullptr);
+  }
+  context.vector = direction_vector(*problem, direction, nullptr, nullptr);
   ConvPlan plan = plan_conv(*Registry::instance().entries(), *problem, direction, context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   return copy_text_out(plan.kernel.name, name_buf, buf_len, nullptr);
@@ -110,13 +131,20 @@ int ckfmha_conv_select(const ckfmha_conv_problem* problem, ckfmha_conv_direction
 int ckfmha_conv_explain(const ckfmha_conv_problem* problem, ckfmha_conv_direction direction,
                         int arch, char* buf, size_t buf_len, size_t* needed) {
   if (int s = checked_problem(problem)) return s;
+  if (int s = checked_direction(direction)) return s;
   if (conv_output_rows(*problem) == 0) {
-    return copy_text_out(describe(*problem) + "\nno kernel runs: the batch is empty\n", buf,
-                         buf_len, needed);
+    return copy_text_out(describe(*problem) + "\nno kernel runs: the batch is empty" +
+                             (direction == CKFMHA_CONV_BWD_WEIGHT ? " (dw is zeroed)\n" : "\n"),
+                         buf, buf_len, needed);
   }
   ConvPlanContext context;
   if (int s = conv_context(arch, &context)) return s;
-  context.vector = conv_vector_allowed(*problem, nullptr, nullptr);
+  if (direction == CKFMHA_CONV_BWD_DATA) {
+    return copy_text_out(
+        explain_conv_bwd_data(*Registry::instance().entries(), *problem, context), buf, buf_len,
+        needed);
+  }
+  context.vector = direction_vector(*problem, direction, nullptr, nullptr);
   return copy_text_out(
       explain_conv(*Registry::instance().entries(), *problem, direction, context), buf, buf_len,
       needed);
@@ -134,22 +162,12 @@ int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem, const ckfmha_conv_fw
       })) {
     return s;
   }
-  for (auto [ptr, name] : {std::pair{static_cast<const void*>(args->x), "x"},
-                           std::pair{static_cast<const void*>(args->w), "w"},
-                           std::pair{static_cast<const void*>(args->y), "y"}}) {
-    if (!aligned_to(ptr, 2)) {
-      return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
-                  std::string("args.") + name + " is not aligned to its 2-byte elements");
-    }
-  }
+  if (int s = check_element_aligned({{args->x, "x"}, {args->w, "w"}, {args->y, "y"}})) return s;
   ckfmha_kernel_entry forced{};
   ConvPlanContext context;
-  if (kernel_name != nullptr) {
-    if (int s = find_forced_of_family(kernel_name, CKFMHA_FAMILY_CONV_FWD, "ckfmha_conv_fwd_run",
-                                      &forced)) {
-      return s;
-    }
-    context.forced = &forced;
+  if (int s = forced_kernel(kernel_name, CKFMHA_FAMILY_CONV_FWD, "ckfmha_conv_fwd_run", &forced,
+                            &context)) {
+    return s;
   }
   if (int s = conv_context(-1, &context)) return s;
   context.vector = conv_vector_allowed(*problem, args->x, args->w);
@@ -160,6 +178,18 @@ int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem, const ckfmha_conv_fw
   if (int s = begin_launch(&launch_context)) return s;
   return from_launch_result(plan.kernel.launch(problem, args, &launch_context, stream),
                             plan.kernel.name);
+}
+
+int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
+                               ckfmha_conv_direction direction, int arch, size_t* bytes) {
+  (void)arch;  // the sizes do not depend on the kernels chosen
+  if (int s = checked_problem(problem)) return s;
+  if (int s = checked_direction(direction)) return s;
+  if (bytes == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  *bytes = 0;
+  if (direction == CKFMHA_CONV_BWD_DATA) conv_data_phases(*problem, bytes);
+  if (direction == CKFMHA_CONV_BWD_WEIGHT) *bytes = conv_weight_workspace_bytes(*problem);
+  return succeed();
 }
 
 }  // extern "C"

@@ -26,16 +26,15 @@ const char* dim_name(ckfmha_conv_problem const& p, int i) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// What the given direction's kernels are called and which family holds them.
+// The family whose kernels run a direction: backward-data's phases are
+// forward convolutions of dy.
 ckfmha_family family_of(ckfmha_conv_direction direction) {
-  (void)direction;  // only the forward exists so far
-  return CKFMHA_FAMILY_CONV_FWD;
+  return direction == CKFMHA_CONV_BWD_WEIGHT ? CKFMHA_FAMILY_CONV_BWD_WEIGHT
+                                              : CKFMHA_FAMILY_CONV_FWD;
 }
 
-std::string check_direction(ckfmha_conv_direction direction) {
-  if (direction == CKFMHA_CONV_FWD) return {};
-  return "convolution direction " + std::to_string(int(direction)) +
-         " is not supported; supported: forward (" + std::to_string(int(CKFMHA_CONV_FWD)) + ")";
+bool is_weight(ckfmha_conv_direction direction) {
+  return direction == CKFMHA_CONV_BWD_WEIGHT;
 }
 
 std::string join_dims(ckfmha_conv_problem const& p, int32_t const (&values)[3]) {
@@ -47,7 +46,21 @@ std::string join_dims(ckfmha_conv_problem const& p, int32_t const (&values)[3]) 
 }  // namespace
 
 const char* conv_direction_name(ckfmha_conv_direction direction) {
-  return direction == CKFMHA_CONV_FWD ? "forward" : "unknown";
+  switch (direction) {
+    case CKFMHA_CONV_FWD: return "forward";
+    case CKFMHA_CONV_BWD_DATA: return "backward-data";
+    case CKFMHA_CONV_BWD_WEIGHT: return "backward-weight";
+  }
+  return "unknown";
+}
+
+std::string check_conv_direction(ckfmha_conv_direction direction) {
+  if (direction == CKFMHA_CONV_FWD || direction == CKFMHA_CONV_BWD_DATA ||
+      direction == CKFMHA_CONV_BWD_WEIGHT) {
+    return {};
+  }
+  return "convolution direction " + std::to_string(int(direction)) +
+         " is not supported; supported: forward (0), backward-data (1), backward-weight (2)";
 }
 
 std::string check_conv_problem(ckfmha_conv_problem const& p) {
@@ -243,6 +256,7 @@ struct TileCost {
   double cost;
   double fill;  // useful / computed products
   int64_t ctas;
+  int32_t splits = 1;  // of the reduction (backward-weight)
 };
 
 TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, int sm_count) {
@@ -259,6 +273,39 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const double step = std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n));
   const double wave_time = double(resident) * step * overlap;
   return {double(waves) * wave_time, useful / computed, ctas};
+}
+
+// Backward-weight: the product tile is dw's (K x taps * C per group) and the
+// reduction runs over every output position, so few output tiles split it
+// over CTAs until two waves are full (at least 16 k-tiles a split, the
+// partial sums' atomic adds then cost about two k-tiles a CTA).
+TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                          int sm_count, bool can_split) {
+  int64_t taps = 1;
+  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
+  const int64_t reduction = taps * p.in_channels;
+  const int64_t tiles = ceil_div(p.out_channels, k.tile_m) * ceil_div(reduction, k.tile_n) *
+                        p.groups;
+  const int64_t k_tiles = std::max<int64_t>(1, ceil_div(conv_output_rows(p), k.tile_k));
+  const int64_t resident = std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n),
+                                               1, 4);
+  const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
+  int64_t splits = 1;
+  if (can_split && tiles < 2 * slots) {
+    splits = std::clamp<int64_t>(ceil_div(2 * slots, tiles), 1,
+                                 std::min<int64_t>(65535, std::max<int64_t>(1, k_tiles / 16)));
+  }
+  const int64_t per_split = ceil_div(k_tiles, splits);
+  splits = ceil_div(k_tiles, per_split);
+  const int64_t ctas = tiles * splits;
+  const int64_t waves = ceil_div(ctas, slots);
+  const double step = std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n)) *
+                      (k.tile_k / 32.0);
+  const double cost =
+      double(waves) * double(resident) * step * (double(per_split) + (splits > 1 ? 2.0 : 0.0));
+  const double useful = double(p.out_channels) * double(reduction) * p.groups;
+  const double computed = double(tiles) * k.tile_m * k.tile_n;
+  return {cost, useful / computed, ctas, int32_t(splits)};
 }
 
 std::string why_none(std::vector<ckfmha_kernel_entry> const& kernels,
@@ -299,7 +346,7 @@ std::string why_none(std::vector<ckfmha_kernel_entry> const& kernels,
 ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_problem const& p,
                    ckfmha_conv_direction direction, ConvPlanContext const& context) {
   ConvPlan plan;
-  if (std::string error = check_direction(direction); !error.empty()) {
+  if (std::string error = check_conv_direction(direction); !error.empty()) {
     plan.why = error;
     return plan;
   }
@@ -312,6 +359,9 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     plan.found = true;
     plan.kernel = *context.forced;
     plan.why = "kernel forced by name";
+    if (is_weight(direction)) {
+      plan.splits = weight_tile_cost(plan.kernel, p, context.sm_count, context.can_split).splits;
+    }
     return plan;
   }
   // Preference: a direct kernel for groups of few channels (an implicit GEMM
@@ -322,7 +372,9 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   TileCost best_cost{};
   for (auto const& k : kernels) {
     if (!fits(k, p, direction, context)) continue;
-    const TileCost cost = tile_cost(k, p, context.sm_count);
+    const TileCost cost = is_weight(direction)
+                              ? weight_tile_cost(k, p, context.sm_count, context.can_split)
+                              : tile_cost(k, p, context.sm_count);
     std::tuple<bool, int32_t, bool, bool, double> score{
         k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch, is_wgmma(k),
         -cost.cost};
@@ -337,6 +389,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     plan.why = why_none(kernels, p, direction, context);
     return plan;
   }
+  plan.splits = best_cost.splits;
   std::ostringstream why;
   if (plan.kernel.conv_max_channels != 0) {
     why << "groups of " << p.in_channels << " input and " << p.out_channels
@@ -348,6 +401,10 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
       << ", " << plan.kernel.conv_vector << "-channel loads, tile " << plan.kernel.tile_m << "x"
       << plan.kernel.tile_n << ": " << best_cost.ctas << " CTAs on " << context.sm_count
       << " SMs, " << int(best_cost.fill * 100.0 + 0.5) << "% of the tiles' products useful";
+  if (is_weight(direction)) {
+    why << "; the reduction over positions in " << plan.splits << " split"
+        << (plan.splits == 1 ? "" : "s");
+  }
   plan.why = why.str();
   return plan;
 }
@@ -374,7 +431,10 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   }
   if (listed == 0) out << "  (no " << family_name(family) << " kernels are registered)\n";
   out << "plan: ";
-  if (plan.found) {
+  if (plan.found && is_weight(direction) && plan.splits > 1) {
+    out << "zero the fp32 partial sums, " << plan.kernel.name << " over " << plan.splits
+        << " splits adding into them, convert to dw: " << plan.why << "\n";
+  } else if (plan.found) {
     out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";
   } else {
     out << "none: " << plan.why << "\n";

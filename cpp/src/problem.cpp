@@ -86,6 +86,7 @@ const char* family_name(ckfmha_family family) {
     case CKFMHA_FAMILY_BWD_DQ_DK_DV: return "bwd_dq_dk_dv";
     case CKFMHA_FAMILY_BWD_CONVERT_DQ: return "bwd_convert_dq";
     case CKFMHA_FAMILY_CONV_FWD: return "conv_fwd";
+    case CKFMHA_FAMILY_CONV_BWD_WEIGHT: return "conv_bwd_weight";
   }
   return "unknown";
 }

@@ -6,21 +6,29 @@ users (`python -m generator --explain`, the manifest) who must decide what to ch
 common.py holds the rules every template shares; each kernel template has a module of its own
 limits, which also says what its instances assert against the template's C++ traits
 (traits_assertions.py): sm80_fwd (with splitkv_paged for the split-KV and paged families),
-sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd and conv (the
+sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd, conv (the
 grouped convolution on the sm80 path and, with wgmma, on sm_90a, and its direct CUDA-core
-template for groups of few channels).
+template for groups of few channels) and conv_bwd_weight (the convolution's weight gradient on
+the sm80 path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..signature import BWD_DQ_DK_DV, BWD_ROWWISE_FAMILIES, CONV_FWD, KernelConfig
+from ..signature import (
+    BWD_DQ_DK_DV,
+    BWD_ROWWISE_FAMILIES,
+    CONV_BWD_WEIGHT,
+    CONV_FWD,
+    KernelConfig,
+)
 from ..specs import ArchSpec
 from . import (
     appendkv,
     bwd_rowwise,
     conv,
+    conv_bwd_weight,
     simt_fwd,
     sm80_bwd,
     sm80_fwd,
@@ -71,9 +79,11 @@ __all__ = [
 
 def _sm80_template(family: str) -> TemplateRules:
     """The sm80 path's templates: forward (also split-KV and paged), the backward main stage,
-    the row-wise stages, the grouped convolution."""
+    the row-wise stages, the grouped convolution and its weight gradient."""
     if family == CONV_FWD:
         return conv.TEMPLATE
+    if family == CONV_BWD_WEIGHT:
+        return conv_bwd_weight.TEMPLATE
     if family == BWD_DQ_DK_DV:
         return sm80_bwd.TEMPLATE
     if family in BWD_ROWWISE_FAMILIES:

@@ -2,7 +2,9 @@
 group on cp.async + mma.sync, rows the output positions, columns the output channels, the
 reduction the filter taps times the input channels, streamed through shared memory in stages;
 ConvFwdSm90Traits: the same gathers feeding wgmma on sm_90a; ConvFwdDirectTraits: groups of few
-channels computed directly on the CUDA cores."""
+channels computed directly on the CUDA cores. The helpers that check what every conv template
+computes (problem_reasons, vector_reasons), the mma.sync templates' stages (stage_reasons) and
+shared memory (smem_reasons) serve the backward-weight template too (conv_bwd_weight.py)."""
 
 from __future__ import annotations
 
@@ -59,44 +61,89 @@ def conv_smem_launch_bytes(
     return conv_smem_bytes(tile_m, tile_n, tile_k, stages, elem) + tile_m * CONV_ROW_BYTES
 
 
-def _problem_reasons(config: KernelConfig, arithmetic: str) -> list[str]:
-    """What every conv template computes: the family, fp16/bf16 (in `arithmetic`), 2D or 3D."""
+# What the tensor-core conv templates compute in, for the dtype reason.
+MMA_ARITHMETIC = "mma.sync m16n8k16, fp32 accumulators"
+
+
+def problem_reasons(config: KernelConfig, family: str, arithmetic: str) -> list[str]:
+    """What every conv template computes: its `family`, fp16/bf16 (in `arithmetic`), 2D or
+    3D."""
     sig = config.signature
     reasons: list[str] = []
-    if sig.family != CONV_FWD:
-        reasons.append(f"the conv template computes {CONV_FWD} only, not {sig.family!r}")
+    if sig.family != family:
+        reasons.append(f"the conv template computes {family} only, not {sig.family!r}")
     if sig.dtype not in CONV_DTYPES:
         reasons.append(
-            f"dtype {sig.dtype!r} is not supported by {CONV_FWD}: it computes in "
+            f"dtype {sig.dtype!r} is not supported by {family}: it computes in "
             f"{' or '.join(CONV_DTYPES)} ({arithmetic})"
         )
     spatial_dims = getattr(sig, "spatial_dims", None)
     if spatial_dims not in CONV_SPATIAL_DIMS:
         reasons.append(
-            f"spatial_dims={spatial_dims} is not supported; {CONV_FWD} takes 2D (NHWGC) and 3D "
+            f"spatial_dims={spatial_dims} is not supported; {family} takes 2D (NHWGC) and 3D "
             "(NDHWGC) problems"
         )
     return reasons
 
 
+def vector_reasons(config: KernelConfig) -> list[str]:
+    """The implicit-GEMM templates load channels in any vector of CONV_VECTORS."""
+    vector = getattr(config.signature, "vector", None)
+    if vector in CONV_VECTORS:
+        return []
+    return [
+        (
+            f"vector={vector} channels per load is not supported; supported: "
+            f"{', '.join(map(str, CONV_VECTORS))} (8 is one 16-byte load of fp16/bf16, the "
+            "narrower ones divide it)"
+        )
+    ]
+
+
 def _signature_reasons(config: KernelConfig) -> list[str]:
-    """The implicit-GEMM templates' signatures: any channel count, in the channel vector the
-    problem allows."""
-    sig = config.signature
-    reasons = _problem_reasons(config, "mma.sync m16n8k16, fp32 accumulators")
-    max_channels = getattr(sig, "max_channels", 0)
+    """The forward's implicit-GEMM templates' signatures: any channel count, in the channel
+    vector the problem allows."""
+    reasons = problem_reasons(config, CONV_FWD, MMA_ARITHMETIC)
+    max_channels = getattr(config.signature, "max_channels", 0)
     if max_channels != 0:
         reasons.append(
             f"max_channels={max_channels} is the direct template's channel bucket "
             f"(pipeline {CONV_DIRECT_PIPELINE}); the implicit-GEMM conv templates take any channel "
             "count (max_channels=0)"
         )
-    vector = getattr(sig, "vector", None)
-    if vector not in CONV_VECTORS:
+    return reasons + vector_reasons(config)
+
+
+def min_arch_reasons(family: str, arch: ArchSpec) -> list[str]:
+    """The mma.sync templates need sm_80's cp.async and bf16 mma.sync."""
+    if arch.arch_number >= CONV_MIN_ARCH:
+        return []
+    return [
+        (
+            f"{family} needs sm_{CONV_MIN_ARCH} or later (cp.async, bf16 mma.sync); "
+            f"{arch.name} has neither"
+        )
+    ]
+
+
+def stage_reasons(config: KernelConfig) -> list[str]:
+    """The reduction step, cp.async stages and occupancy of the mma.sync conv templates."""
+    alg = config.algorithm
+    reasons: list[str] = []
+    if alg.tile_k not in CONV_TILE_K:
         reasons.append(
-            f"vector={vector} channels per load is not supported; supported: "
-            f"{', '.join(map(str, CONV_VECTORS))} (8 is one 16-byte load of fp16/bf16, the "
-            "narrower ones divide it)"
+            f"tile_k={alg.tile_k} reduction elements per stage is not supported; supported: "
+            f"{', '.join(map(str, CONV_TILE_K))} (whole m16n8k16 steps in 16-byte rows)"
+        )
+    if alg.stages not in CONV_STAGES:
+        reasons.append(
+            f"stages={alg.stages} is not supported; the conv template keeps "
+            f"{CONV_STAGES[0]} to {CONV_STAGES[-1]} cp.async stages in flight"
+        )
+    if alg.ctas_per_sm != 1:
+        reasons.append(
+            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the conv template has no "
+            "occupancy knob (ctas_per_sm=1)"
         )
     return reasons
 
@@ -119,21 +166,7 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
             f"tile_n={alg.tile_n} output channels is not supported; supported: "
             f"{', '.join(map(str, CONV_TILE_N))}"
         )
-    if alg.tile_k not in CONV_TILE_K:
-        reasons.append(
-            f"tile_k={alg.tile_k} reduction elements per stage is not supported; supported: "
-            f"{', '.join(map(str, CONV_TILE_K))} (whole m16n8k16 steps in 16-byte rows)"
-        )
-    if alg.stages not in CONV_STAGES:
-        reasons.append(
-            f"stages={alg.stages} is not supported; the conv template keeps "
-            f"{CONV_STAGES[0]} to {CONV_STAGES[-1]} cp.async stages in flight"
-        )
-    if alg.ctas_per_sm != 1:
-        reasons.append(
-            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the conv template has no "
-            "occupancy knob (ctas_per_sm=1)"
-        )
+    reasons += stage_reasons(config)
     if alg.warps in CONV_WARPS:
         warps_m, warps_n = conv_warp_grid(alg.tile_n, alg.warps)
         if alg.tile_m % (MMA_ROWS * warps_m):
@@ -150,34 +183,37 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
     return reasons
 
 
-def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
-    """The implicit-GEMM templates' stages and row table against the arch's shared memory."""
-    sig, alg = config.signature, config.algorithm
-    elem = ELEMENT_BYTES.get(sig.dtype, 2)
-    smem = conv_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem)
-    if smem <= arch.max_dynamic_smem_per_block:
+def smem_reasons(config: KernelConfig, arch: ArchSpec, launched: int, table: str) -> list[str]:
+    """An implicit-GEMM template's `launched` bytes (its operand stages and the table that
+    `table` describes) against the arch's shared memory."""
+    alg = config.algorithm
+    if launched <= arch.max_dynamic_smem_per_block:
         return []
+    elem = ELEMENT_BYTES.get(config.signature.dtype, 2)
     return [
         (
-            f"shared memory {smem} bytes ({alg.stages} stages x (A {alg.tile_m}x{alg.tile_k} + "
-            f"B {alg.tile_n}x{alg.tile_k}), {elem} B each, + {alg.tile_m} rows x "
-            f"{CONV_ROW_BYTES} B of row table) exceeds {arch.name}'s limit of "
-            f"{arch.max_dynamic_smem_per_block} bytes per block; use fewer stages or a smaller "
-            "tile"
+            f"shared memory {launched} bytes ({alg.stages} stages x (A {alg.tile_m}x{alg.tile_k} "
+            f"+ B {alg.tile_n}x{alg.tile_k}), {elem} B each, + {table}) exceeds {arch.name}'s "
+            f"limit of {arch.max_dynamic_smem_per_block} bytes per block; use fewer stages or a "
+            "smaller tile"
         )
     ]
+
+
+def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """The forward's implicit-GEMM stages and row table against the arch's shared memory."""
+    sig, alg = config.signature, config.algorithm
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    launched = conv_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem)
+    table = f"{alg.tile_m} rows x {CONV_ROW_BYTES} B of row table"
+    return smem_reasons(config, arch, launched, table)
 
 
 def conv_fwd_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the conv forward template: fp16/bf16, 2D or 3D, a channel vector of 8, 4, 2
     or 1, its tile shapes and warp grids, and its stages within the arch's shared memory."""
     reasons = _signature_reasons(config) + _tile_reasons(config)
-    if arch.arch_number < CONV_MIN_ARCH:
-        reasons.append(
-            f"{CONV_FWD} needs sm_{CONV_MIN_ARCH} or later (cp.async, bf16 mma.sync); "
-            f"{arch.name} has neither"
-        )
-    return reasons + _smem_reasons(config, arch)
+    return reasons + min_arch_reasons(CONV_FWD, arch) + _smem_reasons(config, arch)
 
 
 def conv_fwd_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, ...]:
@@ -304,7 +340,7 @@ DIRECT_MAX_ACCUMULATORS = 64
 
 def _direct_signature_reasons(config: KernelConfig) -> list[str]:
     sig = config.signature
-    reasons = _problem_reasons(config, "fp32 FMA on the CUDA cores")
+    reasons = problem_reasons(config, CONV_FWD, "fp32 FMA on the CUDA cores")
     vector = getattr(sig, "vector", None)
     if vector != 1:
         reasons.append(

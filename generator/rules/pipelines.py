@@ -10,6 +10,7 @@ from ..signature import (
     BWD_DQ_DK_DV,
     BWD_FAMILIES,
     BWD_ROWWISE_FAMILIES,
+    CONV_BWD_WEIGHT,
     CONV_FAMILIES,
     CONV_FWD,
     PAGED_FAMILIES,
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 CONV_DIRECT_PIPELINE = "conv_direct"
 SUPPORTED_FAMILIES = (
     "fwd", "fwd_splitkv", "fwd_splitkv_combine", *PAGED_FAMILIES, *BWD_FAMILIES, APPENDKV,
-    CONV_FWD,
+    CONV_FWD, CONV_BWD_WEIGHT,
 )  # fmt: skip
 # The templates that implement each family: split-KV is a variant of the sm80 template, and its
 # combine stage a small CUDA-core kernel of its own; the backward runs on the sm80 path (its
@@ -31,7 +32,8 @@ SUPPORTED_FAMILIES = (
 # on the sm90 path; appending to a KV cache is a memory-bound copy kernel of its own; the
 # grouped convolution is an implicit GEMM on the sm80 path's cp.async + mma.sync, and on sm_90a
 # the same gathers feed wgmma; groups of few channels (depthwise) run on a direct CUDA-core
-# kernel of their own.
+# kernel of their own; the convolution's weight gradient is an implicit GEMM on the sm80 path
+# alone, on every arch (sm_90a included).
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
     "fwd_splitkv": ("sm80_cpasync_mma",),
@@ -44,6 +46,7 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
     APPENDKV: ("appendkv",),
     CONV_FWD: ("sm80_cpasync_mma", "sm90_cpasync_wgmma", CONV_DIRECT_PIPELINE),
+    CONV_BWD_WEIGHT: ("sm80_cpasync_mma",),
 }
 # fp8 queries: the one-stage forward on the Hopper template, whose wgmma multiplies e4m3 tiles
 # as they are (Q K^T, then P quantised to e4m3 times V); K/V are fp8 too.

@@ -124,10 +124,11 @@ def test_registry_json_fields(all_kernels):
     for kernel in all_kernels:
         assert KERNEL_FIELDS <= set(kernel)
         assert kernel["family"] in ("fwd", "fwd_splitkv", "fwd_splitkv_combine", "fwd_appendkv",
-                                    *PAGED_FAMILIES, *BWD_FAMILIES, "conv_fwd")
+                                    *PAGED_FAMILIES, *BWD_FAMILIES, "conv_fwd",
+                                    "conv_bwd_weight")  # fmt: skip
         # Convolutions carry their spatial dims, channel vector and (direct kernels) the
         # channels a group may have; attention kernels carry zeros there.
-        conv = kernel["family"] == "conv_fwd"
+        conv = kernel["family"] in ("conv_fwd", "conv_bwd_weight")
         assert (kernel["conv_spatial_dims"] in (2, 3)) == conv
         assert (kernel["conv_vector"] in (1, 2, 4, 8)) == conv
         assert kernel["conv_max_channels"] in ((0, 1, 2, 4, 8) if conv else (0,))

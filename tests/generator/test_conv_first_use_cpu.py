@@ -1,7 +1,9 @@
 """First use of a grouped convolution: the key a runner passes, the kernels it builds (every tile
 of the default set on the arch's preferred template, for the dispatcher picks the tile by shape
-and prefers wgmma where it has it, and the direct kernel of the key's channel bucket), and the
-channel vector and bucket the key names, which the C runtime works out by the same rules."""
+and prefers wgmma where it has it, and the direct kernel of the key's channel bucket; the
+forward's kernels for the data gradient, the weight gradient's own on the mma.sync template),
+and the channel vector and bucket the key names, which the C runtime works out by the same
+rules."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from generator.receipts import get_receipt
 from generator.specs import load_specs
 
 FP16, BF16, FP32 = 0, 1, 2
-FORWARD = 0
+FORWARD, BWD_DATA, BWD_WEIGHT = 0, 1, 2
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 SM80 = "sm80_cpasync_mma"
 SM90 = "sm90_cpasync_wgmma"
@@ -69,10 +71,64 @@ def test_a_conv_key_builds_the_default_sets_kernels(
         assert len(built_beside) == 4 and not set(built_beside) & set(names)
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("bucket", (0, 4))
+def test_a_backward_data_key_builds_the_forward_kernels(arch: str, bucket: int) -> None:
+    """The data gradient runs forward kernels over dy: its key (the transformed problem's)
+    builds exactly what the forward key of the same fields builds, direct kernel included."""
+    backward = first_use.kernels_for(ConvKey(BWD_DATA, BF16, 2, 8, bucket), arch)
+    forward = first_use.kernels_for(ConvKey(FORWARD, BF16, 2, 8, bucket), arch)
+    assert [c.name for c in backward] == [c.name for c in forward] != []
+    assert all(c.signature.family == "conv_fwd" for c in backward)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize(
+    ("dtype", "spatial_dims", "vector", "signature"),
+    [
+        (BF16, 2, 8, "conv_bwd_weight_bf16_2d_v8"),
+        (FP16, 3, 1, "conv_bwd_weight_fp16_3d_v1"),
+        (BF16, 3, 4, "conv_bwd_weight_bf16_3d_v4"),
+    ],
+)
+def test_a_backward_weight_key_builds_its_default_tiles(
+    arch: str, dtype: int, spatial_dims: int, vector: int, signature: str
+) -> None:
+    """Every default tile of the weight gradient's one template, mma.sync, on every arch
+    (sm_90a too: the family has no wgmma template)."""
+    key = ConvKey(BWD_WEIGHT, dtype, spatial_dims, vector)
+    names = [c.name for c in first_use.kernels_for(key, arch)]
+    assert names == _default_conv_names(arch, signature, SM80)
+    assert len(names) == 4, "every tile of the default set"
+
+
+@pytest.mark.parametrize("bucket", (1, 2, 4, 8))
+def test_a_backward_weight_key_ignores_the_bucket(bucket: int) -> None:
+    """The weight gradient has no direct kernel: a key whose groups fit a bucket builds the
+    implicit-GEMM kernels alone, one plan, no fallback needed."""
+    key = ConvKey(BWD_WEIGHT, BF16, 2, 1, bucket)
+    from ckfmha import jit
+
+    plans = first_use.plans_for(key, jit.generator_modules())
+    assert [[s.name for s in plan] for plan in plans] == [["conv_bwd_weight_bf16_2d_v1"]]
+    names = [c.name for c in first_use.kernels_for(key, "sm_86")]
+    assert names == [c.name for c in first_use.kernels_for(ConvKey(BWD_WEIGHT, BF16, 2, 1),
+                                                           "sm_86")]  # fmt: skip
+    assert names == _default_conv_names("sm_86", "conv_bwd_weight_bf16_2d_v1", SM80)
+
+
+def test_the_raw_key_of_a_backward_weight_runner() -> None:
+    key = first_use.key_of(("conv", (BWD_WEIGHT, FP16, 3, 8, 0)))
+    assert key == ConvKey(direction=BWD_WEIGHT, dtype=FP16, spatial_dims=3, vector=8)
+    assert [c.signature.family for c in first_use.kernels_for(key, "sm_90a")] == [
+        "conv_bwd_weight"
+    ] * 4
+
+
 @pytest.mark.parametrize(
     "key",
     [
-        ConvKey(direction=1, dtype=BF16, spatial_dims=2, vector=8),  # no such pass yet
+        ConvKey(direction=3, dtype=BF16, spatial_dims=2, vector=8),  # no such pass
         ConvKey(FORWARD, FP32, 2, 8),
         ConvKey(FORWARD, 7, 2, 8),  # not a ckfmha_dtype
         ConvKey(FORWARD, BF16, 1, 8),

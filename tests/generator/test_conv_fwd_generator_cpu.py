@@ -1,7 +1,8 @@
 """The grouped-convolution forward (conv_fwd) in the generator: names, the limits of its two
 implicit-GEMM templates (cp.async + mma.sync on every arch, cp.async + wgmma on sm_90a), the
 emitted instances and table entries, and the kernel sets that build them. The direct template
-for groups of few channels has test_conv_direct_generator_cpu.py."""
+for groups of few channels has test_conv_direct_generator_cpu.py, the weight gradient
+test_conv_bwd_weight_generator_cpu.py."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ VECTORS = (8, 4, 2, 1)
 SM80 = "sm80_cpasync_mma"
 SM90 = "sm90_cpasync_wgmma"
 DIRECT = "conv_direct"
-SM80_TILES = tuple(t for t in CONV_FULL_TILES if t.pipeline == SM80)
+SM80_TILES = tuple(
+    t for t in CONV_FULL_TILES if t.pipeline == SM80 and t.family == "conv_fwd"
+)
 SM90_TILES = tuple(t for t in CONV_FULL_TILES if t.pipeline == SM90)
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -100,7 +103,8 @@ def _tile_id(tile: ConvTile) -> str:
 
 
 def _of(pipeline: str, tiles: tuple[ConvTile, ...]) -> tuple[ConvTile, ...]:
-    return tuple(t for t in tiles if t.pipeline == pipeline)
+    """The forward's tiles of `pipeline` (the weight gradient shares the mma.sync one)."""
+    return tuple(t for t in tiles if t.pipeline == pipeline and t.family == "conv_fwd")
 
 
 def _names(arch: str, signatures: list[str], tiles: tuple[ConvTile, ...]) -> list[str]:
@@ -630,7 +634,7 @@ def test_full_adds_the_larger_tiles_that_fit(arch: str) -> None:
     spec = SPECS[arch]
     fits = tuple(
         t for t in CONV_FULL_TILES
-        if t.pipeline in spec.pipelines and t.pipeline != DIRECT
+        if t.pipeline in spec.pipelines and t.pipeline != DIRECT and t.family == "conv_fwd"
         and conv_smem_launch_bytes(t.tile_m, t.tile_n, t.tile_k, t.stages)
         <= spec.max_dynamic_smem_per_block
     )  # fmt: skip
@@ -653,7 +657,7 @@ def test_ci_builds_no_conv_kernel() -> None:
 def test_cli_lists_conv_kernels_by_filter(arch: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "generator", "--kernels", "core", "--arch", arch,
-         "--filter", "^conv_", "--list"],
+         "--filter", "^conv_fwd_", "--list"],
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     pipeline = SM90 if arch == "sm_90a" else SM80
@@ -684,16 +688,33 @@ def _compile_one_unit(tmp_path: Path, configs: list[KernelConfig], arch: str) ->
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# The weight gradient's launcher; its instances compile once it is there.
+BWD_WEIGHT_LAUNCH = REPO_ROOT / "cpp/include/ckfmha/kernel/conv/bwd_weight_launch.cuh"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ("sm_80", "sm_90a"))
-def test_core_conv_instances_compile(tmp_path: Path, arch: str) -> None:
-    """The core set's conv instances against the kernel templates, in one compile unit: each
-    template takes the traits arguments the generator writes, and agrees with its numbers
-    (on sm_90a the wgmma template's, kMinCtasPerSm included; the two direct kernels' too)."""
+@pytest.mark.parametrize(
+    ("family", "direct"),
+    [
+        ("conv_fwd", 2),
+        pytest.param(
+            "conv_bwd_weight", 0,
+            marks=pytest.mark.skipif(
+                not BWD_WEIGHT_LAUNCH.is_file(), reason="launcher header not present"
+            ),
+        ),
+    ],
+)  # fmt: skip
+def test_core_conv_instances_compile(tmp_path: Path, arch: str, family: str, direct: int) -> None:
+    """The core set's conv instances of `family` against the kernel templates, in one compile
+    unit: each template takes the traits arguments the generator writes, and agrees with its
+    numbers (the forward's on sm_90a the wgmma template's, kMinCtasPerSm included, and the two
+    direct kernels' too; the weight gradient's the mma.sync one's on either arch)."""
     configs = [c for c in select(get_receipt("core"), SPECS[arch]).accepted
-               if c.signature.family == "conv_fwd"]  # fmt: skip
-    assert len(configs) == 4 + 2
-    assert sum(c.algorithm.pipeline == DIRECT for c in configs) == 2
+               if c.signature.family == family]  # fmt: skip
+    assert len(configs) == 4 + direct
+    assert sum(c.algorithm.pipeline == DIRECT for c in configs) == direct
     _compile_one_unit(tmp_path, configs, arch)
 
 

@@ -17,6 +17,7 @@ from generator import emit, rules
 from generator.enumerate import select, select_for_arches
 from generator.receipts import compile_filter, get_receipt
 from generator.signature import (
+    CONV_FAMILIES,
     PAGED_FAMILIES,
     Algorithm,
     BwdSignature,
@@ -106,11 +107,12 @@ def test_every_listed_tile_is_valid() -> None:
             and any("fp8 queries run on the sm_90a wgmma template only" in reason
                     for reason in r.reasons)
         ]  # fmt: skip
-        # The conv tile with a 64-wide reduction step keeps 96 KiB of operand stages and a row
-        # table: over the 99 KiB per block of sm_86 and sm_89.
+        # The conv tiles with a 64-wide reduction step (the forward's and the weight
+        # gradient's) keep 96 KiB of operand stages and a row or position table: over the
+        # 99 KiB per block of sm_86 and sm_89.
         conv_smem = [
             r for r in sm80
-            if r.signature.family == "conv_fwd" and r.algorithm is not None
+            if r.signature.family in CONV_FAMILIES and r.algorithm is not None
             and r.algorithm.tile_k == 64 and arch in ("sm_86", "sm_89")
             and all("exceeds" in reason and "shared memory" in reason for reason in r.reasons)
         ]  # fmt: skip
@@ -295,13 +297,17 @@ def test_receipt_sizes(arch: str) -> None:
     # full adds two, of which the 64-wide reduction one (with its row table) does not fit the
     # 99 KiB per block of sm_86 and sm_89. sm_90a also builds the 5 default wgmma tiles, and 7
     # in full. The direct kernel: fp16/bf16 x 2D/3D x the 3 built channel buckets, one tile
-    # each, in default and full on every arch.
-    conv_full_tiles = 6 if specs[arch].max_dynamic_smem_per_block >= 102400 else 5
+    # each, in default and full on every arch. The weight gradient: the same 16 implicit-GEMM
+    # signatures x its 4 default mma.sync tiles on every arch (sm_90a too); full adds one, which
+    # does not fit sm_86 and sm_89 either.
+    fits_64_wide_k = specs[arch].max_dynamic_smem_per_block >= 102400
+    conv_full_tiles = 6 if fits_64_wide_k else 5
     conv_wgmma = (5, 7) if arch == "sm_90a" else (0, 0)
+    bwd_weight_full_tiles = 5 if fits_64_wide_k else 4
     conv = {
         "ci": 0,
-        "default": 16 * (4 + conv_wgmma[0]) + 12,
-        "full": 16 * (conv_full_tiles + conv_wgmma[1]) + 12,
+        "default": 16 * (4 + conv_wgmma[0]) + 12 + 16 * 4,
+        "full": 16 * (conv_full_tiles + conv_wgmma[1]) + 12 + 16 * bwd_weight_full_tiles,
     }
     sizes = {name: size - conv[name] for name, size in sizes.items()}
     # Two backward plans of three stages each in ci.
@@ -654,7 +660,7 @@ def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
     """The sm80 template builds every signature of the full set on the pre-Hopper archs, but
     fp8 K/V: it needs sm_89's e4m3 conversions, and on sm_89 its byte stages leave some split
     tiles over the 99 KiB per block; fp8 queries, which run on the Hopper template only; and
-    the conv tile whose 64-wide reduction step leaves it over the 99 KiB per block. Each such
+    the conv tiles whose 64-wide reduction step leaves them over the 99 KiB per block. Each such
     rejection says so."""
     result = _run_cli("--kernels", "full", "--arch", "sm_80;sm_86;sm_89", "--explain")
     assert result.returncode == 0, result.stderr
@@ -667,6 +673,10 @@ def test_cli_explain_is_quiet_for_fp32_and_fp16() -> None:
             continue
         if name.startswith("conv_fwd_"):
             assert "_m128n128k64_w4s3" in name and "exceeds" in reasons, block
+            assert "sm_86" in name or "sm_89" in name, block
+            continue
+        if name.startswith("conv_bwd_weight_"):
+            assert "_m128n128k64_w8s3" in name and "exceeds" in reasons, block
             assert "sm_86" in name or "sm_89" in name, block
             continue
         assert "_kve4m3__" in name, block
@@ -1102,9 +1112,10 @@ int main() {
 @needs_gxx
 def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     """Builds the ci table, an fp8 forward (its q_quant), two kernels that take only
-    row-broadcast biases (the Hopper backward's, a 192-row Hopper forward's) and three grouped
+    row-broadcast biases (the Hopper backward's, a 192-row Hopper forward's), three grouped
     convolutions (their conv fields; the 2D one on the wgmma template, and a direct one with
-    its channel bucket), against kernel_entry.h and reads every field back."""
+    its channel bucket) and a convolution's weight gradient, against kernel_entry.h and reads
+    every field back."""
     specs = load_specs()
     configs = select_for_arches(get_receipt("ci"), ("sm_80", "sm_90a"), specs).accepted
     configs.append(
@@ -1130,6 +1141,8 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
                      Algorithm("sm_90a", "sm90_cpasync_wgmma", 128, 128, 64, 8, 3)),
         KernelConfig(ConvSignature("fp16", 3, 1, max_channels=4),
                      Algorithm("sm_86", "conv_direct", 8, 32, 4, 4, 1)),
+        KernelConfig(ConvSignature("bf16", 3, 2, family="conv_bwd_weight"),
+                     Algorithm("sm_90a", "sm80_cpasync_mma", 64, 128, 32, 4, 3)),
     ]  # fmt: skip
     files = emit.emit(tmp_path, configs, [], specs)
     # Each stub answers its entry's index: the launch returns it, the resident-CTA query (the
@@ -1166,6 +1179,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
             "bwd_dq_dk_dv": 7,
             "bwd_convert_dq": 8,
             "conv_fwd": 9,
+            "conv_bwd_weight": 10,
         },
         "rope": {"none": 0, "interleaved": 1, "half_rotated": 2},
         "mask": {"none": 0, "causal": 1, "window": 2},

@@ -53,6 +53,8 @@ EXPECTED_MEMBERS = {
                                          "kSmemLaunchBytes", "kMinCtasPerSm"},
     # Its shared memory depends on the problem (stride, dilation, filter): nothing to assert.
     ("conv_fwd", "conv_direct"): {"kThreads", "kMaxChannels", "kRun", "kTileH", "kGroups"},
+    ("conv_bwd_weight", "sm80_cpasync_mma"): {"kThreads", "kWarpsM", "kWarpsN", "kSmemBytes",
+                                              "kSmemLaunchBytes"},
 }
 
 
@@ -131,26 +133,45 @@ def test_asserted_shared_memory_is_what_the_rules_check(config: KernelConfig) ->
 
 
 @pytest.mark.parametrize(
-    "config",
+    ("config", "table_bytes"),
     [
-        KernelConfig(
-            ConvSignature("fp16", 3, 4), Algorithm("sm_80", "sm80_cpasync_mma", 128, 64, 32, 4, 3)
+        (
+            KernelConfig(
+                ConvSignature("fp16", 3, 4),
+                Algorithm("sm_80", "sm80_cpasync_mma", 128, 64, 32, 4, 3),
+            ),
+            128 * 32,  # a ConvRow per output row
         ),
-        KernelConfig(
-            ConvSignature("bf16", 2, 8),
-            Algorithm("sm_90a", "sm90_cpasync_wgmma", 128, 128, 64, 8, 6),
+        (
+            KernelConfig(
+                ConvSignature("bf16", 2, 8),
+                Algorithm("sm_90a", "sm90_cpasync_wgmma", 128, 128, 64, 8, 6),
+            ),
+            128 * 32,
+        ),
+        (
+            KernelConfig(
+                ConvSignature("bf16", 3, 8, family="conv_bwd_weight"),
+                Algorithm("sm_80", "sm80_cpasync_mma", 128, 64, 64, 8, 4),
+            ),
+            2 * 64 * 32,  # two slots of a ConvRow per reduction position
         ),
     ],
-    ids=lambda config: config.algorithm.pipeline + "/" + config.signature.family,
+    ids=lambda value: (
+        value.algorithm.pipeline + "/" + value.signature.family
+        if isinstance(value, KernelConfig) else ""
+    ),
 )
-def test_conv_instances_assert_the_launched_bytes_the_rules_check(config: KernelConfig) -> None:
-    """A conv kernel launches its operand stages and its row table: the rules hold
-    kSmemLaunchBytes (not kSmemBytes) to the arch's limit, to the byte."""
+def test_conv_instances_assert_the_launched_bytes_the_rules_check(
+    config: KernelConfig, table_bytes: int
+) -> None:
+    """A conv kernel launches its operand stages and its row (or position) table: the rules
+    hold kSmemLaunchBytes (not kSmemBytes) to the arch's limit, to the byte."""
     arch = config.algorithm.arch
     assert rules.check(config, SPECS[arch]) == []
     found = _assertions(emit.render_instance(config), config)
     launched, stages = int(found["kSmemLaunchBytes"][0]), int(found["kSmemBytes"][0])
-    assert launched == stages + config.algorithm.tile_m * 32
+    assert launched == stages + table_bytes
     under = "\n".join(rules.check(config, _limited(arch, launched - 1)))
     assert f"shared memory {launched} bytes" in under, under
     assert rules.check(config, _limited(arch, launched)) == []

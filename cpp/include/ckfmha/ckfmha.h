@@ -66,7 +66,9 @@ typedef enum ckfmha_family {
   CKFMHA_FAMILY_BWD_DOT_DO_O = 6,
   CKFMHA_FAMILY_BWD_DQ_DK_DV = 7,
   CKFMHA_FAMILY_BWD_CONVERT_DQ = 8,
-  CKFMHA_FAMILY_CONV_FWD = 9 /* grouped convolution, forward (ckfmha_conv_*) */
+  CKFMHA_FAMILY_CONV_FWD = 9, /* grouped convolution, forward (ckfmha_conv_*); also the
+                                backward-data plan's stages */
+  CKFMHA_FAMILY_CONV_BWD_WEIGHT = 10 /* grouped convolution, backward-weight */
 } ckfmha_family;
 
 typedef enum ckfmha_mode {
@@ -747,11 +749,13 @@ CKFMHA_API int ckfmha_appendkv_run(const ckfmha_appendkv_problem* problem,
                                    const ckfmha_appendkv_args* args, const char* kernel_name,
                                    ckfmha_stream_t stream);
 
-/* ---- grouped convolution (family conv_fwd) ---- */
+/* ---- grouped convolution (families conv_fwd, conv_bwd_weight) ---- */
 
 /* Which pass of a convolution a call computes. */
 typedef enum ckfmha_conv_direction {
-  CKFMHA_CONV_FWD = 0 /* y = conv(x, w) */
+  CKFMHA_CONV_FWD = 0,        /* y = conv(x, w) */
+  CKFMHA_CONV_BWD_DATA = 1,   /* dx = the gradient of conv(x, w) by x, given dy */
+  CKFMHA_CONV_BWD_WEIGHT = 2  /* dw = the gradient of conv(x, w) by w, given dy */
 } ckfmha_conv_direction;
 
 /*
@@ -797,6 +801,31 @@ typedef struct ckfmha_conv_fwd_args {
   void* y;
 } ckfmha_conv_fwd_args;
 
+/* Backward-data: dx (x's layout and strides) from dy (y's) and w. The plan
+ * runs forward kernels over dy: per stride phase (the positions of dx with
+ * the same remainder by the stride in every dim) one convolution with the
+ * filter taps that reach that phase, flipped and transposed into the
+ * workspace first; dx positions no tap reaches are zeroed. */
+typedef struct ckfmha_conv_bwd_data_args {
+  const void* dy;
+  const void* w;
+  void* dx;
+  void* workspace; /* ckfmha_conv_workspace_size bytes, 16-byte aligned */
+  size_t workspace_bytes;
+} ckfmha_conv_bwd_data_args;
+
+/* Backward-weight: dw (w's layout) from x and dy. The reduction over batch
+ * and output positions is split over CTAs when that fills the GPU; split
+ * plans add fp32 partial sums into the workspace (in no fixed order, so the
+ * last bits may differ between runs) and convert it into dw. */
+typedef struct ckfmha_conv_bwd_weight_args {
+  const void* x;
+  const void* dy;
+  void* dw;
+  void* workspace; /* ckfmha_conv_workspace_size bytes, 16-byte aligned */
+  size_t workspace_bytes;
+} ckfmha_conv_bwd_weight_args;
+
 /* Fills a problem with dense x and y; stride, padding and dilation may be NULL
  * (1, 0 and 1 in every dim) and otherwise hold spatial_dims entries. */
 CKFMHA_API int ckfmha_conv_problem_init(ckfmha_conv_problem* problem, ckfmha_dtype dtype,
@@ -818,6 +847,20 @@ CKFMHA_API int ckfmha_conv_explain(const ckfmha_conv_problem* problem,
 CKFMHA_API int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem,
                                    const ckfmha_conv_fwd_args* args, const char* kernel_name,
                                    ckfmha_stream_t stream);
+/* Bytes of workspace a direction's plan needs on `arch` (< 0: the current
+ * device's); 0 for the forward. */
+CKFMHA_API int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
+                                          ckfmha_conv_direction direction, int arch,
+                                          size_t* bytes);
+/* dx on `stream`; kernel_name NULL (automatic) or a conv_fwd kernel that every
+ * phase then runs on. */
+CKFMHA_API int ckfmha_conv_bwd_data_run(const ckfmha_conv_problem* problem,
+                                        const ckfmha_conv_bwd_data_args* args,
+                                        const char* kernel_name, ckfmha_stream_t stream);
+/* dw on `stream`; kernel_name NULL (automatic) or a conv_bwd_weight kernel. */
+CKFMHA_API int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
+                                          const ckfmha_conv_bwd_weight_args* args,
+                                          const char* kernel_name, ckfmha_stream_t stream);
 
 #ifdef __cplusplus
 }

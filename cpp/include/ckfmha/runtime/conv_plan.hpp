@@ -20,6 +20,8 @@ int64_t conv_output_rows(ckfmha_conv_problem const& problem);
 
 std::string describe(ckfmha_conv_problem const& problem);
 const char* conv_direction_name(ckfmha_conv_direction direction);
+// Empty for a known direction, else what is supported.
+std::string check_conv_direction(ckfmha_conv_direction direction);
 
 // The widest channel vector (8, 4, 2 or 1 elements) the problem's channel
 // count and x strides allow, and the pointers when given (NULL: assumed
@@ -31,6 +33,7 @@ struct ConvPlan {
   bool found = false;
   ckfmha_kernel_entry kernel{};
   std::string why;  // found: why this kernel; else what is missing and what exists
+  int32_t splits = 1;  // backward-weight: CTAs sharing each output tile's reduction
 };
 
 struct ConvPlanContext {
@@ -38,6 +41,7 @@ struct ConvPlanContext {
   int sm_count = 0;
   int32_t vector = 8;                          // conv_vector_allowed
   ckfmha_kernel_entry const* forced = nullptr;  // a kernel the caller named
+  bool can_split = true;  // backward-weight: a workspace for partial sums exists
 };
 
 ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels,

@@ -32,4 +32,26 @@ struct ConvFwdParams {
   int32_t paired_stores;
 };
 
+// Backward-weight: the forward problem's geometry, with y holding dy (read)
+// and w the gradient dw (written). A plan that splits the reduction over
+// positions adds each CTA's partial sums into `accum`, fp32 in w's layout
+// ([groups, out_channels, reduction], zeroed first), and a later pass
+// converts it; with one split the CTAs store dw directly.
+struct ConvBwdWeightParams {
+  ConvFwdParams conv;
+  float* accum;  // null: store into conv.w
+  int64_t tiles_per_split;  // k-tiles of positions each split reduces
+  // 1: adjacent reduction elements of dw may be stored as one 4-byte pair.
+  int32_t paired_stores;
+};
+
+// What the runtime hands a backward-weight launcher as its `args`.
+struct ConvBwdWeightLaunch {
+  const void* x;
+  const void* dy;
+  void* dw;
+  float* accum;    // null for one split
+  int32_t splits;  // of the reduction over positions, >= 1
+};
+
 }  // namespace ckfmha::kernel

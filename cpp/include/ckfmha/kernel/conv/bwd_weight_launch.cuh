@@ -1,0 +1,45 @@
+// Host-side launcher for one conv_bwd_weight instance. The runtime has checked
+// the problem, the pointers and the channel vector, chosen the split count
+// and, for a split plan, zeroed the fp32 partial sums before a launcher runs.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/common/launch.cuh"
+#include "ckfmha/kernel/conv/bwd_weight_kernel.cuh"
+#include "ckfmha/kernel/conv/fwd_launch.cuh"
+#include "ckfmha/kernel/params/conv_params.h"
+#include "ckfmha/kernel/params/launch_context.h"
+#include "ckfmha/kernel_entry.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+template <class Traits>
+int launch_conv_bwd_weight_sm80(void const* problem, void const* args,
+                                ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;  // no device metadata is read
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
+  ConvBwdWeightParams bp{};
+  // The forward's geometry with w = dw (written) and y = dy (read).
+  bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
+  bp.accum = la.accum;
+  const int64_t position_tiles = (bp.conv.rows + Traits::kTileK - 1) / Traits::kTileK;
+  const int64_t splits = la.accum == nullptr ? 1 : std::clamp<int64_t>(la.splits, 1, 65535);
+  bp.tiles_per_split = std::max<int64_t>(1, (position_tiles + splits - 1) / splits);
+  const int64_t used_splits = std::max<int64_t>(
+      1, (position_tiles + bp.tiles_per_split - 1) / bp.tiles_per_split);
+  bp.paired_stores =
+      reinterpret_cast<uintptr_t>(la.dw) % 4 == 0 && bp.conv.reduction % 2 == 0 ? 1 : 0;
+  const int64_t tiles_m = (bp.conv.out_channels + Traits::kTileM - 1) / Traits::kTileM;
+  const int64_t tiles_n = (int64_t(bp.conv.reduction) + Traits::kTileN - 1) / Traits::kTileN;
+  if (tiles_m * tiles_n > 0x7fffffff) return -int(cudaErrorInvalidConfiguration);
+  dim3 grid(unsigned(tiles_m * tiles_n), unsigned(used_splits),
+            unsigned(std::min(bp.conv.groups, 65535)));
+  return launch_kernel(&conv_bwd_weight_sm80_kernel<Traits>, grid, Traits::kThreads,
+                       Traits::kSmemLaunchBytes, stream, bp);
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,70 @@
+// The convolution backward plans. Backward-data runs the forward kernels:
+// per stride phase, a convolution of dy with the filter taps that reach the
+// phase's positions of dx. Backward-weight runs one conv_bwd_weight kernel,
+// its reduction over positions split across CTAs where that fills the GPU.
+#pragma once
+
+#include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel_entry.h"
+#include "ckfmha/runtime/conv_aux_kernels.hpp"
+#include "ckfmha/runtime/conv_plan.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckfmha::runtime {
+
+// The positions of dx with one remainder by the stride in every dim. For dx
+// position phase + stride * j and filter tap r, dy position
+// (phase + padding - r * dilation) / stride is read when the division is
+// exact: the taps that reach the phase are every `step`-th one down from
+// `first`, and in dy's coordinates they form a forward convolution of
+// stride 1 (`forward`: x = dy, in_channels = K, out_channels = C, y = the
+// phase of dx), whose padding may be negative.
+struct ConvDataPhase {
+  ckfmha_conv_problem forward{};
+  int64_t dx_offset = 0;      // elements from dx to the phase's first position
+  size_t filter_offset = 0;   // bytes into the workspace of its filter
+  ConvPhaseFilter filter{};   // the rearrangement (pointers set at run time)
+  bool empty = false;         // no tap reaches it: its positions are zeros
+  ConvPlan plan;              // its kernel (non-empty phases)
+};
+
+struct ConvDataPlan {
+  bool found = false;
+  std::string why;  // when not found: which phase has no kernel and why
+  std::vector<ConvDataPhase> phases;
+  size_t workspace_bytes = 0;
+};
+
+// The phases and their forward problems, without kernels.
+std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& problem,
+                                            size_t* workspace_bytes);
+
+// A kernel for every non-empty phase; dy and workspace (may be NULL: assumed
+// aligned) decide the channel vector each phase allows.
+ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
+                                ckfmha_conv_problem const& problem,
+                                ConvPlanContext const& context, const void* dy,
+                                const void* workspace);
+
+std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
+                                  ckfmha_conv_problem const& problem,
+                                  ConvPlanContext const& context);
+
+// The widest channel vector backward-weight may load: it divides both
+// channel counts, the x and dy strides, and aligns both pointers (NULL:
+// assumed aligned).
+int32_t conv_weight_vector_allowed(ckfmha_conv_problem const& problem, const void* x,
+                                   const void* dy);
+
+// fp32 partial sums of dw: groups x K x taps x C.
+size_t conv_weight_workspace_bytes(ckfmha_conv_problem const& problem);
+
+// Checks the backward-data phases' reductions (taps x K) fit the kernels'
+// 32-bit index; empty when they do.
+std::string check_conv_bwd_data(ckfmha_conv_problem const& problem);
+
+}  // namespace ckfmha::runtime

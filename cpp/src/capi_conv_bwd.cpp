@@ -1,0 +1,155 @@
+// The extern "C" runners of the convolution backward passes: argument checks,
+// then the plan's stages in order on the caller's stream.
+#include "ckfmha/ckfmha.h"
+
+#include "ckfmha/kernel/params/conv_params.h"
+#include "ckfmha/runtime/capi_conv_support.hpp"
+#include "ckfmha/runtime/capi_support.hpp"
+#include "ckfmha/runtime/conv_aux_kernels.hpp"
+#include "ckfmha/runtime/conv_bwd_plan.hpp"
+#include "ckfmha/runtime/conv_plan.hpp"
+#include "ckfmha/runtime/device_errors.hpp"
+#include "ckfmha/runtime/registry.hpp"
+#include "ckfmha/runtime/status.hpp"
+
+#include <cstdint>
+#include <string>
+
+using namespace ckfmha::runtime;
+
+namespace {
+
+// dx of the backward-data plan: zeros where no tap reaches, else each
+// phase's filter rearranged into the workspace and its forward convolution.
+int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args,
+                 ckfmha_stream_t stream) {
+  ckfmha_launch_context launch_context{};
+  if (int s = begin_launch(&launch_context)) return s;
+  for (auto const& ph : plan.phases) {
+    char* dx = static_cast<char*>(args.dx) + ph.dx_offset * 2;
+    if (ph.empty) {
+      ConvZeroFill zeros{};
+      zeros.base = dx;
+      const int skip = 3 - ph.forward.spatial_dims;
+      zeros.extent[0] = ph.forward.batch;
+      zeros.stride[0] = ph.forward.y_stride[0];
+      for (int axis = 0; axis < 3; ++axis) {
+        const bool real = axis >= skip;
+        zeros.extent[1 + axis] = real ? ph.forward.output[axis - skip] : 1;
+        zeros.stride[1 + axis] = real ? ph.forward.y_stride[1 + axis - skip] : 0;
+      }
+      zeros.row = int64_t(ph.forward.groups) * ph.forward.out_channels;
+      if (int r = launch_conv_zero_fill(zeros, stream)) return from_launch_result(r, "conv zeros");
+      continue;
+    }
+    ConvPhaseFilter filter = ph.filter;
+    filter.w = args.w;
+    filter.dst = static_cast<char*>(args.workspace) + ph.filter_offset;
+    if (int r = launch_conv_phase_filter(filter, stream)) {
+      return from_launch_result(r, "conv phase filter");
+    }
+    ckfmha_conv_fwd_args fwd{args.dy, filter.dst, dx};
+    if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &launch_context, stream)) {
+      return from_launch_result(r, ph.plan.kernel.name);
+    }
+  }
+  return succeed();
+}
+
+// Zeros in a dense [groups, K, taps, C] dw: the gradient of an empty batch.
+int zero_weights(ckfmha_conv_problem const& p, void* dw, ckfmha_stream_t stream) {
+  ConvZeroFill zeros{};
+  zeros.base = dw;
+  for (int d = 0; d < 4; ++d) zeros.extent[d] = 1;
+  zeros.row = int64_t(conv_weight_workspace_bytes(p) / sizeof(float));
+  return from_launch_result(launch_conv_zero_fill(zeros, stream), "conv zeros");
+}
+
+}  // namespace
+
+extern "C" {
+
+int ckfmha_conv_bwd_data_run(const ckfmha_conv_problem* problem,
+                             const ckfmha_conv_bwd_data_args* args, const char* kernel_name,
+                             ckfmha_stream_t stream) {
+  if (int s = checked_problem(problem)) return s;
+  if (args == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args is NULL");
+  if (std::string why = check_conv_bwd_data(*problem); !why.empty()) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT, why);
+  }
+  if (conv_output_rows(*problem) == 0) return succeed();
+  if (int s = require_pointers({
+          RequiredPointer{true, args->dy, "args.dy is NULL"},
+          RequiredPointer{true, args->w, "args.w is NULL"},
+          RequiredPointer{true, args->dx, "args.dx is NULL"},
+      })) {
+    return s;
+  }
+  if (int s = check_element_aligned({{args->dy, "dy"}, {args->w, "w"}, {args->dx, "dx"}})) {
+    return s;
+  }
+  size_t needed = 0;
+  conv_data_phases(*problem, &needed);
+  if (int s = check_workspace(args->workspace, args->workspace_bytes, needed, true)) return s;
+  ckfmha_kernel_entry forced{};
+  ConvPlanContext context;
+  if (int s = forced_kernel(kernel_name, CKFMHA_FAMILY_CONV_FWD, "ckfmha_conv_bwd_data_run",
+                            &forced, &context)) {
+    return s;
+  }
+  if (int s = conv_context(-1, &context)) return s;
+  ConvDataPlan plan = plan_conv_bwd_data(*Registry::instance().entries(), *problem, context,
+                                         args->dy, args->workspace);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  return run_bwd_data(plan, *args, stream);
+}
+
+int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
+                               const ckfmha_conv_bwd_weight_args* args, const char* kernel_name,
+                               ckfmha_stream_t stream) {
+  if (int s = checked_problem(problem)) return s;
+  if (args == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "args is NULL");
+  if (int s = require_pointers({
+          RequiredPointer{true, args->dw, "args.dw is NULL"},
+          RequiredPointer{conv_output_rows(*problem) > 0, args->x, "args.x is NULL"},
+          RequiredPointer{conv_output_rows(*problem) > 0, args->dy, "args.dy is NULL"},
+      })) {
+    return s;
+  }
+  if (int s = check_element_aligned({{args->x, "x"}, {args->dy, "dy"}, {args->dw, "dw"}})) {
+    return s;
+  }
+  const size_t needed = conv_weight_workspace_bytes(*problem);
+  // No workspace: a plan without splits (one CTA per output tile).
+  if (int s = check_workspace(args->workspace, args->workspace_bytes, needed, false)) return s;
+  if (conv_output_rows(*problem) == 0) return zero_weights(*problem, args->dw, stream);
+  ckfmha_kernel_entry forced{};
+  ConvPlanContext context;
+  if (int s = forced_kernel(kernel_name, CKFMHA_FAMILY_CONV_BWD_WEIGHT,
+                            "ckfmha_conv_bwd_weight_run", &forced, &context)) {
+    return s;
+  }
+  if (int s = conv_context(-1, &context)) return s;
+  context.vector = conv_weight_vector_allowed(*problem, args->x, args->dy);
+  context.can_split = args->workspace != nullptr;
+  ConvPlan plan =
+      plan_conv(*Registry::instance().entries(), *problem, CKFMHA_CONV_BWD_WEIGHT, context);
+  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  ckfmha_launch_context launch_context{};
+  if (int s = begin_launch(&launch_context)) return s;
+  float* sums = plan.splits > 1 ? static_cast<float*>(args->workspace) : nullptr;
+  const int64_t count = int64_t(needed / sizeof(float));
+  if (sums != nullptr) {
+    if (int r = zero_fp32(sums, count, stream)) return from_launch_result(r, "conv zeros");
+  }
+  ckfmha::kernel::ConvBwdWeightLaunch launch{args->x, args->dy, args->dw, sums, plan.splits};
+  if (int r = plan.kernel.launch(problem, &launch, &launch_context, stream)) {
+    return from_launch_result(r, plan.kernel.name);
+  }
+  if (sums == nullptr) return succeed();
+  return from_launch_result(
+      launch_conv_convert_weights(sums, args->dw, problem->dtype, count, stream),
+      "conv weight convert");
+}
+
+}  // extern "C"

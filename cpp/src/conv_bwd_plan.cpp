@@ -1,0 +1,197 @@
+// The backward-data plan's stride phases (conv_bwd_plan.hpp), and the
+// backward-weight plan's vector and workspace.
+#include "ckfmha/runtime/conv_bwd_plan.hpp"
+
+#include "ckfmha/runtime/dispatcher.hpp"
+
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+namespace ckfmha::runtime {
+
+namespace {
+
+// One spatial dim of one phase.
+struct DimPhase {
+  int32_t positions = 0;  // dx positions of the phase
+  int32_t taps = 0;       // filter taps that reach them (0: none)
+  int32_t first = 0;      // the largest such tap
+  int32_t step = 1;       // distance between consecutive ones
+  int32_t padding = 0;    // the forward problem's, in dy's coordinates
+  int32_t dilation = 1;
+};
+
+DimPhase dim_phase(int32_t input, int32_t filter, int32_t stride, int32_t padding,
+                   int32_t dilation, int32_t phase) {
+  DimPhase d;
+  d.positions = (input - phase + stride - 1) / stride;
+  const int32_t common = std::gcd(stride, dilation);
+  d.step = stride / common;
+  // Tap r reaches the phase when phase + padding - r * dilation divides by
+  // the stride; that repeats every `step` taps, so the top `step` decide.
+  for (int32_t r = filter - 1; r >= 0 && r >= filter - d.step; --r) {
+    if ((int64_t(phase) + padding - int64_t(r) * dilation) % stride == 0) {
+      d.first = r;
+      d.taps = r / d.step + 1;
+      d.dilation = dilation / common;
+      d.padding = int32_t((int64_t(r) * dilation - phase - padding) / stride);
+      break;
+    }
+  }
+  return d;
+}
+
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
+                                            size_t* workspace_bytes) {
+  const int dims = p.spatial_dims;
+  int32_t phases_per_dim[3] = {1, 1, 1};
+  for (int i = 0; i < dims; ++i) phases_per_dim[i] = std::min(p.stride[i], p.input[i]);
+  std::vector<ConvDataPhase> phases;
+  size_t offset = 0;
+  int32_t phase[3] = {0, 0, 0};
+  const int64_t count = int64_t(phases_per_dim[0]) * phases_per_dim[1] * phases_per_dim[2];
+  for (int64_t index = 0; index < count; ++index) {
+    int64_t rest = index;
+    for (int i = dims - 1; i >= 0; --i) {
+      phase[i] = int32_t(rest % phases_per_dim[i]);
+      rest /= phases_per_dim[i];
+    }
+    ConvDataPhase ph;
+    ckfmha_conv_problem& f = ph.forward;
+    f = p;
+    f.in_channels = p.out_channels;
+    f.out_channels = p.in_channels;
+    f.x_stride[0] = p.y_stride[0];
+    f.y_stride[0] = p.x_stride[0];
+    const int skip = 3 - dims;
+    for (int axis = 0; axis < 3; ++axis) {
+      ph.filter.filter[axis] = ph.filter.taps[axis] = ph.filter.step[axis] = 1;
+      ph.filter.first[axis] = 0;
+    }
+    for (int i = 0; i < dims; ++i) {
+      const DimPhase d =
+          dim_phase(p.input[i], p.filter[i], p.stride[i], p.padding[i], p.dilation[i], phase[i]);
+      ph.empty = ph.empty || d.taps == 0;
+      f.input[i] = p.output[i];
+      f.filter[i] = std::max(d.taps, 1);
+      f.stride[i] = 1;
+      f.padding[i] = d.padding;
+      f.dilation[i] = d.dilation;
+      f.output[i] = d.positions;
+      f.x_stride[1 + i] = p.y_stride[1 + i];
+      f.y_stride[1 + i] = p.x_stride[1 + i] * p.stride[i];
+      ph.dx_offset += int64_t(phase[i]) * p.x_stride[1 + i];
+      ph.filter.filter[skip + i] = p.filter[i];
+      ph.filter.taps[skip + i] = d.taps;
+      ph.filter.first[skip + i] = d.first;
+      ph.filter.step[skip + i] = d.step;
+    }
+    ph.filter.groups = p.groups;
+    ph.filter.in_channels = p.in_channels;
+    ph.filter.out_channels = p.out_channels;
+    if (!ph.empty) {
+      ph.filter_offset = offset;
+      const int64_t taps =
+          int64_t(ph.filter.taps[0]) * ph.filter.taps[1] * ph.filter.taps[2];
+      offset += round_up(size_t(p.groups) * p.in_channels * p.out_channels * taps * 2);
+    }
+    phases.push_back(ph);
+  }
+  if (workspace_bytes != nullptr) *workspace_bytes = offset;
+  return phases;
+}
+
+std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
+  int64_t taps = 1;
+  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
+  if (taps * p.out_channels > std::numeric_limits<int32_t>::max()) {
+    return "filter taps x out_channels = " + std::to_string(taps * p.out_channels) +
+           " exceeds 2^31 - 1, the reduction length the backward-data kernels index";
+  }
+  for (int i = 0; i <= p.spatial_dims; ++i) {
+    if (p.x_stride[i] < 1) {
+      return "dx strides must be >= 1 (it is written); x_stride[" + std::to_string(i) +
+             "] is " + std::to_string(p.x_stride[i]);
+    }
+  }
+  return {};
+}
+
+ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
+                                ckfmha_conv_problem const& p, ConvPlanContext const& context,
+                                const void* dy, const void* workspace) {
+  ConvDataPlan plan;
+  plan.phases = conv_data_phases(p, &plan.workspace_bytes);
+  for (size_t i = 0; i < plan.phases.size(); ++i) {
+    ConvDataPhase& ph = plan.phases[i];
+    if (ph.empty) continue;
+    ConvPlanContext phase_context = context;
+    const void* filter =
+        workspace == nullptr ? nullptr : static_cast<const char*>(workspace) + ph.filter_offset;
+    phase_context.vector = conv_vector_allowed(ph.forward, dy, filter);
+    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, phase_context);
+    if (!ph.plan.found) {
+      plan.why = "backward-data phase " + std::to_string(i) + " (" + describe(ph.forward) +
+                 "): " + ph.plan.why;
+      return plan;
+    }
+  }
+  plan.found = true;
+  return plan;
+}
+
+std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
+                                  ckfmha_conv_problem const& p, ConvPlanContext const& context) {
+  std::ostringstream out;
+  out << "problem: " << conv_direction_name(CKFMHA_CONV_BWD_DATA) << " " << describe(p)
+      << " on sm_" << context.device_arch << "\n";
+  ConvDataPlan plan = plan_conv_bwd_data(kernels, p, context, nullptr, nullptr);
+  out << "plan: " << plan.phases.size() << " stride phase"
+      << (plan.phases.size() == 1 ? "" : "s") << " of dx, each a forward convolution of dy "
+      << "with the filter taps that reach it (workspace " << plan.workspace_bytes
+      << " bytes for the rearranged filters)\n";
+  for (size_t i = 0; i < plan.phases.size(); ++i) {
+    ConvDataPhase const& ph = plan.phases[i];
+    out << "  phase " << i << ": ";
+    if (ph.empty) {
+      out << "no filter tap reaches these positions: zeros\n";
+      continue;
+    }
+    out << describe(ph.forward) << "\n    ";
+    if (ph.plan.found) {
+      out << ph.plan.kernel.name << ": " << ph.plan.why << "\n";
+    } else {
+      out << "none: " << (plan.why.empty() ? ph.plan.why : plan.why) << "\n";
+      break;
+    }
+  }
+  return out.str();
+}
+
+int32_t conv_weight_vector_allowed(ckfmha_conv_problem const& p, const void* x,
+                                   const void* dy) {
+  for (int32_t v : {8, 4, 2}) {
+    bool ok = p.in_channels % v == 0 && p.out_channels % v == 0;
+    for (int i = 0; ok && i <= p.spatial_dims; ++i) {
+      ok = p.x_stride[i] % v == 0 && p.y_stride[i] % v == 0;
+    }
+    const auto bytes = uintptr_t(v * 2);
+    ok = ok && reinterpret_cast<uintptr_t>(x) % bytes == 0 &&
+         reinterpret_cast<uintptr_t>(dy) % bytes == 0;
+    if (ok) return v;
+  }
+  return 1;
+}
+
+size_t conv_weight_workspace_bytes(ckfmha_conv_problem const& p) {
+  size_t taps = 1;
+  for (int i = 0; i < p.spatial_dims; ++i) taps *= size_t(p.filter[i]);
+  return size_t(p.groups) * p.out_channels * taps * p.in_channels * sizeof(float);
+}
+
+}  // namespace ckfmha::runtime

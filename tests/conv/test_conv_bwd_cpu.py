@@ -1,0 +1,156 @@
+"""Grouped convolution backward without a GPU: the Python layer's argument checks for
+conv_bwd_data and conv_bwd_weight (on stand-in device arrays, so every check runs before the
+device is touched), and selection and explanation of both backward plans for an explicit arch
+against the kernels the library was built with (the core set holds bf16 2D conv_bwd_weight
+kernels with 16-byte vectors and the conv_fwd kernels backward-data runs on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import ckfmha
+from ckfmha import errors
+from ckfmha.conv_problem import ConvProblem, direction_code
+
+no_gpu = pytest.mark.skipif(ckfmha.device_count() > 0, reason="checks behaviour without a GPU")
+FAKE = 1 << 20
+
+X = (2, 9, 11, 4, 8)  # N, H, W, G, C
+W = (4, 16, 3, 3, 8)  # G, K, Y, X, C
+DY = (2, 7, 9, 4, 16)  # N, OH, OW, G, K (no padding, stride 1)
+
+
+def _device(shape: tuple[int, ...], dtype: str = "bf16", offset: int = 0,
+            strides: tuple[int, ...] | None = None) -> ckfmha.DeviceArray:  # fmt: skip
+    return ckfmha.device_ptr(FAKE + (offset << 24), shape, dtype, strides)
+
+
+def _data(**changes: Any) -> Any:
+    arrays: dict[str, Any] = {"dy": _device(DY, offset=1), "w": _device(W, offset=2),
+                              "input_size": (9, 11)}  # fmt: skip
+    arrays.update(changes)
+    return ckfmha.conv_bwd_data(arrays.pop("dy"), arrays.pop("w"), **arrays)
+
+
+def _weight(**changes: Any) -> Any:
+    arrays: dict[str, Any] = {"x": _device(X, offset=1), "dy": _device(DY, offset=2),
+                              "filter_size": (3, 3)}  # fmt: skip
+    arrays.update(changes)
+    return ckfmha.conv_bwd_weight(arrays.pop("x"), arrays.pop("dy"), **arrays)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dy": _device((2, 7, 4, 16), offset=1)}, "dy has shape (2, 7, 4, 16); supported"),
+        ({"input_size": None}, "input_size is required (the 2 spatial sizes of x)"),
+        ({"input_size": (9,)}, "input_size is (9,); accepted: 2 integers >= 1"),
+        ({"input_size": (9, 12)}, r"dy must be [N, *output, G, K] = (2, 7, 10, 4, 16)"),
+        ({"w": _device((4, 8, 3, 3, 8), offset=2)}, "with dy's G=4 and K=16"),
+        ({"w": _device(W, "fp16", offset=2)}, "dy, w share one dtype (fp16 or bf16)"),
+        ({"dy": _device(DY, "fp32", offset=1)}, "dy must be fp16 or bf16, got fp32"),
+        ({"dy": _device(DY, offset=1, strides=(7 * 9 * 80, 9 * 80, 80, 20, 1))},
+         "dy has strides"),
+        ({"out": _device((2, 9, 11, 4, 8), offset=1)}, "out overlaps the input dy"),
+        ({"out": _device((2, 9, 11, 4, 4), offset=3)}, "out must be [N, *input_size, G, C]"),
+        ({"stride": 0}, "stride is 0; accepted: an integer >= 1"),
+    ],
+)
+def test_conv_bwd_data_argument_errors(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError) as caught:
+        _data(**changes)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"x": _device((2, 9, 4, 8), offset=1)}, "x has shape (2, 9, 4, 8); supported"),
+        ({"filter_size": None}, "filter_size is required (the 2 spatial sizes of w)"),
+        ({"filter_size": (3, 0)}, "filter_size is (3, 0); accepted: 2 integers >= 1"),
+        ({"filter_size": (5, 3)}, "dy must be [N, *output, G, K] = (2, 5, 9, 4, 16)"),
+        ({"dy": _device((2, 7, 9, 2, 16), offset=2)}, "have different groups (2 and 4)"),
+        ({"dy": _device(DY, "fp16", offset=2)}, "x, dy share one dtype (fp16 or bf16)"),
+        ({"out": _device((4, 16, 3, 3, 8), offset=2)}, "out overlaps the input dy"),
+        ({"out": _device((4, 16, 3, 3, 8), offset=3, strides=(16 * 9 * 16, 9 * 16, 48, 16, 1))},
+         "out must be dense"),
+        ({"padding": (1, 1, 1)}, "padding is (1, 1, 1); accepted"),
+    ],
+)
+def test_conv_bwd_weight_argument_errors(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError) as caught:
+        _weight(**changes)
+    assert message in str(caught.value)
+
+
+def test_sizes_come_from_out() -> None:
+    # out gives input_size / filter_size; a disagreeing one is named.
+    with pytest.raises(errors.InvalidArgumentError, match="disagrees with out's spatial sizes"):
+        _data(out=_device((2, 9, 12, 4, 8), offset=3))
+
+
+@no_gpu
+def test_backward_passes_reach_the_device_check() -> None:
+    with pytest.raises(errors.NoDeviceError):
+        _data()
+    with pytest.raises(errors.NoDeviceError):
+        _weight()
+
+
+def test_empty_batch_data_writes_nothing() -> None:
+    out = _device((0, 9, 11, 4, 8), offset=3)
+    assert _data(dy=_device((0, *DY[1:]), offset=1), out=out) is out
+
+
+def test_direction_names() -> None:
+    assert [direction_code(d) for d in ("fwd", "bwd_data", "bwd_weight")] == [0, 1, 2]
+    with pytest.raises(errors.InvalidArgumentError, match="supported: 'fwd', 'bwd_data'"):
+        direction_code("backward")
+    with pytest.raises(errors.InvalidArgumentError, match="direction is 'dgrad'"):
+        ckfmha.conv_select(ConvProblem(1, (9, 9), 1, 8, 8, (3, 3)), arch=90, direction="dgrad")
+
+
+def _have(family: str, dtype: str = "bf16") -> bool:
+    return any(k["family"] == family and k["dtype"] == dtype and k["conv_spatial_dims"] == 2
+               for k in ckfmha.Registry().kernels())  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_bwd_weight_selects_and_explains(arch: str) -> None:
+    if not _have("conv_bwd_weight"):
+        pytest.skip("no bf16 2D conv_bwd_weight kernel in this build")
+    # Few output tiles over many positions: the plan splits the reduction.
+    problem = ConvProblem(32, (56, 56), 1, 64, 64, (3, 3), 1, 1, dtype="bf16")
+    name = ckfmha.conv_select(problem, arch=arch, direction="bwd_weight")
+    assert name.startswith("conv_bwd_weight_bf16_2d_v8_"), name
+    text = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight")
+    assert f"selected  {name}" in text
+    assert "zero the fp32 partial sums" in text and "splits adding into them" in text
+    # Odd channel counts narrow the vector both operands share.
+    odd = ConvProblem(2, (9, 9), 1, 12, 6, (3, 3), dtype="bf16")
+    text = ckfmha.conv_explain(odd, arch=arch, direction="bwd_weight")
+    assert "allow 2" in text
+
+
+def test_bwd_data_plans_phases() -> None:
+    if not _have("conv_fwd"):
+        pytest.skip("no bf16 2D conv_fwd kernel in this build")
+    # Stride 2 and a 1x1 filter: only phase (0, 0) is reached; three phases are zeros.
+    problem = ConvProblem(2, (9, 8), 4, 8, 16, (1, 1), 2, 0, dtype="bf16")
+    text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
+    assert "plan: 4 stride phases" in text
+    assert text.count("no filter tap reaches these positions: zeros") == 3
+    assert ckfmha.conv_select(problem, arch="sm_90a", direction="bwd_data").startswith(
+        "conv_fwd_bf16_2d_v8_")
+    # Stride 1: one phase, the flipped filter at padding dilation * (filter - 1) - padding.
+    problem = ConvProblem(2, (9, 9), 1, 8, 16, (3, 3), 1, 1, dtype="bf16")
+    text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
+    assert "plan: 1 stride phase of dx" in text
+    assert "C=16 K=8 filter=3x3 stride=1x1 padding=1x1" in text
+    # A 1x1 filter with padding: the phase's padding is negative (it reads inside dy).
+    problem = ConvProblem(1, (5, 5), 1, 8, 8, (1, 1), 1, 2, dtype="bf16")
+    text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
+    assert "padding=-2x-2" in text

@@ -1,0 +1,207 @@
+"""Grouped convolution backward-data and backward-weight on the GPU against the float64
+reference (ckfmha.reference_conv), over the forward's cases (support.conv_cases: shapes and
+the error bound, S being the pass applied to the inputs' absolute values).
+
+dy comes in the case's layout (dense, cut from a larger tensor, at a misaligning channel
+offset, channels_last); dx is poisoned with NaN first (backward-data writes every position,
+zeros where no filter tap reaches one), and so is dw. Strides above 1 exercise the stride
+phases of backward-data, including phases no tap reaches (1x1 filters at stride 2); long
+reductions over positions with few output channels exercise the split backward-weight plan.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from support.conv_cases import (
+    CASES,
+    DRAWN,
+    Case,
+    Inputs,
+    assert_outside_untouched,
+    assert_within,
+    f64,
+    make_poisoned,
+    make_positions,
+    make_x,
+)
+from support.device_kernels import runs_on
+
+import ckfmha
+from ckfmha import errors
+from ckfmha.reference_conv import conv_bwd_data as reference_bwd_data
+from ckfmha.reference_conv import conv_bwd_weight as reference_bwd_weight
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
+
+WEIGHT_NAME = re.compile(r"^conv_bwd_weight_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v(?P<vector>\d)")
+
+# Beyond the forward's cases: stride phases that no tap reaches, a stride larger than the
+# filter, negative effective padding (padding beyond the dilated filter), and backward-weight
+# reductions over many positions into few outputs (split plans).
+EXTRA = [
+    Case("bf16", 2, (9, 8), 4, 8, 16, (1, 1), 2, 0),
+    Case("fp16", 1, (11, 10), 1, 16, 8, (2, 2), 3, 0, layout="channels_last"),
+    Case("bf16", 2, (7, 7), 2, 8, 8, (1, 1), 1, 2),
+    Case("bf16", 1, (10, 9, 8), 2, 8, 8, (1, 3, 3), (2, 2, 1), (0, 1, 1)),
+    Case("bf16", 8, (56, 56), 1, 64, 16, (3, 3), 1, 1),
+    Case("fp16", 4, (28, 28), 4, 8, 8, (3, 3), 1, 1, layout="slice"),
+    Case("bf16", 16, (14, 14), 1, 12, 40, (1, 1), 1, 0),
+]
+
+
+def geometry(case: Case) -> dict[str, Any]:
+    return {"stride": case.stride, "padding": case.padding, "dilation": case.dilation}
+
+
+def run_bwd_data(case: Case, kernel: str | None = None) -> None:
+    inputs = Inputs()
+    problem = case.problem
+    dy = make_positions(case.layout, problem.y_shape, case.dtype, inputs)
+    w = inputs.normal(problem.w_shape, case.dtype)
+    out, whole = make_poisoned(case.layout, problem.x_shape, case.dtype)
+    what = f"bwd_data {case.label} seed {inputs.seed}" + (f" kernel {kernel}" if kernel else "")
+    dx = ckfmha.conv_bwd_data(dy, w, input_size=problem.input, out=out, kernel=kernel,
+                              **geometry(case))  # fmt: skip
+    assert dx is out
+    torch.cuda.synchronize()
+    dy64, w64 = f64(dy), f64(w)
+    ref = reference_bwd_data(dy64, w64, problem.input, **geometry(case))
+    magnitude = reference_bwd_data(np.abs(dy64), np.abs(w64), problem.input, **geometry(case))
+    assert_within(f64(dx), ref, magnitude, case.dtype, what)
+    assert_outside_untouched(whole, out, problem.x_shape, what)
+
+
+def run_bwd_weight(case: Case, kernel: str | None = None) -> None:
+    inputs = Inputs()
+    problem = case.problem
+    x = make_x(case, inputs)
+    dy = make_positions(case.layout, problem.y_shape, case.dtype, inputs)
+    out = torch.full(problem.w_shape, float("nan"), dtype=x.dtype, device="cuda")
+    what = f"bwd_weight {case.label} seed {inputs.seed}" + (f" kernel {kernel}" if kernel else "")
+    dw = ckfmha.conv_bwd_weight(x, dy, filter_size=problem.filter, out=out, kernel=kernel,
+                                **geometry(case))  # fmt: skip
+    assert dw is out
+    torch.cuda.synchronize()
+    x64, dy64 = f64(x), f64(dy)
+    ref = reference_bwd_weight(x64, dy64, problem.filter, **geometry(case))
+    magnitude = reference_bwd_weight(np.abs(x64), np.abs(dy64), problem.filter, **geometry(case))
+    assert_within(f64(dw), ref, magnitude, case.dtype, what)
+
+
+ALL = CASES + EXTRA + DRAWN
+
+
+@pytest.mark.parametrize("case", ALL, ids=lambda c: c.label)
+def test_conv_bwd_data(case: Case) -> None:
+    run_bwd_data(case)
+
+
+@pytest.mark.parametrize("case", ALL, ids=lambda c: c.label)
+def test_conv_bwd_weight(case: Case) -> None:
+    run_bwd_weight(case)
+
+
+def test_allocated_gradients_follow_the_inputs() -> None:
+    case = Case("bf16", 3, (13, 13), 4, 8, 12, (3, 3), 2, 1, layout="channels_last")
+    inputs = Inputs()
+    x = make_x(case, inputs)
+    w = inputs.normal(case.problem.w_shape, case.dtype)
+    dy = make_positions("dense", case.problem.y_shape, case.dtype, inputs)
+    dx = ckfmha.conv_bwd_data(dy, w, input_size=(13, 13), stride=2, padding=1)
+    dw = ckfmha.conv_bwd_weight(x, dy, filter_size=(3, 3), stride=2, padding=1)
+    for got, shape in ((dx, case.problem.x_shape), (dw, case.problem.w_shape)):
+        assert isinstance(got, torch.Tensor) and got.is_cuda and got.dtype == torch.bfloat16
+        assert tuple(got.shape) == shape
+    ref = reference_bwd_weight(f64(x), f64(dy), (3, 3), stride=2, padding=1)
+    magnitude = reference_bwd_weight(np.abs(f64(x)), np.abs(f64(dy)), (3, 3), stride=2,
+                                     padding=1)  # fmt: skip
+    assert_within(f64(dw), ref, magnitude, "bf16", f"allocated dw seed {inputs.seed}")
+
+
+def test_numpy_inputs_are_staged() -> None:
+    case = Case("fp16", 2, (9, 7), 2, 8, 16, (3, 3), 1, 1)
+    rng = np.random.default_rng()
+    dy = rng.standard_normal(case.problem.y_shape).astype(np.float16)
+    w = rng.standard_normal(case.problem.w_shape).astype(np.float16)
+    x = rng.standard_normal(case.problem.x_shape).astype(np.float16)
+    dx = ckfmha.conv_bwd_data(dy, w, input_size=(9, 7), padding=1)
+    dw = ckfmha.conv_bwd_weight(x, dy, filter_size=(3, 3), padding=1)
+    assert isinstance(dx, np.ndarray) and isinstance(dw, np.ndarray)
+    ref = reference_bwd_data(dy, w, (9, 7), padding=1)
+    magnitude = reference_bwd_data(np.abs(dy), np.abs(w), (9, 7), padding=1)
+    assert_within(dx.astype(np.float64), ref, magnitude, "fp16", "numpy dx")
+    ref = reference_bwd_weight(x, dy, (3, 3), padding=1)
+    magnitude = reference_bwd_weight(np.abs(x), np.abs(dy), (3, 3), padding=1)
+    assert_within(dw.astype(np.float64), ref, magnitude, "fp16", "numpy dw")
+
+
+def test_empty_batch() -> None:
+    """No positions: dx is empty, dw is zero (the gradient of a sum of nothing)."""
+    x = torch.empty((0, 7, 9, 2, 8), dtype=torch.bfloat16, device="cuda")
+    dy = torch.empty((0, 7, 7, 2, 12), dtype=torch.bfloat16, device="cuda")
+    w = torch.randn((2, 12, 3, 3, 8), dtype=torch.bfloat16, device="cuda")
+    dx = ckfmha.conv_bwd_data(dy, w, input_size=(7, 9), padding=(1, 0))
+    assert tuple(dx.shape) == (0, 7, 9, 2, 8)
+    out = torch.full((2, 12, 3, 3, 8), float("nan"), dtype=torch.bfloat16, device="cuda")
+    dw = ckfmha.conv_bwd_weight(x, dy, padding=(1, 0), out=out)
+    assert dw is out and bool((dw == 0).all())
+
+
+def _weight_kernels() -> list[dict[str, Any]]:
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] == "conv_bwd_weight" and runs_on(k, arch)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", _weight_kernels(), ids=lambda k: k["name"])
+def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
+    match = WEIGHT_NAME.match(kernel["name"])
+    assert match, kernel["name"]
+    dtype, dims, vector = match["dtype"], int(match["dims"]), int(match["vector"])
+    c = vector * (3 if vector > 1 else 5)
+    if dims == 2:
+        cases = [Case(dtype, 2, (13, 11), 2, c, 8 * vector, (3, 3), 1, 1),
+                 Case(dtype, 4, (24, 24), 1, c, 2 * vector, (5, 5), 2, 2)]  # fmt: skip
+    else:
+        cases = [Case(dtype, 2, (4, 7, 5), 2, c, 2 * vector, (3, 3, 3), 1, 1)]
+    for case in cases:
+        run_bwd_weight(case, kernel=kernel["name"])
+
+
+def test_bwd_data_runs_every_phase_on_a_forced_kernel() -> None:
+    case = Case("bf16", 2, (13, 11), 2, 16, 24, (3, 3), 2, 1)
+    name = ckfmha.conv_select(case.problem, direction="bwd_data")
+    assert name.startswith("conv_fwd_"), name
+    run_bwd_data(case, kernel=name)
+
+
+def test_select_and_explain_name_the_backward_plans() -> None:
+    problem = Case("bf16", 32, (28, 28), 1, 128, 16, (3, 3), 2, 1).problem
+    data = ckfmha.conv_explain(problem, direction="bwd_data")
+    assert "4 stride phases" in data and "phase 3" in data
+    weight = ckfmha.conv_explain(problem, direction="bwd_weight")
+    assert "selected" in weight and "split" in weight
+    assert ckfmha.conv_select(problem, direction="bwd_weight").startswith("conv_bwd_weight_")
+
+
+def test_wrong_family_is_refused() -> None:
+    forward = ckfmha.conv_select(Case("bf16", 1, (9, 9), 1, 8, 8, (3, 3)).problem)
+    x = torch.randn((1, 9, 9, 1, 8), dtype=torch.bfloat16, device="cuda")
+    dy = torch.randn((1, 7, 7, 1, 8), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.InvalidArgumentError, match="runs conv_bwd_weight kernels"):
+        ckfmha.conv_bwd_weight(x, dy, filter_size=(3, 3), kernel=forward)
+
+
+def test_dy_shape_is_checked() -> None:
+    dy = torch.randn((1, 6, 7, 1, 8), dtype=torch.bfloat16, device="cuda")
+    w = torch.randn((1, 8, 3, 3, 8), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(errors.InvalidArgumentError, match=r"dy must be \[N, \*output, G, K\]"):
+        ckfmha.conv_bwd_data(dy, w, input_size=(9, 9))
