@@ -243,7 +243,10 @@ cdef object _conv_bwd_weight(x, dy, filter_size, stride, padding, dilation, out,
         problem.y_stride[i] for i in range(dims + 1))
     vector = first_use.conv_vector(math.gcd(problem.in_channels, problem.out_channels), outer,
                                    xv.ptr, dyv.ptr)
-    key = ("conv", (CONV_BWD_WEIGHT, <int>problem.dtype, dims, vector, 0))
+    # Groups of one or two channels also get the direct kernel of their size.
+    key = ("conv", (CONV_BWD_WEIGHT, <int>problem.dtype, dims, vector,
+                    first_use.conv_weight_direct_bucket(problem.in_channels,
+                                                        problem.out_channels)))
     return _launch(&problem, CONV_BWD_WEIGHT, &args, kernel, key, handle, kind, dw_obj, out)
 
 

@@ -107,14 +107,15 @@ class AppendKvKey:
 class ConvKey:
     """A grouped convolution: its pass, element type, 2D or 3D, the channel vector its tensors
     allow (``conv_vector``) and the direct kernel's channel bucket its groups fit
-    (``conv_direct_bucket``, 0 for none), which decide the kernels it can run on. Runners that
-    pass four fields (no bucket) get the implicit-GEMM kernels alone."""
+    (``conv_direct_bucket``, or for the weight gradient ``conv_weight_direct_bucket``; 0 for
+    none), which decide the kernels it can run on. Runners that pass four fields (no bucket) get
+    the implicit-GEMM kernels alone."""
 
     direction: int  # ckfmha_conv_direction: 0 forward, 1 backward-data, 2 backward-weight
     dtype: int
     spatial_dims: int  # 2 or 3
     vector: int  # 8, 4, 2 or 1 channels per load
-    max_channels: int = 0  # 0, or 1, 2, 4 or 8: the direct kernel's bucket
+    max_channels: int = 0  # 0, or the direct kernel's bucket: 1, 2, 4 or 8 (dw's: 1 or 2)
 
 
 Key = FwdKey | BwdKey | AppendKvKey | ConvKey
@@ -124,22 +125,39 @@ Key = FwdKey | BwdKey | AppendKvKey | ConvKey
 # (dy as the input: in_channels = K, the output channels per group).
 CONV_DIRECTIONS = {0: "conv_fwd", 1: "conv_fwd", 2: "conv_bwd_weight"}
 # The families with a direct kernel for groups of few channels.
-CONV_DIRECT_FAMILIES = ("conv_fwd",)
+CONV_DIRECT_FAMILIES = ("conv_fwd", "conv_bwd_weight")
 # Channels a convolution kernel loads at once, widest first (generator.signature.CONV_VECTORS).
 CONV_VECTORS = (8, 4, 2, 1)
 # The direct kernel's channel buckets the kernel sets build, narrowest first
 # (generator.receipts.DIRECT_BUCKETS): wider groups run faster on the implicit GEMM.
 CONV_MAX_CHANNELS = (1, 2, 4)
+# The weight gradient's (generator.receipts.BWD_WEIGHT_DIRECT_BUCKETS): each warp's partial dw
+# in shared memory grows with taps x C x K, so wider groups run on the implicit GEMM.
+CONV_WEIGHT_MAX_CHANNELS = (1, 2)
+
+
+def _narrowest_bucket(in_channels: int, out_channels: int, buckets: Sequence[int]) -> int:
+    """The first of `buckets` (narrowest first) holding both counts; 0 for none or an empty
+    group."""
+    if min(in_channels, out_channels) < 1:
+        return 0
+    widest = max(in_channels, out_channels)
+    return next((bucket for bucket in buckets if bucket >= widest), 0)
 
 
 def conv_direct_bucket(in_channels: int, out_channels: int) -> int:
     """The direct kernel's channel bucket for groups of `in_channels` input and `out_channels`
     output channels: the smallest of 1, 2, 4 holding both, or 0 when none does (wider groups
     run on the implicit-GEMM kernels alone; empty ones are the launch's to report)."""
-    if min(in_channels, out_channels) < 1:
-        return 0
-    widest = max(in_channels, out_channels)
-    return next((bucket for bucket in CONV_MAX_CHANNELS if bucket >= widest), 0)
+    return _narrowest_bucket(in_channels, out_channels, CONV_MAX_CHANNELS)
+
+
+def conv_weight_direct_bucket(in_channels: int, out_channels: int) -> int:
+    """The weight gradient's direct kernel's channel bucket for groups of `in_channels` input
+    and `out_channels` output channels: the smallest of 1, 2 holding both, or 0 when none does
+    (wider groups run on the implicit-GEMM kernels alone; empty ones are the launch's to
+    report). The weight-gradient runner passes it as its key's ``max_channels``."""
+    return _narrowest_bucket(in_channels, out_channels, CONV_WEIGHT_MAX_CHANNELS)
 
 
 def conv_vector(
@@ -240,9 +258,9 @@ def _conv_plans(key: ConvKey, gen: Any) -> list[list[Any]]:
     generator's conv tiles), since the dispatcher picks the tile by the problem's shape; where
     the groups fit a channel bucket, also the direct kernel of that bucket (one channel a load),
     which the dispatcher weighs against them. A plan without the direct kernel follows, for a
-    bucket the generator cannot build. The weight gradient has no direct kernel: its plan is
-    the implicit-GEMM signature whatever the bucket. A pass or element type without kernels has
-    no plan: the launch says why."""
+    bucket the generator cannot build. The forward (and so the data gradient) and the weight
+    gradient each have direct kernels of their own buckets. A pass or element type without
+    kernels has no plan: the launch says why."""
     family = CONV_DIRECTIONS.get(key.direction)
     dtype = DTYPES.get(key.dtype)
     if family is None or dtype is None:

@@ -185,6 +185,13 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         traits="ckfmha::kernel::ConvBwdWeightSm80Traits",
         launcher="ckfmha::kernel::launch_conv_bwd_weight_sm80",
     ),
+    # ... and for groups of one or two channels, directly on the CUDA cores (its launcher sits
+    # in the same header, so its instances share compile units with the implicit-GEMM ones).
+    (CONV_BWD_WEIGHT, CONV_DIRECT_PIPELINE): PipelineTemplate(
+        header="ckfmha/kernel/conv/bwd_weight_launch.cuh",
+        traits="ckfmha::kernel::ConvBwdWeightDirectTraits",
+        launcher="ckfmha::kernel::launch_conv_bwd_weight_direct",
+    ),
 }
 
 
@@ -344,7 +351,8 @@ def _render_appendkv_instance(config: KernelConfig) -> str:
 
 def _render_conv_instance(config: KernelConfig) -> str:
     """Every implicit-GEMM conv template (the forward's on mma.sync and wgmma, the weight
-    gradient's) takes the same arguments; only the meaning of its tile differs."""
+    gradient's) takes the same arguments, and so do the two families' direct templates; only
+    the meaning of their tiles differs."""
     sig, alg = config.signature, config.algorithm
     if alg.pipeline == CONV_DIRECT_PIPELINE:
         return _instance_text(

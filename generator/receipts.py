@@ -50,18 +50,20 @@ class ConvTile:
     """A tile of a grouped-convolution template. Forward implicit GEMM (sm80_cpasync_mma,
     sm90_cpasync_wgmma): tile_m output positions x tile_n output channels per CTA, tile_k
     reduction elements (filter taps x input channels) per shared-memory stage. Direct
-    (conv_direct): tile_m output positions a thread computes along w (Run), tile_n = 32 groups
-    per CTA, tile_k = the group's channel bucket, one output row per warp, stages = 1. Weight
-    gradient (conv_bwd_weight, sm80_cpasync_mma): tile_m output channels x tile_n filter taps x
-    input channels of dw per CTA, tile_k batch x output positions per stage.
+    (conv_direct, either family): tile_m output positions a thread takes along w (Run),
+    tile_n = 32 groups per CTA, tile_k = the group's channel bucket, one output row per warp,
+    stages = 1. Weight gradient (conv_bwd_weight, sm80_cpasync_mma): tile_m output channels x
+    tile_n filter taps x input channels of dw per CTA, tile_k batch x output positions per
+    stage.
     Convolutions have no head dim to key a tile table in arch_specs.json by, so the kernel sets
     list their tiles here.
 
     A tile applies to the signatures of its `family` only (the two families share a pipeline
     but not a template), of its channel bucket only (`max_channels`: 0 for the implicit-GEMM
-    tiles, which take any channel count; 1, 2, 4 or 8 for a direct tile) and, when
-    `spatial_dims` is set, of those dims only, so that enumeration pairs each direct signature
-    with exactly its own tile and never a direct tile with an implicit-GEMM signature."""
+    tiles, which take any channel count; 1, 2, 4 or 8 for a forward direct tile, 1 or 2 for a
+    weight-gradient one) and, when `spatial_dims` is set, of those dims only, so that
+    enumeration pairs each direct signature with exactly its own tile and never a direct tile
+    with an implicit-GEMM signature."""
 
     tile_m: int
     tile_n: int
@@ -107,6 +109,15 @@ CONV_DIRECT_TILES = tuple(
     for dims, runs, warps in ((2, DIRECT_2D_RUNS, 8), (3, DIRECT_3D_RUNS, 4))
     for c in DIRECT_BUCKETS
 )
+# The weight gradient's direct kernel, for groups of 1 or 2 channels (each warp's partial dw in
+# shared memory grows with taps x C x K, so wider groups run on its implicit GEMM): the
+# forward's tile shapes, whose dy runs (Run x channels) fit its 32 registers a thread.
+BWD_WEIGHT_DIRECT_BUCKETS = (1, 2)
+CONV_BWD_WEIGHT_DIRECT_TILES = tuple(
+    ConvTile(run, 32, c, warps, 1, DIRECT_CONV, c, spatial_dims=dims, family=CONV_BWD_WEIGHT)
+    for dims, run, warps in ((2, 16, 8), (3, 8, 4))
+    for c in BWD_WEIGHT_DIRECT_BUCKETS
+)
 
 
 def _bwd_weight_tile(tile_m: int, tile_n: int, tile_k: int, warps: int, stages: int) -> ConvTile:
@@ -124,6 +135,7 @@ CONV_CORE_TILES = (
     ConvTile(128, 128, 64, 8, 3, SM90_CONV),
     *CONV_DIRECT_TILES,
     _bwd_weight_tile(128, 128, 32, 4, 3),
+    *CONV_BWD_WEIGHT_DIRECT_TILES,
 )
 CONV_DEFAULT_TILES = CONV_CORE_TILES + (
     ConvTile(128, 64, 32, 4, 3),
@@ -482,13 +494,15 @@ def _conv_signatures() -> tuple[ConvSignature, ...]:
 
 
 def _direct_conv_signatures() -> tuple[ConvSignature, ...]:
-    """The direct kernel for {fp16,bf16} x {2D,3D} x the built channel buckets: groups of at
-    most 1, 2 or 4 input and output channels (depthwise and narrow groups), one channel a
-    load."""
+    """The direct kernels for {fp16,bf16} x {2D,3D} x the built channel buckets, one channel a
+    load: the forward's for groups of at most 1, 2 or 4 input and output channels (depthwise
+    and narrow groups), the weight gradient's for groups of at most 1 or 2."""
+    built = {CONV_FWD: DIRECT_BUCKETS, CONV_BWD_WEIGHT: BWD_WEIGHT_DIRECT_BUCKETS}
     return tuple(
-        _conv(dtype, spatial_dims, 1, max_channels)
+        _conv(dtype, spatial_dims, 1, max_channels, family)
+        for family, buckets in built.items()
         for dtype, spatial_dims, max_channels in itertools.product(
-            DTYPES, CONV_SPATIAL_DIMS, DIRECT_BUCKETS
+            DTYPES, CONV_SPATIAL_DIMS, buckets
         )
     )
 
@@ -497,12 +511,14 @@ def _core_conv_signatures() -> tuple[ConvSignature, ...]:
     """16-byte loads (channel counts of multiples of 8) in bf16 2D and 3D and fp16 2D, and bf16
     2D one channel at a time, which runs any channel count (the first layer's 3 channels), for
     the forward (and so the data gradient) and the weight gradient; and the bf16 2D direct
-    kernels for depthwise groups (1 channel) and groups of up to 4."""
+    kernels for depthwise groups (1 channel) and groups of up to 4, and the weight gradient's
+    for depthwise groups (its 2-channel kernel compiles on first use)."""
     implicit_gemm = (("bf16", 2, 8), ("bf16", 3, 8), ("fp16", 2, 8), ("bf16", 2, 1))
     return (
         *(_conv(*shape) for shape in implicit_gemm),
         _conv("bf16", 2, 1, max_channels=1), _conv("bf16", 2, 1, max_channels=4),
         *(_conv(*shape, family=CONV_BWD_WEIGHT) for shape in implicit_gemm),
+        _conv("bf16", 2, 1, 1, CONV_BWD_WEIGHT),
     )  # fmt: skip
 
 
@@ -574,7 +590,8 @@ RECEIPTS: dict[str, Receipt] = {
             "fp16 2D with 8-channel loads, bf16 2D with 1-channel loads; tile m128n128k32w4s3, "
             "on sm_90a m128n128k64w8s3 on wgmma; and the bf16 2D direct kernels for groups of "
             "1 and of up to 4 channels) and its weight gradient (the same four signatures, "
-            "tile m128n128k32w4s3 on every arch), "
+            "tile m128n128k32w4s3 on every arch, and the bf16 2D direct kernels for groups of "
+            "1 and of up to 2 channels), "
             "and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",
@@ -636,7 +653,8 @@ RECEIPTS: dict[str, Receipt] = {
             "(and on sm_90a five wgmma tiles), and its direct kernel for {fp16,bf16} x {2D,3D} "
             "x groups of at most {1,2,4} channels (one tile each), and its weight gradient for "
             "{fp16,bf16} x {2D,3D} x channel vectors {8,4,2,1} with tiles m128n128k32w4s3, "
-            "m64n64k32w4s4, m128n64k32w4s3 and m64n128k32w4s3; "
+            "m64n64k32w4s4, m128n64k32w4s3 and m64n128k32w4s3, and its direct kernel for "
+            "{fp16,bf16} x {2D,3D} x groups of at most {1,2} channels (one tile each); "
             "default tiles (split-KV, conv: every tile)",
             # Training pairs repeat signatures other layers hold: each is listed once.
             signatures=_unique(

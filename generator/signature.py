@@ -248,7 +248,8 @@ CONV_SPATIAL_DIMS = (2, 3)
 CONV_VECTORS = (8, 4, 2, 1)
 # Channel buckets of the direct kernel (groups of few channels on the CUDA cores): a kernel of
 # bucket c runs groups whose input and output channels are both at most c. 0 is no bucket: the
-# implicit-GEMM kernels, which take any channel count. Only conv_fwd has a direct kernel.
+# implicit-GEMM kernels, which take any channel count. conv_fwd builds buckets 1, 2 and 4,
+# conv_bwd_weight 1 and 2 (generator.receipts).
 CONV_MAX_CHANNELS = (1, 2, 4, 8)
 
 
@@ -257,8 +258,8 @@ class ConvSignature(NoAttentionFeatures):
     """What a grouped-convolution kernel computes: its pass (`family`: y from x and w, or dw
     from x and dy), the element type, 2D or 3D, the channel vector its loads assume (the runtime
     picks the widest one the problem's channel count, strides and pointers allow, so every width
-    is a kernel of its own) and, for the forward's direct kernel, the most input and output
-    channels a group may have."""
+    is a kernel of its own) and, for a direct kernel (forward or weight gradient), the most
+    input and output channels a group may have."""
 
     dtype: str  # "fp16" | "bf16"
     spatial_dims: int  # 2 | 3

@@ -137,7 +137,9 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
-  float* sums = plan.splits > 1 ? static_cast<float*>(args->workspace) : nullptr;
+  // Split plans and the direct kernel add partial sums into the workspace.
+  const bool summed = plan.splits > 1 || plan.kernel.conv_max_channels != 0;
+  float* sums = summed ? static_cast<float*>(args->workspace) : nullptr;
   const int64_t count = int64_t(needed / sizeof(float));
   if (sums != nullptr) {
     if (int r = zero_fp32(sums, count, stream)) return from_launch_result(r, "conv zeros");

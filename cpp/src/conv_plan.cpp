@@ -182,8 +182,14 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   }
   const int64_t groups = k.tile_n;
   const int64_t x_bytes = (positions * groups * p.in_channels * 2 + 15) / 16 * 16;
-  return x_bytes + groups * p.out_channels * taps * p.in_channels * 4;
+  const int64_t filter_words = groups * p.out_channels * taps * p.in_channels;
+  // The backward-weight kernel keeps each warp's partial dw where the
+  // forward keeps the filters (bwd_weight_direct_kernel.cuh).
+  const int64_t copies = k.family == CKFMHA_FAMILY_CONV_BWD_WEIGHT ? k.warps : 1;
+  return x_bytes + copies * filter_words * 4;
 }
+
+bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
 // reject_reason's verdict without its text: the selection walks the whole
 // registry (attention kernels included) on every call.
@@ -192,9 +198,10 @@ bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
   return k.family == family_of(direction) && k.dtype == p.dtype &&
          k.conv_spatial_dims == p.spatial_dims && k.conv_vector <= context.vector &&
          arch_runs_on(k, context.device_arch) &&
-         (k.conv_max_channels == 0 ||
+         (!is_direct(k) ||
           (p.in_channels <= k.conv_max_channels && p.out_channels <= k.conv_max_channels &&
-           direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch)));
+           direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch) &&
+           (!is_weight(direction) || context.can_split)));
 }
 
 std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
@@ -219,9 +226,12 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
         << p.out_channels;
   } else if (k.conv_max_channels != 0 &&
              direct_smem_bytes(k, p) > max_smem_per_block(context.device_arch)) {
-    why << "stages " << direct_smem_bytes(k, p) << " bytes of input tile and filters for this "
-        << "stride, dilation and filter, over sm_" << context.device_arch << "'s "
+    why << "stages " << direct_smem_bytes(k, p) << " bytes of input tile and "
+        << (is_weight(direction) ? "partial sums" : "filters")
+        << " for this stride, dilation and filter, over sm_" << context.device_arch << "'s "
         << max_smem_per_block(context.device_arch) << " per block";
+  } else if (is_direct(k) && is_weight(direction) && !context.can_split) {
+    why << "adds its sums into the fp32 workspace, and none was given";
   }
   return why.str();
 }
@@ -281,6 +291,18 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
 // partial sums' atomic adds then cost about two k-tiles a CTA).
 TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                           int sm_count, bool can_split) {
+  if (is_direct(k)) {
+    // Its CTAs take (image, output tile) items in turn: four per SM over the
+    // blocks of 32 groups, at most one per item.
+    const int64_t rows = ceil_div(p.output[p.spatial_dims - 2], k.warps);
+    const int64_t cols = ceil_div(p.output[p.spatial_dims - 1], k.tile_m);
+    const int64_t depth = p.spatial_dims == 3 ? p.output[0] : 1;
+    const int64_t items = std::max<int64_t>(1, rows * cols * depth * p.batch);
+    const int64_t blocks = ceil_div(p.groups, 32);
+    const int64_t workers = std::clamp<int64_t>(ceil_div(4 * int64_t(sm_count), blocks), 1,
+                                                std::min<int64_t>(items, 0x7fffffff));
+    return {0.0, 1.0, workers * blocks, int32_t(workers)};
+  }
   int64_t taps = 1;
   for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
   const int64_t reduction = taps * p.in_channels;
@@ -394,6 +416,10 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   if (plan.kernel.conv_max_channels != 0) {
     why << "groups of " << p.in_channels << " input and " << p.out_channels
         << " output channels computed directly, 32 groups a CTA";
+    if (is_weight(direction)) {
+      why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
+          << "in turn";
+    }
     plan.why = why.str();
     return plan;
   }
@@ -431,9 +457,10 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   }
   if (listed == 0) out << "  (no " << family_name(family) << " kernels are registered)\n";
   out << "plan: ";
-  if (plan.found && is_weight(direction) && plan.splits > 1) {
+  if (plan.found && is_weight(direction) && (plan.splits > 1 || is_direct(plan.kernel))) {
     out << "zero the fp32 partial sums, " << plan.kernel.name << " over " << plan.splits
-        << " splits adding into them, convert to dw: " << plan.why << "\n";
+        << (is_direct(plan.kernel) ? " CTAs a block of groups" : " splits")
+        << " adding into them, convert to dw: " << plan.why << "\n";
   } else if (plan.found) {
     out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";
   } else {

@@ -8,8 +8,8 @@ limits, which also says what its instances assert against the template's C++ tra
 (traits_assertions.py): sm80_fwd (with splitkv_paged for the split-KV and paged families),
 sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd, conv (the
 grouped convolution on the sm80 path and, with wgmma, on sm_90a, and its direct CUDA-core
-template for groups of few channels) and conv_bwd_weight (the convolution's weight gradient on
-the sm80 path).
+template for groups of few channels), conv_bwd_weight (the convolution's weight gradient on
+the sm80 path) and conv_bwd_weight_direct (the weight gradient's direct CUDA-core template).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from . import (
     bwd_rowwise,
     conv,
     conv_bwd_weight,
+    conv_bwd_weight_direct,
     simt_fwd,
     sm80_bwd,
     sm80_fwd,
@@ -91,6 +92,14 @@ def _sm80_template(family: str) -> TemplateRules:
     return sm80_fwd.TEMPLATE
 
 
+def _direct_template(family: str) -> TemplateRules:
+    """The direct CUDA-core templates for groups of few channels: the forward's (which the data
+    gradient runs too) and the weight gradient's."""
+    if family == CONV_BWD_WEIGHT:
+        return conv_bwd_weight_direct.TEMPLATE
+    return conv.DIRECT_TEMPLATE
+
+
 def _sm90_template(family: str) -> TemplateRules:
     """The sm90 path's templates: forward and the backward main stage."""
     return sm90_bwd.TEMPLATE if family == BWD_DQ_DK_DV else sm90_fwd.TEMPLATE
@@ -101,7 +110,7 @@ PIPELINE_TEMPLATES: dict[str, Callable[[str], TemplateRules]] = {
     "sm80_cpasync_mma": _sm80_template,
     "sm90_tma_wgmma": _sm90_template,
     "sm90_cpasync_wgmma": lambda family: conv.SM90_TEMPLATE,
-    CONV_DIRECT_PIPELINE: lambda family: conv.DIRECT_TEMPLATE,
+    CONV_DIRECT_PIPELINE: _direct_template,
     "simt_fma": lambda family: simt_fwd.TEMPLATE,
     "splitkv_combine": lambda family: splitkv_combine.TEMPLATE,
     "appendkv": lambda family: appendkv.TEMPLATE,

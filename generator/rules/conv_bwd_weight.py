@@ -2,8 +2,10 @@
 dw[K, taps x C] = dy[P, K]^T x x_gathered[P, taps x C] on cp.async + mma.sync, the GEMM's rows
 (tile_m) the output channels K, its columns (tile_n) the filter taps times the input channels,
 its reduction (tile_k) the batch times the output positions P, streamed through shared memory
-in stages. It is the family's only template, on sm_80 and every later arch (sm_90a included).
-What it shares with the forward's mma.sync template is checked by conv.py's helpers."""
+in stages. It is the family's template for any channel count, on sm_80 and every later arch
+(sm_90a included); groups of one or two channels also have a direct template
+(conv_bwd_weight_direct.py). What it shares with the forward's mma.sync template is checked by
+conv.py's helpers."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from .conv import (
     stage_reasons,
     vector_reasons,
 )
+from .conv_bwd_weight_direct import BWD_WEIGHT_DIRECT_MAX_CHANNELS
+from .pipelines import CONV_DIRECT_PIPELINE
 from .traits_assertions import TraitsAssertion, assertions_from
 
 # Both operands are read along their channels (dy's K, x's C) into shared-memory atoms 64
@@ -52,14 +56,17 @@ def bwd_weight_smem_launch_bytes(
 
 
 def _signature_reasons(config: KernelConfig) -> list[str]:
-    """Any channel count, in the channel vector the problem allows; no direct kernel."""
+    """Any channel count, in the channel vector the problem allows; a channel bucket is the
+    direct template's."""
     reasons = problem_reasons(config, CONV_BWD_WEIGHT, MMA_ARITHMETIC)
     max_channels = getattr(config.signature, "max_channels", 0)
     if max_channels != 0:
+        *narrower, widest = BWD_WEIGHT_DIRECT_MAX_CHANNELS
         reasons.append(
-            f"max_channels={max_channels} is not supported: {CONV_BWD_WEIGHT} has no direct "
-            "kernel for groups of few channels; its implicit-GEMM template takes any channel "
-            "count (max_channels=0)"
+            f"max_channels={max_channels} is not supported: channel buckets are the direct "
+            f"template's (pipeline {CONV_DIRECT_PIPELINE}), which takes "
+            f"{', '.join(map(str, narrower))} and {widest}; {CONV_BWD_WEIGHT}'s implicit-GEMM "
+            "template takes any channel count (max_channels=0)"
         )
     return reasons + vector_reasons(config)
 

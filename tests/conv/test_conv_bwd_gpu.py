@@ -39,7 +39,11 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 
-WEIGHT_NAME = re.compile(r"^conv_bwd_weight_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v(?P<vector>\d)")
+WEIGHT_NAME = re.compile(r"^conv_bwd_weight_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v(?P<vector>\d)__")
+# Direct kernels: groups of at most `bucket` input and output channels.
+WEIGHT_DIRECT_NAME = re.compile(
+    r"^conv_bwd_weight_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__"
+)
 
 # Beyond the forward's cases: stride phases that no tap reaches, a stride larger than the
 # filter, negative effective padding (padding beyond the dilated filter), and backward-weight
@@ -161,10 +165,12 @@ def _weight_kernels() -> list[dict[str, Any]]:
             if k["family"] == "conv_bwd_weight" and runs_on(k, arch)]  # fmt: skip
 
 
-@pytest.mark.parametrize("kernel", _weight_kernels(), ids=lambda k: k["name"])
+@pytest.mark.parametrize(
+    "kernel", [k for k in _weight_kernels() if WEIGHT_NAME.match(k["name"])],
+    ids=lambda k: k["name"],
+)  # fmt: skip
 def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
     match = WEIGHT_NAME.match(kernel["name"])
-    assert match, kernel["name"]
     dtype, dims, vector = match["dtype"], int(match["dims"]), int(match["vector"])
     c = vector * (3 if vector > 1 else 5)
     if dims == 2:
@@ -174,6 +180,40 @@ def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
         cases = [Case(dtype, 2, (4, 7, 5), 2, c, 2 * vector, (3, 3, 3), 1, 1)]
     for case in cases:
         run_bwd_weight(case, kernel=kernel["name"])
+
+
+@pytest.mark.parametrize(
+    "kernel", [k for k in _weight_kernels() if WEIGHT_DIRECT_NAME.match(k["name"])],
+    ids=lambda k: k["name"],
+)  # fmt: skip
+def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
+    """The direct kernels over their bucket: group counts that leave a partial block of 32,
+    the windowed path (unit stride and dilation along w) and the general one, odd sizes,
+    several images and output tiles per CTA."""
+    match = WEIGHT_DIRECT_NAME.match(kernel["name"])
+    dtype, dims, bucket = match["dtype"], int(match["dims"]), int(match["bucket"])
+    narrow = max(1, bucket - 1)
+    if dims == 2:
+        cases = [Case(dtype, 3, (13, 19), 35, bucket, bucket, (3, 3), 1, 1),
+                 Case(dtype, 2, (17, 23), 70, narrow, bucket, (7, 7), 1, 3),
+                 Case(dtype, 2, (11, 9), 33, bucket, narrow, (3, 5), (2, 2), (1, 2), (1, 2)),
+                 Case(dtype, 1, (9, 40), 3, bucket, bucket, (1, 3), 1, (0, 1), layout="slice")]  # fmt: skip
+    else:
+        cases = [Case(dtype, 2, (4, 7, 9), 33, bucket, bucket, (3, 3, 3), 1, 1),
+                 Case(dtype, 1, (5, 6, 7), 5, narrow, bucket, (2, 3, 3), (1, 2, 1), (0, 1, 1),
+                      (2, 1, 1))]  # fmt: skip
+    for case in cases:
+        run_bwd_weight(case, kernel=kernel["name"])
+
+
+def test_depthwise_weight_gradient_runs_directly() -> None:
+    problem = Case("bf16", 32, (56, 56), 96, 1, 1, (7, 7), 1, 3).problem
+    assert "_conv_direct_" in ckfmha.conv_select(problem, direction="bwd_weight")
+    # Two-channel groups with a 7x7 filter: eight warps' partial sums would not fit in shared
+    # memory, so the implicit GEMM runs them.
+    case = Case("bf16", 2, (15, 15), 40, 2, 2, (7, 7), 1, 3)
+    assert "_conv_direct_" not in ckfmha.conv_select(case.problem, direction="bwd_weight")
+    run_bwd_weight(case)
 
 
 def test_bwd_data_runs_every_phase_on_a_forced_kernel() -> None:

@@ -1,28 +1,36 @@
 """The grouped convolution's weight gradient (conv_bwd_weight) in the generator: its names, the
-limits of its one template (ConvBwdWeightSm80Traits: cp.async + mma.sync on every arch, sm_90a
-included), its instances and table entries, and the kernel sets that build it. Its tile is the
-GEMM dw[K, taps x C] = dy^T x: tile_m output channels, tile_n filter taps x input channels,
-tile_k batch x output positions per stage."""
+limits of its two templates, their instances and table entries, and the kernel sets that build
+them. ConvBwdWeightSm80Traits (cp.async + mma.sync on every arch, sm_90a included) takes any
+channel count; its tile is the GEMM dw[K, taps x C] = dy^T x: tile_m output channels, tile_n
+filter taps x input channels, tile_k batch x output positions per stage.
+ConvBwdWeightDirectTraits (conv_direct, CUDA cores, every arch) takes groups of at most 1 or 2
+channels; its tile is the forward's direct one: Run positions a thread, 32 groups, the
+bucket, a row a warp, one stage."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support.paths import REPO_ROOT
 
-from generator import emit, rules
+from generator import build, emit, rules, toolchain
 from generator.enumerate import select
 from generator.names import parse_kernel_name
 from generator.receipts import (
+    BWD_WEIGHT_DIRECT_BUCKETS,
+    CONV_BWD_WEIGHT_DIRECT_TILES,
     CONV_CORE_TILES,
     CONV_DEFAULT_TILES,
     CONV_FULL_TILES,
     ConvTile,
     get_receipt,
 )
+from generator.rules import conv_bwd_weight_direct
+from generator.rules.conv import direct_tile_reasons
 from generator.rules.conv_bwd_weight import bwd_weight_smem_launch_bytes
 from generator.signature import (
     CONV_BWD_WEIGHT,
@@ -39,6 +47,7 @@ ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 DTYPES = ("fp16", "bf16")
 VECTORS = (8, 4, 2, 1)
 SM80 = "sm80_cpasync_mma"
+DIRECT = "conv_direct"
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
 
@@ -66,16 +75,18 @@ def _reasons(config: KernelConfig, spec: ArchSpec | None = None) -> str:
 
 
 def _tiles(tiles: tuple[ConvTile, ...]) -> list[Shape]:
+    """The family's implicit-GEMM tiles among `tiles`."""
     return [
         (t.tile_m, t.tile_n, t.tile_k, t.warps, t.stages) for t in tiles
-        if t.family == CONV_BWD_WEIGHT
+        if t.family == CONV_BWD_WEIGHT and t.pipeline == SM80
     ]  # fmt: skip
 
 
-def _bwd_weight_names(kernel_set: str, arch: str) -> list[str]:
+def _bwd_weight_names(kernel_set: str, arch: str, pipeline: str = SM80) -> list[str]:
+    """The set's weight-gradient kernels of one template."""
     return [
         c.name for c in select(get_receipt(kernel_set), SPECS[arch]).accepted
-        if c.signature.family == CONV_BWD_WEIGHT
+        if c.signature.family == CONV_BWD_WEIGHT and c.algorithm.pipeline == pipeline
     ]  # fmt: skip
 
 
@@ -135,7 +146,7 @@ def test_names_outside_the_limits_read_back_for_the_rules_to_explain() -> None:
     assert "dtype 'fp32' is not supported by conv_bwd_weight" in reasons
     assert "spatial_dims=1 is not supported; conv_bwd_weight takes 2D" in reasons
     assert "vector=3 channels per load is not supported" in reasons
-    assert "max_channels=4 is not supported: conv_bwd_weight has no direct kernel" in reasons
+    assert "max_channels=4 is not supported: channel buckets are the direct template's" in reasons
 
 
 # ---- rules ----
@@ -191,9 +202,9 @@ def test_the_sets_tiles_are_valid_where_they_fit(arch: str, tile: Shape) -> None
         (
             _bwd_weight(vector=1, max_channels=1),
             (
-                "max_channels=1 is not supported: conv_bwd_weight has no direct kernel for "
-                "groups of few channels; its implicit-GEMM template takes any channel count "
-                "(max_channels=0)"
+                "max_channels=1 is not supported: channel buckets are the direct template's "
+                "(pipeline conv_direct), which takes 1 and 2; conv_bwd_weight's implicit-GEMM "
+                "template takes any channel count (max_channels=0)"
             ),
         ),
         (
@@ -228,11 +239,12 @@ def test_an_arch_before_sm_80_is_rejected() -> None:
     assert "conv_bwd_weight needs sm_80 or later (cp.async, bf16 mma.sync); sm_75 has" in reasons
 
 
-@pytest.mark.parametrize("pipeline", ("sm90_cpasync_wgmma", "conv_direct", "sm90_tma_wgmma"))
-def test_the_family_runs_on_the_mma_sync_template_only(pipeline: str) -> None:
+@pytest.mark.parametrize("pipeline", ("sm90_cpasync_wgmma", "sm90_tma_wgmma"))
+def test_the_family_has_no_wgmma_template(pipeline: str) -> None:
     config = _bwd_weight("sm_90a", pipeline=pipeline)
     assert (
-        f"family 'conv_bwd_weight' has no '{pipeline}' template; it runs on sm80_cpasync_mma"
+        f"family 'conv_bwd_weight' has no '{pipeline}' template; it runs on sm80_cpasync_mma, "
+        "conv_direct"
     ) in _reasons(config)
 
 
@@ -333,14 +345,13 @@ ALL_SIGNATURES = [
 
 
 def test_the_sets_tiles() -> None:
-    """All on the mma.sync template and with no channel bucket; each set extends the one
-    before."""
+    """The implicit-GEMM tiles, with no channel bucket; each set extends the one before."""
     assert _tiles(CONV_CORE_TILES) == [(128, 128, 32, 4, 3)]
     assert _tiles(CONV_DEFAULT_TILES) == [
         (128, 128, 32, 4, 3), (64, 64, 32, 4, 4), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3)
     ]  # fmt: skip
     assert _tiles(CONV_FULL_TILES) == [*_tiles(CONV_DEFAULT_TILES), (128, 128, 64, 8, 3)]
-    ours = [t for t in CONV_FULL_TILES if t.family == CONV_BWD_WEIGHT]
+    ours = [t for t in CONV_FULL_TILES if t.family == CONV_BWD_WEIGHT and t.pipeline != DIRECT]
     assert all(t.pipeline == SM80 and t.max_channels == 0 for t in ours)
 
 
@@ -360,7 +371,7 @@ def test_a_tile_applies_to_its_own_family_only() -> None:
 @pytest.mark.parametrize("arch", ARCHES)
 def test_core_builds_four_kernels_of_one_tile(arch: str) -> None:
     """The forward's four implicit-GEMM signatures, on the mma.sync template on every arch:
-    on sm_90a it is the family's preferred (only) template."""
+    on sm_90a it is the family's preferred (only) implicit-GEMM template."""
     assert _bwd_weight_names("core", arch) == _names(arch, CORE_SIGNATURES, _tiles(CONV_CORE_TILES))
 
 
@@ -397,4 +408,340 @@ def test_cli_lists_the_core_kernels(arch: str) -> None:
          "--filter", "^conv_bwd_weight_", "--list"],
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    assert result.stdout.split() == _names(arch, CORE_SIGNATURES, [(128, 128, 32, 4, 3)])
+    # The direct kernels come last, as the arch lists their pipeline last.
+    implicit_gemm = _names(arch, CORE_SIGNATURES, [(128, 128, 32, 4, 3)])
+    assert result.stdout.split() == implicit_gemm + _core_direct_names(arch)
+
+
+# ---- the direct template ----
+
+
+def _direct(
+    max_channels: int = 2,
+    arch: str = "sm_80",
+    dtype: str = "bf16",
+    spatial_dims: int = 2,
+    tile: Shape | None = None,
+    vector: int = 1,
+    ctas_per_sm: int = 1,
+) -> KernelConfig:
+    """A direct weight-gradient config; by default the sets' 2D tile (Run 16, 8 warps)."""
+    tile_m, tile_n, tile_k, warps, stages = tile or (16, 32, max_channels, 8, 1)
+    return KernelConfig(
+        ConvSignature(dtype, spatial_dims, vector, max_channels, family=CONV_BWD_WEIGHT),
+        Algorithm(arch, DIRECT, tile_m, tile_n, tile_k, warps, stages, ctas_per_sm),
+    )
+
+
+def _direct_name(dtype: str, dims: int, bucket: int, arch: str) -> str:
+    """The sets' tile for (dims, bucket): 2D Run 16 over 8 warps, 3D Run 8 over 4 warps."""
+    run, warps = (16, 8) if dims == 2 else (8, 4)
+    return (
+        f"conv_bwd_weight_{dtype}_{dims}d_v1_c{bucket}__{arch}_{DIRECT}_m{run}n32k{bucket}"
+        f"_w{warps}s1"
+    )
+
+
+def _core_direct_names(arch: str) -> list[str]:
+    # The core set builds the depthwise kernel; groups of 2 channels compile on first use.
+    return [_direct_name("bf16", 2, 1, arch)]
+
+
+def test_direct_names_spell_the_channel_bucket() -> None:
+    sig = ConvSignature("bf16", 2, 1, 1, family=CONV_BWD_WEIGHT)
+    assert sig.name == "conv_bwd_weight_bf16_2d_v1_c1"
+    assert _direct().name == "conv_bwd_weight_bf16_2d_v1_c2__sm_80_conv_direct_m16n32k2_w8s1"
+    assert _direct().name == _direct_name("bf16", 2, 2, "sm_80")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _direct(1),
+        _direct(2, "sm_90a", "fp16", 3, (8, 32, 2, 4, 1)),
+        _direct(1, "sm_86", tile=(4, 32, 1, 4, 1)),
+        # Outside the limits, for the rules to explain.
+        _direct(4, tile=(16, 32, 4, 8, 1)),
+        _direct(2, vector=8),
+    ],
+    ids=lambda config: config.name,
+)
+def test_direct_names_read_back_as_their_configs(config: KernelConfig) -> None:
+    assert parse_kernel_name(config.name) == config
+
+
+def test_the_direct_pipeline_resolves_to_each_familys_template() -> None:
+    assert rules.PIPELINE_TEMPLATES[DIRECT](CONV_BWD_WEIGHT) is conv_bwd_weight_direct.TEMPLATE
+    assert rules.PIPELINE_TEMPLATES[DIRECT]("conv_fwd") is not conv_bwd_weight_direct.TEMPLATE
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize(
+    "tile", CONV_BWD_WEIGHT_DIRECT_TILES, ids=lambda t: f"{t.spatial_dims}d_c{t.max_channels}"
+)
+def test_the_sets_direct_tiles_are_valid_on_every_arch(arch: str, tile: ConvTile) -> None:
+    """Plain CUDA-core code: every arch runs it, in both dtypes."""
+    for dtype in DTYPES:
+        shape = (tile.tile_m, tile.tile_n, tile.tile_k, tile.warps, tile.stages)
+        config = _direct(tile.max_channels, arch, dtype, tile.spatial_dims, shape)
+        assert _reasons(config) == ""
+
+
+@pytest.mark.parametrize("dims", (2, 3))
+@pytest.mark.parametrize("bucket", (1, 2))
+@pytest.mark.parametrize("run", (4, 8, 16))
+@pytest.mark.parametrize("warps", (4, 8))
+def test_every_run_fits_the_dy_registers(dims: int, bucket: int, run: int, warps: int) -> None:
+    """Run x channels <= 32 (the traits' static_assert) holds for every run and bucket the
+    template takes: no shape within its limits is rejected."""
+    assert _reasons(_direct(bucket, spatial_dims=dims, tile=(run, 32, bucket, warps, 1))) == ""
+
+
+def test_a_dy_run_over_the_registers_is_named() -> None:
+    """The register reason the traits' static_assert stands behind, were a 4-channel bucket
+    taken."""
+    wider = dataclasses.replace(conv_bwd_weight_direct.LIMITS, buckets=(1, 2, 4))
+    reasons = direct_tile_reasons(_direct(4, tile=(16, 32, 4, 8, 1)), wider)
+    assert reasons == [
+        (
+            "tile_m x max_channels = 16 x 4 = 64 fp32 dy values a thread exceed 32: each thread "
+            "keeps its group's dy over Run output positions of every output channel in registers"
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (
+            _direct(2, vector=8),
+            (
+                "vector=8 is not supported by the backward-weight direct template; it reads a "
+                "group's channels one by one (vector=1)"
+            ),
+        ),
+        (
+            _direct(0, tile=(16, 32, 0, 8, 1)),
+            (
+                "max_channels=0 (any channel count) is the implicit-GEMM templates'; the "
+                "backward-weight direct template computes groups of at most 1 or 2 input and "
+                "output channels (each warp's partial dw in shared memory grows with taps x C x "
+                "K; wider groups run on the implicit-GEMM template)"
+            ),
+        ),
+        (
+            _direct(4, tile=(8, 32, 4, 8, 1)),
+            (
+                "max_channels=4 is not supported; supported: 1, 2 input and output channels a "
+                "group (each warp's partial dw in shared memory grows with taps x C x K"
+            ),
+        ),
+        (
+            _direct(2, tile=(16, 64, 2, 8, 1)),
+            (
+                "tile_n=64 is not supported; the backward-weight direct template takes 32 "
+                "consecutive groups a CTA, one a lane (tile_n=32)"
+            ),
+        ),
+        (
+            _direct(2, tile=(16, 32, 1, 8, 1)),
+            (
+                "tile_k=1 does not equal max_channels=2; the backward-weight direct template's "
+                "reduction step is one group's input channels"
+            ),
+        ),
+        (
+            _direct(1, tile=(32, 32, 1, 8, 1)),
+            "tile_m=32 output positions a thread (Run) is not supported; supported: 4, 8, 16",
+        ),
+        (
+            _direct(2, tile=(16, 32, 2, 2, 1)),
+            (
+                "warps=2 is not supported; the backward-weight direct template runs 4 or 8 warps "
+                "(one output row each)"
+            ),
+        ),
+        (
+            _direct(2, tile=(16, 32, 2, 8, 2)),
+            (
+                "stages=2 is not supported; the backward-weight direct template loads each "
+                "input tile into shared memory once (stages=1)"
+            ),
+        ),
+        (
+            _direct(2, ctas_per_sm=2),
+            (
+                "ctas_per_sm=2 is not supported; the backward-weight direct template has no "
+                "occupancy knob (ctas_per_sm=1)"
+            ),
+        ),
+        (
+            _direct(2, dtype="fp32"),
+            (
+                "dtype 'fp32' is not supported by conv_bwd_weight: it computes in fp16 or bf16 "
+                "(fp32 FMA on the CUDA cores)"
+            ),
+        ),
+        (_direct(2, spatial_dims=1), "spatial_dims=1 is not supported; conv_bwd_weight takes"),
+    ],
+    ids=lambda value: value.name if isinstance(value, KernelConfig) else "",
+)
+def test_direct_rule_fires_with_a_reason_naming_the_limit(
+    config: KernelConfig, expected: str
+) -> None:
+    reasons = _reasons(config)
+    assert expected in reasons, reasons
+
+
+def test_the_direct_template_has_no_shared_memory_rule() -> None:
+    """Its input tile and partial dw depend on the problem's filter, stride and dilation, so the
+    runtime checks them per problem: an arch of 1 KiB a block still accepts the config."""
+    small = dataclasses.replace(SPECS["sm_80"], max_dynamic_smem_per_block=1024)
+    assert rules.check(_direct(2), small) == []
+
+
+def test_signatures_meet_the_template_of_their_kind() -> None:
+    """A bucketed signature meets the direct template alone, one without the mma.sync one."""
+    for arch in ("sm_80", "sm_90a"):
+        pipelines = SPECS[arch].pipelines
+        bucketed = ConvSignature("bf16", 3, 1, 2, family=CONV_BWD_WEIGHT)
+        assert rules.pipelines_for_signature(bucketed, pipelines) == (DIRECT,)
+        plain = ConvSignature("bf16", 3, 1, family=CONV_BWD_WEIGHT)
+        assert rules.pipelines_for_signature(plain, pipelines) == (SM80,)
+
+
+DIRECT_INSTANCE = """\
+// Generated by the ckfmha generator (python -m generator). Do not edit.
+#include "ckfmha/kernel/conv/bwd_weight_launch.cuh"
+
+namespace ckfmha_instance_{name} {{
+using Traits = ckfmha::kernel::ConvBwdWeightDirectTraits<cutlass::bfloat16_t, /*SpatialDims=*/2, /*MaxChannels=*/2, /*Run=*/16, /*Warps=*/8>;
+static_assert(Traits::kThreads == 256,
+              "generator/rules/conv_bwd_weight_direct.py and ConvBwdWeightDirectTraits::kThreads disagree on threads per CTA");
+static_assert(Traits::kMaxChannels == 2,
+              "generator/rules/conv_bwd_weight_direct.py and ConvBwdWeightDirectTraits::kMaxChannels disagree on input and output channels a group");
+static_assert(Traits::kRun == 16,
+              "generator/rules/conv_bwd_weight_direct.py and ConvBwdWeightDirectTraits::kRun disagree on output positions of dy a thread sums over");
+static_assert(Traits::kTileH == 8,
+              "generator/rules/conv_bwd_weight_direct.py and ConvBwdWeightDirectTraits::kTileH disagree on output rows a CTA computes (one a warp)");
+static_assert(Traits::kGroups == 32,
+              "generator/rules/conv_bwd_weight_direct.py and ConvBwdWeightDirectTraits::kGroups disagree on groups a CTA computes");
+}}  // namespace ckfmha_instance_{name}
+
+extern "C" int ckfmha_kernel_{name}(const void* problem, const void* args, const ckfmha_launch_context* context, ckfmha_stream_t stream) {{
+  return ckfmha::kernel::launch_conv_bwd_weight_direct<ckfmha_instance_{name}::Traits>(problem, args, context, stream);
+}}
+"""
+
+
+def test_direct_instance_names_its_traits_and_launcher() -> None:
+    config = _direct(2)
+    assert emit.render_instance(config) == DIRECT_INSTANCE.format(name=config.name)
+    template = emit.template_for(config)
+    assert template.header == "ckfmha/kernel/conv/bwd_weight_launch.cuh"
+    assert template.traits == "ckfmha::kernel::ConvBwdWeightDirectTraits"
+    assert template.launcher == "ckfmha::kernel::launch_conv_bwd_weight_direct"
+    assert template.resident_ctas is None
+
+
+def test_direct_3d_instance_arguments() -> None:
+    text = emit.render_instance(_direct(1, "sm_90a", "fp16", 3, (8, 32, 1, 4, 1)))
+    assert (
+        "ckfmha::kernel::ConvBwdWeightDirectTraits<cutlass::half_t, /*SpatialDims=*/3, "
+        "/*MaxChannels=*/1, /*Run=*/8, /*Warps=*/4>;"
+    ) in text
+    assert "Traits::kThreads == 128," in text and "Traits::kTileH == 4," in text
+
+
+def test_direct_table_entry_carries_the_family_and_bucket() -> None:
+    config = _direct(2, "sm_89", "fp16", 3, (8, 32, 2, 4, 1))
+    (entry,) = emit.render_table([config], SPECS).split("    {")[1:]
+    entry = entry.split("\n};\n", 1)[0]
+    assert "CKFMHA_FAMILY_CONV_BWD_WEIGHT, CKFMHA_DTYPE_FP16, CKFMHA_MODE_BATCH, 0, 0," in entry
+    assert '/*arch=*/89, "sm_89", "conv_direct", /*tile_m=*/8, /*tile_n=*/32, ' in entry
+    assert entry.endswith("/*conv_spatial_dims=*/3, /*conv_vector=*/1, /*conv_max_channels=*/2},")
+
+
+def test_direct_instances_share_the_weight_gradients_unit() -> None:
+    """bwd_weight_launch.cuh holds both launchers: one unit takes both templates."""
+    configs = [_bwd_weight(), _direct(1), _direct(2, spatial_dims=3, tile=(8, 32, 2, 4, 1))]
+    headers = {c.name: emit.template_for(c).header for c in configs}
+    units = plan_units(configs, 1, headers)
+    assert [u.name for u in units] == ["unit_sm_80_conv_bwd_weight_launch_0"]
+
+
+def test_one_direct_tile_per_dims_and_bucket() -> None:
+    """The forward's direct shapes (2D Run 16 over 8 warps, 3D Run 8 over 4) for buckets 1 and
+    2, in every set; each applies to its own family, dims and bucket only."""
+    shapes = {
+        (t.spatial_dims, t.max_channels): (t.tile_m, t.tile_n, t.tile_k, t.warps, t.stages)
+        for t in CONV_BWD_WEIGHT_DIRECT_TILES
+    }
+    assert BWD_WEIGHT_DIRECT_BUCKETS == conv_bwd_weight_direct.BWD_WEIGHT_DIRECT_MAX_CHANNELS
+    assert shapes == {
+        (2, 1): (16, 32, 1, 8, 1), (2, 2): (16, 32, 2, 8, 1),
+        (3, 1): (8, 32, 1, 4, 1), (3, 2): (8, 32, 2, 4, 1),
+    }  # fmt: skip
+    assert all(t.pipeline == DIRECT for t in CONV_BWD_WEIGHT_DIRECT_TILES)
+    for tiles in (CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES):
+        ours = [t for t in tiles if t.pipeline == DIRECT and t.family == CONV_BWD_WEIGHT]
+        assert ours == list(CONV_BWD_WEIGHT_DIRECT_TILES)
+    for tile in CONV_BWD_WEIGHT_DIRECT_TILES:
+        for family in ("conv_fwd", CONV_BWD_WEIGHT):
+            for dims in (2, 3):
+                for bucket in (0, 1, 2, 4):
+                    sig = ConvSignature("bf16", dims, 1, bucket, family=family)
+                    expected = (family, dims, bucket) == (
+                        CONV_BWD_WEIGHT, tile.spatial_dims, tile.max_channels
+                    )  # fmt: skip
+                    assert tile.applies_to(sig) == expected
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_core_builds_two_bf16_2d_direct_kernels(arch: str) -> None:
+    """Groups of 1 and of up to 2 channels, on every arch; preferred_only keeps them (they are
+    signatures of their own, whose only template is the direct one)."""
+    assert _bwd_weight_names("core", arch, DIRECT) == _core_direct_names(arch)
+
+
+@pytest.mark.parametrize("kernel_set", ("default", "full"))
+@pytest.mark.parametrize("arch", ARCHES)
+def test_default_and_full_build_every_direct_signature_once(kernel_set: str, arch: str) -> None:
+    assert _bwd_weight_names(kernel_set, arch, DIRECT) == [
+        _direct_name(dtype, dims, bucket, arch)
+        for dtype in DTYPES for dims in (2, 3) for bucket in BWD_WEIGHT_DIRECT_BUCKETS
+    ]  # fmt: skip
+    selection = select(get_receipt(kernel_set), SPECS[arch])
+    assert not any(
+        r.pipeline == DIRECT for r in selection.rejected if r.signature.family == CONV_BWD_WEIGHT
+    )
+
+
+def test_ci_builds_no_direct_kernel() -> None:
+    assert _bwd_weight_names("ci", "sm_90a", DIRECT) == []
+
+
+@pytest.mark.slow
+def test_every_direct_kernel_of_the_default_set_compiles(tmp_path: Path) -> None:
+    """The 8 direct instances (both dtypes, 2D and 3D, both buckets) against
+    ConvBwdWeightDirectTraits, in the units the build would compile: the template takes the
+    arguments the generator writes and agrees with the numbers it asserts."""
+    try:
+        toolchain.find_nvcc()
+        toolchain.find_cutlass_include()
+    except toolchain.ToolchainError as error:
+        pytest.skip(f"CUDA toolchain unavailable: {error}")
+    configs = [
+        c for c in select(get_receipt("default"), SPECS["sm_80"]).accepted
+        if c.signature.family == CONV_BWD_WEIGHT and c.algorithm.pipeline == DIRECT
+    ]  # fmt: skip
+    assert len(configs) == 8
+    files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
+    compiler = toolchain.CudaToolchain(
+        build.arch_specs_for(["sm_80"]), [REPO_ROOT / "cpp" / "include", tmp_path]
+    )
+    for unit_path, unit in files.units:
+        job = toolchain.CompileJob(unit_path, unit_path.with_suffix(".o"), unit.arch)
+        command = compiler.compile_command(job, unit_path.with_suffix(".d"))
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -1,7 +1,8 @@
 """The direct grouped-convolution template (conv_direct, ConvFwdDirectTraits) in the generator:
 groups of at most 1, 2, 4 or 8 channels computed on the CUDA cores. Its names (the channel
 bucket token), its limits, its instances and table entries, the one tile each direct signature
-gets in the kernel sets, and that direct tiles and implicit-GEMM signatures never meet."""
+gets in the kernel sets, and that direct tiles and implicit-GEMM signatures never meet. The
+weight gradient's direct template has test_conv_bwd_weight_generator_cpu.py."""
 
 from __future__ import annotations
 
@@ -349,7 +350,8 @@ def test_one_direct_tile_per_dims_and_bucket() -> None:
     }  # fmt: skip
     assert len(CONV_DIRECT_TILES) == 6 and all(t.pipeline == DIRECT for t in CONV_DIRECT_TILES)
     for tiles in (CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES):
-        assert [t for t in tiles if t.pipeline == DIRECT] == list(CONV_DIRECT_TILES)
+        forward = [t for t in tiles if t.pipeline == DIRECT and t.family == "conv_fwd"]
+        assert forward == list(CONV_DIRECT_TILES)
     for tile in CONV_DIRECT_TILES:
         for dims in (2, 3):
             for bucket in (0, *CONV_MAX_CHANNELS):
@@ -370,7 +372,7 @@ def test_core_builds_two_bf16_2d_direct_kernels(arch: str) -> None:
     every_template = dataclasses.replace(get_receipt("core"), preferred_only=False)
     unfiltered = [
         c.name for c in select(every_template, SPECS[arch]).accepted
-        if c.algorithm.pipeline == DIRECT
+        if c.algorithm.pipeline == DIRECT and c.signature.family == "conv_fwd"
     ]  # fmt: skip
     assert unfiltered == direct
 
@@ -389,12 +391,13 @@ def test_default_and_full_build_every_direct_signature_once(kernel_set: str, arc
 @pytest.mark.parametrize("arch", ARCHES)
 def test_direct_tiles_and_implicit_signatures_never_meet(kernel_set: str, arch: str) -> None:
     """Every candidate pairs a bucketed signature with a direct tile and an unbucketed one with
-    an implicit-GEMM tile: no kernel or rejection of the other pairing exists."""
+    an implicit-GEMM tile, in either family: no kernel or rejection of the other pairing
+    exists."""
     selection = select(get_receipt(kernel_set), SPECS[arch])
     configs = [(c.signature, c.algorithm) for c in selection.accepted]
     configs += [(r.signature, r.algorithm) for r in selection.rejected]
     for sig, alg in configs:
-        if sig.family != "conv_fwd":
+        if sig.family not in ("conv_fwd", "conv_bwd_weight"):
             continue
         assert alg is not None
         assert (alg.pipeline == DIRECT) == (sig.max_channels != 0), (sig.name, alg.name)

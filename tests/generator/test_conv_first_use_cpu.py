@@ -1,18 +1,18 @@
 """First use of a grouped convolution: the key a runner passes, the kernels it builds (every tile
 of the default set on the arch's preferred template, for the dispatcher picks the tile by shape
 and prefers wgmma where it has it, and the direct kernel of the key's channel bucket; the
-forward's kernels for the data gradient, the weight gradient's own on the mma.sync template),
-and the channel vector and bucket the key names, which the C runtime works out by the same
-rules."""
+forward's kernels for the data gradient, the weight gradient's own on the mma.sync template and
+its own direct kernel), and the channel vector and buckets the key names, which the C runtime
+works out by the same rules."""
 
 from __future__ import annotations
 
 import pytest
 
 from ckfmha import first_use
-from ckfmha.first_use import ConvKey, conv_direct_bucket, conv_vector
+from ckfmha.first_use import ConvKey, conv_direct_bucket, conv_vector, conv_weight_direct_bucket
 from generator.enumerate import select
-from generator.receipts import get_receipt
+from generator.receipts import BWD_WEIGHT_DIRECT_BUCKETS, DIRECT_BUCKETS, get_receipt
 from generator.specs import load_specs
 
 FP16, BF16, FP32 = 0, 1, 2
@@ -102,15 +102,41 @@ def test_a_backward_weight_key_builds_its_default_tiles(
     assert len(names) == 4, "every tile of the default set"
 
 
-@pytest.mark.parametrize("bucket", (1, 2, 4, 8))
-def test_a_backward_weight_key_ignores_the_bucket(bucket: int) -> None:
-    """The weight gradient has no direct kernel: a key whose groups fit a bucket builds the
-    implicit-GEMM kernels alone, one plan, no fallback needed."""
-    key = ConvKey(BWD_WEIGHT, BF16, 2, 1, bucket)
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize(
+    ("dtype", "spatial_dims", "vector", "bucket", "implicit", "direct"),
+    [
+        (BF16, 2, 1, 1, "conv_bwd_weight_bf16_2d_v1", "conv_bwd_weight_bf16_2d_v1_c1"),
+        (FP16, 3, 2, 2, "conv_bwd_weight_fp16_3d_v2", "conv_bwd_weight_fp16_3d_v1_c2"),
+    ],
+)
+def test_a_bucketed_backward_weight_key_adds_its_direct_kernel(
+    arch: str,
+    dtype: int,
+    spatial_dims: int,
+    vector: int,
+    bucket: int,
+    implicit: str,
+    direct: str,
+) -> None:
+    """The implicit-GEMM kernels of the key's vector, then the default set's weight-gradient
+    direct kernel of the bucket, on every arch; the plan without it follows."""
     from ckfmha import jit
 
+    key = ConvKey(BWD_WEIGHT, dtype, spatial_dims, vector, bucket)
     plans = first_use.plans_for(key, jit.generator_modules())
-    assert [[s.name for s in plan] for plan in plans] == [["conv_bwd_weight_bf16_2d_v1"]]
+    assert [[s.name for s in plan] for plan in plans] == [[implicit, direct], [implicit]]
+    names = [c.name for c in first_use.kernels_for(key, arch)]
+    direct_names = _default_conv_names(arch, direct, DIRECT)
+    assert len(direct_names) == 1
+    assert names == _default_conv_names(arch, implicit, SM80) + direct_names
+
+
+@pytest.mark.parametrize("bucket", (4, 8))
+def test_a_backward_weight_bucket_without_a_kernel_falls_back(bucket: int) -> None:
+    """The weight gradient's direct template takes groups of at most 2 channels: a wider bucket
+    leaves the implicit-GEMM kernels alone."""
+    key = ConvKey(BWD_WEIGHT, BF16, 2, 1, bucket)
     names = [c.name for c in first_use.kernels_for(key, "sm_86")]
     assert names == [c.name for c in first_use.kernels_for(ConvKey(BWD_WEIGHT, BF16, 2, 1),
                                                            "sm_86")]  # fmt: skip
@@ -247,6 +273,60 @@ def test_conv_direct_bucket_is_the_narrowest_holding_both_counts(
     in_channels: int, out_channels: int, bucket: int
 ) -> None:
     assert conv_direct_bucket(in_channels, out_channels) == bucket
+
+
+@pytest.mark.parametrize(
+    ("in_channels", "out_channels", "bucket"),
+    [
+        (1, 1, 1),  # depthwise
+        (1, 2, 2),  # depthwise with a channel multiplier of 2
+        (2, 1, 2),
+        (2, 2, 2),
+        (1, 3, 0),  # wider groups run on the implicit GEMM (the partial dw outgrow shared memory)
+        (3, 3, 0),
+        (4, 4, 0),
+        (64, 1, 0),
+        (0, 1, 0),  # an empty group: the launch reports it
+        (1, 0, 0),
+    ],
+)
+def test_conv_weight_direct_bucket_is_the_narrowest_of_1_and_2(
+    in_channels: int, out_channels: int, bucket: int
+) -> None:
+    assert conv_weight_direct_bucket(in_channels, out_channels) == bucket
+
+
+def test_the_buckets_are_the_ones_the_kernel_sets_build() -> None:
+    """A bucket the sets build is the one first use asks for: the runners' buckets follow the
+    generator's."""
+    assert first_use.CONV_MAX_CHANNELS == DIRECT_BUCKETS
+    assert first_use.CONV_WEIGHT_MAX_CHANNELS == BWD_WEIGHT_DIRECT_BUCKETS
+    assert set(first_use.CONV_DIRECT_FAMILIES) == {"conv_fwd", "conv_bwd_weight"}
+
+
+def test_ensure_with_a_weight_bucket_compiles_its_direct_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The weight-gradient runner's key with conv_weight_direct_bucket's value: with the
+    implicit-GEMM kernels registered, first use compiles the direct one alone."""
+    from ckfmha import jit
+
+    implicit = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v8", SM80)
+    direct = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v1_c1", DIRECT)
+    built: list[list[str]] = []
+
+    class Registry:
+        def names(self) -> list[str]:
+            return implicit
+
+    monkeypatch.setattr(first_use, "_FIRST_USE", first_use._FirstUse())
+    monkeypatch.setattr(first_use, "_SERVED_RAW", set())
+    monkeypatch.setattr(first_use, "current_arch", lambda: 90)
+    monkeypatch.setattr("ckfmha._registry.Registry", Registry)
+    monkeypatch.setattr(jit, "build", lambda names, progress: built.append(names))
+    monkeypatch.delenv("CKFMHA_JIT", raising=False)
+    first_use.ensure(("conv", (BWD_WEIGHT, BF16, 3, 8, conv_weight_direct_bucket(1, 1))))
+    assert built == [direct] and len(direct) == 1
 
 
 # ---- the channel vector ----

@@ -699,7 +699,7 @@ BWD_WEIGHT_LAUNCH = REPO_ROOT / "cpp/include/ckfmha/kernel/conv/bwd_weight_launc
     [
         ("conv_fwd", 2),
         pytest.param(
-            "conv_bwd_weight", 0,
+            "conv_bwd_weight", 1,
             marks=pytest.mark.skipif(
                 not BWD_WEIGHT_LAUNCH.is_file(), reason="launcher header not present"
             ),
@@ -709,8 +709,9 @@ BWD_WEIGHT_LAUNCH = REPO_ROOT / "cpp/include/ckfmha/kernel/conv/bwd_weight_launc
 def test_core_conv_instances_compile(tmp_path: Path, arch: str, family: str, direct: int) -> None:
     """The core set's conv instances of `family` against the kernel templates, in one compile
     unit: each template takes the traits arguments the generator writes, and agrees with its
-    numbers (the forward's on sm_90a the wgmma template's, kMinCtasPerSm included, and the two
-    direct kernels' too; the weight gradient's the mma.sync one's on either arch)."""
+    numbers (the forward's on sm_90a the wgmma template's, kMinCtasPerSm included; the weight
+    gradient's the mma.sync one's on either arch; and each family's direct kernels: the
+    forward's two, the weight gradient's depthwise one)."""
     configs = [c for c in select(get_receipt("core"), SPECS[arch]).accepted
                if c.signature.family == family]  # fmt: skip
     assert len(configs) == 4 + direct

@@ -106,7 +106,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   // Tile t's positions into its table slot.
   auto fill = [&](int32_t t) {
-    fill_rows<kDims, kTileK, kThreads>(p, (tile_begin + t) * kTileK, tables + (t % 2) * kTileK);
+    fill_positions<kDims, kTileK, kThreads>(p, (tile_begin + t) * kTileK,
+                                            tables + (t % 2) * kTileK);
   };
 
   for (int32_t group = blockIdx.z; group < p.groups; group += gridDim.z) {

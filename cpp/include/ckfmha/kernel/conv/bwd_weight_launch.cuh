@@ -1,10 +1,12 @@
-// Host-side launcher for one conv_bwd_weight instance. The runtime has checked
-// the problem, the pointers and the channel vector, chosen the split count
-// and, for a split plan, zeroed the fp32 partial sums before a launcher runs.
+// Host-side launchers of the conv_bwd_weight instances. The runtime has
+// checked the problem, the pointers and the channel vector, chosen the split
+// count (the direct kernel's: its CTAs) and, where partial sums are added,
+// zeroed the fp32 workspace before a launcher runs.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/common/launch.cuh"
+#include "ckfmha/kernel/conv/bwd_weight_direct_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_kernel.cuh"
 #include "ckfmha/kernel/conv/fwd_launch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
@@ -40,6 +42,34 @@ int launch_conv_bwd_weight_sm80(void const* problem, void const* args,
             unsigned(std::min(bp.conv.groups, 65535)));
   return launch_kernel(&conv_bwd_weight_sm80_kernel<Traits>, grid, Traits::kThreads,
                        Traits::kSmemLaunchBytes, stream, bp);
+}
+
+// Groups of one or two channels on the CUDA cores: `splits` CTAs per block of
+// 32 groups take the (image, output tile) items in turn and add their sums
+// into the fp32 workspace, which must be given. Shared memory depends on the
+// problem; the runtime checks it fits before choosing the kernel.
+template <class Traits>
+int launch_conv_bwd_weight_direct(void const* problem, void const* args,
+                                  ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
+  if (la.accum == nullptr) return -int(cudaErrorInvalidValue);
+  ConvBwdWeightParams bp{};
+  bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
+  bp.accum = la.accum;
+  const int64_t smem = conv_detail::bwd_weight_direct_bytes<Traits>(bp.conv);
+  if (smem > 227 * 1024) return -int(cudaErrorInvalidConfiguration);
+  const int64_t tiles = int64_t((bp.conv.output[2] + Traits::kTileW - 1) / Traits::kTileW) *
+                        ((bp.conv.output[1] + Traits::kTileH - 1) / Traits::kTileH) *
+                        bp.conv.output[0];
+  const int64_t items = tiles * bp.conv.batch;
+  const int64_t group_blocks = (bp.conv.groups + Traits::kGroups - 1) / Traits::kGroups;
+  if (group_blocks > 65535) return -int(cudaErrorInvalidConfiguration);
+  const int64_t workers = std::clamp<int64_t>(la.splits, 1, std::min<int64_t>(items, 0x7fffffff));
+  dim3 grid(unsigned(workers), unsigned(group_blocks), 1);
+  return launch_kernel(&conv_bwd_weight_direct_kernel<Traits>, grid, Traits::kThreads, int(smem),
+                       stream, bp);
 }
 
 }  // namespace ckfmha::kernel

@@ -3,7 +3,9 @@
 // channel-major) into shared-memory stages by cp.async. A thread owns one
 // vector column of each operand for the whole reduction, so its channel, its
 // filter tap and that tap's offset in x are worked out once; the rows
-// (positions) of each tile come from the CTA's position table.
+// (positions) of each tile come from the CTA's position table, which holds
+// each position's offset in x of its tap 0 (fill_positions), so that the
+// many threads reading a row add, not multiply.
 #pragma once
 
 #include "ckfmha/kernel/conv/gather.cuh"
@@ -12,8 +14,53 @@
 #include <cute/tensor.hpp>
 
 #include <cstdint>
+#include <climits>
 
 namespace ckfmha::kernel {
+
+namespace conv_detail {
+
+// The table of `Count` positions from `first`: batch offset plus tap 0's
+// offset in x (x_base), dy's offset (y_base, -1 past the end) and tap 0's
+// coordinates. The position splits into the image by one 64-bit division;
+// the rest of its coordinates take 32-bit ones where the image allows.
+template <int SpatialDims, int Count, int Threads>
+__device__ __forceinline__ void fill_positions(ConvFwdParams const& p, int64_t first,
+                                               ConvRow* rows) {
+  const int64_t plane = int64_t(p.output[0]) * p.output[1] * p.output[2];
+  // Images of 2^32 positions or more (3D volumes) decode in 64 bits throughout.
+  const bool narrow = plane <= int64_t(UINT32_MAX);
+  for (int r = threadIdx.x; r < Count; r += Threads) {
+    const int64_t m = first + r;
+    ConvRow row;
+    row.unused = 0;
+    if (m < p.rows) {
+      const int64_t image = m / plane;
+      int64_t rest = m - image * plane;
+      int32_t position[3];
+      for (int d = 2; d >= 0; --d) {
+        const int64_t next = narrow ? int64_t(uint32_t(rest) / uint32_t(p.output[d]))
+                                    : rest / p.output[d];
+        position[d] = int32_t(rest - next * p.output[d]);
+        rest = next;
+      }
+      row.x_base = image * p.x_stride[0];
+      row.y_base = image * p.y_stride[0];
+      for (int d = 0; d < 3; ++d) {
+        row.first[d] = position[d] * p.stride[d] - p.padding[d];
+        row.y_base += int64_t(position[d]) * p.y_stride[1 + d];
+        if (d >= 3 - SpatialDims) row.x_base += int64_t(row.first[d]) * p.x_stride[1 + d];
+      }
+    } else {
+      row.x_base = 0;
+      row.y_base = -1;
+      for (int d = 0; d < 3; ++d) row.first[d] = kFarOutside;
+    }
+    rows[r] = row;
+  }
+}
+
+}  // namespace conv_detail
 
 template <class Traits>
 struct ConvBwdWeightLoader {
@@ -108,15 +155,13 @@ struct ConvBwdWeightLoader {
       if (row < kTileK) {
         ConvRow const& pos = table[row];
         bool valid = b_valid && pos.y_base >= 0;
-        int64_t offset = pos.x_base;
         CUTE_UNROLL
         for (int d = 0; d < kDims; ++d) {
           const int axis = 3 - kDims + d;
           valid = valid && uint32_t(pos.first[axis] + shift[d]) < uint32_t(p.input[axis]);
-          offset += int64_t(pos.first[axis]) * p.x_stride[1 + axis];
         }
         const uint32_t smem = cast_smem_ptr_to_uint(&sB(b_col, row, 0)) + stage * b_stage_bytes;
-        copy_or_zero<kBytes>(smem, valid ? x_column + offset : any_address, valid);
+        copy_or_zero<kBytes>(smem, valid ? x_column + pos.x_base : any_address, valid);
       }
     }
   }

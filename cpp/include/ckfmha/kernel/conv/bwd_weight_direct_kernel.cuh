@@ -1,0 +1,191 @@
+// Grouped convolution backward-weight for groups of one or two channels
+// (depthwise and near it), on the CUDA cores. The implicit GEMM would pad a
+// group's dw (taps x C x K values) to a 128 x 128 tile; here a CTA takes 32
+// consecutive groups (one a lane), stages the input tile its output positions
+// read as the forward's direct kernel does, and each warp sums one output row:
+// a thread holds its group's dy over a run of positions in registers and, per
+// filter tap, the run's products in one register per (c, k), which it adds
+// into its warp's partial dw in shared memory. A CTA takes output tiles of
+// several images in turn, so few partial sums leave it: at the end the warps'
+// sums are added together and into the fp32 workspace, which the runtime
+// converts into dw.
+#pragma once
+
+#include "ckfmha/kernel/conv/direct_tile.cuh"
+#include "ckfmha/kernel/params/conv_params.h"
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+template <class Element_, int SpatialDims, int MaxChannels, int Run, int Warps>
+struct ConvBwdWeightDirectTraits {
+  using Element = Element_;
+  static constexpr int kSpatialDims = SpatialDims;
+  static constexpr int kMaxChannels = MaxChannels;
+  static_assert(MaxChannels == 1 || MaxChannels == 2, "1 or 2 channels a group");
+  static constexpr int kRun = Run;  // output positions along w a thread sums
+  static constexpr int kTileW = Run;
+  static constexpr int kTileH = Warps;  // one output row per warp
+  static constexpr int kGroups = 32;
+  static constexpr int kThreads = Warps * 32;
+  static_assert(Run * MaxChannels <= 32, "a thread's dy run: Run x channels <= 32 registers");
+};
+
+namespace conv_detail {
+
+// Shared memory of a CTA: the input tile, then each warp's partial dw of the
+// CTA's groups ([warp][k][tap][c][group], fp32).
+template <class Traits>
+__host__ __device__ inline int64_t bwd_weight_direct_bytes(ConvFwdParams const& p) {
+  const DirectTile tile = direct_tile<Traits>(p);
+  return tile.x_bytes() + int64_t(Traits::kThreads / 32) * tile.w_elems * 4;
+}
+
+}  // namespace conv_detail
+
+// Grid: x = workers, each taking (image, output tile) items in turn; y =
+// blocks of 32 groups. p.w holds nothing; `accum` is dw in fp32, summed into.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads)
+    conv_bwd_weight_direct_kernel(ConvBwdWeightParams const __grid_constant__ bp) {
+  using Element = typename Traits::Element;
+  constexpr int kRun = Traits::kRun;
+  constexpr int kMax = Traits::kMaxChannels;
+  constexpr int kGroups = Traits::kGroups;
+  constexpr int kWarps = Traits::kThreads / 32;
+  ConvFwdParams const& p = bp.conv;
+  extern __shared__ __align__(16) char smem[];
+  const conv_detail::DirectTile tile = conv_detail::direct_tile<Traits>(p);
+  Element* xs = reinterpret_cast<Element*>(smem);
+  float* partial = reinterpret_cast<float*>(smem + tile.x_bytes());
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int C = p.in_channels;
+  const int K = p.out_channels;
+  const int taps = p.filter[0] * p.filter[1] * p.filter[2];
+  const int group0 = blockIdx.y * kGroups;
+  const int groups_here = min(kGroups, p.groups - group0);
+  // One warp's partial dw: [k][tap][c][group], a word per lane.
+  const int per_warp = tile.w_elems;
+  float* mine = partial + warp * per_warp;
+  for (int i = threadIdx.x; i < kWarps * per_warp; i += Traits::kThreads) partial[i] = 0.f;
+
+  const int tiles_w = (p.output[2] + Traits::kTileW - 1) / Traits::kTileW;
+  const int tiles_h = (p.output[1] + Traits::kTileH - 1) / Traits::kTileH;
+  const int64_t tiles = int64_t(tiles_w) * tiles_h * p.output[0];
+  const int64_t items = tiles * p.batch;
+  const int row_stride = tile.in_w * tile.channels;
+  const int plane_stride = tile.in_h * row_stride;
+  // Unit stride and dilation along w: a row's inputs for all filter columns
+  // are one window of Run + X - 1 values (filters up to kWindowTaps wide).
+  constexpr int kWindowTaps = 7;
+  const bool windowed = p.stride[2] == 1 && p.dilation[2] == 1 && p.filter[2] <= kWindowTaps;
+
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int n = int(item / tiles);
+    int64_t rest = item - int64_t(n) * tiles;
+    const int tile_w = int(rest % tiles_w);
+    rest /= tiles_w;
+    const int tile_h = int(rest % tiles_h);
+    const int od = int(rest / tiles_h);
+    __syncthreads();  // the last item's reads of the input tile are done
+    conv_detail::stage_input_tile<Traits>(p, tile, od, tile_h, tile_w, group0, n, groups_here,
+                                          xs);
+    // This thread's dy: its row, a run along w, every output channel of its
+    // group; zeros past the output's edges.
+    const int oh = tile_h * Traits::kTileH + warp;
+    const int ow0 = tile_w * Traits::kTileW;
+    float dy[kRun][kMax];
+    const Element* dy_row = static_cast<const Element*>(p.y) + n * p.y_stride[0] +
+                            od * p.y_stride[1] + oh * p.y_stride[2] +
+                            int64_t(group0 + lane) * K;
+    const bool row_inside = lane < groups_here && oh < p.output[1];
+#pragma unroll
+    for (int j = 0; j < kRun; ++j) {
+      const bool inside = row_inside && ow0 + j < p.output[2];
+#pragma unroll
+      for (int k = 0; k < kMax; ++k) {
+        dy[j][k] = inside && k < K ? float(dy_row[(ow0 + j) * p.y_stride[3] + k]) : 0.f;
+      }
+    }
+    __syncthreads();  // the input tile is staged
+    if (!row_inside) continue;
+
+    int tap = 0;
+    for (int fz = 0; fz < p.filter[0]; ++fz) {
+      for (int fy = 0; fy < p.filter[1]; ++fy) {
+        const Element* x_row = xs + fz * p.dilation[0] * plane_stride +
+                               (warp * p.stride[1] + fy * p.dilation[1]) * row_stride + lane;
+        if (windowed) {
+#pragma unroll
+          for (int c = 0; c < kMax; ++c) {
+            if (c < C) {
+              float window[kRun + kWindowTaps - 1];
+#pragma unroll
+              for (int i = 0; i < kRun + kWindowTaps - 1; ++i) {
+                window[i] = i < kRun + p.filter[2] - 1
+                                ? float(x_row[i * tile.channels + c * kGroups])
+                                : 0.f;
+              }
+#pragma unroll
+              for (int fx = 0; fx < kWindowTaps; ++fx) {
+                if (fx < p.filter[2]) {
+#pragma unroll
+                  for (int k = 0; k < kMax; ++k) {
+                    if (k < K) {
+                      float sum = 0.f;
+#pragma unroll
+                      for (int j = 0; j < kRun; ++j) sum = fmaf(window[j + fx], dy[j][k], sum);
+                      mine[((k * taps + tap + fx) * C + c) * kGroups + lane] += sum;
+                    }
+                  }
+                }
+              }
+            }
+          }
+          tap += p.filter[2];
+          continue;
+        }
+        for (int fx = 0; fx < p.filter[2]; ++fx, ++tap) {
+          const Element* x_tap = x_row + fx * p.dilation[2] * tile.channels;
+#pragma unroll
+          for (int c = 0; c < kMax; ++c) {
+            if (c < C) {
+              float in[kRun];
+#pragma unroll
+              for (int j = 0; j < kRun; ++j) {
+                in[j] = float(x_tap[j * p.stride[2] * tile.channels + c * kGroups]);
+              }
+#pragma unroll
+              for (int k = 0; k < kMax; ++k) {
+                if (k < K) {
+                  float sum = 0.f;
+#pragma unroll
+                  for (int j = 0; j < kRun; ++j) sum = fmaf(in[j], dy[j][k], sum);
+                  mine[((k * taps + tap) * C + c) * kGroups + lane] += sum;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // every warp's partial sums are in
+  // The warps' sums, added into dw's fp32 sums ([group][k][tap][c]).
+  for (int i = threadIdx.x; i < per_warp; i += Traits::kThreads) {
+    const int g = i % kGroups;
+    if (g >= groups_here) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += partial[w * per_warp + i];
+    // i / kGroups enumerates (k, tap, c) in dw's order within a group.
+    atomicAdd(bp.accum + int64_t(group0 + g) * per_warp / kGroups + i / kGroups, sum);
+  }
+}
+
+}  // namespace ckfmha::kernel
