@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.device_kernels import runs_on
 
 import ckfmha
 from ckfmha import errors
@@ -113,15 +114,17 @@ def test_direction_names() -> None:
         ckfmha.conv_select(ConvProblem(1, (9, 9), 1, 8, 8, (3, 3)), arch=90, direction="dgrad")
 
 
-def _have(family: str, dtype: str = "bf16") -> bool:
+def _have(family: str, arch: str = "sm_90a", dtype: str = "bf16") -> bool:
+    """Whether the build holds a 2D kernel of `family` that runs on `arch`."""
+    number = int(arch.removeprefix("sm_").rstrip("a"))
     return any(k["family"] == family and k["dtype"] == dtype and k["conv_spatial_dims"] == 2
-               for k in ckfmha.Registry().kernels())  # fmt: skip
+               and runs_on(k, number) for k in ckfmha.Registry().kernels())  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_bwd_weight_selects_and_explains(arch: str) -> None:
-    if not _have("conv_bwd_weight"):
-        pytest.skip("no bf16 2D conv_bwd_weight kernel in this build")
+    if not _have("conv_bwd_weight", arch):
+        pytest.skip(f"no bf16 2D conv_bwd_weight kernel for {arch} in this build")
     # Few output tiles over many positions: the plan splits the reduction.
     problem = ConvProblem(32, (56, 56), 1, 64, 64, (3, 3), 1, 1, dtype="bf16")
     name = ckfmha.conv_select(problem, arch=arch, direction="bwd_weight")

@@ -13,8 +13,9 @@ applied to the inputs' absolute values (the sum of |a| * |b| over the element's 
 The fp16/bf16 products are exact in fp32; the fp32 sum of n of them is off by at most
 n * 2^-24 * S, and by about sqrt(n) * 2^-24 * S for products of random sign, which 2^-14 * S
 covers with a wide margin at the largest n here; the result is rounded once to the output
-type, which adds at most u * |ref| (u = 2^-8 for bf16, 2^-11 for fp16). Where S = 0 (every
-tap reads padding) the result must be exactly 0.
+type, which adds at most u * |ref| (u = 2^-8 for bf16, 2^-11 for fp16), or half the spacing of
+subnormals where the result is one (2^-25 in fp16). Where S = 0 (every tap reads padding) the
+result must be 0 up to that spacing.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import numpy as np
 from ckfmha.conv_problem import ConvProblem
 
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+# Half the spacing of the dtype's subnormals: below the smallest normal (2^-14 in fp16) the
+# rounding error is absolute, not relative (bf16's subnormals lie far below any value here).
+SUBNORMAL_HALF_SPACING = {"fp16": 2.0**-25, "bf16": 2.0**-134}
 ACCUMULATION = 2.0**-14
 # Reference work per case, in multiply-adds: keeps the float64 reference to a fraction of a
 # second.
@@ -245,7 +249,8 @@ def assert_within(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray, dtype
     """|got - ref| <= u |ref| + 2^-14 magnitude everywhere (the module's bound), no NaN."""
     assert got.shape == ref.shape, f"{what}: shape {got.shape}, reference {ref.shape}"
     assert not np.isnan(got).any(), f"{what}: NaN left in the output (unwritten positions)"
-    bound = UNIT_ROUNDOFF[dtype] * np.abs(ref) + ACCUMULATION * magnitude
+    bound = (UNIT_ROUNDOFF[dtype] * np.abs(ref) + ACCUMULATION * magnitude
+             + SUBNORMAL_HALF_SPACING[dtype])  # fmt: skip
     error = np.abs(got - ref)
     excess = error - bound
     worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
