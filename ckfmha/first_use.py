@@ -115,7 +115,7 @@ class ConvKey:
     dtype: int
     spatial_dims: int  # 2 or 3
     vector: int  # 8, 4, 2 or 1 channels per load
-    max_channels: int = 0  # 0, or the direct kernel's bucket: 1, 2, 4 or 8 (dw's: 1 or 2)
+    max_channels: int = 0  # 0, or the direct kernel's bucket: 1, 2, 4 or 8
 
 
 Key = FwdKey | BwdKey | AppendKvKey | ConvKey
@@ -131,9 +131,8 @@ CONV_VECTORS = (8, 4, 2, 1)
 # The direct kernel's channel buckets the kernel sets build, narrowest first
 # (generator.receipts.DIRECT_BUCKETS): wider groups run faster on the implicit GEMM.
 CONV_MAX_CHANNELS = (1, 2, 4)
-# The weight gradient's (generator.receipts.BWD_WEIGHT_DIRECT_BUCKETS): each warp's partial dw
-# in shared memory grows with taps x C x K, so wider groups run on the implicit GEMM.
-CONV_WEIGHT_MAX_CHANNELS = (1, 2)
+# The weight gradient's (generator.receipts.BWD_WEIGHT_DIRECT_BUCKETS).
+CONV_WEIGHT_MAX_CHANNELS = (1, 2, 4, 8)
 
 
 def _narrowest_bucket(in_channels: int, out_channels: int, buckets: Sequence[int]) -> int:
@@ -154,7 +153,7 @@ def conv_direct_bucket(in_channels: int, out_channels: int) -> int:
 
 def conv_weight_direct_bucket(in_channels: int, out_channels: int) -> int:
     """The weight gradient's direct kernel's channel bucket for groups of `in_channels` input
-    and `out_channels` output channels: the smallest of 1, 2 holding both, or 0 when none does
+    and `out_channels` output channels: the smallest of 1, 2, 4, 8 holding both, or 0 when none does
     (wider groups run on the implicit-GEMM kernels alone; empty ones are the launch's to
     report). The weight-gradient runner passes it as its key's ``max_channels``."""
     return _narrowest_bucket(in_channels, out_channels, CONV_WEIGHT_MAX_CHANNELS)

@@ -182,11 +182,9 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   }
   const int64_t groups = k.tile_n;
   const int64_t x_bytes = (positions * groups * p.in_channels * 2 + 15) / 16 * 16;
-  const int64_t filter_words = groups * p.out_channels * taps * p.in_channels;
-  // The backward-weight kernel keeps each warp's partial dw where the
-  // forward keeps the filters (bwd_weight_direct_kernel.cuh).
-  const int64_t copies = k.family == CKFMHA_FAMILY_CONV_BWD_WEIGHT ? k.warps : 1;
-  return x_bytes + copies * filter_words * 4;
+  // The backward-weight kernel keeps its partial dw where the forward keeps
+  // the filters (bwd_weight_direct_kernel.cuh): as many fp32 words.
+  return x_bytes + groups * p.out_channels * taps * p.in_channels * 4;
 }
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }

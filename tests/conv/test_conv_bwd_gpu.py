@@ -189,17 +189,21 @@ def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
 def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
     """The direct kernels over their bucket: group counts that leave a partial block of 32,
     the windowed path (unit stride and dilation along w) and the general one, odd sizes,
-    several images and output tiles per CTA."""
+    several images and output tiles per CTA. Wide buckets take filters whose partial dw fits
+    in shared memory (taps x C x K x 32 groups, fp32)."""
     match = WEIGHT_DIRECT_NAME.match(kernel["name"])
     dtype, dims, bucket = match["dtype"], int(match["dims"]), int(match["bucket"])
     narrow = max(1, bucket - 1)
+    wide = bucket >= 4
     if dims == 2:
         cases = [Case(dtype, 3, (13, 19), 35, bucket, bucket, (3, 3), 1, 1),
-                 Case(dtype, 2, (17, 23), 70, narrow, bucket, (7, 7), 1, 3),
+                 Case(dtype, 2, (17, 23), 70, narrow, bucket, (3, 3) if wide else (7, 7), 1,
+                      1 if wide else 3),
                  Case(dtype, 2, (11, 9), 33, bucket, narrow, (3, 5), (2, 2), (1, 2), (1, 2)),
                  Case(dtype, 1, (9, 40), 3, bucket, bucket, (1, 3), 1, (0, 1), layout="slice")]  # fmt: skip
     else:
-        cases = [Case(dtype, 2, (4, 7, 9), 33, bucket, bucket, (3, 3, 3), 1, 1),
+        cases = [Case(dtype, 2, (4, 7, 9), 33, bucket, bucket, (1, 3, 3) if wide else (3, 3, 3),
+                      1, 1),
                  Case(dtype, 1, (5, 6, 7), 5, narrow, bucket, (2, 3, 3), (1, 2, 1), (0, 1, 1),
                       (2, 1, 1))]  # fmt: skip
     for case in cases:
@@ -209,9 +213,9 @@ def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> No
 def test_depthwise_weight_gradient_runs_directly() -> None:
     problem = Case("bf16", 32, (56, 56), 96, 1, 1, (7, 7), 1, 3).problem
     assert "_conv_direct_" in ckfmha.conv_select(problem, direction="bwd_weight")
-    # Two-channel groups with a 7x7 filter: eight warps' partial sums would not fit in shared
-    # memory, so the implicit GEMM runs them.
-    case = Case("bf16", 2, (15, 15), 40, 2, 2, (7, 7), 1, 3)
+    # Eight-channel groups with a 7x7 filter: the partial dw of 32 groups (392 KiB) would not
+    # fit in shared memory, so the implicit GEMM runs them.
+    case = Case("bf16", 2, (15, 15), 40, 8, 8, (7, 7), 1, 3)
     assert "_conv_direct_" not in ckfmha.conv_select(case.problem, direction="bwd_weight")
     run_bwd_weight(case)
 

@@ -203,7 +203,7 @@ def test_the_sets_tiles_are_valid_where_they_fit(arch: str, tile: Shape) -> None
             _bwd_weight(vector=1, max_channels=1),
             (
                 "max_channels=1 is not supported: channel buckets are the direct template's "
-                "(pipeline conv_direct), which takes 1 and 2; conv_bwd_weight's implicit-GEMM "
+                "(pipeline conv_direct), which takes 1, 2, 4 and 8; conv_bwd_weight's implicit-GEMM "
                 "template takes any channel count (max_channels=0)"
             ),
         ),
@@ -434,8 +434,10 @@ def _direct(
 
 
 def _direct_name(dtype: str, dims: int, bucket: int, arch: str) -> str:
-    """The sets' tile for (dims, bucket): 2D Run 16 over 8 warps, 3D Run 8 over 4 warps."""
-    run, warps = (16, 8) if dims == 2 else (8, 4)
+    """The sets' tile for (dims, bucket): 2D over 8 warps, 3D over 4, a run of 16 (2D) or 8 (3D)
+    shortened to keep Run x channels within 32."""
+    warps = 8 if dims == 2 else 4
+    run = min(16 if dims == 2 else 8, 32 // bucket)
     return (
         f"conv_bwd_weight_{dtype}_{dims}d_v1_c{bucket}__{arch}_{DIRECT}_m{run}n32k{bucket}"
         f"_w{warps}s1"
@@ -460,6 +462,7 @@ def test_direct_names_spell_the_channel_bucket() -> None:
         _direct(1),
         _direct(2, "sm_90a", "fp16", 3, (8, 32, 2, 4, 1)),
         _direct(1, "sm_86", tile=(4, 32, 1, 4, 1)),
+        _direct(8, tile=(4, 32, 8, 8, 1)),
         # Outside the limits, for the rules to explain.
         _direct(4, tile=(16, 32, 4, 8, 1)),
         _direct(2, vector=8),
@@ -524,16 +527,18 @@ def test_a_dy_run_over_the_registers_is_named() -> None:
             _direct(0, tile=(16, 32, 0, 8, 1)),
             (
                 "max_channels=0 (any channel count) is the implicit-GEMM templates'; the "
-                "backward-weight direct template computes groups of at most 1 or 2 input and "
-                "output channels (each warp's partial dw in shared memory grows with taps x C x "
-                "K; wider groups run on the implicit-GEMM template)"
+                "backward-weight direct template computes groups of at most 1, 2, 4 or 8 input "
+                "and output channels (the partial dw in shared memory and the dy run in "
+                "registers grow with the channels; wider groups run on the implicit-GEMM "
+                "template)"
             ),
         ),
         (
-            _direct(4, tile=(8, 32, 4, 8, 1)),
+            _direct(16, tile=(2, 32, 16, 8, 1)),
             (
-                "max_channels=4 is not supported; supported: 1, 2 input and output channels a "
-                "group (each warp's partial dw in shared memory grows with taps x C x K"
+                "max_channels=16 is not supported; supported: 1, 2, 4, 8 input and output "
+                "channels a group (the partial dw in shared memory and the dy run in registers "
+                "grow with the channels"
             ),
         ),
         (
@@ -671,8 +676,9 @@ def test_direct_instances_share_the_weight_gradients_unit() -> None:
 
 
 def test_one_direct_tile_per_dims_and_bucket() -> None:
-    """The forward's direct shapes (2D Run 16 over 8 warps, 3D Run 8 over 4) for buckets 1 and
-    2, in every set; each applies to its own family, dims and bucket only."""
+    """The forward's direct shapes (2D over 8 warps, 3D over 4), the run shortened to keep
+    Run x channels within 32 registers, for buckets 1, 2, 4 and 8, in every set; each applies
+    to its own family, dims and bucket only."""
     shapes = {
         (t.spatial_dims, t.max_channels): (t.tile_m, t.tile_n, t.tile_k, t.warps, t.stages)
         for t in CONV_BWD_WEIGHT_DIRECT_TILES
@@ -680,7 +686,9 @@ def test_one_direct_tile_per_dims_and_bucket() -> None:
     assert BWD_WEIGHT_DIRECT_BUCKETS == conv_bwd_weight_direct.BWD_WEIGHT_DIRECT_MAX_CHANNELS
     assert shapes == {
         (2, 1): (16, 32, 1, 8, 1), (2, 2): (16, 32, 2, 8, 1),
+        (2, 4): (8, 32, 4, 8, 1), (2, 8): (4, 32, 8, 8, 1),
         (3, 1): (8, 32, 1, 4, 1), (3, 2): (8, 32, 2, 4, 1),
+        (3, 4): (8, 32, 4, 4, 1), (3, 8): (4, 32, 8, 4, 1),
     }  # fmt: skip
     assert all(t.pipeline == DIRECT for t in CONV_BWD_WEIGHT_DIRECT_TILES)
     for tiles in (CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES):
@@ -735,7 +743,7 @@ def test_every_direct_kernel_of_the_default_set_compiles(tmp_path: Path) -> None
         c for c in select(get_receipt("default"), SPECS["sm_80"]).accepted
         if c.signature.family == CONV_BWD_WEIGHT and c.algorithm.pipeline == DIRECT
     ]  # fmt: skip
-    assert len(configs) == 8
+    assert len(configs) == 16
     files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
     compiler = toolchain.CudaToolchain(
         build.arch_specs_for(["sm_80"]), [REPO_ROOT / "cpp" / "include", tmp_path]

@@ -132,10 +132,10 @@ def test_a_bucketed_backward_weight_key_adds_its_direct_kernel(
     assert names == _default_conv_names(arch, implicit, SM80) + direct_names
 
 
-@pytest.mark.parametrize("bucket", (4, 8))
+@pytest.mark.parametrize("bucket", (16, 32))
 def test_a_backward_weight_bucket_without_a_kernel_falls_back(bucket: int) -> None:
-    """The weight gradient's direct template takes groups of at most 2 channels: a wider bucket
-    leaves the implicit-GEMM kernels alone."""
+    """The weight gradient's direct template takes groups of at most 8 channels: a bucket the
+    sets do not build leaves the implicit-GEMM kernels alone."""
     key = ConvKey(BWD_WEIGHT, BF16, 2, 1, bucket)
     names = [c.name for c in first_use.kernels_for(key, "sm_86")]
     assert names == [c.name for c in first_use.kernels_for(ConvKey(BWD_WEIGHT, BF16, 2, 1),
@@ -282,15 +282,17 @@ def test_conv_direct_bucket_is_the_narrowest_holding_both_counts(
         (1, 2, 2),  # depthwise with a channel multiplier of 2
         (2, 1, 2),
         (2, 2, 2),
-        (1, 3, 0),  # wider groups run on the implicit GEMM (the partial dw outgrow shared memory)
-        (3, 3, 0),
-        (4, 4, 0),
+        (1, 3, 4),
+        (3, 3, 4),
+        (4, 4, 4),
+        (8, 5, 8),
+        (9, 1, 0),  # wider groups run on the implicit GEMM
         (64, 1, 0),
         (0, 1, 0),  # an empty group: the launch reports it
         (1, 0, 0),
     ],
 )
-def test_conv_weight_direct_bucket_is_the_narrowest_of_1_and_2(
+def test_conv_weight_direct_bucket_is_the_narrowest_holding_both(
     in_channels: int, out_channels: int, bucket: int
 ) -> None:
     assert conv_weight_direct_bucket(in_channels, out_channels) == bucket

@@ -1,14 +1,14 @@
-// Grouped convolution backward-weight for groups of one or two channels
-// (depthwise and near it), on the CUDA cores. The implicit GEMM would pad a
-// group's dw (taps x C x K values) to a 128 x 128 tile; here a CTA takes 32
-// consecutive groups (one a lane), stages the input tile its output positions
-// read as the forward's direct kernel does, and each warp sums one output row:
-// a thread holds its group's dy over a run of positions in registers and, per
-// filter tap, the run's products in one register per (c, k), which it adds
-// into its warp's partial dw in shared memory. A CTA takes output tiles of
-// several images in turn, so few partial sums leave it: at the end the warps'
-// sums are added together and into the fp32 workspace, which the runtime
-// converts into dw.
+// Grouped convolution backward-weight for groups of at most 8 channels
+// (depthwise, ResNeXt's first stages), on the CUDA cores. The implicit GEMM
+// would pad a group's dw (taps x C x K values) to a 64 x 64 tile; here a CTA
+// takes 32 consecutive groups (one a lane), stages the input tile its output
+// positions read as the forward's direct kernel does, and each warp sums one
+// output row: a thread holds its group's dy over a run of positions in
+// registers and, per filter tap, the run's products in one register per
+// (c, k), which it adds into the CTA's partial dw in shared memory (a shared
+// atomic: the warps' rows share it). A CTA takes output tiles of several
+// images in turn, so few partial sums leave it: at the end they are added
+// into the fp32 workspace, which the runtime converts into dw.
 #pragma once
 
 #include "ckfmha/kernel/conv/direct_tile.cuh"
@@ -25,7 +25,8 @@ struct ConvBwdWeightDirectTraits {
   using Element = Element_;
   static constexpr int kSpatialDims = SpatialDims;
   static constexpr int kMaxChannels = MaxChannels;
-  static_assert(MaxChannels == 1 || MaxChannels == 2, "1 or 2 channels a group");
+  static_assert(MaxChannels == 1 || MaxChannels == 2 || MaxChannels == 4 || MaxChannels == 8,
+                "1, 2, 4 or 8 channels a group");
   static constexpr int kRun = Run;  // output positions along w a thread sums
   static constexpr int kTileW = Run;
   static constexpr int kTileH = Warps;  // one output row per warp
@@ -36,12 +37,11 @@ struct ConvBwdWeightDirectTraits {
 
 namespace conv_detail {
 
-// Shared memory of a CTA: the input tile, then each warp's partial dw of the
-// CTA's groups ([warp][k][tap][c][group], fp32).
+// Shared memory of a CTA: the input tile, then the partial dw of the CTA's
+// groups ([k][tap][c][group], fp32), where the forward keeps its filters.
 template <class Traits>
 __host__ __device__ inline int64_t bwd_weight_direct_bytes(ConvFwdParams const& p) {
-  const DirectTile tile = direct_tile<Traits>(p);
-  return tile.x_bytes() + int64_t(Traits::kThreads / 32) * tile.w_elems * 4;
+  return direct_tile<Traits>(p).bytes();
 }
 
 }  // namespace conv_detail
@@ -55,7 +55,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
   constexpr int kRun = Traits::kRun;
   constexpr int kMax = Traits::kMaxChannels;
   constexpr int kGroups = Traits::kGroups;
-  constexpr int kWarps = Traits::kThreads / 32;
   ConvFwdParams const& p = bp.conv;
   extern __shared__ __align__(16) char smem[];
   const conv_detail::DirectTile tile = conv_detail::direct_tile<Traits>(p);
@@ -69,10 +68,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int taps = p.filter[0] * p.filter[1] * p.filter[2];
   const int group0 = blockIdx.y * kGroups;
   const int groups_here = min(kGroups, p.groups - group0);
-  // One warp's partial dw: [k][tap][c][group], a word per lane.
-  const int per_warp = tile.w_elems;
-  float* mine = partial + warp * per_warp;
-  for (int i = threadIdx.x; i < kWarps * per_warp; i += Traits::kThreads) partial[i] = 0.f;
+  // The partial dw: [k][tap][c][group], a word per lane.
+  for (int i = threadIdx.x; i < tile.w_elems; i += Traits::kThreads) partial[i] = 0.f;
 
   const int tiles_w = (p.output[2] + Traits::kTileW - 1) / Traits::kTileW;
   const int tiles_h = (p.output[1] + Traits::kTileH - 1) / Traits::kTileH;
@@ -140,7 +137,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
                       float sum = 0.f;
 #pragma unroll
                       for (int j = 0; j < kRun; ++j) sum = fmaf(window[j + fx], dy[j][k], sum);
-                      mine[((k * taps + tap + fx) * C + c) * kGroups + lane] += sum;
+                      atomicAdd(&partial[((k * taps + tap + fx) * C + c) * kGroups + lane], sum);
                     }
                   }
                 }
@@ -166,7 +163,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
                   float sum = 0.f;
 #pragma unroll
                   for (int j = 0; j < kRun; ++j) sum = fmaf(in[j], dy[j][k], sum);
-                  mine[((k * taps + tap) * C + c) * kGroups + lane] += sum;
+                  atomicAdd(&partial[((k * taps + tap) * C + c) * kGroups + lane], sum);
                 }
               }
             }
@@ -176,15 +173,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   }
   __syncthreads();  // every warp's partial sums are in
-  // The warps' sums, added into dw's fp32 sums ([group][k][tap][c]).
-  for (int i = threadIdx.x; i < per_warp; i += Traits::kThreads) {
+  // Added into dw's fp32 sums ([group][k][tap][c]).
+  const int per_group = tile.w_elems / kGroups;
+  for (int i = threadIdx.x; i < tile.w_elems; i += Traits::kThreads) {
     const int g = i % kGroups;
     if (g >= groups_here) continue;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += partial[w * per_warp + i];
     // i / kGroups enumerates (k, tap, c) in dw's order within a group.
-    atomicAdd(bp.accum + int64_t(group0 + g) * per_warp / kGroups + i / kGroups, sum);
+    atomicAdd(bp.accum + int64_t(group0 + g) * per_group + i / kGroups, partial[i]);
   }
 }
 
