@@ -132,7 +132,7 @@ CONV_VECTORS = (8, 4, 2, 1)
 # (generator.receipts.DIRECT_BUCKETS): wider groups run faster on the implicit GEMM.
 CONV_MAX_CHANNELS = (1, 2, 4)
 # The weight gradient's (generator.receipts.BWD_WEIGHT_DIRECT_BUCKETS).
-CONV_WEIGHT_MAX_CHANNELS = (1, 2, 4, 8)
+CONV_WEIGHT_MAX_CHANNELS = (1, 2, 4)
 
 
 def _narrowest_bucket(in_channels: int, out_channels: int, buckets: Sequence[int]) -> int:
@@ -153,7 +153,7 @@ def conv_direct_bucket(in_channels: int, out_channels: int) -> int:
 
 def conv_weight_direct_bucket(in_channels: int, out_channels: int) -> int:
     """The weight gradient's direct kernel's channel bucket for groups of `in_channels` input
-    and `out_channels` output channels: the smallest of 1, 2, 4, 8 holding both, or 0 when none does
+    and `out_channels` output channels: the smallest of 1, 2, 4 holding both, or 0 when none does
     (wider groups run on the implicit-GEMM kernels alone; empty ones are the launch's to
     report). The weight-gradient runner passes it as its key's ``max_channels``."""
     return _narrowest_bucket(in_channels, out_channels, CONV_WEIGHT_MAX_CHANNELS)

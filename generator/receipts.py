@@ -109,13 +109,14 @@ CONV_DIRECT_TILES = tuple(
     for dims, runs, warps in ((2, DIRECT_2D_RUNS, 8), (3, DIRECT_3D_RUNS, 4))
     for c in DIRECT_BUCKETS
 )
-# The weight gradient's direct kernel, for groups of up to 8 channels (its implicit GEMM pads
-# them to 64 x 64 tiles: ResNeXt's 4-channel groups ran at 0.15x cuDNN there, NOTES 108): the
-# forward's tile shapes, the run shortened where its dy (Run x channels) would not fit 32
-# registers a thread.
-BWD_WEIGHT_DIRECT_BUCKETS = (1, 2, 4, 8)
-BWD_WEIGHT_DIRECT_2D_RUNS = {1: 16, 2: 16, 4: 8, 8: 4}
-BWD_WEIGHT_DIRECT_3D_RUNS = {1: 8, 2: 8, 4: 8, 8: 4}
+# The weight gradient's direct kernel, for groups of up to 4 channels (its implicit GEMM pads
+# them to 64 x 64 tiles: ResNeXt's 4-channel groups ran at 0.15x cuDNN there, 0.41x direct):
+# the forward's tile shapes, the run shortened where its dy (Run x channels) would not fit 32
+# registers a thread. Groups of 8 ran slower direct (ResNeXt 28x28: 2.2 against 6.4 TFLOP/s,
+# NOTES 108): the sets leave them to the implicit GEMM.
+BWD_WEIGHT_DIRECT_BUCKETS = (1, 2, 4)
+BWD_WEIGHT_DIRECT_2D_RUNS = {1: 16, 2: 16, 4: 8}
+BWD_WEIGHT_DIRECT_3D_RUNS = {1: 8, 2: 8, 4: 8}
 CONV_BWD_WEIGHT_DIRECT_TILES = tuple(
     ConvTile(runs[c], 32, c, warps, 1, DIRECT_CONV, c, spatial_dims=dims, family=CONV_BWD_WEIGHT)
     for dims, runs, warps in ((2, BWD_WEIGHT_DIRECT_2D_RUNS, 8), (3, BWD_WEIGHT_DIRECT_3D_RUNS, 4))

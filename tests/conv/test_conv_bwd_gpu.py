@@ -213,9 +213,9 @@ def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> No
 def test_depthwise_weight_gradient_runs_directly() -> None:
     problem = Case("bf16", 32, (56, 56), 96, 1, 1, (7, 7), 1, 3).problem
     assert "_conv_direct_" in ckfmha.conv_select(problem, direction="bwd_weight")
-    # Eight-channel groups with a 7x7 filter: the partial dw of 32 groups (392 KiB) would not
-    # fit in shared memory, so the implicit GEMM runs them.
-    case = Case("bf16", 2, (15, 15), 40, 8, 8, (7, 7), 1, 3)
+    # Four-channel groups with an 11x11 filter: the partial dw of 32 groups (242 KiB) would
+    # not fit in shared memory, so the implicit GEMM runs them.
+    case = Case("bf16", 2, (15, 15), 40, 4, 4, (11, 11), 1, 5)
     assert "_conv_direct_" not in ckfmha.conv_select(case.problem, direction="bwd_weight")
     run_bwd_weight(case)
 

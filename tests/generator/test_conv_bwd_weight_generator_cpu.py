@@ -677,18 +677,20 @@ def test_direct_instances_share_the_weight_gradients_unit() -> None:
 
 def test_one_direct_tile_per_dims_and_bucket() -> None:
     """The forward's direct shapes (2D over 8 warps, 3D over 4), the run shortened to keep
-    Run x channels within 32 registers, for buckets 1, 2, 4 and 8, in every set; each applies
-    to its own family, dims and bucket only."""
+    Run x channels within 32 registers, for buckets 1, 2 and 4, in every set; each applies to
+    its own family, dims and bucket only."""
     shapes = {
         (t.spatial_dims, t.max_channels): (t.tile_m, t.tile_n, t.tile_k, t.warps, t.stages)
         for t in CONV_BWD_WEIGHT_DIRECT_TILES
     }
-    assert BWD_WEIGHT_DIRECT_BUCKETS == conv_bwd_weight_direct.BWD_WEIGHT_DIRECT_MAX_CHANNELS
+    # The template takes 8 too; the sets leave groups of 8 to the implicit GEMM (faster there).
+    assert set(BWD_WEIGHT_DIRECT_BUCKETS) == {1, 2, 4}
+    assert set(BWD_WEIGHT_DIRECT_BUCKETS) < set(conv_bwd_weight_direct.BWD_WEIGHT_DIRECT_MAX_CHANNELS)
     assert shapes == {
         (2, 1): (16, 32, 1, 8, 1), (2, 2): (16, 32, 2, 8, 1),
-        (2, 4): (8, 32, 4, 8, 1), (2, 8): (4, 32, 8, 8, 1),
+        (2, 4): (8, 32, 4, 8, 1),
         (3, 1): (8, 32, 1, 4, 1), (3, 2): (8, 32, 2, 4, 1),
-        (3, 4): (8, 32, 4, 4, 1), (3, 8): (4, 32, 8, 4, 1),
+        (3, 4): (8, 32, 4, 4, 1),
     }  # fmt: skip
     assert all(t.pipeline == DIRECT for t in CONV_BWD_WEIGHT_DIRECT_TILES)
     for tiles in (CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES):
@@ -743,7 +745,7 @@ def test_every_direct_kernel_of_the_default_set_compiles(tmp_path: Path) -> None
         c for c in select(get_receipt("default"), SPECS["sm_80"]).accepted
         if c.signature.family == CONV_BWD_WEIGHT and c.algorithm.pipeline == DIRECT
     ]  # fmt: skip
-    assert len(configs) == 16
+    assert len(configs) == 12
     files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
     compiler = toolchain.CudaToolchain(
         build.arch_specs_for(["sm_80"]), [REPO_ROOT / "cpp" / "include", tmp_path]
