@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int plane_stride = tile.in_h * row_stride;
   // Unit stride and dilation along w: a row's inputs for all filter columns
   // are one window of Run + X - 1 values (filters up to kWindowTaps wide).
-  constexpr int kWindowTaps = 7;
-  const bool windowed = p.stride[2] == 1 && p.dilation[2] == 1 && p.filter[2] <= kWindowTaps;
+  constexpr int kWindowTaps = conv_detail::kDirectWindowTaps;
+  const bool windowed = conv_detail::direct_windowed(p);
 
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int n = int(item / tiles);
@@ -122,12 +122,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
           for (int c = 0; c < kMax; ++c) {
             if (c < C) {
               float window[kRun + kWindowTaps - 1];
-#pragma unroll
-              for (int i = 0; i < kRun + kWindowTaps - 1; ++i) {
-                window[i] = i < kRun + p.filter[2] - 1
-                                ? float(x_row[i * tile.channels + c * kGroups])
-                                : 0.f;
-              }
+              const int count = kRun + p.filter[2] - 1;
+              conv_detail::load_staged_run(x_row + c * kGroups, count, tile.channels, window);
 #pragma unroll
               for (int fx = 0; fx < kWindowTaps; ++fx) {
                 if (fx < p.filter[2]) {
@@ -153,10 +149,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
           for (int c = 0; c < kMax; ++c) {
             if (c < C) {
               float in[kRun];
-#pragma unroll
-              for (int j = 0; j < kRun; ++j) {
-                in[j] = float(x_tap[j * p.stride[2] * tile.channels + c * kGroups]);
-              }
+              const int step = p.stride[2] * tile.channels;
+              conv_detail::load_staged_run(x_tap + c * kGroups, kRun, step, in);
 #pragma unroll
               for (int k = 0; k < kMax; ++k) {
                 if (k < K) {

@@ -105,8 +105,10 @@ struct ConvBwdWeightLoader {
     const int col_b = (thread % kColsB) * kVector;
     a_row0 = thread / kColsA;
     b_row0 = thread / kColsB;
-    a_stage_bytes = uint32_t(cast_smem_ptr_to_uint(&sA(0, 0, 1)) - cast_smem_ptr_to_uint(&sA(0, 0, 0)));
-    b_stage_bytes = uint32_t(cast_smem_ptr_to_uint(&sB(0, 0, 1)) - cast_smem_ptr_to_uint(&sB(0, 0, 0)));
+    a_stage_bytes =
+        uint32_t(cast_smem_ptr_to_uint(&sA(0, 0, 1)) - cast_smem_ptr_to_uint(&sA(0, 0, 0)));
+    b_stage_bytes =
+        uint32_t(cast_smem_ptr_to_uint(&sB(0, 0, 1)) - cast_smem_ptr_to_uint(&sB(0, 0, 0)));
     const int32_t k = first_k + col_a;
     a_valid = k < p.out_channels;
     dy_column = static_cast<const Element*>(p.y) + int64_t(group) * p.out_channels + k;

@@ -36,6 +36,24 @@ __host__ __device__ inline DirectTile direct_tile(ConvFwdParams const& p) {
   return t;
 }
 
+// Filters up to this wide along w, at unit stride and dilation there, read
+// each staged row once: a window of Run + X - 1 inputs serves every filter
+// column.
+constexpr int kDirectWindowTaps = 7;
+
+__host__ __device__ inline bool direct_windowed(ConvFwdParams const& p) {
+  return p.stride[2] == 1 && p.dilation[2] == 1 && p.filter[2] <= kDirectWindowTaps;
+}
+
+// `count` staged inputs of one channel along a row, `step` elements apart
+// (from x, the first one's address in the tile), as floats; zeros past count.
+template <int N, class Element>
+__device__ __forceinline__ void load_staged_run(const Element* x, int count, int step,
+                                                float (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = i < count ? float(x[i * step]) : 0.f;
+}
+
 // Stages the input tile a CTA's outputs read, for its 32 groups, as
 // [position][channel][group] (consecutive groups in consecutive words, as the
 // lanes read them), zeros in the padding and past the last group. od, tile_h
