@@ -175,17 +175,14 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
 
 int32_t conv_weight_vector_allowed(ckfmha_conv_problem const& p, const void* x,
                                    const void* dy) {
-  for (int32_t v : {8, 4, 2}) {
-    bool ok = p.in_channels % v == 0 && p.out_channels % v == 0;
-    for (int i = 0; ok && i <= p.spatial_dims; ++i) {
-      ok = p.x_stride[i] % v == 0 && p.y_stride[i] % v == 0;
-    }
-    const auto bytes = uintptr_t(v * 2);
-    ok = ok && reinterpret_cast<uintptr_t>(x) % bytes == 0 &&
-         reinterpret_cast<uintptr_t>(dy) % bytes == 0;
-    if (ok) return v;
+  // A vector divides both channel counts when it divides their gcd.
+  int64_t strides[8];
+  const int count = p.spatial_dims + 1;
+  for (int i = 0; i < count; ++i) {
+    strides[i] = p.x_stride[i];
+    strides[count + i] = p.y_stride[i];
   }
-  return 1;
+  return widest_conv_vector(std::gcd(p.in_channels, p.out_channels), strides, 2 * count, x, dy);
 }
 
 size_t conv_weight_workspace_bytes(ckfmha_conv_problem const& p) {

@@ -138,17 +138,22 @@ std::string describe(ckfmha_conv_problem const& p) {
   return out.str();
 }
 
-int32_t conv_vector_allowed(ckfmha_conv_problem const& p, const void* x, const void* w) {
+int32_t widest_conv_vector(int64_t channels, int64_t const* strides, int count, const void* a,
+                           const void* b) {
   const int64_t element_bytes = 2;
   for (int32_t v : {8, 4, 2}) {
-    bool ok = p.in_channels % v == 0;
-    for (int i = 0; ok && i <= p.spatial_dims; ++i) ok = p.x_stride[i] % v == 0;
+    bool ok = channels % v == 0;
+    for (int i = 0; ok && i < count; ++i) ok = strides[i] % v == 0;
     const auto bytes = uintptr_t(v * element_bytes);
-    ok = ok && reinterpret_cast<uintptr_t>(x) % bytes == 0 &&
-         reinterpret_cast<uintptr_t>(w) % bytes == 0;
+    ok = ok && reinterpret_cast<uintptr_t>(a) % bytes == 0 &&
+         reinterpret_cast<uintptr_t>(b) % bytes == 0;
     if (ok) return v;
   }
   return 1;
+}
+
+int32_t conv_vector_allowed(ckfmha_conv_problem const& p, const void* x, const void* w) {
+  return widest_conv_vector(p.in_channels, p.x_stride, p.spatial_dims + 1, x, w);
 }
 
 namespace {

@@ -29,6 +29,12 @@ std::string check_conv_direction(ckfmha_conv_direction direction);
 // rule (ckfmha.first_use.conv_vector).
 int32_t conv_vector_allowed(ckfmha_conv_problem const& problem, const void* x, const void* w);
 
+// The widest of 8, 4, 2 elements that divides `channels` and each of the
+// `count` strides and aligns both pointers (NULL: aligned); else 1. The rule
+// behind every pass's channel vector.
+int32_t widest_conv_vector(int64_t channels, int64_t const* strides, int count, const void* a,
+                           const void* b);
+
 struct ConvPlan {
   bool found = false;
   ckfmha_kernel_entry kernel{};
