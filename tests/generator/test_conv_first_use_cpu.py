@@ -190,28 +190,38 @@ def test_ensure_compiles_only_what_the_registry_lacks(monkeypatch: pytest.Monkey
     assert (90, raw) in first_use._SERVED_RAW
 
 
+def _built_on_first_use(monkeypatch: pytest.MonkeyPatch, registered: list[str], arch: int,
+                        raw_key: tuple[int, ...]) -> list[list[str]]:  # fmt: skip
+    """The kernel lists first use hands the build for a runner's raw conv key on `arch`, with
+    `registered` already in the registry (the build is recorded, not run)."""
+    from ckfmha import jit
+
+    built: list[list[str]] = []
+
+    class Registry:
+        def names(self) -> list[str]:
+            return registered
+
+    monkeypatch.setattr(first_use, "_FIRST_USE", first_use._FirstUse())
+    monkeypatch.setattr(first_use, "_SERVED_RAW", set())
+    monkeypatch.setattr(first_use, "current_arch", lambda: arch)
+    monkeypatch.setattr("ckfmha._registry.Registry", Registry)
+    monkeypatch.setattr(jit, "build", lambda names, progress: built.append(names))
+    monkeypatch.delenv("CKFMHA_JIT", raising=False)
+    first_use.ensure(("conv", raw_key))
+    return built
+
+
 def test_ensure_with_a_bucket_compiles_the_direct_kernel_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The five-field key the runner passes for groups of few channels: with the implicit-GEMM
     kernels registered, first use compiles the direct one alone."""
-    from ckfmha import jit
 
     implicit = _default_conv_names("sm_86", "conv_fwd_fp16_2d_v1", SM80)
     direct = _default_conv_names("sm_86", "conv_fwd_fp16_2d_v1_c1", DIRECT)
-    built: list[list[str]] = []
-
-    class Registry:
-        def names(self) -> list[str]:
-            return implicit
-
-    monkeypatch.setattr(first_use, "_FIRST_USE", first_use._FirstUse())
-    monkeypatch.setattr(first_use, "_SERVED_RAW", set())
-    monkeypatch.setattr(first_use, "current_arch", lambda: 86)
-    monkeypatch.setattr("ckfmha._registry.Registry", Registry)
-    monkeypatch.setattr(jit, "build", lambda names, progress: built.append(names))
-    monkeypatch.delenv("CKFMHA_JIT", raising=False)
-    first_use.ensure(("conv", (FORWARD, FP16, 2, 1, conv_direct_bucket(1, 1))))
+    built = _built_on_first_use(monkeypatch, implicit, 86,
+                                (FORWARD, FP16, 2, 1, conv_direct_bucket(1, 1)))  # fmt: skip
     assert built == [direct] and len(direct) == 1
 
 
@@ -311,23 +321,11 @@ def test_ensure_with_a_weight_bucket_compiles_its_direct_kernel(
 ) -> None:
     """The weight-gradient runner's key with conv_weight_direct_bucket's value: with the
     implicit-GEMM kernels registered, first use compiles the direct one alone."""
-    from ckfmha import jit
 
     implicit = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v8", SM80)
     direct = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v1_c1", DIRECT)
-    built: list[list[str]] = []
-
-    class Registry:
-        def names(self) -> list[str]:
-            return implicit
-
-    monkeypatch.setattr(first_use, "_FIRST_USE", first_use._FirstUse())
-    monkeypatch.setattr(first_use, "_SERVED_RAW", set())
-    monkeypatch.setattr(first_use, "current_arch", lambda: 90)
-    monkeypatch.setattr("ckfmha._registry.Registry", Registry)
-    monkeypatch.setattr(jit, "build", lambda names, progress: built.append(names))
-    monkeypatch.delenv("CKFMHA_JIT", raising=False)
-    first_use.ensure(("conv", (BWD_WEIGHT, BF16, 3, 8, conv_weight_direct_bucket(1, 1))))
+    built = _built_on_first_use(monkeypatch, implicit, 90,
+                                (BWD_WEIGHT, BF16, 3, 8, conv_weight_direct_bucket(1, 1)))  # fmt: skip
     assert built == [direct] and len(direct) == 1
 
 
