@@ -399,6 +399,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         void* dw
         void* workspace
         size_t workspace_bytes
+        int32_t splits
 
     int ckfmha_conv_problem_init(ckfmha_conv_problem* problem, ckfmha_dtype dtype,
                                  int32_t spatial_dims, int32_t batch, int32_t groups,

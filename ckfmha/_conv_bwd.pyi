@@ -26,6 +26,7 @@ def conv_bwd_weight(
     dilation: PerDim = 1,
     out: Any = None,
     kernel: str | None = None,
+    splits: int | None = None,
     stream: Any = None,
     dtype: Any = None,
 ) -> Any: ...

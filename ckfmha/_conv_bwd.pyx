@@ -176,7 +176,7 @@ cdef object _conv_bwd_data(dy, w, input_size, stride, padding, dilation, out, ke
 
 
 def conv_bwd_weight(x, dy, *, filter_size=None, stride=1, padding=0, dilation=1, out=None,
-                    kernel=None, stream=None, dtype=None):
+                    kernel=None, splits=None, stream=None, dtype=None):
     """dw, the gradient of ``conv_fwd(x, w)`` by w given dy, the gradient by its output.
 
     x: [N, *input, G, C] and dy: [N, *output, G, K], each with groups and channels of a
@@ -189,16 +189,22 @@ def conv_bwd_weight(x, dy, *, filter_size=None, stride=1, padding=0, dilation=1,
     few tiles the reduction is split over CTAs that add fp32 partial sums into a workspace
     (allocated like dw), converted into dw after: the last bits may then differ from run to
     run. ``kernel`` names a conv_bwd_weight kernel (``conv_select(..., direction=
-    "bwd_weight")`` names the automatic choice). fp16 or bf16, fp32 accumulation.
+    "bwd_weight")`` names the automatic choice). ``splits`` (1 to 65535) overrides the plan's
+    count of CTAs sharing the reduction: splits of the positions for an implicit-GEMM kernel,
+    CTAs per block of 32 groups for a direct one. fp16 or bf16, fp32 accumulation.
     """
     index = check_devices((("x", x), ("dy", dy), ("out", out)))
     with on_device(index):
         return _conv_bwd_weight(x, dy, filter_size, stride, padding, dilation, out, kernel,
-                                stream, dtype, index)
+                                splits, stream, dtype, index)
 
 
 cdef object _conv_bwd_weight(x, dy, filter_size, stride, padding, dilation, out, kernel,
-                             stream, dtype, index):
+                             splits, stream, dtype, index):
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int)
+                               or not 1 <= splits <= 65535):
+        raise _invalid(f"splits is {splits!r}; None (the plan's count) or an int from 1 to "
+                       "65535")
     cdef capi.ckfmha_conv_problem problem
     memset(&problem, 0, sizeof(problem))
     kind = array_kind(x)
@@ -238,6 +244,7 @@ cdef object _conv_bwd_weight(x, dy, filter_size, stride, padding, dilation, out,
     args.dw = <void*>dwv.ptr
     args.workspace = <void*>(<ArrayView>wsv).ptr if wsv is not None else NULL
     args.workspace_bytes = 4 * (<ArrayView>wsv).shape[0] if wsv is not None else 0
+    args.splits = 0 if splits is None else splits
     # Its vector divides both channel counts and both arrays' strides.
     outer = tuple(problem.x_stride[i] for i in range(dims + 1)) + tuple(
         problem.y_stride[i] for i in range(dims + 1))

@@ -23,6 +23,7 @@ from ckfmha.tuning.timing import (
     CandidateTime,
     ProblemTiming,
     dispatcher_candidates,
+    time_calls,
     time_candidates,
     time_plans,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "fwd_candidates",
     "parse_problems",
     "read_problems",
+    "time_calls",
     "time_candidates",
     "time_plans",
 ]

@@ -81,7 +81,7 @@ Captured = tuple[dict[Candidate, Any], dict[Candidate, float], dict[Candidate, s
 COARSE_PASSES = 3
 
 
-def _capture_all(calls: dict[Candidate, Callable[[], Any]], pool: Any) -> Captured:
+def _capture_all(calls: Mapping[Candidate, Callable[[], Any]], pool: Any) -> Captured:
     """Each call's graph and its first estimate (COARSE_PASSES), or why it failed:
     (graphs, milliseconds, errors), each keyed by candidate."""
     import torch
@@ -138,10 +138,21 @@ def time_plans(kind: str, fields: Mapping[str, Any], candidates: Sequence[Candid
     `iters` graph replays for those within `prune` times the fastest first estimate (and for
     those in `keep`, whatever their estimate), that estimate for the rest."""
     _check_settings(kind, warmup, iters, repeats)
-    import torch
-
     tensors, mask = problem_inputs(kind, fields), mask_options(fields)
     calls = {c: _forced_call(kind, tensors, mask, c) for c in candidates}
+    return time_calls(calls, warmup=warmup, iters=iters, repeats=repeats, prune=prune,
+                      keep=keep)
+
+
+def time_calls(calls: Mapping[Candidate, Callable[[], Any]], *, warmup: int = 2, iters: int = 5,
+               repeats: int = 3, prune: float = PRUNE_RATIO,
+               keep: Sequence[Candidate] = ()) -> tuple[CandidateTime, ...]:  # fmt: skip
+    """Times each call (one launch of a candidate plan on inputs it owns) as time_plans does,
+    one result per call in their order. Any pass whose plans run on a stream torch can capture
+    (attention, convolution) times its candidates here."""
+    import torch
+
+    candidates = list(calls)
     pool = torch.cuda.graph_pool_handle()
     graphs, coarse, errors = _capture_all(calls, pool)
     fastest = min(coarse.values(), default=0.0)

@@ -119,6 +119,16 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   if (int s = check_element_aligned({{args->x, "x"}, {args->dy, "dy"}, {args->dw, "dw"}})) {
     return s;
   }
+  if (args->splits < 0 || args->splits > 65535) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "args.splits is " + std::to_string(args->splits) +
+                    "; 0 (the plan's count) or 1 to 65535 CTAs sharing the reduction");
+  }
+  if (args->splits > 1 && args->workspace == nullptr) {
+    return fail(CKFMHA_ERROR_INVALID_ARGUMENT,
+                "args.splits is " + std::to_string(args->splits) +
+                    ": split plans add fp32 partial sums into the workspace, and none was given");
+  }
   const size_t needed = conv_weight_workspace_bytes(*problem);
   // No workspace: a plan without splits (one CTA per output tile).
   if (int s = check_workspace(args->workspace, args->workspace_bytes, needed, false)) return s;
@@ -135,6 +145,7 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   ConvPlan plan =
       plan_conv(*Registry::instance().entries(), *problem, CKFMHA_CONV_BWD_WEIGHT, context);
   if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  if (args->splits != 0) plan.splits = args->splits;
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
   // Split plans and the direct kernel add partial sums into the workspace.

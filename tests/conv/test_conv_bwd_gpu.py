@@ -81,15 +81,16 @@ def run_bwd_data(case: Case, kernel: str | None = None) -> None:
     assert_outside_untouched(whole, out, problem.x_shape, what)
 
 
-def run_bwd_weight(case: Case, kernel: str | None = None) -> None:
+def run_bwd_weight(case: Case, kernel: str | None = None, splits: int | None = None) -> None:
     inputs = Inputs()
     problem = case.problem
     x = make_x(case, inputs)
     dy = make_positions(case.layout, problem.y_shape, case.dtype, inputs)
     out = torch.full(problem.w_shape, float("nan"), dtype=x.dtype, device="cuda")
     what = f"bwd_weight {case.label} seed {inputs.seed}" + (f" kernel {kernel}" if kernel else "")
+    what += f" splits {splits}" if splits else ""
     dw = ckfmha.conv_bwd_weight(x, dy, filter_size=problem.filter, out=out, kernel=kernel,
-                                **geometry(case))  # fmt: skip
+                                splits=splits, **geometry(case))  # fmt: skip
     assert dw is out
     torch.cuda.synchronize()
     x64, dy64 = f64(x), f64(dy)
@@ -208,6 +209,23 @@ def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> No
                       (2, 1, 1))]  # fmt: skip
     for case in cases:
         run_bwd_weight(case, kernel=kernel["name"])
+
+
+@pytest.mark.parametrize("case", [Case("bf16", 3, (17, 15), 2, 16, 24, (3, 3), 1, 1),
+                                  Case("fp16", 2, (21, 19), 40, 1, 1, (5, 5), 2, 2)],
+                         ids=lambda c: c.label)  # fmt: skip
+def test_every_split_count_the_selection_weighs(case: Case) -> None:
+    """Backward-weight forced to each (kernel, splits) plan the learned selection weighs
+    (ckfmha.conv_selection): split counts from 1 up for the implicit GEMM, CTAs per block of
+    groups for the direct kernel, more than there are output tiles among them."""
+    from ckfmha.conv_selection import conv_candidate_plans, problem_record
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plans = conv_candidate_plans(problem_record(case.problem), "bwd_weight", ckfmha.Registry().kernels(), sms,
+                                 ckfmha.device_arch(), case.dtype)  # fmt: skip
+    assert len({s for _, s in plans}) > 2, plans
+    for name, splits in plans:
+        run_bwd_weight(case, kernel=name, splits=splits)
 
 
 def test_depthwise_weight_gradient_runs_directly() -> None:

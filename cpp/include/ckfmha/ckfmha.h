@@ -824,6 +824,11 @@ typedef struct ckfmha_conv_bwd_weight_args {
   void* dw;
   void* workspace; /* ckfmha_conv_workspace_size bytes, 16-byte aligned */
   size_t workspace_bytes;
+  /* 0: the plan's own count. Else how many CTAs share the reduction: splits
+   * of the positions for an implicit-GEMM kernel (> 1 needs the workspace),
+   * CTAs per block of 32 groups for a direct one; at most 65535, and no more
+   * are launched than have work. */
+  int32_t splits;
 } ckfmha_conv_bwd_weight_args;
 
 /* Fills a problem with dense x and y; stride, padding and dilation may be NULL
