@@ -132,6 +132,10 @@ class Row:
     ms: dict[str, float | None] = field(default_factory=dict)
     tflops: dict[str, float | None] = field(default_factory=dict)
     ckfmha_over_cudnn: float | None = None
+    # --learned: the plan of the learned selection, beside the hand rules' ("ckfmha").
+    kernel_learned: str = ""
+    learned_over_cudnn: float | None = None
+    learned_over_rules: float | None = None
     # max over elements of |ckfmha - fp32 reference| / bound (<= 1 passes).
     error_over_bound: float | None = None
     note: str = ""
@@ -225,6 +229,16 @@ def _ckfmha_pass(direction: str, o: Operands, layer: Layer) -> Any:
     return ckfmha.conv_bwd_weight(o.x, o.dy, filter_size=layer.filter, **geometry)
 
 
+def _learned(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn planned by the learned selection (a graph captures the plan it made then)."""
+
+    def call() -> Any:
+        with ckfmha.selection("learned"):
+            return fn()
+
+    return call
+
+
 def _in_ckfmha_layout(direction: str, t: Any, groups: int) -> Any:
     return _filters(t, groups) if direction == "bwd_weight" else _positions(t, groups)
 
@@ -276,21 +290,30 @@ def run_layer(layer: Layer, batch: int, dtype: str, args: argparse.Namespace) ->
         "ckfmha": lambda: _ckfmha_pass(direction, o, layer),
         "cudnn": lambda: _torch_pass(direction, o, layer),
     }
+    if args.learned:
+        impls["ckfmha_learned"] = _learned(impls["ckfmha"])
+    select = lambda: ckfmha.conv_select(o.x, o.w, stride=layer.stride,
+                                        padding=layer.padding, direction=direction)  # fmt: skip
     try:
-        y = impls["ckfmha"]()
-        row.kernel = ckfmha.conv_select(o.x, o.w, stride=layer.stride, padding=layer.padding,
-                                        direction=direction)  # fmt: skip
+        results = {name: impls[name]() for name in impls if name != "cudnn"}
+        row.kernel = select()
+        if args.learned:
+            row.kernel_learned = _learned(select)()
     except ckfmha.CkfmhaError as exc:
         row.note = f"ckfmha: {str(exc).splitlines()[0]}"
         return row
-    row.error_over_bound = error_over_bound(y, direction, o, layer, dtype)
+    row.error_over_bound = max(error_over_bound(y, direction, o, layer, dtype)
+                               for y in results.values())  # fmt: skip
     if not row.error_over_bound <= 1.0:
         row.note = f"wrong result: error {row.error_over_bound:.3g} x the bound; not timed"
         return row
-    del y
+    del results
     row.ms = dict(alternating_ms(impls, args.warmup, args.iters, args.repeats, args.graph))
     row.tflops = {name: problem.flops() / ms / 1e9 for name, ms in row.ms.items() if ms}
     row.ckfmha_over_cudnn = ratio(row.tflops.get("ckfmha"), row.tflops.get("cudnn"))
+    if args.learned:
+        row.learned_over_cudnn = ratio(row.tflops.get("ckfmha_learned"), row.tflops.get("cudnn"))
+        row.learned_over_rules = ratio(row.tflops.get("ckfmha_learned"), row.tflops.get("ckfmha"))
     return row
 
 
@@ -300,7 +323,9 @@ def print_table(rows: list[Row]) -> None:
     for r in rows:
         print(f"{r.model:16s} {r.layer:22s} {r.shape:44s} {fmt(r.tflops.get('ckfmha'), '7.1f')} "
               f"{fmt(r.tflops.get('cudnn'), '7.1f')} {fmt(r.ckfmha_over_cudnn, '7.2f')} "
-              f"{fmt(r.error_over_bound, '7.3f')}{'  ' + r.note if r.note else ''}")
+              f"{fmt(r.error_over_bound, '7.3f')}"
+              + (f" learned {fmt(r.learned_over_rules, '5.2f')}x" if r.learned_over_rules else "")
+              + (f"  {r.note}" if r.note else ""))
 
 
 def summary(rows: list[Row]) -> dict[str, float | None]:
@@ -310,6 +335,10 @@ def summary(rows: list[Row]) -> dict[str, float | None]:
         ratios = [r.ckfmha_over_cudnn for r in rows
                   if (r.model, r.batch) == key and r.ckfmha_over_cudnn]  # fmt: skip
         result[f"geomean_{key[0]}_n{key[1]}"] = geomean(ratios)
+    for key in ("learned_over_cudnn", "learned_over_rules"):
+        values = [getattr(r, key) for r in rows if getattr(r, key)]
+        if values:
+            result[f"geomean_{key}"] = geomean(values)
     result["wrong_results"] = float(sum(1 for r in rows if r.note.startswith("wrong")))
     return result
 
@@ -322,6 +351,8 @@ def main() -> None:
                         default="fwd", help="the pass timed")  # fmt: skip
     parser.add_argument("--graph", action="store_true",
                         help="time CUDA graph replays (no host time per call)")
+    parser.add_argument("--learned", action="store_true",
+                        help="also time ckfmha's plan under the learned selection")
     add_run_arguments(parser, warmup=5, iters=20, repeats=7, out_help="directory for the JSON")
     args = parser.parse_args()
 
@@ -355,6 +386,7 @@ def main() -> None:
                        + ("CUDA graph replays" if args.graph else "calls issued from Python")),
             "peer": ("torch conv2d/conv3d and aten.convolution_backward (cuDNN, channels_last, "
                      "cudnn.benchmark=True)"),
+            "selection": "hand rules" + (" and learned" if args.learned else ""),
             "summary": result_summary,
             "rows": [asdict(r) for r in rows],
         }  # fmt: skip

@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckfmha.conv_selection import FEATURES as CONV_FEATURE_NAMES
+
 FEATURES = ("log_batch", "nhead_q", "group", "log_seqlen_q", "log_seqlen_k", "hdim_q", "hdim_v",
             "causal", "sm90", "split", "num_splits", "tile_m", "tile_n", "warps", "stages",
             "log_ctas", "waves", "log_key_tiles", "pad", "log_work", "fill")  # fmt: skip
 HEADER = "ckfmha-selection-model 1"
+CONV_FEATURES = CONV_FEATURE_NAMES
 
 
 def candidate_features(problem: Mapping[str, Any], kernel: Mapping[str, Any], num_splits: int,
@@ -74,13 +77,18 @@ class CostModel:
     device: str
     arch: int
     num_sms: int
-    trees: dict[str, list[list[Node]]] = field(default_factory=dict)  # "fwd", "decode", "bwd"
+    # Attention: "fwd", "decode", "varlen", "bwd"; convolution: "conv_fwd", "conv_bwd_data",
+    # "conv_bwd_weight".
+    trees: dict[str, list[list[Node]]] = field(default_factory=dict)
     # Per family: how much faster another plan must be predicted than the hand rules' plan
     # before it replaces it.
     margins: dict[str, float] = field(default_factory=dict)
     # "log_ratio_to_rules": the trees predict log(time / the hand rules' plan's time) for the
     # same problem; "log_ms": log(milliseconds).
     target: str = "log_ratio_to_rules"
+    # The feature list the trees index: FEATURES (attention plans) or
+    # ckfmha.conv_selection.FEATURES (convolution plans).
+    features: tuple[str, ...] = FEATURES
 
     def predict_log(self, family: str, x: list[float]) -> float:
         total = 0.0
@@ -93,10 +101,10 @@ class CostModel:
 
 
 def write_model(model: CostModel, path: Path) -> None:
-    lines = [HEADER, ("# gradient-boosted trees predicting log(ms) of a candidate plan; "
-                      "benchmarks/train_selection.py"), f"device {model.device}", f"arch {model.arch}",
+    lines = [HEADER, (f"# gradient-boosted trees predicting {model.target} of a candidate plan; "
+                      "benchmarks/train_selection.py, train_conv_selection.py"), f"device {model.device}", f"arch {model.arch}",
              f"num_sms {model.num_sms}", f"target {model.target}",
-             "features " + " ".join(FEATURES)]  # fmt: skip
+             "features " + " ".join(model.features)]  # fmt: skip
     for family, trees in model.trees.items():
         lines.append(f"model {family} {len(trees)} {model.margins.get(family, 0.0)!r}")
         for tree in trees:
@@ -124,8 +132,9 @@ def read_model(path: Path) -> CostModel:
         elif key == "margin":  # older files: one margin for every family
             default_margin = float(rest)
         elif key == "features":
-            if tuple(rest.split()) != FEATURES:
-                raise ValueError(f"{path}: features differ from this module's")
+            if tuple(rest.split()) not in (FEATURES, CONV_FEATURES):
+                raise ValueError(f"{path}: features differ from this library's")
+            model.features = tuple(rest.split())
         elif key == "model":
             family, count, *margin = rest.split()
             model.margins[family] = float(margin[0]) if margin else default_margin

@@ -282,6 +282,7 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
     int ckfmha_get_selection(ckfmha_selection* mode)
     int ckfmha_selection_model_load(const char* path)
     int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* needed)
+    int ckfmha_conv_selection_model_info(char* buf, size_t buf_len, size_t* needed)
     int ckfmha_tuning_add_fwd(const ckfmha_fwd_problem* problem, const char* kernel_name,
                               int num_splits, float ms)
     int ckfmha_tuning_add_bwd(const ckfmha_bwd_problem* problem, const char* kernel_name,

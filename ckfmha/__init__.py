@@ -60,6 +60,7 @@ from ckfmha.page_layouts import to_linear_pages, to_vectorized_pages
 from ckfmha.problem import FwdProblem
 from ckfmha.selection import (
     clear_tuning,
+    conv_selection_model_info,
     default_tuning_path,
     get_selection,
     load_selection_model,
@@ -121,6 +122,7 @@ __all__ = [
     "conv_explain",
     "conv_fwd",
     "conv_select",
+    "conv_selection_model_info",
     "current_device",
     "default_tuning_path",
     "device_arch",

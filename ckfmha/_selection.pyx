@@ -30,17 +30,32 @@ def get_selection() -> str:
 
 
 def load_selection_model(path) -> str:
-    """Parses a cost model file and makes it the process's model; returns its description."""
+    """Parses a cost model file and makes it the process's attention or convolution model (its
+    features line says which); returns its description."""
     encoded = os.fsencode(os.fspath(path))
     check(capi.ckfmha_selection_model_load(encoded))
-    return selection_model_info()
+    return conv_selection_model_info() if _names_conv_features(path) else selection_model_info()
+
+
+def _names_conv_features(path) -> bool:
+    """Whether a model file (one the library just parsed) ranks convolution plans."""
+    with open(path, encoding="utf-8") as f:
+        return any(line.startswith("features spatial_dims ") for line in f)
 
 
 def selection_model_info() -> str:
-    """The loaded cost model's description, or "none"."""
+    """The loaded attention cost model's description, or "none"."""
     cdef char buf[1024]
     cdef size_t needed = 0
     check(capi.ckfmha_selection_model_info(buf, sizeof(buf), &needed))
+    return buf.decode("utf-8", "replace")
+
+
+def conv_selection_model_info() -> str:
+    """The loaded convolution cost model's description, or "none"."""
+    cdef char buf[1024]
+    cdef size_t needed = 0
+    check(capi.ckfmha_conv_selection_model_info(buf, sizeof(buf), &needed))
     return buf.decode("utf-8", "replace")
 
 

@@ -10,10 +10,12 @@ does; it starts as $CKFMHA_SELECTION names, else "heuristic"):
   multiple of the hand rules' plan's, and the fastest wins, unless the hand rules' plan is
   predicted within the model's margin. It covers fp16/bf16 forward plans in batch and group
   (varlen) mode and the backward main stage on sm_90; elsewhere (paged K/V, fp32) the hand
-  rules decide. ``Dispatcher.explain`` lists the predictions.
+  rules decide. ``Dispatcher.explain`` lists the predictions. A second model
+  (benchmarks/train_conv_selection.py) ranks each convolution pass's kernels at the widest
+  channel vector and backward-weight's split counts; ``conv_explain`` lists its predictions.
 - "tuned": the plan ``python -m ckfmha tune`` timed for this exact problem on this GPU (the
-  table in ``default_tuning_path()``, or one given to ``load_tuning``); other problems as
-  "learned".
+  table in ``default_tuning_path()``, or one given to ``load_tuning``); other problems, and
+  every convolution, as "learned".
 
 The model and the default table load on the first switch to a mode that uses them.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 from ckfmha import _cache
 from ckfmha._selection import (
     clear_tuning,
+    conv_selection_model_info,
     get_selection,
     load_selection_model,
     load_tuning,
@@ -42,8 +45,10 @@ from ckfmha._selection import (
 from ckfmha.errors import CkfmhaError
 
 PACKAGED_MODEL = Path(__file__).resolve().parent / "data" / "selection_sm90.model"
+PACKAGED_CONV_MODEL = Path(__file__).resolve().parent / "data" / "selection_conv_sm90.model"
 
-__all__ = ["PACKAGED_MODEL", "clear_tuning", "default_tuning_path", "get_selection",
+__all__ = ["PACKAGED_CONV_MODEL", "PACKAGED_MODEL", "clear_tuning", "conv_selection_model_info",
+           "default_tuning_path", "get_selection",
            "load_selection_model", "load_tuning", "save_tuning", "selection",
            "selection_model_info", "set_selection", "tuning_add"]  # fmt: skip
 
@@ -66,6 +71,9 @@ def _load_sources(mode: str) -> None:
     if (mode in ("learned", "tuned") and selection_model_info() == "none"
             and PACKAGED_MODEL.exists()):  # fmt: skip
         load_selection_model(PACKAGED_MODEL)
+    if (mode in ("learned", "tuned") and conv_selection_model_info() == "none"
+            and PACKAGED_CONV_MODEL.exists()):  # fmt: skip
+        load_selection_model(PACKAGED_CONV_MODEL)
     if mode == "tuned" and not _loaded_default_table:
         _loaded_default_table = True
         try:

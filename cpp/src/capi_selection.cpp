@@ -76,6 +76,11 @@ int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* needed) {
   return copy_text_out(model ? model->describe() : "none", buf, buf_len, needed);
 }
 
+int ckfmha_conv_selection_model_info(char* buf, size_t buf_len, size_t* needed) {
+  auto model = current_conv_selection_model();
+  return copy_text_out(model ? model->describe() : "none", buf, buf_len, needed);
+}
+
 int ckfmha_tuning_add_fwd(const ckfmha_fwd_problem* problem, const char* kernel_name,
                           int num_splits, float ms) {
   if (int s = checked(problem, check_fwd_problem)) return s;

@@ -2,6 +2,8 @@
 // backward-weight plan's vector and workspace.
 #include "ckfmha/runtime/conv_bwd_plan.hpp"
 
+#include "ckfmha/runtime/learned_conv_plan.hpp"
+
 #include "ckfmha/runtime/dispatcher.hpp"
 
 #include <limits>
@@ -122,19 +124,71 @@ std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
   return {};
 }
 
+namespace {
+
+std::vector<ConvCandidate> bwd_data_candidates(std::vector<ckfmha_kernel_entry> const& kernels,
+                                               ckfmha_conv_problem const& p,
+                                               ConvPlanContext const& context,
+                                               std::vector<ConvPlanContext> const& contexts,
+                                               std::vector<ConvDataPhase> const& phases) {
+  return conv_candidates(kernels, p, CKFMHA_CONV_BWD_DATA, context.device_arch, context.sm_count,
+                         [&](ckfmha_kernel_entry const& k) {
+                           for (size_t i = 0; i < phases.size(); ++i) {
+                             if (!phases[i].empty && !conv_kernel_fits(k, phases[i].forward,
+                                                                       CKFMHA_CONV_FWD,
+                                                                       contexts[i])) {
+                               return false;
+                             }
+                           }
+                           return true;
+                         });
+}
+
+void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
+                            ckfmha_conv_problem const& p, ConvPlanContext const& context,
+                            std::vector<ConvPlanContext> const& contexts, ConvDataPlan* plan) {
+  std::string why_not;
+  if (!conv_learned_applies(CKFMHA_CONV_BWD_DATA, context.device_arch, &why_not)) {
+    if (!why_not.empty()) plan->learned = "learned selection not used: " + why_not;
+    return;
+  }
+  auto candidates = bwd_data_candidates(kernels, p, context, contexts, plan->phases);
+  if (candidates.empty()) return;
+  // The choice depends on the narrowest vector a phase allows.
+  ConvPlanContext key_context = context;
+  for (size_t i = 0; i < plan->phases.size(); ++i) {
+    if (!plan->phases[i].empty) key_context.vector = std::min(key_context.vector, contexts[i].vector);
+  }
+  const int index = learned_conv_index(p, CKFMHA_CONV_BWD_DATA, key_context, &candidates,
+                                       &plan->learned);
+  if (index < 0) return;
+  ckfmha_kernel_entry const* kernel = candidates[size_t(index)].kernel;
+  for (size_t i = 0; i < plan->phases.size(); ++i) {
+    ConvDataPhase& ph = plan->phases[i];
+    if (ph.empty) continue;
+    ConvPlanContext forced = contexts[i];
+    forced.forced = kernel;
+    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, forced);
+    ph.plan.why = plan->learned;
+  }
+}
+
+}  // namespace
+
 ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
                                 ckfmha_conv_problem const& p, ConvPlanContext const& context,
                                 const void* dy, const void* workspace) {
   ConvDataPlan plan;
   plan.phases = conv_data_phases(p, &plan.workspace_bytes);
+  std::vector<ConvPlanContext> contexts(plan.phases.size(), context);
   for (size_t i = 0; i < plan.phases.size(); ++i) {
     ConvDataPhase& ph = plan.phases[i];
     if (ph.empty) continue;
-    ConvPlanContext phase_context = context;
     const void* filter =
         workspace == nullptr ? nullptr : static_cast<const char*>(workspace) + ph.filter_offset;
-    phase_context.vector = conv_vector_allowed(ph.forward, dy, filter);
-    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, phase_context);
+    contexts[i].vector = conv_vector_allowed(ph.forward, dy, filter);
+    contexts[i].learned = false;  // one learned choice serves every phase, below
+    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, contexts[i]);
     if (!ph.plan.found) {
       plan.why = "backward-data phase " + std::to_string(i) + " (" + describe(ph.forward) +
                  "): " + ph.plan.why;
@@ -142,6 +196,9 @@ ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
     }
   }
   plan.found = true;
+  if (context.forced == nullptr && context.learned) {
+    apply_learned_bwd_data(kernels, p, context, contexts, &plan);
+  }
   return plan;
 }
 
@@ -151,6 +208,19 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
   out << "problem: " << conv_direction_name(CKFMHA_CONV_BWD_DATA) << " " << describe(p)
       << " on sm_" << context.device_arch << "\n";
   ConvDataPlan plan = plan_conv_bwd_data(kernels, p, context, nullptr, nullptr);
+  if (plan.found && conv_learned_applies(CKFMHA_CONV_BWD_DATA, context.device_arch, nullptr)) {
+    std::vector<ConvPlanContext> contexts(plan.phases.size(), context);
+    for (size_t i = 0; i < plan.phases.size(); ++i) {
+      if (!plan.phases[i].empty) {
+        contexts[i].vector = conv_vector_allowed(plan.phases[i].forward, nullptr, nullptr);
+      }
+    }
+    out << format_conv_predictions(p, CKFMHA_CONV_BWD_DATA, context.sm_count,
+                                   bwd_data_candidates(kernels, p, context, contexts,
+                                                       plan.phases));
+  } else if (!plan.learned.empty()) {
+    out << plan.learned << "\n";
+  }
   out << "plan: " << plan.phases.size() << " stride phase"
       << (plan.phases.size() == 1 ? "" : "s") << " of dx, each a forward convolution of dy "
       << "with the filter taps that reach it (workspace " << plan.workspace_bytes

@@ -2,7 +2,9 @@
 // tile by the implicit GEMM's shape.
 #include "ckfmha/runtime/conv_plan.hpp"
 
+#include "ckfmha/runtime/conv_selection.hpp"
 #include "ckfmha/runtime/dispatcher.hpp"
+#include "ckfmha/runtime/learned_conv_plan.hpp"
 #include "ckfmha/runtime/problem.hpp"
 
 #include <algorithm>
@@ -368,6 +370,11 @@ std::string why_none(std::vector<ckfmha_kernel_entry> const& kernels,
 
 }  // namespace
 
+bool conv_kernel_fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                      ckfmha_conv_direction direction, ConvPlanContext const& context) {
+  return fits(k, p, direction, context);
+}
+
 ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_problem const& p,
                    ckfmha_conv_direction direction, ConvPlanContext const& context) {
   ConvPlan plan;
@@ -415,6 +422,11 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     return plan;
   }
   plan.splits = best_cost.splits;
+  std::string learned_note;
+  if (context.learned &&
+      apply_learned_conv_plan(kernels, p, direction, context, &plan, &learned_note)) {
+    return plan;
+  }
   std::ostringstream why;
   if (plan.kernel.conv_max_channels != 0) {
     why << "groups of " << p.in_channels << " input and " << p.out_channels
@@ -423,7 +435,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
       why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
           << "in turn";
     }
-    plan.why = why.str();
+    plan.why = why.str() + learned_note;
     return plan;
   }
   why << (plan.kernel.arch == context.device_arch ? "SASS for this arch" : "compatible SASS")
@@ -434,7 +446,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     why << "; the reduction over positions in " << plan.splits << " split"
         << (plan.splits == 1 ? "" : "s");
   }
-  plan.why = why.str();
+  plan.why = why.str() + learned_note;
   return plan;
 }
 
@@ -459,6 +471,7 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
     }
   }
   if (listed == 0) out << "  (no " << family_name(family) << " kernels are registered)\n";
+  out << explain_conv_predictions(kernels, p, direction, context);
   out << "plan: ";
   if (plan.found && is_weight(direction) && (plan.splits > 1 || is_direct(plan.kernel))) {
     out << "zero the fp32 partial sums, " << plan.kernel.name << " over " << plan.splits

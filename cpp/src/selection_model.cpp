@@ -1,5 +1,7 @@
 #include "ckfmha/runtime/selection_model.hpp"
 
+#include "ckfmha/runtime/conv_selection.hpp"
+
 #include <atomic>
 #include <dlfcn.h>
 #include <fstream>
@@ -12,11 +14,15 @@
 namespace ckfmha::runtime {
 
 std::vector<double> CostModel::predict_logs(std::vector<Features> const& xs) const {
-  std::vector<double> sums(xs.size(), 0.0);
+  return predict_logs(xs.empty() ? nullptr : xs[0].data(), xs.size(), kNumFeatures);
+}
+
+std::vector<double> CostModel::predict_logs(double const* xs, size_t count, size_t width) const {
+  std::vector<double> sums(count, 0.0);
   for (auto const& tree : trees) {
     TreeNode const* nodes = tree.data();
-    for (size_t c = 0; c < xs.size(); ++c) {
-      double const* x = xs[c].data();
+    for (size_t c = 0; c < count; ++c) {
+      double const* x = xs + c * width;
       TreeNode const* n = nodes;
       while (n->feature >= 0) n = nodes + (x[n->feature] <= n->threshold ? n->left : n->right);
       sums[c] += n->value;
@@ -25,13 +31,33 @@ std::vector<double> CostModel::predict_logs(std::vector<Features> const& xs) con
   return sums;
 }
 
+namespace {
+
+std::vector<const char*> family_names(ModelSchema schema) {
+  if (schema == ModelSchema::conv) return {"conv_fwd", "conv_bwd_data", "conv_bwd_weight"};
+  return {"fwd", "decode", "varlen", "bwd"};
+}
+
+// The feature names a schema's trees index.
+struct FeatureList {
+  const char* const* names;
+  int count;
+};
+
+FeatureList feature_list(ModelSchema schema) {
+  if (schema == ModelSchema::conv) return {kConvFeatureNames, kNumConvFeatures};
+  return {kFeatureNames, kNumFeatures};
+}
+
+}  // namespace
+
 std::string SelectionModel::describe() const {
   std::ostringstream out;
   out << "cost model for sm_" << arch << " trained on " << device << " (" << num_sms
       << " SMs), predicting " << (relative ? "time relative to the hand rules' plan" : "ms")
       << ":";
   const char* sep = " ";
-  for (const char* name : {"fwd", "decode", "varlen", "bwd"}) {
+  for (const char* name : family_names(schema)) {
     auto const& trees = *family(name);
     out << sep << name << " " << trees.trees.size() << " trees, margin " << trees.margin;
     sep = "; ";
@@ -47,6 +73,12 @@ std::string SelectionModel::format_prediction(double predicted) const {
 }
 
 CostModel const* SelectionModel::family(std::string const& name) const {
+  if (schema == ModelSchema::conv) {
+    if (name == "conv_fwd") return &conv_fwd;
+    if (name == "conv_bwd_data") return &conv_bwd_data;
+    if (name == "conv_bwd_weight") return &conv_bwd_weight;
+    return nullptr;
+  }
   if (name == "fwd") return &fwd;
   if (name == "decode") return &decode;
   if (name == "varlen") return &varlen;
@@ -111,11 +143,11 @@ struct LineReader {
 
 // Checks a tree's node links: every child in range and every path ending in
 // a leaf (links only go forward, so no cycle).
-std::string check_tree(std::vector<TreeNode> const& nodes) {
+std::string check_tree(std::vector<TreeNode> const& nodes, int features) {
   for (size_t i = 0; i < nodes.size(); ++i) {
     TreeNode const& n = nodes[i];
     if (n.feature < 0) continue;
-    if (n.feature >= kNumFeatures) return "feature index " + std::to_string(n.feature);
+    if (n.feature >= features) return "feature index " + std::to_string(n.feature);
     for (int32_t child : {n.left, n.right}) {
       if (child <= int32_t(i) || size_t(child) >= nodes.size()) {
         return "node " + std::to_string(i) + " links to node " + std::to_string(child);
@@ -125,7 +157,7 @@ std::string check_tree(std::vector<TreeNode> const& nodes) {
   return {};
 }
 
-std::string parse_trees(LineReader& reader, int count, CostModel* model) {
+std::string parse_trees(LineReader& reader, int count, int features, CostModel* model) {
   for (int t = 0; t < count; ++t) {
     int nodes = 0;
     if (!reader.next() || std::sscanf(reader.line.c_str(), "tree %d", &nodes) != 1 || nodes < 1) {
@@ -138,7 +170,7 @@ std::string parse_trees(LineReader& reader, int count, CostModel* model) {
         return reader.error("expected '<feature> <threshold> <left> <right> <value>'");
       }
     }
-    if (auto error = check_tree(tree); !error.empty()) {
+    if (auto error = check_tree(tree, features); !error.empty()) {
       return reader.error("tree " + std::to_string(t) + ": " + error);
     }
     model->trees.push_back(std::move(tree));
@@ -146,14 +178,19 @@ std::string parse_trees(LineReader& reader, int count, CostModel* model) {
   return {};
 }
 
-std::string check_features(LineReader const& reader) {
+// Reads a features line into `schema`: the attention list, or (its first name
+// being the conv list's) the conv list; any other list is an error.
+std::string check_features(LineReader const& reader, ModelSchema* schema) {
   std::istringstream names(reader.line);
   std::string word, name;
-  names >> word;
-  for (int i = 0; i < kNumFeatures; ++i) {
-    if (!(names >> name) || name != kFeatureNames[i]) {
+  names >> word >> name;
+  *schema = name == kConvFeatureNames[0] ? ModelSchema::conv : ModelSchema::attention;
+  const FeatureList list = feature_list(*schema);
+  for (int i = 0; i < list.count; ++i) {
+    if (i > 0 && !(names >> name)) name.clear();
+    if (name != list.names[i]) {
       return reader.error(std::string("feature ") + std::to_string(i) + " is '" + name +
-                          "'; this library computes '" + kFeatureNames[i] +
+                          "'; this library computes '" + list.names[i] +
                           "' there (retrain the model for this version)");
     }
   }
@@ -191,29 +228,36 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
     } else if (key == "margin") {  // the default of families without their own
       fields >> default_margin;
     } else if (key == "features") {
-      if (auto error = check_features(reader); !error.empty()) return error;
+      if (auto error = check_features(reader, &model->schema); !error.empty()) return error;
       have_features = true;
     } else if (key == "model") {
       std::string family;
       int count = 0;
       CostModel* target = nullptr;
+      if (!have_features) return reader.error("the features line must come before the trees");
       if ((fields >> family >> count) && count >= 0) {
         target = model->family(family);
       }
       if (target == nullptr) {
-        return reader.error("expected 'model fwd|decode|varlen|bwd <trees> [margin]'");
+        return reader.error(model->schema == ModelSchema::conv
+                                ? "expected 'model conv_fwd|conv_bwd_data|conv_bwd_weight "
+                                  "<trees> [margin]'"
+                                : "expected 'model fwd|decode|varlen|bwd <trees> [margin]'");
       }
-      if (!have_features) return reader.error("the features line must come before the trees");
       if (double margin = 0; fields >> margin) {
         target->margin = margin;
         with_margin.insert(target);
       }
       fields.clear();  // no margin on the line is not an error
       target->trees.clear();
-      if (auto error = parse_trees(reader, count, target); !error.empty()) return error;
+      if (auto error = parse_trees(reader, count, feature_list(model->schema).count, target);
+          !error.empty()) {
+        return error;
+      }
     } else if (key == "end") {
       if (model->arch <= 0) return reader.error("no 'arch' line before 'end'");
-      for (CostModel* trees : {&model->fwd, &model->decode, &model->varlen, &model->bwd}) {
+      for (const char* name : family_names(model->schema)) {
+        CostModel* trees = model->family(name);
         if (with_margin.count(trees) == 0) trees->margin = default_margin;
       }
       return {};
@@ -227,15 +271,17 @@ std::string parse_selection_model(std::istream& in, SelectionModel* model) {
 
 namespace {
 std::mutex model_mutex;
-std::shared_ptr<const SelectionModel> the_model;
-bool looked_for_shipped = false;
+// Per schema: the model, and whether the package's file was looked for.
+std::shared_ptr<const SelectionModel> the_models[2];
+bool looked_for_shipped[2] = {false, false};
 std::atomic<uint64_t> generation{1};
 
 // The model an installed package ships beside the library
-// (ckfmha/lib/libckfmha.so -> ckfmha/data/selection_sm90.model), so C callers
-// that never load one still get it; null when there is none or it does not
-// parse (a C caller then loads one with ckfmha_selection_model_load).
-std::shared_ptr<const SelectionModel> shipped_model() {
+// (ckfmha/lib/libckfmha.so -> ckfmha/data/selection_sm90.model, and
+// selection_conv_sm90.model), so C callers that never load one still get it;
+// null when there is none or it does not parse (a C caller then loads one with
+// ckfmha_selection_model_load).
+std::shared_ptr<const SelectionModel> shipped_model(ModelSchema schema) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&selection_generation), &info) == 0 ||
       info.dli_fname == nullptr) {
@@ -244,27 +290,41 @@ std::shared_ptr<const SelectionModel> shipped_model() {
   std::string library = info.dli_fname;
   const size_t slash = library.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : library.substr(0, slash);
-  std::ifstream in(dir + "/../data/selection_sm90.model");
+  const bool conv = schema == ModelSchema::conv;
+  std::ifstream in(dir + (conv ? "/../data/selection_conv_sm90.model"
+                               : "/../data/selection_sm90.model"));
   auto model = std::make_shared<SelectionModel>();
-  if (!in || !parse_selection_model(in, model.get()).empty()) return nullptr;
+  if (!in || !parse_selection_model(in, model.get()).empty() || model->schema != schema) {
+    return nullptr;
+  }
   return model;
+}
+
+std::shared_ptr<const SelectionModel> current_model(ModelSchema schema) {
+  const int slot = int(schema);
+  std::lock_guard<std::mutex> lock(model_mutex);
+  if (the_models[slot] == nullptr && !looked_for_shipped[slot]) {
+    looked_for_shipped[slot] = true;
+    the_models[slot] = shipped_model(schema);
+  }
+  return the_models[slot];
 }
 }  // namespace
 
 std::shared_ptr<const SelectionModel> current_selection_model() {
-  std::lock_guard<std::mutex> lock(model_mutex);
-  if (the_model == nullptr && !looked_for_shipped) {
-    looked_for_shipped = true;
-    the_model = shipped_model();
-  }
-  return the_model;
+  return current_model(ModelSchema::attention);
+}
+
+std::shared_ptr<const SelectionModel> current_conv_selection_model() {
+  return current_model(ModelSchema::conv);
 }
 
 void set_selection_model(std::shared_ptr<const SelectionModel> model) {
   {
+    const int slot = int(model ? model->schema : ModelSchema::attention);
     std::lock_guard<std::mutex> lock(model_mutex);
-    the_model = std::move(model);
-    looked_for_shipped = true;
+    the_models[slot] = std::move(model);
+    looked_for_shipped[slot] = true;
   }
   bump_selection_generation();
 }

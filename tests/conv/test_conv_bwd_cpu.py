@@ -79,6 +79,9 @@ def test_conv_bwd_data_argument_errors(changes: dict[str, Any], message: str) ->
         ({"out": _device((4, 16, 3, 3, 8), offset=3, strides=(16 * 9 * 16, 9 * 16, 48, 16, 1))},
          "out must be dense"),
         ({"padding": (1, 1, 1)}, "padding is (1, 1, 1); accepted"),
+        ({"splits": 0}, "splits is 0; None (the plan's count) or an int from 1 to 65535"),
+        ({"splits": 65536}, "splits is 65536; None"),
+        ({"splits": True}, "splits is True; None"),
     ],
 )
 def test_conv_bwd_weight_argument_errors(changes: dict[str, Any], message: str) -> None:

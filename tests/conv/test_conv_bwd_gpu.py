@@ -19,6 +19,7 @@ import pytest
 from support.conv_cases import (
     CASES,
     DRAWN,
+    LEARNED,
     Case,
     Inputs,
     assert_outside_untouched,
@@ -212,7 +213,7 @@ def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> No
 
 
 @pytest.mark.parametrize("case", [Case("bf16", 3, (17, 15), 2, 16, 24, (3, 3), 1, 1),
-                                  Case("fp16", 2, (21, 19), 40, 1, 1, (5, 5), 2, 2)],
+                                  Case("bf16", 2, (21, 19), 40, 1, 1, (5, 5), 2, 2)],
                          ids=lambda c: c.label)  # fmt: skip
 def test_every_split_count_the_selection_weighs(case: Case) -> None:
     """Backward-weight forced to each (kernel, splits) plan the learned selection weighs
@@ -226,6 +227,15 @@ def test_every_split_count_the_selection_weighs(case: Case) -> None:
     assert len({s for _, s in plans}) > 2, plans
     for name, splits in plans:
         run_bwd_weight(case, kernel=name, splits=splits)
+
+
+@pytest.mark.parametrize("case", LEARNED, ids=lambda c: c.label)
+def test_learned_plans(case: Case) -> None:
+    """The plans the learned selection makes: one kernel for every backward-data phase, and
+    backward-weight's kernel and split count."""
+    with ckfmha.selection("learned"):
+        run_bwd_data(case)
+        run_bwd_weight(case)
 
 
 def test_depthwise_weight_gradient_runs_directly() -> None:

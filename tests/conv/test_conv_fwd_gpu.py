@@ -17,6 +17,7 @@ import pytest
 from support.conv_cases import (
     CASES,
     DRAWN,
+    LEARNED,
     Case,
     Inputs,
     assert_outside_untouched,
@@ -73,6 +74,13 @@ def test_conv_fwd_cases(case: Case) -> None:
 @pytest.mark.parametrize("case", DRAWN, ids=lambda c: c.label)
 def test_conv_fwd_drawn(case: Case) -> None:
     run_case(case)
+
+
+@pytest.mark.parametrize("case", LEARNED, ids=lambda c: c.label)
+def test_learned_plans(case: Case) -> None:
+    """The plan the learned selection makes (another kernel than the hand rules' for some)."""
+    with ckfmha.selection("learned"):
+        run_case(case)
 
 
 def test_allocated_output_follows_the_input() -> None:

@@ -148,6 +148,22 @@ DRAWN = _draw_cases(40)
 # ---- inputs and the check ----
 
 
+# Shapes whose automatic plans the learned selection decides (bf16; channel counts the
+# oracle's kernels cover: multiples of 8, or 1 to 4 for the direct kernels): dense, grouped
+# and depthwise, stride 2 (four backward-data phases), 3D, held-out channel counts (40) and
+# group counts (48), and long reductions over positions (split counts).
+LEARNED = [
+    Case("bf16", 4, (28, 28), 1, 64, 40, (3, 3), 1, 1),
+    Case("bf16", 2, (17, 23), 4, 32, 32, (3, 3), 2, 1),
+    Case("bf16", 16, (14, 14), 1, 40, 16, (1, 1)),
+    Case("bf16", 8, (45, 45), 48, 1, 1, (3, 3), 1, 1),
+    Case("bf16", 2, (31, 31), 64, 4, 4, (3, 3), 2, 1),
+    Case("bf16", 32, (7, 7), 1, 24, 24, (3, 3), 1, 2, 2),
+    Case("bf16", 2, (4, 13, 13), 2, 16, 24, (3, 3, 3), 1, 1),
+    Case("bf16", 1, (63, 63), 1, 8, 192, (5, 5), 2, 2),
+]
+
+
 def torch_dtype(name: str) -> Any:
     import torch
 

@@ -588,15 +588,25 @@ typedef enum ckfmha_selection {
 
 CKFMHA_API int ckfmha_set_selection(ckfmha_selection mode);
 CKFMHA_API int ckfmha_get_selection(ckfmha_selection* mode);
-/* Parses a cost model file (written by benchmarks/train_selection.py) and
- * makes it the process's model, replacing any earlier one. A file that does
- * not parse, or lists other features than this library computes, is
- * CKFMHA_ERROR_INVALID_ARGUMENT naming the line. Without a call, the model an
- * installed package ships beside the library (../data/selection_sm90.model
- * from the library's folder) is loaded when first needed. */
+/* Parses a cost model file (written by benchmarks/train_selection.py, or by
+ * benchmarks/train_conv_selection.py for convolution plans) and makes it the
+ * process's attention or convolution model (the file's features line says
+ * which), replacing the earlier one of that kind. A file that does not parse,
+ * or lists other features than this library computes, is
+ * CKFMHA_ERROR_INVALID_ARGUMENT naming the line. Without a call, the models
+ * an installed package ships beside the library (../data/selection_sm90.model
+ * and ../data/selection_conv_sm90.model from the library's folder) are loaded
+ * when first needed. */
 CKFMHA_API int ckfmha_selection_model_load(const char* path);
-/* One line on the loaded model (trained device, arch, trees), or "none". */
+/* One line on the loaded attention model (trained device, arch, trees), or
+ * "none". */
 CKFMHA_API int ckfmha_selection_model_info(char* buf, size_t buf_len, size_t* needed);
+/* The same for the convolution model. Under the learned (and tuned) mode it
+ * ranks each conv pass's kernels that fit, at the widest channel vector, and
+ * backward-weight's split counts (1, 2, 4, .. 128 of the implicit GEMM's
+ * reduction; 1 to 16 CTAs per SM for a direct kernel); backward-data's one
+ * kernel serves every stride phase. */
+CKFMHA_API int ckfmha_conv_selection_model_info(char* buf, size_t buf_len, size_t* needed);
 /* Tuning table: the fastest plan timed for exact problems (python -m ckfmha
  * tune). add records one (num_splits: 0 = one stage, n >= 1 = split-KV with n
  * splits; backward problems name the main-stage kernel); save writes the

@@ -37,6 +37,9 @@ struct ConvDataPlan {
   std::string why;  // when not found: which phase has no kernel and why
   std::vector<ConvDataPhase> phases;
   size_t workspace_bytes = 0;
+  // The learned selection's account: one kernel chosen for every phase, or
+  // why the hand rules' per-phase plans stay ("" in heuristic mode).
+  std::string learned;
 };
 
 // The phases and their forward problems, without kernels.

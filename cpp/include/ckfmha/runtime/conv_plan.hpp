@@ -48,7 +48,24 @@ struct ConvPlanContext {
   int32_t vector = 8;                          // conv_vector_allowed
   ckfmha_kernel_entry const* forced = nullptr;  // a kernel the caller named
   bool can_split = true;  // backward-weight: a workspace for partial sums exists
+  // Whether an automatic plan may follow the learned selection when the
+  // process's mode asks for it (backward-data decides for all its phases at
+  // once and plans each phase without it).
+  bool learned = true;
 };
+
+// Whether kernel `k` can run `direction` of `p` in `context` (explain's
+// "fits").
+bool conv_kernel_fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                      ckfmha_conv_direction direction, ConvPlanContext const& context);
+
+// The learned selection's account of a pass: each candidate's prediction,
+// least first, and which one it runs; "" when the hand rules decide (the
+// mode, or conv_model_gap's reason, which it then names).
+std::string explain_conv_predictions(std::vector<ckfmha_kernel_entry> const& kernels,
+                                     ckfmha_conv_problem const& p,
+                                     ckfmha_conv_direction direction,
+                                     ConvPlanContext const& context);
 
 ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels,
                    ckfmha_conv_problem const& problem, ckfmha_conv_direction direction,

@@ -37,7 +37,14 @@ struct CostModel {
   // the next tree, so its nodes stay in the L1 cache instead of the whole
   // model passing through the caches once per candidate.
   std::vector<double> predict_logs(std::vector<Features> const& xs) const;
+  // The same for `count` feature rows of `width` values each (any schema).
+  std::vector<double> predict_logs(double const* xs, size_t count, size_t width) const;
 };
+
+// Which plans a model's trees rank, each with its own feature list: attention
+// (selection_features.hpp) or convolution (conv_selection.hpp). A file names
+// its list; the loader tells the two apart by it.
+enum class ModelSchema { attention, conv };
 
 struct SelectionModel {
   std::string device;  // the GPU it was trained on
@@ -48,15 +55,20 @@ struct SelectionModel {
   // Only the ranking within a problem matters, and a relative target keeps the
   // trees off the problem's scale.
   bool relative = false;
+  ModelSchema schema = ModelSchema::attention;
   CostModel fwd;
   CostModel decode;
   CostModel varlen;
   CostModel bwd;
+  CostModel conv_fwd;         // convolution forward
+  CostModel conv_bwd_data;    // backward-data, one kernel for every stride phase
+  CostModel conv_bwd_weight;  // backward-weight, with the split count
   std::string describe() const;
   // A prediction (exp of the trees' sum) as explain prints it: milliseconds,
   // or a multiple of the hand rules' plan's time.
   std::string format_prediction(double predicted) const;
-  // The trees of `family` ("fwd", "decode", "varlen" or "bwd"), or null for
+  // The trees of `family` ("fwd", "decode", "varlen" or "bwd"; "conv_fwd",
+  // "conv_bwd_data" or "conv_bwd_weight" in a conv model), or null for
   // another name.
   CostModel const* family(std::string const& name) const;
   CostModel* family(std::string const& name);
@@ -77,8 +89,12 @@ std::string format_ms(double ms);
 // Parses a model file; returns "" or what is wrong, with the line number.
 std::string parse_selection_model(std::istream& in, SelectionModel* model);
 
-// The process's model (ckfmha_selection_model_load), or null.
+// The process's attention model (ckfmha_selection_model_load), or null.
 std::shared_ptr<const SelectionModel> current_selection_model();
+// The process's convolution model, or null; loaded like the attention one, or
+// from the package's ../data/selection_conv_sm90.model when first needed.
+std::shared_ptr<const SelectionModel> current_conv_selection_model();
+// Installs `model` as the attention or the convolution model, by its schema.
 void set_selection_model(std::shared_ptr<const SelectionModel> model);
 
 // Bumped whenever the model or the tuning table changes, so remembered plans
