@@ -213,7 +213,7 @@ def test_every_direct_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> No
 
 
 @pytest.mark.parametrize("case", [Case("bf16", 3, (17, 15), 2, 16, 24, (3, 3), 1, 1),
-                                  Case("bf16", 2, (21, 19), 40, 1, 1, (5, 5), 2, 2)],
+                                  Case("bf16", 8, (48, 48), 40, 1, 1, (5, 5), 1, 2)],
                          ids=lambda c: c.label)  # fmt: skip
 def test_every_split_count_the_selection_weighs(case: Case) -> None:
     """Backward-weight forced to each (kernel, splits) plan the learned selection weighs
