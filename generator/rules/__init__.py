@@ -30,6 +30,7 @@ from . import (
     conv,
     conv_bwd_weight,
     conv_bwd_weight_direct,
+    conv_direct,
     simt_fwd,
     sm80_bwd,
     sm80_fwd,
@@ -97,7 +98,7 @@ def _direct_template(family: str) -> TemplateRules:
     gradient runs too) and the weight gradient's."""
     if family == CONV_BWD_WEIGHT:
         return conv_bwd_weight_direct.TEMPLATE
-    return conv.DIRECT_TEMPLATE
+    return conv_direct.DIRECT_TEMPLATE
 
 
 def _sm90_template(family: str) -> TemplateRules:

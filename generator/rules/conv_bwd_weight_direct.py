@@ -4,12 +4,12 @@ groups of at most 8 channels on the CUDA cores, where the implicit GEMM would pa
 (one a lane) as the forward's direct kernel does; each warp takes one output row, a thread its
 group's dy over a run of tile_m positions (`Run`) in registers, and adds the run's products into
 the CTA's partial dw in shared memory. Every arch runs it (plain CUDA-core code). What it
-shares with the forward's direct template is checked by conv.py's direct helpers."""
+shares with the forward's direct template is checked by conv_direct.py's helpers."""
 
 from __future__ import annotations
 
 from ..signature import CONV_BWD_WEIGHT
-from .conv import DirectLimits, direct_template
+from .conv_direct import DirectLimits, direct_template
 
 # MaxChannels the traits take: the CTA's partial dw in shared memory grows with taps x C x K
 # (32 groups, a 3x3 filter: 72 KiB for 8-channel groups), checked per problem at run time.

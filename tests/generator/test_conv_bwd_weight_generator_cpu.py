@@ -30,8 +30,8 @@ from generator.receipts import (
     get_receipt,
 )
 from generator.rules import conv_bwd_weight_direct
-from generator.rules.conv import direct_tile_reasons
 from generator.rules.conv_bwd_weight import bwd_weight_smem_launch_bytes
+from generator.rules.conv_direct import direct_tile_reasons
 from generator.signature import (
     CONV_BWD_WEIGHT,
     CONV_FAMILIES,

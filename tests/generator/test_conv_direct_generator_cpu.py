@@ -270,15 +270,15 @@ INSTANCE = """\
 namespace ckfmha_instance_{name} {{
 using Traits = ckfmha::kernel::ConvFwdDirectTraits<cutlass::bfloat16_t, /*SpatialDims=*/2, /*MaxChannels=*/4, /*Run=*/16, /*Warps=*/8>;
 static_assert(Traits::kThreads == 256,
-              "generator/rules/conv.py and ConvFwdDirectTraits::kThreads disagree on threads per CTA");
+              "generator/rules/conv_direct.py and ConvFwdDirectTraits::kThreads disagree on threads per CTA");
 static_assert(Traits::kMaxChannels == 4,
-              "generator/rules/conv.py and ConvFwdDirectTraits::kMaxChannels disagree on input and output channels a group");
+              "generator/rules/conv_direct.py and ConvFwdDirectTraits::kMaxChannels disagree on input and output channels a group");
 static_assert(Traits::kRun == 16,
-              "generator/rules/conv.py and ConvFwdDirectTraits::kRun disagree on output positions a thread computes");
+              "generator/rules/conv_direct.py and ConvFwdDirectTraits::kRun disagree on output positions a thread computes");
 static_assert(Traits::kTileH == 8,
-              "generator/rules/conv.py and ConvFwdDirectTraits::kTileH disagree on output rows a CTA computes (one a warp)");
+              "generator/rules/conv_direct.py and ConvFwdDirectTraits::kTileH disagree on output rows a CTA computes (one a warp)");
 static_assert(Traits::kGroups == 32,
-              "generator/rules/conv.py and ConvFwdDirectTraits::kGroups disagree on groups a CTA computes");
+              "generator/rules/conv_direct.py and ConvFwdDirectTraits::kGroups disagree on groups a CTA computes");
 }}  // namespace ckfmha_instance_{name}
 
 extern "C" int ckfmha_kernel_{name}(const void* problem, const void* args, const ckfmha_launch_context* context, ckfmha_stream_t stream) {{
