@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from conv_oracle_shapes import DIRECTIONS, ConvCase, draw, held_out
+from oracle import add_oracle_arguments
 
 from ckfmha.conv_selection import conv_candidate_plans
 
@@ -100,18 +101,7 @@ def time_problem(case: ConvCase, index: int, direction: str, args: argparse.Name
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
-    parser.add_argument("--count", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--list", action="store_true", help="print the problems and exit")
-    parser.add_argument("--commit", default="unknown", help="commit the library was built from")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--stem", default=None, help="file name without suffix")
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="stop after this many seconds; a later run with the same --stem "
-                             "goes on from the problems already in its CSV")  # fmt: skip
+    add_oracle_arguments(parser, 300, "layers (each timed in every pass asked)", RESULTS)
     args = parser.parse_args()
     cases = draw(args.count, args.seed)
     if args.list:

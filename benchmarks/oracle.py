@@ -131,21 +131,28 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         return list(csv.DictReader(f))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    parser.add_argument("--count", type=int, default=20, help="problems per kind")
+def add_oracle_arguments(parser: argparse.ArgumentParser, count: int, count_help: str,
+                         out: Path) -> None:  # fmt: skip
+    """The options every oracle takes: what to draw, how to time, where to write, and a time
+    budget a later run with the same --stem resumes from."""
+    parser.add_argument("--count", type=int, default=count, help=count_help)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--list", action="store_true", help="print the problems and exit")
     parser.add_argument("--commit", default="unknown", help="commit the library was built from")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--stem", help="file name without suffix (default: device, date, commit)")
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--stem", help="file name without suffix (default: device and commit)")
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop after this many seconds; a later run with the same --stem "
                              "goes on from the problems already in its CSV")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    add_oracle_arguments(parser, 20, "problems per kind", RESULTS)
     args = parser.parse_args()
 
     problems = [(kind, p) for kind in args.kinds for p in draw(kind, args.count, args.seed)]

@@ -126,17 +126,26 @@ std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
 
 namespace {
 
+// The context a phase is planned in: the caller's, at the channel vector the
+// phase allows, without the learned selection (it decides for all phases).
+ConvPlanContext phase_context(ConvPlanContext const& context, ConvDataPhase const& phase) {
+  ConvPlanContext out = context;
+  out.vector = phase.vector;
+  out.learned = false;
+  return out;
+}
+
+// The forward kernels that fit every phase that runs, as the learned
+// selection weighs them.
 std::vector<ConvCandidate> bwd_data_candidates(std::vector<ckfmha_kernel_entry> const& kernels,
                                                ckfmha_conv_problem const& p,
                                                ConvPlanContext const& context,
-                                               std::vector<ConvPlanContext> const& contexts,
                                                std::vector<ConvDataPhase> const& phases) {
   return conv_candidates(kernels, p, CKFMHA_CONV_BWD_DATA, context.device_arch, context.sm_count,
                          [&](ckfmha_kernel_entry const& k) {
-                           for (size_t i = 0; i < phases.size(); ++i) {
-                             if (!phases[i].empty && !conv_kernel_fits(k, phases[i].forward,
-                                                                       CKFMHA_CONV_FWD,
-                                                                       contexts[i])) {
+                           for (ConvDataPhase const& ph : phases) {
+                             if (!ph.empty && !conv_kernel_fits(k, ph.forward, CKFMHA_CONV_FWD,
+                                                                phase_context(context, ph))) {
                                return false;
                              }
                            }
@@ -146,28 +155,26 @@ std::vector<ConvCandidate> bwd_data_candidates(std::vector<ckfmha_kernel_entry> 
 
 void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
                             ckfmha_conv_problem const& p, ConvPlanContext const& context,
-                            std::vector<ConvPlanContext> const& contexts, ConvDataPlan* plan) {
+                            ConvDataPlan* plan) {
   std::string why_not;
   if (!conv_learned_applies(CKFMHA_CONV_BWD_DATA, context.device_arch, &why_not)) {
     if (!why_not.empty()) plan->learned = "learned selection not used: " + why_not;
     return;
   }
-  auto candidates = bwd_data_candidates(kernels, p, context, contexts, plan->phases);
+  auto candidates = bwd_data_candidates(kernels, p, context, plan->phases);
   if (candidates.empty()) return;
   // The choice depends on the narrowest vector a phase allows.
   ConvPlanContext key_context = context;
-  for (size_t i = 0; i < plan->phases.size(); ++i) {
-    if (!plan->phases[i].empty) key_context.vector = std::min(key_context.vector, contexts[i].vector);
+  for (ConvDataPhase const& ph : plan->phases) {
+    if (!ph.empty) key_context.vector = std::min(key_context.vector, ph.vector);
   }
   const int index = learned_conv_index(p, CKFMHA_CONV_BWD_DATA, key_context, &candidates,
                                        &plan->learned);
   if (index < 0) return;
-  ckfmha_kernel_entry const* kernel = candidates[size_t(index)].kernel;
-  for (size_t i = 0; i < plan->phases.size(); ++i) {
-    ConvDataPhase& ph = plan->phases[i];
+  for (ConvDataPhase& ph : plan->phases) {
     if (ph.empty) continue;
-    ConvPlanContext forced = contexts[i];
-    forced.forced = kernel;
+    ConvPlanContext forced = phase_context(context, ph);
+    forced.forced = candidates[size_t(index)].kernel;
     ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, forced);
     ph.plan.why = plan->learned;
   }
@@ -180,15 +187,13 @@ ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
                                 const void* dy, const void* workspace) {
   ConvDataPlan plan;
   plan.phases = conv_data_phases(p, &plan.workspace_bytes);
-  std::vector<ConvPlanContext> contexts(plan.phases.size(), context);
   for (size_t i = 0; i < plan.phases.size(); ++i) {
     ConvDataPhase& ph = plan.phases[i];
     if (ph.empty) continue;
     const void* filter =
         workspace == nullptr ? nullptr : static_cast<const char*>(workspace) + ph.filter_offset;
-    contexts[i].vector = conv_vector_allowed(ph.forward, dy, filter);
-    contexts[i].learned = false;  // one learned choice serves every phase, below
-    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, contexts[i]);
+    ph.vector = conv_vector_allowed(ph.forward, dy, filter);
+    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, phase_context(context, ph));
     if (!ph.plan.found) {
       plan.why = "backward-data phase " + std::to_string(i) + " (" + describe(ph.forward) +
                  "): " + ph.plan.why;
@@ -197,7 +202,7 @@ ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
   }
   plan.found = true;
   if (context.forced == nullptr && context.learned) {
-    apply_learned_bwd_data(kernels, p, context, contexts, &plan);
+    apply_learned_bwd_data(kernels, p, context, &plan);
   }
   return plan;
 }
@@ -209,15 +214,8 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
       << " on sm_" << context.device_arch << "\n";
   ConvDataPlan plan = plan_conv_bwd_data(kernels, p, context, nullptr, nullptr);
   if (plan.found && conv_learned_applies(CKFMHA_CONV_BWD_DATA, context.device_arch, nullptr)) {
-    std::vector<ConvPlanContext> contexts(plan.phases.size(), context);
-    for (size_t i = 0; i < plan.phases.size(); ++i) {
-      if (!plan.phases[i].empty) {
-        contexts[i].vector = conv_vector_allowed(plan.phases[i].forward, nullptr, nullptr);
-      }
-    }
     out << format_conv_predictions(p, CKFMHA_CONV_BWD_DATA, context.sm_count,
-                                   bwd_data_candidates(kernels, p, context, contexts,
-                                                       plan.phases));
+                                   bwd_data_candidates(kernels, p, context, plan.phases));
   } else if (!plan.learned.empty()) {
     out << plan.learned << "\n";
   }

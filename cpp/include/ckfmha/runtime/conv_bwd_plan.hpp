@@ -29,6 +29,7 @@ struct ConvDataPhase {
   size_t filter_offset = 0;   // bytes into the workspace of its filter
   ConvPhaseFilter filter{};   // the rearrangement (pointers set at run time)
   bool empty = false;         // no tap reaches it: its positions are zeros
+  int32_t vector = 8;         // the channel vector dy and its filter allow (non-empty phases)
   ConvPlan plan;              // its kernel (non-empty phases)
 };
 
