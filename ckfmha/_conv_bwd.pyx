@@ -124,19 +124,30 @@ def conv_bwd_data(dy, w, *, input_size=None, stride=1, padding=0, dilation=1, ou
                               stream, dtype, index)
 
 
+cdef tuple _operand_views(first, str first_name, str channels, second, str second_name, out,
+                          handle, dtype):
+    """Views of a pass's two operands (the first, [N, *spatial, G, channels], sets the rank) and
+    of ``out`` when given (else None), once they are known to share one dtype."""
+    cdef ArrayView a = as_view(first, handle, dtype, first_name,
+                               _rank(first, first_name, channels), _DTYPES)
+    cdef ArrayView b = as_view(second, handle, dtype, second_name, len(a.shape), _DTYPES)
+    cdef ArrayView o = None
+    if out is not None:
+        o = as_view(out, handle, None, "out", len(a.shape), None, True)
+    _same_dtype({first_name: a.dtype, second_name: b.dtype,
+                 "out": None if o is None else o.dtype})
+    return a, b, o
+
+
 cdef object _conv_bwd_data(dy, w, input_size, stride, padding, dilation, out, kernel, stream,
                            dtype, index):
     cdef capi.ckfmha_conv_problem problem
     memset(&problem, 0, sizeof(problem))
     kind = array_kind(dy)
     handle = resolve_stream(stream, kind, dy, index)
-    cdef ArrayView dyv = as_view(dy, handle, dtype, "dy", _rank(dy, "dy", "K"), _DTYPES)
+    cdef ArrayView dyv, wv, dxv
+    dyv, wv, dxv = _operand_views(dy, "dy", "K", w, "w", out, handle, dtype)
     cdef int dims = len(dyv.shape) - 3
-    cdef ArrayView wv = as_view(w, handle, dtype, "w", len(dyv.shape), _DTYPES)
-    cdef ArrayView dxv = None
-    if out is not None:
-        dxv = as_view(out, handle, None, "out", len(dyv.shape), None, True)
-    _same_dtype({"dy": dyv.dtype, "w": wv.dtype, "out": None if dxv is None else dxv.dtype})
     if wv.shape[0] != dyv.shape[-2] or wv.shape[1] != dyv.shape[-1]:
         raise _invalid(f"w {wv.shape} does not match dy {dyv.shape}: w is [G, K, *filter, C] "
                        f"with dy's G={dyv.shape[-2]} and K={dyv.shape[-1]}")
@@ -209,13 +220,9 @@ cdef object _conv_bwd_weight(x, dy, filter_size, stride, padding, dilation, out,
     memset(&problem, 0, sizeof(problem))
     kind = array_kind(x)
     handle = resolve_stream(stream, kind, x, index)
-    cdef ArrayView xv = as_view(x, handle, dtype, "x", _rank(x, "x", "C"), _DTYPES)
+    cdef ArrayView xv, dyv, dwv
+    xv, dyv, dwv = _operand_views(x, "x", "C", dy, "dy", out, handle, dtype)
     cdef int dims = len(xv.shape) - 3
-    cdef ArrayView dyv = as_view(dy, handle, dtype, "dy", len(xv.shape), _DTYPES)
-    cdef ArrayView dwv = None
-    if out is not None:
-        dwv = as_view(out, handle, None, "out", len(xv.shape), None, True)
-    _same_dtype({"x": xv.dtype, "dy": dyv.dtype, "out": None if dwv is None else dwv.dtype})
     if dyv.shape[-2] != xv.shape[-2]:
         raise _invalid(f"dy {dyv.shape} and x {xv.shape} have different groups "
                        f"({dyv.shape[-2]} and {xv.shape[-2]})")
