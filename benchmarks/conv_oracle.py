@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from conv_oracle_shapes import DIRECTIONS, ConvCase, draw, held_out
-from oracle import add_oracle_arguments
+from oracle import add_oracle_arguments, read_rows, timing_device
 
 from ckfmha.conv_selection import conv_candidate_plans
 
@@ -112,18 +112,12 @@ def main() -> None:
 
     import ckfmha
 
-    if not torch.cuda.is_available():
-        parser.error("timing needs a CUDA device (--list works without one)")
+    device, num_sms = timing_device(parser)
     ckfmha.set_selection("heuristic")
-    device = torch.cuda.get_device_name()
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     stem = args.stem or f"oracle-conv_{device.split()[1] if ' ' in device else device}_{args.commit}"
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{stem}.csv"
-    done: set[tuple[int, str]] = set()
-    if path.exists():
-        with path.open(newline="") as f:
-            done = {(int(r["problem"]), r["direction"]) for r in csv.DictReader(f)}
+    done = {(int(r["problem"]), r["direction"]) for r in read_rows(path)}
     registry = ckfmha.Registry().kernels()
     started = time.monotonic()
     with path.open("a", newline="") as f:

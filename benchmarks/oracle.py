@@ -126,9 +126,22 @@ def time_problem(problem: Problem, index: int, args: argparse.Namespace,
     return rows
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of an oracle CSV written so far (none when it does not exist yet)."""
+    if not path.exists():
+        return []
     with path.open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+def timing_device(parser: argparse.ArgumentParser) -> tuple[str, int]:
+    """The CUDA device an oracle times on: its name and SM count (a usage error without one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("timing needs a CUDA device (--list works without one)")
+    return (torch.cuda.get_device_name(),
+            torch.cuda.get_device_properties(0).multi_processor_count)  # fmt: skip
 
 
 def add_oracle_arguments(parser: argparse.ArgumentParser, count: int, count_help: str,
@@ -164,14 +177,11 @@ def main() -> None:
 
     import ckfmha
 
-    if not torch.cuda.is_available():
-        parser.error("timing needs a CUDA device (--list works without one)")
-    device = torch.cuda.get_device_name()
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    device, num_sms = timing_device(parser)
     stem = args.stem or f"oracle_{device.replace(' ', '_')}_{dt.date.today().isoformat()}_{args.commit}"
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / f"{stem}.csv"
-    rows = _read_rows(csv_path) if csv_path.exists() else []
+    rows = read_rows(csv_path)
     done = {int(row["problem"]) for row in rows}
     features = kernel_features(ckfmha.Registry().kernels())
     started = time.monotonic()
