@@ -22,6 +22,7 @@ FAMILY = {"fwd": "conv_fwd", "bwd_data": "conv_fwd", "bwd_weight": "conv_bwd_wei
 SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
 DIRECT_CTAS_PER_SM = (1, 2, 4, 8, 16)
 DIRECT_GROUPS = 32  # groups a direct kernel's CTA computes
+WEIGHT_PACK_CHANNELS = 64  # channels of packed groups backward-weight multiplies as one
 FEATURES = ("spatial_dims", "log_batch", "log_groups", "log_in_channels", "log_out_channels",
             "taps", "max_stride", "max_dilation", "phases", "log_gemm_m", "log_gemm_n",
             "log_gemm_k", "log_flop", "wgmma", "direct", "tile_m", "tile_n", "tile_k", "warps",
@@ -116,6 +117,17 @@ def conv_candidate_plans(problem: Mapping[str, Any], direction: str,
     return [(k["name"], s) for k in chosen for s in split_choices(problem, k, num_sms)]
 
 
+def weight_pack(groups: int, in_channels: int, out_channels: int, reduction: int) -> int:
+    """Groups backward-weight's implicit GEMM multiplies as one (the kernels'
+    conv_weight_pack): the largest power of two dividing the groups whose packed channels stay
+    within 64 and whose packed reduction (taps x channels x pack) stays below 2^31."""
+    widest, pack = max(in_channels, out_channels), 1
+    while (groups % (2 * pack) == 0 and 2 * pack * widest <= WEIGHT_PACK_CHANNELS
+           and 2 * pack * reduction <= 0x7FFFFFFF):  # fmt: skip
+        pack *= 2
+    return pack
+
+
 def _gemm(problem: Mapping[str, Any], direction: str) -> tuple[int, int, int]:
     """(M, N, K) of the pass's product per group: output rows by output channels over the
     reduction."""
@@ -140,6 +152,10 @@ def conv_features(problem: Mapping[str, Any], direction: str, kernel: Mapping[st
     direct = int(kernel["conv_max_channels"]) > 0
     weight = direction == "bwd_weight"
     used_splits = max(int(splits), 1) if weight else 1
+    gemm_groups = groups
+    if weight and not direct:
+        pack = weight_pack(groups, int(problem["in_channels"]), int(problem["out_channels"]), n)
+        m, n, gemm_groups = m * pack, n * pack, groups // pack
     if direct:
         # A CTA: 32 groups of `warps` lines of `tile_m` positions (backward-weight: `splits`
         # CTAs per block of groups, taking the output tiles in turn).
@@ -153,7 +169,7 @@ def conv_features(problem: Mapping[str, Any], direction: str, kernel: Mapping[st
         steps = r / max(ctas / blocks, 1.0) if weight else float(r)
     else:
         tiles_m, tiles_n = _ceil_div(m, tile_m), _ceil_div(n, tile_n)
-        ctas = tiles_m * tiles_n * groups * used_splits
+        ctas = tiles_m * tiles_n * gemm_groups * used_splits
         fill = m * n / (tiles_m * tile_m * tiles_n * tile_n)
         steps = r / (tile_k * used_splits)
     phases = math.prod(_sizes(problem["stride"])) if direction == "bwd_data" else 1
@@ -162,7 +178,7 @@ def conv_features(problem: Mapping[str, Any], direction: str, kernel: Mapping[st
             float(math.prod(_sizes(problem["filter"]))), float(max(_sizes(problem["stride"]))),
             float(max(_sizes(problem["dilation"]))), float(phases), math.log2(max(m, 1)),
             math.log2(max(n, 1)), math.log2(max(r, 1)),
-            math.log2(max(2.0 * m * n * r * groups, 1.0)),
+            math.log2(max(2.0 * m * n * r * gemm_groups, 1.0)),
             1.0 if kernel["pipeline"] == "sm90_cpasync_wgmma" else 0.0, 1.0 if direct else 0.0,
             float(tile_m), float(tile_n), float(tile_k), float(warps), float(kernel["stages"]),
             float(used_splits), math.log2(max(ctas, 1)), ctas / max(num_sms, 1), fill,

@@ -178,12 +178,17 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         traits="ckfmha::kernel::ConvFwdDirectTraits",
         launcher="ckfmha::kernel::launch_conv_fwd_direct",
     ),
-    # The weight gradient: an implicit GEMM per group on cp.async + mma.sync, on every arch
-    # (on sm_90a too: the family has no wgmma template).
+    # The weight gradient: an implicit GEMM per group on cp.async + mma.sync, on every arch ...
     (CONV_BWD_WEIGHT, "sm80_cpasync_mma"): PipelineTemplate(
         header="ckfmha/kernel/conv/bwd_weight_launch.cuh",
         traits="ckfmha::kernel::ConvBwdWeightSm80Traits",
         launcher="ckfmha::kernel::launch_conv_bwd_weight_sm80",
+    ),
+    # ... and on sm_90a the same gathers feeding wgmma from channel-major tiles.
+    (CONV_BWD_WEIGHT, "sm90_cpasync_wgmma"): PipelineTemplate(
+        header="ckfmha/kernel/conv/bwd_weight_launch.cuh",
+        traits="ckfmha::kernel::ConvBwdWeightSm90Traits",
+        launcher="ckfmha::kernel::launch_conv_bwd_weight_sm90",
     ),
     # ... and for groups of one or two channels, directly on the CUDA cores (its launcher sits
     # in the same header, so its instances share compile units with the implicit-GEMM ones).

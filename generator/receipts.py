@@ -52,9 +52,9 @@ class ConvTile:
     reduction elements (filter taps x input channels) per shared-memory stage. Direct
     (conv_direct, either family): tile_m output positions a thread takes along w (Run),
     tile_n = 32 groups per CTA, tile_k = the group's channel bucket, one output row per warp,
-    stages = 1. Weight gradient (conv_bwd_weight, sm80_cpasync_mma): tile_m output channels x
-    tile_n filter taps x input channels of dw per CTA, tile_k batch x output positions per
-    stage.
+    stages = 1. Weight gradient (conv_bwd_weight, sm80_cpasync_mma and sm90_cpasync_wgmma):
+    tile_m output channels x tile_n filter taps x input channels of dw per CTA, tile_k batch x
+    output positions per stage.
     Convolutions have no head dim to key a tile table in arch_specs.json by, so the kernel sets
     list their tiles here.
 
@@ -124,21 +124,29 @@ CONV_BWD_WEIGHT_DIRECT_TILES = tuple(
 )
 
 
-def _bwd_weight_tile(tile_m: int, tile_n: int, tile_k: int, warps: int, stages: int) -> ConvTile:
-    """A tile of the weight gradient's one template (mma.sync, on every arch)."""
-    return ConvTile(tile_m, tile_n, tile_k, warps, stages, family=CONV_BWD_WEIGHT)
+def _bwd_weight_tile(
+    tile_m: int, tile_n: int, tile_k: int, warps: int, stages: int,
+    pipeline: str = "sm80_cpasync_mma",
+) -> ConvTile:  # fmt: skip
+    """A tile of the weight gradient's implicit GEMM: mma.sync on every arch, or wgmma
+    (SM90_CONV) on sm_90a."""
+    return ConvTile(tile_m, tile_n, tile_k, warps, stages, pipeline, family=CONV_BWD_WEIGHT)
 
 
 # The weight gradient's tiles, all built too (the dispatcher picks by shape): the square tile
 # for wide groups, 64 output channels (tile_m) or 64 taps x input channels (tile_n) for narrow
 # ones, 64 x 64 with a fourth stage for the narrowest; full adds a 64-position reduction step on
 # 8 warps, whose 96 KiB of stages and 4 KiB of position table exceed the 99 KiB per block of
-# sm_86 and sm_89.
+# sm_86 and sm_89. On sm_90a the wgmma template takes 64-position steps: 128 x 128 on two
+# warpgroups with three stages (two CTAs an SM), 64 output channels on one warpgroup for
+# narrow groups, and 128 x 256 (one CTA an SM, half the x gathers per product of the square
+# tile) for dense layers.
 CONV_CORE_TILES = (
     ConvTile(128, 128, 32, 4, 3),
     ConvTile(128, 128, 64, 8, 3, SM90_CONV),
     *CONV_DIRECT_TILES,
     _bwd_weight_tile(128, 128, 32, 4, 3),
+    _bwd_weight_tile(128, 128, 64, 8, 3, SM90_CONV),
     *CONV_BWD_WEIGHT_DIRECT_TILES,
 )
 CONV_DEFAULT_TILES = CONV_CORE_TILES + (
@@ -152,6 +160,9 @@ CONV_DEFAULT_TILES = CONV_CORE_TILES + (
     _bwd_weight_tile(64, 64, 32, 4, 4),
     _bwd_weight_tile(128, 64, 32, 4, 3),
     _bwd_weight_tile(64, 128, 32, 4, 3),
+    _bwd_weight_tile(64, 128, 64, 4, 4, SM90_CONV),
+    _bwd_weight_tile(64, 64, 64, 4, 4, SM90_CONV),
+    _bwd_weight_tile(128, 256, 64, 8, 3, SM90_CONV),
 )
 CONV_FULL_TILES = CONV_DEFAULT_TILES + (
     ConvTile(256, 128, 32, 8, 3),
@@ -159,6 +170,8 @@ CONV_FULL_TILES = CONV_DEFAULT_TILES + (
     ConvTile(128, 256, 64, 8, 4, SM90_CONV),
     ConvTile(256, 128, 64, 8, 4, SM90_CONV),
     _bwd_weight_tile(128, 128, 64, 8, 3),
+    _bwd_weight_tile(64, 256, 64, 4, 3, SM90_CONV),
+    _bwd_weight_tile(128, 128, 32, 8, 6, SM90_CONV),
 )
 
 

@@ -2,6 +2,7 @@
 // tile by the implicit GEMM's shape.
 #include "ckfmha/runtime/conv_plan.hpp"
 
+#include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/runtime/conv_selection.hpp"
 #include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/learned_conv_plan.hpp"
@@ -314,11 +315,21 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   int64_t taps = 1;
   for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
   const int64_t reduction = taps * p.in_channels;
-  const int64_t tiles = ceil_div(p.out_channels, k.tile_m) * ceil_div(reduction, k.tile_n) *
-                        p.groups;
+  // The kernels multiply packed groups (conv_weight_pack).
+  const int64_t pack =
+      kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels, reduction);
+  const int64_t tiles = ceil_div(p.out_channels * pack, k.tile_m) *
+                        ceil_div(reduction * pack, k.tile_n) * (p.groups / pack);
   const int64_t k_tiles = std::max<int64_t>(1, ceil_div(conv_output_rows(p), k.tile_k));
-  const int64_t resident = std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n),
-                                               1, 4);
+  // The wgmma kernels hold two CTAs an SM where their shared memory fits
+  // (ConvBwdWeightSm90Traits::kMinCtasPerSm, 4 KiB of position tables
+  // included); the mma.sync ones one or two 128x128 tiles and more of
+  // smaller ones.
+  const int64_t wgmma_smem =
+      int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 + 2 * int64_t(k.tile_k) * 32;
+  const int64_t resident =
+      is_wgmma(k) ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
+                  : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
   int64_t splits = 1;
   if (can_split && tiles < slots) {
@@ -448,6 +459,14 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   if (is_weight(direction)) {
     why << "; the reduction over positions in " << plan.splits << " split"
         << (plan.splits == 1 ? "" : "s");
+    int64_t taps = 1;
+    for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
+    const int32_t pack =
+        kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels, taps * p.in_channels);
+    if (pack > 1) {
+      why << "; groups multiplied " << pack << " at a time as one of " << pack * p.out_channels
+          << "x" << pack * p.in_channels << " channels, keeping each group's own products";
+    }
   }
   plan.why = why.str() + learned_note;
   return plan;

@@ -4,6 +4,7 @@
 // here.
 #include "ckfmha/runtime/conv_selection.hpp"
 
+#include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/runtime/selection_model.hpp"
 
 #include <algorithm>
@@ -88,6 +89,15 @@ ConvFeatures conv_candidate_features(ckfmha_conv_problem const& p,
     r = positions;
   }
   const bool direct = k.conv_max_channels != 0;
+  // The implicit GEMM of backward-weight multiplies packed groups
+  // (conv_weight_pack): pack x the channels, groups / pack of them.
+  int64_t gemm_groups = groups;
+  if (direction == CKFMHA_CONV_BWD_WEIGHT && !direct) {
+    const int64_t pack = kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels, n);
+    m *= pack;
+    n *= pack;
+    gemm_groups /= pack;
+  }
   const bool weight = direction == CKFMHA_CONV_BWD_WEIGHT;
   const int64_t used_splits = weight ? std::max<int64_t>(splits, 1) : 1;
   int64_t ctas = 0;
@@ -104,7 +114,7 @@ ConvFeatures conv_candidate_features(ckfmha_conv_problem const& p,
     steps = weight ? double(r) / std::max(double(ctas) / double(blocks), 1.0) : double(r);
   } else {
     const int64_t tiles_m = ceil_div(m, k.tile_m), tiles_n = ceil_div(n, k.tile_n);
-    ctas = tiles_m * tiles_n * groups * used_splits;
+    ctas = tiles_m * tiles_n * gemm_groups * used_splits;
     fill = double(m * n) / double(tiles_m * k.tile_m * tiles_n * k.tile_n);
     steps = double(r) / double(int64_t(k.tile_k) * used_splits);
   }
@@ -122,7 +132,7 @@ ConvFeatures conv_candidate_features(ckfmha_conv_problem const& p,
           std::log2(double(std::max<int64_t>(m, 1))),
           std::log2(double(std::max<int64_t>(n, 1))),
           std::log2(double(std::max<int64_t>(r, 1))),
-          std::log2(std::max(2.0 * double(m) * double(n) * double(r) * double(groups), 1.0)),
+          std::log2(std::max(2.0 * double(m) * double(n) * double(r) * double(gemm_groups), 1.0)),
           wgmma ? 1.0 : 0.0,
           direct ? 1.0 : 0.0,
           double(k.tile_m),

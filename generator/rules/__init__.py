@@ -9,7 +9,8 @@ limits, which also says what its instances assert against the template's C++ tra
 sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd, conv (the
 grouped convolution on the sm80 path and, with wgmma, on sm_90a, and its direct CUDA-core
 template for groups of few channels), conv_bwd_weight (the convolution's weight gradient on
-the sm80 path) and conv_bwd_weight_direct (the weight gradient's direct CUDA-core template).
+the sm80 path), conv_bwd_weight_sm90 (the weight gradient on wgmma) and conv_bwd_weight_direct
+(the weight gradient's direct CUDA-core template).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from . import (
     conv,
     conv_bwd_weight,
     conv_bwd_weight_direct,
+    conv_bwd_weight_sm90,
     conv_direct,
     simt_fwd,
     sm80_bwd,
@@ -110,7 +112,9 @@ def _sm90_template(family: str) -> TemplateRules:
 PIPELINE_TEMPLATES: dict[str, Callable[[str], TemplateRules]] = {
     "sm80_cpasync_mma": _sm80_template,
     "sm90_tma_wgmma": _sm90_template,
-    "sm90_cpasync_wgmma": lambda family: conv.SM90_TEMPLATE,
+    "sm90_cpasync_wgmma": lambda family: (
+        conv_bwd_weight_sm90.TEMPLATE if family == CONV_BWD_WEIGHT else conv.SM90_TEMPLATE
+    ),
     CONV_DIRECT_PIPELINE: _direct_template,
     "simt_fma": lambda family: simt_fwd.TEMPLATE,
     "splitkv_combine": lambda family: splitkv_combine.TEMPLATE,

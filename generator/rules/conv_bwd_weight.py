@@ -3,8 +3,8 @@ dw[K, taps x C] = dy[P, K]^T x x_gathered[P, taps x C] on cp.async + mma.sync, t
 (tile_m) the output channels K, its columns (tile_n) the filter taps times the input channels,
 its reduction (tile_k) the batch times the output positions P, streamed through shared memory
 in stages. It is the family's template for any channel count, on sm_80 and every later arch
-(sm_90a included); groups of one or two channels also have a direct template
-(conv_bwd_weight_direct.py). What it shares with the forward's mma.sync template is checked by
+(sm_90a included, where conv_bwd_weight_sm90.py's wgmma template is preferred); groups of up to
+four channels also have a direct template (conv_bwd_weight_direct.py). What it shares with the forward's mma.sync template is checked by
 conv.py's helpers."""
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def bwd_weight_smem_launch_bytes(
     return conv_smem_bytes(tile_m, tile_n, tile_k, stages, elem) + table
 
 
-def _signature_reasons(config: KernelConfig) -> list[str]:
+def bwd_weight_signature_reasons(config: KernelConfig) -> list[str]:
     """Any channel count, in the channel vector the problem allows; a channel bucket is the
-    direct template's."""
+    direct template's. The wgmma template (conv_bwd_weight_sm90.py) takes the same."""
     reasons = problem_reasons(config, CONV_BWD_WEIGHT, MMA_ARITHMETIC)
     max_channels = getattr(config.signature, "max_channels", 0)
     if max_channels != 0:
@@ -92,7 +92,9 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
     return reasons + stage_reasons(config)
 
 
-def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
+def bwd_weight_smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """The operand stages and the position table's slots against the arch's shared memory
+    (both implicit-GEMM templates)."""
     sig, alg = config.signature, config.algorithm
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
     launched = bwd_weight_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem)
@@ -107,8 +109,9 @@ def conv_bwd_weight_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the backward-weight template: fp16/bf16, 2D or 3D, a channel vector of 8, 4,
     2 or 1 and no channel bucket, tiles of 64 or 128 channels, its stages within the arch's
     shared memory, sm_80 or later."""
-    reasons = _signature_reasons(config) + _tile_reasons(config)
-    return reasons + min_arch_reasons(CONV_BWD_WEIGHT, arch) + _smem_reasons(config, arch)
+    reasons = bwd_weight_signature_reasons(config) + _tile_reasons(config)
+    reasons += min_arch_reasons(CONV_BWD_WEIGHT, arch)
+    return reasons + bwd_weight_smem_reasons(config, arch)
 
 
 def conv_bwd_weight_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, ...]:

@@ -33,8 +33,8 @@ SUPPORTED_FAMILIES = (
 # grouped convolution is an implicit GEMM on the sm80 path's cp.async + mma.sync, and on sm_90a
 # the same gathers feed wgmma; groups of few channels (depthwise) run on a direct CUDA-core
 # kernel of their own; the convolution's weight gradient is an implicit GEMM on the sm80 path
-# alone, on every arch (sm_90a included), and has a direct CUDA-core kernel of its own for
-# groups of one or two channels.
+# and, on sm_90a, on wgmma, and has a direct CUDA-core kernel of its own for groups of up to
+# four channels.
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
     "fwd_splitkv": ("sm80_cpasync_mma",),
@@ -47,7 +47,7 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
     APPENDKV: ("appendkv",),
     CONV_FWD: ("sm80_cpasync_mma", "sm90_cpasync_wgmma", CONV_DIRECT_PIPELINE),
-    CONV_BWD_WEIGHT: ("sm80_cpasync_mma", CONV_DIRECT_PIPELINE),
+    CONV_BWD_WEIGHT: ("sm80_cpasync_mma", "sm90_cpasync_wgmma", CONV_DIRECT_PIPELINE),
 }
 # fp8 queries: the one-stage forward on the Hopper template, whose wgmma multiplies e4m3 tiles
 # as they are (Q K^T, then P quantised to e4m3 times V); K/V are fp8 too.

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/bwd_weight_loader.cuh"
+#include "ckfmha/kernel/conv/bwd_weight_store.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_traits.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
@@ -17,45 +18,6 @@
 #include <cstdint>
 
 namespace ckfmha::kernel {
-
-namespace conv_detail {
-
-// The accumulator tile into dw (one split) or added into the fp32 partial
-// sums (several). Pairs of accumulator elements are adjacent reduction
-// columns of one output channel (mma.sync's accumulator layout).
-template <class Element, class Acc, class Coords>
-__device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp, int32_t group,
-                                                  int32_t first_k, int32_t first_n,
-                                                  Acc const& acc, Coords const& coords) {
-  using namespace cute;
-  ConvFwdParams const& p = bp.conv;
-  const int64_t group_offset = int64_t(group) * p.out_channels * p.reduction;
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    const int32_t k = first_k + get<0>(coords(i));
-    const int32_t n = first_n + get<1>(coords(i));
-    if (k >= p.out_channels || n >= p.reduction) continue;
-    const int64_t offset = group_offset + int64_t(k) * p.reduction + n;
-    const bool second = n + 1 < p.reduction;
-    if (bp.accum != nullptr) {
-      atomicAdd(bp.accum + offset, acc(i));
-      if (second) atomicAdd(bp.accum + offset + 1, acc(i + 1));
-      continue;
-    }
-    // w holds dw here: the gradient this kernel writes.
-    Element* dst = static_cast<Element*>(const_cast<void*>(p.w)) + offset;
-    const Element lo(acc(i));
-    const Element hi(acc(i + 1));
-    if (bp.paired_stores && second) {
-      *reinterpret_cast<uint32_t*>(dst) = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
-    } else {
-      dst[0] = lo;
-      if (second) dst[1] = hi;
-    }
-  }
-}
-
-}  // namespace conv_detail
 
 // Grid: x = (K tiles) x (reduction tiles), y = splits of the positions,
 // z = groups (past 65535 they loop in the CTA).

@@ -8,6 +8,7 @@
 #include "ckfmha/kernel/common/launch.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_direct_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_kernel.cuh"
+#include "ckfmha/kernel/conv/bwd_weight_sm90_kernel.cuh"
 #include "ckfmha/kernel/conv/fwd_launch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/kernel/params/launch_context.h"
@@ -18,30 +19,64 @@
 
 namespace ckfmha::kernel {
 
-template <class Traits>
-int launch_conv_bwd_weight_sm80(void const* problem, void const* args,
-                                ckfmha_launch_context const* context, ckfmha_stream_t stream) {
-  (void)context;  // no device metadata is read
-  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
-  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
+// The implicit GEMM's problem: the forward's geometry with w = dw (written)
+// and y = dy (read), its groups packed (conv_weight_pack).
+inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const& pr,
+                                                       ConvBwdWeightLaunch const& la) {
   ConvBwdWeightParams bp{};
-  // The forward's geometry with w = dw (written) and y = dy (read).
   bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
   bp.accum = la.accum;
+  bp.group_in_channels = bp.conv.in_channels;
+  bp.group_out_channels = bp.conv.out_channels;
+  bp.group_reduction = bp.conv.reduction;
+  bp.pack = conv_weight_pack(bp.conv.groups, bp.conv.in_channels, bp.conv.out_channels,
+                             bp.conv.reduction);
+  bp.conv.groups /= bp.pack;
+  bp.conv.in_channels *= bp.pack;
+  bp.conv.out_channels *= bp.pack;
+  bp.conv.reduction *= bp.pack;
+  bp.paired_stores = bp.pack == 1 && reinterpret_cast<uintptr_t>(la.dw) % 4 == 0 &&
+                             bp.conv.reduction % 2 == 0
+                         ? 1
+                         : 0;
+  return bp;
+}
+
+// Either implicit-GEMM template: CTAs over dw's (packed) tiles, the splits
+// of the positions and the groups.
+template <class Traits>
+int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightParams), void const* problem,
+                                void const* args, ckfmha_stream_t stream) {
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
+  ConvBwdWeightParams bp = make_conv_bwd_weight_params(pr, la);
   const int64_t position_tiles = (bp.conv.rows + Traits::kTileK - 1) / Traits::kTileK;
   const int64_t splits = la.accum == nullptr ? 1 : std::clamp<int64_t>(la.splits, 1, 65535);
   bp.tiles_per_split = std::max<int64_t>(1, (position_tiles + splits - 1) / splits);
   const int64_t used_splits = std::max<int64_t>(
       1, (position_tiles + bp.tiles_per_split - 1) / bp.tiles_per_split);
-  bp.paired_stores =
-      reinterpret_cast<uintptr_t>(la.dw) % 4 == 0 && bp.conv.reduction % 2 == 0 ? 1 : 0;
   const int64_t tiles_m = (bp.conv.out_channels + Traits::kTileM - 1) / Traits::kTileM;
   const int64_t tiles_n = (int64_t(bp.conv.reduction) + Traits::kTileN - 1) / Traits::kTileN;
   if (tiles_m * tiles_n > 0x7fffffff) return -int(cudaErrorInvalidConfiguration);
   dim3 grid(unsigned(tiles_m * tiles_n), unsigned(used_splits),
             unsigned(std::min(bp.conv.groups, 65535)));
-  return launch_kernel(&conv_bwd_weight_sm80_kernel<Traits>, grid, Traits::kThreads,
-                       Traits::kSmemLaunchBytes, stream, bp);
+  return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream, bp);
+}
+
+template <class Traits>
+int launch_conv_bwd_weight_sm80(void const* problem, void const* args,
+                                ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;  // no device metadata is read
+  return launch_conv_bwd_weight_gemm<Traits>(&conv_bwd_weight_sm80_kernel<Traits>, problem, args,
+                                             stream);
+}
+
+template <class Traits>
+int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
+                                ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;
+  return launch_conv_bwd_weight_gemm<Traits>(&conv_bwd_weight_sm90_kernel<Traits>, problem, args,
+                                             stream);
 }
 
 // Groups of one or two channels on the CUDA cores: `splits` CTAs per block of

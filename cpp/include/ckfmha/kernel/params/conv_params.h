@@ -43,7 +43,36 @@ struct ConvBwdWeightParams {
   int64_t tiles_per_split;  // k-tiles of positions each split reduces
   // 1: adjacent reduction elements of dw may be stored as one 4-byte pair.
   int32_t paired_stores;
+  // Consecutive groups multiplied as one (conv_weight_pack): conv then holds
+  // the packed problem (groups / pack, channels x pack), and these the real
+  // per-group counts the store maps dw back to.
+  int32_t pack;
+  int32_t group_in_channels;
+  int32_t group_out_channels;
+  int32_t group_reduction;  // filter taps x group_in_channels
 };
+
+// Backward-weight multiplies `pack` consecutive groups of few channels as one
+// group of pack x the channels and keeps only the products of a group with
+// itself (the block diagonal): a position's channels of those groups are one
+// contiguous run, so the gathers read whole 128-byte lines instead of 8 to 64
+// bytes of each, and the tensor-core tile is filled along the output
+// channels. The largest power of two dividing the groups whose packed
+// channels stay within 64 (one shared-memory atom) and whose packed
+// reduction (filter taps x channels x pack) stays a 32-bit index: groups of
+// 32 channels pair up, groups of 8 pack by 8, wider groups run alone.
+constexpr int32_t kWeightPackChannels = 64;
+
+constexpr int32_t conv_weight_pack(int32_t groups, int32_t in_channels, int32_t out_channels,
+                                   int64_t reduction) {
+  const int32_t widest = in_channels > out_channels ? in_channels : out_channels;
+  int32_t pack = 1;
+  while (groups % (2 * pack) == 0 && 2 * pack * widest <= kWeightPackChannels &&
+         2 * pack * reduction <= 0x7fffffff) {
+    pack *= 2;
+  }
+  return pack;
+}
 
 // What the runtime hands a backward-weight launcher as its `args`.
 struct ConvBwdWeightLaunch {

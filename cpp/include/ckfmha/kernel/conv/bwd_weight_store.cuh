@@ -1,0 +1,78 @@
+// The backward-weight kernels' epilogue: a CTA's accumulator tile of dw into
+// dw itself (one split) or added into the fp32 partial sums (several), for
+// the mma.sync and the wgmma templates alike. Pairs of accumulator elements
+// are adjacent reduction columns of one output channel in both instructions'
+// accumulator layouts.
+#pragma once
+
+#include "ckfmha/kernel/params/conv_params.h"
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace ckfmha::kernel::conv_detail {
+
+template <class Element>
+__device__ __forceinline__ void store_weight_value(ConvBwdWeightParams const& bp, int64_t offset,
+                                                   float value) {
+  if (bp.accum != nullptr) {
+    atomicAdd(bp.accum + offset, value);
+  } else {
+    // w holds dw here: the gradient this kernel writes.
+    static_cast<Element*>(const_cast<void*>(bp.conv.w))[offset] = Element(value);
+  }
+}
+
+// One element of a packed tile (bp.pack > 1): the packed output channel and
+// reduction column name a group each; only a group's products with itself
+// belong to dw, at that group's real place.
+template <class Element>
+__device__ __forceinline__ void store_packed_weight(ConvBwdWeightParams const& bp,
+                                                    int32_t packed_group, int32_t k_packed,
+                                                    int32_t n_packed, float value) {
+  const int32_t k_member = k_packed / bp.group_out_channels;
+  const int32_t k = k_packed - k_member * bp.group_out_channels;
+  const int32_t tap = n_packed / bp.conv.in_channels;
+  const int32_t rest = n_packed - tap * bp.conv.in_channels;
+  const int32_t c_member = rest / bp.group_in_channels;
+  if (c_member != k_member) return;
+  const int32_t c = rest - c_member * bp.group_in_channels;
+  const int64_t group = int64_t(packed_group) * bp.pack + k_member;
+  const int64_t offset = (group * bp.group_out_channels + k) * bp.group_reduction +
+                         int64_t(tap) * bp.group_in_channels + c;
+  store_weight_value<Element>(bp, offset, value);
+}
+
+template <class Element, class Acc, class Coords>
+__device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp, int32_t group,
+                                                  int32_t first_k, int32_t first_n,
+                                                  Acc const& acc, Coords const& coords) {
+  using namespace cute;
+  ConvFwdParams const& p = bp.conv;
+  const int64_t group_offset = int64_t(group) * p.out_channels * p.reduction;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int32_t k = first_k + get<0>(coords(i));
+    const int32_t n = first_n + get<1>(coords(i));
+    if (k >= p.out_channels || n >= p.reduction) continue;
+    const bool second = n + 1 < p.reduction;
+    if (bp.pack > 1) {
+      store_packed_weight<Element>(bp, group, k, n, acc(i));
+      if (second) store_packed_weight<Element>(bp, group, k, n + 1, acc(i + 1));
+      continue;
+    }
+    const int64_t offset = group_offset + int64_t(k) * p.reduction + n;
+    if (bp.accum == nullptr && bp.paired_stores && second) {
+      Element* dst = static_cast<Element*>(const_cast<void*>(p.w)) + offset;
+      const Element lo(acc(i));
+      const Element hi(acc(i + 1));
+      *reinterpret_cast<uint32_t*>(dst) = uint32_t(lo.raw()) | (uint32_t(hi.raw()) << 16);
+      continue;
+    }
+    store_weight_value<Element>(bp, offset, acc(i));
+    if (second) store_weight_value<Element>(bp, offset + 1, acc(i + 1));
+  }
+}
+
+}  // namespace ckfmha::kernel::conv_detail
