@@ -22,20 +22,22 @@ namespace conv_detail {
 
 // The table of `Count` positions from `first`: batch offset plus tap 0's
 // offset in x (x_base), dy's offset (y_base, -1 past the end) and tap 0's
-// coordinates. The position splits into the image by one 64-bit division;
-// the rest of its coordinates take 32-bit ones where the image allows.
+// coordinates. Positions split into their image and coordinates by 32-bit
+// divisions where the positions and the image allow (a 64-bit division costs
+// several times more, and the table of every k-tile is decoded anew).
 template <int SpatialDims, int Count, int Threads>
 __device__ __forceinline__ void fill_positions(ConvFwdParams const& p, int64_t first,
                                                ConvRow* rows) {
   const int64_t plane = int64_t(p.output[0]) * p.output[1] * p.output[2];
   // Images of 2^32 positions or more (3D volumes) decode in 64 bits throughout.
   const bool narrow = plane <= int64_t(UINT32_MAX);
+  const bool few = p.rows <= int64_t(UINT32_MAX);
   for (int r = threadIdx.x; r < Count; r += Threads) {
     const int64_t m = first + r;
     ConvRow row;
     row.unused = 0;
     if (m < p.rows) {
-      const int64_t image = m / plane;
+      const int64_t image = few ? int64_t(uint32_t(m) / uint32_t(plane)) : m / plane;
       int64_t rest = m - image * plane;
       int32_t position[3];
       for (int d = 2; d >= 0; --d) {

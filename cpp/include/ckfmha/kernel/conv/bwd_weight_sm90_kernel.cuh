@@ -1,9 +1,12 @@
 // Grouped convolution backward-weight as an implicit GEMM on the tensor cores
 // of sm_90a: the sm80 kernel's position tables and gathers, with the products
 // issued as asynchronous wgmma batches from channel-major shared memory.
-// Every warp both gathers and multiplies: while a k-tile's batch runs, the
-// warps wait for the next tile's copies and issue the gathers of the tile
-// after it (the forward's sm90 kernel does the same, fwd_sm90_kernel.cuh).
+// Every warp both gathers and multiplies. A k-tile's batch is short (a 64 x
+// TileN x 64 product a warpgroup) and its gathers long, so the kernel waits
+// for each batch before the next barrier and keeps the copies of all the
+// other stages in flight: Stages - 1 tiles ahead, where waiting on the batch
+// one step later would cost a stage of prefetch. The next tile's position
+// table is decoded while the batch runs.
 #pragma once
 
 #include "ckfmha/kernel/conv/bwd_weight_loader.cuh"
@@ -88,14 +91,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       // async one.
       cutlass::arch::fence_view_async_shared();
       // Tile k_tile has landed everywhere, every warpgroup has finished the
-      // batch of tile k_tile - 2, whose stage the next gathers reuse, and the
+      // batch of tile k_tile - 1, whose stage the next gathers reuse, and the
       // table of tile k_tile + kAhead is written.
       __syncthreads();
       const int32_t ahead = k_tile + kAhead;
-      if (ahead < k_tiles) {
-        load_tile(p, tables + (ahead % 2) * kTileK, ahead % kStages);
-        if (ahead + 1 < k_tiles) fill(ahead + 1);
-      }
+      if (ahead < k_tiles) load_tile(p, tables + (ahead % 2) * kTileK, ahead % kStages);
       cp_async_fence();
       const int stage = k_tile % kStages;
       warpgroup_fence_operand(acc);
@@ -105,11 +105,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
         gemm(tiled_mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), acc);
       }
       warpgroup_commit_batch();
-      warpgroup_wait<1>();
+      // The slot it reuses held tile ahead - 1's table, whose loads were
+      // issued before this iteration's barrier.
+      if (ahead + 1 < k_tiles) fill(ahead + 1);
+      warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
     }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
     cp_async_wait<0>();
     // A split with no positions adds nothing; one split stores zeros then.
     if (k_tiles == 0 && bp.accum != nullptr) continue;

@@ -39,9 +39,9 @@ struct ConvBwdWeightSm90Traits {
   static_assert(TileN % 64 == 0 && TileN <= 256, "64 to 256 taps x channels (wgmma N)");
   static_assert(TileK == 32 || TileK == 64, "reduction steps of 32 or 64 positions");
   static_assert(Stages >= 3 && Stages <= 8, "3 to 8 shared-memory stages");
-  // Loads run kStages - 2 tiles ahead: one more stage is still being read by
-  // the wgmma batch left in flight.
-  static constexpr int kLoadsAhead = Stages - 2;
+  // Loads run kStages - 1 tiles ahead: each k-tile's batch is waited for
+  // before the next barrier, so only the stage being computed is not loading.
+  static constexpr int kLoadsAhead = Stages - 1;
 
   // 64 channels x 8 positions, 128-byte rows swizzled: the layout a
   // channel-major wgmma operand takes.
