@@ -15,7 +15,9 @@ candidate is predicted at least that fraction faster), and writes:
 
 LightGBM is needed here only (pip install lightgbm pandas); the library walks the trees in C++.
 
-    python benchmarks/train_conv_selection.py --data benchmarks/results/oracle/oracle-conv_H100_2c26205.csv.gz
+    python benchmarks/train_conv_selection.py --data \
+        benchmarks/results/oracle/oracle-conv_H100_2c26205.csv.gz \
+        benchmarks/results/oracle/oracle-conv-weight_H100_52f2463.csv.gz
 """
 
 from __future__ import annotations
@@ -39,12 +41,25 @@ PARAMS = {"objective": "regression", "num_leaves": 63, "learning_rate": 0.1,
 ROUNDS = 200
 
 
-def load(path: Path) -> Any:
-    """The candidate rows with a time, each with its problem key, the hand rules' time of its
-    problem, its features (x) and the problem's fastest time (best)."""
+def read_oracle(paths: list[Path]) -> Any:
+    """The oracle CSVs' rows; a pass timed in a later file replaces the earlier files' rows of
+    that pass (a re-timed pass after a kernel change keeps the other passes' data)."""
     import pandas as pd
 
-    rows = pd.read_csv(path, keep_default_na=False, na_values={"ms": [""]})
+    rows = None
+    for path in paths:
+        more = pd.read_csv(path, keep_default_na=False, na_values={"ms": [""]})
+        if rows is not None:
+            rows = pd.concat([rows[~rows.direction.isin(set(more.direction))], more])
+        else:
+            rows = more
+    return rows
+
+
+def load(paths: list[Path]) -> Any:
+    """The candidate rows with a time, each with its problem key, the hand rules' time of its
+    problem, its features (x) and the problem's fastest time (best)."""
+    rows = read_oracle(paths)
     rows = rows[rows.ms.notna()].copy()
     rows["key"] = rows.direction + ":" + rows.problem.astype(str)
     rows["held"] = rows.held_out.astype(str).eq("True")
@@ -97,7 +112,9 @@ def report(rows: Any, rules_ms: Any, best: Any, margin: float) -> dict[str, Any]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True, help="the conv oracle's CSV")
+    parser.add_argument("--data", type=Path, nargs="+", required=True,
+                        help="the conv oracle's CSVs; a pass in a later one replaces the earlier "
+                             "ones' rows of that pass")  # fmt: skip
     parser.add_argument("--model", type=Path, default=ROOT / "ckfmha/data/selection_conv_sm90.model")
     parser.add_argument("--check", type=Path, default=ROOT / "tests/data/conv_selection_check.json")
     parser.add_argument("--report", type=Path, default=None,
@@ -131,10 +148,12 @@ def main() -> None:
     write_model(model, args.model)
     args.check.parent.mkdir(parents=True, exist_ok=True)
     args.check.write_text(json.dumps(samples, indent=1) + "\n")
-    result = {"device": device, "source": args.data.name, "rounds": ROUNDS, "params": PARAMS,
+    sources = {d: next(p.name for p in reversed(args.data)
+                        if d in set(read_oracle([p]).direction)) for d in DIRECTIONS}  # fmt: skip
+    result = {"device": device, "sources": sources, "rounds": ROUNDS, "params": PARAMS,
               "problems": {d: int(rows[rows.direction == d].key.nunique()) for d in DIRECTIONS},
               "report": reports}  # fmt: skip
-    out = args.report or args.data.parent / "conv_selection_report.json"
+    out = args.report or args.data[-1].parent / "conv_selection_report.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(reports, indent=1))
     print(f"wrote {args.model}, {args.check} and {out}")

@@ -47,6 +47,7 @@ ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 DTYPES = ("fp16", "bf16")
 VECTORS = (8, 4, 2, 1)
 SM80 = "sm80_cpasync_mma"
+SM90 = "sm90_cpasync_wgmma"
 DIRECT = "conv_direct"
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
@@ -74,11 +75,11 @@ def _reasons(config: KernelConfig, spec: ArchSpec | None = None) -> str:
     return "\n".join(rules.check(config, spec or SPECS[config.algorithm.arch]))
 
 
-def _tiles(tiles: tuple[ConvTile, ...]) -> list[Shape]:
-    """The family's implicit-GEMM tiles among `tiles`."""
+def _tiles(tiles: tuple[ConvTile, ...], pipeline: str = SM80) -> list[Shape]:
+    """The family's implicit-GEMM tiles of one template among `tiles`."""
     return [
         (t.tile_m, t.tile_n, t.tile_k, t.warps, t.stages) for t in tiles
-        if t.family == CONV_BWD_WEIGHT and t.pipeline == SM80
+        if t.family == CONV_BWD_WEIGHT and t.pipeline == pipeline
     ]  # fmt: skip
 
 
@@ -90,10 +91,10 @@ def _bwd_weight_names(kernel_set: str, arch: str, pipeline: str = SM80) -> list[
     ]  # fmt: skip
 
 
-def _names(arch: str, signatures: list[str], tiles: list[Shape]) -> list[str]:
+def _names(arch: str, signatures: list[str], tiles: list[Shape], pipeline: str = SM80) -> list[str]:
     """Kernel names in the generator's order: by signature, then by tile."""
     return [
-        f"{signature}__{arch}_{SM80}_m{m}n{n}k{k}_w{w}s{s}"
+        f"{signature}__{arch}_{pipeline}_m{m}n{n}k{k}_w{w}s{s}"
         for signature in signatures
         for m, n, k, w, s in tiles
     ]
@@ -239,13 +240,35 @@ def test_an_arch_before_sm_80_is_rejected() -> None:
     assert "conv_bwd_weight needs sm_80 or later (cp.async, bf16 mma.sync); sm_75 has" in reasons
 
 
-@pytest.mark.parametrize("pipeline", ("sm90_cpasync_wgmma", "sm90_tma_wgmma"))
-def test_the_family_has_no_wgmma_template(pipeline: str) -> None:
-    config = _bwd_weight("sm_90a", pipeline=pipeline)
+def test_the_wgmma_template_is_the_gathers_one() -> None:
+    """The family's Hopper template is the cp.async-fed wgmma one (sm90_cpasync_wgmma), on
+    sm_90a only; the TMA-fed attention template is not its."""
+    wgmma = _bwd_weight("sm_90a", pipeline=SM90, tile=(128, 128, 64, 8, 3))
+    assert _reasons(wgmma) == ""
+    assert "sm90_cpasync_wgmma" in _reasons(dataclasses.replace(
+        wgmma, algorithm=dataclasses.replace(wgmma.algorithm, arch="sm_80")), SPECS["sm_80"])  # fmt: skip
+    tma = _bwd_weight("sm_90a", pipeline="sm90_tma_wgmma")
     assert (
-        f"family 'conv_bwd_weight' has no '{pipeline}' template; it runs on sm80_cpasync_mma, "
-        "conv_direct"
-    ) in _reasons(config)
+        "family 'conv_bwd_weight' has no 'sm90_tma_wgmma' template; it runs on sm80_cpasync_mma, "
+        "sm90_cpasync_wgmma, conv_direct"
+    ) in _reasons(tma)
+
+
+@pytest.mark.parametrize(
+    ("tile", "vector", "expected"),
+    [
+        ((128, 128, 64, 4, 3), 8, "tile_m=128 output channels is not supported with 4 warps"),
+        ((64, 128, 64, 12, 3), 8, "warps=12 is not supported"),
+        ((64, 96, 64, 4, 3), 8, "tile_n=96 filter taps x input channels is not supported"),
+        ((64, 256, 64, 4, 3), 1, "256 vector columns, more than the 128 threads"),
+        ((64, 128, 16, 4, 3), 8, "tile_k=16 positions per stage is not supported"),
+        ((64, 128, 64, 4, 2), 8, "stages=2 is not supported"),
+        ((128, 256, 64, 8, 6), 8, "exceeds sm_90a's limit"),
+    ],
+)
+def test_wgmma_rules_name_the_limit(tile: Shape, vector: int, expected: str) -> None:
+    reasons = _reasons(_bwd_weight("sm_90a", vector=vector, tile=tile, pipeline=SM90))
+    assert expected in reasons, reasons
 
 
 def test_the_shared_memory_limit_is_the_launched_bytes() -> None:
@@ -351,8 +374,15 @@ def test_the_sets_tiles() -> None:
         (128, 128, 32, 4, 3), (64, 64, 32, 4, 4), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3)
     ]  # fmt: skip
     assert _tiles(CONV_FULL_TILES) == [*_tiles(CONV_DEFAULT_TILES), (128, 128, 64, 8, 3)]
+    assert _tiles(CONV_CORE_TILES, SM90) == [(128, 128, 64, 8, 3)]
+    assert _tiles(CONV_DEFAULT_TILES, SM90) == [
+        (128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4), (128, 256, 64, 8, 3)
+    ]  # fmt: skip
+    assert _tiles(CONV_FULL_TILES, SM90) == [
+        *_tiles(CONV_DEFAULT_TILES, SM90), (64, 256, 64, 4, 3), (128, 128, 32, 8, 6)
+    ]  # fmt: skip
     ours = [t for t in CONV_FULL_TILES if t.family == CONV_BWD_WEIGHT and t.pipeline != DIRECT]
-    assert all(t.pipeline == SM80 and t.max_channels == 0 for t in ours)
+    assert all(t.pipeline in (SM80, SM90) and t.max_channels == 0 for t in ours)
 
 
 def test_a_tile_applies_to_its_own_family_only() -> None:
@@ -370,9 +400,13 @@ def test_a_tile_applies_to_its_own_family_only() -> None:
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_core_builds_four_kernels_of_one_tile(arch: str) -> None:
-    """The forward's four implicit-GEMM signatures, on the mma.sync template on every arch:
-    on sm_90a it is the family's preferred (only) implicit-GEMM template."""
-    assert _bwd_weight_names("core", arch) == _names(arch, CORE_SIGNATURES, _tiles(CONV_CORE_TILES))
+    """The forward's four implicit-GEMM signatures on the arch's preferred template: wgmma on
+    sm_90a, mma.sync elsewhere."""
+    pipeline = SM90 if arch == "sm_90a" else SM80
+    expected = _names(arch, CORE_SIGNATURES, _tiles(CONV_CORE_TILES, pipeline), pipeline)
+    assert _bwd_weight_names("core", arch, pipeline) == expected
+    if arch == "sm_90a":
+        assert _bwd_weight_names("core", arch) == []
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -380,6 +414,12 @@ def test_default_builds_every_signature_with_every_default_tile(arch: str) -> No
     names = _bwd_weight_names("default", arch)
     assert names == _names(arch, ALL_SIGNATURES, _tiles(CONV_DEFAULT_TILES))
     assert len(names) == 16 * 4
+    wgmma = _bwd_weight_names("default", arch, SM90)
+    if arch == "sm_90a":
+        assert wgmma == _names(arch, ALL_SIGNATURES, _tiles(CONV_DEFAULT_TILES, SM90), SM90)
+        assert len(wgmma) == 16 * 4
+    else:
+        assert wgmma == []
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -392,8 +432,13 @@ def test_full_adds_the_larger_tile_where_it_fits(arch: str) -> None:
     assert _bwd_weight_names("full", arch) == _names(arch, ALL_SIGNATURES, fits)
     selection = select(get_receipt("full"), SPECS[arch])
     rejected = [r for r in selection.rejected if r.signature.family == CONV_BWD_WEIGHT]
-    assert len(rejected) == (16 if arch in ("sm_86", "sm_89") else 0)
-    assert all(r.algorithm is not None and r.algorithm.tile_k == 64 for r in rejected)
+    mma_rejected = [r for r in rejected if r.pipeline == SM80]
+    assert len(mma_rejected) == (16 if arch in ("sm_86", "sm_89") else 0)
+    assert all(r.algorithm is not None and r.algorithm.tile_k == 64 for r in mma_rejected)
+    # On sm_90a the 64 x 256 wgmma tile has too few threads for 1-channel gathers.
+    wgmma_rejected = [r for r in rejected if r.pipeline == SM90]
+    assert len(wgmma_rejected) == (4 if arch == "sm_90a" else 0)
+    assert all(r.signature.vector == 1 and r.algorithm.tile_n == 256 for r in wgmma_rejected)
 
 
 def test_ci_builds_no_weight_gradient_kernel() -> None:
@@ -409,7 +454,8 @@ def test_cli_lists_the_core_kernels(arch: str) -> None:
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     # The direct kernels come last, as the arch lists their pipeline last.
-    implicit_gemm = _names(arch, CORE_SIGNATURES, [(128, 128, 32, 4, 3)])
+    pipeline = SM90 if arch == "sm_90a" else SM80
+    implicit_gemm = _names(arch, CORE_SIGNATURES, _tiles(CONV_CORE_TILES, pipeline), pipeline)
     assert result.stdout.split() == implicit_gemm + _core_direct_names(arch)
 
 
@@ -606,13 +652,14 @@ def test_the_direct_template_has_no_shared_memory_rule() -> None:
 
 
 def test_signatures_meet_the_template_of_their_kind() -> None:
-    """A bucketed signature meets the direct template alone, one without the mma.sync one."""
-    for arch in ("sm_80", "sm_90a"):
+    """A bucketed signature meets the direct template alone, one without the implicit-GEMM
+    ones (wgmma too on sm_90a)."""
+    for arch, implicit in (("sm_80", (SM80,)), ("sm_90a", (SM80, SM90))):
         pipelines = SPECS[arch].pipelines
         bucketed = ConvSignature("bf16", 3, 1, 2, family=CONV_BWD_WEIGHT)
         assert rules.pipelines_for_signature(bucketed, pipelines) == (DIRECT,)
         plain = ConvSignature("bf16", 3, 1, family=CONV_BWD_WEIGHT)
-        assert rules.pipelines_for_signature(plain, pipelines) == (SM80,)
+        assert set(rules.pipelines_for_signature(plain, pipelines)) == set(implicit)
 
 
 DIRECT_INSTANCE = """\

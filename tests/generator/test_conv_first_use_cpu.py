@@ -100,7 +100,7 @@ def test_a_backward_weight_key_builds_its_default_tiles(
     names = [c.name for c in first_use.kernels_for(key, arch)]
     pipeline = SM90 if arch == "sm_90a" else SM80
     assert names == _default_conv_names(arch, signature, pipeline)
-    assert len(names) == (3 if arch == "sm_90a" else 4), "every tile of the default set"
+    assert len(names) == 4, "every tile of the default set"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -150,7 +150,7 @@ def test_the_raw_key_of_a_backward_weight_runner() -> None:
     assert key == ConvKey(direction=BWD_WEIGHT, dtype=FP16, spatial_dims=3, vector=8)
     assert [c.signature.family for c in first_use.kernels_for(key, "sm_90a")] == [
         "conv_bwd_weight"
-    ] * 3
+    ] * 4
 
 
 @pytest.mark.parametrize(
@@ -324,7 +324,7 @@ def test_ensure_with_a_weight_bucket_compiles_its_direct_kernel(
     """The weight-gradient runner's key with conv_weight_direct_bucket's value: with the
     implicit-GEMM kernels registered, first use compiles the direct one alone."""
 
-    implicit = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v8", SM80)
+    implicit = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v8", SM90)
     direct = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v1_c1", DIRECT)
     built = _built_on_first_use(monkeypatch, implicit, 90,
                                 (BWD_WEIGHT, BF16, 3, 8, conv_weight_direct_bucket(1, 1)))  # fmt: skip
