@@ -31,14 +31,14 @@ from typing import Any
 from conv_oracle_shapes import DIRECTIONS, ConvCase, draw, held_out
 from oracle import add_oracle_arguments, read_rows, timing_device
 
-from ckfmha.conv_selection import conv_candidate_plans
+from ckfmha.conv_selection import conv_candidate_plans, weight_pack
 
 RESULTS = Path(__file__).resolve().parent / "results" / "oracle"
 CSV_FIELDS = ("device", "commit", "num_sms", "problem", "label", "held_out", "direction",
               "spatial_dims", "batch", "groups", "in_channels", "out_channels", "input",
               "filter", "stride", "padding", "dilation", "output", "layer", "rules",
               "candidate", "splits", "pipeline", "tile_m", "tile_n", "tile_k", "warps", "stages",
-              "vector", "max_channels", "repeats", "ms", "error")  # fmt: skip
+              "vector", "max_channels", "pack", "repeats", "ms", "error")  # fmt: skip
 ALGORITHM = ("pipeline", "tile_m", "tile_n", "tile_k", "warps", "stages")
 
 
@@ -71,6 +71,17 @@ def _call(case: ConvCase, direction: str, t: dict[str, Any], kernel: str,
                                           splits=splits or None, **geometry)  # fmt: skip
 
 
+def _pack(case: ConvCase, direction: str, kernel: dict[str, Any]) -> int | str:
+    """The groups a backward-weight implicit-GEMM plan multiplies as one (the kernels'
+    conv_weight_pack), so that training describes each row as it ran; "" for other plans."""
+    if direction != "bwd_weight" or not kernel or int(kernel["conv_max_channels"]):
+        return ""
+    taps = math.prod(case.filter)
+    positions = case.batch * math.prod(case.output)
+    return weight_pack(case.groups, case.in_channels, case.out_channels,
+                       taps * case.in_channels, positions)  # fmt: skip
+
+
 def time_problem(case: ConvCase, index: int, direction: str, args: argparse.Namespace,
                  registry: list[dict[str, Any]], device: str, num_sms: int) -> list[dict[str, Any]]:  # fmt: skip
     from ckfmha.tuning import Candidate, time_calls
@@ -93,7 +104,8 @@ def time_problem(case: ConvCase, index: int, direction: str, args: argparse.Name
         rows.append({**base, "rules": r.candidate == rules, "candidate": r.candidate.kernel,
                      "splits": r.candidate.num_splits, **{a: k.get(a, "") for a in ALGORITHM},
                      "vector": k.get("conv_vector", ""),
-                     "max_channels": k.get("conv_max_channels", ""), "repeats": r.repeats,
+                     "max_channels": k.get("conv_max_channels", ""),
+                     "pack": _pack(case, direction, k), "repeats": r.repeats,
                      "ms": "" if r.ms is None else r.ms, "error": r.error})  # fmt: skip
     return rows
 

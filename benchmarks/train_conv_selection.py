@@ -53,6 +53,8 @@ def read_oracle(paths: list[Path]) -> Any:
             rows = pd.concat([rows[~rows.direction.isin(set(more.direction))], more])
         else:
             rows = more
+    # Files from before the pack column: their plans' packing is the current rule's.
+    rows["pack"] = rows["pack"].fillna("") if "pack" in rows else ""
     return rows
 
 
@@ -69,9 +71,11 @@ def load(paths: list[Path]) -> Any:
     rows["rules_ms"] = rules_ms[rows.key].to_numpy()
     rows["best"] = rows.groupby("key").ms.transform("min")
     candidates = rows[~rows.is_rules].copy()
+    # Each row is described with the groups its plan packed when it was timed.
     candidates["x"] = [
         conv_features(r, r["direction"], {**r, "conv_max_channels": r["max_channels"]},
-                      int(r["splits"]), int(r["num_sms"]))
+                      int(r["splits"]), int(r["num_sms"]),
+                      int(r["pack"]) if str(r.get("pack", "")).strip() else None)
         for r in candidates.to_dict("records")]  # fmt: skip
     return candidates.reset_index(drop=True), rules_ms, rows.groupby("key").best.first()
 
@@ -140,7 +144,8 @@ def main() -> None:
             samples.append({"family": family, "problem": {k: r[k] for k in (
                 "spatial_dims", "batch", "groups", "in_channels", "out_channels", "input",
                 "filter", "stride", "dilation", "output")}, "kernel": r["candidate"],
-                "splits": int(r["splits"]), "num_sms": int(r["num_sms"]), "x": r["x"],
+                "splits": int(r["splits"]), "num_sms": int(r["num_sms"]),
+                "pack": int(r["pack"]) if str(r["pack"]).strip() else None, "x": r["x"],
                 "prediction": float(r["pred"])})  # fmt: skip
     device = str(rows.device.iloc[0])
     model = CostModel(device, 90, int(rows.num_sms.iloc[0]), trees, margins, features=FEATURES)

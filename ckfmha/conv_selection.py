@@ -23,6 +23,7 @@ SPLIT_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
 DIRECT_CTAS_PER_SM = (1, 2, 4, 8, 16)
 DIRECT_GROUPS = 32  # groups a direct kernel's CTA computes
 WEIGHT_PACK_CHANNELS = 64  # channels of packed groups backward-weight multiplies as one
+WEIGHT_PACK_MIN_POSITIONS = 4096  # positions from which it packs
 FEATURES = ("spatial_dims", "log_batch", "log_groups", "log_in_channels", "log_out_channels",
             "taps", "max_stride", "max_dilation", "phases", "log_gemm_m", "log_gemm_n",
             "log_gemm_k", "log_flop", "wgmma", "direct", "tile_m", "tile_n", "tile_k", "warps",
@@ -117,11 +118,15 @@ def conv_candidate_plans(problem: Mapping[str, Any], direction: str,
     return [(k["name"], s) for k in chosen for s in split_choices(problem, k, num_sms)]
 
 
-def weight_pack(groups: int, in_channels: int, out_channels: int, reduction: int) -> int:
+def weight_pack(groups: int, in_channels: int, out_channels: int, reduction: int,
+                positions: int) -> int:  # fmt: skip
     """Groups backward-weight's implicit GEMM multiplies as one (the kernels'
-    conv_weight_pack): the largest power of two dividing the groups whose packed channels stay
-    within 64 and whose packed reduction (taps x channels x pack) stays below 2^31."""
+    conv_weight_pack): from WEIGHT_PACK_MIN_POSITIONS positions (batch x output positions), the
+    largest power of two dividing the groups whose packed channels stay within 64 and whose
+    packed reduction (taps x channels x pack) stays below 2^31."""
     widest, pack = max(in_channels, out_channels), 1
+    if positions < WEIGHT_PACK_MIN_POSITIONS:
+        return pack
     while (groups % (2 * pack) == 0 and 2 * pack * widest <= WEIGHT_PACK_CHANNELS
            and 2 * pack * reduction <= 0x7FFFFFFF):  # fmt: skip
         pack *= 2
@@ -142,8 +147,10 @@ def _gemm(problem: Mapping[str, Any], direction: str) -> tuple[int, int, int]:
 
 
 def conv_features(problem: Mapping[str, Any], direction: str, kernel: Mapping[str, Any],
-                  splits: int, num_sms: int) -> list[float]:  # fmt: skip
-    """One candidate plan's features, in FEATURES' order."""
+                  splits: int, num_sms: int, pack: int | None = None) -> list[float]:  # fmt: skip
+    """One candidate plan's features, in FEATURES' order. `pack`: the groups backward-weight's
+    implicit GEMM multiplies as one, as weight_pack gives it unless the plan was timed under
+    another rule (an oracle row's own pack)."""
     dims = int(problem["spatial_dims"])
     groups = int(problem["groups"])
     m, n, r = _gemm(problem, direction)
@@ -154,7 +161,9 @@ def conv_features(problem: Mapping[str, Any], direction: str, kernel: Mapping[st
     used_splits = max(int(splits), 1) if weight else 1
     gemm_groups = groups
     if weight and not direct:
-        pack = weight_pack(groups, int(problem["in_channels"]), int(problem["out_channels"]), n)
+        if pack is None:
+            pack = weight_pack(groups, int(problem["in_channels"]),
+                               int(problem["out_channels"]), n, r)  # fmt: skip
         m, n, gemm_groups = m * pack, n * pack, groups // pack
     if direct:
         # A CTA: 32 groups of `warps` lines of `tile_m` positions (backward-weight: `splits`

@@ -93,7 +93,8 @@ ConvFeatures conv_candidate_features(ckfmha_conv_problem const& p,
   // (conv_weight_pack): pack x the channels, groups / pack of them.
   int64_t gemm_groups = groups;
   if (direction == CKFMHA_CONV_BWD_WEIGHT && !direct) {
-    const int64_t pack = kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels, n);
+    const int64_t pack =
+        kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels, n, positions);
     m *= pack;
     n *= pack;
     gemm_groups /= pack;

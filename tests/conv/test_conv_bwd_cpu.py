@@ -145,7 +145,7 @@ def test_bwd_weight_selects_and_explains(arch: str) -> None:
 def test_bwd_weight_packs_groups_of_few_channels(arch: str) -> None:
     """Groups of 8 channels are multiplied 8 at a time (64 channels, the kernels'
     conv_weight_pack, mirrored by weight_pack); 4 groups of 24 pair up; groups of 64 and an odd
-    group count run alone."""
+    group count run alone; so does every group below 4096 positions."""
     from ckfmha.conv_selection import weight_pack
 
     if not _have("conv_bwd_weight", arch):
@@ -153,17 +153,20 @@ def test_bwd_weight_packs_groups_of_few_channels(arch: str) -> None:
     cases = [((32, 8, 8), 8), ((4, 24, 16), 2), ((2, 64, 64), 1), ((7, 4, 4), 1),
              ((12, 5, 3), 4)]  # fmt: skip
     for (groups, c, k), pack in cases:
-        assert weight_pack(groups, c, k, 9 * c) == pack
+        assert weight_pack(groups, c, k, 9 * c, 8 * 28 * 28) == pack
+        assert weight_pack(groups, c, k, 9 * c, 4095) == 1
         if c <= 2 and k <= 2:
             continue  # direct kernels take these
-        problem = ConvProblem(8, (28, 28), groups, c, k, (3, 3), 1, 1, dtype="bf16")
-        text = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight")
-        packed = f"groups multiplied {pack} at a time as one of {pack * k}x{pack * c} channels"
-        if "_conv_direct_" in ckfmha.conv_select(problem, arch=arch, direction="bwd_weight"):
-            continue
-        assert (packed in text) == (pack > 1), text
+        for batch, packs in ((8, pack), (5, 1)):  # 6272 and 3920 positions
+            problem = ConvProblem(batch, (28, 28), groups, c, k, (3, 3), 1, 1, dtype="bf16")
+            text = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight")
+            if "_conv_direct_" in ckfmha.conv_select(problem, arch=arch, direction="bwd_weight"):
+                continue
+            packed = f"groups multiplied {packs} at a time as one of {packs * k}x{packs * c}"
+            assert (packed in text) == (packs > 1), text
+            assert ("at a time" in text) == (packs > 1), text
     # The packed reduction stays a 32-bit index.
-    assert weight_pack(64, 1, 1, 2**30) == 1
+    assert weight_pack(64, 1, 1, 2**30, 2**20) == 1
 
 
 def test_bwd_data_plans_phases() -> None:

@@ -175,18 +175,20 @@ def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
     match = WEIGHT_NAME.match(kernel["name"])
     dtype, dims, vector = match["dtype"], int(match["dims"]), int(match["vector"])
     c = vector * (3 if vector > 1 else 5)
-    # Groups of few channels are multiplied several at a time (packed, ckfmha.conv_selection's
-    # weight_pack): 12 groups of vector and 2 x vector channels pack by 4, 6 groups of 5 and
-    # 3 by 2, whose packed channels are not a multiple of any vector.
+    # From 4096 positions, groups of few channels are multiplied several at a time (packed,
+    # ckfmha.conv_selection's weight_pack): 8 groups of vector and 2 x vector channels pack by
+    # 4 (8 at one channel), 6 groups of 5 and 3 by 2, whose packed channels are not a multiple
+    # of any vector; 12 such groups over 270 positions run one by one.
     if dims == 2:
         cases = [Case(dtype, 2, (13, 11), 2, c, 8 * vector, (3, 3), 1, 1),
                  Case(dtype, 4, (24, 24), 1, c, 2 * vector, (5, 5), 2, 2),
+                 Case(dtype, 4, (32, 32), 8, vector, 2 * vector, (3, 3), 1, 1),
                  Case(dtype, 3, (9, 10), 12, vector, 2 * vector, (3, 3), 1, 1)]  # fmt: skip
         if vector == 1:
-            cases.append(Case(dtype, 2, (7, 9), 6, 5, 3, (3, 3), 2, 1))
+            cases.append(Case(dtype, 4, (32, 32), 6, 5, 3, (3, 3), 1, 1))
     else:
         cases = [Case(dtype, 2, (4, 7, 5), 2, c, 2 * vector, (3, 3, 3), 1, 1),
-                 Case(dtype, 1, (3, 5, 6), 12, vector, 2 * vector, (3, 3, 3), 1, 1)]  # fmt: skip
+                 Case(dtype, 1, (4, 32, 32), 8, vector, 2 * vector, (1, 3, 3), 1, (0, 1, 1))]  # fmt: skip
     for case in cases:
         run_bwd_weight(case, kernel=kernel["name"])
 

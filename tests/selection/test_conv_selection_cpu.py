@@ -72,7 +72,7 @@ def test_python_evaluator_reproduces_lightgbm(model_module: ModuleType) -> None:
 
 def test_check_rows_recompute_from_their_problems() -> None:
     """The features training read are conv_features of the sampled problem and candidate (its
-    algorithm taken from the kernel's name)."""
+    algorithm taken from the kernel's name, its packing the one it was timed with)."""
     for row in json.loads(CHECK.read_text()):
         match = re.search(r"_(sm80_cpasync_mma|sm90_cpasync_wgmma|conv_direct)_m(\d+)n(\d+)"
                           r"k(\d+)_w(\d+)s(\d+)$", row["kernel"])  # fmt: skip
@@ -82,7 +82,8 @@ def test_check_rows_recompute_from_their_problems() -> None:
                   "tile_k": match[4], "warps": match[5], "stages": match[6],
                   "conv_max_channels": bucket[1] if bucket else 0}  # fmt: skip
         direction = row["family"].removeprefix("conv_")
-        x = conv_features(row["problem"], direction, kernel, row["splits"], row["num_sms"])
+        x = conv_features(row["problem"], direction, kernel, row["splits"], row["num_sms"],
+                          row.get("pack"))  # fmt: skip
         assert x == pytest.approx(row["x"], rel=1e-12), row
 
 

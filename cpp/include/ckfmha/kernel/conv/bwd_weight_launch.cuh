@@ -30,7 +30,7 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
   bp.group_out_channels = bp.conv.out_channels;
   bp.group_reduction = bp.conv.reduction;
   bp.pack = conv_weight_pack(bp.conv.groups, bp.conv.in_channels, bp.conv.out_channels,
-                             bp.conv.reduction);
+                             bp.conv.reduction, bp.conv.rows);
   bp.conv.groups /= bp.pack;
   bp.conv.in_channels *= bp.pack;
   bp.conv.out_channels *= bp.pack;
