@@ -421,7 +421,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   // pads their products to tensor-core tiles), the widest channel vector,
   // SASS for this exact arch, wgmma over mma.sync (backward-weight with packed
   // groups the other way round: on the conv oracle's layers the fastest wgmma
-  // plan took 1.01-1.15x the fastest mma.sync one's time there, and 0.93x
+  // plan took 1.04-1.13x the fastest mma.sync one's time there, and 0.93x
   // unpacked), then the tile with the lowest modelled cost, then generator
   // order.
   const bool mma_first = is_weight(direction) && weight_pack(p) > 1;
