@@ -802,3 +802,29 @@ def test_every_direct_kernel_of_the_default_set_compiles(tmp_path: Path) -> None
         command = compiler.compile_command(job, unit_path.with_suffix(".d"))
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_every_wgmma_tile_compiles(tmp_path: Path) -> None:
+    """Each wgmma tile of the full set against ConvBwdWeightSm90Traits (one and two
+    warpgroups, wgmma N of 64 to 256, 32- and 64-position steps, one and two CTAs an SM), and
+    the narrowest channel vector in 3D: the template takes the arguments the generator writes
+    and agrees with the numbers it asserts."""
+    try:
+        toolchain.find_nvcc()
+        toolchain.find_cutlass_include()
+    except toolchain.ToolchainError as error:
+        pytest.skip(f"CUDA toolchain unavailable: {error}")
+    configs = [_bwd_weight("sm_90a", tile=tile, pipeline=SM90)
+               for tile in _tiles(CONV_FULL_TILES, SM90)]  # fmt: skip
+    configs.append(_bwd_weight("sm_90a", "fp16", 3, 1, (64, 64, 64, 4, 4), pipeline=SM90))
+    assert len(configs) == 7 and all(_reasons(c) == "" for c in configs)
+    files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
+    compiler = toolchain.CudaToolchain(
+        build.arch_specs_for(["sm_90a"]), [REPO_ROOT / "cpp" / "include", tmp_path]
+    )
+    for unit_path, unit in files.units:
+        job = toolchain.CompileJob(unit_path, unit_path.with_suffix(".o"), unit.arch)
+        command = compiler.compile_command(job, unit_path.with_suffix(".d"))
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr

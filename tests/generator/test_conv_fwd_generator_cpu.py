@@ -42,7 +42,7 @@ DIRECT = "conv_direct"
 SM80_TILES = tuple(
     t for t in CONV_FULL_TILES if t.pipeline == SM80 and t.family == "conv_fwd"
 )
-SM90_TILES = tuple(t for t in CONV_FULL_TILES if t.pipeline == SM90)
+SM90_TILES = tuple(t for t in CONV_FULL_TILES if t.pipeline == SM90 and t.family == "conv_fwd")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
