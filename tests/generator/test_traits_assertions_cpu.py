@@ -55,6 +55,8 @@ EXPECTED_MEMBERS = {
     ("conv_fwd", "conv_direct"): {"kThreads", "kMaxChannels", "kRun", "kTileH", "kGroups"},
     ("conv_bwd_weight", "sm80_cpasync_mma"): {"kThreads", "kWarpsM", "kWarpsN", "kSmemBytes",
                                               "kSmemLaunchBytes"},
+    ("conv_bwd_weight", "sm90_cpasync_wgmma"): {"kThreads", "kWarpgroups", "kSmemBytes",
+                                                "kSmemLaunchBytes", "kMinCtasPerSm"},
     # The same as the forward's direct template's, for the same reason.
     ("conv_bwd_weight", "conv_direct"): {"kThreads", "kMaxChannels", "kRun", "kTileH", "kGroups"},
 }
