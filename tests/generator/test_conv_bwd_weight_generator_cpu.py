@@ -778,30 +778,39 @@ def test_ci_builds_no_direct_kernel() -> None:
     assert _bwd_weight_names("ci", "sm_90a", DIRECT) == []
 
 
-@pytest.mark.slow
-def test_every_direct_kernel_of_the_default_set_compiles(tmp_path: Path) -> None:
-    """The 8 direct instances (both dtypes, 2D and 3D, both buckets) against
-    ConvBwdWeightDirectTraits, in the units the build would compile: the template takes the
-    arguments the generator writes and agrees with the numbers it asserts."""
+def _require_toolchain() -> None:
     try:
         toolchain.find_nvcc()
         toolchain.find_cutlass_include()
     except toolchain.ToolchainError as error:
         pytest.skip(f"CUDA toolchain unavailable: {error}")
-    configs = [
-        c for c in select(get_receipt("default"), SPECS["sm_80"]).accepted
-        if c.signature.family == CONV_BWD_WEIGHT and c.algorithm.pipeline == DIRECT
-    ]  # fmt: skip
-    assert len(configs) == 12
+
+
+def _compile_units(tmp_path: Path, configs: list[KernelConfig], arch: str) -> None:
+    """`configs` emitted and compiled for `arch` in the units the build would compile."""
     files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
     compiler = toolchain.CudaToolchain(
-        build.arch_specs_for(["sm_80"]), [REPO_ROOT / "cpp" / "include", tmp_path]
+        build.arch_specs_for([arch]), [REPO_ROOT / "cpp" / "include", tmp_path]
     )
     for unit_path, unit in files.units:
         job = toolchain.CompileJob(unit_path, unit_path.with_suffix(".o"), unit.arch)
         command = compiler.compile_command(job, unit_path.with_suffix(".d"))
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_every_direct_kernel_of_the_default_set_compiles(tmp_path: Path) -> None:
+    """The 8 direct instances (both dtypes, 2D and 3D, both buckets) against
+    ConvBwdWeightDirectTraits, in the units the build would compile: the template takes the
+    arguments the generator writes and agrees with the numbers it asserts."""
+    _require_toolchain()
+    configs = [
+        c for c in select(get_receipt("default"), SPECS["sm_80"]).accepted
+        if c.signature.family == CONV_BWD_WEIGHT and c.algorithm.pipeline == DIRECT
+    ]  # fmt: skip
+    assert len(configs) == 12
+    _compile_units(tmp_path, configs, "sm_80")
 
 
 @pytest.mark.slow
@@ -810,21 +819,9 @@ def test_every_wgmma_tile_compiles(tmp_path: Path) -> None:
     warpgroups, wgmma N of 64 to 256, 32- and 64-position steps, one and two CTAs an SM), and
     the narrowest channel vector in 3D: the template takes the arguments the generator writes
     and agrees with the numbers it asserts."""
-    try:
-        toolchain.find_nvcc()
-        toolchain.find_cutlass_include()
-    except toolchain.ToolchainError as error:
-        pytest.skip(f"CUDA toolchain unavailable: {error}")
+    _require_toolchain()
     configs = [_bwd_weight("sm_90a", tile=tile, pipeline=SM90)
                for tile in _tiles(CONV_FULL_TILES, SM90)]  # fmt: skip
     configs.append(_bwd_weight("sm_90a", "fp16", 3, 1, (64, 64, 64, 4, 4), pipeline=SM90))
     assert len(configs) == 7 and all(_reasons(c) == "" for c in configs)
-    files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
-    compiler = toolchain.CudaToolchain(
-        build.arch_specs_for(["sm_90a"]), [REPO_ROOT / "cpp" / "include", tmp_path]
-    )
-    for unit_path, unit in files.units:
-        job = toolchain.CompileJob(unit_path, unit_path.with_suffix(".o"), unit.arch)
-        command = compiler.compile_command(job, unit_path.with_suffix(".d"))
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        assert result.returncode == 0, result.stdout + result.stderr
+    _compile_units(tmp_path, configs, "sm_90a")
