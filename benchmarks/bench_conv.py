@@ -267,11 +267,11 @@ def error_over_bound(got: Any, direction: str, o: Operands, layer: Layer, dtype:
     return float(excess.max())
 
 
-def run_layer(layer: Layer, batch: int, dtype: str, args: argparse.Namespace) -> Row:
-    direction = args.direction
+def make_operands(layer: Layer, batch: int, dtype: str) -> Operands:
+    """Random operands of one layer (seeded): x, the weight and dy in torch's channels_last
+    layouts, and ckfmha's views of them."""
     dims = len(layer.input)
     problem = layer.problem(batch, dtype)
-    row = Row(layer.model, layer.name, batch, _label(layer, batch), problem.flops())
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
     fmt_ = torch.channels_last if dims == 2 else torch.channels_last_3d
     g, c, k = layer.groups, layer.c, layer.k
@@ -284,12 +284,35 @@ def run_layer(layer: Layer, batch: int, dtype: str, args: argparse.Namespace) ->
     dy_ncx = torch.randn(batch, g * k, *problem.output, device="cuda", dtype=torch_dtype,
                          generator=generator).contiguous(memory_format=fmt_)  # fmt: skip
     # The same memory as [N, *spatial, G, C]; the weight [G*K, C, *f] as [G, K, *f, C].
-    o = Operands(x_ncx, weight, dy_ncx, _positions(x_ncx, g), _filters(weight, g).contiguous(),
-                 _positions(dy_ncx, g))  # fmt: skip
-    impls = {
+    return Operands(x_ncx, weight, dy_ncx, _positions(x_ncx, g),
+                    _filters(weight, g).contiguous(), _positions(dy_ncx, g))  # fmt: skip
+
+
+def passes(direction: str, o: Operands, layer: Layer) -> dict[str, Callable[[], Any]]:
+    """ckfmha's and cuDNN's call of one pass over the same operands."""
+    return {
         "ckfmha": lambda: _ckfmha_pass(direction, o, layer),
         "cudnn": lambda: _torch_pass(direction, o, layer),
     }
+
+
+def find_layer(text: str) -> Layer:
+    """A suite layer by "model/name", e.g. "resnet18/3x3 128"."""
+    model, _, name = text.partition("/")
+    layers = [layer for make in SUITES.values() for layer in make()]
+    for layer in layers:
+        if (layer.model, layer.name) == (model, name):
+            return layer
+    known = ", ".join(f"{layer.model}/{layer.name}" for layer in layers)
+    raise ValueError(f"no layer {text!r} in the conv suite; the layers are: {known}")
+
+
+def run_layer(layer: Layer, batch: int, dtype: str, args: argparse.Namespace) -> Row:
+    direction = args.direction
+    problem = layer.problem(batch, dtype)
+    row = Row(layer.model, layer.name, batch, _label(layer, batch), problem.flops())
+    o = make_operands(layer, batch, dtype)
+    impls = passes(direction, o, layer)
     if args.learned:
         impls["ckfmha_learned"] = _learned(impls["ckfmha"])
     select = lambda: ckfmha.conv_select(o.x, o.w, stride=layer.stride,

@@ -14,6 +14,15 @@ ncu locks the clocks to base, so durations read longer than in a timed run; comp
 
 ``--heads 24/8`` gives GQA (query heads / KV heads); ``--seqlen 1024/4096`` unequal lengths
 (a causal mask then aligned bottom-right).
+
+Grouped convolution: ``--kind conv_fwd`` / ``conv_bwd_data`` / ``conv_bwd_weight`` profiles
+one layer of ``bench_conv.py``'s suite (``--layer model/name``) at ``--batch``, ckfmha's plan
+(every launch of it) against cuDNN's through torch on the same channels_last operands:
+
+    python benchmarks/profile_vs_cudnn.py --kind conv_bwd_weight --layer "resnet18/3x3 128" \
+        --batch 32 --metrics smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+
+``--metrics`` adds ncu metrics by name; the report lists them under the table.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ COLUMNS = (
     ("regs", "Registers Per Thread", "{:.0f}"),
 )
 OURS = "ckfmha::"  # ckfmha's kernels are in this namespace; every other kernel is the peer's
+CONV_KINDS = ("conv_fwd", "conv_bwd_data", "conv_bwd_weight")
 
 
 @dataclass
@@ -105,8 +115,9 @@ def _cell(kernel: Kernel, metric: str, spec: str) -> str:
     return spec.format(value / 1e3 if metric == "Duration" else value)
 
 
-def report(kernels: list[Kernel]) -> str:
-    """The kernel table, each library's totals, and the largest kernels against each other."""
+def report(kernels: list[Kernel], extra: tuple[str, ...] = ()) -> str:
+    """The kernel table, each library's totals, the largest kernels against each other, and
+    the `extra` metrics of each kernel that has them."""
     widths = [max(len(title), 8) for title, _, _ in COLUMNS]
     lines = ["  ".join([f"{'kernel':48s}", f"{'instr':>9s}",
                         *(f"{t:>{w}s}" for (t, _, _), w in zip(COLUMNS, widths))])]  # fmt: skip
@@ -126,6 +137,10 @@ def report(kernels: list[Kernel]) -> str:
                      f"instructions {a.instructions / b.instructions:.2f}x, IPC "
                      f"{a.metrics['Executed Ipc Elapsed']:.2f} / "
                      f"{b.metrics['Executed Ipc Elapsed']:.2f}")  # fmt: skip
+    for metric in extra:
+        values = [f"{k.metrics[metric]:.3g}" for k in kernels if metric in k.metrics]
+        if values:
+            lines.append(f"{metric}: {' / '.join(values)}")
     return "\n".join(lines)
 
 
@@ -138,7 +153,9 @@ def _one_or_two(text: str) -> tuple[int, int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--report", type=Path, help="print the table of a saved ncu CSV and exit")
-    parser.add_argument("--kind", choices=["fwd", "bwd"], default="bwd")
+    parser.add_argument("--kind", choices=["fwd", "bwd", *CONV_KINDS], default="bwd")
+    parser.add_argument("--layer", default="resnet18/3x3 128",
+                        help="conv kinds: a layer of bench_conv.py's suite, model/name")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--heads", type=_one_or_two, default=(16, 16), help="query[/KV] heads")
     parser.add_argument("--seqlen", type=_one_or_two, default=(2048, 2048), help="query[/key] length")
@@ -146,6 +163,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hdim-v", type=int, help="V's head dim (default: --hdim)")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--metrics", default="", help="extra ncu metrics, comma-separated")
     parser.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="ncu executable")
     parser.add_argument("--save", type=Path, help="also write ncu's CSV here")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -154,6 +172,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if heads_q % heads_k:
         parser.error(f"--heads {heads_q}/{heads_k}: query heads must be a multiple of KV heads")
     return args
+
+
+def extra_metrics(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(name.strip() for name in args.metrics.split(",") if name.strip())
 
 
 def case_of(args: argparse.Namespace) -> Any:
@@ -169,23 +191,43 @@ def ncu_command(args: argparse.Namespace, argv: list[str]) -> list[str]:
     """ncu over this script's inner run: sections, CSV details, profiling between the
     profiler start and stop calls only."""
     sections = [flag for name in SECTIONS for flag in ("--section", name)]
+    if args.metrics:
+        sections += ["--metrics", args.metrics]
     return [args.ncu, "--profile-from-start", "off", *sections, "--csv", "--page", "details",
             sys.executable, str(Path(__file__).resolve()), *argv, "--inner"]  # fmt: skip
 
 
-def inner_run(args: argparse.Namespace) -> None:
-    """Runs under ncu: warm-up, then one profiled call of each library."""
+def conv_calls(args: argparse.Namespace) -> list[Any]:
+    """ckfmha's and cuDNN's call of the conv layer's pass, on the same operands."""
     import torch
+    from bench_conv import find_layer, make_operands, passes
+
+    torch.backends.cudnn.benchmark = True
+    layer = find_layer(args.layer)
+    operands = make_operands(layer, args.batch, args.dtype)
+    return list(passes(args.kind.removeprefix("conv_"), operands, layer).values())
+
+
+def attention_calls(args: argparse.Namespace) -> list[Any]:
+    """ckfmha's and SDPA's cuDNN call of the attention case (those that accept it)."""
     from bench_broad import make_inputs, prepare_ckfmha, prepare_peer
 
     case = case_of(args)
     q, k, v, do = make_inputs(case)
     ours, measurement, _ = prepare_ckfmha(case, q, k, v, do)
     peer, peer_measurement, _ = prepare_peer(case, "torch_cudnn", q, k, v, do)
-    calls = [fn for fn in (ours, peer) if fn is not None]
     for label, fn, m in (("ckfmha", ours, measurement), ("cudnn", peer, peer_measurement)):
         if fn is None:
             print(f"{label} refused the case: {m.error}", file=sys.stderr)
+    return [fn for fn in (ours, peer) if fn is not None]
+
+
+def inner_run(args: argparse.Namespace) -> None:
+    """Runs under ncu: warm-up (cuDNN's algorithm search included), then one profiled call of
+    each library."""
+    import torch
+
+    calls = conv_calls(args) if args.kind in CONV_KINDS else attention_calls(args)
     for fn in calls:
         for _ in range(3):
             fn()
@@ -201,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.report:
-        print(report(parse_ncu_csv(args.report.read_text())))
+        print(report(parse_ncu_csv(args.report.read_text()), extra_metrics(args)))
         return
     if args.inner:
         inner_run(args)
@@ -213,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"ncu failed ({result.returncode}):\n{result.stderr[-4000:]}")
     if args.save:
         args.save.write_text(result.stdout)
-    print(report(parse_ncu_csv(result.stdout)))
+    print(report(parse_ncu_csv(result.stdout), extra_metrics(args)))
 
 
 if __name__ == "__main__":

@@ -82,3 +82,28 @@ def test_arguments_and_the_ncu_command(tool: ModuleType) -> None:
     assert all(name in command for name in tool.SECTIONS)
     with pytest.raises(SystemExit):
         tool.parse_args(["--heads", "24/5"])
+
+
+def test_extra_metrics_reach_ncu_and_the_report(tool: ModuleType) -> None:
+    stall = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+    argv = ["--kind", "conv_bwd_weight", "--layer", "resnet18/3x3 128", "--batch", "32",
+            "--metrics", f"{stall}, dram__bytes_read.sum"]  # fmt: skip
+    args = tool.parse_args(argv)
+    command = tool.ncu_command(args, argv)
+    assert command[command.index("--metrics") + 1] == f"{stall}, dram__bytes_read.sum"
+    assert tool.extra_metrics(args) == (stall, "dram__bytes_read.sum")
+    extra_row = f'"0","1","void ckfmha::kernel::bwd_main<Traits>(Params)","C","{stall}","","2.5"'
+    text = tool.report(tool.parse_ncu_csv(CSV + "\n" + extra_row), tool.extra_metrics(args))
+    assert f"{stall}: 2.5" in text
+    assert "dram__bytes_read.sum" not in text  # no kernel has it
+
+
+def test_conv_layers_are_named_by_model_and_name() -> None:
+    pytest.importorskip("torch")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCHMARKS))
+        bench_conv = importlib.import_module("bench_conv")
+    layer = bench_conv.find_layer("resnet18/3x3 128")
+    assert (layer.input, layer.groups, layer.c, layer.k) == ((28, 28), 1, 128, 128)
+    with pytest.raises(ValueError, match="no layer 'resnet18/3x3 100'.*resnet18/3x3 128"):
+        bench_conv.find_layer("resnet18/3x3 100")
