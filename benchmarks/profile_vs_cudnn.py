@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,9 @@ COLUMNS = (
     ("grid", "Grid Size", "{:.0f}"),
     ("regs", "Registers Per Thread", "{:.0f}"),
 )
-OURS = "ckfmha::"  # ckfmha's kernels are in this namespace; every other kernel is the peer's
+# ckfmha's kernels are in namespace ckfmha (ncu sometimes names them from the inner namespace
+# on: kernel::, runtime::); every other kernel is the peer's.
+OURS = re.compile(r"(^|[\s<(])(ckfmha|kernel|runtime)::")
 CONV_KINDS = ("conv_fwd", "conv_bwd_data", "conv_bwd_weight")
 
 
@@ -65,7 +68,7 @@ class Kernel:
 
     @property
     def ours(self) -> bool:
-        return OURS in self.name
+        return OURS.search(self.name) is not None
 
     @property
     def instructions(self) -> float:

@@ -107,3 +107,11 @@ def test_conv_layers_are_named_by_model_and_name() -> None:
     assert (layer.input, layer.groups, layer.c, layer.k) == ((28, 28), 1, 128, 128)
     with pytest.raises(ValueError, match="no layer 'resnet18/3x3 100'.*resnet18/3x3 128"):
         bench_conv.find_layer("resnet18/3x3 100")
+
+
+def test_kernels_named_from_an_inner_namespace_are_ours(tool: ModuleType) -> None:
+    name = "void kernel::conv_bwd_weight_sm90_kernel<kernel::Traits<2>>(kernel::Params)"
+    assert tool.Kernel(name).ours
+    assert tool.Kernel("runtime::<unnamed>::convert_kernel<float>(float *)").ours
+    assert not tool.Kernel("cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16>(Params)").ours
+    assert not tool.Kernel("cublasLt::splitKreduce_kernel<32, 16, int, float>(Params)").ours

@@ -23,7 +23,7 @@ namespace ckfmha::kernel {
 // z = groups (past 65535 they loop in the CTA).
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads)
-    conv_bwd_weight_sm80_kernel(ConvBwdWeightParams const __grid_constant__ bp) {
+    conv_bwd_weight_sm80_kernel(ConvBwdWeightGemmParams const __grid_constant__ gp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace cute;
   using namespace conv_detail;
@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   constexpr int kStages = Traits::kStages;
   constexpr int kThreads = Traits::kThreads;
   constexpr int kDims = Traits::kSpatialDims;
+  ConvBwdWeightParams const& bp = gp.weight;
   ConvFwdParams const& p = bp.conv;
 
   extern __shared__ __align__(128) char smem[];
@@ -67,8 +68,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
   Tensor tXrB = thr_s2r_b.retile_D(tCrB);
 
   // Tile t's positions into its table slot.
+  PositionDecoder const& decode = gp.positions;
   auto fill = [&](int32_t t) {
-    fill_positions<kDims, kTileK, kThreads>(p, (tile_begin + t) * kTileK,
+    fill_positions<kDims, kTileK, kThreads>(p, decode, (tile_begin + t) * kTileK,
                                             tables + (t % 2) * kTileK);
   };
 

@@ -45,7 +45,7 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
 // Either implicit-GEMM template: CTAs over dw's (packed) tiles, the splits
 // of the positions and the groups.
 template <class Traits>
-int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightParams), void const* problem,
+int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void const* problem,
                                 void const* args, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
@@ -60,7 +60,8 @@ int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightParams), void const*
   if (tiles_m * tiles_n > 0x7fffffff) return -int(cudaErrorInvalidConfiguration);
   dim3 grid(unsigned(tiles_m * tiles_n), unsigned(used_splits),
             unsigned(std::min(bp.conv.groups, 65535)));
-  return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream, bp);
+  return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream,
+                       ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)});
 }
 
 template <class Traits>

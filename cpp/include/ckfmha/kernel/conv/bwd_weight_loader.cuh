@@ -12,40 +12,87 @@
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/tensor.hpp>
+#include <cutlass/fast_math.h>
 
 #include <cstdint>
 #include <climits>
 
 namespace ckfmha::kernel {
 
+// Splits a position index into its image and output coordinates. Where the
+// positions fit 31 bits, by multiplying with reciprocals the host works out
+// once a launch (cutlass::FastDivmod, read from the kernel's parameters, so
+// they hold no registers): each k-tile's table is decoded anew, and a
+// division by a run-time divisor costs a reciprocal and some twenty dependent
+// instructions, on the few warps that fill the table while the others wait.
+// Larger problems (3D volumes past 2^31 positions) divide in 64 bits.
+struct PositionDecoder {
+  cutlass::FastDivmod plane;   // positions of one image
+  cutlass::FastDivmod height;  // output rows (h)
+  cutlass::FastDivmod width;   // output columns (w)
+  bool fast;
+
+  PositionDecoder() = default;
+
+  explicit PositionDecoder(ConvFwdParams const& p) {
+    const int64_t positions = int64_t(p.output[0]) * p.output[1] * p.output[2];
+    // No rows at all (an empty batch): nothing is decoded, and no divisor is 0.
+    fast = p.rows <= int64_t(INT32_MAX) && positions > 0;
+    if (fast) {
+      plane = cutlass::FastDivmod(int(positions));
+      height = cutlass::FastDivmod(p.output[1]);
+      width = cutlass::FastDivmod(p.output[2]);
+    }
+  }
+
+  // Position m (< p.rows) as its image and (d, h, w).
+  __device__ __forceinline__ int64_t operator()(ConvFwdParams const& p, int64_t m,
+                                                int32_t (&position)[3]) const {
+    if (fast) {
+      int image, rest, rows, column, depth, row;
+      plane(image, rest, int(m));
+      width(rows, column, rest);
+      height(depth, row, rows);
+      position[0] = depth;
+      position[1] = row;
+      position[2] = column;
+      return image;
+    }
+    const int64_t positions = int64_t(p.output[0]) * p.output[1] * p.output[2];
+    const int64_t image = m / positions;
+    int64_t rest = m - image * positions;
+    for (int d = 2; d >= 0; --d) {
+      const int64_t next = rest / p.output[d];
+      position[d] = int32_t(rest - next * p.output[d]);
+      rest = next;
+    }
+    return image;
+  }
+};
+
+// What the implicit-GEMM backward-weight kernels take: the problem and its
+// position divisors.
+struct ConvBwdWeightGemmParams {
+  ConvBwdWeightParams weight;
+  PositionDecoder positions;
+};
+
 namespace conv_detail {
 
 // The table of `Count` positions from `first`: batch offset plus tap 0's
 // offset in x (x_base), dy's offset (y_base, -1 past the end) and tap 0's
-// coordinates. Positions split into their image and coordinates by 32-bit
-// divisions where the positions and the image allow (a 64-bit division costs
-// several times more, and the table of every k-tile is decoded anew).
+// coordinates.
 template <int SpatialDims, int Count, int Threads>
-__device__ __forceinline__ void fill_positions(ConvFwdParams const& p, int64_t first,
+__device__ __forceinline__ void fill_positions(ConvFwdParams const& p,
+                                               PositionDecoder const& decode, int64_t first,
                                                ConvRow* rows) {
-  const int64_t plane = int64_t(p.output[0]) * p.output[1] * p.output[2];
-  // Images of 2^32 positions or more (3D volumes) decode in 64 bits throughout.
-  const bool narrow = plane <= int64_t(UINT32_MAX);
-  const bool few = p.rows <= int64_t(UINT32_MAX);
   for (int r = threadIdx.x; r < Count; r += Threads) {
     const int64_t m = first + r;
     ConvRow row;
     row.unused = 0;
     if (m < p.rows) {
-      const int64_t image = few ? int64_t(uint32_t(m) / uint32_t(plane)) : m / plane;
-      int64_t rest = m - image * plane;
       int32_t position[3];
-      for (int d = 2; d >= 0; --d) {
-        const int64_t next = narrow ? int64_t(uint32_t(rest) / uint32_t(p.output[d]))
-                                    : rest / p.output[d];
-        position[d] = int32_t(rest - next * p.output[d]);
-        rest = next;
-      }
+      const int64_t image = decode(p, m, position);
       row.x_base = image * p.x_stride[0];
       row.y_base = image * p.y_stride[0];
       for (int d = 0; d < 3; ++d) {
@@ -81,6 +128,17 @@ struct ConvBwdWeightLoader {
   static constexpr int kStepB = kThreads / kColsB;
   static constexpr int kLoadsA = (kTileK + kStepA - 1) / kStepA;
   static constexpr int kLoadsB = (kTileK + kStepB - 1) / kStepB;
+  // Whether every thread's every row is inside the tile (a thread's first row
+  // is below its step), so that no load needs a check. Narrow vectors give a
+  // thread many rows, whose unrolled loads spill registers without the
+  // checks' branches, so they keep them.
+  static constexpr bool kRowsExactA = kTileK % kStepA == 0 && kStepA % 8 == 0;
+  static constexpr bool kRowsExactB = kTileK % kStepB == 0 && kStepB % 8 == 0;
+  // Both layouts swizzle within atoms of 8 rows of 64 channels, so a step of
+  // a multiple of 8 rows moves every column by the same bytes: a thread then
+  // keeps its first row's shared address and adds constants, where working
+  // out each row's swizzle would cost several instructions a vector.
+  static constexpr bool kLinearRows = kStepA % 8 == 0 && kStepB % 8 == 0;
 
   const Element* dy_column;  // dy at offset 0 of a position: this group and output channel
   const Element* x_column;   // x at offset 0 of a tap-0 position, shifted by the tap, channel c
@@ -90,6 +148,10 @@ struct ConvBwdWeightLoader {
   bool b_valid;          // the reduction column (tap, channel) exists
   uint32_t a_stage_bytes;
   uint32_t b_stage_bytes;
+  uint32_t a_smem0;  // byte address of the thread's first row in stage 0
+  uint32_t b_smem0;
+  uint32_t a_step_bytes;  // from one of its rows to the next (kLinearRows)
+  uint32_t b_step_bytes;
   int a_row0;  // the thread's first row (position) in a tile
   int b_row0;
   int a_col;  // its column (channel offset in the tile)
@@ -133,6 +195,24 @@ struct ConvBwdWeightLoader {
     b_smem_base = smem_b;
     a_col = col_a;
     b_col = col_b;
+    a_smem0 = cast_smem_ptr_to_uint(&sA(col_a, a_row0, 0));
+    b_smem0 = cast_smem_ptr_to_uint(&sB(col_b, b_row0, 0));
+    if constexpr (kLinearRows) {
+      a_step_bytes = uint32_t(cast_smem_ptr_to_uint(&sA(0, int(kStepA), 0)) - cast_smem_ptr_to_uint(&sA(0, 0, 0)));
+      b_step_bytes = uint32_t(cast_smem_ptr_to_uint(&sB(0, int(kStepB), 0)) - cast_smem_ptr_to_uint(&sB(0, 0, 0)));
+    }
+  }
+
+  __device__ __forceinline__ uint32_t a_address(int i, int row) const {
+    if constexpr (kLinearRows) return a_smem0 + i * a_step_bytes;
+    auto sA = cute::make_tensor(cute::make_smem_ptr(a_smem_base), typename Traits::SmemLayoutA{});
+    return cute::cast_smem_ptr_to_uint(&sA(a_col, row, 0));
+  }
+
+  __device__ __forceinline__ uint32_t b_address(int i, int row) const {
+    if constexpr (kLinearRows) return b_smem0 + i * b_step_bytes;
+    auto sB = cute::make_tensor(cute::make_smem_ptr(b_smem_base), typename Traits::SmemLayoutB{});
+    return cute::cast_smem_ptr_to_uint(&sB(b_col, row, 0));
   }
 
   // The k-tile whose positions `table` describes into `stage`. Columns past
@@ -140,31 +220,29 @@ struct ConvBwdWeightLoader {
   __device__ __forceinline__ void operator()(ConvFwdParams const& p, ConvRow const* table,
                                              int stage) {
     using conv_detail::copy_or_zero;
-    using cute::cast_smem_ptr_to_uint;
-    auto sA = cute::make_tensor(cute::make_smem_ptr(a_smem_base), typename Traits::SmemLayoutA{});
-    auto sB = cute::make_tensor(cute::make_smem_ptr(b_smem_base), typename Traits::SmemLayoutB{});
     CUTE_UNROLL
     for (int i = 0; i < kLoadsA; ++i) {
       const int row = a_row0 + i * kStepA;
-      if (row < kTileK) {
-        ConvRow const& pos = table[row];
-        const bool valid = a_valid && pos.y_base >= 0;
-        const uint32_t smem = cast_smem_ptr_to_uint(&sA(a_col, row, 0)) + stage * a_stage_bytes;
-        copy_or_zero<kBytes>(smem, valid ? dy_column + pos.y_base : any_address, valid);
+      if (kRowsExactA || row < kTileK) {
+        const int64_t y_base = table[row].y_base;
+        const bool valid = a_valid && y_base >= 0;
+        const uint32_t smem = a_address(i, row) + stage * a_stage_bytes;
+        copy_or_zero<kBytes>(smem, valid ? dy_column + y_base : any_address, valid);
       }
     }
     CUTE_UNROLL
     for (int i = 0; i < kLoadsB; ++i) {
       const int row = b_row0 + i * kStepB;
-      if (row < kTileK) {
+      if (kRowsExactB || row < kTileK) {
         ConvRow const& pos = table[row];
-        bool valid = b_valid && pos.y_base >= 0;
+        // Rows past the end start far outside, so the bounds checks drop them.
+        bool valid = b_valid;
         CUTE_UNROLL
         for (int d = 0; d < kDims; ++d) {
           const int axis = 3 - kDims + d;
           valid = valid && uint32_t(pos.first[axis] + shift[d]) < uint32_t(p.input[axis]);
         }
-        const uint32_t smem = cast_smem_ptr_to_uint(&sB(b_col, row, 0)) + stage * b_stage_bytes;
+        const uint32_t smem = b_address(i, row) + stage * b_stage_bytes;
         copy_or_zero<kBytes>(smem, valid ? x_column + pos.x_base : any_address, valid);
       }
     }

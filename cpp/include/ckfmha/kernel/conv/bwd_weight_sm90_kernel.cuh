@@ -26,7 +26,7 @@ namespace ckfmha::kernel {
 // z = groups (past 65535 they loop in the CTA), as the sm80 kernel's.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
-    conv_bwd_weight_sm90_kernel(ConvBwdWeightParams const __grid_constant__ bp) {
+    conv_bwd_weight_sm90_kernel(ConvBwdWeightGemmParams const __grid_constant__ gp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using namespace conv_detail;
@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   constexpr int kAhead = Traits::kLoadsAhead;
   constexpr int kThreads = Traits::kThreads;
   constexpr int kDims = Traits::kSpatialDims;
+  ConvBwdWeightParams const& bp = gp.weight;
   ConvFwdParams const& p = bp.conv;
 
   extern __shared__ __align__(1024) char smem[];
@@ -63,8 +64,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   Tensor acc = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
 
   // Tile t's positions into its table slot.
+  PositionDecoder const& decode = gp.positions;
   auto fill = [&](int32_t t) {
-    fill_positions<kDims, kTileK, kThreads>(p, (tile_begin + t) * kTileK,
+    fill_positions<kDims, kTileK, kThreads>(p, decode, (tile_begin + t) * kTileK,
                                             tables + (t % 2) * kTileK);
   };
 

@@ -63,6 +63,14 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
       continue;
     }
     const int64_t offset = group_offset + int64_t(k) * p.reduction + n;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // sm_90 adds a pair of floats in one reduction: half the atomic requests
+    // of the split plans (the offset is even when the reduction is).
+    if (bp.accum != nullptr && bp.paired_stores && second) {
+      atomicAdd(reinterpret_cast<float2*>(bp.accum + offset), make_float2(acc(i), acc(i + 1)));
+      continue;
+    }
+#endif
     if (bp.accum == nullptr && bp.paired_stores && second) {
       Element* dst = static_cast<Element*>(const_cast<void*>(p.w)) + offset;
       const Element lo(acc(i));
