@@ -128,17 +128,22 @@ struct ConvBwdWeightLoader {
   static constexpr int kStepB = kThreads / kColsB;
   static constexpr int kLoadsA = (kTileK + kStepA - 1) / kStepA;
   static constexpr int kLoadsB = (kTileK + kStepB - 1) / kStepB;
+  // Both layouts swizzle within atoms of 8 rows of 64 channels, so rows 8
+  // apart sit the same bytes apart in every column. A thread whose rows step
+  // by 4 or more keeps the shared address of its first one or two rows (one
+  // of each swizzle phase) and adds constants, where working out each row's
+  // swizzle costs several instructions a vector. Narrow vectors give a thread
+  // many rows 1 or 2 apart: those work out each address, and keep the
+  // bounds check of each row (their unrolled loads spill registers without
+  // its branches).
+  static constexpr bool kHeldA = kStepA >= 4;
+  static constexpr bool kHeldB = kStepB >= 4;
+  static constexpr int kPhasesA = kStepA >= 8 ? 1 : 2;
+  static constexpr int kPhasesB = kStepB >= 8 ? 1 : 2;
   // Whether every thread's every row is inside the tile (a thread's first row
-  // is below its step), so that no load needs a check. Narrow vectors give a
-  // thread many rows, whose unrolled loads spill registers without the
-  // checks' branches, so they keep them.
-  static constexpr bool kRowsExactA = kTileK % kStepA == 0 && kStepA % 8 == 0;
-  static constexpr bool kRowsExactB = kTileK % kStepB == 0 && kStepB % 8 == 0;
-  // Both layouts swizzle within atoms of 8 rows of 64 channels, so a step of
-  // a multiple of 8 rows moves every column by the same bytes: a thread then
-  // keeps its first row's shared address and adds constants, where working
-  // out each row's swizzle would cost several instructions a vector.
-  static constexpr bool kLinearRows = kStepA % 8 == 0 && kStepB % 8 == 0;
+  // is below its step), so that no load needs a check.
+  static constexpr bool kRowsExactA = kHeldA && kTileK % kStepA == 0;
+  static constexpr bool kRowsExactB = kHeldB && kTileK % kStepB == 0;
 
   const Element* dy_column;  // dy at offset 0 of a position: this group and output channel
   const Element* x_column;   // x at offset 0 of a tap-0 position, shifted by the tap, channel c
@@ -148,10 +153,10 @@ struct ConvBwdWeightLoader {
   bool b_valid;          // the reduction column (tap, channel) exists
   uint32_t a_stage_bytes;
   uint32_t b_stage_bytes;
-  uint32_t a_smem0;  // byte address of the thread's first row in stage 0
-  uint32_t b_smem0;
-  uint32_t a_step_bytes;  // from one of its rows to the next (kLinearRows)
-  uint32_t b_step_bytes;
+  uint32_t a_smem[kPhasesA];  // byte addresses of the thread's first rows in stage 0
+  uint32_t b_smem[kPhasesB];
+  uint32_t a_period_bytes;  // from row i to row i + kPhases (a multiple of 8 rows)
+  uint32_t b_period_bytes;
   int a_row0;  // the thread's first row (position) in a tile
   int b_row0;
   int a_col;  // its column (channel offset in the tile)
@@ -195,22 +200,33 @@ struct ConvBwdWeightLoader {
     b_smem_base = smem_b;
     a_col = col_a;
     b_col = col_b;
-    a_smem0 = cast_smem_ptr_to_uint(&sA(col_a, a_row0, 0));
-    b_smem0 = cast_smem_ptr_to_uint(&sB(col_b, b_row0, 0));
-    if constexpr (kLinearRows) {
-      a_step_bytes = uint32_t(cast_smem_ptr_to_uint(&sA(0, int(kStepA), 0)) - cast_smem_ptr_to_uint(&sA(0, 0, 0)));
-      b_step_bytes = uint32_t(cast_smem_ptr_to_uint(&sB(0, int(kStepB), 0)) - cast_smem_ptr_to_uint(&sB(0, 0, 0)));
+    if constexpr (kHeldA) {
+      CUTE_UNROLL
+      for (int i = 0; i < kPhasesA; ++i) {
+        a_smem[i] = cast_smem_ptr_to_uint(&sA(col_a, a_row0 + i * kStepA, 0));
+      }
+      a_period_bytes = uint32_t(cast_smem_ptr_to_uint(&sA(0, kPhasesA * kStepA, 0)) -
+                                cast_smem_ptr_to_uint(&sA(0, 0, 0)));
+    }
+    if constexpr (kHeldB) {
+      CUTE_UNROLL
+      for (int i = 0; i < kPhasesB; ++i) {
+        b_smem[i] = cast_smem_ptr_to_uint(&sB(col_b, b_row0 + i * kStepB, 0));
+      }
+      b_period_bytes = uint32_t(cast_smem_ptr_to_uint(&sB(0, kPhasesB * kStepB, 0)) -
+                                cast_smem_ptr_to_uint(&sB(0, 0, 0)));
     }
   }
 
+  // The shared address in stage 0 of the thread's i-th row of A, `row`.
   __device__ __forceinline__ uint32_t a_address(int i, int row) const {
-    if constexpr (kLinearRows) return a_smem0 + i * a_step_bytes;
+    if constexpr (kHeldA) return a_smem[i % kPhasesA] + (i / kPhasesA) * a_period_bytes;
     auto sA = cute::make_tensor(cute::make_smem_ptr(a_smem_base), typename Traits::SmemLayoutA{});
     return cute::cast_smem_ptr_to_uint(&sA(a_col, row, 0));
   }
 
   __device__ __forceinline__ uint32_t b_address(int i, int row) const {
-    if constexpr (kLinearRows) return b_smem0 + i * b_step_bytes;
+    if constexpr (kHeldB) return b_smem[i % kPhasesB] + (i / kPhasesB) * b_period_bytes;
     auto sB = cute::make_tensor(cute::make_smem_ptr(b_smem_base), typename Traits::SmemLayoutB{});
     return cute::cast_smem_ptr_to_uint(&sB(b_col, row, 0));
   }
