@@ -41,15 +41,23 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _gemm_shape(layer: pd.Series) -> tuple[int, int, int]:
+    """A layer's positions (the reduction of its GEMM), its dw columns per group (taps x C) and
+    the groups its kernels multiply as one (conv_weight_pack)."""
+    reduction = math.prod(_sizes(layer["filter"])) * int(layer.in_channels)
+    positions = int(layer.batch) * math.prod(_sizes(layer["output"]))
+    pack = weight_pack(int(layer.groups), int(layer.in_channels), int(layer.out_channels),
+                       reduction, positions)  # fmt: skip
+    return positions, reduction, pack
+
+
 def rules_cost(tile: tuple[Any, ...], layer: pd.Series) -> tuple[float, int]:
     """The rules' modelled time of a tile on a layer and its split count (conv_plan.cpp's
     weight_tile_cost, without the throughput)."""
     pipeline, tile_m, tile_n, tile_k, stages = tile
     tile_m, tile_n, tile_k, stages = int(tile_m), int(tile_n), int(tile_k), int(stages)
-    groups, c, k = int(layer.groups), int(layer.in_channels), int(layer.out_channels)
-    reduction = math.prod(_sizes(layer["filter"])) * c
-    positions = int(layer.batch) * math.prod(_sizes(layer["output"]))
-    pack = weight_pack(groups, c, k, reduction, positions)
+    positions, reduction, pack = _gemm_shape(layer)
+    groups, k = int(layer.groups), int(layer.out_channels)
     tiles = _ceil_div(k * pack, tile_m) * _ceil_div(reduction * pack, tile_n) * (groups // pack)
     k_tiles = max(1, _ceil_div(positions, tile_k))
     if pipeline == WGMMA:
@@ -91,10 +99,7 @@ def replay(gemm: pd.DataFrame, best: pd.Series, weights: dict[tuple[Any, ...], f
     efficiencies = []
     for label, rows in gemm[gemm.label.isin(labels)].groupby("label"):
         layer = rows.iloc[0]
-        positions = int(layer.batch) * math.prod(_sizes(layer["output"]))
-        reduction = math.prod(_sizes(layer["filter"])) * int(layer.in_channels)
-        packed = weight_pack(int(layer.groups), int(layer.in_channels),
-                             int(layer.out_channels), reduction, positions) > 1  # fmt: skip
+        packed = _gemm_shape(layer)[2] > 1
         widest = rows[rows.vector == rows.vector.max()]
         best_score, pick = None, None
         for tile, tile_rows in widest.groupby(TILE):
