@@ -24,6 +24,8 @@ DIRECT_CTAS_PER_SM = (1, 2, 4, 8, 16)
 DIRECT_GROUPS = 32  # groups a direct kernel's CTA computes
 WEIGHT_PACK_CHANNELS = 64  # channels of packed groups backward-weight multiplies as one
 WEIGHT_PACK_MIN_POSITIONS = 4096  # positions from which it packs
+# The conv forward fed by the copy engine (its kernels carry this pipeline).
+TMA_PIPELINE = "sm90_tma_wgmma"
 FEATURES = ("spatial_dims", "log_batch", "log_groups", "log_in_channels", "log_out_channels",
             "taps", "max_stride", "max_dilation", "phases", "log_gemm_m", "log_gemm_n",
             "log_gemm_k", "log_flop", "wgmma", "direct", "tile_m", "tile_n", "tile_k", "warps",
@@ -96,14 +98,16 @@ def conv_candidate_plans(problem: Mapping[str, Any], direction: str,
     """(kernel name, splits) of every plan the learned selection weighs for a pass: the pass's
     kernels for the dtype and dims built for `arch` (else those that run on it), the implicit-GEMM ones at the widest
     channel vector among those the channels allow, and the direct ones whose groups hold the
-    channels; splits as split_choices gives them (0: not backward-weight). Kernels that cannot
+    channels; splits as split_choices gives them (0: not backward-weight); not the TMA forward's
+    kernels, which the model has no timings of. Kernels that cannot
     run it for another reason (shared memory) stay in: the dispatcher leaves them out."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r}: one of {', '.join(DIRECTIONS)}")
     allowed = _channel_vector(problem, direction)
+    # The TMA forward stays with the hand rules: the model has no timings of it.
     kernels = [k for k in registry if k["family"] == FAMILY[direction] and k["dtype"] == dtype
                and int(k["conv_spatial_dims"]) == int(problem["spatial_dims"])
-               and _runs_on(k, arch)]  # fmt: skip
+               and _runs_on(k, arch) and k.get("pipeline") != TMA_PIPELINE]  # fmt: skip
     # SASS for this exact arch first, as the hand rules prefer it.
     exact = [k for k in kernels if k["arch"] == arch]
     kernels = exact or kernels

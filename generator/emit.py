@@ -171,6 +171,12 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         traits="ckfmha::kernel::ConvFwdSm90Traits",
         launcher="ckfmha::kernel::launch_conv_fwd_sm90",
     ),
+    # ... or, where the channels allow, by the copy engine's im2col mode feeding wgmma.
+    (CONV_FWD, "sm90_tma_wgmma"): PipelineTemplate(
+        header="ckfmha/kernel/conv/fwd_launch.cuh",
+        traits="ckfmha::kernel::ConvFwdTmaTraits",
+        launcher="ckfmha::kernel::launch_conv_fwd_tma",
+    ),
     # Groups of few channels, directly on the CUDA cores (the launch header holds its launcher
     # too, so its instances share compile units with the implicit-GEMM ones).
     (CONV_FWD, CONV_DIRECT_PIPELINE): PipelineTemplate(

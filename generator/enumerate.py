@@ -126,7 +126,8 @@ def _no_tile_reasons(sig: Signature, pipeline: str, arch: ArchSpec) -> tuple[str
         reason = (
             f"the kernel set lists no tiles for {sig.family}/{pipeline} that apply to "
             f"{getattr(sig, 'spatial_dims', 0)}D signatures of "
-            f"max_channels={getattr(sig, 'max_channels', 0)}"
+            f"max_channels={getattr(sig, 'max_channels', 0)} and vector="
+            f"{getattr(sig, 'vector', 0)}"
         )
         return (reason,)
     listed = arch.tiles_for(sig.family, pipeline, sig.hdim_q, sig.hdim_v)
@@ -179,13 +180,29 @@ def select(
     return selection
 
 
+# Templates that run only some problems of their signatures (the conv forward fed by the copy
+# engine takes channel counts its tile_k divides): a set that keeps one template per signature
+# keeps these beside it, so that every problem still has a kernel.
+PARTIAL_TEMPLATES = frozenset({rules.CONV_TMA_TEMPLATE})
+
+
+def _partial(config: KernelConfig) -> bool:
+    return (config.signature.family, config.algorithm.pipeline) in PARTIAL_TEMPLATES
+
+
 def preferred_only(accepted: list[KernelConfig]) -> list[KernelConfig]:
-    """Each signature's configs from its most preferred accepted template only."""
+    """Each signature's configs from its most preferred accepted template only, and those of
+    the partial templates."""
     best: dict[Signature, int] = {}
     for config in accepted:
+        if _partial(config):
+            continue
         rank = pipeline_preference(config.algorithm.pipeline)
         best[config.signature] = max(best.get(config.signature, rank), rank)
-    return [c for c in accepted if pipeline_preference(c.algorithm.pipeline) == best[c.signature]]
+    return [
+        c for c in accepted
+        if _partial(c) or pipeline_preference(c.algorithm.pipeline) == best.get(c.signature)
+    ]  # fmt: skip
 
 
 def select_for_arches(

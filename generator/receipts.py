@@ -54,7 +54,9 @@ class ConvTile:
     tile_n = 32 groups per CTA, tile_k = the group's channel bucket, one output row per warp,
     stages = 1. Weight gradient (conv_bwd_weight, sm80_cpasync_mma and sm90_cpasync_wgmma):
     tile_m output channels x tile_n filter taps x input channels of dw per CTA, tile_k batch x
-    output positions per stage.
+    output positions per stage. The forward fed by the copy engine (sm90_tma_wgmma) has the
+    gathering forward's tile meanings, with a producer warpgroup beside the consumers (12 warps:
+    two consumer warpgroups) and tile_k channels of one filter tap per stage.
     Convolutions have no head dim to key a tile table in arch_specs.json by, so the kernel sets
     list their tiles here.
 
@@ -93,6 +95,22 @@ class ConvTile:
 # of many CTAs, six stages and one CTA for long reductions over few CTAs.
 SM90_CONV = "sm90_cpasync_wgmma"
 DIRECT_CONV = "conv_direct"
+TMA_CONV = "sm90_tma_wgmma"
+
+
+def _tma_tile(tile_m: int, tile_n: int, tile_k: int, stages: int) -> ConvTile:
+    """A tile of the forward fed by the copy engine: a producer and two consumer warpgroups
+    (8-channel signatures only meet its template, rules.pipelines_for_signature)."""
+    return ConvTile(tile_m, tile_n, tile_k, 12, stages, TMA_CONV)
+
+
+# The TMA forward's tiles, each near 192 KiB of stages (one persistent CTA an SM): 128 x 256
+# and 128 x 128 of 64 channels a tap for wide groups (dense layers), 128 x 64 for 64 output
+# channels a group, and 32 channels a tap for groups of 32 (ResNeXt's last stage); full adds
+# 256 x 128.
+CONV_TMA_CORE_TILES = (_tma_tile(128, 256, 64, 4), _tma_tile(128, 128, 64, 6))
+CONV_TMA_DEFAULT_TILES = (_tma_tile(128, 64, 64, 8), _tma_tile(128, 128, 32, 8))
+CONV_TMA_FULL_TILES = (_tma_tile(256, 128, 64, 4),)
 # The direct kernel's one tile per (dims, channel bucket): 32 groups a CTA (a lane each), 2D
 # with 8 warps (rows) and a run of 16 positions a thread (8 for 8 channels, keeping Run x
 # channels at 64 fp32 accumulators), 3D with 4 warps and a run of 8: its input tile holds a
@@ -144,12 +162,14 @@ def _bwd_weight_tile(
 CONV_CORE_TILES = (
     ConvTile(128, 128, 32, 4, 3),
     ConvTile(128, 128, 64, 8, 3, SM90_CONV),
+    *CONV_TMA_CORE_TILES,
     *CONV_DIRECT_TILES,
     _bwd_weight_tile(128, 128, 32, 4, 3),
     _bwd_weight_tile(128, 128, 64, 8, 3, SM90_CONV),
     *CONV_BWD_WEIGHT_DIRECT_TILES,
 )
 CONV_DEFAULT_TILES = CONV_CORE_TILES + (
+    *CONV_TMA_DEFAULT_TILES,
     ConvTile(128, 64, 32, 4, 3),
     ConvTile(64, 32, 32, 4, 4),
     ConvTile(128, 16, 32, 4, 4),
@@ -165,6 +185,7 @@ CONV_DEFAULT_TILES = CONV_CORE_TILES + (
     _bwd_weight_tile(128, 256, 64, 8, 3, SM90_CONV),
 )
 CONV_FULL_TILES = CONV_DEFAULT_TILES + (
+    *CONV_TMA_FULL_TILES,
     ConvTile(256, 128, 32, 8, 3),
     ConvTile(128, 128, 64, 4, 3),
     ConvTile(128, 256, 64, 8, 4, SM90_CONV),

@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <string_view>
 
 namespace ckfmha::runtime {
 
@@ -161,6 +162,16 @@ void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
     if (!why_not.empty()) plan->learned = "learned selection not used: " + why_not;
     return;
   }
+  for (ConvDataPhase const& ph : plan->phases) {
+    if (!ph.empty && ph.plan.found &&
+        std::string_view(ph.plan.kernel.pipeline ? ph.plan.kernel.pipeline : "") ==
+            "sm90_tma_wgmma") {
+      // As in plan_conv: the model has no timings of the TMA template.
+      plan->learned = "learned selection not used: the conv cost model has no timings of the "
+                      "TMA template";
+      return;
+    }
+  }
   auto candidates = bwd_data_candidates(kernels, p, context, plan->phases);
   if (candidates.empty()) return;
   // The choice depends on the narrowest vector a phase allows.
@@ -216,9 +227,8 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
   if (plan.found && conv_learned_applies(CKFMHA_CONV_BWD_DATA, context.device_arch, nullptr)) {
     out << format_conv_predictions(p, CKFMHA_CONV_BWD_DATA, context.sm_count,
                                    bwd_data_candidates(kernels, p, context, plan.phases));
-  } else if (!plan.learned.empty()) {
-    out << plan.learned << "\n";
   }
+  if (!plan.learned.empty()) out << plan.learned << "\n";
   out << "plan: " << plan.phases.size() << " stride phase"
       << (plan.phases.size() == 1 ? "" : "s") << " of dx, each a forward convolution of dy "
       << "with the filter taps that reach it (workspace " << plan.workspace_bytes

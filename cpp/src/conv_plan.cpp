@@ -197,6 +197,17 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
+// The forward fed by the tensor-copy engine (conv/fwd_tma_kernel.cuh).
+bool is_tma(ckfmha_kernel_entry const& k) {
+  return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_tma_wgmma";
+}
+
+// Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or null.
+const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p) {
+  return kernel::conv_tma_limit(p.spatial_dims, p.groups, p.in_channels, k.tile_k, p.filter,
+                                p.stride, p.padding, p.dilation);
+}
+
 // reject_reason's verdict without its text: the selection walks the whole
 // registry (attention kernels included) on every call.
 bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
@@ -204,6 +215,7 @@ bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
   return k.family == family_of(direction) && k.dtype == p.dtype &&
          k.conv_spatial_dims == p.spatial_dims && k.conv_vector <= context.vector &&
          arch_runs_on(k, context.device_arch) &&
+         (!is_tma(k) || tma_limit(k, p) == nullptr) &&
          (!is_direct(k) ||
           (p.in_channels <= k.conv_max_channels && p.out_channels <= k.conv_max_channels &&
            direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch) &&
@@ -236,6 +248,10 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
         << (is_weight(direction) ? "partial sums" : "filters")
         << " for this stride, dilation and filter, over sm_" << context.device_arch << "'s "
         << max_smem_per_block(context.device_arch) << " per block";
+  } else if (is_tma(k) && tma_limit(k, p) != nullptr) {
+    why << "loads by the tensor-copy engine's im2col mode, which cannot take this problem: "
+        << tma_limit(k, p) << " (in_channels " << p.in_channels << ", tile_k " << k.tile_k
+        << ")";
   } else if (is_direct(k) && is_weight(direction) && !context.can_split) {
     why << "adds its sums into the fp32 workspace, and none was given";
   }
@@ -259,6 +275,7 @@ bool is_wgmma(ckfmha_kernel_entry const& k) {
 // (ConvFwdSm90Traits::kMinCtasPerSm); the
 // mma.sync ones hold one or two 128x128 tiles and more of smaller ones.
 int64_t resident_ctas(ckfmha_kernel_entry const& k) {
+  if (is_tma(k)) return 1;  // 192 KiB of stages: one CTA an SM, walking tiles in turn
   if (is_wgmma(k)) {
     const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
                          int64_t(k.tile_m) * 32;  // + the row table, 32 bytes a row
@@ -294,7 +311,9 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
   const int64_t waves = ceil_div(ctas, slots);
   const double overlap = resident > 1 && waves > 1 ? 0.9 : 1.0;
-  const double step = std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n));
+  // The copy engine's loads take no issue slots: a TMA tile's step is its products.
+  const double step = is_tma(k) ? double(k.tile_m) * k.tile_n
+                                : std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n));
   const double wave_time = double(resident) * step * overlap;
   return {double(waves) * wave_time, useful / computed, ctas};
 }
@@ -451,21 +470,22 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   }
   // Preference: a direct kernel for groups of few channels (an implicit GEMM
   // pads their products to tensor-core tiles), the widest channel vector,
-  // SASS for this exact arch, wgmma over mma.sync (backward-weight: the
-  // measured throughput of each tile, weight_tile_throughput, ranks the two
-  // templates instead), then the tile with the lowest modelled cost, then
-  // generator order.
+  // SASS for this exact arch, the forward fed by the copy engine over wgmma
+  // with gathers over mma.sync (backward-weight: the measured throughput of
+  // each tile, weight_tile_throughput, ranks the two templates instead), then
+  // the tile with the lowest modelled cost, then generator order.
   const bool template_ranked = !is_weight(direction);
-  std::tuple<bool, int32_t, bool, bool, double> best{};
+  std::tuple<bool, int32_t, bool, int, double> best{};
   TileCost best_cost{};
   for (auto const& k : kernels) {
     if (!fits(k, p, direction, context)) continue;
     const TileCost cost = is_weight(direction)
                               ? weight_tile_cost(k, p, context.sm_count, context.can_split)
                               : tile_cost(k, p, context.sm_count);
-    std::tuple<bool, int32_t, bool, bool, double> score{
-        k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch,
-        template_ranked ? is_wgmma(k) : true, -cost.cost};
+    const int template_rank = !template_ranked ? 0 : is_tma(k) ? 2 : is_wgmma(k) ? 1 : 0;
+    std::tuple<bool, int32_t, bool, int, double> score{
+        k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch, template_rank,
+        -cost.cost};
     if (!plan.found || score > best) {
       plan.found = true;
       plan.kernel = k;
@@ -479,8 +499,13 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   }
   plan.splits = best_cost.splits;
   std::string learned_note;
-  if (context.learned &&
-      apply_learned_conv_plan(kernels, p, direction, context, &plan, &learned_note)) {
+  if (context.learned && is_tma(plan.kernel)) {
+    // The cost model was trained before this template existed: it ranks the
+    // gathering kernels only.
+    learned_note = " [learned selection not used: the conv cost model has no timings of the "
+                   "TMA template]";
+  } else if (context.learned &&
+             apply_learned_conv_plan(kernels, p, direction, context, &plan, &learned_note)) {
     return plan;
   }
   std::ostringstream why;
@@ -495,7 +520,8 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     return plan;
   }
   why << (plan.kernel.arch == context.device_arch ? "SASS for this arch" : "compatible SASS")
-      << ", " << plan.kernel.conv_vector << "-channel loads, tile " << plan.kernel.tile_m << "x"
+      << ", " << (is_tma(plan.kernel) ? "im2col tensor copies of " : "")
+      << plan.kernel.conv_vector << "-channel loads, tile " << plan.kernel.tile_m << "x"
       << plan.kernel.tile_n << ": " << best_cost.ctas << " CTAs on " << context.sm_count
       << " SMs, " << int(best_cost.fill * 100.0 + 0.5) << "% of the tiles' products useful";
   if (is_weight(direction)) {

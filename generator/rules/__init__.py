@@ -8,7 +8,8 @@ limits, which also says what its instances assert against the template's C++ tra
 (traits_assertions.py): sm80_fwd (with splitkv_paged for the split-KV and paged families),
 sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd, conv (the
 grouped convolution on the sm80 path and, with wgmma, on sm_90a, and its direct CUDA-core
-template for groups of few channels), conv_bwd_weight (the convolution's weight gradient on
+template for groups of few channels), conv_tma (the forward fed by the copy engine's im2col
+mode), conv_bwd_weight (the convolution's weight gradient on
 the sm80 path), conv_bwd_weight_sm90 (the weight gradient on wgmma) and conv_bwd_weight_direct
 (the weight gradient's direct CUDA-core template).
 """
@@ -33,6 +34,7 @@ from . import (
     conv_bwd_weight_direct,
     conv_bwd_weight_sm90,
     conv_direct,
+    conv_tma,
     simt_fwd,
     sm80_bwd,
     sm80_fwd,
@@ -44,6 +46,7 @@ from .common import ELEMENT_BYTES, Rule, TemplateRules, arch_rules
 from .conv import conv_smem_bytes, conv_smem_launch_bytes, conv_warp_grid
 from .pipelines import (
     CONV_DIRECT_PIPELINE,
+    CONV_TMA_TEMPLATE,
     FAMILY_PIPELINES,
     PIPELINE_DTYPES,
     SUPPORTED_FAMILIES,
@@ -58,6 +61,7 @@ from .traits_assertions import TraitsAssertion
 
 __all__ = [
     "CONV_DIRECT_PIPELINE",
+    "CONV_TMA_TEMPLATE",
     "ELEMENT_BYTES",
     "FAMILY_PIPELINES",
     "PIPELINE_DTYPES",
@@ -104,7 +108,10 @@ def _direct_template(family: str) -> TemplateRules:
 
 
 def _sm90_template(family: str) -> TemplateRules:
-    """The sm90 path's templates: forward and the backward main stage."""
+    """The sm90 path's TMA templates: attention forward, the backward main stage and the
+    convolution forward."""
+    if family == CONV_FWD:
+        return conv_tma.TEMPLATE
     return sm90_bwd.TEMPLATE if family == BWD_DQ_DK_DV else sm90_fwd.TEMPLATE
 
 

@@ -37,6 +37,10 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch") if ckfmha.device_count() > 0 else None
 
 NAME = re.compile(r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v(?P<vector>\d+)__")
+# Kernels fed by the copy engine's im2col mode: tile_k channels of one tap per k-tile.
+TMA_NAME = re.compile(
+    r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v8__.*_sm90_tma_wgmma_m\d+n\d+k(?P<tile_k>\d+)_"
+)
 # Direct kernels: groups of at most `bucket` input and output channels.
 DIRECT_NAME = re.compile(
     r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__"
@@ -143,7 +147,64 @@ def _device_conv_kernels() -> list[dict[str, Any]]:
         return []
     arch = ckfmha.device_arch()
     return [k for k in ckfmha.Registry().kernels()
-            if k["family"] == "conv_fwd" and runs_on(k, arch) and NAME.match(k["name"])]  # fmt: skip
+            if k["family"] == "conv_fwd" and runs_on(k, arch) and NAME.match(k["name"])
+            and not TMA_NAME.match(k["name"])]  # fmt: skip
+
+
+def _device_tma_kernels() -> list[dict[str, Any]]:
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] == "conv_fwd" and runs_on(k, arch) and TMA_NAME.match(k["name"])]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", _device_tma_kernels(), ids=lambda k: k["name"])
+def test_every_tma_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
+    """The copy engine's walk over the output positions: row tiles that end inside an image
+    and past the batch, strides and dilations per dim, padding that differs between h and w
+    (and negative reach past it: a 1x1 filter at stride 2), several channel chunks a tap,
+    output channels that leave a partial tile (the w box reads past the group's rows), several
+    groups, and sliced and channels_last inputs."""
+    match = TMA_NAME.match(kernel["name"])
+    dtype, dims, tile_k = match["dtype"], int(match["dims"]), int(match["tile_k"])
+    if dims == 2:
+        cases = [Case(dtype, 3, (13, 11), 2, 2 * tile_k, 40, (3, 3), 1, 1),
+                 Case(dtype, 2, (17, 9), 1, tile_k, 72, (3, 1), (2, 1), (1, 0), layout="slice"),
+                 Case(dtype, 1, (20, 19), 3, tile_k, 24, (3, 3), 2, (2, 3), 2,
+                      layout="channels_last"),
+                 Case(dtype, 2, (14, 14), 1, 4 * tile_k, 288, (1, 1), 2, 0),
+                 Case(dtype, 1, (9, 30), 5, tile_k, 136, (5, 7), (1, 3), (2, 0), (1, 2))]  # fmt: skip
+    else:
+        cases = [Case(dtype, 2, (4, 7, 5), 2, tile_k, 16, (3, 3, 3), 1, 1),
+                 Case(dtype, 1, (5, 9, 8), 1, 2 * tile_k, 72, (3, 3, 3), (1, 2, 2), (1, 1, 0),
+                      (1, 1, 2), layout="slice")]  # fmt: skip
+    for case in cases:
+        run_case(case, kernel=kernel["name"])
+
+
+def test_tma_kernels_take_whole_channel_runs() -> None:
+    """Where the group's channels are a multiple of a TMA kernel's tile_k the dispatcher picks
+    a TMA kernel; with a channel count it does not divide, forcing one fails with the reason
+    and the automatic choice computes the problem on a gathering kernel."""
+    tma = [k["name"] for k in _device_tma_kernels()
+           if TMA_NAME.match(k["name"])["dtype"] == "bf16" and TMA_NAME.match(k["name"])["dims"] == "2"]  # fmt: skip
+    if not tma:
+        pytest.skip("no bf16 2D TMA conv kernel is registered for this device")
+    tile_k = min(int(TMA_NAME.match(name)["tile_k"]) for name in tma)
+    fitting = Case("bf16", 2, (15, 15), 2, 2 * tile_k, 64, (3, 3), 1, 1)
+    inputs = Inputs()
+    x = make_x(fitting, inputs)
+    w = inputs.normal(fitting.problem.w_shape, fitting.dtype)
+    assert TMA_NAME.match(ckfmha.conv_select(x, w, padding=1))
+    run_case(fitting)
+    odd = Case("bf16", 2, (15, 15), 2, 24, 64, (3, 3), 1, 1)
+    x = make_x(odd, inputs)
+    w = inputs.normal(odd.problem.w_shape, odd.dtype)
+    assert not TMA_NAME.match(ckfmha.conv_select(x, w, padding=1))
+    run_case(odd)
+    with pytest.raises(errors.UnsupportedError, match="im2col"):
+        ckfmha.conv_fwd(x, w, padding=1, kernel=tma[0])
 
 
 @pytest.mark.parametrize("kernel", _device_conv_kernels(), ids=lambda k: k["name"])

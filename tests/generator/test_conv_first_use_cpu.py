@@ -20,6 +20,7 @@ FORWARD, BWD_DATA, BWD_WEIGHT = 0, 1, 2
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 SM80 = "sm80_cpasync_mma"
 SM90 = "sm90_cpasync_wgmma"
+TMA = "sm90_tma_wgmma"
 DIRECT = "conv_direct"
 
 
@@ -60,12 +61,16 @@ def test_a_conv_key_builds_the_default_sets_kernels(
 ) -> None:
     """Every default tile of the arch's preferred template: the wgmma ones on sm_90a (the
     dispatcher ranks wgmma above mma.sync whatever the shape, so it never picks the default
-    set's mma.sync kernels there unless forced by name), the mma.sync ones elsewhere."""
+    set's mma.sync kernels there unless forced by name) and, at 8-channel vectors, the TMA ones
+    before them (which run channel counts their tile_k divides); the mma.sync ones
+    elsewhere."""
     names = [c.name for c in first_use.kernels_for(ConvKey(FORWARD, dtype, spatial_dims, vector),
                                                    arch)]  # fmt: skip
     pipeline = SM90 if arch == "sm_90a" else SM80
-    assert names == _default_conv_names(arch, signature, pipeline)
-    assert len(names) == (5 if arch == "sm_90a" else 4), "every tile of the default set"
+    tma = _default_conv_names(arch, signature, TMA)
+    assert names == tma + _default_conv_names(arch, signature, pipeline)
+    assert len(tma) == (4 if (arch, vector) == ("sm_90a", 8) else 0)
+    assert len(names) - len(tma) == (5 if arch == "sm_90a" else 4), "every default tile"
     if arch == "sm_90a":
         built_beside = _default_conv_names(arch, signature, SM80)
         assert len(built_beside) == 4 and not set(built_beside) & set(names)
@@ -172,7 +177,8 @@ def test_ensure_compiles_only_what_the_registry_lacks(monkeypatch: pytest.Monkey
     """A runner's ensure(("conv", ...)) builds the key's kernels the registry lacks, once."""
     from ckfmha import jit
 
-    wanted = _default_conv_names("sm_90a", "conv_fwd_bf16_3d_v8", SM90)
+    wanted = _default_conv_names("sm_90a", "conv_fwd_bf16_3d_v8", TMA)
+    wanted += _default_conv_names("sm_90a", "conv_fwd_bf16_3d_v8", SM90)
     built: list[tuple[list[str], str]] = []
 
     class Registry:

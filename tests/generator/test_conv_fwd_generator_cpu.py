@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.compile_unit import compile_one_unit
 from support.paths import REPO_ROOT
 
-from generator import build, emit, rules, toolchain
+from generator import emit, rules
 from generator.enumerate import select
 from generator.names import parse_kernel_name
 from generator.receipts import (
@@ -38,6 +39,7 @@ DTYPES = ("fp16", "bf16")
 VECTORS = (8, 4, 2, 1)
 SM80 = "sm80_cpasync_mma"
 SM90 = "sm90_cpasync_wgmma"
+TMA = "sm90_tma_wgmma"
 DIRECT = "conv_direct"
 SM80_TILES = tuple(
     t for t in CONV_FULL_TILES if t.pipeline == SM80 and t.family == "conv_fwd"
@@ -110,13 +112,14 @@ def _of(pipeline: str, tiles: tuple[ConvTile, ...]) -> tuple[ConvTile, ...]:
 def _names(arch: str, signatures: list[str], tiles: tuple[ConvTile, ...]) -> list[str]:
     """Implicit-GEMM kernel names in the generator's order: by template as the arch lists its
     pipelines, then by signature, then by tile. Tiles of a template the arch lacks name no
-    kernel; direct tiles (a channel bucket) apply to none of these signatures."""
+    kernel; direct tiles (a channel bucket) apply to none of these signatures, TMA tiles only
+    to 8-channel ones."""
     return [
         f"{signature}__{arch}_{pipeline}_{_tile_token(tile)}"
         for pipeline in SPECS[arch].pipelines
         for signature in signatures
         for tile in _of(pipeline, tiles)
-        if tile.max_channels == 0
+        if tile.max_channels == 0 and (pipeline != TMA or signature.endswith("_v8"))
     ]
 
 
@@ -305,11 +308,11 @@ def test_conv_signatures_have_no_head_dim_rules() -> None:
     assert "head dims" not in _reasons(_conv(vector=3))
 
 
-def test_conv_runs_on_its_three_templates_only() -> None:
-    config = _conv("sm_90a", pipeline="sm90_tma_wgmma")
+def test_conv_runs_on_its_four_templates_only() -> None:
+    config = _conv("sm_90a", pipeline="simt_fma")
     assert (
-        "family 'conv_fwd' has no 'sm90_tma_wgmma' template; it runs on sm80_cpasync_mma, "
-        "sm90_cpasync_wgmma, conv_direct"
+        "family 'conv_fwd' has no 'simt_fma' template; it runs on sm80_cpasync_mma, "
+        "sm90_cpasync_wgmma, sm90_tma_wgmma, conv_direct"
     ) in _reasons(config)
 
 
@@ -572,9 +575,9 @@ def _tokens(pipeline: str, tiles: tuple[ConvTile, ...]) -> list[str]:
 
 
 def test_the_sets_tiles() -> None:
-    """Each set lists tiles of all three templates; every arch builds those of the templates
-    it has."""
-    assert {t.pipeline for t in CONV_FULL_TILES} == {SM80, SM90, DIRECT}
+    """Each set lists tiles of all four templates; every arch builds those of the templates
+    it has (the TMA tiles are test_conv_tma_generator_cpu.py's)."""
+    assert {t.pipeline for t in CONV_FULL_TILES} == {SM80, SM90, TMA, DIRECT}
     assert all(t.max_channels == 0 for t in CONV_FULL_TILES if t.pipeline != DIRECT)
     assert _tokens(SM80, CONV_CORE_TILES) == ["m128n128k32_w4s3"]
     assert _tokens(SM90, CONV_CORE_TILES) == ["m128n128k64_w8s3"]
@@ -605,11 +608,16 @@ def test_core_builds_four_sm80_conv_kernels_of_one_tile(arch: str) -> None:
 
 def test_core_on_sm_90a_builds_only_the_wgmma_conv_kernels() -> None:
     """Core keeps each signature's preferred template: on sm_90a the four conv signatures get
-    the wgmma tile alone, though the mma.sync one passes the rules too."""
+    the wgmma tile, though the mma.sync one passes the rules too, and the 8-channel ones the
+    TMA tiles beside it (which run only channel counts their tile_k divides)."""
     names = _conv_names("core", "sm_90a")
     assert names == [
+        f"{signature}__sm_90a_sm90_tma_wgmma_{_tile_token(tile)}"
+        for signature in CORE_SIGNATURES if signature.endswith("_v8")
+        for tile in _of(TMA, CONV_CORE_TILES)
+    ] + [
         f"{signature}__sm_90a_sm90_cpasync_wgmma_m128n128k64_w8s3" for signature in CORE_SIGNATURES
-    ]
+    ]  # fmt: skip
     every_template = dataclasses.replace(get_receipt("core"), preferred_only=False)
     accepted = [
         c.name for c in select(every_template, SPECS["sm_90a"]).accepted
@@ -621,11 +629,12 @@ def test_core_on_sm_90a_builds_only_the_wgmma_conv_kernels() -> None:
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_default_builds_every_conv_signature_with_every_default_tile(arch: str) -> None:
-    """Every tile of every template the arch has: on sm_90a the four mma.sync tiles and the
-    five wgmma ones, elsewhere the mma.sync ones."""
+    """Every tile of every template the arch has: on sm_90a the four mma.sync tiles, the five
+    wgmma ones and for the four 8-channel signatures the four TMA ones, elsewhere the mma.sync
+    ones."""
     names = _conv_names("default", arch)
     assert names == _names(arch, ALL_SIGNATURES, CONV_DEFAULT_TILES)
-    assert len(names) == 16 * (4 + 5 if arch == "sm_90a" else 4)
+    assert len(names) == (16 * (4 + 5) + 4 * 4 if arch == "sm_90a" else 16 * 4)
     assert any(SM90 in n for n in names) == (arch == "sm_90a")
 
 
@@ -638,7 +647,7 @@ def test_full_adds_the_larger_tiles_that_fit(arch: str) -> None:
         and conv_smem_launch_bytes(t.tile_m, t.tile_n, t.tile_k, t.stages)
         <= spec.max_dynamic_smem_per_block
     )  # fmt: skip
-    assert len(fits) == {"sm_80": 6, "sm_86": 5, "sm_89": 5, "sm_90a": 6 + 7}[arch]
+    assert len(fits) == {"sm_80": 6, "sm_86": 5, "sm_89": 5, "sm_90a": 6 + 7 + 5}[arch]
     assert _conv_names("full", arch) == _names(arch, ALL_SIGNATURES, fits)
     selection = select(get_receipt("full"), SPECS[arch])
     conv_rejected = [r for r in selection.rejected if r.signature.family == "conv_fwd"]
@@ -666,26 +675,9 @@ def test_cli_lists_conv_kernels_by_filter(arch: str) -> None:
     direct = [f"conv_fwd_bf16_2d_v1_c1__{arch}_{DIRECT}_m16n32k1_w8s1",
               f"conv_fwd_bf16_2d_v1_c4__{arch}_{DIRECT}_m16n32k4_w8s1"]  # fmt: skip
     implicit_gemm = _names(arch, CORE_SIGNATURES, _of(pipeline, CONV_CORE_TILES))
+    if arch == "sm_90a":  # the TMA tiles of the 8-channel signatures first, as sm_90a lists them
+        implicit_gemm = _names(arch, CORE_SIGNATURES, _of(TMA, CONV_CORE_TILES)) + implicit_gemm
     assert result.stdout.split() == implicit_gemm + direct
-
-
-def _compile_one_unit(tmp_path: Path, configs: list[KernelConfig], arch: str) -> None:
-    """Compiles `configs` (one arch) as the build does, in one unit; fails naming nvcc's
-    complaint."""
-    try:
-        toolchain.find_nvcc()
-        toolchain.find_cutlass_include()
-    except toolchain.ToolchainError as error:
-        pytest.skip(f"CUDA toolchain unavailable: {error}")
-    files = emit.emit(tmp_path, configs, [], SPECS, jobs=1)
-    ((unit_path, unit),) = files.units
-    compiler = toolchain.CudaToolchain(
-        build.arch_specs_for([arch]), [REPO_ROOT / "cpp" / "include", tmp_path]
-    )
-    job = toolchain.CompileJob(unit_path, tmp_path / "unit.o", unit.arch)
-    command = compiler.compile_command(job, tmp_path / "unit.d")
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # The weight gradient's launcher; its instances compile once it is there.
@@ -714,9 +706,10 @@ def test_core_conv_instances_compile(tmp_path: Path, arch: str, family: str, dir
     forward's two, the weight gradient's depthwise one)."""
     configs = [c for c in select(get_receipt("core"), SPECS[arch]).accepted
                if c.signature.family == family]  # fmt: skip
-    assert len(configs) == 4 + direct
+    tma = 6 if (arch, family) == ("sm_90a", "conv_fwd") else 0  # 2 tiles x 3 v8 signatures
+    assert len(configs) == 4 + direct + tma
     assert sum(c.algorithm.pipeline == DIRECT for c in configs) == direct
-    _compile_one_unit(tmp_path, configs, arch)
+    compile_one_unit(tmp_path, configs, arch)
 
 
 @pytest.mark.slow
@@ -727,4 +720,4 @@ def test_every_wgmma_tile_compiles(tmp_path: Path) -> None:
     configs = [_sm90(tile=_shape(tile)) for tile in SM90_TILES]
     configs += [_sm90(tile=(192, 64, 64, 12, 3)), _sm90("fp16", 3, 2)]
     assert all(_reasons(config) == "" for config in configs)
-    _compile_one_unit(tmp_path, configs, "sm_90a")
+    compile_one_unit(tmp_path, configs, "sm_90a")

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ckfmha::runtime {
@@ -92,6 +93,9 @@ std::vector<ConvCandidate> conv_candidates(std::vector<ckfmha_kernel_entry> cons
   bool exact = false;
   int32_t widest = 0;
   for (auto const& k : kernels) {
+    // The model has no timings of the TMA forward (plan_conv keeps it with
+    // the hand rules).
+    if (std::string_view(k.pipeline ? k.pipeline : "") == "sm90_tma_wgmma") continue;
     if (!fits_pass(k)) continue;
     fitting.push_back(&k);
     exact = exact || k.arch == device_arch;

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int32_t first_channel = int32_t(blockIdx.y) * kTileN;
   const int32_t k_tiles = (p.reduction + kTileK - 1) / kTileK;
 
-  conv_detail::fill_rows<kDims, kTileM, kThreads>(p, first_row, rows);
+  conv_detail::fill_rows<kDims, kTileM, kThreads>(p, first_row, rows, tid);
 
 
   typename Traits::TiledMma tiled_mma;

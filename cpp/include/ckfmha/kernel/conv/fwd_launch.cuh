@@ -8,6 +8,8 @@
 #include "ckfmha/kernel/conv/direct_kernel.cuh"
 #include "ckfmha/kernel/conv/fwd_kernel.cuh"
 #include "ckfmha/kernel/conv/fwd_sm90_kernel.cuh"
+#include "ckfmha/kernel/conv/fwd_tma_kernel.cuh"
+#include "ckfmha/kernel/conv/fwd_tma_maps.hpp"
 #include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/kernel/params/launch_context.h"
 #include "ckfmha/kernel_entry.h"
@@ -78,6 +80,31 @@ int launch_conv_fwd_sm90(void const* problem, void const* args,
                          ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   (void)context;
   return launch_conv_fwd<Traits>(&conv_fwd_sm90_kernel<Traits>, problem, args, stream);
+}
+
+// The TMA forward: as many CTAs as SMs (fewer for few tiles), each walking
+// output tiles in turn (fwd_tma_kernel.cuh). The runtime has checked the
+// problem against conv_tma_limit and the channel vector of 8.
+template <class Traits>
+int launch_conv_fwd_tma(void const* problem, void const* args,
+                        ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
+  ConvFwdTmaParams params{};
+  params.conv = make_conv_fwd_params(pr, ar);
+  if (int err = encode_conv_fwd_tma_maps<Traits>(params.conv, &params.x_map, &params.w_map)) {
+    return err;
+  }
+  params.tiles_m = (params.conv.rows + Traits::kTileM - 1) / Traits::kTileM;
+  params.tiles_n = (params.conv.out_channels + Traits::kTileN - 1) / Traits::kTileN;
+  int sms = 0;
+  if (int err = current_device_sms(&sms)) return err;
+  const int64_t tiles = params.tiles_m * params.tiles_n * params.conv.groups;
+  if (tiles == 0) return 0;
+  const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
+  return launch_kernel(&conv_fwd_tma_kernel<Traits>, grid, Traits::kThreads,
+                       Traits::kSmemLaunchBytes, stream, params);
 }
 
 // Groups of few channels on the CUDA cores: one CTA per (output tile, block

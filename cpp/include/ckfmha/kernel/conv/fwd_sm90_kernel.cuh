@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   const int64_t first_row = int64_t(blockIdx.x) * kTileM;
   const int32_t first_channel = int32_t(blockIdx.y) * kTileN;
   const int32_t k_tiles = (p.reduction + kTileK - 1) / kTileK;
-  fill_rows<Traits::kSpatialDims, kTileM, Traits::kThreads>(p, first_row, rows);
+  fill_rows<Traits::kSpatialDims, kTileM, Traits::kThreads>(p, first_row, rows, tid);
 
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tid);

@@ -52,11 +52,12 @@ __device__ __forceinline__ void copy_or_zero(uint32_t smem_addr, const void* gme
 }
 
 // Fills the CTA's row table: each output position's batch offset in x, its
-// offset in y and the input coordinates of its first tap.
+// offset in y and the input coordinates of its first tap. `Threads` threads
+// share the work, `thread` is this one's index among them.
 template <int SpatialDims, int TileM, int Threads>
 __device__ __forceinline__ void fill_rows(ConvFwdParams const& p, int64_t first_row,
-                                          ConvRow* rows) {
-  for (int r = threadIdx.x; r < TileM; r += Threads) {
+                                          ConvRow* rows, int thread) {
+  for (int r = thread; r < TileM; r += Threads) {
     const int64_t m = first_row + r;
     ConvRow row;
     row.unused = 0;

@@ -80,6 +80,42 @@ constexpr int32_t conv_weight_pack(int32_t groups, int32_t in_channels, int32_t 
   return pack;
 }
 
+// Why the copy engine's im2col mode cannot walk a forward problem, or null.
+// Per spatial dim (spatial_dims of them, outermost first): the walk's corners
+// (-padding, and padding less the filter's reach) must fit the descriptor's
+// signed fields (8 bits a dim in 2D, 5 bits in 3D), a tap's offset its
+// unsigned ones, and the stride its traversal step (at most 8). A k-tile is
+// tile_k channels of one tap, so the group's channels must divide by it, and
+// all groups' channels are one 32-bit coordinate.
+inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_channels,
+                                  int32_t tile_k, const int32_t* filter, const int32_t* stride,
+                                  const int32_t* padding, const int32_t* dilation) {
+  if (tile_k <= 0 || in_channels % tile_k != 0) {
+    return "its k-tiles are whole runs of one tap's channels: in_channels must be a multiple "
+           "of its tile_k";
+  }
+  if (groups * in_channels > 0x7fffffff) return "groups x in_channels exceeds 2^31";
+  const int32_t corner_min = spatial_dims == 2 ? -128 : -16;
+  const int32_t corner_max = spatial_dims == 2 ? 127 : 15;
+  const int32_t reach_max = spatial_dims == 2 ? 255 : 31;
+  for (int i = 0; i < spatial_dims; ++i) {
+    if (stride[i] > 8) return "the copy engine steps at most 8 positions (stride <= 8)";
+    const int64_t reach = int64_t(filter[i] - 1) * dilation[i];
+    if (reach > reach_max) {
+      return spatial_dims == 2 ? "(filter - 1) x dilation must be at most 255 in 2D"
+                               : "(filter - 1) x dilation must be at most 31 in 3D";
+    }
+    const int64_t lower = -int64_t(padding[i]);
+    const int64_t upper = int64_t(padding[i]) - reach;
+    if (lower < corner_min || lower > corner_max || upper < corner_min || upper > corner_max) {
+      return spatial_dims == 2
+                 ? "padding and padding - (filter - 1) x dilation must lie in [-128, 127] in 2D"
+                 : "padding and padding - (filter - 1) x dilation must lie in [-16, 15] in 3D";
+    }
+  }
+  return nullptr;
+}
+
 // What the runtime hands a backward-weight launcher as its `args`.
 struct ConvBwdWeightLaunch {
   const void* x;

@@ -1,0 +1,220 @@
+// Grouped convolution forward as an implicit GEMM fed by the tensor-copy
+// engine (sm_90a). The gathering kernels (fwd_sm90_kernel.cuh) spend most of
+// their issue slots on per-thread copies and wait on them; here one thread
+// asks the copy engine for each k-tile: x's tile in im2col mode (TileM
+// consecutive output positions, TileK channels of one filter tap, zeros where
+// the tap reads padding or a row lies past the batch) and w's tile as a 3D box
+// (channels of the taps, output channels, group). Consumer warpgroups wait on
+// a stage's full barrier, multiply, and free the stage.
+//
+// Persistent: a CTA per SM walks the output tiles, output-channel tiles of one
+// row tile first, so that neighbouring CTAs read the same input rows from L2.
+// The producer runs ahead into the next tile while the consumers store.
+#pragma once
+
+#include "ckfmha/kernel/conv/fwd_tma_traits.cuh"
+#include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/params/conv_params.h"
+
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <cstdint>
+
+namespace ckfmha::kernel {
+
+struct ConvFwdTmaParams {
+  ConvFwdParams conv;
+  // x as (channels of all groups, w, h, [d,] batch) for im2col copies, and w
+  // as (filter taps x channels, out channels, groups).
+  cute::TmaDescriptor x_map;
+  cute::TmaDescriptor w_map;
+  int64_t tiles_m;  // row tiles
+  int32_t tiles_n;  // output-channel tiles of a group
+};
+
+namespace conv_detail {
+
+// The output tile a CTA takes on its `index`-th turn: channel tiles of a row
+// tile, then row tiles, then groups.
+struct ConvTileIndex {
+  int64_t row_tile;
+  int32_t channel_tile;
+  int32_t group;
+};
+
+__device__ __forceinline__ ConvTileIndex conv_tile_at(ConvFwdTmaParams const& params,
+                                                      int64_t tile) {
+  ConvTileIndex t;
+  t.channel_tile = int32_t(tile % params.tiles_n);
+  const int64_t rest = tile / params.tiles_n;
+  t.row_tile = rest % params.tiles_m;
+  t.group = int32_t(rest / params.tiles_m);
+  return t;
+}
+
+__device__ __forceinline__ int64_t conv_tile_count(ConvFwdTmaParams const& params) {
+  return params.tiles_m * params.tiles_n * params.conv.groups;
+}
+
+// Run by one thread: for every tile of this CTA, each k-tile's x and w into
+// the next free stage. The reduction index is tap x channels + channel with
+// the channel count a multiple of TileK, so k-tile t covers channels
+// (t mod chunks) x TileK of tap t / chunks, and its w columns start at
+// t x TileK.
+template <class Traits>
+__device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params,
+                                                  uint64_t* full, uint64_t* empty,
+                                                  typename Traits::Element* smem_a,
+                                                  typename Traits::Element* smem_b) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kTileK = Traits::kTileK;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kElemsA = Traits::kTileM * kTileK;
+  constexpr int kElemsB = Traits::kTileN * kTileK;
+  ConvFwdParams const& p = params.conv;
+  cute::prefetch_tma_descriptor(&params.x_map);
+  cute::prefetch_tma_descriptor(&params.w_map);
+  const int32_t chunks = p.in_channels / kTileK;
+  const int32_t k_tiles = p.reduction / kTileK;
+  const uint64_t hint = uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+  int count = 0;
+  for (int64_t tile = blockIdx.x; tile < conv_tile_count(params); tile += gridDim.x) {
+    const ConvTileIndex t = conv_tile_at(params, tile);
+    // The tile's first output position, and the input coordinates of its
+    // first tap: the copy engine walks on from there.
+    int64_t rest = t.row_tile * Traits::kTileM;
+    int32_t corner[3];
+    for (int d = 2; d >= 0; --d) {
+      const int64_t next = rest / p.output[d];
+      corner[d] = int32_t(rest - next * p.output[d]) * p.stride[d] - p.padding[d];
+      rest = next;
+    }
+    const int32_t image = int32_t(rest);
+    const int32_t first_channel = t.channel_tile * Traits::kTileN;
+    int32_t chunk = 0;
+    int32_t tap[3] = {0, 0, 0};  // (d, h, w)
+    for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile, ++count) {
+      const int stage = count % kStages;
+      Barrier::wait(&empty[stage], uint32_t(((count / kStages) & 1) ^ 1));
+      Barrier::arrive_and_expect_tx(&full[stage],
+                                    uint32_t(Traits::kStageBytesA + Traits::kStageBytesB));
+      const int32_t channel = t.group * p.in_channels + chunk * kTileK;
+      const auto off_w = uint16_t(tap[2] * p.dilation[2]);
+      const auto off_h = uint16_t(tap[1] * p.dilation[1]);
+      if constexpr (Traits::kSpatialDims == 2) {
+        cute::SM90_TMA_LOAD_IM2COL_4D::copy(&params.x_map, &full[stage], smem_a + stage * kElemsA,
+                                            channel, corner[2], corner[1], image, off_w, off_h);
+      } else {
+        const auto off_d = uint16_t(tap[0] * p.dilation[0]);
+        cute::SM90_TMA_LOAD_IM2COL_5D::copy(&params.x_map, &full[stage], smem_a + stage * kElemsA,
+                                            channel, corner[2], corner[1], corner[0], image,
+                                            off_w, off_h, off_d);
+      }
+      cute::SM90_TMA_LOAD_3D::copy(&params.w_map, &full[stage], hint, smem_b + stage * kElemsB,
+                                   k_tile * kTileK, first_channel, t.group);
+      if (++chunk == chunks) {
+        chunk = 0;
+        if (++tap[2] == p.filter[2]) {
+          tap[2] = 0;
+          if (++tap[1] == p.filter[1]) {
+            tap[1] = 0;
+            ++tap[0];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace conv_detail
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    conv_fwd_tma_kernel(ConvFwdTmaParams const __grid_constant__ params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using namespace conv_detail;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using Element = typename Traits::Element;
+  constexpr int kTileM = Traits::kTileM;
+  constexpr int kTileN = Traits::kTileN;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kConsumerThreads = Traits::kConsumerThreads;
+
+  extern __shared__ __align__(1024) char smem[];
+  Element* smem_a = reinterpret_cast<Element*>(smem);
+  Element* smem_b = smem_a + cosize_v<typename Traits::SmemLayoutA>;
+  ConvRow* rows = reinterpret_cast<ConvRow*>(smem + Traits::kSmemBytes);
+  uint64_t* full =
+      reinterpret_cast<uint64_t*>(smem + Traits::kSmemBytes + Traits::kSmemRowBytes);
+  uint64_t* empty = full + kStages;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full[s], 1);
+      Barrier::init(&empty[s], kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (threadIdx.x == 0) conv_fwd_tma_load<Traits>(params, full, empty, smem_a, smem_b);
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  ConvFwdParams const& p = params.conv;
+  const int tid = int(threadIdx.x) - 128;
+  Tensor sA = make_tensor(make_smem_ptr(smem_a), typename Traits::SmemLayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(smem_b), typename Traits::SmemLayoutB{});
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tCrA = thr_mma.make_fragment_A(thr_mma.partition_A(sA));  // (MMA, M, K, stage)
+  Tensor tCrB = thr_mma.make_fragment_B(thr_mma.partition_B(sB));
+  Tensor acc = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
+  Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
+  Element* y = static_cast<Element*>(p.y);
+  const int32_t k_tiles = p.reduction / Traits::kTileK;
+
+  int count = 0;
+  for (int64_t tile = blockIdx.x; tile < conv_tile_count(params); tile += gridDim.x) {
+    const ConvTileIndex t = conv_tile_at(params, tile);
+    // The last tile's stores have read the row table.
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+    fill_rows<Traits::kSpatialDims, kTileM, kConsumerThreads>(p, t.row_tile * kTileM, rows, tid);
+
+    clear(acc);
+    for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile, ++count) {
+      const int stage = count % kStages;
+      Barrier::wait(&full[stage], uint32_t((count / kStages) & 1));
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kk = 0; kk < size<2>(tCrA); ++kk) {
+        gemm(tiled_mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), acc);
+      }
+      warpgroup_commit_batch();
+      // The batch before this one is done: its stage is free.
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc);
+      if (k_tile > 0) Barrier::arrive(&empty[(count - 1) % kStages]);
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    Barrier::arrive(&empty[(count - 1) % kStages]);
+
+    // The row table is written.
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+    store_tile(p, rows, y + int64_t(t.group) * p.out_channels, t.channel_tile * kTileN, acc,
+               coords);
+  }
+#endif
+}
+
+}  // namespace ckfmha::kernel

@@ -1,0 +1,77 @@
+// Compile-time configuration of the grouped-convolution forward on TMA and
+// wgmma (sm_90a): one producer warpgroup whose elected thread issues a tensor
+// copy per operand and k-tile (x's tile in the copy engine's im2col mode, w's
+// as a plain 3D box), and consumer warpgroups that only multiply. A k-tile is
+// TileK channels of one filter tap, so the group's channel count must divide
+// by TileK (the runtime checks it, conv_plan.cpp).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include <type_traits>
+
+namespace ckfmha::kernel {
+
+template <class Element_, int SpatialDims, int Vector, int TileM, int TileN, int TileK, int Warps,
+          int Stages>
+struct ConvFwdTmaTraits {
+  using Element = Element_;
+  static_assert(std::is_same_v<Element, cutlass::half_t> ||
+                    std::is_same_v<Element, cutlass::bfloat16_t>,
+                "wgmma takes fp16 or bf16 operands here");
+  static_assert(SpatialDims == 2 || SpatialDims == 3, "2D or 3D convolution");
+  // The copy engine moves whole 16-byte channel runs: the same condition as
+  // the 8-channel vector of the gathering kernels.
+  static_assert(Vector == 8, "tensor copies need 16-byte channel runs");
+  static constexpr int kSpatialDims = SpatialDims;
+  static constexpr int kVector = Vector;
+  static constexpr int kTileM = TileM;
+  static constexpr int kTileN = TileN;
+  static constexpr int kTileK = TileK;
+  static constexpr int kStages = Stages;
+  static constexpr int kThreads = Warps * 32;
+  static constexpr int kConsumerWarpgroups = Warps / 4 - 1;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+  static_assert(Warps % 4 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 2,
+                "one producer warpgroup and one or two consumer warpgroups");
+  static_assert(TileM % (64 * kConsumerWarpgroups) == 0,
+                "each consumer warpgroup owns whole 64-row wgmma tiles");
+  static_assert(TileM <= 256, "the im2col copy's pixels per column");
+  static_assert(TileN % 16 == 0 && TileN >= 16 && TileN <= 256, "wgmma N of 16 to 256");
+  static_assert(TileK == 32 || TileK == 64, "one 64- or 128-byte swizzled row per position");
+  static_assert(Stages >= 2 && Stages <= 8, "2 to 8 shared-memory stages");
+
+  // The producer keeps a handful of registers; the consumers take the rest
+  // (64K over one CTA of 384 threads: 128 x 40 + 256 x 232).
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 40 : 56;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 232 : 256;
+
+  // The copy engine writes 64- or 128-byte rows with the matching swizzle,
+  // which is the layout wgmma reads as K-major.
+  using SmemAtom = std::conditional_t<TileK * int(sizeof(Element)) == 128,
+                                      cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  static constexpr int kSwizzleBytes = TileK * int(sizeof(Element));
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<TileM>, cute::Int<TileK>, cute::Int<Stages>>{}));
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<TileN>, cute::Int<TileK>, cute::Int<Stages>>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<TileN>, cute::Int<TileK>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+      cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>{}));
+
+  static constexpr int kStageBytesA = TileM * TileK * int(sizeof(Element));
+  static constexpr int kStageBytesB = TileN * TileK * int(sizeof(Element));
+  // The operand stages (1024-byte aligned, as swizzled tiles need), the row
+  // table the epilogue stores through, then each stage's two barriers.
+  static constexpr int kSmemBytes = Stages * (kStageBytesA + kStageBytesB);
+  static constexpr int kSmemRowBytes = TileM * 32;
+  static constexpr int kSmemBarrierBytes = 2 * Stages * 8;
+  static constexpr int kSmemLaunchBytes = kSmemBytes + kSmemRowBytes + kSmemBarrierBytes;
+  static constexpr int kMinCtasPerSm = 1;
+};
+
+}  // namespace ckfmha::kernel

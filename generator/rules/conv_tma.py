@@ -1,0 +1,130 @@
+"""Limits of the grouped-convolution forward fed by the copy engine (ConvFwdTmaTraits,
+pipeline sm90_tma_wgmma): one producer warpgroup asks for each k-tile's x tile in im2col mode
+and w tile as a 3D box, one or two consumer warpgroups multiply them with wgmma. The copy engine
+moves 16-byte channel runs, so only the 8-channel vector of fp16/bf16 applies; a k-tile is
+tile_k channels of one filter tap, 64 or 128 bytes, the swizzle span of its shared-memory rows.
+What depends on the problem (channels a multiple of tile_k, the im2col walk's corner and stride
+limits) the runtime checks per call (kernel::conv_tma_limit)."""
+
+from __future__ import annotations
+
+from ..signature import CONV_FWD, KernelConfig
+from ..specs import ArchSpec
+from .common import ELEMENT_BYTES, TemplateRules
+from .conv import CONV_ROW_BYTES, problem_reasons, smem_reasons
+from .traits_assertions import TraitsAssertion, assertions_from
+
+TMA_VECTOR = 8
+# A producer warpgroup and one or two consumer warpgroups.
+TMA_WARPS = (8, 12)
+TMA_TILE_M = (64, 128, 256)
+TMA_TILE_N = (16, 32, 64, 128, 256)
+TMA_TILE_K = (32, 64)
+TMA_STAGES = tuple(range(2, 9))
+WGMMA_ROWS = 64
+# One barrier pair (full, empty) of 8 bytes each per stage.
+BARRIER_BYTES = 16
+WGMMA_ARITHMETIC = "wgmma, fp32 accumulators"
+
+
+def tma_smem_launch_bytes(tile_m: int, tile_n: int, tile_k: int, stages: int, elem: int) -> int:
+    """The operand stages, the row table the epilogue stores through and the stages' barriers
+    (ConvFwdTmaTraits::kSmemLaunchBytes)."""
+    return stages * (tile_m + tile_n) * tile_k * elem + tile_m * CONV_ROW_BYTES + (
+        BARRIER_BYTES * stages
+    )
+
+
+def _consumers(config: KernelConfig) -> int:
+    return config.algorithm.warps // 4 - 1
+
+
+def _signature_reasons(config: KernelConfig) -> list[str]:
+    sig = config.signature
+    reasons = problem_reasons(config, CONV_FWD, WGMMA_ARITHMETIC)
+    if getattr(sig, "max_channels", 0) != 0:
+        reasons.append(
+            f"max_channels={sig.max_channels} is the direct template's channel bucket; the TMA "
+            "template is an implicit GEMM (max_channels=0)"
+        )
+    vector = getattr(sig, "vector", None)
+    if vector != TMA_VECTOR:
+        reasons.append(
+            f"vector={vector} is not supported by the TMA template: the copy engine moves whole "
+            f"16-byte channel runs (vector={TMA_VECTOR}); narrower vectors run on the gathering "
+            "templates"
+        )
+    return reasons
+
+
+def _tile_reasons(config: KernelConfig) -> list[str]:
+    alg = config.algorithm
+    reasons: list[str] = []
+    if alg.warps not in TMA_WARPS:
+        reasons.append(
+            f"warps={alg.warps} is not supported; the TMA template runs a producer warpgroup "
+            f"and one or two consumer warpgroups: {' or '.join(map(str, TMA_WARPS))} warps"
+        )
+    elif alg.tile_m not in TMA_TILE_M or alg.tile_m % (WGMMA_ROWS * _consumers(config)):
+        reasons.append(
+            f"tile_m={alg.tile_m} is not supported with {_consumers(config)} consumer "
+            f"warpgroups: one of {', '.join(map(str, TMA_TILE_M))} (the im2col copy's "
+            "positions), a multiple of 64 rows per consumer warpgroup"
+        )
+    if alg.tile_n not in TMA_TILE_N:
+        reasons.append(
+            f"tile_n={alg.tile_n} output channels is not supported; supported: "
+            f"{', '.join(map(str, TMA_TILE_N))} (wgmma N)"
+        )
+    if alg.tile_k not in TMA_TILE_K:
+        reasons.append(
+            f"tile_k={alg.tile_k} is not supported; supported: "
+            f"{', '.join(map(str, TMA_TILE_K))} (one 64- or 128-byte swizzled row per position)"
+        )
+    if alg.stages not in TMA_STAGES:
+        reasons.append(
+            f"stages={alg.stages} is not supported; the TMA template keeps "
+            f"{TMA_STAGES[0]} to {TMA_STAGES[-1]} stages"
+        )
+    if alg.ctas_per_sm != 1:
+        reasons.append(
+            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the TMA template runs one "
+            "persistent CTA an SM (ctas_per_sm=1)"
+        )
+    return reasons
+
+
+def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    sig, alg = config.signature, config.algorithm
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    launched = tma_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem)
+    table = f"{alg.tile_m} rows x {CONV_ROW_BYTES} B of row table and the stages' barriers"
+    return smem_reasons(config, arch, launched, table)
+
+
+def conv_tma_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
+    """Limits of the TMA conv forward: fp16/bf16, 2D or 3D, 8-channel vectors, a producer and
+    one or two consumer warpgroups of 64-row wgmma tiles, and its stages within the arch's
+    shared memory (the pipeline itself is sm_90a's, arch_specs.json)."""
+    reasons = _signature_reasons(config) + _tile_reasons(config)
+    return reasons + _smem_reasons(config, arch)
+
+
+def conv_tma_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, ...]:
+    """The threads, consumer warpgroups and shared memory the rules assume, which
+    ConvFwdTmaTraits computes from the same template arguments."""
+    sig, alg = config.signature, config.algorithm
+    elem = ELEMENT_BYTES.get(sig.dtype, 2)
+    return assertions_from(
+        __name__,
+        ("kThreads", alg.warps * 32, "threads per CTA"),
+        ("kConsumerWarpgroups", _consumers(config), "warpgroups that multiply"),
+        (
+            "kSmemLaunchBytes",
+            tma_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem),
+            "shared-memory bytes per CTA",
+        ),
+    )
+
+
+TEMPLATE = TemplateRules(conv_tma_rules, conv_tma_traits_assertions)
