@@ -25,13 +25,30 @@ WGMMA_ROWS = 64
 # One barrier pair (full, empty) of 8 bytes each per stage.
 BARRIER_BYTES = 16
 WGMMA_ARITHMETIC = "wgmma, fp32 accumulators"
+# The epilogue stores 8 KiB of a consumer warpgroup's output at a time through shared memory,
+# rows padded by 16 bytes against bank conflicts.
+EPILOGUE_CHUNK_BYTES = 8192
+EPILOGUE_ROW_PAD = 16
 
 
-def tma_smem_launch_bytes(tile_m: int, tile_n: int, tile_k: int, stages: int, elem: int) -> int:
-    """The operand stages, the row table the epilogue stores through and the stages' barriers
-    (ConvFwdTmaTraits::kSmemLaunchBytes)."""
-    return stages * (tile_m + tile_n) * tile_k * elem + tile_m * CONV_ROW_BYTES + (
-        BARRIER_BYTES * stages
+def tma_epilogue_bytes(tile_m: int, tile_n: int, warps: int, elem: int) -> int:
+    """The epilogue's chunk of every consumer warpgroup's rows: 8 KiB of output each (64
+    channels of 64 rows), rows padded by 16 bytes (ConvFwdTmaTraits::kSmemEpilogueBytes)."""
+    rows = tile_m // max(warps // 4 - 1, 1)
+    cols = min(tile_n, EPILOGUE_CHUNK_BYTES // (rows * elem))
+    return tile_m * (cols * elem + EPILOGUE_ROW_PAD)
+
+
+def tma_smem_launch_bytes(
+    tile_m: int, tile_n: int, tile_k: int, stages: int, elem: int, warps: int = 12
+) -> int:
+    """The operand stages, the epilogue's chunks, the row table the epilogue stores through and
+    the stages' barriers (ConvFwdTmaTraits::kSmemLaunchBytes)."""
+    return (
+        stages * (tile_m + tile_n) * tile_k * elem
+        + tma_epilogue_bytes(tile_m, tile_n, warps, elem)
+        + tile_m * CONV_ROW_BYTES
+        + BARRIER_BYTES * stages
     )
 
 
@@ -97,8 +114,13 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
 def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
     sig, alg = config.signature, config.algorithm
     elem = ELEMENT_BYTES.get(sig.dtype, 2)
-    launched = tma_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem)
-    table = f"{alg.tile_m} rows x {CONV_ROW_BYTES} B of row table and the stages' barriers"
+    launched = tma_smem_launch_bytes(
+        alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem, alg.warps
+    )
+    table = (
+        f"{tma_epilogue_bytes(alg.tile_m, alg.tile_n, alg.warps, elem)} B of epilogue chunks, "
+        f"{alg.tile_m} rows x {CONV_ROW_BYTES} B of row table and the stages' barriers"
+    )
     return smem_reasons(config, arch, launched, table)
 
 
@@ -121,7 +143,9 @@ def conv_tma_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
         ("kConsumerWarpgroups", _consumers(config), "warpgroups that multiply"),
         (
             "kSmemLaunchBytes",
-            tma_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem),
+            tma_smem_launch_bytes(
+                alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem, alg.warps
+            ),
             "shared-memory bytes per CTA",
         ),
     )

@@ -78,9 +78,13 @@ def test_rule_fires_with_a_reason_naming_the_limit(config: KernelConfig, expecte
     assert expected in _reasons(config)
 
 
-def test_shared_memory_counts_stages_rows_and_barriers() -> None:
-    # 4 stages of (128 + 256) x 64 bf16, 128 rows of 32 bytes, 4 barrier pairs.
-    assert tma_smem_launch_bytes(128, 256, 64, 4, 2) == 4 * 384 * 128 + 128 * 32 + 4 * 16
+def test_shared_memory_counts_stages_epilogue_rows_and_barriers() -> None:
+    # 4 stages of (128 + 256) x 64 bf16; the epilogue's 64-channel chunk of 128 rows, each of
+    # 128 bytes and 16 of padding; 128 rows of 32 bytes of table; 4 barrier pairs.
+    stages, epilogue, table, barriers = 4 * 384 * 128, 128 * 144, 128 * 32, 4 * 16
+    assert tma_smem_launch_bytes(128, 256, 64, 4, 2) == stages + epilogue + table + barriers
+    # 256 rows: a warpgroup's 128 rows in chunks of 32 channels (8 KiB).
+    assert tma_smem_launch_bytes(256, 128, 64, 4, 2) == 4 * 384 * 128 + 256 * 80 + 256 * 32 + 64
     assert _reasons(_tma(tile=(128, 256, 64, 12, 4))) == ""
 
 

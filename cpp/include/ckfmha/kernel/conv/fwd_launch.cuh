@@ -50,6 +50,9 @@ inline ConvFwdParams make_conv_fwd_params(ckfmha_conv_problem const& pr,
   bool paired = reinterpret_cast<uintptr_t>(ar.y) % 4 == 0 && pr.out_channels % 2 == 0;
   for (int d = 0; d < 4; ++d) paired = paired && p.y_stride[d] % 2 == 0;
   p.paired_stores = paired ? 1 : 0;
+  bool vectors = reinterpret_cast<uintptr_t>(ar.y) % 16 == 0 && pr.out_channels % 8 == 0;
+  for (int d = 0; d < 4; ++d) vectors = vectors && p.y_stride[d] % 8 == 0;
+  p.vector_stores = vectors ? 1 : 0;
   return p;
 }
 

@@ -12,6 +12,7 @@
 // The producer runs ahead into the next tile while the consumers store.
 #pragma once
 
+#include "ckfmha/kernel/conv/fwd_tma_epilogue.cuh"
 #include "ckfmha/kernel/conv/fwd_tma_traits.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
@@ -148,9 +149,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ __align__(1024) char smem[];
   Element* smem_a = reinterpret_cast<Element*>(smem);
   Element* smem_b = smem_a + cosize_v<typename Traits::SmemLayoutA>;
-  ConvRow* rows = reinterpret_cast<ConvRow*>(smem + Traits::kSmemBytes);
-  uint64_t* full =
-      reinterpret_cast<uint64_t*>(smem + Traits::kSmemBytes + Traits::kSmemRowBytes);
+  char* epilogue = smem + Traits::kSmemBytes;
+  ConvRow* rows = reinterpret_cast<ConvRow*>(epilogue + Traits::kSmemEpilogueBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(rows) +
+                                               Traits::kSmemRowBytes);
   uint64_t* empty = full + kStages;
 
   if (threadIdx.x == 0) {
@@ -211,8 +213,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // The row table is written.
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
-    store_tile(p, rows, y + int64_t(t.group) * p.out_channels, t.channel_tile * kTileN, acc,
-               coords);
+    const int warpgroup = tid / 128;
+    store_tile_through_smem<Traits>(
+        p, rows, y + int64_t(t.group) * p.out_channels, t.channel_tile * kTileN, acc, coords,
+        epilogue + warpgroup * Traits::kRowsPerConsumer * Traits::kEpiloguePitch, warpgroup,
+        tid % 128);
   }
 #endif
 }

@@ -65,12 +65,24 @@ struct ConvFwdTmaTraits {
 
   static constexpr int kStageBytesA = TileM * TileK * int(sizeof(Element));
   static constexpr int kStageBytesB = TileN * TileK * int(sizeof(Element));
-  // The operand stages (1024-byte aligned, as swizzled tiles need), the row
-  // table the epilogue stores through, then each stage's two barriers.
+  // The epilogue stages each consumer warpgroup's rows through shared memory
+  // in chunks of 8 KiB of output (64 channels of 64 rows, 32 of 128), so that
+  // threads store whole 16-byte runs of a row; rows are padded by 16 bytes,
+  // which spreads a warp's fragment writes over all banks.
+  static constexpr int kRowsPerConsumer = TileM / kConsumerWarpgroups;
+  static constexpr int kEpilogueCols =
+      cute::min(TileN, 8192 / (kRowsPerConsumer * int(sizeof(Element))));
+  static constexpr int kEpiloguePitch = kEpilogueCols * int(sizeof(Element)) + 16;
+  static_assert(TileN % kEpilogueCols == 0 && kEpilogueCols % 8 == 0, "whole chunks of runs");
+  // The operand stages (1024-byte aligned, as swizzled tiles need), the
+  // epilogue's chunks, the row table the epilogue stores through, then each
+  // stage's two barriers.
   static constexpr int kSmemBytes = Stages * (kStageBytesA + kStageBytesB);
+  static constexpr int kSmemEpilogueBytes = TileM * kEpiloguePitch;
   static constexpr int kSmemRowBytes = TileM * 32;
   static constexpr int kSmemBarrierBytes = 2 * Stages * 8;
-  static constexpr int kSmemLaunchBytes = kSmemBytes + kSmemRowBytes + kSmemBarrierBytes;
+  static constexpr int kSmemLaunchBytes =
+      kSmemBytes + kSmemEpilogueBytes + kSmemRowBytes + kSmemBarrierBytes;
   static constexpr int kMinCtasPerSm = 1;
 };
 

@@ -30,6 +30,9 @@ struct ConvFwdParams {
   // 1: adjacent output channels may be stored as one 4-byte pair (y 4-byte
   // aligned, its strides and out_channels even).
   int32_t paired_stores;
+  // 1: runs of 8 output channels may be stored as one 16-byte vector (y
+  // 16-byte aligned, its strides and out_channels multiples of 8).
+  int32_t vector_stores;
 };
 
 // Backward-weight: the forward problem's geometry, with y holding dy (read)
