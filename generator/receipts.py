@@ -104,13 +104,13 @@ def _tma_tile(tile_m: int, tile_n: int, tile_k: int, stages: int) -> ConvTile:
     return ConvTile(tile_m, tile_n, tile_k, 12, stages, TMA_CONV)
 
 
-# The TMA forward's tiles, each near 192 KiB of stages (one persistent CTA an SM): 128 x 256
-# and 128 x 128 of 64 channels a tap for wide groups (dense layers), 128 x 64 for 64 output
-# channels a group, and 32 channels a tap for groups of 32 (ResNeXt's last stage); full adds
-# 256 x 128.
-CONV_TMA_CORE_TILES = (_tma_tile(128, 256, 64, 4), _tma_tile(128, 128, 64, 6))
-CONV_TMA_DEFAULT_TILES = (_tma_tile(128, 64, 64, 8), _tma_tile(128, 128, 32, 8))
-CONV_TMA_FULL_TILES = (_tma_tile(256, 128, 64, 4),)
+# The TMA forward's tiles, each near 192 KiB of stages (one persistent CTA an SM): 128 x 128
+# and 128 x 64 of 64 channels a tap, the two that won most of the suite's dense layers when
+# every tile was forced (H100, NOTES 112); default adds 32 channels a tap for groups of 32
+# (ResNeXt's last stage) and 256 x 128, full 128 x 256, which won none.
+CONV_TMA_CORE_TILES = (_tma_tile(128, 128, 64, 6), _tma_tile(128, 64, 64, 8))
+CONV_TMA_DEFAULT_TILES = (_tma_tile(128, 128, 32, 8), _tma_tile(256, 128, 64, 4))
+CONV_TMA_FULL_TILES = (_tma_tile(128, 256, 64, 4),)
 # The direct kernel's one tile per (dims, channel bucket): 32 groups a CTA (a lane each), 2D
 # with 8 warps (rows) and a run of 16 positions a thread (8 for 8 channels, keeping Run x
 # channels at 64 fp32 accumulators), 3D with 4 warps and a run of 8: its input tile holds a

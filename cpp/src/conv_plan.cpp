@@ -204,8 +204,8 @@ bool is_tma(ckfmha_kernel_entry const& k) {
 
 // Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or null.
 const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p) {
-  return kernel::conv_tma_limit(p.spatial_dims, p.groups, p.in_channels, k.tile_k, p.filter,
-                                p.stride, p.padding, p.dilation);
+  return kernel::conv_tma_limit(p.spatial_dims, p.groups, p.in_channels, k.tile_k, p.input,
+                                p.output, p.filter, p.stride, p.padding, p.dilation);
 }
 
 // reject_reason's verdict without its text: the selection walks the whole
@@ -311,9 +311,14 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
   const int64_t waves = ceil_div(ctas, slots);
   const double overlap = resident > 1 && waves > 1 ? 0.9 : 1.0;
-  // The copy engine's loads take no issue slots: a TMA tile's step is its products.
-  const double step = is_tma(k) ? double(k.tile_m) * k.tile_n
-                                : std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n));
+  // The copy engine's loads take no issue slots, but wgmma reads both operands
+  // from shared memory: on the TMA tiles a narrow tile still pays for its
+  // operand rows, less than a gathering one (48 against 64 a row; forced on
+  // the suite's dense layers, 128x64 lost to 128x128 where both ran one wave,
+  // NOTES 112).
+  const double load_weight = is_tma(k) ? 48.0 : 64.0;
+  const double step =
+      std::max(double(k.tile_m) * k.tile_n, load_weight * (k.tile_m + k.tile_n));
   const double wave_time = double(resident) * step * overlap;
   return {double(waves) * wave_time, useful / computed, ctas};
 }

@@ -89,11 +89,11 @@ def test_shared_memory_counts_stages_epilogue_rows_and_barriers() -> None:
 
 
 def test_the_sets_list_tma_tiles_from_core_on() -> None:
-    assert _tma_tokens(CONV_CORE_TILES) == ["m128n256k64_w12s4", "m128n128k64_w12s6"]
+    assert _tma_tokens(CONV_CORE_TILES) == ["m128n128k64_w12s6", "m128n64k64_w12s8"]
     assert _tma_tokens(CONV_DEFAULT_TILES) == [
-        "m128n256k64_w12s4", "m128n128k64_w12s6", "m128n64k64_w12s8", "m128n128k32_w12s8"
+        "m128n128k64_w12s6", "m128n64k64_w12s8", "m128n128k32_w12s8", "m256n128k64_w12s4"
     ]  # fmt: skip
-    assert _tma_tokens(CONV_FULL_TILES) == [*_tma_tokens(CONV_DEFAULT_TILES), "m256n128k64_w12s4"]
+    assert _tma_tokens(CONV_FULL_TILES) == [*_tma_tokens(CONV_DEFAULT_TILES), "m128n256k64_w12s4"]
 
 
 def test_core_keeps_the_gathering_kernels_beside_the_tma_ones() -> None:

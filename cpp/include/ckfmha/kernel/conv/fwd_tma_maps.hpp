@@ -1,9 +1,10 @@
 // Host side: the tensor maps of the TMA forward (fwd_tma_kernel.cuh), encoded
 // for every launch from the problem's shapes and pointers. x is described in
 // im2col mode: the copy engine walks TileM output positions (w, then h, then
-// d, then the batch) of the box that the padding and the filter's reach span,
-// stepping by the stride, and reads TileK channels at each position shifted by
-// the tap's offset, zeros outside the input. w is a plain 3D box.
+// d, then the batch) of the box of first-tap coordinates the outputs span
+// (conv_tma_lower_corner, conv_tma_upper_corner), stepping by the stride, and
+// reads TileK channels at each position shifted by the tap's offset, zeros
+// outside the input. w is a plain 3D box.
 #pragma once
 
 #include "ckfmha/kernel/params/conv_params.h"
@@ -51,8 +52,9 @@ int encode_conv_fwd_tma_maps(ConvFwdParams const& p, cute::TmaDescriptor* x_map,
     dim[rank] = cuuint64_t(p.input[axis]);
     stride[rank - 1] = cuuint64_t(p.x_stride[1 + axis] * kBytes);
     step[rank] = cuuint32_t(p.stride[axis]);
-    lower[i] = -p.padding[axis];
-    upper[i] = p.padding[axis] - (p.filter[axis] - 1) * p.dilation[axis];
+    lower[i] = int(conv_tma_lower_corner(p.padding[axis]));
+    upper[i] = int(conv_tma_upper_corner(p.input[axis], p.output[axis], p.stride[axis],
+                                         p.padding[axis]));
     ++rank;
   }
   dim[rank] = cuuint64_t(p.batch);

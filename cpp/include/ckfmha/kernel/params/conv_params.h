@@ -83,15 +83,26 @@ constexpr int32_t conv_weight_pack(int32_t groups, int32_t in_channels, int32_t 
   return pack;
 }
 
+// The corners of the box the copy engine's im2col walk steps through along one
+// dim: the first tap-0 input coordinate (-padding) and the last one,
+// (output - 1) x stride - padding, as an offset from input - 1. The output
+// count, not the padding, fixes the last: the backward-data plan's stride
+// phases have outputs no symmetric padding would give.
+constexpr int64_t conv_tma_lower_corner(int32_t padding) { return -int64_t(padding); }
+constexpr int64_t conv_tma_upper_corner(int32_t input, int32_t output, int32_t stride,
+                                        int32_t padding) {
+  return int64_t(output - 1) * stride - padding - (input - 1);
+}
+
 // Why the copy engine's im2col mode cannot walk a forward problem, or null.
 // Per spatial dim (spatial_dims of them, outermost first): the walk's corners
-// (-padding, and padding less the filter's reach) must fit the descriptor's
-// signed fields (8 bits a dim in 2D, 5 bits in 3D), a tap's offset its
-// unsigned ones, and the stride its traversal step (at most 8). A k-tile is
-// tile_k channels of one tap, so the group's channels must divide by it, and
-// all groups' channels are one 32-bit coordinate.
+// must fit the descriptor's signed fields (8 bits a dim in 2D, 5 bits in 3D),
+// a tap's offset its unsigned ones, and the stride its traversal step (at
+// most 8). A k-tile is tile_k channels of one tap, so the group's channels
+// must divide by it, and all groups' channels are one 32-bit coordinate.
 inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_channels,
-                                  int32_t tile_k, const int32_t* filter, const int32_t* stride,
+                                  int32_t tile_k, const int32_t* input, const int32_t* output,
+                                  const int32_t* filter, const int32_t* stride,
                                   const int32_t* padding, const int32_t* dilation) {
   if (tile_k <= 0 || in_channels % tile_k != 0) {
     return "its k-tiles are whole runs of one tap's channels: in_channels must be a multiple "
@@ -108,12 +119,14 @@ inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_c
       return spatial_dims == 2 ? "(filter - 1) x dilation must be at most 255 in 2D"
                                : "(filter - 1) x dilation must be at most 31 in 3D";
     }
-    const int64_t lower = -int64_t(padding[i]);
-    const int64_t upper = int64_t(padding[i]) - reach;
+    const int64_t lower = conv_tma_lower_corner(padding[i]);
+    const int64_t upper = conv_tma_upper_corner(input[i], output[i], stride[i], padding[i]);
     if (lower < corner_min || lower > corner_max || upper < corner_min || upper > corner_max) {
       return spatial_dims == 2
-                 ? "padding and padding - (filter - 1) x dilation must lie in [-128, 127] in 2D"
-                 : "padding and padding - (filter - 1) x dilation must lie in [-16, 15] in 3D";
+                 ? "-padding and (output - 1) x stride - padding - (input - 1) must lie in "
+                   "[-128, 127] in 2D"
+                 : "-padding and (output - 1) x stride - padding - (input - 1) must lie in "
+                   "[-16, 15] in 3D";
     }
   }
   return nullptr;
