@@ -98,18 +98,26 @@ DIRECT_CONV = "conv_direct"
 TMA_CONV = "sm90_tma_wgmma"
 
 
-def _tma_tile(tile_m: int, tile_n: int, tile_k: int, stages: int) -> ConvTile:
-    """A tile of the forward fed by the copy engine: a producer and two consumer warpgroups
-    (8-channel signatures only meet its template, rules.pipelines_for_signature)."""
-    return ConvTile(tile_m, tile_n, tile_k, 12, stages, TMA_CONV)
+def _tma_tile(tile_m: int, tile_n: int, tile_k: int, stages: int, warps: int = 12) -> ConvTile:
+    """A tile of the forward fed by the copy engine: a producer warpgroup and two consumer
+    warpgroups (warps=12) or one (warps=8); 8-channel signatures only meet its template
+    (rules.pipelines_for_signature)."""
+    return ConvTile(tile_m, tile_n, tile_k, warps, stages, TMA_CONV)
 
 
-# The TMA forward's tiles, each near 192 KiB of stages (one persistent CTA an SM): 128 x 128
-# and 128 x 64 of 64 channels a tap, the two that won most of the suite's dense layers when
-# every tile was forced (H100, NOTES 112); default adds 32 channels a tap for groups of 32
-# (ResNeXt's last stage) and 256 x 128, full 128 x 256, which won none.
+# The TMA forward's tiles: 128 x 128 and 128 x 64 of 64 channels a tap with near 192 KiB of
+# stages (one persistent CTA an SM), the two that won most of the suite's dense layers when
+# every tile was forced (H100, NOTES 112), and two that fit two CTAs an SM for layers of few
+# tiles (64 x 128 on one consumer warpgroup, 128 x 64 with three stages); default adds 32
+# channels a tap for groups of 32 (ResNeXt's last stage) and 256 x 128, full 128 x 256, which
+# won none.
 CONV_TMA_CORE_TILES = (_tma_tile(128, 128, 64, 6), _tma_tile(128, 64, 64, 8))
-CONV_TMA_DEFAULT_TILES = (_tma_tile(128, 128, 32, 8), _tma_tile(256, 128, 64, 4))
+CONV_TMA_DEFAULT_TILES = (
+    _tma_tile(64, 128, 64, 4, warps=8),
+    _tma_tile(128, 64, 64, 3),
+    _tma_tile(128, 128, 32, 8),
+    _tma_tile(256, 128, 64, 4),
+)
 CONV_TMA_FULL_TILES = (_tma_tile(128, 256, 64, 4),)
 # The direct kernel's one tile per (dims, channel bucket): 32 groups a CTA (a lane each), 2D
 # with 8 warps (rows) and a run of 16 positions a thread (8 for 8 channels, keeping Run x

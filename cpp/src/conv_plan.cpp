@@ -275,7 +275,17 @@ bool is_wgmma(ckfmha_kernel_entry const& k) {
 // (ConvFwdSm90Traits::kMinCtasPerSm); the
 // mma.sync ones hold one or two 128x128 tiles and more of smaller ones.
 int64_t resident_ctas(ckfmha_kernel_entry const& k) {
-  if (is_tma(k)) return 1;  // 192 KiB of stages: one CTA an SM, walking tiles in turn
+  if (is_tma(k)) {
+    // ConvFwdTmaTraits::kMinCtasPerSm: the stages, the epilogue's 8 KiB chunk
+    // a consumer warpgroup (rows padded by 16 bytes), the row table and the
+    // barriers; two CTAs where both fit in 228 KiB with 1 KiB each reserved.
+    const int64_t consumers = std::max(k.warps / 4 - 1, 1);
+    const int64_t rows = k.tile_m / consumers;
+    const int64_t cols = std::min<int64_t>(k.tile_n, 8192 / (rows * 2));
+    const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
+                         k.tile_m * (cols * 2 + 16) + int64_t(k.tile_m) * 32 + 16 * k.stages;
+    return 2 * (smem + 1024) <= 228 * 1024 ? 2 : 1;
+  }
   if (is_wgmma(k)) {
     const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
                          int64_t(k.tile_m) * 32;  // + the row table, 32 bytes a row
@@ -319,6 +329,14 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const double load_weight = is_tma(k) ? 48.0 : 64.0;
   const double step =
       std::max(double(k.tile_m) * k.tile_n, load_weight * (k.tile_m + k.tile_n));
+  if (is_tma(k)) {
+    // Persistent CTAs walk the tiles: the busiest SM takes ceil(ctas / SMs)
+    // of them, whether one CTA or two hold them (fewer tiles than SMs run one
+    // an SM); two CTAs overlap each other's tile start and epilogue.
+    const int64_t per_sm = ceil_div(ctas, std::max(sm_count, 1));
+    const double shared = resident > 1 && per_sm > 1 ? 0.9 : 1.0;
+    return {double(per_sm) * step * shared, useful / computed, ctas};
+  }
   const double wave_time = double(resident) * step * overlap;
   return {double(waves) * wave_time, useful / computed, ctas};
 }

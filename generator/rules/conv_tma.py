@@ -52,6 +52,21 @@ def tma_smem_launch_bytes(
     )
 
 
+# Two CTAs share an SM where both fit in its 228 KiB, 1 KiB of each reserved by the system
+# (ConvFwdTmaTraits::kMinCtasPerSm).
+SM_SMEM_BYTES = 228 * 1024
+CTA_RESERVED_SMEM = 1024
+
+
+def tma_min_ctas_per_sm(config: KernelConfig) -> int:
+    """CTAs an SM holds at once that the kernel's registers are sized for: two where their
+    shared memory fits, else one."""
+    alg = config.algorithm
+    elem = ELEMENT_BYTES.get(config.signature.dtype, 2)
+    smem = tma_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem, alg.warps)
+    return 2 if 2 * (smem + CTA_RESERVED_SMEM) <= SM_SMEM_BYTES else 1
+
+
 def _consumers(config: KernelConfig) -> int:
     return config.algorithm.warps // 4 - 1
 
@@ -105,8 +120,8 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
         )
     if alg.ctas_per_sm != 1:
         reasons.append(
-            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the TMA template runs one "
-            "persistent CTA an SM (ctas_per_sm=1)"
+            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the TMA template sizes its "
+            "registers for two CTAs an SM where their shared memory fits (ctas_per_sm=1)"
         )
     return reasons
 
@@ -148,6 +163,7 @@ def conv_tma_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
             ),
             "shared-memory bytes per CTA",
         ),
+        ("kMinCtasPerSm", tma_min_ctas_per_sm(config), "CTAs an SM holds at once"),
     )
 
 

@@ -13,7 +13,7 @@ from support.compile_unit import compile_one_unit
 from generator import emit, rules
 from generator.enumerate import select
 from generator.receipts import CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES, get_receipt
-from generator.rules.conv_tma import tma_smem_launch_bytes
+from generator.rules.conv_tma import tma_min_ctas_per_sm, tma_smem_launch_bytes
 from generator.signature import Algorithm, ConvSignature, KernelConfig
 from generator.specs import load_specs
 
@@ -51,7 +51,7 @@ def _tma_tokens(tiles: tuple) -> list[str]:
 
 def test_the_sets_tma_tiles_pass_the_rules_for_both_dims_and_dtypes() -> None:
     tiles = [t for t in CONV_FULL_TILES if t.pipeline == TMA]
-    assert tiles and all(t.warps == 12 for t in tiles)
+    assert tiles and all(t.warps in (8, 12) for t in tiles)
     for tile in tiles:
         for dtype in ("fp16", "bf16"):
             for dims in (2, 3):
@@ -88,10 +88,24 @@ def test_shared_memory_counts_stages_epilogue_rows_and_barriers() -> None:
     assert _reasons(_tma(tile=(128, 256, 64, 12, 4))) == ""
 
 
+@pytest.mark.parametrize(
+    ("tile", "ctas"),
+    [((128, 128, 64, 12, 6), 1), ((128, 64, 64, 12, 8), 1), ((64, 128, 64, 8, 4), 2),
+     ((128, 64, 64, 12, 3), 2), ((256, 128, 64, 12, 4), 1)],
+)  # fmt: skip
+def test_small_tiles_fit_two_ctas_an_sm(tile: tuple[int, int, int, int, int], ctas: int) -> None:
+    """Two CTAs where both fit in an SM's 228 KiB (1 KiB each reserved): the instance asserts
+    it, and the traits size the registers for it."""
+    config = _tma(tile=tile)
+    assert tma_min_ctas_per_sm(config) == ctas
+    assert f"Traits::kMinCtasPerSm == {ctas}" in emit.render_instance(config)
+
+
 def test_the_sets_list_tma_tiles_from_core_on() -> None:
     assert _tma_tokens(CONV_CORE_TILES) == ["m128n128k64_w12s6", "m128n64k64_w12s8"]
     assert _tma_tokens(CONV_DEFAULT_TILES) == [
-        "m128n128k64_w12s6", "m128n64k64_w12s8", "m128n128k32_w12s8", "m256n128k64_w12s4"
+        "m128n128k64_w12s6", "m128n64k64_w12s8", "m64n128k64_w8s4", "m128n64k64_w12s3",
+        "m128n128k32_w12s8", "m256n128k64_w12s4",
     ]  # fmt: skip
     assert _tma_tokens(CONV_FULL_TILES) == [*_tma_tokens(CONV_DEFAULT_TILES), "m128n256k64_w12s4"]
 

@@ -52,7 +52,8 @@ EXPECTED_MEMBERS = {
     ("conv_fwd", "sm90_cpasync_wgmma"): {"kThreads", "kWarpgroups", "kSmemBytes",
                                          "kSmemLaunchBytes", "kMinCtasPerSm"},
     # Its shared memory depends on the problem (stride, dilation, filter): nothing to assert.
-    ("conv_fwd", "sm90_tma_wgmma"): {"kThreads", "kConsumerWarpgroups", "kSmemLaunchBytes"},
+    ("conv_fwd", "sm90_tma_wgmma"): {"kThreads", "kConsumerWarpgroups", "kSmemLaunchBytes",
+                                     "kMinCtasPerSm"},
     ("conv_fwd", "conv_direct"): {"kThreads", "kMaxChannels", "kRun", "kTileH", "kGroups"},
     ("conv_bwd_weight", "sm80_cpasync_mma"): {"kThreads", "kWarpsM", "kWarpsN", "kSmemBytes",
                                               "kSmemLaunchBytes"},

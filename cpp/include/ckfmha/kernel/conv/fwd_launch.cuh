@@ -85,7 +85,7 @@ int launch_conv_fwd_sm90(void const* problem, void const* args,
   return launch_conv_fwd<Traits>(&conv_fwd_sm90_kernel<Traits>, problem, args, stream);
 }
 
-// The TMA forward: as many CTAs as SMs (fewer for few tiles), each walking
+// The TMA forward: as many CTAs as SMs hold at once (fewer for few tiles), each walking
 // output tiles in turn (fwd_tma_kernel.cuh). The runtime has checked the
 // problem against conv_tma_limit and the channel vector of 8.
 template <class Traits>
@@ -105,7 +105,7 @@ int launch_conv_fwd_tma(void const* problem, void const* args,
   if (int err = current_device_sms(&sms)) return err;
   const int64_t tiles = params.tiles_m * params.tiles_n * params.conv.groups;
   if (tiles == 0) return 0;
-  const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
+  const dim3 grid(unsigned(std::min<int64_t>(tiles, int64_t(sms) * Traits::kMinCtasPerSm)));
   return launch_kernel(&conv_fwd_tma_kernel<Traits>, grid, Traits::kThreads,
                        Traits::kSmemLaunchBytes, stream, params);
 }

@@ -7,9 +7,10 @@
 // (channels of the taps, output channels, group). Consumer warpgroups wait on
 // a stage's full barrier, multiply, and free the stage.
 //
-// Persistent: a CTA per SM walks the output tiles, output-channel tiles of one
-// row tile first, so that neighbouring CTAs read the same input rows from L2.
-// The producer runs ahead into the next tile while the consumers store.
+// Persistent: a CTA per SM (two where their shared memory fits) walks the
+// output tiles, output-channel tiles of one row tile first, so that
+// neighbouring CTAs read the same input rows from L2. The producer runs ahead
+// into the next tile while the consumers store.
 #pragma once
 
 #include "ckfmha/kernel/conv/fwd_tma_epilogue.cuh"
@@ -134,7 +135,7 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
 }  // namespace conv_detail
 
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     conv_fwd_tma_kernel(ConvFwdTmaParams const __grid_constant__ params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;

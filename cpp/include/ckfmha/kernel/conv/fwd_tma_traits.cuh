@@ -42,10 +42,6 @@ struct ConvFwdTmaTraits {
   static_assert(TileK == 32 || TileK == 64, "one 64- or 128-byte swizzled row per position");
   static_assert(Stages >= 2 && Stages <= 8, "2 to 8 shared-memory stages");
 
-  // The producer keeps a handful of registers; the consumers take the rest
-  // (64K over one CTA of 384 threads: 128 x 40 + 256 x 232).
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 40 : 56;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 232 : 256;
 
   // The copy engine writes 64- or 128-byte rows with the matching swizzle,
   // which is the layout wgmma reads as K-major.
@@ -83,7 +79,19 @@ struct ConvFwdTmaTraits {
   static constexpr int kSmemBarrierBytes = 2 * Stages * 8;
   static constexpr int kSmemLaunchBytes =
       kSmemBytes + kSmemEpilogueBytes + kSmemRowBytes + kSmemBarrierBytes;
-  static constexpr int kMinCtasPerSm = 1;
+  // Two CTAs an SM where both fit in its 228 KiB (1 KiB of each is the
+  // system's): one CTA's tile start and epilogue then run under the other's
+  // products, which pays where a layer has few tiles.
+  static constexpr int kMinCtasPerSm = 2 * (kSmemLaunchBytes + 1024) <= 228 * 1024 ? 2 : 1;
+
+  // The producer keeps a handful of registers and the consumers take the rest
+  // of the CTA's share of the register file (ptxas sizes every thread to the
+  // share, at most 255, in steps of 8): one CTA of 384 threads 128 x 40 +
+  // 256 x 232, two CTAs of 256 threads 128 x 40 + 128 x 216 each.
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kShare = cute::min(65536 / (kMinCtasPerSm * kThreads), 255) / 8 * 8;
+  static constexpr int kConsumerRegisters =
+      cute::min(256, (kShare * kThreads - 128 * kProducerRegisters) / kConsumerThreads / 8 * 8);
 };
 
 }  // namespace ckfmha::kernel
