@@ -107,14 +107,13 @@ def _tma_tile(tile_m: int, tile_n: int, tile_k: int, stages: int, warps: int = 1
 
 # The TMA forward's tiles: 128 x 128 and 128 x 64 of 64 channels a tap with near 192 KiB of
 # stages (one persistent CTA an SM), the two that won most of the suite's dense layers when
-# every tile was forced (H100, NOTES 112), and two that fit two CTAs an SM for layers of few
-# tiles (64 x 128 on one consumer warpgroup, 128 x 64 with three stages); default adds 32
-# channels a tap for groups of 32 (ResNeXt's last stage) and 256 x 128, full 128 x 256, which
-# won none.
+# every tile was forced (H100, NOTES 112); default adds 64 x 128 on one consumer warpgroup (two
+# CTAs an SM), which won the layers of fewer tiles than SMs, 32 channels a tap for groups of 32
+# (ResNeXt's last stage) and 256 x 128; full adds 128 x 256, which won none. (128 x 64 with
+# three stages, two CTAs an SM, lost to eight stages on all but one layer.)
 CONV_TMA_CORE_TILES = (_tma_tile(128, 128, 64, 6), _tma_tile(128, 64, 64, 8))
 CONV_TMA_DEFAULT_TILES = (
     _tma_tile(64, 128, 64, 4, warps=8),
-    _tma_tile(128, 64, 64, 3),
     _tma_tile(128, 128, 32, 8),
     _tma_tile(256, 128, 64, 4),
 )

@@ -69,7 +69,7 @@ def test_a_conv_key_builds_the_default_sets_kernels(
     pipeline = SM90 if arch == "sm_90a" else SM80
     tma = _default_conv_names(arch, signature, TMA)
     assert names == tma + _default_conv_names(arch, signature, pipeline)
-    assert len(tma) == (6 if (arch, vector) == ("sm_90a", 8) else 0)
+    assert len(tma) == (5 if (arch, vector) == ("sm_90a", 8) else 0)
     assert len(names) - len(tma) == (5 if arch == "sm_90a" else 4), "every default tile"
     if arch == "sm_90a":
         built_beside = _default_conv_names(arch, signature, SM80)

@@ -630,11 +630,11 @@ def test_core_on_sm_90a_builds_only_the_wgmma_conv_kernels() -> None:
 @pytest.mark.parametrize("arch", ARCHES)
 def test_default_builds_every_conv_signature_with_every_default_tile(arch: str) -> None:
     """Every tile of every template the arch has: on sm_90a the four mma.sync tiles, the five
-    wgmma ones and for the four 8-channel signatures the six TMA ones, elsewhere the mma.sync
+    wgmma ones and for the four 8-channel signatures the five TMA ones, elsewhere the mma.sync
     ones."""
     names = _conv_names("default", arch)
     assert names == _names(arch, ALL_SIGNATURES, CONV_DEFAULT_TILES)
-    assert len(names) == (16 * (4 + 5) + 4 * 6 if arch == "sm_90a" else 16 * 4)
+    assert len(names) == (16 * (4 + 5) + 4 * 5 if arch == "sm_90a" else 16 * 4)
     assert any(SM90 in n for n in names) == (arch == "sm_90a")
 
 
@@ -647,7 +647,7 @@ def test_full_adds_the_larger_tiles_that_fit(arch: str) -> None:
         and conv_smem_launch_bytes(t.tile_m, t.tile_n, t.tile_k, t.stages)
         <= spec.max_dynamic_smem_per_block
     )  # fmt: skip
-    assert len(fits) == {"sm_80": 6, "sm_86": 5, "sm_89": 5, "sm_90a": 6 + 7 + 7}[arch]
+    assert len(fits) == {"sm_80": 6, "sm_86": 5, "sm_89": 5, "sm_90a": 6 + 7 + 6}[arch]
     assert _conv_names("full", arch) == _names(arch, ALL_SIGNATURES, fits)
     selection = select(get_receipt("full"), SPECS[arch])
     conv_rejected = [r for r in selection.rejected if r.signature.family == "conv_fwd"]
