@@ -498,8 +498,9 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   }
   // Preference: a direct kernel for groups of few channels (an implicit GEMM
   // pads their products to tensor-core tiles), the widest channel vector,
-  // SASS for this exact arch, the forward fed by the copy engine over wgmma
-  // with gathers over mma.sync (backward-weight: the measured throughput of
+  // SASS for this exact arch, the forward fed by the copy engine (where its
+  // tile is at least half useful) over wgmma with gathers over mma.sync
+  // (backward-weight: the measured throughput of
   // each tile, weight_tile_throughput, ranks the two templates instead), then
   // the tile with the lowest modelled cost, then generator order.
   const bool template_ranked = !is_weight(direction);
@@ -510,7 +511,12 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     const TileCost cost = is_weight(direction)
                               ? weight_tile_cost(k, p, context.sm_count, context.can_split)
                               : tile_cost(k, p, context.sm_count);
-    const int template_rank = !template_ranked ? 0 : is_tma(k) ? 2 : is_wgmma(k) ? 1 : 0;
+    // A TMA tile ranks first where it fills at least half its products: at
+    // ResNeXt's groups of 32 output channels its 128-wide tiles ran at 0.59x
+    // cuDNN where the gathering kernel's 16-wide one had run at 0.95x (NOTES
+    // 112).
+    const bool tma_first = is_tma(k) && cost.fill >= 0.5;
+    const int template_rank = !template_ranked ? 0 : tma_first ? 2 : is_wgmma(k) ? 1 : 0;
     std::tuple<bool, int32_t, bool, int, double> score{
         k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch, template_rank,
         -cost.cost};

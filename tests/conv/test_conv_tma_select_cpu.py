@@ -1,0 +1,76 @@
+"""Where the hand rules run the conv forward fed by the copy engine (sm90_tma_wgmma): channel
+counts its tile_k divides, im2col walks the descriptor can hold, tiles at least half useful;
+the reasons explain gives for the problems it cannot take; and the learned selection leaving
+its plans to the rules. No device needed: selection runs on the host."""
+
+from __future__ import annotations
+
+import pytest
+
+import ckfmha
+from ckfmha import ConvProblem
+
+TMA = "_sm90_tma_wgmma_"
+
+
+def _tma_kernels() -> list[str]:
+    return [k["name"] for k in ckfmha.Registry().kernels()
+            if k["family"] == "conv_fwd" and TMA in k["name"]
+            and k["name"].startswith("conv_fwd_bf16_2d_v8__")]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _needs_tma_kernels() -> None:
+    if not _tma_kernels():
+        pytest.skip("build has no bf16 2D TMA conv kernel")
+
+
+def _dense(**changes: object) -> ConvProblem:
+    fields: dict[str, object] = {"batch": 8, "input": (28, 28), "groups": 1, "in_channels": 64,
+                                 "out_channels": 64, "filter": (3, 3), "padding": 1,
+                                 "dtype": "bf16"}  # fmt: skip
+    fields.update(changes)
+    return ConvProblem(**fields)  # type: ignore[arg-type]
+
+
+def test_dense_layers_run_on_the_copy_engine() -> None:
+    problem = _dense()
+    name = ckfmha.conv_select(problem, arch="sm_90a")
+    assert TMA in name, name
+    assert "im2col tensor copies" in ckfmha.conv_explain(problem, arch="sm_90a")
+
+
+def test_a_mostly_padded_tile_leaves_it_to_the_gathering_kernels() -> None:
+    """16 output channels a group fill a quarter of the narrowest TMA tile's columns."""
+    name = ckfmha.conv_select(_dense(groups=4, out_channels=16), arch="sm_90a")
+    assert TMA not in name and "_sm90_cpasync_wgmma_" in name, name
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"in_channels": 24}, "in_channels must be a multiple of its tile_k"),
+        ({"stride": 9, "filter": (9, 9), "padding": 0}, "stride <= 8"),
+        ({"padding": 130, "input": (8, 8)}, "must lie in [-128, 127] in 2D"),
+    ],
+)
+def test_problems_the_walk_cannot_take_say_why(changes: dict[str, object], reason: str) -> None:
+    problem = _dense(**changes)
+    assert TMA not in ckfmha.conv_select(problem, arch="sm_90a")
+    text = ckfmha.conv_explain(problem, arch="sm_90a")
+    rejected = [line for line in text.splitlines()
+                if "rejected  conv_fwd_bf16_2d_v8__" in line and TMA in line]  # fmt: skip
+    assert rejected and all(reason in line for line in rejected), text
+
+
+def test_the_learned_selection_leaves_tma_plans_to_the_rules() -> None:
+    problem = _dense()
+    with ckfmha.selection("heuristic"):
+        rules = ckfmha.conv_select(problem, arch="sm_90a")
+    with ckfmha.selection("learned"):
+        learned = ckfmha.conv_select(problem, arch="sm_90a")
+        text = ckfmha.conv_explain(problem, arch="sm_90a")
+    assert learned == rules
+    if "learned selection not used: the conv cost model is for" in text:
+        pytest.skip("the loaded conv cost model is for another arch")
+    assert "no timings of the TMA template" in text, text
