@@ -9,7 +9,6 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
-#include <string_view>
 
 namespace ckfmha::runtime {
 
@@ -163,9 +162,7 @@ void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
     return;
   }
   for (ConvDataPhase const& ph : plan->phases) {
-    if (!ph.empty && ph.plan.found &&
-        std::string_view(ph.plan.kernel.pipeline ? ph.plan.kernel.pipeline : "") ==
-            "sm90_tma_wgmma") {
+    if (!ph.empty && ph.plan.found && is_conv_tma(ph.plan.kernel)) {
       // As in plan_conv: the model has no timings of the TMA template.
       plan->learned = "learned selection not used: the conv cost model has no timings of the "
                       "TMA template";

@@ -197,13 +197,12 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
-// The forward fed by the tensor-copy engine (conv/fwd_tma_kernel.cuh).
-bool is_tma(ckfmha_kernel_entry const& k) {
-  return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_tma_wgmma";
-}
-
-// Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or null.
+// Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or
+// null. The tensor map also takes x's strides in bytes below 2^40.
 const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p) {
+  for (int i = 0; i <= p.spatial_dims; ++i) {
+    if (p.x_stride[i] >= (int64_t(1) << 39)) return "x's strides must be below 2^40 bytes";
+  }
   return kernel::conv_tma_limit(p.spatial_dims, p.groups, p.in_channels, k.tile_k, p.input,
                                 p.output, p.filter, p.stride, p.padding, p.dilation);
 }
@@ -215,7 +214,7 @@ bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
   return k.family == family_of(direction) && k.dtype == p.dtype &&
          k.conv_spatial_dims == p.spatial_dims && k.conv_vector <= context.vector &&
          arch_runs_on(k, context.device_arch) &&
-         (!is_tma(k) || tma_limit(k, p) == nullptr) &&
+         (!is_conv_tma(k) || tma_limit(k, p) == nullptr) &&
          (!is_direct(k) ||
           (p.in_channels <= k.conv_max_channels && p.out_channels <= k.conv_max_channels &&
            direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch) &&
@@ -248,7 +247,7 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
         << (is_weight(direction) ? "partial sums" : "filters")
         << " for this stride, dilation and filter, over sm_" << context.device_arch << "'s "
         << max_smem_per_block(context.device_arch) << " per block";
-  } else if (is_tma(k) && tma_limit(k, p) != nullptr) {
+  } else if (is_conv_tma(k) && tma_limit(k, p) != nullptr) {
     why << "loads by the tensor-copy engine's im2col mode, which cannot take this problem: "
         << tma_limit(k, p) << " (in_channels " << p.in_channels << ", tile_k " << k.tile_k
         << ")";
@@ -275,7 +274,7 @@ bool is_wgmma(ckfmha_kernel_entry const& k) {
 // (ConvFwdSm90Traits::kMinCtasPerSm); the
 // mma.sync ones hold one or two 128x128 tiles and more of smaller ones.
 int64_t resident_ctas(ckfmha_kernel_entry const& k) {
-  if (is_tma(k)) {
+  if (is_conv_tma(k)) {
     // ConvFwdTmaTraits::kMinCtasPerSm: the stages, the epilogue's 8 KiB chunk
     // a consumer warpgroup (rows padded by 16 bytes), the row table and the
     // barriers; two CTAs where both fit in 228 KiB with 1 KiB each reserved.
@@ -326,13 +325,13 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   // operand rows, less than a gathering one (48 against 64 a row; forced on
   // the suite's dense layers, 128x64 lost to 128x128 where both ran one wave,
   // NOTES 112).
-  const double load_weight = is_tma(k) ? 48.0 : 64.0;
+  const double load_weight = is_conv_tma(k) ? 48.0 : 64.0;
   // Each consumer warpgroup of a TMA tile reads its own rows of x and all of
   // w's.
-  const int64_t readers = is_tma(k) ? std::max(k.warps / 4 - 1, 1) : 1;
+  const int64_t readers = is_conv_tma(k) ? std::max(k.warps / 4 - 1, 1) : 1;
   const double step = std::max(double(k.tile_m) * k.tile_n,
                                load_weight * double(k.tile_m + readers * k.tile_n));
-  if (is_tma(k)) {
+  if (is_conv_tma(k)) {
     // Persistent CTAs walk the tiles: the busiest SM takes ceil(ctas / SMs)
     // of them, whether one CTA or two hold them (fewer tiles than SMs run one
     // an SM). Where SMs take several, a tile of one consumer warpgroup is
@@ -515,7 +514,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     // ResNeXt's groups of 32 output channels its 128-wide tiles ran at 0.59x
     // cuDNN where the gathering kernel's 16-wide one had run at 0.95x (NOTES
     // 112).
-    const bool tma_first = is_tma(k) && cost.fill >= 0.5;
+    const bool tma_first = is_conv_tma(k) && cost.fill >= 0.5;
     const int template_rank = !template_ranked ? 0 : tma_first ? 2 : is_wgmma(k) ? 1 : 0;
     std::tuple<bool, int32_t, bool, int, double> score{
         k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch, template_rank,
@@ -533,7 +532,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   }
   plan.splits = best_cost.splits;
   std::string learned_note;
-  if (context.learned && is_tma(plan.kernel)) {
+  if (context.learned && is_conv_tma(plan.kernel)) {
     // The cost model was trained before this template existed: it ranks the
     // gathering kernels only.
     learned_note = " [learned selection not used: the conv cost model has no timings of the "
@@ -554,7 +553,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     return plan;
   }
   why << (plan.kernel.arch == context.device_arch ? "SASS for this arch" : "compatible SASS")
-      << ", " << (is_tma(plan.kernel) ? "im2col tensor copies of " : "")
+      << ", " << (is_conv_tma(plan.kernel) ? "im2col tensor copies of " : "")
       << plan.kernel.conv_vector << "-channel loads, tile " << plan.kernel.tile_m << "x"
       << plan.kernel.tile_n << ": " << best_cost.ctas << " CTAs on " << context.sm_count
       << " SMs, " << int(best_cost.fill * 100.0 + 0.5) << "% of the tiles' products useful";

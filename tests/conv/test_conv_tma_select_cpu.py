@@ -52,6 +52,7 @@ def test_a_mostly_padded_tile_leaves_it_to_the_gathering_kernels() -> None:
         ({"in_channels": 24}, "in_channels must be a multiple of its tile_k"),
         ({"stride": 9, "filter": (9, 9), "padding": 0}, "stride <= 8"),
         ({"padding": 130, "input": (8, 8)}, "must lie in [-128, 127] in 2D"),
+        ({"x_strides": (1 << 40, 28 * 64, 64)}, "below 2^40 bytes"),
     ],
 )
 def test_problems_the_walk_cannot_take_say_why(changes: dict[str, object], reason: str) -> None:

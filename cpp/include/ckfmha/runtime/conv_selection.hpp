@@ -82,6 +82,13 @@ ConvCandidate const* learned_conv_choice(SelectionModel const& model,
                                          ckfmha_conv_direction direction,
                                          std::vector<ConvCandidate> const& candidates);
 
+// Whether a conv kernel is the forward fed by the copy engine
+// (conv/fwd_tma_kernel.cuh). The cost model has no timings of it, so the
+// learned selection leaves its plans to the hand rules.
+inline bool is_conv_tma(ckfmha_kernel_entry const& k) {
+  return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_tma_wgmma";
+}
+
 // ---- template definition ----
 
 template <typename Fits>
@@ -93,9 +100,7 @@ std::vector<ConvCandidate> conv_candidates(std::vector<ckfmha_kernel_entry> cons
   bool exact = false;
   int32_t widest = 0;
   for (auto const& k : kernels) {
-    // The model has no timings of the TMA forward (plan_conv keeps it with
-    // the hand rules).
-    if (std::string_view(k.pipeline ? k.pipeline : "") == "sm90_tma_wgmma") continue;
+    if (is_conv_tma(k)) continue;
     if (!fits_pass(k)) continue;
     fitting.push_back(&k);
     exact = exact || k.arch == device_arch;
