@@ -13,6 +13,7 @@
 #include "ckfmha/kernel/conv/bwd_weight_sm90_traits.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_store.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/conv/wgmma_batch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/tensor.hpp>
@@ -100,13 +101,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       if (ahead < k_tiles) load_tile(p, tables + (ahead % 2) * kTileK, ahead % kStages);
       cp_async_fence();
       const int stage = k_tile % kStages;
-      warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-        gemm(tiled_mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), acc);
-      }
-      warpgroup_commit_batch();
+      issue_wgmma_batch(tiled_mma, tCrA, tCrB, stage, acc);
       // The slot it reuses held tile ahead - 1's table, whose loads were
       // issued before this iteration's barrier.
       if (ahead + 1 < k_tiles) fill(ahead + 1);

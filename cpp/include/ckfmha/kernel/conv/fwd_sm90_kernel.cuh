@@ -7,6 +7,7 @@
 
 #include "ckfmha/kernel/conv/fwd_sm90_traits.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/conv/wgmma_batch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/tensor.hpp>
@@ -80,13 +81,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       }
       cp_async_fence();
       const int stage = k_tile % kStages;
-      warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-        gemm(tiled_mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), acc);
-      }
-      warpgroup_commit_batch();
+      issue_wgmma_batch(tiled_mma, tCrA, tCrB, stage, acc);
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
     }

@@ -16,6 +16,7 @@
 #include "ckfmha/kernel/conv/fwd_tma_epilogue.cuh"
 #include "ckfmha/kernel/conv/fwd_tma_traits.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/conv/wgmma_batch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/arch/copy_sm90_desc.hpp>
@@ -196,13 +197,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile, ++count) {
       const int stage = count % kStages;
       Barrier::wait(&full[stage], uint32_t((count / kStages) & 1));
-      warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tCrA); ++kk) {
-        gemm(tiled_mma, tCrA(_, _, kk, stage), tCrB(_, _, kk, stage), acc);
-      }
-      warpgroup_commit_batch();
+      issue_wgmma_batch(tiled_mma, tCrA, tCrB, stage, acc);
       // The batch before this one is done: its stage is free.
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
