@@ -274,17 +274,6 @@ bool is_wgmma(ckfmha_kernel_entry const& k) {
 // (ConvFwdSm90Traits::kMinCtasPerSm); the
 // mma.sync ones hold one or two 128x128 tiles and more of smaller ones.
 int64_t resident_ctas(ckfmha_kernel_entry const& k) {
-  if (is_conv_tma(k)) {
-    // ConvFwdTmaTraits::kMinCtasPerSm: the stages, the epilogue's 8 KiB chunk
-    // a consumer warpgroup (rows padded by 16 bytes), the row table and the
-    // barriers; two CTAs where both fit in 228 KiB with 1 KiB each reserved.
-    const int64_t consumers = std::max(k.warps / 4 - 1, 1);
-    const int64_t rows = k.tile_m / consumers;
-    const int64_t cols = std::min<int64_t>(k.tile_n, 8192 / (rows * 2));
-    const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
-                         k.tile_m * (cols * 2 + 16) + int64_t(k.tile_m) * 32 + 16 * k.stages;
-    return 2 * (smem + 1024) <= 228 * 1024 ? 2 : 1;
-  }
   if (is_wgmma(k)) {
     const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
                          int64_t(k.tile_m) * 32;  // + the row table, 32 bytes a row
@@ -309,6 +298,25 @@ struct TileCost {
   int32_t splits = 1;  // of the reduction (backward-weight)
 };
 
+// The TMA forward's time for `ctas` tiles. The copy engine's loads take no
+// issue slots, but wgmma reads both operands from shared memory, each
+// consumer warpgroup its own rows of x and all of w's: a narrow tile still
+// pays for its operand rows, less than a gathering one (48 against 64 a row;
+// forced on the suite's dense layers, 128x64 lost to 128x128 where both ran
+// one wave, NOTES 112). Persistent CTAs walk the tiles: the busiest SM takes
+// ceil(ctas / SMs) of them, whether one CTA or two hold them (fewer tiles than
+// SMs run one an SM). Where SMs take several, a tile of one consumer
+// warpgroup is slower than its products say (64x128 against 256x128 at
+// ResNet-18's 28x28 layer, batch 32: 14% slower, NOTES 112): 1.3.
+double tma_tile_time(ckfmha_kernel_entry const& k, int64_t ctas, int sm_count) {
+  const int64_t consumers = std::max(k.warps / 4 - 1, 1);
+  const double step = std::max(double(k.tile_m) * k.tile_n,
+                               48.0 * double(k.tile_m + consumers * k.tile_n));
+  const int64_t per_sm = ceil_div(ctas, std::max(sm_count, 1));
+  const double lone = consumers < 2 && per_sm > 1 ? 1.3 : 1.0;
+  return double(per_sm) * step * lone;
+}
+
 TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, int sm_count) {
   const int64_t rows = conv_output_rows(p);
   const int64_t tiles_m = ceil_div(rows, k.tile_m);
@@ -316,31 +324,12 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const int64_t ctas = tiles_m * tiles_n * p.groups;
   const double computed = double(tiles_m * k.tile_m) * double(tiles_n * k.tile_n);
   const double useful = double(rows) * double(p.out_channels);
+  if (is_conv_tma(k)) return {tma_tile_time(k, ctas, sm_count), useful / computed, ctas};
   const int64_t resident = resident_ctas(k);
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
   const int64_t waves = ceil_div(ctas, slots);
   const double overlap = resident > 1 && waves > 1 ? 0.9 : 1.0;
-  // The copy engine's loads take no issue slots, but wgmma reads both operands
-  // from shared memory: on the TMA tiles a narrow tile still pays for its
-  // operand rows, less than a gathering one (48 against 64 a row; forced on
-  // the suite's dense layers, 128x64 lost to 128x128 where both ran one wave,
-  // NOTES 112).
-  const double load_weight = is_conv_tma(k) ? 48.0 : 64.0;
-  // Each consumer warpgroup of a TMA tile reads its own rows of x and all of
-  // w's.
-  const int64_t readers = is_conv_tma(k) ? std::max(k.warps / 4 - 1, 1) : 1;
-  const double step = std::max(double(k.tile_m) * k.tile_n,
-                               load_weight * double(k.tile_m + readers * k.tile_n));
-  if (is_conv_tma(k)) {
-    // Persistent CTAs walk the tiles: the busiest SM takes ceil(ctas / SMs)
-    // of them, whether one CTA or two hold them (fewer tiles than SMs run one
-    // an SM). Where SMs take several, a tile of one consumer warpgroup is
-    // slower than its products say (64x128 against 256x128 at ResNet-18's
-    // 28x28 layer, batch 32: 14% slower, NOTES 112): 1.3.
-    const int64_t per_sm = ceil_div(ctas, std::max(sm_count, 1));
-    const double lone = k.warps / 4 - 1 < 2 && per_sm > 1 ? 1.3 : 1.0;
-    return {double(per_sm) * step * lone, useful / computed, ctas};
-  }
+  const double step = std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n));
   const double wave_time = double(resident) * step * overlap;
   return {double(waves) * wave_time, useful / computed, ctas};
 }
