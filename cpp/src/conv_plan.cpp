@@ -197,6 +197,23 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
+// Which path the one-channel direct kernel takes (fwd_launch.cuh): eight
+// groups a 16-byte load where the geometry and tensors allow, else one group
+// a lane.
+std::string depthwise_path(ckfmha_conv_problem const& p) {
+  int64_t taps = 1;
+  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
+  const int w = p.spatial_dims - 1;
+  const char* limit = kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels, taps,
+                                                   p.filter[w], p.stride[w], p.dilation[w]);
+  if (limit != nullptr) {
+    return std::string("32 groups a CTA, one a lane (the depthwise path's vectors need ") +
+           limit + ")";
+  }
+  return "8 groups a 16-byte load (the depthwise path) where x and y are 16-byte aligned with "
+         "strides in multiples of 8 elements, else 32 groups a CTA, one a lane";
+}
+
 // Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or
 // null. The tensor map also takes x's strides in bytes below 2^40.
 const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p) {
@@ -533,7 +550,12 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   std::ostringstream why;
   if (plan.kernel.conv_max_channels != 0) {
     why << "groups of " << p.in_channels << " input and " << p.out_channels
-        << " output channels computed directly, 32 groups a CTA";
+        << " output channels computed directly, ";
+    if (!is_weight(direction) && plan.kernel.conv_max_channels == 1) {
+      why << depthwise_path(p);
+    } else {
+      why << "32 groups a CTA";
+    }
     if (is_weight(direction)) {
       why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
           << "in turn";

@@ -132,6 +132,30 @@ inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_c
   return nullptr;
 }
 
+// The direct template's depthwise path (conv/depthwise_kernel.cuh) loads
+// eight groups of one channel as one 16-byte vector and holds a thread's
+// window of inputs along w in registers: at most this many filter taps
+// along w, unit dilation there, stride 1 or 2. Its CTA stages its groups'
+// filters in fp32: at most 64 groups x kDepthwiseMaxTaps taps, 48 KiB.
+constexpr int32_t kDepthwiseVector = 8;
+constexpr int32_t kDepthwiseMaxWidth = 7;
+constexpr int32_t kDepthwiseMaxTaps = 192;
+
+// Why the depthwise path cannot take a problem's geometry, or null (the
+// one-lane-a-group path then runs it). The launch also needs x and y
+// 16-byte aligned and their strides multiples of 8 elements.
+inline const char* conv_depthwise_limit(int64_t groups, int32_t in_channels,
+                                        int32_t out_channels, int64_t taps, int32_t filter_w,
+                                        int32_t stride_w, int32_t dilation_w) {
+  if (in_channels != 1 || out_channels != 1) return "groups of one input and one output channel";
+  if (groups % kDepthwiseVector != 0) return "groups a multiple of 8";
+  if (taps > kDepthwiseMaxTaps) return "at most 192 filter taps";
+  if (filter_w > kDepthwiseMaxWidth) return "filters at most 7 wide along w";
+  if (dilation_w != 1) return "no dilation along w";
+  if (stride_w != 1 && stride_w != 2) return "stride 1 or 2 along w";
+  return nullptr;
+}
+
 // What the runtime hands a backward-weight launcher as its `args`.
 struct ConvBwdWeightLaunch {
   const void* x;
