@@ -68,7 +68,7 @@ struct ConvDepthwiseParams {
 // most kDepthwiseThreads. kStrideW: the stride along w (1 or 2), so that the
 // window's indices are constants; kMaxTaps: the widest filter along w the
 // window holds.
-template <class Element, int kStrideW, int kMaxTaps>
+template <class Element, int kStrideW, int kMaxTaps, bool kNested = false>
 __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
     conv_fwd_depthwise_kernel(ConvDepthwiseParams const __grid_constant__ dp) {
   using namespace conv_detail;
@@ -169,6 +169,55 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
     }
   };
 
+  if constexpr (kNested && !kPrefetch) {
+    for (int32_t i = threadIdx.x; i < cta_groups * taps; i += blockDim.x) {
+      const int32_t g = i / taps, tap = i - g * taps;
+      ws[tap * cta_groups + g] = float(w[i]);
+    }
+    __syncthreads();
+    if (!active) return;
+    int32_t tap = 0;
+    for (int32_t fz = 0; fz < p.filter[0]; ++fz) {
+      const int32_t id = od * p.stride[0] - p.padding[0] + fz * p.dilation[0];
+      for (int32_t fy = 0; fy < p.filter[1]; ++fy, tap += filter_w) {
+        const int32_t ih = oh * p.stride[1] - p.padding[1] + fy * p.dilation[1];
+        if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) continue;
+        const Element* row = x + id * p.x_stride[1] + ih * p.x_stride[2];
+        uint4 window[kSpan];
+#pragma unroll
+        for (int i = 0; i < kSpan; ++i) {
+          const int32_t iw = iw0 + i;
+          window[i] = make_uint4(0, 0, 0, 0);
+          if (i < span && uint32_t(iw) < uint32_t(p.input[2])) {
+            window[i] = __ldg(reinterpret_cast<const uint4*>(row + iw * p.x_stride[3]));
+          }
+        }
+#pragma unroll
+        for (int pair = 0; pair < kWords; ++pair) {
+          float2 in[kSpan];
+#pragma unroll
+          for (int i = 0; i < kSpan; ++i) {
+            const uint32_t word = pair == 0 ? window[i].x : pair == 1 ? window[i].y
+                                  : pair == 2 ? window[i].z : window[i].w;
+            in[i] = widen_pair<Element>(word);
+          }
+#pragma unroll
+          for (int fx = 0; fx < kMaxTaps; ++fx) {
+            if (fx < filter_w) {
+              const float2 weight = *reinterpret_cast<const float2*>(
+                  w_part + (tap + fx) * cta_groups + 2 * pair);
+#pragma unroll
+              for (int j = 0; j < kRun; ++j) {
+                acc[j][2 * pair] = fmaf(in[j * kStrideW + fx].x, weight.x, acc[j][2 * pair]);
+                acc[j][2 * pair + 1] =
+                    fmaf(in[j * kStrideW + fx].y, weight.y, acc[j][2 * pair + 1]);
+              }
+            }
+          }
+        }
+      }
+    }
+  } else {
   // The first row's inputs load while the CTA stages its filters.
   Window a;
   bool a_read = active && load_next_row(a);
@@ -193,11 +242,11 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
       }
     }
   } else {
-#pragma unroll 1
     for (int32_t r = 0; r < rows; ++r) {
       if (r > 0) a_read = load_next_row(a);
       if (a_read) accumulate(a, r * filter_w);
     }
+  }
   }
 
   Element* y = static_cast<Element*>(p.y) + n * p.y_stride[0] + od * p.y_stride[1] +
