@@ -54,6 +54,10 @@ __device__ __forceinline__ uint32_t narrow_pair(float lo, float hi) {
   return word;
 }
 
+__device__ __forceinline__ uint32_t word_of(uint4 v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 }  // namespace conv_detail
 
 // What the depthwise kernel reads beside the problem: the CTA's shape, which
@@ -68,7 +72,7 @@ struct ConvDepthwiseParams {
 // most kDepthwiseThreads. kStrideW: the stride along w (1 or 2), so that the
 // window's indices are constants; kMaxTaps: the widest filter along w the
 // window holds.
-template <class Element, int kStrideW, int kMaxTaps, bool kNested = false>
+template <class Element, int kStrideW, int kMaxTaps>
 __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
     conv_fwd_depthwise_kernel(ConvDepthwiseParams const __grid_constant__ dp) {
   using namespace conv_detail;
@@ -82,7 +86,7 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
   // products run. Wider windows hold one: at 168 registers (one CTA an SM)
   // the 7x7 layers of ConvNeXt ran 20-30% slower (H200, NOTES 113).
   constexpr bool kPrefetch = kSpan <= 6;
-  using Window = uint32_t[kSpan][kWords];
+  using Window = uint4[kSpan];  // a filter row's inputs, 8 groups each
   ConvFwdParams const& p = dp.conv;
   extern __shared__ __align__(16) char smem[];
   float* ws = reinterpret_cast<float*>(smem);  // [tap][group of the CTA]
@@ -125,25 +129,17 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
   const Element* x = static_cast<const Element*>(p.x) + n * p.x_stride[0] + channel0;
   const float* w_part = ws + part * kChannels;
 
-  // Filter rows in order (fz outer, fy inner); a row outside the input reads
-  // nothing and adds nothing.
-  int32_t next_fz = 0, next_fy = 0;
-  auto load_next_row = [&](Window& window) -> bool {
-    const int32_t id = od * p.stride[0] - p.padding[0] + next_fz * p.dilation[0];
-    const int32_t ih = oh * p.stride[1] - p.padding[1] + next_fy * p.dilation[1];
-    if (++next_fy == p.filter[1]) next_fy = 0, ++next_fz;
-    if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) return false;
+  // A filter row's window of inputs, zeros in the padding.
+  auto load_row = [&](int32_t id, int32_t ih, Window& window) {
     const Element* row = x + id * p.x_stride[1] + ih * p.x_stride[2];
 #pragma unroll
     for (int i = 0; i < kSpan; ++i) {
       const int32_t iw = iw0 + i;
-      uint4 v{};
+      window[i] = make_uint4(0, 0, 0, 0);
       if (i < span && uint32_t(iw) < uint32_t(p.input[2])) {
-        v = __ldg(reinterpret_cast<const uint4*>(row + iw * p.x_stride[3]));
+        window[i] = __ldg(reinterpret_cast<const uint4*>(row + iw * p.x_stride[3]));
       }
-      memcpy(window[i], &v, sizeof(v));
     }
-    return true;
   };
   // One filter row's products: every filter column from the window, widened
   // one channel pair at a time.
@@ -153,7 +149,7 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
     for (int pair = 0; pair < kWords; ++pair) {
       float2 in[kSpan];
 #pragma unroll
-      for (int i = 0; i < kSpan; ++i) in[i] = widen_pair<Element>(window[i][pair]);
+      for (int i = 0; i < kSpan; ++i) in[i] = widen_pair<Element>(word_of(window[i], pair));
 #pragma unroll
       for (int fx = 0; fx < kMaxTaps; ++fx) {
         if (fx < filter_w) {
@@ -168,69 +164,34 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
       }
     }
   };
-
-  if constexpr (kNested && !kPrefetch) {
+  auto stage_filters = [&] {
     for (int32_t i = threadIdx.x; i < cta_groups * taps; i += blockDim.x) {
       const int32_t g = i / taps, tap = i - g * taps;
       ws[tap * cta_groups + g] = float(w[i]);
     }
     __syncthreads();
-    if (!active) return;
-    int32_t tap = 0;
-    for (int32_t fz = 0; fz < p.filter[0]; ++fz) {
-      const int32_t id = od * p.stride[0] - p.padding[0] + fz * p.dilation[0];
-      for (int32_t fy = 0; fy < p.filter[1]; ++fy, tap += filter_w) {
-        const int32_t ih = oh * p.stride[1] - p.padding[1] + fy * p.dilation[1];
-        if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) continue;
-        const Element* row = x + id * p.x_stride[1] + ih * p.x_stride[2];
-        uint4 window[kSpan];
-#pragma unroll
-        for (int i = 0; i < kSpan; ++i) {
-          const int32_t iw = iw0 + i;
-          window[i] = make_uint4(0, 0, 0, 0);
-          if (i < span && uint32_t(iw) < uint32_t(p.input[2])) {
-            window[i] = __ldg(reinterpret_cast<const uint4*>(row + iw * p.x_stride[3]));
-          }
-        }
-#pragma unroll
-        for (int pair = 0; pair < kWords; ++pair) {
-          float2 in[kSpan];
-#pragma unroll
-          for (int i = 0; i < kSpan; ++i) {
-            const uint32_t word = pair == 0 ? window[i].x : pair == 1 ? window[i].y
-                                  : pair == 2 ? window[i].z : window[i].w;
-            in[i] = widen_pair<Element>(word);
-          }
-#pragma unroll
-          for (int fx = 0; fx < kMaxTaps; ++fx) {
-            if (fx < filter_w) {
-              const float2 weight = *reinterpret_cast<const float2*>(
-                  w_part + (tap + fx) * cta_groups + 2 * pair);
-#pragma unroll
-              for (int j = 0; j < kRun; ++j) {
-                acc[j][2 * pair] = fmaf(in[j * kStrideW + fx].x, weight.x, acc[j][2 * pair]);
-                acc[j][2 * pair + 1] =
-                    fmaf(in[j * kStrideW + fx].y, weight.y, acc[j][2 * pair + 1]);
-              }
-            }
-          }
-        }
-      }
-    }
-  } else {
-  // The first row's inputs load while the CTA stages its filters.
-  Window a;
-  bool a_read = active && load_next_row(a);
-  for (int32_t i = threadIdx.x; i < cta_groups * taps; i += blockDim.x) {
-    const int32_t g = i / taps, tap = i - g * taps;
-    ws[tap * cta_groups + g] = float(w[i]);
-  }
-  __syncthreads();
-  if (!active) return;
+  };
 
-  const int32_t rows = p.filter[0] * p.filter[1];
   if constexpr (kPrefetch) {
-    Window b;
+    // Filter rows in order (fz outer, fy inner); a row outside the input
+    // reads nothing and adds nothing.
+    int32_t next_fz = 0, next_fy = 0;
+    auto load_next_row = [&](Window& window) -> bool {
+      const int32_t id = od * p.stride[0] - p.padding[0] + next_fz * p.dilation[0];
+      const int32_t ih = oh * p.stride[1] - p.padding[1] + next_fy * p.dilation[1];
+      if (++next_fy == p.filter[1]) next_fy = 0, ++next_fz;
+      if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) {
+        return false;
+      }
+      load_row(id, ih, window);
+      return true;
+    };
+    // The first row's inputs load while the CTA stages its filters.
+    Window a, b;
+    bool a_read = active && load_next_row(a);
+    stage_filters();
+    if (!active) return;
+    const int32_t rows = p.filter[0] * p.filter[1];
 #pragma unroll 1
     for (int32_t r = 0; r < rows; r += 2) {
       bool b_read = false;
@@ -242,11 +203,22 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
       }
     }
   } else {
-    for (int32_t r = 0; r < rows; ++r) {
-      if (r > 0) a_read = load_next_row(a);
-      if (a_read) accumulate(a, r * filter_w);
+    // Wide windows: a row's inputs load after the filters are staged (loading
+    // the first one while they stage, with the rows walked by one counter,
+    // read 2% slower over the depthwise layers, NOTES 113).
+    stage_filters();
+    if (!active) return;
+    int32_t tap_row = 0;
+    for (int32_t fz = 0; fz < p.filter[0]; ++fz) {
+      const int32_t id = od * p.stride[0] - p.padding[0] + fz * p.dilation[0];
+      for (int32_t fy = 0; fy < p.filter[1]; ++fy, tap_row += filter_w) {
+        const int32_t ih = oh * p.stride[1] - p.padding[1] + fy * p.dilation[1];
+        if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) continue;
+        Window window;
+        load_row(id, ih, window);
+        accumulate(window, tap_row);
+      }
     }
-  }
   }
 
   Element* y = static_cast<Element*>(p.y) + n * p.y_stride[0] + od * p.y_stride[1] +

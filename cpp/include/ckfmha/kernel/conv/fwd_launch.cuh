@@ -16,7 +16,6 @@
 #include "ckfmha/kernel_entry.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 
 namespace ckfmha::kernel {
@@ -170,17 +169,11 @@ int launch_conv_fwd_depthwise(ConvFwdParams const& params, ckfmha_stream_t strea
   const int smem = int(int64_t(vectors) * kDepthwiseVector * params.filter[0] *
                        params.filter[1] * params.filter[2] * sizeof(float));
   const bool narrow = params.filter[2] <= 3;
-  const char* env = getenv("CKFMHA_DW_NESTED");
-  auto kernel = (env != nullptr && env[0] == '1') ? (params.stride[2] == 1
-                    ? (narrow ? &conv_fwd_depthwise_kernel<Element, 1, 3, true>
-                              : &conv_fwd_depthwise_kernel<Element, 1, kDepthwiseMaxWidth, true>)
-                    : (narrow ? &conv_fwd_depthwise_kernel<Element, 2, 3, true>
-                              : &conv_fwd_depthwise_kernel<Element, 2, kDepthwiseMaxWidth, true>))
-                    : (params.stride[2] == 1
+  auto kernel = params.stride[2] == 1
                     ? (narrow ? &conv_fwd_depthwise_kernel<Element, 1, 3>
                               : &conv_fwd_depthwise_kernel<Element, 1, kDepthwiseMaxWidth>)
                     : (narrow ? &conv_fwd_depthwise_kernel<Element, 2, 3>
-                              : &conv_fwd_depthwise_kernel<Element, 2, kDepthwiseMaxWidth>));
+                              : &conv_fwd_depthwise_kernel<Element, 2, kDepthwiseMaxWidth>);
   return launch_kernel(kernel, grid, threads, smem, stream, ConvDepthwiseParams{params, vectors});
 }
 
