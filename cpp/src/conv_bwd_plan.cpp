@@ -109,8 +109,7 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
 }
 
 std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
-  int64_t taps = 1;
-  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
+  const int64_t taps = conv_filter_taps(p);
   if (taps * p.out_channels > std::numeric_limits<int32_t>::max()) {
     return "filter taps x out_channels = " + std::to_string(taps * p.out_channels) +
            " exceeds 2^31 - 1, the reduction length the backward-data kernels index";
@@ -261,9 +260,8 @@ int32_t conv_weight_vector_allowed(ckfmha_conv_problem const& p, const void* x,
 }
 
 size_t conv_weight_workspace_bytes(ckfmha_conv_problem const& p) {
-  size_t taps = 1;
-  for (int i = 0; i < p.spatial_dims; ++i) taps *= size_t(p.filter[i]);
-  return size_t(p.groups) * p.out_channels * taps * p.in_channels * sizeof(float);
+  return size_t(p.groups) * p.out_channels * size_t(conv_filter_taps(p)) * p.in_channels *
+         sizeof(float);
 }
 
 }  // namespace ckfmha::runtime

@@ -131,6 +131,12 @@ int64_t conv_output_rows(ckfmha_conv_problem const& p) {
   return rows;
 }
 
+int64_t conv_filter_taps(ckfmha_conv_problem const& p) {
+  int64_t taps = 1;
+  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
+  return taps;
+}
+
 std::string describe(ckfmha_conv_problem const& p) {
   std::ostringstream out;
   out << "conv " << p.spatial_dims << "d " << dtype_name(p.dtype) << " batch=" << p.batch
@@ -201,11 +207,10 @@ bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; 
 // groups a 16-byte load where the geometry and tensors allow, else one group
 // a lane.
 std::string depthwise_path(ckfmha_conv_problem const& p) {
-  int64_t taps = 1;
-  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
   const int w = p.spatial_dims - 1;
-  const char* limit = kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels, taps,
-                                                   p.filter[w], p.stride[w], p.dilation[w]);
+  const char* limit =
+      kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels, conv_filter_taps(p),
+                                   p.filter[w], p.stride[w], p.dilation[w]);
   if (limit != nullptr) {
     return std::string("32 groups a CTA, one a lane (the depthwise path's vectors need ") +
            limit + ")";
@@ -276,10 +281,8 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 // The groups backward-weight's implicit-GEMM kernels multiply as one.
 int32_t weight_pack(ckfmha_conv_problem const& p) {
-  int64_t taps = 1;
-  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
-  return kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels, taps * p.in_channels,
-                                  conv_output_rows(p));
+  return kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels,
+                                  conv_filter_taps(p) * p.in_channels, conv_output_rows(p));
 }
 
 bool is_wgmma(ckfmha_kernel_entry const& k) {

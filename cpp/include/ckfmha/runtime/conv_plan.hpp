@@ -18,6 +18,9 @@ std::string check_conv_problem(ckfmha_conv_problem const& problem);
 // Output positions times batch: the rows of the implicit GEMM, 0 when nothing runs.
 int64_t conv_output_rows(ckfmha_conv_problem const& problem);
 
+// Filter taps: the product of the filter's sizes over the spatial dims.
+int64_t conv_filter_taps(ckfmha_conv_problem const& problem);
+
 std::string describe(ckfmha_conv_problem const& problem);
 const char* conv_direction_name(ckfmha_conv_direction direction);
 // Empty for a known direction, else what is supported.
