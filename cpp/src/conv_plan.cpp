@@ -203,10 +203,10 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
-// Which path the one-channel direct kernel takes (fwd_launch.cuh): eight
-// groups a 16-byte load where the geometry and tensors allow, else one group
-// a lane.
-std::string depthwise_path(ckfmha_conv_problem const& p) {
+// Which path the one-channel direct kernel takes (fwd_launch.cuh,
+// bwd_weight_launch.cuh): eight groups a 16-byte load where the geometry and
+// tensors allow, else one group a lane.
+std::string depthwise_path(ckfmha_conv_problem const& p, ckfmha_conv_direction direction) {
   const int w = p.spatial_dims - 1;
   const char* limit =
       kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels, conv_filter_taps(p),
@@ -215,8 +215,10 @@ std::string depthwise_path(ckfmha_conv_problem const& p) {
     return std::string("32 groups a CTA, one a lane (the depthwise path's vectors need ") +
            limit + ")";
   }
-  return "8 groups a 16-byte load (the depthwise path) where x and y are 16-byte aligned with "
-         "strides in multiples of 8 elements, else 32 groups a CTA, one a lane";
+  return std::string("8 groups a 16-byte load (the depthwise path) where x and ") +
+         (is_weight(direction) ? "dy" : "y") +
+         " are 16-byte aligned with strides in multiples of 8 elements, else 32 groups a CTA, "
+         "one a lane";
 }
 
 // Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or
@@ -554,14 +556,15 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   if (plan.kernel.conv_max_channels != 0) {
     why << "groups of " << p.in_channels << " input and " << p.out_channels
         << " output channels computed directly, ";
-    if (!is_weight(direction) && plan.kernel.conv_max_channels == 1) {
-      why << depthwise_path(p);
+    if (plan.kernel.conv_max_channels == 1) {
+      why << depthwise_path(p, direction);
     } else {
       why << "32 groups a CTA";
     }
     if (is_weight(direction)) {
+      // The depthwise path sizes its own grid (bwd_weight_launch.cuh).
       why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
-          << "in turn";
+          << "in turn" << (plan.kernel.conv_max_channels == 1 ? " on the lane path" : "");
     }
     plan.why = why.str() + learned_note;
     return plan;
@@ -609,7 +612,9 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   out << "plan: ";
   if (plan.found && is_weight(direction) && (plan.splits > 1 || is_direct(plan.kernel))) {
     out << "zero the fp32 partial sums, " << plan.kernel.name << " over " << plan.splits
-        << (is_direct(plan.kernel) ? " CTAs a block of groups" : " splits")
+        << (!is_direct(plan.kernel)                 ? " splits"
+            : plan.kernel.conv_max_channels == 1 ? " CTAs a block of groups on the lane path"
+                                                 : " CTAs a block of groups")
         << " adding into them, convert to dw: " << plan.why << "\n";
   } else if (plan.found) {
     out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from support.conv_cases import (
     CASES,
+    DEPTHWISE_LANE_CASES,
+    DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
     Case,
@@ -254,6 +256,34 @@ def test_depthwise_weight_gradient_runs_directly() -> None:
     # not fit in shared memory, so the implicit GEMM runs them.
     case = Case("bf16", 2, (15, 15), 40, 4, 4, (11, 11), 1, 5)
     assert "_conv_direct_" not in ckfmha.conv_select(case.problem, direction="bwd_weight")
+    run_bwd_weight(case)
+
+
+# Beyond the forward's depthwise cases, reductions over many runs a thread: 3-wide filters on
+# 8 images of 56x56, and 7-wide ones at stride 2 (two column blocks of the wide kernel); and a
+# batch-1 layer of 768 groups on a 7x7 map, where the launch shrinks its CTAs.
+DEPTHWISE_WEIGHT_CASES = [
+    Case("bf16", 8, (56, 56), 64, 1, 1, (3, 3), 1, 1),
+    Case("fp16", 4, (29, 31), 48, 1, 1, (7, 7), 2, 3, layout="channels_last"),
+    Case("bf16", 1, (7, 7), 768, 1, 1, (7, 7), 1, 3),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    DEPTHWISE_VECTOR_CASES + DEPTHWISE_WEIGHT_CASES + DEPTHWISE_LANE_CASES,
+    ids=lambda c: c.label,
+)
+def test_depthwise_weight_paths(case: Case) -> None:
+    """The one-channel direct backward-weight kernel on both of its paths; explain names the
+    path the problem's geometry allows."""
+    name = ckfmha.conv_select(case.problem, direction="bwd_weight")
+    match = WEIGHT_DIRECT_NAME.match(name)
+    if not (match and match["bucket"] == "1"):
+        pytest.skip(f"no one-channel direct kernel for {case.label} in this build ({name})")
+    text = ckfmha.conv_explain(case.problem, direction="bwd_weight")
+    vector_geometry = case not in DEPTHWISE_LANE_CASES or case.layout == "offset"
+    assert ("(the depthwise path) where x and dy" in text) == vector_geometry, text
     run_bwd_weight(case)
 
 

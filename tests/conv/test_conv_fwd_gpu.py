@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from support.conv_cases import (
     CASES,
+    DEPTHWISE_LANE_CASES,
+    DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
     Case,
@@ -288,33 +290,6 @@ def test_direct_kernel_refuses_wider_groups() -> None:
                     dtype=torch_dtype)  # fmt: skip
     with pytest.raises(errors.CkfmhaError, match="at most"):
         ckfmha.conv_fwd(x, w, padding=1, kernel=kernel["name"])
-
-
-# Depthwise problems the one-channel direct kernel runs on its depthwise path (eight groups a
-# 16-byte load): partial runs of 4 outputs along w, CTAs of 1 to 8 group vectors (8, 24, 96 and
-# 136 groups), stride 1 and 2 along w with 1- to 7-wide filters, strides and dilations along
-# the other dims, outputs that read only padding, 3D, every layout that keeps 16-byte vectors.
-DEPTHWISE_VECTOR_CASES = [
-    Case("bf16", 2, (13, 19), 32, 1, 1, (3, 3), 1, 1),
-    Case("fp16", 1, (17, 23), 96, 1, 1, (7, 7), 1, 3),
-    Case("bf16", 3, (11, 21), 24, 1, 1, (3, 3), 2, 1, layout="channels_last"),
-    Case("bf16", 2, (9, 30), 136, 1, 1, (5, 5), (1, 2), 2, (2, 1)),
-    Case("fp16", 1, (6, 40), 64, 1, 1, (1, 7), (2, 1), (0, 3)),
-    Case("bf16", 2, (8, 9), 8, 1, 1, (7, 1), 1, (3, 0), layout="slice"),
-    Case("bf16", 1, (3, 5), 8, 1, 1, (3, 3), 1, 3),
-    Case("bf16", 1, (56, 57), 96, 1, 1, (7, 7), 1, 3),
-    Case("bf16", 1, (4, 7, 9), 16, 1, 1, (3, 3, 3), 1, 1),
-    Case("fp16", 2, (5, 6, 11), 40, 1, 1, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
-]
-# ... and ones it leaves to the one-lane-a-group path: misaligned pointers and strides, a
-# filter 9 wide, stride 3 or dilation along w, a group count 8 does not divide.
-DEPTHWISE_LANE_CASES = [
-    Case("bf16", 2, (9, 9), 32, 1, 1, (3, 3), 1, 1, layout="offset"),
-    Case("bf16", 1, (10, 20), 32, 1, 1, (3, 9), 1, (1, 4)),
-    Case("fp16", 1, (12, 14), 16, 1, 1, (3, 3), (1, 3), 1),
-    Case("bf16", 1, (12, 14), 16, 1, 1, (3, 3), 1, 2, (1, 2)),
-    Case("bf16", 2, (9, 9), 12, 1, 1, (3, 3), 1, 1),
-]
 
 
 @pytest.mark.parametrize("case", DEPTHWISE_VECTOR_CASES + DEPTHWISE_LANE_CASES,

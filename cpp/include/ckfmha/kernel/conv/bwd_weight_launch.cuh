@@ -9,6 +9,7 @@
 #include "ckfmha/kernel/conv/bwd_weight_direct_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_sm90_kernel.cuh"
+#include "ckfmha/kernel/conv/depthwise_weight_launch.cuh"
 #include "ckfmha/kernel/conv/fwd_launch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/kernel/params/launch_context.h"
@@ -82,8 +83,10 @@ int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
 
 // Groups of one or two channels on the CUDA cores: `splits` CTAs per block of
 // 32 groups take the (image, output tile) items in turn and add their sums
-// into the fp32 workspace, which must be given. Shared memory depends on the
-// problem; the runtime checks it fits before choosing the kernel.
+// into the fp32 workspace, which must be given. The one-channel bucket runs
+// depthwise problems its vectors fit on the depthwise path instead, which
+// sizes its own grid. Shared memory depends on the problem; the runtime checks
+// it fits before choosing the kernel.
 template <class Traits>
 int launch_conv_bwd_weight_direct(void const* problem, void const* args,
                                   ckfmha_launch_context const* context, ckfmha_stream_t stream) {
@@ -94,6 +97,12 @@ int launch_conv_bwd_weight_direct(void const* problem, void const* args,
   ConvBwdWeightParams bp{};
   bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
   bp.accum = la.accum;
+  if constexpr (Traits::kMaxChannels == 1) {
+    if (depthwise_vectors_fit(bp.conv) && depthwise_weight_rows_fit(bp.conv)) {
+      return launch_conv_bwd_weight_depthwise<typename Traits::Element>(bp.conv, la.accum,
+                                                                        stream);
+    }
+  }
   const int64_t smem = conv_detail::bwd_weight_direct_bytes<Traits>(bp.conv);
   if (smem > 227 * 1024) return -int(cudaErrorInvalidConfiguration);
   const int64_t tiles = int64_t((bp.conv.output[2] + Traits::kTileW - 1) / Traits::kTileW) *
