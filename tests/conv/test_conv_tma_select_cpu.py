@@ -1,5 +1,6 @@
 """Where the hand rules run the conv forward fed by the copy engine (sm90_tma_wgmma): channel
-counts its tile_k divides, im2col walks the descriptor can hold, tiles at least half useful;
+counts its tile_k divides, im2col walks the descriptor can hold, tiles at least half useful or
+all in one wave;
 the reasons explain gives for the problems it cannot take; and the learned selection leaving
 its plans to the rules. No device needed: selection runs on the host."""
 
@@ -44,6 +45,15 @@ def test_a_mostly_padded_tile_leaves_it_to_the_gathering_kernels() -> None:
     """16 output channels a group fill a quarter of the narrowest TMA tile's columns."""
     name = ckfmha.conv_select(_dense(groups=4, out_channels=16), arch="sm_90a")
     assert TMA not in name and "_sm90_cpasync_wgmma_" in name, name
+
+
+def test_one_wave_of_mostly_padded_tiles_runs_on_the_copy_engine() -> None:
+    """At batch 1 a 7x7 map of 4 groups of 64 channels needs 4 tiles of 128 positions, under
+    two fifths useful, fewer than the SMs: the copy engine's tile ranks first again, in the
+    forward and in backward-data's phase."""
+    problem = _dense(batch=1, input=(7, 7), groups=4)
+    assert TMA in ckfmha.conv_select(problem, arch="sm_90a")
+    assert TMA in ckfmha.conv_select(problem, direction="bwd_data", arch="sm_90a")
 
 
 @pytest.mark.parametrize(
