@@ -557,13 +557,14 @@ def _core_conv_signatures() -> tuple[ConvSignature, ...]:
     2D one channel at a time, which runs any channel count (the first layer's 3 channels), for
     the forward (and so the data gradient) and the weight gradient; and the bf16 2D direct
     kernels for depthwise groups (1 channel) and groups of up to 4, and the weight gradient's
-    for depthwise groups (its 2-channel kernel compiles on first use)."""
+    for the same two buckets (ResNeXt's first stage has groups of 4; a 2-channel bucket
+    compiles on first use)."""
     implicit_gemm = (("bf16", 2, 8), ("bf16", 3, 8), ("fp16", 2, 8), ("bf16", 2, 1))
     return (
         *(_conv(*shape) for shape in implicit_gemm),
         _conv("bf16", 2, 1, max_channels=1), _conv("bf16", 2, 1, max_channels=4),
         *(_conv(*shape, family=CONV_BWD_WEIGHT) for shape in implicit_gemm),
-        _conv("bf16", 2, 1, 1, CONV_BWD_WEIGHT),
+        _conv("bf16", 2, 1, 1, CONV_BWD_WEIGHT), _conv("bf16", 2, 1, 4, CONV_BWD_WEIGHT),
     )  # fmt: skip
 
 
@@ -636,7 +637,7 @@ RECEIPTS: dict[str, Receipt] = {
             "on sm_90a m128n128k64w8s3 on wgmma; and the bf16 2D direct kernels for groups of "
             "1 and of up to 4 channels) and its weight gradient (the same four signatures, "
             "tile m128n128k32w4s3 on every arch, and the bf16 2D direct kernels for groups of "
-            "1 and of up to 2 channels), "
+            "1 and of up to 4 channels), "
             "and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",

@@ -203,22 +203,41 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
-// Which path the one-channel direct kernel takes (fwd_launch.cuh,
-// bwd_weight_launch.cuh): eight groups a 16-byte load where the geometry and
-// tensors allow, else one group a lane.
-std::string depthwise_path(ckfmha_conv_problem const& p, ckfmha_conv_direction direction) {
+// Which path a direct kernel of `bucket` channels takes (fwd_launch.cuh,
+// bwd_weight_launch.cuh): several channels a vector load where the geometry
+// and tensors allow (the forward's depthwise path for one-channel groups; the
+// backward-weight vector path for one-channel groups on the one-channel
+// instance and groups of 2 or 4 channels on the others), else one group a
+// lane.
+std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
+                        int32_t bucket) {
+  const char* lane = "32 groups a CTA, one a lane";
   const int w = p.spatial_dims - 1;
+  const bool weight = is_weight(direction);
+  if (!weight && bucket != 1) return lane;
   const char* limit =
-      kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels, conv_filter_taps(p),
-                                   p.filter[w], p.stride[w], p.dilation[w]);
-  if (limit != nullptr) {
-    return std::string("32 groups a CTA, one a lane (the depthwise path's vectors need ") +
-           limit + ")";
+      weight ? kernel::conv_vector_weight_limit(p.groups, p.in_channels, p.out_channels,
+                                                conv_filter_taps(p), p.filter[w], p.stride[w],
+                                                p.dilation[w])
+             : kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels,
+                                            conv_filter_taps(p), p.filter[w], p.stride[w],
+                                            p.dilation[w]);
+  if (limit == nullptr && bucket != 1 && p.in_channels == 1) {
+    limit = "the one-channel instance for one-channel groups";
   }
-  return std::string("8 groups a 16-byte load (the depthwise path) where x and ") +
-         (is_weight(direction) ? "dy" : "y") +
-         " are 16-byte aligned with strides in multiples of 8 elements, else 32 groups a CTA, "
-         "one a lane";
+  const char* path = bucket == 1 ? "depthwise" : "vector";
+  if (limit != nullptr) {
+    return std::string(lane) + " (the " + path + " path's vectors need " + limit + ")";
+  }
+  const int32_t channels = kernel::conv_vector_weight_channels(p.in_channels);
+  const char* load = p.in_channels == 1   ? "8 groups a 16-byte load"
+                     : p.in_channels == 2 ? "2 groups of 2 channels an 8-byte load"
+                                          : "a group of 4 channels an 8-byte load";
+  std::ostringstream out;
+  out << load << " (the " << path << " path) where x and " << (weight ? "dy" : "y") << " are "
+      << 2 * channels << "-byte aligned with strides in multiples of " << channels
+      << " elements, else " << lane;
+  return out.str();
 }
 
 // Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or
@@ -560,15 +579,11 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   if (plan.kernel.conv_max_channels != 0) {
     why << "groups of " << p.in_channels << " input and " << p.out_channels
         << " output channels computed directly, ";
-    if (plan.kernel.conv_max_channels == 1) {
-      why << depthwise_path(p, direction);
-    } else {
-      why << "32 groups a CTA";
-    }
+    why << direct_path(p, direction, plan.kernel.conv_max_channels);
     if (is_weight(direction)) {
-      // The depthwise path sizes its own grid (bwd_weight_launch.cuh).
+      // The vector path sizes its own grid (vector_weight_launch.cuh).
       why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
-          << "in turn" << (plan.kernel.conv_max_channels == 1 ? " on the lane path" : "");
+          << "in turn" << (plan.kernel.conv_max_channels <= 4 ? " on the lane path" : "");
     }
     plan.why = why.str() + learned_note;
     return plan;
@@ -617,7 +632,7 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   if (plan.found && is_weight(direction) && (plan.splits > 1 || is_direct(plan.kernel))) {
     out << "zero the fp32 partial sums, " << plan.kernel.name << " over " << plan.splits
         << (!is_direct(plan.kernel)                 ? " splits"
-            : plan.kernel.conv_max_channels == 1 ? " CTAs a block of groups on the lane path"
+            : plan.kernel.conv_max_channels <= 4 ? " CTAs a block of groups on the lane path"
                                                  : " CTAs a block of groups")
         << " adding into them, convert to dw: " << plan.why << "\n";
   } else if (plan.found) {

@@ -22,6 +22,8 @@ from support.conv_cases import (
     DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
+    VECTOR_WEIGHT_CASES,
+    VECTOR_WEIGHT_LANE_CASES,
     Case,
     Inputs,
     assert_outside_untouched,
@@ -284,6 +286,22 @@ def test_depthwise_weight_paths(case: Case) -> None:
     text = ckfmha.conv_explain(case.problem, direction="bwd_weight")
     vector_geometry = case not in DEPTHWISE_LANE_CASES or case.layout == "offset"
     assert ("(the depthwise path) where x and dy" in text) == vector_geometry, text
+    run_bwd_weight(case)
+
+
+@pytest.mark.parametrize(
+    "case", VECTOR_WEIGHT_CASES + VECTOR_WEIGHT_LANE_CASES, ids=lambda c: c.label
+)
+def test_vector_weight_paths(case: Case) -> None:
+    """The direct backward-weight kernels of 2 and 4 channels a group on both of their paths;
+    explain names the path the problem's geometry allows."""
+    name = ckfmha.conv_select(case.problem, direction="bwd_weight")
+    match = WEIGHT_DIRECT_NAME.match(name)
+    if not (match and match["bucket"] in ("2", "4")):
+        pytest.skip(f"no 2- or 4-channel direct kernel for {case.label} in this build ({name})")
+    text = ckfmha.conv_explain(case.problem, direction="bwd_weight")
+    vector_geometry = case not in VECTOR_WEIGHT_LANE_CASES or case.layout == "offset"
+    assert ("(the vector path) where x and dy" in text) == vector_geometry, text
     run_bwd_weight(case)
 
 

@@ -491,8 +491,9 @@ def _direct_name(dtype: str, dims: int, bucket: int, arch: str) -> str:
 
 
 def _core_direct_names(arch: str) -> list[str]:
-    # The core set builds the depthwise kernel; groups of 2 channels compile on first use.
-    return [_direct_name("bf16", 2, 1, arch)]
+    # The core set builds the depthwise kernel and the 4-channel bucket (ResNeXt's first
+    # stage); the 2-channel bucket compiles on first use.
+    return [_direct_name("bf16", 2, 1, arch), _direct_name("bf16", 2, 4, arch)]
 
 
 def test_direct_names_spell_the_channel_bucket() -> None:
@@ -756,7 +757,7 @@ def test_one_direct_tile_per_dims_and_bucket() -> None:
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_core_builds_two_bf16_2d_direct_kernels(arch: str) -> None:
-    """Groups of 1 and of up to 2 channels, on every arch; preferred_only keeps them (they are
+    """Groups of 1 and of up to 4 channels, on every arch; preferred_only keeps them (they are
     signatures of their own, whose only template is the direct one)."""
     assert _bwd_weight_names("core", arch, DIRECT) == _core_direct_names(arch)
 

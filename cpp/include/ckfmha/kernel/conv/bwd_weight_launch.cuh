@@ -9,7 +9,7 @@
 #include "ckfmha/kernel/conv/bwd_weight_direct_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_sm90_kernel.cuh"
-#include "ckfmha/kernel/conv/depthwise_weight_launch.cuh"
+#include "ckfmha/kernel/conv/vector_weight_launch.cuh"
 #include "ckfmha/kernel/conv/fwd_launch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/kernel/params/launch_context.h"
@@ -81,12 +81,13 @@ int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
                                              stream);
 }
 
-// Groups of one or two channels on the CUDA cores: `splits` CTAs per block of
+// Groups of up to 8 channels on the CUDA cores: `splits` CTAs per block of
 // 32 groups take the (image, output tile) items in turn and add their sums
-// into the fp32 workspace, which must be given. The one-channel bucket runs
-// depthwise problems its vectors fit on the depthwise path instead, which
-// sizes its own grid. Shared memory depends on the problem; the runtime checks
-// it fits before choosing the kernel.
+// into the fp32 workspace, which must be given. Where its vectors fit, the
+// vector path runs instead and sizes its own grid: the one-channel instance
+// for one-channel groups, the others for groups of 2 or 4 channels (as many
+// in as out) that they hold. Shared memory depends on the problem; the
+// runtime checks it fits before choosing the kernel.
 template <class Traits>
 int launch_conv_bwd_weight_direct(void const* problem, void const* args,
                                   ckfmha_launch_context const* context, ckfmha_stream_t stream) {
@@ -97,10 +98,19 @@ int launch_conv_bwd_weight_direct(void const* problem, void const* args,
   ConvBwdWeightParams bp{};
   bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
   bp.accum = la.accum;
+  using Element = typename Traits::Element;
   if constexpr (Traits::kMaxChannels == 1) {
-    if (depthwise_vectors_fit(bp.conv) && depthwise_weight_rows_fit(bp.conv)) {
-      return launch_conv_bwd_weight_depthwise<typename Traits::Element>(bp.conv, la.accum,
-                                                                        stream);
+    if (vector_weight_fits<1>(bp.conv)) {
+      return launch_conv_bwd_weight_vector<Element, 1>(bp.conv, la.accum, stream);
+    }
+  } else if constexpr (Traits::kMaxChannels <= 4) {
+    if (vector_weight_fits<2>(bp.conv)) {
+      return launch_conv_bwd_weight_vector<Element, 2>(bp.conv, la.accum, stream);
+    }
+    if constexpr (Traits::kMaxChannels == 4) {
+      if (vector_weight_fits<4>(bp.conv)) {
+        return launch_conv_bwd_weight_vector<Element, 4>(bp.conv, la.accum, stream);
+      }
     }
   }
   const int64_t smem = conv_detail::bwd_weight_direct_bytes<Traits>(bp.conv);

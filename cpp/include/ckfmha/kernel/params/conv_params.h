@@ -156,6 +156,39 @@ inline const char* conv_depthwise_limit(int64_t groups, int32_t in_channels,
   return nullptr;
 }
 
+// Channels the backward-weight vector path loads at once for groups of G
+// channels: eight (a 16-byte load) for one-channel groups, else four (8
+// bytes), so that a thread's sums for three filter columns (3 x 4 x G) leave
+// room for its window in 128 registers (eight channels of two-channel groups
+// spilled 72-104 bytes).
+constexpr int32_t conv_vector_weight_channels(int32_t group_channels) {
+  return group_channels == 1 ? 8 : 4;
+}
+
+// Why the direct backward-weight instances' vector path
+// (conv/vector_weight_kernel.cuh) cannot take a problem's geometry, or null
+// (the one-lane-a-group path then runs it). One-channel groups take the
+// depthwise forward's limits; groups of two or four channels are loaded as
+// whole groups, four channels at a time. The launch also needs x and dy
+// aligned to such a vector and their strides in whole vectors.
+inline const char* conv_vector_weight_limit(int64_t groups, int32_t in_channels,
+                                            int32_t out_channels, int64_t taps,
+                                            int32_t filter_w, int32_t stride_w,
+                                            int32_t dilation_w) {
+  if (in_channels == 1 && out_channels == 1) {
+    return conv_depthwise_limit(groups, in_channels, out_channels, taps, filter_w, stride_w,
+                                dilation_w);
+  }
+  if (in_channels != out_channels || (in_channels != 2 && in_channels != 4)) {
+    return "groups of 1, 2 or 4 channels, as many in as out";
+  }
+  if (in_channels == 2 && groups % 2 != 0) return "an even number of groups of two channels";
+  if (filter_w > kDepthwiseMaxWidth) return "filters at most 7 wide along w";
+  if (dilation_w != 1) return "no dilation along w";
+  if (stride_w != 1 && stride_w != 2) return "stride 1 or 2 along w";
+  return nullptr;
+}
+
 // What the runtime hands a backward-weight launcher as its `args`.
 struct ConvBwdWeightLaunch {
   const void* x;

@@ -1,10 +1,11 @@
-// Host-side launcher of the depthwise backward-weight path, which the
-// one-channel direct backward-weight instance runs where the tensors allow.
+// Host-side launcher of the backward-weight vector path, which the direct
+// backward-weight instances of one, two and four channels a group run where
+// the tensors allow.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/common/launch.cuh"
-#include "ckfmha/kernel/conv/depthwise_weight_kernel.cuh"
+#include "ckfmha/kernel/conv/vector_weight_kernel.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <algorithm>
@@ -12,38 +13,39 @@
 
 namespace ckfmha::kernel {
 
-// The depthwise backward-weight path (depthwise_weight_kernel.cuh) for a
-// problem the forward's depthwise path could run (x and dy as 16-byte
-// vectors) whose rows span less than 2^30 elements. A CTA takes the largest
-// power-of-two block of group vectors up to 8 that divides the problem's and
+// The backward-weight vector path (vector_weight_kernel.cuh) for groups of
+// kG channels, where vector_weight_fits. A CTA takes the largest power-of-two
+// block of vectors up to 8 that divides the problem's and
 // up to 16 tasks (filter row, block of columns), 16 warps shared between
 // them. A task's threads cover a strip: as many runs along w as they hold
 // (in even chunks) by the rows left over. Strips shorten, down to those rows,
 // until the grid has eight strips a CTA on a wave of one CTA an SM (the
 // unevenness of the CTAs' last strips then costs at most an eighth).
-template <class Element>
-int launch_conv_bwd_weight_depthwise(ConvFwdParams const& conv, float* accum,
-                                     ckfmha_stream_t stream) {
+template <class Element, int kG>
+int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
+                                  ckfmha_stream_t stream) {
   using conv_detail::kDepthwiseRun;
+  constexpr int kVec = conv_vector_weight_channels(kG);
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
-  const int64_t total_vectors = conv.groups / kDepthwiseVector;
+  const int64_t total_vectors = conv.groups * kG / kVec;
   const int64_t runs_w = (conv.output[2] + kDepthwiseRun - 1) / kDepthwiseRun;
   const int64_t images = int64_t(conv.batch) * conv.output[0];
   if (images * conv.output[1] * runs_w == 0) return 0;
-  ConvDepthwiseWeightParams dp{};
+  ConvVectorWeightParams dp{};
   dp.conv = conv;
   dp.accum = accum;
   dp.vectors_per_cta = 8;
   while (total_vectors % dp.vectors_per_cta != 0) dp.vectors_per_cta /= 2;
-  const bool narrow = conv.filter[2] <= 3;
+  // Four columns only for one-channel groups (their 7-wide rows in two blocks).
+  const bool narrow = kG > 1 || conv.filter[2] <= 3;
   const int32_t cols = narrow ? 3 : 4;
   dp.column_blocks = (conv.filter[2] + cols - 1) / cols;
   const int32_t tasks = conv.filter[0] * conv.filter[1] * dp.column_blocks;
   const int32_t task_blocks =
-      (tasks + conv_detail::kDepthwiseWeightTasks - 1) / conv_detail::kDepthwiseWeightTasks;
+      (tasks + conv_detail::kVectorWeightTasks - 1) / conv_detail::kVectorWeightTasks;
   dp.tasks_per_cta = (tasks + task_blocks - 1) / task_blocks;
-  dp.warps_per_task = conv_detail::kDepthwiseWeightTasks / dp.tasks_per_cta;
+  dp.warps_per_task = conv_detail::kVectorWeightTasks / dp.tasks_per_cta;
   const int32_t slots = dp.warps_per_task * 32 / dp.vectors_per_cta;
   dp.w_chunks = int32_t((runs_w + slots - 1) / slots);
   dp.w_slots = int32_t((runs_w + dp.w_chunks - 1) / dp.w_chunks);
@@ -65,20 +67,38 @@ int launch_conv_bwd_weight_depthwise(ConvFwdParams const& conv, float* accum,
   const dim3 grid{unsigned(std::min(strips(rows), wave_x)), unsigned(group_blocks),
                   unsigned(task_blocks)};
   const int threads = dp.tasks_per_cta * dp.warps_per_task * 32;
-  const int smem = int(threads / 32 * cols * dp.vectors_per_cta * kDepthwiseVector *
-                       sizeof(float));
-  auto kernel = conv.stride[2] == 1
-                    ? (narrow ? &conv_bwd_weight_depthwise_kernel<Element, 1, 3>
-                              : &conv_bwd_weight_depthwise_kernel<Element, 1, 4>)
-                    : (narrow ? &conv_bwd_weight_depthwise_kernel<Element, 2, 3>
-                              : &conv_bwd_weight_depthwise_kernel<Element, 2, 4>);
+  const int smem = int(threads / 32 * cols * dp.vectors_per_cta * kVec * kG * sizeof(float));
+  auto kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 3, kG>
+                                    : &conv_bwd_weight_vector_kernel<Element, 2, 3, kG>;
+  if constexpr (kG == 1) {
+    if (!narrow) {
+      kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 4, kG>
+                                   : &conv_bwd_weight_vector_kernel<Element, 2, 4, kG>;
+    }
+  }
   return launch_kernel(kernel, grid, threads, smem, stream, dp);
 }
 
-// The depthwise path counts a row's offsets in 32 bits.
-inline bool depthwise_weight_rows_fit(ConvFwdParams const& conv) {
+// Whether the vector path runs a problem of groups of kG channels: its
+// geometry (conv_vector_weight_limit), x and dy as kVec-channel vectors
+// (aligned pointers, strides in whole vectors), and rows whose offsets count
+// in 32 bits.
+template <int kG>
+inline bool vector_weight_fits(ConvFwdParams const& conv) {
+  constexpr int kVec = conv_vector_weight_channels(kG);
+  if (conv.in_channels != kG ||
+      conv_vector_weight_limit(conv.groups, conv.in_channels, conv.out_channels,
+                               int64_t(conv.filter[0]) * conv.filter[1] * conv.filter[2],
+                               conv.filter[2], conv.stride[2], conv.dilation[2]) != nullptr) {
+    return false;
+  }
+  bool aligned = reinterpret_cast<uintptr_t>(conv.x) % (2 * kVec) == 0 &&
+                 reinterpret_cast<uintptr_t>(conv.y) % (2 * kVec) == 0;
+  for (int d = 0; d < 4; ++d) {
+    aligned = aligned && conv.x_stride[d] % kVec == 0 && conv.y_stride[d] % kVec == 0;
+  }
   constexpr int64_t kLimit = int64_t(1) << 30;
-  return conv.x_stride[3] * (conv.input[2] + 8) < kLimit &&
+  return aligned && conv.x_stride[3] * (conv.input[2] + 8) < kLimit &&
          conv.y_stride[3] * (conv.output[2] + 8) < kLimit;
 }
 

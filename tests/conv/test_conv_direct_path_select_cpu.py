@@ -1,0 +1,108 @@
+"""Which path the direct kernels take: for a depthwise forward or backward-weight problem,
+eight groups a 16-byte load where conv_depthwise_limit allows the geometry; for a backward-weight
+problem of 2 or 4 channels a group, four channels an 8-byte load where conv_vector_weight_limit
+does; else one group a lane, with the limit named. No device needed: the plan and its
+explanation run on the host."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import ckfmha
+from ckfmha import ConvProblem
+
+VECTOR_PATH = "8 groups a 16-byte load (the depthwise path) where"
+# The tensors each direction's path reads as 16-byte vectors besides x.
+VECTORS = {"fwd": "x and y are 16-byte aligned", "bwd_weight": "x and dy are 16-byte aligned"}
+DIRECTIONS = pytest.mark.parametrize("direction", ["fwd", "bwd_weight"])
+
+
+BASE = ConvProblem(2, (28, 28), 32, 1, 1, (3, 3), 1, 1, dtype="bf16")
+
+
+def _depthwise(**changes: object) -> ConvProblem:
+    return dataclasses.replace(BASE, **changes)  # type: ignore[arg-type]
+
+
+def _explain(problem: ConvProblem, direction: str, buckets: tuple[str, ...] = ("c1",)) -> str:
+    """The plan's explanation, where the build has a direct kernel of one of `buckets` (channels
+    a group) for it."""
+    try:
+        name = ckfmha.conv_select(problem, direction=direction, arch="sm_90a")
+    except (ckfmha.errors.NotFoundError, ckfmha.errors.UnsupportedError):
+        name = "none"
+    if not any(f"_v1_{b}__" in name for b in buckets) or "_conv_direct_" not in name:
+        pytest.skip(f"build has no {buckets} direct kernel for {problem} (selected {name})")
+    return ckfmha.conv_explain(problem, direction=direction, arch="sm_90a")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"filter": (7, 7), "padding": 3}, {"stride": 2}, {"filter": (5, 1), "padding": (2, 0)},
+     {"groups": 136}, {"dilation": (2, 1)}, {"input": (4, 9, 9), "filter": (3, 3, 3)}],
+)  # fmt: skip
+@DIRECTIONS
+def test_vector_path_where_the_geometry_allows(changes: dict[str, object], direction: str) -> None:
+    text = _explain(_depthwise(**changes), direction)
+    assert f"{VECTOR_PATH} {VECTORS[direction]}" in text, text
+
+
+@pytest.mark.parametrize(
+    ("changes", "limit"),
+    [
+        ({"groups": 12}, "groups a multiple of 8"),
+        ({"filter": (3, 9), "padding": (1, 4)}, "filters at most 7 wide along w"),
+        ({"stride": (1, 3)}, "stride 1 or 2 along w"),
+        ({"dilation": (1, 2)}, "no dilation along w"),
+        ({"filter": (29, 7), "padding": (14, 3)}, "at most 192 filter taps"),
+    ],
+)
+@DIRECTIONS
+def test_lane_path_names_the_limit(changes: dict[str, object], limit: str, direction: str) -> None:
+    text = _explain(_depthwise(**changes), direction)
+    assert VECTOR_PATH not in text
+    assert f"one a lane (the depthwise path's vectors need {limit})" in text, text
+
+
+# Backward-weight problems of 2 and 4 channels a group (the core build's 4-channel bucket runs
+# both).
+NARROW = dataclasses.replace(BASE, in_channels=4, out_channels=4)
+NARROW_BUCKETS = ("c2", "c4")
+NARROW_LOADS = {
+    2: "2 groups of 2 channels an 8-byte load (the vector path) where x and dy are 8-byte aligned",
+    4: "a group of 4 channels an 8-byte load (the vector path) where x and dy are 8-byte aligned",
+}
+
+
+@pytest.mark.parametrize("channels", [2, 4])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"filter": (7, 7), "padding": 3}, {"stride": 2}, {"filter": (5, 1), "padding": (2, 0)},
+     {"groups": 6}, {"dilation": (2, 1)}, {"input": (4, 9, 9), "filter": (3, 3, 3)}],
+)  # fmt: skip
+def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels: int) -> None:
+    problem = dataclasses.replace(NARROW, in_channels=channels, out_channels=channels, **changes)  # type: ignore[arg-type]
+    text = _explain(problem, "bwd_weight", NARROW_BUCKETS)
+    assert NARROW_LOADS[channels] in text, text
+    assert "CTAs a block of groups on the lane path" in text, text
+
+
+@pytest.mark.parametrize(
+    ("changes", "limit"),
+    [
+        ({"in_channels": 2, "out_channels": 2, "groups": 5},
+         "an even number of groups of two channels"),
+        ({"out_channels": 2}, "groups of 1, 2 or 4 channels, as many in as out"),
+        ({"in_channels": 3, "out_channels": 3}, "groups of 1, 2 or 4 channels, as many in as out"),
+        ({"filter": (3, 9), "padding": (1, 4)}, "filters at most 7 wide along w"),
+        ({"stride": (1, 3)}, "stride 1 or 2 along w"),
+        ({"dilation": (1, 2)}, "no dilation along w"),
+    ],
+)  # fmt: skip
+def test_narrow_lane_path_names_the_limit(changes: dict[str, object], limit: str) -> None:
+    problem = dataclasses.replace(NARROW, **changes)  # type: ignore[arg-type]
+    text = _explain(problem, "bwd_weight", NARROW_BUCKETS)
+    assert "(the vector path) where" not in text
+    assert f"one a lane (the vector path's vectors need {limit})" in text, text
