@@ -9,10 +9,10 @@
 // dw[g][k][tap][c] sums dy[position][g][k] x x[position's input at tap][g][c]
 // over every output position. A thread loads kVec consecutive channels (whole
 // groups, or eight one-channel groups) of dy and of x. A task is one filter
-// row and a block of up to kCols of its columns; a CTA holds up to 16 tasks, a
-// warp or more each, for one block of vectors. The CTA takes strips of output
-// runs (kDepthwiseRun positions along w): a chunk of runs along w over a chunk
-// of rows of one image. Every task walks the same strip down its rows in step,
+// row and a block of up to kCols of its columns; a CTA holds up to 12 or 16
+// tasks, a warp or more each, for one block of vectors. The CTA takes strips
+// of output runs (conv_vector_weight_run positions along w): a chunk of runs
+// along w over a chunk of rows of one image. Every task walks the same strip down its rows in step,
 // so the input rows one task reads the others read a row later, and dy's rows
 // are read by all: the L1 cache serves them after the first. Per run a thread
 // loads the run's dy and the window of inputs the run reads through its
@@ -31,8 +31,14 @@ namespace ckfmha::kernel {
 
 namespace conv_detail {
 
-constexpr int kVectorWeightThreads = 512;  // the most a CTA has: 16 tasks of a warp
-constexpr int kVectorWeightTasks = 16;
+// Warps a CTA has at most, one CTA an SM: 16 (128 registers a thread) for
+// one-channel groups; 12 (168 registers) for wider ones, whose 8-position
+// runs hold 48 sums, 36 words of inputs and their widened floats (at 128
+// registers they spilled 56-128 bytes; at 4-position runs 47% of the row
+// loop's instructions were not products, against 35% now).
+__host__ __device__ constexpr int vector_weight_warps(int group_channels) {
+  return group_channels == 1 ? 16 : 12;
+}
 
 // `Words` 32-bit words (two channels each) from a 4 x Words-byte aligned address.
 template <int Words>
@@ -67,13 +73,13 @@ struct ConvVectorWeightParams {
 // 56 sums a thread would not leave room for the window in 128 registers);
 // kGroupChannels: G, each group's input and output channels.
 template <class Element, int kStrideW, int kCols, int kGroupChannels>
-__global__ void __launch_bounds__(conv_detail::kVectorWeightThreads, 1)
+__global__ void __launch_bounds__(conv_detail::vector_weight_warps(kGroupChannels) * 32, 1)
     conv_bwd_weight_vector_kernel(ConvVectorWeightParams const __grid_constant__ dp) {
   using namespace conv_detail;
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
   constexpr int kG = kGroupChannels;
   static_assert(kG == 1 || kG == 2 || kG == 4, "groups of 1, 2 or 4 channels");
-  constexpr int kRun = kDepthwiseRun;
+  constexpr int kRun = conv_vector_weight_run(kG);
   constexpr int kSpan = (kRun - 1) * kStrideW + kCols;
   constexpr int kVec = conv_vector_weight_channels(kG);
   constexpr int kWords = kVec / 2;
@@ -151,23 +157,24 @@ __global__ void __launch_bounds__(conv_detail::kVectorWeightThreads, 1)
       // This filter row reads outside the input for every position of the run.
       if (uint32_t(ih) >= uint32_t(p.input[1])) continue;
       const Element* dy_run = dy_strip + oh * p.y_stride[2];
+      // Each load's address one add from the last one's.
       uint32_t grads[kRun][kWords];
 #pragma unroll
       for (int j = 0; j < kRun; ++j) {
 #pragma unroll
         for (int i = 0; i < kWords; ++i) grads[j][i] = 0;
-        if (ow0 + j < p.output[2]) load_words(dy_run + j * dy_step, grads[j]);
+        if (ow0 + j < p.output[2]) load_words(dy_run, grads[j]);
+        dy_run += dy_step;
       }
-      const Element* x_row = x_strip + ih * p.x_stride[2];
+      const Element* x_at = x_strip + ih * p.x_stride[2];
       uint32_t window[kSpan][kWords];
 #pragma unroll
       for (int s = 0; s < kSpan; ++s) {
         const int32_t iw = iw0 + s;
 #pragma unroll
         for (int i = 0; i < kWords; ++i) window[s][i] = 0;
-        if (s < span && uint32_t(iw) < uint32_t(p.input[2])) {
-          load_words(x_row + s * x_step, window[s]);
-        }
+        if (s < span && uint32_t(iw) < uint32_t(p.input[2])) load_words(x_at, window[s]);
+        x_at += x_step;
       }
 #pragma unroll
       for (int u = 0; u < kVec / kUnit; ++u) {

@@ -15,21 +15,22 @@ namespace ckfmha::kernel {
 
 // The backward-weight vector path (vector_weight_kernel.cuh) for groups of
 // kG channels, where vector_weight_fits. A CTA takes the largest power-of-two
-// block of vectors up to 8 that divides the problem's and
-// up to 16 tasks (filter row, block of columns), 16 warps shared between
-// them. A task's threads cover a strip: as many runs along w as they hold
+// block of vectors up to 8 that divides the problem's and up to
+// vector_weight_warps tasks (filter row, block of columns), that many warps
+// shared between them. A task's threads cover a strip: as many runs along w as they hold
 // (in even chunks) by the rows left over. Strips shorten, down to those rows,
 // until the grid has eight strips a CTA on a wave of one CTA an SM (the
 // unevenness of the CTAs' last strips then costs at most an eighth).
 template <class Element, int kG>
 int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
                                   ckfmha_stream_t stream) {
-  using conv_detail::kDepthwiseRun;
   constexpr int kVec = conv_vector_weight_channels(kG);
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
   const int64_t total_vectors = conv.groups * kG / kVec;
-  const int64_t runs_w = (conv.output[2] + kDepthwiseRun - 1) / kDepthwiseRun;
+  constexpr int kRun = conv_vector_weight_run(kG);
+  constexpr int32_t kWarps = conv_detail::vector_weight_warps(kG);
+  const int64_t runs_w = (conv.output[2] + kRun - 1) / kRun;
   const int64_t images = int64_t(conv.batch) * conv.output[0];
   if (images * conv.output[1] * runs_w == 0) return 0;
   ConvVectorWeightParams dp{};
@@ -42,17 +43,16 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   const int32_t cols = narrow ? 3 : 4;
   dp.column_blocks = (conv.filter[2] + cols - 1) / cols;
   const int32_t tasks = conv.filter[0] * conv.filter[1] * dp.column_blocks;
-  const int32_t task_blocks =
-      (tasks + conv_detail::kVectorWeightTasks - 1) / conv_detail::kVectorWeightTasks;
+  const int32_t task_blocks = (tasks + kWarps - 1) / kWarps;
   dp.tasks_per_cta = (tasks + task_blocks - 1) / task_blocks;
-  dp.warps_per_task = conv_detail::kVectorWeightTasks / dp.tasks_per_cta;
+  dp.warps_per_task = kWarps / dp.tasks_per_cta;
   const int32_t slots = dp.warps_per_task * 32 / dp.vectors_per_cta;
   dp.w_chunks = int32_t((runs_w + slots - 1) / slots);
   dp.w_slots = int32_t((runs_w + dp.w_chunks - 1) / dp.w_chunks);
   dp.h_slots = slots / dp.w_slots;
   const int64_t group_blocks = total_vectors / dp.vectors_per_cta;
   const int64_t blocks_yz = group_blocks * task_blocks;
-  // One CTA an SM (512 threads at 128 registers): a grid past the SM count
+  // One CTA an SM (its registers fill the SM): a grid past the SM count
   // would run a second wave for its last few CTAs.
   const int64_t wave_x = std::max<int64_t>(1, int64_t(sms) / blocks_yz);
   auto strips = [&](int64_t rows) {

@@ -159,10 +159,19 @@ inline const char* conv_depthwise_limit(int64_t groups, int32_t in_channels,
 // Channels the backward-weight vector path loads at once for groups of G
 // channels: eight (a 16-byte load) for one-channel groups, else four (8
 // bytes), so that a thread's sums for three filter columns (3 x 4 x G) leave
-// room for its window in 128 registers (eight channels of two-channel groups
-// spilled 72-104 bytes).
+// room for its window of 8-position runs in 168 registers (eight channels of
+// two-channel groups spilled 88-172 bytes inside the row loop).
 constexpr int32_t conv_vector_weight_channels(int32_t group_channels) {
   return group_channels == 1 ? 8 : 4;
+}
+
+// Output positions along w a thread of the vector path sums per row: 4 for
+// one-channel groups (as the forward's depthwise path), 8 for wider groups,
+// whose 4-channel vectors leave room for the longer window; the longer run
+// spreads a row's address and predicate work and the window's overlap over
+// twice the products.
+constexpr int32_t conv_vector_weight_run(int32_t group_channels) {
+  return group_channels == 1 ? 4 : 8;
 }
 
 // Why the direct backward-weight instances' vector path
