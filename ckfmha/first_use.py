@@ -131,8 +131,9 @@ CONV_VECTORS = (8, 4, 2, 1)
 # The direct kernel's channel buckets the kernel sets build, narrowest first
 # (generator.receipts.DIRECT_BUCKETS): wider groups run faster on the implicit GEMM.
 CONV_MAX_CHANNELS = (1, 2, 4)
-# The weight gradient's (generator.receipts.BWD_WEIGHT_DIRECT_BUCKETS).
-CONV_WEIGHT_MAX_CHANNELS = (1, 2, 4)
+# The weight gradient's (generator.receipts.BWD_WEIGHT_DIRECT_BUCKETS). Its 8-channel kernel
+# runs only groups of exactly 8 input and 8 output channels (its vector path).
+CONV_WEIGHT_MAX_CHANNELS = (1, 2, 4, 8)
 
 
 def _narrowest_bucket(in_channels: int, out_channels: int, buckets: Sequence[int]) -> int:
@@ -153,10 +154,12 @@ def conv_direct_bucket(in_channels: int, out_channels: int) -> int:
 
 def conv_weight_direct_bucket(in_channels: int, out_channels: int) -> int:
     """The weight gradient's direct kernel's channel bucket for groups of `in_channels` input
-    and `out_channels` output channels: the smallest of 1, 2, 4 holding both, or 0 when none does
-    (wider groups run on the implicit-GEMM kernels alone; empty ones are the launch's to
-    report). The weight-gradient runner passes it as its key's ``max_channels``."""
-    return _narrowest_bucket(in_channels, out_channels, CONV_WEIGHT_MAX_CHANNELS)
+    and `out_channels` output channels: the smallest of 1, 2, 4 holding both, 8 for groups of
+    8 and 8 (the dispatcher runs no other problem on that kernel), or 0 (wider groups run on
+    the implicit-GEMM kernels alone; empty ones are the launch's to report). The
+    weight-gradient runner passes it as its key's ``max_channels``."""
+    bucket = _narrowest_bucket(in_channels, out_channels, CONV_WEIGHT_MAX_CHANNELS)
+    return bucket if bucket < 8 or in_channels == out_channels == 8 else 0
 
 
 def conv_vector(

@@ -134,14 +134,15 @@ CONV_DIRECT_TILES = tuple(
     for dims, runs, warps in ((2, DIRECT_2D_RUNS, 8), (3, DIRECT_3D_RUNS, 4))
     for c in DIRECT_BUCKETS
 )
-# The weight gradient's direct kernel, for groups of up to 4 channels (its implicit GEMM pads
-# them to 64 x 64 tiles: ResNeXt's 4-channel groups ran at 0.15x cuDNN there, 0.41x direct):
-# the forward's tile shapes, the run shortened where its dy (Run x channels) would not fit 32
-# registers a thread. Groups of 8 ran slower direct (ResNeXt 28x28: 2.2 against 6.4 TFLOP/s,
-# NOTES 108): the sets leave them to the implicit GEMM.
-BWD_WEIGHT_DIRECT_BUCKETS = (1, 2, 4)
-BWD_WEIGHT_DIRECT_2D_RUNS = {1: 16, 2: 16, 4: 8}
-BWD_WEIGHT_DIRECT_3D_RUNS = {1: 8, 2: 8, 4: 8}
+# The weight gradient's direct kernel, for groups of up to 8 channels (its implicit GEMM pads
+# them to 64 x 64 tiles: ResNeXt's 4-channel groups ran at 0.15x cuDNN there, 0.41x direct on
+# the lane path, 1.3x on the vector path): the forward's tile shapes, the run shortened where
+# its dy (Run x channels) would not fit 32 registers a thread. Groups of 8 ran slower on the
+# lane path than on the implicit GEMM (ResNeXt 28x28: 2.2 against 6.4 TFLOP/s, NOTES 108), so
+# the dispatcher gives the 8-channel kernel only problems its vector path runs (NOTES 116).
+BWD_WEIGHT_DIRECT_BUCKETS = (1, 2, 4, 8)
+BWD_WEIGHT_DIRECT_2D_RUNS = {1: 16, 2: 16, 4: 8, 8: 4}
+BWD_WEIGHT_DIRECT_3D_RUNS = {1: 8, 2: 8, 4: 8, 8: 4}
 CONV_BWD_WEIGHT_DIRECT_TILES = tuple(
     ConvTile(runs[c], 32, c, warps, 1, DIRECT_CONV, c, spatial_dims=dims, family=CONV_BWD_WEIGHT)
     for dims, runs, warps in ((2, BWD_WEIGHT_DIRECT_2D_RUNS, 8), (3, BWD_WEIGHT_DIRECT_3D_RUNS, 4))
@@ -557,14 +558,14 @@ def _core_conv_signatures() -> tuple[ConvSignature, ...]:
     2D one channel at a time, which runs any channel count (the first layer's 3 channels), for
     the forward (and so the data gradient) and the weight gradient; and the bf16 2D direct
     kernels for depthwise groups (1 channel) and groups of up to 4, and the weight gradient's
-    for the same two buckets (ResNeXt's first stage has groups of 4; a 2-channel bucket
-    compiles on first use)."""
+    for the same two buckets and for groups of 8 (ResNeXt's first two stages; a 2-channel
+    bucket compiles on first use)."""
     implicit_gemm = (("bf16", 2, 8), ("bf16", 3, 8), ("fp16", 2, 8), ("bf16", 2, 1))
     return (
         *(_conv(*shape) for shape in implicit_gemm),
         _conv("bf16", 2, 1, max_channels=1), _conv("bf16", 2, 1, max_channels=4),
         *(_conv(*shape, family=CONV_BWD_WEIGHT) for shape in implicit_gemm),
-        _conv("bf16", 2, 1, 1, CONV_BWD_WEIGHT), _conv("bf16", 2, 1, 4, CONV_BWD_WEIGHT),
+        *(_conv("bf16", 2, 1, bucket, CONV_BWD_WEIGHT) for bucket in (1, 4, 8)),
     )  # fmt: skip
 
 
@@ -637,7 +638,7 @@ RECEIPTS: dict[str, Receipt] = {
             "on sm_90a m128n128k64w8s3 on wgmma; and the bf16 2D direct kernels for groups of "
             "1 and of up to 4 channels) and its weight gradient (the same four signatures, "
             "tile m128n128k32w4s3 on every arch, and the bf16 2D direct kernels for groups of "
-            "1 and of up to 4 channels), "
+            "1, of up to 4 and of 8 channels), "
             "and one kernel of each "
             "other template and feature path; each signature on its preferred template only. "
             "Everything else compiles on first use",

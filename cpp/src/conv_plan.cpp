@@ -207,7 +207,7 @@ bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; 
 // bwd_weight_launch.cuh): several channels a vector load where the geometry
 // and tensors allow (the forward's depthwise path for one-channel groups; the
 // backward-weight vector path for one-channel groups on the one-channel
-// instance and groups of 2 or 4 channels on the others), else one group a
+// instance and groups of 2, 4 or 8 channels on the others), else one group a
 // lane.
 std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
                         int32_t bucket) {
@@ -232,7 +232,8 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
   const int32_t channels = kernel::conv_vector_weight_channels(p.in_channels);
   const char* load = p.in_channels == 1   ? "8 groups a 16-byte load"
                      : p.in_channels == 2 ? "2 groups of 2 channels an 8-byte load"
-                                          : "a group of 4 channels an 8-byte load";
+                     : p.in_channels == 4 ? "a group of 4 channels an 8-byte load"
+                                          : "a group of 8 channels a 16-byte load";
   std::ostringstream out;
   out << load << " (the " << path << " path) where x and " << (weight ? "dy" : "y") << " are "
       << 2 * channels << "-byte aligned with strides in multiples of " << channels
@@ -250,6 +251,23 @@ const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p
                                 p.output, p.filter, p.stride, p.padding, p.dilation);
 }
 
+// Whether a direct backward-weight kernel surely runs the problem on its
+// vector path (bwd_weight_launch.cuh), which keeps its sums in registers and
+// stages nothing: the geometry allows it and, for groups of 4 or 8 channels,
+// context.vector says x and dy are whole vectors of a group (the plan cannot
+// tell for groups of 1 and 2, whose vectors span several groups). The
+// 8-channel instance runs only such problems: its lane path is slower than
+// the implicit GEMM (NOTES 108).
+bool sure_weight_vector_path(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                             ckfmha_conv_direction direction, ConvPlanContext const& context) {
+  const int w = p.spatial_dims - 1;
+  return is_weight(direction) && is_direct(k) && k.conv_max_channels > 1 &&
+         (p.in_channels == 4 || p.in_channels == 8) && context.vector >= p.in_channels &&
+         kernel::conv_vector_weight_limit(p.groups, p.in_channels, p.out_channels,
+                                          conv_filter_taps(p), p.filter[w], p.stride[w],
+                                          p.dilation[w]) == nullptr;
+}
+
 // reject_reason's verdict without its text: the selection walks the whole
 // registry (attention kernels included) on every call.
 bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
@@ -260,7 +278,9 @@ bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
          (!is_conv_tma(k) || tma_limit(k, p) == nullptr) &&
          (!is_direct(k) ||
           (p.in_channels <= k.conv_max_channels && p.out_channels <= k.conv_max_channels &&
-           direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch) &&
+           (sure_weight_vector_path(k, p, direction, context) ||
+            (k.conv_max_channels <= 4 &&
+             direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch))) &&
            (!is_weight(direction) || context.can_split)));
 }
 
@@ -284,7 +304,23 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     why << "computes groups of at most " << k.conv_max_channels
         << " input and output channels, problem has " << p.in_channels << " and "
         << p.out_channels;
-  } else if (k.conv_max_channels != 0 &&
+  } else if (k.conv_max_channels > 4 && !sure_weight_vector_path(k, p, direction, context)) {
+    // Only the weight gradient has direct kernels of 8 channels.
+    const int w = p.spatial_dims - 1;
+    const char* limit = kernel::conv_vector_weight_limit(p.groups, p.in_channels,
+                                                         p.out_channels, conv_filter_taps(p),
+                                                         p.filter[w], p.stride[w], p.dilation[w]);
+    why << "runs only what its vector path takes (its lane path is slower than the implicit "
+           "GEMM), which needs ";
+    if (p.in_channels != 4 && p.in_channels != 8) {
+      why << "groups of 4 or 8 channels, as many in as out, on this instance";
+    } else if (limit != nullptr) {
+      why << limit;
+    } else {
+      why << "x and dy as 16-byte vectors of a group, where the strides or the pointers allow "
+          << context.vector << " channels";
+    }
+  } else if (k.conv_max_channels != 0 && !sure_weight_vector_path(k, p, direction, context) &&
              direct_smem_bytes(k, p) > max_smem_per_block(context.device_arch)) {
     why << "stages " << direct_smem_bytes(k, p) << " bytes of input tile and "
         << (is_weight(direction) ? "partial sums" : "filters")
@@ -580,7 +616,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     why << "groups of " << p.in_channels << " input and " << p.out_channels
         << " output channels computed directly, ";
     why << direct_path(p, direction, plan.kernel.conv_max_channels);
-    if (is_weight(direction)) {
+    if (is_weight(direction) && plan.kernel.conv_max_channels <= 4) {
       // The vector path sizes its own grid (vector_weight_launch.cuh).
       why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
           << "in turn" << (plan.kernel.conv_max_channels <= 4 ? " on the lane path" : "");
@@ -630,11 +666,15 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   out << explain_conv_predictions(kernels, p, direction, context);
   out << "plan: ";
   if (plan.found && is_weight(direction) && (plan.splits > 1 || is_direct(plan.kernel))) {
-    out << "zero the fp32 partial sums, " << plan.kernel.name << " over " << plan.splits
-        << (!is_direct(plan.kernel)                 ? " splits"
-            : plan.kernel.conv_max_channels <= 4 ? " CTAs a block of groups on the lane path"
-                                                 : " CTAs a block of groups")
-        << " adding into them, convert to dw: " << plan.why << "\n";
+    out << "zero the fp32 partial sums, " << plan.kernel.name;
+    if (!is_direct(plan.kernel)) {
+      out << " over " << plan.splits << " splits";
+    } else if (plan.kernel.conv_max_channels <= 4) {
+      out << " over " << plan.splits << " CTAs a block of groups on the lane path";
+    } else {
+      out << " on its vector path";
+    }
+    out << " adding into them, convert to dw: " << plan.why << "\n";
   } else if (plan.found) {
     out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";
   } else {

@@ -293,15 +293,25 @@ def test_depthwise_weight_paths(case: Case) -> None:
     "case", VECTOR_WEIGHT_CASES + VECTOR_WEIGHT_LANE_CASES, ids=lambda c: c.label
 )
 def test_vector_weight_paths(case: Case) -> None:
-    """The direct backward-weight kernels of 2 and 4 channels a group on both of their paths;
-    explain names the path the problem's geometry allows."""
+    """The direct backward-weight kernels of 2, 4 and 8 channels a group on both of their paths
+    (the 8-channel one is given only problems of its vector path); explain names the path the
+    problem's geometry allows."""
     name = ckfmha.conv_select(case.problem, direction="bwd_weight")
     match = WEIGHT_DIRECT_NAME.match(name)
-    if not (match and match["bucket"] in ("2", "4")):
-        pytest.skip(f"no 2- or 4-channel direct kernel for {case.label} in this build ({name})")
+    if not (match and match["bucket"] in ("2", "4", "8")):
+        pytest.skip(f"no 2-, 4- or 8-channel direct kernel for {case.label} in this build ({name})")
     text = ckfmha.conv_explain(case.problem, direction="bwd_weight")
     vector_geometry = case not in VECTOR_WEIGHT_LANE_CASES or case.layout == "offset"
     assert ("(the vector path) where x and dy" in text) == vector_geometry, text
+    run_bwd_weight(case)
+
+
+def test_eight_channel_groups_off_the_vector_path_run_on_the_implicit_gemm() -> None:
+    """Misaligned 8-channel groups: the 8-channel direct kernel's lane path is slower than the
+    implicit GEMM, so the plan takes the GEMM, and its result is checked."""
+    case = Case("bf16", 2, (9, 11), 16, 8, 8, (3, 3), 1, 1, layout="offset")
+    name = ckfmha.conv_select(case.problem, direction="bwd_weight")
+    assert "_conv_direct_" not in name, name
     run_bwd_weight(case)
 
 

@@ -66,17 +66,18 @@ def test_lane_path_names_the_limit(changes: dict[str, object], limit: str, direc
     assert f"one a lane (the depthwise path's vectors need {limit})" in text, text
 
 
-# Backward-weight problems of 2 and 4 channels a group (the core build's 4-channel bucket runs
-# both).
+# Backward-weight problems of 2, 4 and 8 channels a group (the core build's 4-channel bucket
+# runs the first two, its 8-channel one the last).
 NARROW = dataclasses.replace(BASE, in_channels=4, out_channels=4)
-NARROW_BUCKETS = ("c2", "c4")
+NARROW_BUCKETS = ("c2", "c4", "c8")
 NARROW_LOADS = {
     2: "2 groups of 2 channels an 8-byte load (the vector path) where x and dy are 8-byte aligned",
     4: "a group of 4 channels an 8-byte load (the vector path) where x and dy are 8-byte aligned",
+    8: "a group of 8 channels a 16-byte load (the vector path) where x and dy are 16-byte aligned",
 }
 
 
-@pytest.mark.parametrize("channels", [2, 4])
+@pytest.mark.parametrize("channels", [2, 4, 8])
 @pytest.mark.parametrize(
     "changes",
     [{}, {"filter": (7, 7), "padding": 3}, {"stride": 2}, {"filter": (5, 1), "padding": (2, 0)},
@@ -86,7 +87,9 @@ def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels
     problem = dataclasses.replace(NARROW, in_channels=channels, out_channels=channels, **changes)  # type: ignore[arg-type]
     text = _explain(problem, "bwd_weight", NARROW_BUCKETS)
     assert NARROW_LOADS[channels] in text, text
-    assert "CTAs a block of groups on the lane path" in text, text
+    # The 8-channel kernel runs nothing else, so its plan counts no lane-path CTAs.
+    lane = "CTAs a block of groups on the lane path"
+    assert (lane in text) == (channels < 8), text
 
 
 @pytest.mark.parametrize(
@@ -94,8 +97,8 @@ def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels
     [
         ({"in_channels": 2, "out_channels": 2, "groups": 5},
          "an even number of groups of two channels"),
-        ({"out_channels": 2}, "groups of 1, 2 or 4 channels, as many in as out"),
-        ({"in_channels": 3, "out_channels": 3}, "groups of 1, 2 or 4 channels, as many in as out"),
+        ({"out_channels": 2}, "groups of 1, 2, 4 or 8 channels, as many in as out"),
+        ({"in_channels": 3, "out_channels": 3}, "groups of 1, 2, 4 or 8 channels, as many in as out"),
         ({"filter": (3, 9), "padding": (1, 4)}, "filters at most 7 wide along w"),
         ({"stride": (1, 3)}, "stride 1 or 2 along w"),
         ({"dilation": (1, 2)}, "no dilation along w"),
@@ -106,3 +109,30 @@ def test_narrow_lane_path_names_the_limit(changes: dict[str, object], limit: str
     text = _explain(problem, "bwd_weight", NARROW_BUCKETS)
     assert "(the vector path) where" not in text
     assert f"one a lane (the vector path's vectors need {limit})" in text, text
+
+
+@pytest.mark.parametrize(
+    ("changes", "limit"),
+    [
+        ({"filter": (3, 9), "padding": (1, 4)}, "filters at most 7 wide along w"),
+        ({"stride": (1, 3)}, "stride 1 or 2 along w"),
+        ({"out_channels": 4}, "groups of 1, 2, 4 or 8 channels, as many in as out"),
+        # Positions 260 elements apart: 8-byte vectors at most.
+        ({"x_strides": (28 * 28 * 260, 28 * 260, 260)},
+         "x and dy as 16-byte vectors of a group, where the strides or the pointers allow 4"),
+    ],
+)  # fmt: skip
+def test_eight_channel_kernel_takes_only_its_vector_path(
+    changes: dict[str, object], limit: str
+) -> None:
+    """Off the vector path the 8-channel kernel is rejected with the reason (its lane path is
+    slower than the implicit GEMM)."""
+    name = "conv_bwd_weight_bf16_2d_v1_c8__sm_90a_conv_direct_"
+    if not any(k["name"].startswith(name) for k in ckfmha.Registry().kernels()):
+        pytest.skip("build has no 8-channel direct backward-weight kernel for sm_90a")
+    eight = {"in_channels": 8, "out_channels": 8, **changes}
+    problem = dataclasses.replace(NARROW, **eight)  # type: ignore[arg-type]
+    text = ckfmha.conv_explain(problem, direction="bwd_weight", arch="sm_90a")
+    rejected = f"rejected  {name}"
+    line = next(line for line in text.splitlines() if line.startswith(f"  {rejected}"))
+    assert "runs only what its vector path takes" in line and limit in line, line

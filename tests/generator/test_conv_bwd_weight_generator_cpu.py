@@ -491,9 +491,9 @@ def _direct_name(dtype: str, dims: int, bucket: int, arch: str) -> str:
 
 
 def _core_direct_names(arch: str) -> list[str]:
-    # The core set builds the depthwise kernel and the 4-channel bucket (ResNeXt's first
-    # stage); the 2-channel bucket compiles on first use.
-    return [_direct_name("bf16", 2, 1, arch), _direct_name("bf16", 2, 4, arch)]
+    # The core set builds the depthwise kernel and the 4- and 8-channel buckets (ResNeXt's
+    # first two stages); the 2-channel bucket compiles on first use.
+    return [_direct_name("bf16", 2, bucket, arch) for bucket in (1, 4, 8)]
 
 
 def test_direct_names_spell_the_channel_bucket() -> None:
@@ -725,20 +725,20 @@ def test_direct_instances_share_the_weight_gradients_unit() -> None:
 
 def test_one_direct_tile_per_dims_and_bucket() -> None:
     """The forward's direct shapes (2D over 8 warps, 3D over 4), the run shortened to keep
-    Run x channels within 32 registers, for buckets 1, 2 and 4, in every set; each applies to
-    its own family, dims and bucket only."""
+    Run x channels within 32 registers, for buckets 1, 2, 4 and 8, in every set; each applies
+    to its own family, dims and bucket only."""
     shapes = {
         (t.spatial_dims, t.max_channels): (t.tile_m, t.tile_n, t.tile_k, t.warps, t.stages)
         for t in CONV_BWD_WEIGHT_DIRECT_TILES
     }
-    # The template takes 8 too; the sets leave groups of 8 to the implicit GEMM (faster there).
-    assert set(BWD_WEIGHT_DIRECT_BUCKETS) == {1, 2, 4}
-    assert set(BWD_WEIGHT_DIRECT_BUCKETS) < set(conv_bwd_weight_direct.BWD_WEIGHT_DIRECT_MAX_CHANNELS)
+    assert set(BWD_WEIGHT_DIRECT_BUCKETS) == set(
+        conv_bwd_weight_direct.BWD_WEIGHT_DIRECT_MAX_CHANNELS
+    )
     assert shapes == {
         (2, 1): (16, 32, 1, 8, 1), (2, 2): (16, 32, 2, 8, 1),
-        (2, 4): (8, 32, 4, 8, 1),
+        (2, 4): (8, 32, 4, 8, 1), (2, 8): (4, 32, 8, 8, 1),
         (3, 1): (8, 32, 1, 4, 1), (3, 2): (8, 32, 2, 4, 1),
-        (3, 4): (8, 32, 4, 4, 1),
+        (3, 4): (8, 32, 4, 4, 1), (3, 8): (4, 32, 8, 4, 1),
     }  # fmt: skip
     assert all(t.pipeline == DIRECT for t in CONV_BWD_WEIGHT_DIRECT_TILES)
     for tiles in (CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES):
@@ -747,7 +747,7 @@ def test_one_direct_tile_per_dims_and_bucket() -> None:
     for tile in CONV_BWD_WEIGHT_DIRECT_TILES:
         for family in ("conv_fwd", CONV_BWD_WEIGHT):
             for dims in (2, 3):
-                for bucket in (0, 1, 2, 4):
+                for bucket in (0, 1, 2, 4, 8):
                     sig = ConvSignature("bf16", dims, 1, bucket, family=family)
                     expected = (family, dims, bucket) == (
                         CONV_BWD_WEIGHT, tile.spatial_dims, tile.max_channels
@@ -756,8 +756,8 @@ def test_one_direct_tile_per_dims_and_bucket() -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_core_builds_two_bf16_2d_direct_kernels(arch: str) -> None:
-    """Groups of 1 and of up to 4 channels, on every arch; preferred_only keeps them (they are
+def test_core_builds_three_bf16_2d_direct_kernels(arch: str) -> None:
+    """Groups of 1, of up to 4 and of 8 channels, on every arch; preferred_only keeps them (they are
     signatures of their own, whose only template is the direct one)."""
     assert _bwd_weight_names("core", arch, DIRECT) == _core_direct_names(arch)
 

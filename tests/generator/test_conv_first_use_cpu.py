@@ -303,7 +303,9 @@ def test_conv_direct_bucket_is_the_narrowest_holding_both_counts(
         (1, 3, 4),
         (3, 3, 4),
         (4, 4, 4),
-        (8, 5, 0),  # wider groups run on the implicit GEMM (faster there from 8 channels)
+        (8, 8, 8),  # the 8-channel kernel's vector path
+        (8, 5, 0),  # other groups of more than 4 channels run on the implicit GEMM
+        (4, 8, 0),
         (9, 1, 0),
         (64, 1, 0),
         (0, 1, 0),  # an empty group: the launch reports it
@@ -338,6 +340,7 @@ def test_ensure_with_a_weight_bucket_compiles_its_direct_kernel(
 
 
 # ---- the channel vector ----
+
 
 # NHWC strides of a dense 2D input with C channels per group and G groups: (batch, h, w).
 def _dense_strides(channels: int, groups: int = 1, h: int = 56, w: int = 56) -> list[int]:

@@ -301,7 +301,7 @@ def test_receipt_sizes(arch: str) -> None:
     # signatures x its 4 default mma.sync tiles on every arch; full adds one, which does not fit
     # sm_86 and sm_89 either. sm_90a also builds its 4 default wgmma tiles, and 6 in full less
     # the 64x256 tile at 1-channel vectors (4 signatures: too few threads for its gathers). Its
-    # direct kernel: fp16/bf16 x 2D/3D x its 3 channel buckets (1, 2, 4), one tile each, in
+    # direct kernel: fp16/bf16 x 2D/3D x its 4 channel buckets (1, 2, 4, 8), one tile each, in
     # default and full on every arch. The TMA forward on sm_90a: the 4 8-channel signatures x
     # its 5 default tiles, 6 in full.
     fits_64_wide_k = specs[arch].max_dynamic_smem_per_block >= 102400
@@ -312,9 +312,9 @@ def test_receipt_sizes(arch: str) -> None:
     weight_wgmma = (16 * 4, 16 * 6 - 4) if arch == "sm_90a" else (0, 0)
     conv = {
         "ci": 0,
-        "default": 16 * (4 + conv_wgmma[0]) + conv_tma[0] + 12 + 16 * 4 + weight_wgmma[0] + 12,
+        "default": 16 * (4 + conv_wgmma[0]) + conv_tma[0] + 12 + 16 * 4 + weight_wgmma[0] + 16,
         "full": 16 * (conv_full_tiles + conv_wgmma[1]) + conv_tma[1] + 12
-        + 16 * bwd_weight_full_tiles + weight_wgmma[1] + 12,
+        + 16 * bwd_weight_full_tiles + weight_wgmma[1] + 16,
     }
     sizes = {name: size - conv[name] for name, size in sizes.items()}
     # Two backward plans of three stages each in ci.

@@ -173,11 +173,12 @@ DEPTHWISE_LANE_CASES = [
 ]
 
 
-# Groups of 2 and 4 channels (as many in as out) that the direct backward-weight kernels run on
-# their vector path (a thread loads 4 channels, 8 bytes: two groups of 2 or one of 4): partial
-# runs along w, CTAs of 1 to 8 vectors (3, 6, 18, 32 vectors), stride 1 and 2 along w with 1-
-# to 7-wide filters (up to three column blocks), dilation along h, outputs that read only
-# padding, long reductions, 3D, every layout that keeps 8-byte vectors.
+# Groups of 2, 4 and 8 channels (as many in as out) that the direct backward-weight kernels run
+# on their vector path (a thread loads 4 channels, 8 bytes: two groups of 2 or one of 4; or a
+# group of 8, 16 bytes): partial runs along w, CTAs of 1 to 8 vectors (3, 6, 18, 32 vectors),
+# stride 1 and 2 along w with 1- to 7-wide filters (up to three column blocks of 4-channel
+# groups, seven one-column tasks of 8-channel ones), dilation along h, outputs that read only
+# padding, long reductions, 3D, every layout that keeps whole vectors.
 VECTOR_WEIGHT_CASES = [
     Case("bf16", 2, (13, 19), 32, 4, 4, (3, 3), 1, 1),
     Case("fp16", 1, (17, 23), 3, 4, 4, (7, 7), 1, 3),
@@ -189,6 +190,10 @@ VECTOR_WEIGHT_CASES = [
     Case("bf16", 8, (28, 28), 32, 4, 4, (3, 3), 1, 1),
     Case("bf16", 1, (4, 7, 9), 16, 4, 4, (3, 3, 3), 1, 1),
     Case("fp16", 2, (5, 6, 11), 10, 2, 2, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
+    Case("bf16", 2, (13, 19), 16, 8, 8, (3, 3), 1, 1),
+    Case("bf16", 4, (28, 28), 32, 8, 8, (3, 3), 2, 1, layout="channels_last"),
+    Case("fp16", 1, (9, 30), 3, 8, 8, (5, 7), (1, 2), (2, 3), (2, 1)),
+    Case("bf16", 1, (4, 7, 9), 8, 8, 8, (3, 3, 3), 1, 1, layout="slice"),
 ]
 # ... and ones they leave to the lane path: misaligned pointers and strides, an odd number of
 # two-channel groups, more input than output channels, three channels a group, a filter 9

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(conv_detail::vector_weight_warps(kGroupChannel
   using namespace conv_detail;
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
   constexpr int kG = kGroupChannels;
-  static_assert(kG == 1 || kG == 2 || kG == 4, "groups of 1, 2 or 4 channels");
+  static_assert(kG == 1 || kG == 2 || kG == 4 || kG == 8, "groups of 1, 2, 4 or 8 channels");
   constexpr int kRun = conv_vector_weight_run(kG);
   constexpr int kSpan = (kRun - 1) * kStrideW + kCols;
   constexpr int kVec = conv_vector_weight_channels(kG);

@@ -38,9 +38,10 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   dp.accum = accum;
   dp.vectors_per_cta = 8;
   while (total_vectors % dp.vectors_per_cta != 0) dp.vectors_per_cta /= 2;
-  // Four columns only for one-channel groups (their 7-wide rows in two blocks).
-  const bool narrow = kG > 1 || conv.filter[2] <= 3;
-  const int32_t cols = narrow ? 3 : 4;
+  // Filter columns a task sums: one for eight-channel groups (64 sums a
+  // column), four for one-channel groups' rows wider than 3 (a 7-wide row in
+  // two blocks), else three.
+  const int32_t cols = kG == 8 ? 1 : kG == 1 && conv.filter[2] > 3 ? 4 : 3;
   dp.column_blocks = (conv.filter[2] + cols - 1) / cols;
   const int32_t tasks = conv.filter[0] * conv.filter[1] * dp.column_blocks;
   const int32_t task_blocks = (tasks + kWarps - 1) / kWarps;
@@ -70,8 +71,11 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   const int smem = int(threads / 32 * cols * dp.vectors_per_cta * kVec * kG * sizeof(float));
   auto kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 3, kG>
                                     : &conv_bwd_weight_vector_kernel<Element, 2, 3, kG>;
-  if constexpr (kG == 1) {
-    if (!narrow) {
+  if constexpr (kG == 8) {
+    kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 1, kG>
+                                 : &conv_bwd_weight_vector_kernel<Element, 2, 1, kG>;
+  } else if constexpr (kG == 1) {
+    if (cols == 4) {
       kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 4, kG>
                                    : &conv_bwd_weight_vector_kernel<Element, 2, 4, kG>;
     }

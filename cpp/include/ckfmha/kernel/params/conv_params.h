@@ -157,29 +157,30 @@ inline const char* conv_depthwise_limit(int64_t groups, int32_t in_channels,
 }
 
 // Channels the backward-weight vector path loads at once for groups of G
-// channels: eight (a 16-byte load) for one-channel groups, else four (8
-// bytes), so that a thread's sums for three filter columns (3 x 4 x G) leave
-// room for its window of 8-position runs in 168 registers (eight channels of
-// two-channel groups spilled 88-172 bytes inside the row loop).
+// channels: eight (a 16-byte load) for groups of one or eight channels, else
+// four (8 bytes), so that a thread's sums for three filter columns (3 x 4 x G)
+// leave room for its window of 8-position runs in 168 registers (eight
+// channels of two-channel groups spilled 88-172 bytes inside the row loop).
 constexpr int32_t conv_vector_weight_channels(int32_t group_channels) {
-  return group_channels == 1 ? 8 : 4;
+  return group_channels == 1 || group_channels == 8 ? 8 : 4;
 }
 
 // Output positions along w a thread of the vector path sums per row: 4 for
-// one-channel groups (as the forward's depthwise path), 8 for wider groups,
-// whose 4-channel vectors leave room for the longer window; the longer run
+// one-channel groups (as the forward's depthwise path), 8 for groups of 2 and
+// 4, whose 4-channel vectors leave room for the longer window (the longer run
 // spreads a row's address and predicate work and the window's overlap over
-// twice the products.
+// twice the products), 4 for eight-channel groups, whose one-column tasks
+// have no overlap to spread (their row loop is 64% products either way).
 constexpr int32_t conv_vector_weight_run(int32_t group_channels) {
-  return group_channels == 1 ? 4 : 8;
+  return group_channels == 1 || group_channels == 8 ? 4 : 8;
 }
 
 // Why the direct backward-weight instances' vector path
 // (conv/vector_weight_kernel.cuh) cannot take a problem's geometry, or null
 // (the one-lane-a-group path then runs it). One-channel groups take the
-// depthwise forward's limits; groups of two or four channels are loaded as
-// whole groups, four channels at a time. The launch also needs x and dy
-// aligned to such a vector and their strides in whole vectors.
+// depthwise forward's limits; groups of 2, 4 or 8 channels are loaded as
+// whole groups, conv_vector_weight_channels at a time. The launch also needs
+// x and dy aligned to such a vector and their strides in whole vectors.
 inline const char* conv_vector_weight_limit(int64_t groups, int32_t in_channels,
                                             int32_t out_channels, int64_t taps,
                                             int32_t filter_w, int32_t stride_w,
@@ -188,8 +189,9 @@ inline const char* conv_vector_weight_limit(int64_t groups, int32_t in_channels,
     return conv_depthwise_limit(groups, in_channels, out_channels, taps, filter_w, stride_w,
                                 dilation_w);
   }
-  if (in_channels != out_channels || (in_channels != 2 && in_channels != 4)) {
-    return "groups of 1, 2 or 4 channels, as many in as out";
+  if (in_channels != out_channels ||
+      (in_channels != 2 && in_channels != 4 && in_channels != 8)) {
+    return "groups of 1, 2, 4 or 8 channels, as many in as out";
   }
   if (in_channels == 2 && groups % 2 != 0) return "an even number of groups of two channels";
   if (filter_w > kDepthwiseMaxWidth) return "filters at most 7 wide along w";
