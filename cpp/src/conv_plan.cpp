@@ -256,8 +256,8 @@ const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p
 // stages nothing: the geometry allows it and, for groups of 4 or 8 channels,
 // context.vector says x and dy are whole vectors of a group (the plan cannot
 // tell for groups of 1 and 2, whose vectors span several groups). The
-// 8-channel instance runs only such problems: its lane path is slower than
-// the implicit GEMM (NOTES 108).
+// dispatcher gives the 8-channel instance only such problems: its lane path is
+// slower than the implicit GEMM (NOTES 108); a caller may still force it.
 bool sure_weight_vector_path(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                              ckfmha_conv_direction direction, ConvPlanContext const& context) {
   const int w = p.spatial_dims - 1;
@@ -267,6 +267,13 @@ bool sure_weight_vector_path(ckfmha_kernel_entry const& k, ckfmha_conv_problem c
                                           conv_filter_taps(p), p.filter[w], p.stride[w],
                                           p.dilation[w]) == nullptr;
 }
+
+// The dispatcher gives the 8-channel direct instance reductions over at least
+// this many output positions: fewer leave its threads a run or less to sum
+// before their reduction (ResNeXt's 28x28 groups of 8 at batch 1, 784
+// positions: 0.57x the implicit GEMM's speed; 8x28x28 at batch 1, 6272
+// positions: 1.6x; NOTES 116).
+constexpr int64_t kEightChannelMinPositions = 4096;
 
 // reject_reason's verdict without its text: the selection walks the whole
 // registry (attention kernels included) on every call.
@@ -278,14 +285,19 @@ bool fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
          (!is_conv_tma(k) || tma_limit(k, p) == nullptr) &&
          (!is_direct(k) ||
           (p.in_channels <= k.conv_max_channels && p.out_channels <= k.conv_max_channels &&
-           (sure_weight_vector_path(k, p, direction, context) ||
-            (k.conv_max_channels <= 4 &&
-             direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch))) &&
+           (k.conv_max_channels > 4
+                ? sure_weight_vector_path(k, p, direction, context) &&
+                      conv_output_rows(p) >= kEightChannelMinPositions
+                : sure_weight_vector_path(k, p, direction, context) ||
+                      direct_smem_bytes(k, p) <= max_smem_per_block(context.device_arch)) &&
            (!is_weight(direction) || context.can_split)));
 }
 
+// Why a kernel does not fit. `forced`: the kernel was named by the caller,
+// who may run the 8-channel direct kernel on its lane path (slow, but right).
 std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
-                          ckfmha_conv_direction direction, ConvPlanContext const& context) {
+                          ckfmha_conv_direction direction, ConvPlanContext const& context,
+                          bool forced = false) {
   std::ostringstream why;
   const ckfmha_family family = family_of(direction);
   if (k.family != family) {
@@ -304,7 +316,8 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     why << "computes groups of at most " << k.conv_max_channels
         << " input and output channels, problem has " << p.in_channels << " and "
         << p.out_channels;
-  } else if (k.conv_max_channels > 4 && !sure_weight_vector_path(k, p, direction, context)) {
+  } else if (k.conv_max_channels > 4 && !forced &&
+             !sure_weight_vector_path(k, p, direction, context)) {
     // Only the weight gradient has direct kernels of 8 channels.
     const int w = p.spatial_dims - 1;
     const char* limit = kernel::conv_vector_weight_limit(p.groups, p.in_channels,
@@ -320,6 +333,11 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
       why << "x and dy as 16-byte vectors of a group, where the strides or the pointers allow "
           << context.vector << " channels";
     }
+  } else if (k.conv_max_channels > 4 && !forced &&
+             conv_output_rows(p) < kEightChannelMinPositions) {
+    why << "takes reductions over at least " << kEightChannelMinPositions
+        << " output positions (fewer leave its threads a run or less to sum), problem has "
+        << conv_output_rows(p);
   } else if (k.conv_max_channels != 0 && !sure_weight_vector_path(k, p, direction, context) &&
              direct_smem_bytes(k, p) > max_smem_per_block(context.device_arch)) {
     why << "stages " << direct_smem_bytes(k, p) << " bytes of input tile and "
@@ -548,7 +566,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     return plan;
   }
   if (context.forced != nullptr) {
-    std::string why = reject_reason(*context.forced, p, direction, context);
+    std::string why = reject_reason(*context.forced, p, direction, context, /*forced=*/true);
     if (!why.empty()) {
       plan.why = std::string("kernel ") + context.forced->name + " cannot run this problem: " + why;
       return plan;

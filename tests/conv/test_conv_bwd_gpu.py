@@ -11,6 +11,7 @@ reductions over positions with few output channels exercise the split backward-w
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -309,9 +310,13 @@ def test_vector_weight_paths(case: Case) -> None:
 def test_eight_channel_groups_off_the_vector_path_run_on_the_implicit_gemm() -> None:
     """Misaligned 8-channel groups: the 8-channel direct kernel's lane path is slower than the
     implicit GEMM, so the plan takes the GEMM, and its result is checked."""
-    case = Case("bf16", 2, (9, 11), 16, 8, 8, (3, 3), 1, 1, layout="offset")
-    name = ckfmha.conv_select(case.problem, direction="bwd_weight")
+    case = Case("bf16", 48, (9, 11), 16, 8, 8, (3, 3), 1, 1, layout="offset")
+    # The offset layout's positions: 16 x 8 + 5 elements apart, in x and in dy.
+    strides = (9 * 11 * 133, 11 * 133, 133)
+    problem = dataclasses.replace(case.problem, x_strides=strides, y_strides=strides)
+    name = ckfmha.conv_select(problem, direction="bwd_weight")
     assert "_conv_direct_" not in name, name
+    assert "_conv_direct_" in ckfmha.conv_select(case.problem, direction="bwd_weight")
     run_bwd_weight(case)
 
 

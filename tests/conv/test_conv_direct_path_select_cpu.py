@@ -84,7 +84,10 @@ NARROW_LOADS = {
      {"groups": 6}, {"dilation": (2, 1)}, {"input": (4, 9, 9), "filter": (3, 3, 3)}],
 )  # fmt: skip
 def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels: int) -> None:
-    problem = dataclasses.replace(NARROW, in_channels=channels, out_channels=channels, **changes)  # type: ignore[arg-type]
+    # The 8-channel kernel takes reductions over 4096 output positions or more: 32 images.
+    batch = 32 if channels == 8 else NARROW.batch
+    problem = dataclasses.replace(NARROW, in_channels=channels, out_channels=channels,
+                                  batch=batch, **changes)  # type: ignore[arg-type]  # fmt: skip
     text = _explain(problem, "bwd_weight", NARROW_BUCKETS)
     assert NARROW_LOADS[channels] in text, text
     # The 8-channel kernel runs nothing else, so its plan counts no lane-path CTAs.
@@ -120,19 +123,22 @@ def test_narrow_lane_path_names_the_limit(changes: dict[str, object], limit: str
         # Positions 260 elements apart: 8-byte vectors at most.
         ({"x_strides": (28 * 28 * 260, 28 * 260, 260)},
          "x and dy as 16-byte vectors of a group, where the strides or the pointers allow 4"),
+        ({"batch": 5}, "at least 4096 output positions (fewer leave its threads a run"),
+        ({"batch": 5}, "problem has 3920"),
     ],
 )  # fmt: skip
 def test_eight_channel_kernel_takes_only_its_vector_path(
     changes: dict[str, object], limit: str
 ) -> None:
-    """Off the vector path the 8-channel kernel is rejected with the reason (its lane path is
-    slower than the implicit GEMM)."""
+    """Off the vector path, or on too few output positions, the 8-channel kernel is rejected
+    with the reason (its lane path is slower than the implicit GEMM)."""
     name = "conv_bwd_weight_bf16_2d_v1_c8__sm_90a_conv_direct_"
     if not any(k["name"].startswith(name) for k in ckfmha.Registry().kernels()):
         pytest.skip("build has no 8-channel direct backward-weight kernel for sm_90a")
-    eight = {"in_channels": 8, "out_channels": 8, **changes}
+    eight = {"in_channels": 8, "out_channels": 8, "batch": 32, **changes}
     problem = dataclasses.replace(NARROW, **eight)  # type: ignore[arg-type]
     text = ckfmha.conv_explain(problem, direction="bwd_weight", arch="sm_90a")
     rejected = f"rejected  {name}"
     line = next(line for line in text.splitlines() if line.startswith(f"  {rejected}"))
-    assert "runs only what its vector path takes" in line and limit in line, line
+    assert limit in line, line
+    assert ("runs only what its vector path takes" in line) != ("takes reductions" in line), line

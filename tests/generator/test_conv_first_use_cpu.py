@@ -139,10 +139,10 @@ def test_a_bucketed_backward_weight_key_adds_its_direct_kernel(
     assert names == _default_conv_names(arch, implicit, pipeline) + direct_names
 
 
-@pytest.mark.parametrize("bucket", (8, 16))
+@pytest.mark.parametrize("bucket", (3, 16))
 def test_a_backward_weight_bucket_without_a_kernel_falls_back(bucket: int) -> None:
-    """The sets build the weight gradient's direct kernels for groups of at most 4 channels: a
-    bucket they do not build leaves the implicit-GEMM kernels alone."""
+    """The sets build the weight gradient's direct kernels for groups of 1, 2, 4 and 8
+    channels: a bucket they do not build leaves the implicit-GEMM kernels alone."""
     key = ConvKey(BWD_WEIGHT, BF16, 2, 1, bucket)
     names = [c.name for c in first_use.kernels_for(key, "sm_86")]
     assert names == [c.name for c in first_use.kernels_for(ConvKey(BWD_WEIGHT, BF16, 2, 1),

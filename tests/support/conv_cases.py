@@ -190,10 +190,11 @@ VECTOR_WEIGHT_CASES = [
     Case("bf16", 8, (28, 28), 32, 4, 4, (3, 3), 1, 1),
     Case("bf16", 1, (4, 7, 9), 16, 4, 4, (3, 3, 3), 1, 1),
     Case("fp16", 2, (5, 6, 11), 10, 2, 2, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
-    Case("bf16", 2, (13, 19), 16, 8, 8, (3, 3), 1, 1),
-    Case("bf16", 4, (28, 28), 32, 8, 8, (3, 3), 2, 1, layout="channels_last"),
-    Case("fp16", 1, (9, 30), 3, 8, 8, (5, 7), (1, 2), (2, 3), (2, 1)),
-    Case("bf16", 1, (4, 7, 9), 8, 8, 8, (3, 3, 3), 1, 1, layout="slice"),
+    # Groups of 8 over at least 4096 output positions (fewer run on the implicit GEMM).
+    Case("bf16", 20, (13, 19), 16, 8, 8, (3, 3), 1, 1),
+    Case("bf16", 24, (28, 28), 32, 8, 8, (3, 3), 2, 1, layout="channels_last"),
+    Case("fp16", 64, (9, 30), 3, 8, 8, (5, 7), (1, 2), (2, 3), (2, 1)),
+    Case("bf16", 20, (4, 7, 9), 8, 8, 8, (3, 3, 3), 1, 1, layout="slice"),
 ]
 # ... and ones they leave to the lane path: misaligned pointers and strides, an odd number of
 # two-channel groups, more input than output channels, three channels a group, a filter 9
