@@ -206,9 +206,9 @@ bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; 
 // Which path a direct kernel of `bucket` channels takes (fwd_launch.cuh,
 // bwd_weight_launch.cuh): several channels a vector load where the geometry
 // and tensors allow (the forward's depthwise path for one-channel groups; the
-// backward-weight vector path for one-channel groups on the one-channel
-// instance and groups of 2, 4 or 8 channels on the others), else one group a
-// lane.
+// backward-weight vector path for groups of 1 on the one-channel instance, of
+// 2 or 4 on the 2- and 4-channel ones, of 8 on the 8-channel one), else one
+// group a lane.
 std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
                         int32_t bucket) {
   const char* lane = "32 groups a CTA, one a lane";
@@ -222,8 +222,13 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
              : kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels,
                                             conv_filter_taps(p), p.filter[w], p.stride[w],
                                             p.dilation[w]);
-  if (limit == nullptr && bucket != 1 && p.in_channels == 1) {
-    limit = "the one-channel instance for one-channel groups";
+  // Each instance runs the vector path for its own groups only (bwd_weight_launch.cuh).
+  const bool own = bucket == 1   ? p.in_channels == 1
+                   : bucket == 8 ? p.in_channels == 8
+                                 : p.in_channels == 2 || p.in_channels == 4;
+  if (limit == nullptr && !own) {
+    limit = bucket == 8 ? "groups of 8 channels on this instance"
+                        : "the one-channel instance for one-channel groups";
   }
   const char* path = bucket == 1 ? "depthwise" : "vector";
   if (limit != nullptr) {
@@ -253,16 +258,19 @@ const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p
 
 // Whether a direct backward-weight kernel surely runs the problem on its
 // vector path (bwd_weight_launch.cuh), which keeps its sums in registers and
-// stages nothing: the geometry allows it and, for groups of 4 or 8 channels,
-// context.vector says x and dy are whole vectors of a group (the plan cannot
-// tell for groups of 1 and 2, whose vectors span several groups). The
+// stages nothing: groups of 4 on the 4-channel instance or of 8 on the
+// 8-channel one, the geometry allows it and context.vector says x and dy are
+// whole vectors of a group (the plan cannot tell for groups of 1 and 2, whose
+// vectors span several groups). The
 // dispatcher gives the 8-channel instance only such problems: its lane path is
 // slower than the implicit GEMM (NOTES 108); a caller may still force it.
 bool sure_weight_vector_path(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                              ckfmha_conv_direction direction, ConvPlanContext const& context) {
   const int w = p.spatial_dims - 1;
-  return is_weight(direction) && is_direct(k) && k.conv_max_channels > 1 &&
-         (p.in_channels == 4 || p.in_channels == 8) && context.vector >= p.in_channels &&
+  return is_weight(direction) && is_direct(k) &&
+         (k.conv_max_channels == 8 ? p.in_channels == 8
+                                   : k.conv_max_channels == 4 && p.in_channels == 4) &&
+         context.vector >= p.in_channels &&
          kernel::conv_vector_weight_limit(p.groups, p.in_channels, p.out_channels,
                                           conv_filter_taps(p), p.filter[w], p.stride[w],
                                           p.dilation[w]) == nullptr;
@@ -325,8 +333,8 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
                                                          p.filter[w], p.stride[w], p.dilation[w]);
     why << "runs only what its vector path takes (its lane path is slower than the implicit "
            "GEMM), which needs ";
-    if (p.in_channels != 4 && p.in_channels != 8) {
-      why << "groups of 4 or 8 channels, as many in as out, on this instance";
+    if (p.in_channels != 8) {
+      why << "groups of 8 channels, as many in as out";
     } else if (limit != nullptr) {
       why << limit;
     } else {

@@ -691,7 +691,7 @@ BWD_WEIGHT_LAUNCH = REPO_ROOT / "cpp/include/ckfmha/kernel/conv/bwd_weight_launc
     [
         ("conv_fwd", 2),
         pytest.param(
-            "conv_bwd_weight", 1,
+            "conv_bwd_weight", 3,
             marks=pytest.mark.skipif(
                 not BWD_WEIGHT_LAUNCH.is_file(), reason="launcher header not present"
             ),
@@ -703,7 +703,7 @@ def test_core_conv_instances_compile(tmp_path: Path, arch: str, family: str, dir
     unit: each template takes the traits arguments the generator writes, and agrees with its
     numbers (the forward's on sm_90a the wgmma template's, kMinCtasPerSm included; the weight
     gradient's the mma.sync one's on either arch; and each family's direct kernels: the
-    forward's two, the weight gradient's depthwise one)."""
+    forward's two, the weight gradient's three, of 1, 4 and 8 channels)."""
     configs = [c for c in select(get_receipt("core"), SPECS[arch]).accepted
                if c.signature.family == family]  # fmt: skip
     tma = 6 if (arch, family) == ("sm_90a", "conv_fwd") else 0  # 2 tiles x 3 v8 signatures

@@ -85,8 +85,9 @@ int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
 // 32 groups take the (image, output tile) items in turn and add their sums
 // into the fp32 workspace, which must be given. Where its vectors fit, the
 // vector path runs instead and sizes its own grid: the one-channel instance
-// for one-channel groups, the others for groups of 2, 4 or 8 channels (as
-// many in as out) that they hold. Shared memory depends on the problem; the
+// for one-channel groups, the 2- and 4-channel ones for groups of 2 or 4
+// channels (as many in as out) that they hold, the 8-channel one for groups
+// of 8 (each vector kernel instantiated costs its instance's compile time). Shared memory depends on the problem; the
 // runtime checks it fits before choosing the kernel.
 template <class Traits>
 int launch_conv_bwd_weight_direct(void const* problem, void const* args,
@@ -103,18 +104,17 @@ int launch_conv_bwd_weight_direct(void const* problem, void const* args,
     if (vector_weight_fits<1>(bp.conv)) {
       return launch_conv_bwd_weight_vector<Element, 1>(bp.conv, la.accum, stream);
     }
+  } else if constexpr (Traits::kMaxChannels == 8) {
+    if (vector_weight_fits<8>(bp.conv)) {
+      return launch_conv_bwd_weight_vector<Element, 8>(bp.conv, la.accum, stream);
+    }
   } else {
     if (vector_weight_fits<2>(bp.conv)) {
       return launch_conv_bwd_weight_vector<Element, 2>(bp.conv, la.accum, stream);
     }
-    if constexpr (Traits::kMaxChannels >= 4) {
+    if constexpr (Traits::kMaxChannels == 4) {
       if (vector_weight_fits<4>(bp.conv)) {
         return launch_conv_bwd_weight_vector<Element, 4>(bp.conv, la.accum, stream);
-      }
-    }
-    if constexpr (Traits::kMaxChannels == 8) {
-      if (vector_weight_fits<8>(bp.conv)) {
-        return launch_conv_bwd_weight_vector<Element, 8>(bp.conv, la.accum, stream);
       }
     }
   }
