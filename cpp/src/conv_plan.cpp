@@ -203,6 +203,15 @@ int64_t direct_smem_bytes(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 
 bool is_direct(ckfmha_kernel_entry const& k) { return k.conv_max_channels != 0; }
 
+// Why the backward-weight vector path cannot take the problem's geometry
+// (kernel::conv_vector_weight_limit), or null.
+const char* vector_weight_limit(ckfmha_conv_problem const& p) {
+  const int w = p.spatial_dims - 1;
+  return kernel::conv_vector_weight_limit(p.groups, p.in_channels, p.out_channels,
+                                          conv_filter_taps(p), p.filter[w], p.stride[w],
+                                          p.dilation[w]);
+}
+
 // Which path a direct kernel of `bucket` channels takes (fwd_launch.cuh,
 // bwd_weight_launch.cuh): several channels a vector load where the geometry
 // and tensors allow (the forward's depthwise path for one-channel groups; the
@@ -216,9 +225,7 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
   const bool weight = is_weight(direction);
   if (!weight && bucket != 1) return lane;
   const char* limit =
-      weight ? kernel::conv_vector_weight_limit(p.groups, p.in_channels, p.out_channels,
-                                                conv_filter_taps(p), p.filter[w], p.stride[w],
-                                                p.dilation[w])
+      weight ? vector_weight_limit(p)
              : kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels,
                                             conv_filter_taps(p), p.filter[w], p.stride[w],
                                             p.dilation[w]);
@@ -261,19 +268,15 @@ const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p
 // stages nothing: groups of 4 on the 4-channel instance or of 8 on the
 // 8-channel one, the geometry allows it and context.vector says x and dy are
 // whole vectors of a group (the plan cannot tell for groups of 1 and 2, whose
-// vectors span several groups). The
-// dispatcher gives the 8-channel instance only such problems: its lane path is
-// slower than the implicit GEMM (NOTES 108); a caller may still force it.
+// vectors span several groups). The dispatcher gives the 8-channel instance
+// only such problems: its lane path is slower than the implicit GEMM (NOTES
+// 108); a caller may still force it.
 bool sure_weight_vector_path(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                              ckfmha_conv_direction direction, ConvPlanContext const& context) {
-  const int w = p.spatial_dims - 1;
   return is_weight(direction) && is_direct(k) &&
          (k.conv_max_channels == 8 ? p.in_channels == 8
                                    : k.conv_max_channels == 4 && p.in_channels == 4) &&
-         context.vector >= p.in_channels &&
-         kernel::conv_vector_weight_limit(p.groups, p.in_channels, p.out_channels,
-                                          conv_filter_taps(p), p.filter[w], p.stride[w],
-                                          p.dilation[w]) == nullptr;
+         context.vector >= p.in_channels && vector_weight_limit(p) == nullptr;
 }
 
 // The dispatcher gives the 8-channel direct instance reductions over at least
@@ -327,10 +330,7 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   } else if (k.conv_max_channels > 4 && !forced &&
              !sure_weight_vector_path(k, p, direction, context)) {
     // Only the weight gradient has direct kernels of 8 channels.
-    const int w = p.spatial_dims - 1;
-    const char* limit = kernel::conv_vector_weight_limit(p.groups, p.in_channels,
-                                                         p.out_channels, conv_filter_taps(p),
-                                                         p.filter[w], p.stride[w], p.dilation[w]);
+    const char* limit = vector_weight_limit(p);
     why << "runs only what its vector path takes (its lane path is slower than the implicit "
            "GEMM), which needs ";
     if (p.in_channels != 8) {
@@ -645,7 +645,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     if (is_weight(direction) && plan.kernel.conv_max_channels <= 4) {
       // The vector path sizes its own grid (vector_weight_launch.cuh).
       why << ", " << plan.splits << " CTAs a block of groups taking its images' output tiles "
-          << "in turn" << (plan.kernel.conv_max_channels <= 4 ? " on the lane path" : "");
+          << "in turn on the lane path";
     }
     plan.why = why.str() + learned_note;
     return plan;
