@@ -87,8 +87,9 @@ int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
 // vector path runs instead and sizes its own grid: the one-channel instance
 // for one-channel groups, the 2- and 4-channel ones for groups of 2 or 4
 // channels (as many in as out) that they hold, the 8-channel one for groups
-// of 8 (each vector kernel instantiated costs its instance's compile time). Shared memory depends on the problem; the
-// runtime checks it fits before choosing the kernel.
+// of 8 (each vector kernel instantiated costs its instance's compile time).
+// Shared memory depends on the problem; the runtime checks it fits before
+// choosing the kernel.
 template <class Traits>
 int launch_conv_bwd_weight_direct(void const* problem, void const* args,
                                   ckfmha_launch_context const* context, ckfmha_stream_t stream) {

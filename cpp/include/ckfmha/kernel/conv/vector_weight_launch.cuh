@@ -1,6 +1,6 @@
 // Host-side launcher of the backward-weight vector path, which the direct
-// backward-weight instances of one, two and four channels a group run where
-// the tensors allow.
+// backward-weight instances of 1, 2, 4 and 8 channels a group run where the
+// tensors allow.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
@@ -17,8 +17,8 @@ namespace ckfmha::kernel {
 // kG channels, where vector_weight_fits. A CTA takes the largest power-of-two
 // block of vectors up to 8 that divides the problem's and up to
 // vector_weight_warps tasks (filter row, block of columns), that many warps
-// shared between them. A task's threads cover a strip: as many runs along w as they hold
-// (in even chunks) by the rows left over. Strips shorten, down to those rows,
+// shared between them. A task's threads cover a strip: as many runs along w
+// as they hold (in even chunks) by the rows left over. Strips shorten, down to those rows,
 // until the grid has eight strips a CTA on a wave of one CTA an SM (the
 // unevenness of the CTAs' last strips then costs at most an eighth).
 template <class Element, int kG>
