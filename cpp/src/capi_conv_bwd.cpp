@@ -14,17 +14,30 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 using namespace ckfmha::runtime;
 
 namespace {
 
-// dx of the backward-data plan: zeros where no tap reaches, else each
-// phase's filter rearranged into the workspace and its forward convolution.
+// dx of the backward-data plan: every phase's filter rearranged into the
+// workspace first (one launch for all phases), then per phase zeros where no
+// tap reaches or its forward convolution.
 int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args,
                  ckfmha_stream_t stream) {
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
+  std::vector<ConvPhaseFilter> filters;
+  for (auto const& ph : plan.phases) {
+    if (ph.empty) continue;
+    ConvPhaseFilter filter = ph.filter;
+    filter.w = args.w;
+    filter.dst = static_cast<char*>(args.workspace) + ph.filter_offset;
+    filters.push_back(filter);
+  }
+  if (int r = launch_conv_phase_filters(filters.data(), int(filters.size()), stream)) {
+    return from_launch_result(r, "conv phase filters");
+  }
   for (auto const& ph : plan.phases) {
     char* dx = static_cast<char*>(args.dx) + ph.dx_offset * 2;
     if (ph.empty) {
@@ -42,13 +55,8 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
       if (int r = launch_conv_zero_fill(zeros, stream)) return from_launch_result(r, "conv zeros");
       continue;
     }
-    ConvPhaseFilter filter = ph.filter;
-    filter.w = args.w;
-    filter.dst = static_cast<char*>(args.workspace) + ph.filter_offset;
-    if (int r = launch_conv_phase_filter(filter, stream)) {
-      return from_launch_result(r, "conv phase filter");
-    }
-    ckfmha_conv_fwd_args fwd{args.dy, filter.dst, dx};
+    const void* filter = static_cast<const char*>(args.workspace) + ph.filter_offset;
+    ckfmha_conv_fwd_args fwd{args.dy, filter, dx};
     if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &launch_context, stream)) {
       return from_launch_result(r, ph.plan.kernel.name);
     }

@@ -212,24 +212,26 @@ const char* vector_weight_limit(ckfmha_conv_problem const& p) {
                                           p.dilation[w]);
 }
 
+// Why the forward's vector path cannot take the problem's geometry
+// (kernel::conv_vector_fwd_limit), or null.
+const char* vector_fwd_limit(ckfmha_conv_problem const& p) {
+  const int w = p.spatial_dims - 1;
+  return kernel::conv_vector_fwd_limit(p.groups, p.in_channels, p.out_channels,
+                                       conv_filter_taps(p), p.filter[w], p.stride[w],
+                                       p.dilation[w]);
+}
+
 // Which path a direct kernel of `bucket` channels takes (fwd_launch.cuh,
 // bwd_weight_launch.cuh): several channels a vector load where the geometry
-// and tensors allow (the forward's depthwise path for one-channel groups; the
-// backward-weight vector path for groups of 1 on the one-channel instance, of
-// 2 or 4 on the 2- and 4-channel ones, of 8 on the 8-channel one), else one
-// group a lane.
+// and tensors allow (for one-channel groups the depthwise path; groups of 1
+// on the one-channel instance, of 2 or 4 on the 2- and 4-channel ones, and
+// for the weight gradient of 8 on the 8-channel one), else one group a lane.
 std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction direction,
                         int32_t bucket) {
   const char* lane = "32 groups a CTA, one a lane";
-  const int w = p.spatial_dims - 1;
   const bool weight = is_weight(direction);
-  if (!weight && bucket != 1) return lane;
-  const char* limit =
-      weight ? vector_weight_limit(p)
-             : kernel::conv_depthwise_limit(p.groups, p.in_channels, p.out_channels,
-                                            conv_filter_taps(p), p.filter[w], p.stride[w],
-                                            p.dilation[w]);
-  // Each instance runs the vector path for its own groups only (bwd_weight_launch.cuh).
+  const char* limit = weight ? vector_weight_limit(p) : vector_fwd_limit(p);
+  // Each instance runs the vector path for its own groups only.
   const bool own = bucket == 1   ? p.in_channels == 1
                    : bucket == 8 ? p.in_channels == 8
                                  : p.in_channels == 2 || p.in_channels == 4;
@@ -241,11 +243,17 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
   if (limit != nullptr) {
     return std::string(lane) + " (the " + path + " path's vectors need " + limit + ")";
   }
-  const int32_t channels = kernel::conv_vector_weight_channels(p.in_channels);
-  const char* load = p.in_channels == 1   ? "8 groups a 16-byte load"
-                     : p.in_channels == 2 ? "2 groups of 2 channels an 8-byte load"
-                     : p.in_channels == 4 ? "a group of 4 channels an 8-byte load"
-                                          : "a group of 8 channels a 16-byte load";
+  // The forward loads eight channels at once; the weight gradient's sums
+  // leave room for four in groups of 2 and 4 (conv_vector_weight_channels).
+  const int32_t channels = weight ? kernel::conv_vector_weight_channels(p.in_channels) : 8;
+  const char* load = p.in_channels == 1 ? "8 groups a 16-byte load"
+                     : p.in_channels == 2
+                         ? (weight ? "2 groups of 2 channels an 8-byte load"
+                                   : "4 groups of 2 channels a 16-byte load")
+                     : p.in_channels == 4
+                         ? (weight ? "a group of 4 channels an 8-byte load"
+                                   : "2 groups of 4 channels a 16-byte load")
+                         : "a group of 8 channels a 16-byte load";
   std::ostringstream out;
   out << load << " (the " << path << " path) where x and " << (weight ? "dy" : "y") << " are "
       << 2 * channels << "-byte aligned with strides in multiples of " << channels

@@ -23,6 +23,8 @@ from support.conv_cases import (
     DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
+    VECTOR_FWD_CASES,
+    VECTOR_FWD_LANE_CASES,
     VECTOR_WEIGHT_CASES,
     VECTOR_WEIGHT_LANE_CASES,
     Case,
@@ -62,6 +64,13 @@ EXTRA = [
     Case("bf16", 8, (56, 56), 1, 64, 16, (3, 3), 1, 1),
     Case("fp16", 4, (28, 28), 4, 8, 8, (3, 3), 1, 1, layout="slice"),
     Case("bf16", 16, (14, 14), 1, 12, 40, (1, 1), 1, 0),
+    # Backward-data's filter rearrangement: tiled transposes (at least 32 channels in and out)
+    # with partial tiles, over 4, 8 and 9 phases (the last over two launches), and the
+    # elementwise copy over 9 phases.
+    Case("bf16", 2, (15, 13), 1, 72, 40, (3, 3), 2, 1),
+    Case("bf16", 1, (5, 7, 6), 1, 48, 40, (3, 3, 3), 2, 1),
+    Case("fp16", 1, (13, 11), 2, 40, 96, (3, 3), 3, 1, layout="channels_last"),
+    Case("bf16", 2, (10, 11), 4, 8, 12, (3, 3), 3, 1),
 ]
 
 
@@ -307,6 +316,13 @@ def test_vector_weight_paths(case: Case) -> None:
     vector_geometry = case not in VECTOR_WEIGHT_LANE_CASES or case.layout == "offset"
     assert ("(the vector path) where x and dy" in text) == vector_geometry, text
     run_bwd_weight(case)
+
+
+@pytest.mark.parametrize("case", VECTOR_FWD_CASES + VECTOR_FWD_LANE_CASES, ids=lambda c: c.label)
+def test_vector_fwd_paths_in_backward_data(case: Case) -> None:
+    """Backward-data of groups of 2 and 4 channels runs the forward's direct kernels over dy
+    (per stride phase), on their vector path where it fits."""
+    run_bwd_data(case)
 
 
 def test_eight_channel_groups_off_the_vector_path_run_on_the_implicit_gemm() -> None:

@@ -1,8 +1,9 @@
 """Which path the direct kernels take: for a depthwise forward or backward-weight problem,
-eight groups a 16-byte load where conv_depthwise_limit allows the geometry; for a backward-weight
-problem of 2 or 4 channels a group, four channels an 8-byte load where conv_vector_weight_limit
-does; else one group a lane, with the limit named. No device needed: the plan and its
-explanation run on the host."""
+eight groups a 16-byte load where conv_depthwise_limit allows the geometry; for a forward problem
+of 2 or 4 channels a group, eight channels a 16-byte load where conv_vector_fwd_limit does; for
+a backward-weight problem of 2 or 4 channels a group, four channels an 8-byte load where
+conv_vector_weight_limit does (8 channels: 16 bytes); else one group a lane, with the limit
+named. No device needed: the plan and its explanation run on the host."""
 
 from __future__ import annotations
 
@@ -93,6 +94,46 @@ def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels
     # The 8-channel kernel runs nothing else, so its plan counts no lane-path CTAs.
     lane = "CTAs a block of groups on the lane path"
     assert (lane in text) == (channels < 8), text
+
+
+FORWARD_LOADS = {
+    2: "4 groups of 2 channels a 16-byte load (the vector path) where x and y are 16-byte aligned",
+    4: "2 groups of 4 channels a 16-byte load (the vector path) where x and y are 16-byte aligned",
+}
+
+
+@pytest.mark.parametrize("channels", [2, 4])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"filter": (7, 7), "padding": 3}, {"stride": 2}, {"filter": (5, 1), "padding": (2, 0)},
+     {"groups": 12}, {"dilation": (2, 1)}, {"input": (4, 9, 9), "filter": (3, 3, 3)}],
+)  # fmt: skip
+def test_narrow_forward_groups_take_the_vector_path(
+    changes: dict[str, object], channels: int
+) -> None:
+    problem = dataclasses.replace(NARROW, in_channels=channels, out_channels=channels,
+                                  **changes)  # type: ignore[arg-type]  # fmt: skip
+    text = _explain(problem, "fwd", ("c2", "c4"))
+    assert FORWARD_LOADS[channels] in text, text
+
+
+@pytest.mark.parametrize(
+    ("changes", "limit"),
+    [
+        ({"in_channels": 2, "out_channels": 2, "groups": 6}, "groups of two channels a multiple of 4"),
+        ({"groups": 5}, "an even number of groups of four channels"),
+        ({"out_channels": 2}, "groups of 1, 2 or 4 channels, as many in as out"),
+        ({"in_channels": 3, "out_channels": 3}, "groups of 1, 2 or 4 channels, as many in as out"),
+        ({"filter": (3, 9), "padding": (1, 4)}, "filters at most 7 wide along w"),
+        ({"stride": (1, 3)}, "stride 1 or 2 along w"),
+        ({"dilation": (1, 2)}, "no dilation along w"),
+    ],
+)  # fmt: skip
+def test_narrow_forward_lane_path_names_the_limit(changes: dict[str, object], limit: str) -> None:
+    problem = dataclasses.replace(NARROW, **changes)  # type: ignore[arg-type]
+    text = _explain(problem, "fwd", ("c2", "c4"))
+    assert "(the vector path) where" not in text
+    assert f"one a lane (the vector path's vectors need {limit})" in text, text
 
 
 @pytest.mark.parametrize(

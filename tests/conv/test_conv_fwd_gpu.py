@@ -20,6 +20,8 @@ from support.conv_cases import (
     DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
+    VECTOR_FWD_CASES,
+    VECTOR_FWD_LANE_CASES,
     Case,
     Inputs,
     assert_outside_untouched,
@@ -44,9 +46,7 @@ TMA_NAME = re.compile(
     r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v8__.*_sm90_tma_wgmma_m\d+n\d+k(?P<tile_k>\d+)_"
 )
 # Direct kernels: groups of at most `bucket` input and output channels.
-DIRECT_NAME = re.compile(
-    r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__"
-)
+DIRECT_NAME = re.compile(r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__")
 
 
 def assert_conv_close(y: Any, x: Any, w: Any, case: Case, what: str) -> None:
@@ -307,6 +307,24 @@ def test_depthwise_paths(case: Case) -> None:
     text = ckfmha.conv_explain(case.problem)
     vector_geometry = case in DEPTHWISE_VECTOR_CASES or case.layout == "offset"
     assert ("(the depthwise path) where" in text) == vector_geometry, text
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", VECTOR_FWD_CASES + VECTOR_FWD_LANE_CASES, ids=lambda c: c.label)
+def test_vector_fwd_paths(case: Case) -> None:
+    """The 2- and 4-channel direct kernels on both of their paths; explain names the path the
+    problem's geometry allows."""
+    inputs = Inputs()
+    x = make_x(case, inputs)
+    w = inputs.normal(case.problem.w_shape, case.dtype)
+    geometry = {"stride": case.stride, "padding": case.padding, "dilation": case.dilation}
+    name = ckfmha.conv_select(x, w, **geometry)
+    match = DIRECT_NAME.match(name)
+    if not (match and match["bucket"] in ("2", "4")):
+        pytest.skip(f"no 2- or 4-channel direct kernel for {case.label} in this build ({name})")
+    text = ckfmha.conv_explain(case.problem)
+    vector_geometry = case in VECTOR_FWD_CASES or case.layout == "offset"
+    assert ("(the vector path) where x and y" in text) == vector_geometry, text
     run_case(case)
 
 

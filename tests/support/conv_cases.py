@@ -173,6 +173,37 @@ DEPTHWISE_LANE_CASES = [
 ]
 
 
+# Groups of 2 and 4 channels (as many in as out) that the direct forward kernels run on their
+# vector path (8 channels a 16-byte load: four groups of 2 or two of 4): partial runs along w,
+# CTAs of 1 to 8 vectors (2, 3, 5, 9, 16 and 17 vectors), stride 1 and 2 along w with 1- to
+# 7-wide filters, dilation along h, outputs that read only padding, 3D (27 taps of 4-channel
+# groups), every layout that keeps 16-byte vectors.
+VECTOR_FWD_CASES = [
+    Case("bf16", 2, (13, 19), 32, 4, 4, (3, 3), 1, 1),
+    Case("fp16", 1, (17, 23), 6, 4, 4, (7, 7), 1, 3),
+    Case("bf16", 3, (11, 21), 12, 2, 2, (3, 3), 2, 1, layout="channels_last"),
+    Case("bf16", 2, (9, 30), 36, 2, 2, (5, 5), (1, 2), 2, (2, 1)),
+    Case("fp16", 1, (6, 40), 4, 4, 4, (1, 7), (2, 1), (0, 3)),
+    Case("bf16", 2, (8, 9), 16, 4, 4, (7, 1), 1, (3, 0), layout="slice"),
+    Case("bf16", 1, (3, 5), 32, 4, 4, (3, 3), 1, 3),
+    Case("bf16", 2, (56, 56), 32, 4, 4, (3, 3), 1, 1, layout="channels_last"),
+    Case("bf16", 1, (4, 7, 9), 16, 4, 4, (3, 3, 3), 1, 1),
+    Case("fp16", 2, (5, 6, 11), 20, 2, 2, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
+    Case("bf16", 1, (5, 13, 13), 34, 4, 4, (3, 3, 3), 1, 1, layout="slice"),
+]
+# ... and ones they leave to the lane path: misaligned pointers and strides, an odd number of
+# four-channel groups, two-channel groups in a number 4 does not divide, more input than output
+# channels, a filter 9 wide, stride 3 or dilation along w.
+VECTOR_FWD_LANE_CASES = [
+    Case("bf16", 2, (9, 9), 32, 4, 4, (3, 3), 1, 1, layout="offset"),
+    Case("bf16", 1, (10, 20), 5, 4, 4, (3, 3), 1, 1),
+    Case("fp16", 1, (10, 20), 6, 2, 2, (3, 3), 1, 1),
+    Case("bf16", 1, (10, 20), 8, 4, 2, (3, 3), 1, 1),
+    Case("fp16", 1, (10, 20), 8, 4, 4, (3, 9), 1, (1, 4)),
+    Case("bf16", 1, (12, 14), 8, 2, 2, (3, 3), (1, 3), 1),
+    Case("bf16", 1, (12, 14), 8, 4, 4, (3, 3), 1, 2, (1, 2)),
+]
+
 # Groups of 2, 4 and 8 channels (as many in as out) that the direct backward-weight kernels run
 # on their vector path (a thread loads 4 channels, 8 bytes: two groups of 2 or one of 4; or a
 # group of 8, 16 bytes): partial runs along w, CTAs of 1 to 8 vectors (3, 6, 18, 32 vectors),

@@ -1,8 +1,9 @@
 // The small passes the convolution backward plans run around their main
-// kernels: the backward-data plan's filter rearrangement and the zeros of
-// positions no filter tap reaches, and the backward-weight plan's fp32
-// partial sums (zeroed before, converted after). Each returns 0 or the
-// negated cudaError_t of its launch, as kernel launchers do.
+// kernels: the backward-data plan's filter rearrangement
+// (conv_phase_filters.cu) and the zeros of positions no filter tap reaches,
+// and the backward-weight plan's fp32 partial sums (zeroed before, converted
+// after). Each returns 0 or the negated cudaError_t of its launch, as kernel
+// launchers do.
 #pragma once
 
 #include "ckfmha/ckfmha.h"
@@ -26,7 +27,10 @@ struct ConvPhaseFilter {
   int32_t first[3];  // the filter index of the phase's tap 0 (its largest)
   int32_t step[3];   // filter index distance of consecutive taps
 };
-int launch_conv_phase_filter(ConvPhaseFilter const& f, ckfmha_stream_t stream);
+// Every phase's filter of one plan (`count` of them, the same groups and
+// channels): one launch per kConvPhaseFiltersPerLaunch phases.
+constexpr int kConvPhaseFiltersPerLaunch = 8;
+int launch_conv_phase_filters(ConvPhaseFilter const* filters, int count, ckfmha_stream_t stream);
 
 // Zeros of 2-byte elements at base + n * stride[0] + i * stride[1] + j *
 // stride[2] + l * stride[3] + e, for extents (batch, d, h, w) and `row`

@@ -5,7 +5,7 @@
 
 #include "ckfmha/ckfmha.h"
 #include "ckfmha/kernel/common/launch.cuh"
-#include "ckfmha/kernel/conv/depthwise_kernel.cuh"
+#include "ckfmha/kernel/conv/vector_fwd_kernel.cuh"
 #include "ckfmha/kernel/conv/direct_kernel.cuh"
 #include "ckfmha/kernel/conv/fwd_kernel.cuh"
 #include "ckfmha/kernel/conv/fwd_sm90_kernel.cuh"
@@ -111,13 +111,15 @@ int launch_conv_fwd_tma(void const* problem, void const* args,
                        Traits::kSmemLaunchBytes, stream, params);
 }
 
-// The direct template's depthwise path takes a problem whose geometry
-// conv_depthwise_limit allows and whose x and y the 16-byte loads and stores
-// can address.
-inline bool depthwise_vectors_fit(ConvFwdParams const& p) {
-  if (conv_depthwise_limit(p.groups, p.in_channels, p.out_channels,
-                           int64_t(p.filter[0]) * p.filter[1] * p.filter[2], p.filter[2],
-                           p.stride[2], p.dilation[2]) != nullptr) {
+// The direct template's vector path takes a problem of kG-channel groups
+// whose geometry conv_vector_fwd_limit allows and whose x and y the 16-byte
+// loads and stores can address.
+template <int kG>
+bool vector_fwd_fits(ConvFwdParams const& p) {
+  if (p.in_channels != kG || p.out_channels != kG ||
+      conv_vector_fwd_limit(p.groups, p.in_channels, p.out_channels,
+                            int64_t(p.filter[0]) * p.filter[1] * p.filter[2], p.filter[2],
+                            p.stride[2], p.dilation[2]) != nullptr) {
     return false;
   }
   bool aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
@@ -137,22 +139,26 @@ inline int32_t largest_divisor_up_to(int64_t count, int32_t limit) {
   return 1;
 }
 
-// The depthwise kernel's CTAs (depthwise_kernel.cuh): 256 threads over the
-// largest block of group vectors up to 8 that divides the problem's (whole
-// blocks, and a tap's weights read by many threads), made smaller, threads
-// first down to 64 and then vectors, while the grid holds fewer than four
-// CTAs an SM: a batch-1 layer's few runs then spread over every SM.
-template <class Element>
-int launch_conv_fwd_depthwise(ConvFwdParams const& params, ckfmha_stream_t stream) {
-  using conv_detail::kDepthwiseRun;
+// The vector kernel's CTAs (vector_fwd_kernel.cuh): 256 threads over the
+// largest block of channel vectors up to 8 (and up to what 48 KiB of
+// filters hold) that divides the problem's (whole blocks, and a tap's
+// weights read by many threads), made smaller, threads first down to 64 and
+// then vectors, while the grid holds fewer than four CTAs an SM: a batch-1
+// layer's few runs then spread over every SM.
+template <class Element, int kG>
+int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) {
+  using conv_detail::kVectorFwdRun;
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
-  const int64_t total_vectors = params.groups / kDepthwiseVector;
+  const int64_t total_vectors = params.groups * kG / kDepthwiseVector;
   const int64_t runs = int64_t(params.batch) * params.output[0] * params.output[1] *
-                       ((params.output[2] + kDepthwiseRun - 1) / kDepthwiseRun);
+                       ((params.output[2] + kVectorFwdRun - 1) / kVectorFwdRun);
   if (runs == 0) return 0;
-  int32_t threads = conv_detail::kDepthwiseThreads;
-  int32_t vectors = largest_divisor_up_to(total_vectors, 8);
+  const int64_t taps = int64_t(params.filter[0]) * params.filter[1] * params.filter[2];
+  const int64_t vector_bytes = vector_fwd_filter_floats<kG>(taps) * int64_t(sizeof(float));
+  const int32_t fitting = int32_t(std::clamp<int64_t>(48 * 1024 / vector_bytes, 1, 8));
+  int32_t threads = conv_detail::kVectorFwdThreads;
+  int32_t vectors = largest_divisor_up_to(total_vectors, fitting);
   auto slots = [&] { return int64_t(threads / vectors); };  // a thread a vector
   auto ctas = [&] { return (runs + slots() - 1) / slots() * (total_vectors / vectors); };
   while (ctas() < 4 * int64_t(sms) && (threads > 64 || vectors > 1)) {
@@ -163,26 +169,26 @@ int launch_conv_fwd_depthwise(ConvFwdParams const& params, ckfmha_stream_t strea
     }
   }
   const int64_t blocks = (runs + slots() - 1) / slots();
-  const int64_t group_blocks = total_vectors / vectors;
-  if (blocks > 0x7fffffff || group_blocks > 65535) return -int(cudaErrorInvalidConfiguration);
-  const dim3 grid{unsigned(blocks), unsigned(group_blocks)};
-  const int smem = int(int64_t(vectors) * kDepthwiseVector * params.filter[0] *
-                       params.filter[1] * params.filter[2] * sizeof(float));
+  const int64_t vector_blocks = total_vectors / vectors;
+  if (blocks > 0x7fffffff || vector_blocks > 65535) return -int(cudaErrorInvalidConfiguration);
+  const dim3 grid{unsigned(blocks), unsigned(vector_blocks)};
+  const int smem = int(vectors * vector_bytes);
   const bool narrow = params.filter[2] <= 3;
   auto kernel = params.stride[2] == 1
-                    ? (narrow ? &conv_fwd_depthwise_kernel<Element, 1, 3>
-                              : &conv_fwd_depthwise_kernel<Element, 1, kDepthwiseMaxWidth>)
-                    : (narrow ? &conv_fwd_depthwise_kernel<Element, 2, 3>
-                              : &conv_fwd_depthwise_kernel<Element, 2, kDepthwiseMaxWidth>);
-  return launch_kernel(kernel, grid, threads, smem, stream, ConvDepthwiseParams{params, vectors});
+                    ? (narrow ? &conv_fwd_vector_kernel<Element, 1, 3, kG>
+                              : &conv_fwd_vector_kernel<Element, 1, kDepthwiseMaxWidth, kG>)
+                    : (narrow ? &conv_fwd_vector_kernel<Element, 2, 3, kG>
+                              : &conv_fwd_vector_kernel<Element, 2, kDepthwiseMaxWidth, kG>);
+  return launch_kernel(kernel, grid, threads, smem, stream, ConvVectorFwdParams{params, vectors});
 }
 
 // Groups of few channels on the CUDA cores: one CTA per (output tile, block
 // of 32 groups, batch). Its shared memory depends on the problem (the input
 // tile a stride, dilation and filter need); the runtime checks it fits
 // before choosing the kernel (conv_plan.cpp), and the launch fails cleanly
-// otherwise. The one-channel bucket runs depthwise problems its vectors fit
-// on the depthwise path instead.
+// otherwise. Where its vectors fit, the vector path runs instead: the
+// one-channel instance for depthwise problems, the 2- and 4-channel ones for
+// groups of 2 or 4 channels (as many in as out) that they hold.
 template <class Traits>
 int launch_conv_fwd_direct(void const* problem, void const* args,
                            ckfmha_launch_context const* context, ckfmha_stream_t stream) {
@@ -190,9 +196,13 @@ int launch_conv_fwd_direct(void const* problem, void const* args,
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
   const ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  using Element = typename Traits::Element;
   if constexpr (Traits::kMaxChannels == 1) {
-    if (depthwise_vectors_fit(params)) {
-      return launch_conv_fwd_depthwise<typename Traits::Element>(params, stream);
+    if (vector_fwd_fits<1>(params)) return launch_conv_fwd_vector<Element, 1>(params, stream);
+  } else {
+    if (vector_fwd_fits<2>(params)) return launch_conv_fwd_vector<Element, 2>(params, stream);
+    if constexpr (Traits::kMaxChannels == 4) {
+      if (vector_fwd_fits<4>(params)) return launch_conv_fwd_vector<Element, 4>(params, stream);
     }
   }
   const int64_t smem = conv_detail::direct_tile<Traits>(params).bytes();

@@ -22,7 +22,7 @@
 // fp32 workspace.
 #pragma once
 
-#include "ckfmha/kernel/conv/depthwise_kernel.cuh"
+#include "ckfmha/kernel/conv/vector_fwd_kernel.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cstdint>

@@ -132,7 +132,7 @@ inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_c
   return nullptr;
 }
 
-// The direct template's depthwise path (conv/depthwise_kernel.cuh) loads
+// The direct template's depthwise path (conv/vector_fwd_kernel.cuh) loads
 // eight groups of one channel as one 16-byte vector and holds a thread's
 // window of inputs along w in registers: at most this many filter taps
 // along w, unit dilation there, stride 1 or 2. Its CTA stages its groups'
@@ -149,6 +149,33 @@ inline const char* conv_depthwise_limit(int64_t groups, int32_t in_channels,
                                         int32_t stride_w, int32_t dilation_w) {
   if (in_channels != 1 || out_channels != 1) return "groups of one input and one output channel";
   if (groups % kDepthwiseVector != 0) return "groups a multiple of 8";
+  if (taps > kDepthwiseMaxTaps) return "at most 192 filter taps";
+  if (filter_w > kDepthwiseMaxWidth) return "filters at most 7 wide along w";
+  if (dilation_w != 1) return "no dilation along w";
+  if (stride_w != 1 && stride_w != 2) return "stride 1 or 2 along w";
+  return nullptr;
+}
+
+// Why the forward direct instances' vector path (conv/vector_fwd_kernel.cuh)
+// cannot take a problem's geometry, or null (the one-lane-a-group path then
+// runs it). One-channel groups take the depthwise path's limits; groups of 2
+// or 4 channels (as many in as out) are loaded eight channels at a time, so
+// whole groups must make up the vectors. The launch also needs x and y
+// 16-byte aligned and their strides multiples of 8 elements.
+inline const char* conv_vector_fwd_limit(int64_t groups, int32_t in_channels,
+                                         int32_t out_channels, int64_t taps, int32_t filter_w,
+                                         int32_t stride_w, int32_t dilation_w) {
+  if (in_channels == 1 && out_channels == 1) {
+    return conv_depthwise_limit(groups, in_channels, out_channels, taps, filter_w, stride_w,
+                                dilation_w);
+  }
+  if (in_channels != out_channels || (in_channels != 2 && in_channels != 4)) {
+    return "groups of 1, 2 or 4 channels, as many in as out";
+  }
+  if (groups * in_channels % kDepthwiseVector != 0) {
+    return in_channels == 2 ? "groups of two channels a multiple of 4"
+                            : "an even number of groups of four channels";
+  }
   if (taps > kDepthwiseMaxTaps) return "at most 192 filter taps";
   if (filter_w > kDepthwiseMaxWidth) return "filters at most 7 wide along w";
   if (dilation_w != 1) return "no dilation along w";

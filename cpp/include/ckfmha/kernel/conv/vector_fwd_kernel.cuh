@@ -1,15 +1,18 @@
-// Depthwise convolution forward (one input and one output channel a group)
-// with eight groups a 16-byte load: the direct template's path for its
-// one-channel bucket where the tensors allow it (conv_depthwise_limit and
-// depthwise_vectors_fit). The one-lane-a-group path reads two bytes a lane and
-// stages a whole input tile before its first product; this one keeps each
-// thread's inputs in registers, read straight from global memory (neighbouring
-// threads' windows overlap, so the L1 cache serves most of them).
+// Grouped convolution forward for groups of 1, 2 or 4 channels (as many in
+// as out) with eight channels a 16-byte load: the direct template's vector
+// path where the tensors allow it (conv_vector_fwd_limit and
+// vector_fwd_fits); for one-channel groups it is the depthwise path. The
+// one-lane-a-group path reads two bytes a lane and stages a whole input tile
+// before its first product; this one keeps each thread's inputs in
+// registers, read straight from global memory (neighbouring threads' windows
+// overlap, so the L1 cache serves most of them).
 //
-// A thread computes kDepthwiseRun consecutive outputs along w of eight
-// consecutive groups. Per filter row it loads the window of inputs those
-// outputs read (Run - 1) x stride + filter width wide, widens it to fp32 one
-// channel pair at a time and accumulates every filter column from it.
+// A thread computes kVectorFwdRun consecutive outputs along w of eight
+// consecutive channels (8 groups of 1, 4 of 2 or 2 of 4). Per filter row it
+// loads the window of inputs those outputs read, (Run - 1) x stride + filter
+// width wide, widens it to fp32 one channel pair at a time and accumulates
+// every filter column from it: a pair feeds its own two outputs in groups of
+// one, and all G outputs of its group otherwise.
 #pragma once
 
 #include "ckfmha/kernel/params/conv_params.h"
@@ -25,8 +28,8 @@ namespace ckfmha::kernel {
 
 namespace conv_detail {
 
-constexpr int kDepthwiseRun = 4;  // outputs along w a thread computes
-constexpr int kDepthwiseThreads = 256;  // the most a CTA has
+constexpr int kVectorFwdRun = 4;  // outputs along w a thread computes
+constexpr int kVectorFwdThreads = 256;  // the most a CTA has
 
 // A 32-bit word of two fp16/bf16 values as floats, and back.
 template <class Element>
@@ -60,47 +63,59 @@ __device__ __forceinline__ uint32_t word_of(uint4 v, int i) {
 
 }  // namespace conv_detail
 
-// What the depthwise kernel reads beside the problem: the CTA's shape, which
+// What the vector kernel reads beside the problem: the CTA's shape, which
 // the launch sizes so that small problems still fill the SMs.
-struct ConvDepthwiseParams {
+struct ConvVectorFwdParams {
   ConvFwdParams conv;
-  int32_t vectors_per_cta;  // groups a CTA covers, in vectors of 8
+  int32_t vectors_per_cta;  // channels a CTA covers, in vectors of 8
 };
+
+// Floats of shared memory a CTA's filters take per vector of 8 channels.
+// Groups of one are laid out [tap][channel] over the CTA; wider groups
+// [vector][tap][output channel][input channel], each vector's block two
+// floats longer than its taps x 8 x G, so that the threads of a warp, which
+// read the same tap of different vectors, meet different banks.
+template <int kG>
+constexpr int64_t vector_fwd_filter_floats(int64_t taps) {
+  return kG == 1 ? taps * kDepthwiseVector : taps * kDepthwiseVector * kG + 2;
+}
 
 // Grid: x = blocks of consecutive output runs (along w, then h, d and the
 // batch), y = blocks of `vectors_per_cta` x 8 groups; blockDim.x threads, at
-// most kDepthwiseThreads. kStrideW: the stride along w (1 or 2), so that the
+// most kVectorFwdThreads. kStrideW: the stride along w (1 or 2), so that the
 // window's indices are constants; kMaxTaps: the widest filter along w the
-// window holds.
-template <class Element, int kStrideW, int kMaxTaps>
-__global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
-    conv_fwd_depthwise_kernel(ConvDepthwiseParams const __grid_constant__ dp) {
+// window holds; kG: the channels of a group (1, 2 or 4).
+template <class Element, int kStrideW, int kMaxTaps, int kG>
+__global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
+    conv_fwd_vector_kernel(ConvVectorFwdParams const __grid_constant__ dp) {
   using namespace conv_detail;
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
-  constexpr int kRun = kDepthwiseRun;
+  static_assert(kG == 1 || kG == 2 || kG == 4, "groups of 1, 2 or 4 channels");
+  constexpr int kRun = kVectorFwdRun;
   constexpr int kSpan = (kRun - 1) * kStrideW + kMaxTaps;
-  constexpr int kChannels = kDepthwiseVector;  // groups a thread computes
+  constexpr int kChannels = kDepthwiseVector;  // channels a thread computes
   constexpr int kWords = kChannels / 2;         // their channel pairs
   // The window of a 3-wide filter at stride 1 fits twice in 128 registers
   // (two CTAs an SM): the next filter row's inputs load while this row's
   // products run. Wider windows hold one: at 168 registers (one CTA an SM)
   // the 7x7 layers of ConvNeXt ran 20-30% slower (H200, NOTES 113).
   constexpr bool kPrefetch = kSpan <= 6;
-  using Window = uint4[kSpan];  // a filter row's inputs, 8 groups each
+  using Window = uint4[kSpan];  // a filter row's inputs, 8 channels each
   ConvFwdParams const& p = dp.conv;
   extern __shared__ __align__(16) char smem[];
-  float* ws = reinterpret_cast<float*>(smem);  // [tap][group of the CTA]
+  float* ws = reinterpret_cast<float*>(smem);  // vector_fwd_filter_floats' layout
 
   const int32_t vectors = dp.vectors_per_cta;
-  const int32_t cta_groups = vectors * kDepthwiseVector;
+  const int32_t cta_channels = vectors * kDepthwiseVector;
   const int32_t taps = p.filter[0] * p.filter[1] * p.filter[2];
-  const int64_t group0 = int64_t(blockIdx.y) * cta_groups;
-  // The filters of the CTA's groups as fp32, [tap][group]: a thread reads its
-  // groups' weights of a tap as float pairs (the layout is [group][tap] in
-  // memory, one group's taps contiguous).
-  const Element* w = static_cast<const Element*>(p.w) + group0 * taps;
+  // The CTA's first channel of x and y: whole groups, as channels = groups x G.
+  const int64_t cta_channel0 = int64_t(blockIdx.y) * cta_channels;
+  // The filters of the CTA's groups, [group][output channel][tap][input
+  // channel] in memory: one output channel's taps x G weights contiguous.
+  const Element* w = static_cast<const Element*>(p.w) + cta_channel0 * taps * kG;
+  const int64_t part_floats = vector_fwd_filter_floats<kG>(taps);
 
-  const int32_t parts = cta_groups / kChannels;  // threads a position
+  const int32_t parts = vectors;  // threads a position
   const int32_t slots = blockDim.x / parts;
   const int32_t part = threadIdx.x % parts;
   const int32_t slot = threadIdx.x / parts;
@@ -114,7 +129,7 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
   rest /= p.output[1];
   const int32_t od = int32_t(rest % p.output[0]);
   const int64_t n = rest / p.output[0];
-  const int64_t channel0 = group0 + part * kChannels;
+  const int64_t channel0 = cta_channel0 + part * kChannels;
 
   float acc[kRun][kChannels];
 #pragma unroll
@@ -127,7 +142,8 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
   const int32_t span = (kRun - 1) * kStrideW + filter_w;
   const int32_t iw0 = ow0 * kStrideW - p.padding[2];
   const Element* x = static_cast<const Element*>(p.x) + n * p.x_stride[0] + channel0;
-  const float* w_part = ws + part * kChannels;
+  // Groups of one: [tap][channel of the CTA]; wider: this vector's block.
+  const float* w_part = kG == 1 ? ws + part * kChannels : ws + part * part_floats;
 
   // A filter row's window of inputs, zeros in the padding.
   auto load_row = [&](int32_t id, int32_t ih, Window& window) {
@@ -142,32 +158,61 @@ __global__ void __launch_bounds__(conv_detail::kDepthwiseThreads, 2)
     }
   };
   // One filter row's products: every filter column from the window, widened
-  // one channel pair at a time.
+  // one channel pair at a time. In groups of one each channel of the pair is
+  // its own output's input; in wider groups the pair is two inputs of one
+  // group, which feed all G of its outputs (their weights a float pair).
   auto accumulate = [&](Window const& window, int32_t tap_row) {
-    const float* w_row = w_part + tap_row * cta_groups;
+    const float* w_row =
+        kG == 1 ? w_part + tap_row * cta_channels : w_part + tap_row * kChannels * kG;
 #pragma unroll
     for (int pair = 0; pair < kWords; ++pair) {
       float2 in[kSpan];
 #pragma unroll
       for (int i = 0; i < kSpan; ++i) in[i] = widen_pair<Element>(word_of(window[i], pair));
+      const int first = 2 * pair / kG * kG;  // its group's first channel
+      const int input = 2 * pair - first;    // the pair's first channel in its group
 #pragma unroll
       for (int fx = 0; fx < kMaxTaps; ++fx) {
         if (fx < filter_w) {
-          const float2 weight =
-              *reinterpret_cast<const float2*>(w_row + fx * cta_groups + 2 * pair);
+          if constexpr (kG == 1) {
+            const float2 weight =
+                *reinterpret_cast<const float2*>(w_row + fx * cta_channels + 2 * pair);
 #pragma unroll
-          for (int j = 0; j < kRun; ++j) {
-            acc[j][2 * pair] = fmaf(in[j * kStrideW + fx].x, weight.x, acc[j][2 * pair]);
-            acc[j][2 * pair + 1] = fmaf(in[j * kStrideW + fx].y, weight.y, acc[j][2 * pair + 1]);
+            for (int j = 0; j < kRun; ++j) {
+              acc[j][2 * pair] = fmaf(in[j * kStrideW + fx].x, weight.x, acc[j][2 * pair]);
+              acc[j][2 * pair + 1] =
+                  fmaf(in[j * kStrideW + fx].y, weight.y, acc[j][2 * pair + 1]);
+            }
+          } else {
+            const float* w_tap = w_row + (fx * kChannels + first) * kG + input;
+#pragma unroll
+            for (int out = 0; out < kG; ++out) {
+              const float2 weight = *reinterpret_cast<const float2*>(w_tap + out * kG);
+#pragma unroll
+              for (int j = 0; j < kRun; ++j) {
+                float& sum = acc[j][first + out];
+                sum = fmaf(in[j * kStrideW + fx].x, weight.x, sum);
+                sum = fmaf(in[j * kStrideW + fx].y, weight.y, sum);
+              }
+            }
           }
         }
       }
     }
   };
   auto stage_filters = [&] {
-    for (int32_t i = threadIdx.x; i < cta_groups * taps; i += blockDim.x) {
-      const int32_t g = i / taps, tap = i - g * taps;
-      ws[tap * cta_groups + g] = float(w[i]);
+    const int32_t count = cta_channels * taps * kG;
+    for (int32_t i = threadIdx.x; i < count; i += blockDim.x) {
+      // i = (output channel of the CTA x taps + tap) x G + input channel.
+      const int32_t input = i % kG;
+      const int32_t rest = i / kG;
+      const int32_t out = rest / taps, tap = rest - out * taps;
+      if constexpr (kG == 1) {
+        ws[tap * cta_channels + out] = float(w[i]);
+      } else {
+        const int32_t vector = out / kChannels, lane = out % kChannels;
+        ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = float(w[i]);
+      }
     }
     __syncthreads();
   };
