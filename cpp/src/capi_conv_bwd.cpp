@@ -11,6 +11,7 @@
 #include "ckfmha/runtime/device_errors.hpp"
 #include "ckfmha/runtime/registry.hpp"
 #include "ckfmha/runtime/status.hpp"
+#include "ckfmha/runtime/stream_fork.hpp"
 
 #include <cstdint>
 #include <string>
@@ -20,9 +21,28 @@ using namespace ckfmha::runtime;
 
 namespace {
 
+// Zeros at the positions of an empty phase of dx (no filter tap reaches them).
+int zero_phase(ConvDataPhase const& ph, char* dx, ckfmha_stream_t stream) {
+  ConvZeroFill zeros{};
+  zeros.base = dx;
+  const int skip = 3 - ph.forward.spatial_dims;
+  zeros.extent[0] = ph.forward.batch;
+  zeros.stride[0] = ph.forward.y_stride[0];
+  for (int axis = 0; axis < 3; ++axis) {
+    const bool real = axis >= skip;
+    zeros.extent[1 + axis] = real ? ph.forward.output[axis - skip] : 1;
+    zeros.stride[1 + axis] = real ? ph.forward.y_stride[1 + axis - skip] : 0;
+  }
+  zeros.row = int64_t(ph.forward.groups) * ph.forward.out_channels;
+  return from_launch_result(launch_conv_zero_fill(zeros, stream), "conv zeros");
+}
+
 // dx of the backward-data plan: every phase's filter rearranged into the
 // workspace first (one launch for all phases), then per phase zeros where no
-// tap reaches or its forward convolution.
+// tap reaches or its forward convolution. The phases write disjoint
+// positions of dx, so their convolutions run concurrently, one a side
+// stream: a small problem's phases each fill a fraction of the GPU (a
+// stride-2 layer at batch 1 took four times one phase's time in turn).
 int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args,
                  ckfmha_stream_t stream) {
   ckfmha_launch_context launch_context{};
@@ -38,30 +58,38 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
   if (int r = launch_conv_phase_filters(filters.data(), int(filters.size()), stream)) {
     return from_launch_result(r, "conv phase filters");
   }
+  StreamFork fork;
+  const int convolutions = int(filters.size());
+  if (convolutions > 1) {
+    if (int r = fork_streams(stream, convolutions - 1, &fork)) {
+      return from_launch_result(r, "conv phase streams");
+    }
+  }
+  // Every side stream is joined again, whatever fails: a capture with an
+  // unjoined stream cannot end.
+  int status = 0;
+  int next = 0;  // convolutions launched: the first on the caller's stream
   for (auto const& ph : plan.phases) {
     char* dx = static_cast<char*>(args.dx) + ph.dx_offset * 2;
     if (ph.empty) {
-      ConvZeroFill zeros{};
-      zeros.base = dx;
-      const int skip = 3 - ph.forward.spatial_dims;
-      zeros.extent[0] = ph.forward.batch;
-      zeros.stride[0] = ph.forward.y_stride[0];
-      for (int axis = 0; axis < 3; ++axis) {
-        const bool real = axis >= skip;
-        zeros.extent[1 + axis] = real ? ph.forward.output[axis - skip] : 1;
-        zeros.stride[1 + axis] = real ? ph.forward.y_stride[1 + axis - skip] : 0;
+      status = zero_phase(ph, dx, stream);
+    } else {
+      const ckfmha_stream_t on = next == 0 ? stream : fork.side[(next - 1) % fork.count];
+      ++next;
+      const void* filter = static_cast<const char*>(args.workspace) + ph.filter_offset;
+      ckfmha_conv_fwd_args fwd{args.dy, filter, dx};
+      if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &launch_context, on)) {
+        status = from_launch_result(r, ph.plan.kernel.name);
       }
-      zeros.row = int64_t(ph.forward.groups) * ph.forward.out_channels;
-      if (int r = launch_conv_zero_fill(zeros, stream)) return from_launch_result(r, "conv zeros");
-      continue;
     }
-    const void* filter = static_cast<const char*>(args.workspace) + ph.filter_offset;
-    ckfmha_conv_fwd_args fwd{args.dy, filter, dx};
-    if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &launch_context, stream)) {
-      return from_launch_result(r, ph.plan.kernel.name);
+    if (status != 0) break;
+  }
+  if (convolutions > 1) {
+    if (int r = join_streams(fork); r != 0 && status == 0) {
+      status = from_launch_result(r, "conv phase streams");
     }
   }
-  return succeed();
+  return status != 0 ? status : succeed();
 }
 
 // Zeros in a dense [groups, K, taps, C] dw: the gradient of an empty batch.

@@ -7,7 +7,10 @@
 // tap) is a K x C transpose: read row by row along c and written row by row
 // along k through a shared-memory tile, so that both sides move whole
 // sectors. Elementwise, a warp's reads there stride by taps x C elements and
-// each touches a sector of its own (a 512-channel 3x3 filter took 30 us).
+// each touches a sector of its own. Coordinates are found once a tile, or
+// in 32 bits where the count allows: 64-bit divisions for every element cost
+// more than the copy (ResNet-18's 512-channel 3x3 filter took 33 us with
+// both, 16 us with the tiles alone; H200).
 #include "ckfmha/runtime/conv_aux_kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -23,26 +26,25 @@ constexpr int kThreads = 256;
 constexpr int kTile = 32;  // k and c per transposed tile
 constexpr int kTileRows = kThreads / kTile;
 
+// A launch's phases; blockIdx.z picks one. They share groups and channels.
 struct PhaseBatch {
   ConvPhaseFilter phase[kConvPhaseFiltersPerLaunch];
-  int64_t first[kConvPhaseFiltersPerLaunch + 1];  // each phase's first work item
-  int32_t count;
 };
 
-__device__ int64_t phase_taps(ConvPhaseFilter const& f) {
-  return int64_t(f.taps[0]) * f.taps[1] * f.taps[2];
+__device__ int32_t phase_taps(ConvPhaseFilter const& f) {
+  return f.taps[0] * f.taps[1] * f.taps[2];
 }
 
-__device__ int64_t filter_taps(ConvPhaseFilter const& f) {
-  return int64_t(f.filter[0]) * f.filter[1] * f.filter[2];
+__device__ int32_t filter_taps(ConvPhaseFilter const& f) {
+  return f.filter[0] * f.filter[1] * f.filter[2];
 }
 
 // The filter index (row-major over its dims) of the phase's tap `tap`.
-__device__ int64_t filter_index(ConvPhaseFilter const& f, int64_t tap) {
-  int64_t index = 0;
-  int64_t radix = 1;
+__device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
+  int32_t index = 0;
+  int32_t radix = 1;
   for (int d = 2; d >= 0; --d) {
-    const int64_t t = tap % f.taps[d];
+    const int32_t t = tap % f.taps[d];
     tap /= f.taps[d];
     index += (f.first[d] - f.step[d] * t) * radix;
     radix *= f.filter[d];
@@ -50,93 +52,101 @@ __device__ int64_t filter_index(ConvPhaseFilter const& f, int64_t tap) {
   return index;
 }
 
-// The phase that work item `item` belongs to, and the item's index in it.
-__device__ int find_phase(PhaseBatch const& batch, int64_t* item) {
-  int p = 0;
-  while (p + 1 < batch.count && *item >= batch.first[p + 1]) ++p;
-  *item -= batch.first[p];
-  return p;
-}
-
-// Elements are copied as raw 2-byte values: the rearrangement is the same
-// for fp16 and bf16.
+// One thread per output element, over grid-stride steps. Index: the type
+// the element's coordinates are found in (32-bit where the count allows;
+// 64-bit division costs tens of instructions). Elements are copied as raw
+// 2-byte values: the rearrangement is the same for fp16 and bf16.
+template <class Index>
 __global__ void elementwise_kernel(PhaseBatch const __grid_constant__ batch) {
-  const int64_t total = batch.first[batch.count];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t rest = i;
-    ConvPhaseFilter const& f = batch.phase[find_phase(batch, &rest)];
-    const int64_t taps = phase_taps(f);
-    const int64_t k = rest % f.out_channels;
-    rest /= f.out_channels;
-    const int64_t tap = rest % taps;
-    rest /= taps;
-    const int64_t c = rest % f.in_channels;
-    const int64_t g = rest / f.in_channels;
-    const auto* src = static_cast<const uint16_t*>(f.w);
-    auto* dst = static_cast<uint16_t*>(f.dst);
+  ConvPhaseFilter const& f = batch.phase[blockIdx.z];
+  const Index taps = phase_taps(f);
+  const Index in_channels = f.in_channels, out_channels = f.out_channels;
+  const Index count = Index(f.groups) * in_channels * taps * out_channels;
+  const auto* src = static_cast<const uint16_t*>(f.w);
+  auto* dst = static_cast<uint16_t*>(f.dst);
+  for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < count;
+       i += Index(gridDim.x) * blockDim.x) {
+    Index rest = i / out_channels;
+    const Index k = i - rest * out_channels;
+    Index next = rest / taps;
+    const Index tap = rest - next * taps;
+    rest = next / in_channels;
+    const Index c = next - rest * in_channels;
+    const int64_t g = rest;
     const int64_t source =
-        ((g * f.out_channels + k) * filter_taps(f) + filter_index(f, tap)) * f.in_channels + c;
-    dst[((g * f.in_channels + c) * taps + tap) * f.out_channels + k] = src[source];
+        ((g * f.out_channels + k) * filter_taps(f) + filter_index(f, int32_t(tap))) *
+            f.in_channels + c;
+    dst[i] = src[source];
   }
 }
 
-__device__ int64_t tiles_along(int32_t channels) { return (channels + kTile - 1) / kTile; }
-
+// Grid: x = a (group, tap)'s tiles, y = (group, tap) pairs over grid-stride
+// steps, z = the phase.
 __global__ void __launch_bounds__(kThreads) transpose_kernel(
     PhaseBatch const __grid_constant__ batch) {
   // One column of padding keeps a warp's column reads off a single bank.
   __shared__ uint16_t tile[kTile][kTile + 1];
+  ConvPhaseFilter const& f = batch.phase[blockIdx.z];
   const int lane = threadIdx.x % kTile;
   const int row = threadIdx.x / kTile;
-  const int64_t total = batch.first[batch.count];
-  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-    int64_t rest = t;
-    ConvPhaseFilter const& f = batch.phase[find_phase(batch, &rest)];
-    const int64_t taps = phase_taps(f);
-    const int64_t k0 = (rest % tiles_along(f.out_channels)) * kTile;
-    rest /= tiles_along(f.out_channels);
-    const int64_t c0 = (rest % tiles_along(f.in_channels)) * kTile;
-    rest /= tiles_along(f.in_channels);
-    const int64_t tap = rest % taps;
-    const int64_t g = rest / taps;
-    const auto* src = static_cast<const uint16_t*>(f.w);
-    auto* dst = static_cast<uint16_t*>(f.dst);
-    // Source row k of this (group, tap): its C channels are contiguous.
-    const int64_t src_row = filter_taps(f) * f.in_channels;
-    const int64_t src_base = (g * f.out_channels * filter_taps(f) + filter_index(f, tap)) *
-                             f.in_channels;
+  const int32_t tiles_k = (f.out_channels + kTile - 1) / kTile;
+  const int64_t k0 = int64_t(blockIdx.x % tiles_k) * kTile;
+  const int64_t c0 = int64_t(blockIdx.x / tiles_k) * kTile;
+  const int32_t taps = phase_taps(f);
+  const int64_t pairs = int64_t(f.groups) * taps;
+  const auto* src = static_cast<const uint16_t*>(f.w);
+  auto* dst = static_cast<uint16_t*>(f.dst);
+  // Source row k of a (group, tap): its C channels are contiguous.
+  const int64_t src_row = int64_t(filter_taps(f)) * f.in_channels;
+  // Destination row c: its K channels are contiguous.
+  const int64_t dst_row = int64_t(taps) * f.out_channels;
+  for (int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
+    const int64_t g = pair / taps;
+    const int32_t tap = int32_t(pair - g * taps);
+    const int64_t src_base =
+        (g * f.out_channels * filter_taps(f) + filter_index(f, tap)) * f.in_channels;
     for (int r = row; r < kTile; r += kTileRows) {
       const int64_t k = k0 + r;
       const int64_t c = c0 + lane;
       if (k < f.out_channels && c < f.in_channels) tile[r][lane] = src[src_base + k * src_row + c];
     }
     __syncthreads();
-    // Destination row c of this (group, tap): its K channels are contiguous.
-    const int64_t dst_row = taps * f.out_channels;
-    const int64_t dst_base = g * f.in_channels * dst_row + tap * f.out_channels;
+    const int64_t dst_base = g * f.in_channels * dst_row + int64_t(tap) * f.out_channels;
     for (int r = row; r < kTile; r += kTileRows) {
       const int64_t c = c0 + r;
       const int64_t k = k0 + lane;
       if (k < f.out_channels && c < f.in_channels) dst[dst_base + c * dst_row + k] = tile[lane][r];
     }
-    // The tile is refilled by the next iteration.
+    // The tile is refilled by the next step.
     __syncthreads();
   }
 }
 
-unsigned blocks_for(int64_t threads) {
-  return unsigned(std::clamp<int64_t>((threads + kThreads - 1) / kThreads, 1, 65535 * 8));
-}
+int64_t taps_of(ConvPhaseFilter const& f) { return int64_t(f.taps[0]) * f.taps[1] * f.taps[2]; }
 
-int launch_batch(PhaseBatch const& batch, bool transpose, ckfmha_stream_t stream) {
-  const int64_t items = batch.first[batch.count];
-  if (items == 0) return 0;
+int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stream_t stream) {
+  ConvPhaseFilter const& f = batch.phase[0];
+  int64_t most_taps = 0;
+  for (int p = 0; p < count; ++p) most_taps = std::max(most_taps, taps_of(batch.phase[p]));
+  if (most_taps == 0 || f.groups == 0 || f.in_channels == 0 || f.out_channels == 0) return 0;
+  const auto s = cudaStream_t(stream);
   if (transpose) {
-    transpose_kernel<<<unsigned(std::min<int64_t>(items, 65535 * 8)), kThreads, 0,
-                       cudaStream_t(stream)>>>(batch);
+    const int64_t tiles = int64_t((f.out_channels + kTile - 1) / kTile) *
+                          ((f.in_channels + kTile - 1) / kTile);
+    if (tiles > 0x7fffffff) return -int(cudaErrorInvalidConfiguration);
+    const dim3 grid(unsigned(tiles), unsigned(std::min<int64_t>(f.groups * most_taps, 65535)),
+                    unsigned(count));
+    transpose_kernel<<<grid, kThreads, 0, s>>>(batch);
   } else {
-    elementwise_kernel<<<blocks_for(items), kThreads, 0, cudaStream_t(stream)>>>(batch);
+    const int64_t most = int64_t(f.groups) * f.in_channels * f.out_channels * most_taps;
+    const dim3 grid(
+        unsigned(std::clamp<int64_t>((most + kThreads - 1) / kThreads, 1, 65535 * 8)), 1,
+        unsigned(count));
+    if (most < (int64_t(1) << 31)) {
+      elementwise_kernel<uint32_t><<<grid, kThreads, 0, s>>>(batch);
+    } else {
+      elementwise_kernel<int64_t><<<grid, kThreads, 0, s>>>(batch);
+    }
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? 0 : -int(err);
@@ -147,22 +157,12 @@ int launch_batch(PhaseBatch const& batch, bool transpose, ckfmha_stream_t stream
 int launch_conv_phase_filters(ConvPhaseFilter const* filters, int count, ckfmha_stream_t stream) {
   if (count <= 0) return 0;
   // Every phase of a plan has the same channels, so one choice serves all.
-  const bool transpose =
-      filters[0].in_channels >= kTile && filters[0].out_channels >= kTile;
+  const bool transpose = filters[0].in_channels >= kTile && filters[0].out_channels >= kTile;
   for (int begin = 0; begin < count; begin += kConvPhaseFiltersPerLaunch) {
     PhaseBatch batch{};
-    batch.count = std::min(count - begin, kConvPhaseFiltersPerLaunch);
-    for (int p = 0; p < batch.count; ++p) {
-      ConvPhaseFilter const& f = filters[begin + p];
-      batch.phase[p] = f;
-      const int64_t taps = int64_t(f.taps[0]) * f.taps[1] * f.taps[2];
-      const int64_t items =
-          transpose ? int64_t(f.groups) * taps * ((f.in_channels + kTile - 1) / kTile) *
-                          ((f.out_channels + kTile - 1) / kTile)
-                    : int64_t(f.groups) * taps * f.in_channels * f.out_channels;
-      batch.first[p + 1] = batch.first[p] + items;
-    }
-    if (int r = launch_batch(batch, transpose, stream)) return r;
+    const int n = std::min(count - begin, kConvPhaseFiltersPerLaunch);
+    for (int p = 0; p < n; ++p) batch.phase[p] = filters[begin + p];
+    if (int r = launch_batch(batch, n, transpose, stream)) return r;
   }
   return 0;
 }

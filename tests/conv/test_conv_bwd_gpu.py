@@ -144,6 +144,50 @@ def test_allocated_gradients_follow_the_inputs() -> None:
     assert_within(f64(dw), ref, magnitude, "bf16", f"allocated dw seed {inputs.seed}")
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("bf16", 2, (15, 13), 1, 72, 40, (3, 3), 2, 1),
+        Case("bf16", 1, (20, 19), 32, 4, 4, (3, 3), 3, 1, layout="channels_last"),
+    ],
+    ids=lambda c: c.label,
+)
+def test_bwd_data_phases_on_the_callers_stream_and_in_a_graph(case: Case) -> None:
+    """The stride phases (4, and 9: more than the side streams) run concurrently on side
+    streams forked off the caller's stream and joined again: inputs written on that stream
+    just before the call are read, and a captured graph replays every phase on new inputs."""
+    problem = case.problem
+    geometry_kw = geometry(case)
+
+    def check(dy: Any, w: Any, dx: Any, what: str) -> None:
+        dy64, w64 = f64(dy), f64(w)
+        ref = reference_bwd_data(dy64, w64, problem.input, **geometry_kw)
+        magnitude = reference_bwd_data(np.abs(dy64), np.abs(w64), problem.input, **geometry_kw)
+        assert_within(f64(dx), ref, magnitude, case.dtype, what)
+
+    inputs = Inputs()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        dy = make_positions(case.layout, problem.y_shape, case.dtype, inputs)
+        w = inputs.normal(problem.w_shape, case.dtype)
+        dx, _ = make_poisoned("dense", problem.x_shape, case.dtype)
+        ckfmha.conv_bwd_data(dy, w, input_size=problem.input, out=dx, **geometry_kw)
+    stream.synchronize()
+    check(dy, w, dx, f"bwd_data on a side stream {case.label} seed {inputs.seed}")
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ckfmha.conv_bwd_data(dy, w, input_size=problem.input, out=dx, **geometry_kw)
+    fresh = Inputs()
+    dy.copy_(make_positions(case.layout, problem.y_shape, case.dtype, fresh))
+    w.copy_(fresh.normal(problem.w_shape, case.dtype))
+    dx.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(dy, w, dx, f"bwd_data graph replay {case.label} seed {fresh.seed}")
+
+
 def test_numpy_inputs_are_staged() -> None:
     case = Case("fp16", 2, (9, 7), 2, 8, 16, (3, 3), 1, 1)
     rng = np.random.default_rng()
