@@ -3,14 +3,13 @@
 // phase of a plan in one launch.
 //
 // Where a group has few channels the copy is elementwise, one thread per
-// output element. Where it has at least a tile's worth of both, each (group,
-// tap) is a K x C transpose: read row by row along c and written row by row
-// along k through a shared-memory tile, so that both sides move whole
+// output element. Where it has at least 32 channels in and out, each
+// (group, tap) is a K x C transpose: read row by row along c and written row
+// by row along k through a shared-memory tile, so that both sides move whole
 // sectors. Elementwise, a warp's reads there stride by taps x C elements and
 // each touches a sector of its own. Coordinates are found once a tile, or
 // in 32 bits where the count allows: 64-bit divisions for every element cost
-// more than the copy (ResNet-18's 512-channel 3x3 filter took 33 us with
-// both, 16 us with the tiles alone; H200).
+// more than the copy.
 #include "ckfmha/runtime/conv_aux_kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -23,7 +22,7 @@ namespace ckfmha::runtime {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTile = 32;  // k and c per transposed tile
+constexpr int kTile = 64;  // k and c per transposed tile
 constexpr int kTileRows = kThreads / kTile;
 
 // A launch's phases; blockIdx.z picks one. They share groups and channels.
@@ -81,17 +80,21 @@ __global__ void elementwise_kernel(PhaseBatch const __grid_constant__ batch) {
 }
 
 // Grid: x = a (group, tap)'s tiles, y = (group, tap) pairs over grid-stride
-// steps, z = the phase.
+// steps, z = the phase. A thread moves kTile x kTile / kThreads elements a
+// tile, its addresses one add apart: the per-tile setup (the pair's
+// coordinates, the filter index) is then a small part of its work (32 x 32
+// tiles of 4 elements a thread issued 106 instructions an element).
 __global__ void __launch_bounds__(kThreads) transpose_kernel(
     PhaseBatch const __grid_constant__ batch) {
-  // One column of padding keeps a warp's column reads off a single bank.
-  __shared__ uint16_t tile[kTile][kTile + 1];
+  // Rows two elements longer than the tile: a warp reading a column meets
+  // 32 different banks (rows an odd number of words apart).
+  __shared__ uint16_t tile[kTile][kTile + 2];
   ConvPhaseFilter const& f = batch.phase[blockIdx.z];
   const int lane = threadIdx.x % kTile;
   const int row = threadIdx.x / kTile;
   const int32_t tiles_k = (f.out_channels + kTile - 1) / kTile;
-  const int64_t k0 = int64_t(blockIdx.x % tiles_k) * kTile;
-  const int64_t c0 = int64_t(blockIdx.x / tiles_k) * kTile;
+  const int32_t k0 = int32_t(blockIdx.x % tiles_k) * kTile;
+  const int32_t c0 = int32_t(blockIdx.x / tiles_k) * kTile;
   const int32_t taps = phase_taps(f);
   const int64_t pairs = int64_t(f.groups) * taps;
   const auto* src = static_cast<const uint16_t*>(f.w);
@@ -100,22 +103,30 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
   const int64_t src_row = int64_t(filter_taps(f)) * f.in_channels;
   // Destination row c: its K channels are contiguous.
   const int64_t dst_row = int64_t(taps) * f.out_channels;
+  // The rows this thread loads (k) and stores (c) that exist: it walks
+  // every kTileRows-th from `row`.
+  const int32_t load_rows = min(kTile, f.out_channels - k0);
+  const int32_t store_rows = min(kTile, f.in_channels - c0);
+  const bool load_lane = c0 + lane < f.in_channels;
+  const bool store_lane = k0 + lane < f.out_channels;
   for (int64_t pair = blockIdx.y; pair < pairs; pair += gridDim.y) {
     const int64_t g = pair / taps;
     const int32_t tap = int32_t(pair - g * taps);
-    const int64_t src_base =
-        (g * f.out_channels * filter_taps(f) + filter_index(f, tap)) * f.in_channels;
-    for (int r = row; r < kTile; r += kTileRows) {
-      const int64_t k = k0 + r;
-      const int64_t c = c0 + lane;
-      if (k < f.out_channels && c < f.in_channels) tile[r][lane] = src[src_base + k * src_row + c];
+    if (load_lane) {
+      const uint16_t* from =
+          src + (g * f.out_channels * filter_taps(f) + filter_index(f, tap)) * f.in_channels +
+          (k0 + row) * src_row + c0 + lane;
+      for (int r = row; r < load_rows; r += kTileRows, from += kTileRows * src_row) {
+        tile[r][lane] = *from;
+      }
     }
     __syncthreads();
-    const int64_t dst_base = g * f.in_channels * dst_row + int64_t(tap) * f.out_channels;
-    for (int r = row; r < kTile; r += kTileRows) {
-      const int64_t c = c0 + r;
-      const int64_t k = k0 + lane;
-      if (k < f.out_channels && c < f.in_channels) dst[dst_base + c * dst_row + k] = tile[lane][r];
+    if (store_lane) {
+      uint16_t* to = dst + g * f.in_channels * dst_row + int64_t(tap) * f.out_channels +
+                     (c0 + row) * dst_row + k0 + lane;
+      for (int r = row; r < store_rows; r += kTileRows, to += kTileRows * dst_row) {
+        *to = tile[lane][r];
+      }
     }
     // The tile is refilled by the next step.
     __syncthreads();
@@ -157,7 +168,9 @@ int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stre
 int launch_conv_phase_filters(ConvPhaseFilter const* filters, int count, ckfmha_stream_t stream) {
   if (count <= 0) return 0;
   // Every phase of a plan has the same channels, so one choice serves all.
-  const bool transpose = filters[0].in_channels >= kTile && filters[0].out_channels >= kTile;
+  // Tiles at least half used: at least 32 channels in and out.
+  const bool transpose =
+      filters[0].in_channels >= kTile / 2 && filters[0].out_channels >= kTile / 2;
   for (int begin = 0; begin < count; begin += kConvPhaseFiltersPerLaunch) {
     PhaseBatch batch{};
     const int n = std::min(count - begin, kConvPhaseFiltersPerLaunch);
