@@ -100,6 +100,11 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   // products run. Wider windows hold one: at 168 registers (one CTA an SM)
   // the 7x7 layers of ConvNeXt ran 20-30% slower (H200, NOTES 113).
   constexpr bool kPrefetch = kSpan <= 6;
+  // A sum's two products of a channel pair (wider groups) issued back to
+  // back wait out the first one's latency; apart, they need temporaries.
+  // The stride-1 3-wide window of 4-channel groups has the registers for
+  // them (no spills); elsewhere the split spilled 24-88 bytes.
+  constexpr bool kSplitProducts = kG == 4 && kPrefetch;
   using Window = uint4[kSpan];  // a filter row's inputs, 8 channels each
   ConvFwdParams const& p = dp.conv;
   extern __shared__ __align__(16) char smem[];
@@ -188,11 +193,26 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
 #pragma unroll
             for (int out = 0; out < kG; ++out) {
               const float2 weight = *reinterpret_cast<const float2*>(w_tap + out * kG);
+              if constexpr (kSplitProducts) {
+                // The pair's first channel into every output of the run, then
+                // its second: a sum's two products kRun FMAs apart.
 #pragma unroll
-              for (int j = 0; j < kRun; ++j) {
-                float& sum = acc[j][first + out];
-                sum = fmaf(in[j * kStrideW + fx].x, weight.x, sum);
-                sum = fmaf(in[j * kStrideW + fx].y, weight.y, sum);
+                for (int j = 0; j < kRun; ++j) {
+                  float& sum = acc[j][first + out];
+                  sum = fmaf(in[j * kStrideW + fx].x, weight.x, sum);
+                }
+#pragma unroll
+                for (int j = 0; j < kRun; ++j) {
+                  float& sum = acc[j][first + out];
+                  sum = fmaf(in[j * kStrideW + fx].y, weight.y, sum);
+                }
+              } else {
+#pragma unroll
+                for (int j = 0; j < kRun; ++j) {
+                  float& sum = acc[j][first + out];
+                  sum = fmaf(in[j * kStrideW + fx].x, weight.x, sum);
+                  sum = fmaf(in[j * kStrideW + fx].y, weight.y, sum);
+                }
               }
             }
           }
