@@ -228,7 +228,11 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
   out << "plan: " << plan.phases.size() << " stride phase"
       << (plan.phases.size() == 1 ? "" : "s") << " of dx, each a forward convolution of dy "
       << "with the filter taps that reach it (workspace " << plan.workspace_bytes
-      << " bytes for the rearranged filters)\n";
+      << " bytes for the rearranged filters)";
+  int convolutions = 0;
+  for (ConvDataPhase const& ph : plan.phases) convolutions += ph.empty ? 0 : 1;
+  if (convolutions > 1) out << "; their convolutions run concurrently on side streams";
+  out << "\n";
   for (size_t i = 0; i < plan.phases.size(); ++i) {
     ConvDataPhase const& ph = plan.phases[i];
     out << "  phase " << i << ": ";

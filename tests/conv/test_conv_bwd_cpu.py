@@ -177,6 +177,8 @@ def test_bwd_data_plans_phases() -> None:
     text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
     assert "plan: 4 stride phases" in text
     assert text.count("no filter tap reaches these positions: zeros") == 3
+    # One convolution: nothing to run beside it.
+    assert "concurrently" not in text
     assert ckfmha.conv_select(problem, arch="sm_90a", direction="bwd_data").startswith(
         "conv_fwd_bf16_2d_v8_")
     # Stride 1: one phase, the flipped filter at padding dilation * (filter - 1) - padding.
@@ -188,3 +190,9 @@ def test_bwd_data_plans_phases() -> None:
     problem = ConvProblem(1, (5, 5), 1, 8, 8, (1, 1), 1, 2, dtype="bf16")
     text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
     assert "padding=-2x-2" in text
+    # Stride 2 and a 3x3 filter: every phase is reached, four convolutions side by side.
+    problem = ConvProblem(1, (9, 9), 4, 8, 8, (3, 3), 2, 1, dtype="bf16")
+    text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
+    assert "plan: 4 stride phases" in text
+    assert "their convolutions run concurrently on side streams" in text
+    assert "zeros" not in text

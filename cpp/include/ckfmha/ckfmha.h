@@ -868,7 +868,11 @@ CKFMHA_API int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
                                           ckfmha_conv_direction direction, int arch,
                                           size_t* bytes);
 /* dx on `stream`; kernel_name NULL (automatic) or a conv_fwd kernel that every
- * phase then runs on. */
+ * phase then runs on. Where the stride makes several phases, their
+ * convolutions run concurrently on side streams of the calling thread that
+ * wait for `stream` and that `stream` waits for before the call returns: the
+ * call is one ordered step on `stream`, also under graph capture (parallel
+ * branches). */
 CKFMHA_API int ckfmha_conv_bwd_data_run(const ckfmha_conv_problem* problem,
                                         const ckfmha_conv_bwd_data_args* args,
                                         const char* kernel_name, ckfmha_stream_t stream);
