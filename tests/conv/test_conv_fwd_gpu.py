@@ -292,40 +292,37 @@ def test_direct_kernel_refuses_wider_groups() -> None:
         ckfmha.conv_fwd(x, w, padding=1, kernel=kernel["name"])
 
 
-@pytest.mark.parametrize("case", DEPTHWISE_VECTOR_CASES + DEPTHWISE_LANE_CASES,
-                         ids=lambda c: c.label)  # fmt: skip
-def test_depthwise_paths(case: Case) -> None:
-    """The one-channel direct kernel on both of its paths; explain names the path the
-    problem's geometry allows."""
-    inputs = Inputs()
-    x = make_x(case, inputs)
-    w = inputs.normal(case.problem.w_shape, case.dtype)
-    geometry = {"stride": case.stride, "padding": case.padding, "dilation": case.dilation}
-    name = ckfmha.conv_select(x, w, **geometry)
-    if not (DIRECT_NAME.match(name) and DIRECT_NAME.match(name)["bucket"] == "1"):
-        pytest.skip(f"no one-channel direct kernel for {case.label} in this build ({name})")
-    text = ckfmha.conv_explain(case.problem)
-    vector_geometry = case in DEPTHWISE_VECTOR_CASES or case.layout == "offset"
-    assert ("(the depthwise path) where" in text) == vector_geometry, text
-    run_case(case)
-
-
-@pytest.mark.parametrize("case", VECTOR_FWD_CASES + VECTOR_FWD_LANE_CASES, ids=lambda c: c.label)
-def test_vector_fwd_paths(case: Case) -> None:
-    """The 2- and 4-channel direct kernels on both of their paths; explain names the path the
-    problem's geometry allows."""
+def run_direct_path(case: Case, buckets: tuple[str, ...], path: str, on_path: bool) -> None:
+    """`case` on a direct kernel of one of `buckets` (channels a group), whose explanation names
+    `path` exactly where `on_path` (the geometry allows it), checked against the reference."""
     inputs = Inputs()
     x = make_x(case, inputs)
     w = inputs.normal(case.problem.w_shape, case.dtype)
     geometry = {"stride": case.stride, "padding": case.padding, "dilation": case.dilation}
     name = ckfmha.conv_select(x, w, **geometry)
     match = DIRECT_NAME.match(name)
-    if not (match and match["bucket"] in ("2", "4")):
-        pytest.skip(f"no 2- or 4-channel direct kernel for {case.label} in this build ({name})")
+    if not (match and match["bucket"] in buckets):
+        pytest.skip(f"no {buckets} direct kernel for {case.label} in this build ({name})")
     text = ckfmha.conv_explain(case.problem)
-    vector_geometry = case in VECTOR_FWD_CASES or case.layout == "offset"
-    assert ("(the vector path) where x and y" in text) == vector_geometry, text
+    assert (path in text) == on_path, text
     run_case(case)
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_VECTOR_CASES + DEPTHWISE_LANE_CASES,
+                         ids=lambda c: c.label)  # fmt: skip
+def test_depthwise_paths(case: Case) -> None:
+    """The one-channel direct kernel on both of its paths; explain names the path the
+    problem's geometry allows."""
+    on_path = case in DEPTHWISE_VECTOR_CASES or case.layout == "offset"
+    run_direct_path(case, ("1",), "(the depthwise path) where", on_path)
+
+
+@pytest.mark.parametrize("case", VECTOR_FWD_CASES + VECTOR_FWD_LANE_CASES, ids=lambda c: c.label)
+def test_vector_fwd_paths(case: Case) -> None:
+    """The 2- and 4-channel direct kernels on both of their paths; explain names the path the
+    problem's geometry allows."""
+    on_path = case in VECTOR_FWD_CASES or case.layout == "offset"
+    run_direct_path(case, ("2", "4"), "(the vector path) where x and y", on_path)
 
 
 def test_select_names_a_kernel_that_runs() -> None:
