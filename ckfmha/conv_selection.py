@@ -24,7 +24,7 @@ DIRECT_CTAS_PER_SM = (1, 2, 4, 8, 16)
 DIRECT_GROUPS = 32  # groups a direct kernel's CTA computes
 WEIGHT_PACK_CHANNELS = 64  # channels of packed groups backward-weight multiplies as one
 WEIGHT_PACK_MIN_POSITIONS = 4096  # positions from which it packs
-# The conv forward fed by the copy engine (its kernels carry this pipeline).
+# The conv kernels fed by the copy engine (forward and backward-weight carry this pipeline).
 TMA_PIPELINE = "sm90_tma_wgmma"
 FEATURES = ("spatial_dims", "log_batch", "log_groups", "log_in_channels", "log_out_channels",
             "taps", "max_stride", "max_dilation", "phases", "log_gemm_m", "log_gemm_n",
@@ -98,13 +98,13 @@ def conv_candidate_plans(problem: Mapping[str, Any], direction: str,
     """(kernel name, splits) of every plan the learned selection weighs for a pass: the pass's
     kernels for the dtype and dims built for `arch` (else those that run on it), the implicit-GEMM ones at the widest
     channel vector among those the channels allow, and the direct ones whose groups hold the
-    channels; splits as split_choices gives them (0: not backward-weight); not the TMA forward's
+    channels; splits as split_choices gives them (0: not backward-weight); not the TMA kernels'
     kernels, which the model has no timings of. Kernels that cannot
     run it for another reason (shared memory) stay in: the dispatcher leaves them out."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction {direction!r}: one of {', '.join(DIRECTIONS)}")
     allowed = _channel_vector(problem, direction)
-    # The TMA forward stays with the hand rules: the model has no timings of it.
+    # The TMA kernels stay with the hand rules: the model has no timings of them.
     kernels = [k for k in registry if k["family"] == FAMILY[direction] and k["dtype"] == dtype
                and int(k["conv_spatial_dims"]) == int(problem["spatial_dims"])
                and _runs_on(k, arch) and k.get("pipeline") != TMA_PIPELINE]  # fmt: skip

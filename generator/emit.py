@@ -196,6 +196,12 @@ FAMILY_TEMPLATES: dict[tuple[str, str], PipelineTemplate] = {
         traits="ckfmha::kernel::ConvBwdWeightSm90Traits",
         launcher="ckfmha::kernel::launch_conv_bwd_weight_sm90",
     ),
+    # ... or fed by the copy engine's im2col mode where the channels allow.
+    (CONV_BWD_WEIGHT, "sm90_tma_wgmma"): PipelineTemplate(
+        header="ckfmha/kernel/conv/bwd_weight_launch.cuh",
+        traits="ckfmha::kernel::ConvBwdWeightTmaTraits",
+        launcher="ckfmha::kernel::launch_conv_bwd_weight_tma",
+    ),
     # ... and for groups of one or two channels, directly on the CUDA cores (its launcher sits
     # in the same header, so its instances share compile units with the implicit-GEMM ones).
     (CONV_BWD_WEIGHT, CONV_DIRECT_PIPELINE): PipelineTemplate(

@@ -180,10 +180,10 @@ def select(
     return selection
 
 
-# Templates that run only some problems of their signatures (the conv forward fed by the copy
-# engine takes channel counts its tile_k divides): a set that keeps one template per signature
+# Templates that run only some problems of their signatures (the conv kernels fed by the copy
+# engine take channel counts their copies divide): a set that keeps one template per signature
 # keeps these beside it, so that every problem still has a kernel.
-PARTIAL_TEMPLATES = frozenset({rules.CONV_TMA_TEMPLATE})
+PARTIAL_TEMPLATES = rules.CONV_TMA_TEMPLATES
 
 
 def _partial(config: KernelConfig) -> bool:

@@ -118,6 +118,24 @@ CONV_TMA_DEFAULT_TILES = (
     _tma_tile(256, 128, 64, 4),
 )
 CONV_TMA_FULL_TILES = (_tma_tile(128, 256, 64, 4),)
+def _weight_tma_tile(tile_m: int, tile_n: int, stages: int, warps: int) -> ConvTile:
+    """A tile of the weight gradient fed by the copy engine: 64-position copies, a producer
+    warpgroup and a consumer warpgroup for each 64 output channels (warps=8 or 12)."""
+    return ConvTile(tile_m, tile_n, 64, warps, stages, TMA_CONV, family=CONV_BWD_WEIGHT)
+
+
+# The weight gradient's TMA tiles (default and full; the core set stays with the gathering ones,
+# which take every problem): 64 x 128 with two CTAs an SM, the fastest on most of the suite's
+# layers when every tile was forced (H200, NOTES 119), 128 x 128 with six stages, 64 x 192
+# (three filter taps of 64 channels, two CTAs an SM: ResNet-18's 512-channel layer in one wave)
+# and 128 x 256; full adds 64 x 256. Tiles of two consumer warpgroups hold an SM alone.
+CONV_WEIGHT_TMA_DEFAULT_TILES = (
+    _weight_tma_tile(64, 128, 4, 8),
+    _weight_tma_tile(128, 128, 6, 12),
+    _weight_tma_tile(64, 192, 3, 8),
+    _weight_tma_tile(128, 256, 4, 12),
+)
+CONV_WEIGHT_TMA_FULL_TILES = (_weight_tma_tile(64, 256, 4, 8),)
 # The direct kernel's one tile per (dims, channel bucket): 32 groups a CTA (a lane each), 2D
 # with 8 warps (rows) and a run of 16 positions a thread (8 for 8 channels, keeping Run x
 # channels at 64 fp32 accumulators), 3D with 4 warps and a run of 8: its input tile holds a
@@ -191,6 +209,7 @@ CONV_DEFAULT_TILES = CONV_CORE_TILES + (
     _bwd_weight_tile(64, 128, 64, 4, 4, SM90_CONV),
     _bwd_weight_tile(64, 64, 64, 4, 4, SM90_CONV),
     _bwd_weight_tile(128, 256, 64, 8, 3, SM90_CONV),
+    *CONV_WEIGHT_TMA_DEFAULT_TILES,
 )
 CONV_FULL_TILES = CONV_DEFAULT_TILES + (
     *CONV_TMA_FULL_TILES,
@@ -201,6 +220,7 @@ CONV_FULL_TILES = CONV_DEFAULT_TILES + (
     _bwd_weight_tile(128, 128, 64, 8, 3),
     _bwd_weight_tile(64, 256, 64, 4, 3, SM90_CONV),
     _bwd_weight_tile(128, 128, 32, 8, 6, SM90_CONV),
+    *CONV_WEIGHT_TMA_FULL_TILES,
 )
 
 

@@ -261,11 +261,23 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
   return out.str();
 }
 
-// Why the TMA forward cannot walk this problem (kernel::conv_tma_limit), or
-// null. The tensor map also takes x's strides in bytes below 2^40.
+int32_t weight_pack(ckfmha_conv_problem const& p);
+
+// Why a TMA kernel cannot take this problem (kernel::conv_tma_limit, or for
+// backward-weight kernel::conv_weight_tma_limit), or null. The tensor maps
+// also take x's (and backward-weight's dy's) strides in bytes below 2^40.
 const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p) {
+  const bool weight = k.family == CKFMHA_FAMILY_CONV_BWD_WEIGHT;
   for (int i = 0; i <= p.spatial_dims; ++i) {
     if (p.x_stride[i] >= (int64_t(1) << 39)) return "x's strides must be below 2^40 bytes";
+    if (weight && p.y_stride[i] >= (int64_t(1) << 39)) {
+      return "dy's strides must be below 2^40 bytes";
+    }
+  }
+  if (weight) {
+    return kernel::conv_weight_tma_limit(p.spatial_dims, p.groups, p.in_channels,
+                                         p.out_channels, weight_pack(p), p.input, p.output,
+                                         p.filter, p.stride, p.padding, p.dilation);
   }
   return kernel::conv_tma_limit(p.spatial_dims, p.groups, p.in_channels, k.tile_k, p.input,
                                 p.output, p.filter, p.stride, p.padding, p.dilation);
@@ -362,8 +374,12 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
         << max_smem_per_block(context.device_arch) << " per block";
   } else if (is_conv_tma(k) && tma_limit(k, p) != nullptr) {
     why << "loads by the tensor-copy engine's im2col mode, which cannot take this problem: "
-        << tma_limit(k, p) << " (in_channels " << p.in_channels << ", tile_k " << k.tile_k
-        << ")";
+        << tma_limit(k, p) << " (in_channels " << p.in_channels;
+    if (is_weight(direction)) {
+      why << ", groups multiplied as one " << weight_pack(p) << ")";
+    } else {
+      why << ", tile_k " << k.tile_k << ")";
+    }
   } else if (is_direct(k) && is_weight(direction) && !context.can_split) {
     why << "adds its sums into the fp32 workspace, and none was given";
   }
@@ -452,23 +468,32 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
 // an SM alone with four warps (0.43), and 128x128 with 64-position steps keeps
 // sixteen warps of two CTAs busy (0.93). Dividing each tile's modelled time by
 // its factor took the rules from 72% to 87% of the fastest plan on the
-// held-out layers (NOTES 111). Tiles the oracle did not time count 0.7.
+// held-out layers (NOTES 111). Tiles not timed count 0.7.
 double weight_tile_throughput(ckfmha_kernel_entry const& k) {
+  enum Template { kMma, kWgmma, kTma };
   struct Measured {
-    bool wgmma;
+    Template kind;
     int32_t m, n, k, stages;
     double throughput;
   };
   static constexpr Measured kMeasured[] = {
-      {true, 128, 128, 64, 3, 0.93},  {true, 128, 128, 32, 6, 0.81},
-      {true, 64, 128, 64, 4, 0.80},   {true, 64, 64, 64, 4, 0.75},
-      {true, 128, 256, 64, 3, 0.55},  {true, 64, 256, 64, 3, 0.43},
-      {false, 64, 128, 32, 3, 0.83},  {false, 128, 64, 32, 3, 0.79},
-      {false, 128, 128, 64, 3, 0.74}, {false, 64, 64, 32, 4, 0.69},
-      {false, 128, 128, 32, 3, 0.54},
+      {kWgmma, 128, 128, 64, 3, 0.93}, {kWgmma, 128, 128, 32, 6, 0.81},
+      {kWgmma, 64, 128, 64, 4, 0.80},  {kWgmma, 64, 64, 64, 4, 0.75},
+      {kWgmma, 128, 256, 64, 3, 0.55}, {kWgmma, 64, 256, 64, 3, 0.43},
+      {kMma, 64, 128, 32, 3, 0.83},    {kMma, 128, 64, 32, 3, 0.79},
+      {kMma, 128, 128, 64, 3, 0.74},   {kMma, 64, 64, 32, 4, 0.69},
+      {kMma, 128, 128, 32, 3, 0.54},
+      // The TMA tiles against the modelled products alone (their copies take
+      // no issue slots), from every tile forced on the suite's 18 layers they
+      // fit (H200, NOTES 119): 64x128 with two CTAs an SM was the fastest on
+      // most; the geomean of each other tile's speed over its speed.
+      {kTma, 64, 128, 64, 4, 1.0},     {kTma, 128, 128, 64, 6, 0.85},
+      {kTma, 64, 192, 64, 3, 0.78},    {kTma, 128, 256, 64, 4, 0.68},
+      {kTma, 64, 256, 64, 4, 0.67},
   };
+  const Template kind = is_conv_tma(k) ? kTma : is_wgmma(k) ? kWgmma : kMma;
   for (Measured const& t : kMeasured) {
-    if (t.wgmma == is_wgmma(k) && t.m == k.tile_m && t.n == k.tile_n && t.k == k.tile_k &&
+    if (t.kind == kind && t.m == k.tile_m && t.n == k.tile_n && t.k == k.tile_k &&
         t.stages == k.stages) {
       return t.throughput;
     }
@@ -509,29 +534,60 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   // (ConvBwdWeightSm90Traits::kMinCtasPerSm, 4 KiB of position tables
   // included); the mma.sync ones one or two 128x128 tiles and more of
   // smaller ones.
-  const int64_t wgmma_smem =
-      int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 + 2 * int64_t(k.tile_k) * 32;
+  // The TMA ones (ConvBwdWeightTmaTraits::kMinCtasPerSm) where they have one consumer
+  // warpgroup and two CTAs' stages, barriers and the system's KiB each fit in 228 KiB.
+  const int64_t stage_bytes = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2;
+  const int64_t wgmma_smem = stage_bytes + 2 * int64_t(k.tile_k) * 32;
+  const int64_t tma_smem = stage_bytes + 16 * int64_t(k.stages) + 1024;
   const int64_t resident =
-      is_wgmma(k) ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
-                  : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
+      is_conv_tma(k) ? (k.warps == 8 && 2 * tma_smem <= 228 * 1024 ? 2 : 1)
+      : is_wgmma(k)  ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
+                     : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
   int64_t splits = 1;
   if (can_split && tiles < slots) {
-    splits = std::clamp<int64_t>(ceil_div(slots, tiles), 1,
-                                 std::min<int64_t>(65535, std::max<int64_t>(1, k_tiles / 2)));
+    const int64_t most = std::min<int64_t>(65535, std::max<int64_t>(1, k_tiles / 2));
+    splits = std::clamp<int64_t>(ceil_div(slots, tiles), 1, most);
+    if (is_conv_tma(k)) {
+      // One CTA an SM for most TMA tiles: a wave's slots are few, and rounding
+      // the split count up leaves a second wave of a few CTAs (ResNet-18's
+      // 14x14x256 layer: 36 tiles x 4 splits on 132 SMs). The count with the
+      // fewest k-tiles per SM, its two-tile overhead counted, instead.
+      const int64_t upto = splits;
+      double fewest = 0.0;
+      for (int64_t s = 1; s <= upto; ++s) {
+        const double time = double(ceil_div(tiles * s, slots)) *
+                            (double(ceil_div(k_tiles, s)) + (s > 1 ? 2.0 : 0.0));
+        if (s == 1 || time < fewest) {
+          fewest = time;
+          splits = s;
+        }
+      }
+    }
   }
   const int64_t per_split = ceil_div(k_tiles, splits);
   splits = ceil_div(k_tiles, per_split);
   const int64_t ctas = tiles * splits;
   const int64_t waves = ceil_div(ctas, slots);
-  const double step = std::max(double(k.tile_m) * k.tile_n, 64.0 * (k.tile_m + k.tile_n)) *
-                      (k.tile_k / 32.0);
+  const double loads = is_conv_tma(k) ? 0.0 : 64.0 * (k.tile_m + k.tile_n);
+  const double step = std::max(double(k.tile_m) * k.tile_n, loads) * (k.tile_k / 32.0);
   const double cost = double(waves) * double(resident) * step *
                       (double(per_split) + (splits > 1 ? 2.0 : 0.0)) /
                       weight_tile_throughput(k);
   const double useful = double(p.out_channels) * double(reduction) * p.groups;
   const double computed = double(tiles) * k.tile_m * k.tile_n;
   return {cost, useful / computed, ctas, int32_t(splits)};
+}
+
+// The first key of plan_conv's preference. Direct kernels of groups of up to
+// 4 channels, then (backward-weight) the TMA template, then the 8-channel
+// direct weight kernel, then the other implicit GEMMs. The TMA weight
+// kernels, where they fit, ran groups of 8 channels (packed 8 at a time)
+// at 1.04-1.19x cuDNN where the 8-channel direct kernel ran 0.35-0.52x
+// (ResNeXt's second stage, the video layer; NOTES 119).
+int kind_rank(ckfmha_kernel_entry const& k, ckfmha_conv_direction direction) {
+  if (is_direct(k)) return is_weight(direction) && k.conv_max_channels > 4 ? 1 : 3;
+  return is_weight(direction) && is_conv_tma(k) ? 2 : 0;
 }
 
 std::string why_none(std::vector<ckfmha_kernel_entry> const& kernels,
@@ -595,15 +651,16 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     }
     return plan;
   }
-  // Preference: a direct kernel for groups of few channels (an implicit GEMM
-  // pads their products to tensor-core tiles), the widest channel vector,
+  // Preference (kind_rank): a direct kernel for groups of few channels (an
+  // implicit GEMM pads their products to tensor-core tiles; backward-weight:
+  // the TMA template before the 8-channel direct one), the widest channel vector,
   // SASS for this exact arch, the forward fed by the copy engine (where its
   // tile is at least half useful) over wgmma with gathers over mma.sync
   // (backward-weight: the measured throughput of
   // each tile, weight_tile_throughput, ranks the two templates instead), then
   // the tile with the lowest modelled cost, then generator order.
   const bool template_ranked = !is_weight(direction);
-  std::tuple<bool, int32_t, bool, int, double> best{};
+  std::tuple<int, int32_t, bool, int, double> best{};
   TileCost best_cost{};
   for (auto const& k : kernels) {
     if (!fits(k, p, direction, context)) continue;
@@ -620,8 +677,8 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     const bool tma_first =
         is_conv_tma(k) && (cost.fill >= 0.5 || cost.ctas <= context.sm_count);
     const int template_rank = !template_ranked ? 0 : tma_first ? 2 : is_wgmma(k) ? 1 : 0;
-    std::tuple<bool, int32_t, bool, int, double> score{
-        k.conv_max_channels != 0, k.conv_vector, k.arch == context.device_arch, template_rank,
+    std::tuple<int, int32_t, bool, int, double> score{
+        kind_rank(k, direction), k.conv_vector, k.arch == context.device_arch, template_rank,
         -cost.cost};
     if (!plan.found || score > best) {
       plan.found = true;
@@ -659,8 +716,16 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     return plan;
   }
   why << (plan.kernel.arch == context.device_arch ? "SASS for this arch" : "compatible SASS")
-      << ", " << (is_conv_tma(plan.kernel) ? "im2col tensor copies of " : "")
-      << plan.kernel.conv_vector << "-channel loads, tile " << plan.kernel.tile_m << "x"
+      << ", ";
+  if (is_conv_tma(plan.kernel) && is_weight(direction)) {
+    why << "tensor copies of 64-channel runs (x's in im2col mode; dy's, and x's at 1x1 filters "
+           "with stride 1 and no padding, as plain matrices where their positions lie one "
+           "stride apart)";
+  } else {
+    why << (is_conv_tma(plan.kernel) ? "im2col tensor copies of " : "")
+        << plan.kernel.conv_vector << "-channel loads";
+  }
+  why << ", tile " << plan.kernel.tile_m << "x"
       << plan.kernel.tile_n << ": " << best_cost.ctas << " CTAs on " << context.sm_count
       << " SMs, " << int(best_cost.fill * 100.0 + 0.5) << "% of the tiles' products useful";
   if (is_weight(direction)) {

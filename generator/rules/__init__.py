@@ -10,7 +10,8 @@ sm90_fwd, simt_fwd, splitkv_combine, appendkv, sm80_bwd, bwd_rowwise, sm90_bwd, 
 grouped convolution on the sm80 path and, with wgmma, on sm_90a, and its direct CUDA-core
 template for groups of few channels), conv_tma (the forward fed by the copy engine's im2col
 mode), conv_bwd_weight (the convolution's weight gradient on
-the sm80 path), conv_bwd_weight_sm90 (the weight gradient on wgmma) and conv_bwd_weight_direct
+the sm80 path), conv_bwd_weight_sm90 (the weight gradient on wgmma), conv_bwd_weight_tma (the
+weight gradient fed by the copy engine) and conv_bwd_weight_direct
 (the weight gradient's direct CUDA-core template).
 """
 
@@ -33,6 +34,7 @@ from . import (
     conv_bwd_weight,
     conv_bwd_weight_direct,
     conv_bwd_weight_sm90,
+    conv_bwd_weight_tma,
     conv_direct,
     conv_tma,
     simt_fwd,
@@ -47,6 +49,8 @@ from .conv import conv_smem_bytes, conv_smem_launch_bytes, conv_warp_grid
 from .pipelines import (
     CONV_DIRECT_PIPELINE,
     CONV_TMA_TEMPLATE,
+    CONV_TMA_TEMPLATES,
+    CONV_WEIGHT_TMA_TEMPLATE,
     FAMILY_PIPELINES,
     PIPELINE_DTYPES,
     SUPPORTED_FAMILIES,
@@ -62,6 +66,8 @@ from .traits_assertions import TraitsAssertion
 __all__ = [
     "CONV_DIRECT_PIPELINE",
     "CONV_TMA_TEMPLATE",
+    "CONV_TMA_TEMPLATES",
+    "CONV_WEIGHT_TMA_TEMPLATE",
     "ELEMENT_BYTES",
     "FAMILY_PIPELINES",
     "PIPELINE_DTYPES",
@@ -108,10 +114,12 @@ def _direct_template(family: str) -> TemplateRules:
 
 
 def _sm90_template(family: str) -> TemplateRules:
-    """The sm90 path's TMA templates: attention forward, the backward main stage and the
-    convolution forward."""
+    """The sm90 path's TMA templates: attention forward, the backward main stage, the
+    convolution forward and its weight gradient."""
     if family == CONV_FWD:
         return conv_tma.TEMPLATE
+    if family == CONV_BWD_WEIGHT:
+        return conv_bwd_weight_tma.TEMPLATE
     return sm90_bwd.TEMPLATE if family == BWD_DQ_DK_DV else sm90_fwd.TEMPLATE
 
 

@@ -31,9 +31,9 @@ SUPPORTED_FAMILIES = (
 # row-wise stages are plain 16-byte vector passes that every arch runs) and its main stage also
 # on the sm90 path; appending to a KV cache is a memory-bound copy kernel of its own; the
 # grouped convolution is an implicit GEMM on the sm80 path's cp.async + mma.sync, and on sm_90a
-# the same gathers feed wgmma, or (forward) the copy engine's im2col mode feeds it; groups of few channels (depthwise) run on a direct CUDA-core
+# the same gathers feed wgmma, or the copy engine's im2col mode feeds it; groups of few channels (depthwise) run on a direct CUDA-core
 # kernel of their own; the convolution's weight gradient is an implicit GEMM on the sm80 path
-# and, on sm_90a, on wgmma, and has a direct CUDA-core kernel of its own for groups of up to
+# and, on sm_90a, on wgmma (gathered or fed by the copy engine), and has a direct CUDA-core kernel of its own for groups of up to
 # four channels.
 FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     "fwd": ("sm80_cpasync_mma", "sm90_tma_wgmma", "simt_fma"),
@@ -47,11 +47,16 @@ FAMILY_PIPELINES: dict[str, tuple[str, ...]] = {
     BWD_DQ_DK_DV: ("sm80_cpasync_mma", "sm90_tma_wgmma"),
     APPENDKV: ("appendkv",),
     CONV_FWD: ("sm80_cpasync_mma", "sm90_cpasync_wgmma", "sm90_tma_wgmma", CONV_DIRECT_PIPELINE),
-    CONV_BWD_WEIGHT: ("sm80_cpasync_mma", "sm90_cpasync_wgmma", CONV_DIRECT_PIPELINE),
-}
-# The conv forward fed by the copy engine, which moves whole 16-byte channel runs: only the
-# 8-channel signatures meet it (its rules reject the others, for names asked for explicitly).
+    CONV_BWD_WEIGHT: (
+        "sm80_cpasync_mma", "sm90_cpasync_wgmma", "sm90_tma_wgmma", CONV_DIRECT_PIPELINE,
+    ),
+}  # fmt: skip
+# The conv forward and weight gradient fed by the copy engine, which moves whole 16-byte channel
+# runs: only the 8-channel signatures meet them (their rules reject the others, for names asked
+# for explicitly).
 CONV_TMA_TEMPLATE = (CONV_FWD, "sm90_tma_wgmma")
+CONV_WEIGHT_TMA_TEMPLATE = (CONV_BWD_WEIGHT, "sm90_tma_wgmma")
+CONV_TMA_TEMPLATES = frozenset({CONV_TMA_TEMPLATE, CONV_WEIGHT_TMA_TEMPLATE})
 CONV_TMA_VECTOR = 8
 # fp8 queries: the one-stage forward on the Hopper template, whose wgmma multiplies e4m3 tiles
 # as they are (Q K^T, then P quantised to e4m3 times V); K/V are fp8 too.
@@ -90,7 +95,7 @@ def pipelines_for_signature(signature: Signature, pipelines: Sequence[str]) -> t
     it: on other archs every one meets them, so the rejections say why. A convolution with a
     channel bucket meets the direct template alone, one without it the implicit-GEMM ones
     (each template's rules reject the other kind, for names asked for explicitly), the TMA
-    forward only at 8-channel vectors."""
+    templates only at 8-channel vectors."""
     meeting = pipelines_for_family(signature.family, signature.dtype, pipelines)
     if getattr(signature, "q_quant", "none") != "none" and Q_FP8_PIPELINE in meeting:
         return (Q_FP8_PIPELINE,)
@@ -98,6 +103,6 @@ def pipelines_for_signature(signature: Signature, pipelines: Sequence[str]) -> t
         direct = getattr(signature, "max_channels", 0) != 0
         kind = tuple(p for p in meeting if (p == CONV_DIRECT_PIPELINE) == direct)
         if getattr(signature, "vector", 0) != CONV_TMA_VECTOR:
-            kind = tuple(p for p in kind if (signature.family, p) != CONV_TMA_TEMPLATE)
+            kind = tuple(p for p in kind if (signature.family, p) not in CONV_TMA_TEMPLATES)
         return kind or meeting
     return meeting

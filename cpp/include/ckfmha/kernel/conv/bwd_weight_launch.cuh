@@ -9,6 +9,7 @@
 #include "ckfmha/kernel/conv/bwd_weight_direct_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_kernel.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_sm90_kernel.cuh"
+#include "ckfmha/kernel/conv/bwd_weight_tma_kernel.cuh"
 #include "ckfmha/kernel/conv/vector_weight_launch.cuh"
 #include "ckfmha/kernel/conv/fwd_launch.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
@@ -43,14 +44,11 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
   return bp;
 }
 
-// Either implicit-GEMM template: CTAs over dw's (packed) tiles, the splits
-// of the positions and the groups.
+// Every implicit-GEMM template's grid: CTAs over dw's (packed) tiles, the
+// splits of the positions and the groups. Sets bp.tiles_per_split; false
+// where the tiles overflow the grid.
 template <class Traits>
-int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void const* problem,
-                                void const* args, ckfmha_stream_t stream) {
-  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
-  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
-  ConvBwdWeightParams bp = make_conv_bwd_weight_params(pr, la);
+bool conv_bwd_weight_grid(ConvBwdWeightParams& bp, ConvBwdWeightLaunch const& la, dim3* grid) {
   const int64_t position_tiles = (bp.conv.rows + Traits::kTileK - 1) / Traits::kTileK;
   const int64_t splits = la.accum == nullptr ? 1 : std::clamp<int64_t>(la.splits, 1, 65535);
   bp.tiles_per_split = std::max<int64_t>(1, (position_tiles + splits - 1) / splits);
@@ -58,9 +56,21 @@ int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void co
       1, (position_tiles + bp.tiles_per_split - 1) / bp.tiles_per_split);
   const int64_t tiles_m = (bp.conv.out_channels + Traits::kTileM - 1) / Traits::kTileM;
   const int64_t tiles_n = (int64_t(bp.conv.reduction) + Traits::kTileN - 1) / Traits::kTileN;
-  if (tiles_m * tiles_n > 0x7fffffff) return -int(cudaErrorInvalidConfiguration);
-  dim3 grid(unsigned(tiles_m * tiles_n), unsigned(used_splits),
-            unsigned(std::min(bp.conv.groups, 65535)));
+  if (tiles_m * tiles_n > 0x7fffffff) return false;
+  *grid = dim3(unsigned(tiles_m * tiles_n), unsigned(used_splits),
+               unsigned(std::min(bp.conv.groups, 65535)));
+  return true;
+}
+
+// Either gathering template.
+template <class Traits>
+int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void const* problem,
+                                void const* args, ckfmha_stream_t stream) {
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
+  ConvBwdWeightParams bp = make_conv_bwd_weight_params(pr, la);
+  dim3 grid;
+  if (!conv_bwd_weight_grid<Traits>(bp, la, &grid)) return -int(cudaErrorInvalidConfiguration);
   return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream,
                        ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)});
 }
@@ -79,6 +89,58 @@ int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
   (void)context;
   return launch_conv_bwd_weight_gemm<Traits>(&conv_bwd_weight_sm90_kernel<Traits>, problem, args,
                                              stream);
+}
+
+// The template fed by the copy engine: x's map walks the forward's output
+// grid as the forward's does, dy's walks dy itself (a 1x1 filter, stride 1,
+// no padding), or either is a plain (channels, positions) matrix where its
+// positions lie one stride apart (ConvBwdWeightTmaParams). The runtime has
+// checked conv_weight_tma_limit.
+template <class Traits>
+int launch_conv_bwd_weight_tma(void const* problem, void const* args,
+                               ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  (void)context;
+  using Element = typename Traits::Element;
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
+  ConvBwdWeightTmaParams params{};
+  params.weight = make_conv_bwd_weight_params(pr, la);
+  ConvBwdWeightParams& bp = params.weight;
+  ConvFwdParams const& p = bp.conv;
+  dim3 grid;
+  if (!conv_bwd_weight_grid<Traits>(bp, la, &grid)) return -int(cudaErrorInvalidConfiguration);
+  params.positions = PositionDecoder(p);
+  constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  const int64_t x_channels = int64_t(p.groups) * p.in_channels;
+  const int64_t dy_channels = int64_t(p.groups) * p.out_channels;
+  bool pointwise = true;
+  for (int d = 0; d < 3; ++d) {
+    pointwise = pointwise && p.filter[d] == 1 && p.stride[d] == 1 && p.padding[d] == 0;
+  }
+  const int64_t x_step = pointwise ? uniform_position_stride(p.x_stride, p.input, p.batch) : 0;
+  const int64_t dy_step = uniform_position_stride(p.y_stride, p.output, p.batch);
+  params.x_rows = x_step > 0 ? 1 : 0;
+  params.dy_rows = dy_step > 0 ? 1 : 0;
+  int err = x_step > 0
+                ? encode_conv_rows_map<Element>(&params.x_map, p.x, x_channels, p.rows, x_step,
+                                                Traits::kChunk, Traits::kTileK, kSwizzle)
+                : encode_conv_im2col_map<Element>(
+                      &params.x_map, p.x, Traits::kSpatialDims, x_channels, p.batch, p.x_stride,
+                      p.input, p.output, p.stride, p.padding, Traits::kChunk, Traits::kTileK,
+                      kSwizzle);
+  if (err != 0) return err;
+  const int32_t unit[3] = {1, 1, 1};
+  const int32_t none[3] = {0, 0, 0};
+  err = dy_step > 0
+            ? encode_conv_rows_map<Element>(&params.dy_map, p.y, dy_channels, p.rows, dy_step,
+                                            Traits::kChunk, Traits::kTileK, kSwizzle)
+            : encode_conv_im2col_map<Element>(&params.dy_map, p.y, Traits::kSpatialDims,
+                                              dy_channels, p.batch, p.y_stride, p.output,
+                                              p.output, unit, none, Traits::kChunk,
+                                              Traits::kTileK, kSwizzle);
+  if (err != 0) return err;
+  return launch_kernel(&conv_bwd_weight_tma_kernel<Traits>, grid, Traits::kThreads,
+                       Traits::kSmemLaunchBytes, stream, params);
 }
 
 // Groups of up to 8 channels on the CUDA cores: `splits` CTAs per block of

@@ -8,6 +8,7 @@
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/tensor.hpp>
+#include <cutlass/fast_math.h>
 
 #include <cstdint>
 
@@ -24,20 +25,34 @@ __device__ __forceinline__ void store_weight_value(ConvBwdWeightParams const& bp
   }
 }
 
+// The divisors that map a packed tile's element back to its group, worked
+// out once a thread (cutlass::FastDivmod: a multiply and a shift a use). A
+// thread stores up to 128 elements, and three run-time divisions each were
+// most of the epilogue of split plans over packed groups.
+struct PackedWeightDivisors {
+  cutlass::FastDivmod group_out;  // a group's output channels
+  cutlass::FastDivmod packed_in;  // the packed group's input channels (a tap's columns)
+  cutlass::FastDivmod group_in;   // a group's input channels
+
+  __device__ explicit PackedWeightDivisors(ConvBwdWeightParams const& bp)
+      : group_out(bp.group_out_channels),
+        packed_in(bp.conv.in_channels),
+        group_in(bp.group_in_channels) {}
+};
+
 // One element of a packed tile (bp.pack > 1): the packed output channel and
 // reduction column name a group each; only a group's products with itself
 // belong to dw, at that group's real place.
 template <class Element>
 __device__ __forceinline__ void store_packed_weight(ConvBwdWeightParams const& bp,
+                                                    PackedWeightDivisors const& div,
                                                     int32_t packed_group, int32_t k_packed,
                                                     int32_t n_packed, float value) {
-  const int32_t k_member = k_packed / bp.group_out_channels;
-  const int32_t k = k_packed - k_member * bp.group_out_channels;
-  const int32_t tap = n_packed / bp.conv.in_channels;
-  const int32_t rest = n_packed - tap * bp.conv.in_channels;
-  const int32_t c_member = rest / bp.group_in_channels;
+  int k_member, k, tap, rest, c_member, c;
+  div.group_out(k_member, k, k_packed);
+  div.packed_in(tap, rest, n_packed);
+  div.group_in(c_member, c, rest);
   if (c_member != k_member) return;
-  const int32_t c = rest - c_member * bp.group_in_channels;
   const int64_t group = int64_t(packed_group) * bp.pack + k_member;
   const int64_t offset = (group * bp.group_out_channels + k) * bp.group_reduction +
                          int64_t(tap) * bp.group_in_channels + c;
@@ -50,6 +65,18 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
                                                   Acc const& acc, Coords const& coords) {
   using namespace cute;
   ConvFwdParams const& p = bp.conv;
+  if (bp.pack > 1) {
+    const PackedWeightDivisors div(bp);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int32_t k = first_k + get<0>(coords(i));
+      const int32_t n = first_n + get<1>(coords(i));
+      if (k >= p.out_channels || n >= p.reduction) continue;
+      store_packed_weight<Element>(bp, div, group, k, n, acc(i));
+      if (n + 1 < p.reduction) store_packed_weight<Element>(bp, div, group, k, n + 1, acc(i + 1));
+    }
+    return;
+  }
   const int64_t group_offset = int64_t(group) * p.out_channels * p.reduction;
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
@@ -57,11 +84,6 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
     const int32_t n = first_n + get<1>(coords(i));
     if (k >= p.out_channels || n >= p.reduction) continue;
     const bool second = n + 1 < p.reduction;
-    if (bp.pack > 1) {
-      store_packed_weight<Element>(bp, group, k, n, acc(i));
-      if (second) store_packed_weight<Element>(bp, group, k, n + 1, acc(i + 1));
-      continue;
-    }
     const int64_t offset = group_offset + int64_t(k) * p.reduction + n;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // sm_90 adds a pair of floats in one reduction: half the atomic requests

@@ -94,21 +94,15 @@ constexpr int64_t conv_tma_upper_corner(int32_t input, int32_t output, int32_t s
   return int64_t(output - 1) * stride - padding - (input - 1);
 }
 
-// Why the copy engine's im2col mode cannot walk a forward problem, or null.
-// Per spatial dim (spatial_dims of them, outermost first): the walk's corners
-// must fit the descriptor's signed fields (8 bits a dim in 2D, 5 bits in 3D),
-// a tap's offset its unsigned ones, and the stride its traversal step (at
-// most 8). A k-tile is tile_k channels of one tap, so the group's channels
-// must divide by it, and all groups' channels are one 32-bit coordinate.
-inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_channels,
-                                  int32_t tile_k, const int32_t* input, const int32_t* output,
-                                  const int32_t* filter, const int32_t* stride,
-                                  const int32_t* padding, const int32_t* dilation) {
-  if (tile_k <= 0 || in_channels % tile_k != 0) {
-    return "its k-tiles are whole runs of one tap's channels: in_channels must be a multiple "
-           "of its tile_k";
-  }
-  if (groups * in_channels > 0x7fffffff) return "groups x in_channels exceeds 2^31";
+// Why the copy engine's im2col mode cannot walk a problem's output grid, or
+// null. Per spatial dim (spatial_dims of them, outermost first): the walk's
+// corners must fit the descriptor's signed fields (8 bits a dim in 2D, 5 bits
+// in 3D), a tap's offset its unsigned ones, and the stride its traversal step
+// (at most 8).
+inline const char* conv_tma_walk_limit(int spatial_dims, const int32_t* input,
+                                       const int32_t* output, const int32_t* filter,
+                                       const int32_t* stride, const int32_t* padding,
+                                       const int32_t* dilation) {
   const int32_t corner_min = spatial_dims == 2 ? -128 : -16;
   const int32_t corner_max = spatial_dims == 2 ? 127 : 15;
   const int32_t reach_max = spatial_dims == 2 ? 255 : 31;
@@ -130,6 +124,45 @@ inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_c
     }
   }
   return nullptr;
+}
+
+// Why the copy engine's im2col mode cannot feed a forward problem, or null:
+// the walk's limits, and a k-tile is tile_k channels of one tap, so the
+// group's channels must divide by it, and all groups' channels are one 32-bit
+// coordinate.
+inline const char* conv_tma_limit(int spatial_dims, int64_t groups, int32_t in_channels,
+                                  int32_t tile_k, const int32_t* input, const int32_t* output,
+                                  const int32_t* filter, const int32_t* stride,
+                                  const int32_t* padding, const int32_t* dilation) {
+  if (tile_k <= 0 || in_channels % tile_k != 0) {
+    return "its k-tiles are whole runs of one tap's channels: in_channels must be a multiple "
+           "of its tile_k";
+  }
+  if (groups * in_channels > 0x7fffffff) return "groups x in_channels exceeds 2^31";
+  return conv_tma_walk_limit(spatial_dims, input, output, filter, stride, padding, dilation);
+}
+
+// The backward-weight kernel fed by the copy engine (bwd_weight_tma_kernel.cuh)
+// loads x in chunks of this many channels of one filter tap (128 bytes, the
+// swizzle span), and dy in chunks of as many output channels.
+constexpr int32_t kWeightTmaChunk = 64;
+
+// Why it cannot take a problem, or null. `pack`: the groups it multiplies as
+// one (conv_weight_pack). x's walk is the forward's; dy's, over dy itself,
+// always fits.
+inline const char* conv_weight_tma_limit(int spatial_dims, int64_t groups, int32_t in_channels,
+                                         int32_t out_channels, int32_t pack,
+                                         const int32_t* input, const int32_t* output,
+                                         const int32_t* filter, const int32_t* stride,
+                                         const int32_t* padding, const int32_t* dilation) {
+  if (int64_t(in_channels) * pack % kWeightTmaChunk != 0) {
+    return "its copies are 64-channel runs of one filter tap: in_channels (times the groups "
+           "multiplied as one) must be a multiple of 64";
+  }
+  if (groups * in_channels > 0x7fffffff || groups * out_channels > 0x7fffffff) {
+    return "groups x channels exceeds 2^31";
+  }
+  return conv_tma_walk_limit(spatial_dims, input, output, filter, stride, padding, dilation);
 }
 
 // The direct template's depthwise path (conv/vector_fwd_kernel.cuh) loads
