@@ -118,19 +118,22 @@ CONV_TMA_DEFAULT_TILES = (
     _tma_tile(256, 128, 64, 4),
 )
 CONV_TMA_FULL_TILES = (_tma_tile(128, 256, 64, 4),)
+
+
 def _weight_tma_tile(tile_m: int, tile_n: int, stages: int, warps: int) -> ConvTile:
     """A tile of the weight gradient fed by the copy engine: 64-position copies, a producer
     warpgroup and a consumer warpgroup for each 64 output channels (warps=8 or 12)."""
     return ConvTile(tile_m, tile_n, 64, warps, stages, TMA_CONV, family=CONV_BWD_WEIGHT)
 
 
-# The weight gradient's TMA tiles (default and full; the core set stays with the gathering ones,
-# which take every problem): 64 x 128 with two CTAs an SM, the fastest on most of the suite's
-# layers when every tile was forced (H200, NOTES 119), 128 x 128 with six stages, 64 x 192
-# (three filter taps of 64 channels, two CTAs an SM: ResNet-18's 512-channel layer in one wave)
-# and 128 x 256; full adds 64 x 256. Tiles of two consumer warpgroups hold an SM alone.
+# The weight gradient's TMA tiles: 64 x 128 with two CTAs an SM, the fastest on most of the
+# suite's layers when every tile was forced (H200, NOTES 119), from core on (where a gathering
+# kernel fits, first use compiles nothing, so an installed library would never run a TMA tile
+# core lacks); default adds 128 x 128 with six stages, 64 x 192 (three filter taps of 64
+# channels, two CTAs an SM: ResNet-18's 512-channel layer in one wave) and 128 x 256; full adds
+# 64 x 256. Tiles of two consumer warpgroups hold an SM alone.
+CONV_WEIGHT_TMA_CORE_TILES = (_weight_tma_tile(64, 128, 4, 8),)
 CONV_WEIGHT_TMA_DEFAULT_TILES = (
-    _weight_tma_tile(64, 128, 4, 8),
     _weight_tma_tile(128, 128, 6, 12),
     _weight_tma_tile(64, 192, 3, 8),
     _weight_tma_tile(128, 256, 4, 12),
@@ -192,6 +195,7 @@ CONV_CORE_TILES = (
     *CONV_DIRECT_TILES,
     _bwd_weight_tile(128, 128, 32, 4, 3),
     _bwd_weight_tile(128, 128, 64, 8, 3, SM90_CONV),
+    *CONV_WEIGHT_TMA_CORE_TILES,
     *CONV_BWD_WEIGHT_DIRECT_TILES,
 )
 CONV_DEFAULT_TILES = CONV_CORE_TILES + (

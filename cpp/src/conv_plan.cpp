@@ -261,7 +261,7 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
   return out.str();
 }
 
-int32_t weight_pack(ckfmha_conv_problem const& p);
+int32_t weight_pack(ckfmha_conv_problem const& p, ckfmha_kernel_entry const& k);
 
 // Why a TMA kernel cannot take this problem (kernel::conv_tma_limit, or for
 // backward-weight kernel::conv_weight_tma_limit), or null. The tensor maps
@@ -276,7 +276,7 @@ const char* tma_limit(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p
   }
   if (weight) {
     return kernel::conv_weight_tma_limit(p.spatial_dims, p.groups, p.in_channels,
-                                         p.out_channels, weight_pack(p), p.input, p.output,
+                                         p.out_channels, weight_pack(p, k), p.input, p.output,
                                          p.filter, p.stride, p.padding, p.dilation);
   }
   return kernel::conv_tma_limit(p.spatial_dims, p.groups, p.in_channels, k.tile_k, p.input,
@@ -376,7 +376,7 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     why << "loads by the tensor-copy engine's im2col mode, which cannot take this problem: "
         << tma_limit(k, p) << " (in_channels " << p.in_channels;
     if (is_weight(direction)) {
-      why << ", groups multiplied as one " << weight_pack(p) << ")";
+      why << ", groups multiplied as one " << weight_pack(p, k) << ")";
     } else {
       why << ", tile_k " << k.tile_k << ")";
     }
@@ -387,9 +387,10 @@ std::string reject_reason(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
 }
 
 // The groups backward-weight's implicit-GEMM kernels multiply as one.
-int32_t weight_pack(ckfmha_conv_problem const& p) {
+int32_t weight_pack(ckfmha_conv_problem const& p, ckfmha_kernel_entry const& k) {
   return kernel::conv_weight_pack(p.groups, p.in_channels, p.out_channels,
-                                  conv_filter_taps(p) * p.in_channels, conv_output_rows(p));
+                                  conv_filter_taps(p) * p.in_channels, conv_output_rows(p),
+                                  is_conv_tma(k));
 }
 
 bool is_wgmma(ckfmha_kernel_entry const& k) {
@@ -526,7 +527,7 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
   const int64_t reduction = taps * p.in_channels;
   // The kernels multiply packed groups (conv_weight_pack).
-  const int64_t pack = weight_pack(p);
+  const int64_t pack = weight_pack(p, k);
   const int64_t tiles = ceil_div(p.out_channels * pack, k.tile_m) *
                         ceil_div(reduction * pack, k.tile_n) * (p.groups / pack);
   const int64_t k_tiles = std::max<int64_t>(1, ceil_div(conv_output_rows(p), k.tile_k));
@@ -731,7 +732,7 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   if (is_weight(direction)) {
     why << "; the reduction over positions in " << plan.splits << " split"
         << (plan.splits == 1 ? "" : "s");
-    const int32_t pack = weight_pack(p);
+    const int32_t pack = weight_pack(p, plan.kernel);
     if (pack > 1) {
       why << "; groups multiplied " << pack << " at a time as one of " << pack * p.out_channels
           << "x" << pack * p.in_channels << " channels, keeping each group's own products";

@@ -132,4 +132,4 @@ def test_core_set_builds_each_signature_on_its_preferred_template_only() -> None
               and c.signature.mode == "batch" and c.signature.hdim_q in (64, 128)
               and c.signature.bias == "none" and not c.signature.softcap]
     assert hopper and all(c.algorithm.pipeline == "sm90_tma_wgmma" for c in hopper)
-    assert len(core) < 110, "the core stays small: it is built at every install"
+    assert len(core) < 115, "the core stays small: it is built at every install"

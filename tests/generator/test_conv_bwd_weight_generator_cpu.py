@@ -49,6 +49,7 @@ VECTORS = (8, 4, 2, 1)
 SM80 = "sm80_cpasync_mma"
 SM90 = "sm90_cpasync_wgmma"
 DIRECT = "conv_direct"
+TMA = "sm90_tma_wgmma"
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
 
@@ -240,18 +241,27 @@ def test_an_arch_before_sm_80_is_rejected() -> None:
     assert "conv_bwd_weight needs sm_80 or later (cp.async, bf16 mma.sync); sm_75 has" in reasons
 
 
-def test_the_wgmma_template_is_the_gathers_one() -> None:
-    """The family's Hopper template is the cp.async-fed wgmma one (sm90_cpasync_wgmma), on
-    sm_90a only; the TMA-fed attention template is not its."""
+def test_the_hopper_templates_are_the_gathers_and_the_copy_engines() -> None:
+    """The family's Hopper templates are the cp.async-fed wgmma one (sm90_cpasync_wgmma) and
+    the one fed by the copy engine (sm90_tma_wgmma, conv_bwd_weight_tma's rules: a producer
+    warpgroup, so 8 or 12 warps), both on sm_90a only."""
     wgmma = _bwd_weight("sm_90a", pipeline=SM90, tile=(128, 128, 64, 8, 3))
     assert _reasons(wgmma) == ""
     assert "sm90_cpasync_wgmma" in _reasons(dataclasses.replace(
         wgmma, algorithm=dataclasses.replace(wgmma.algorithm, arch="sm_80")), SPECS["sm_80"])  # fmt: skip
-    tma = _bwd_weight("sm_90a", pipeline="sm90_tma_wgmma")
-    assert (
-        "family 'conv_bwd_weight' has no 'sm90_tma_wgmma' template; it runs on sm80_cpasync_mma, "
-        "sm90_cpasync_wgmma, conv_direct"
-    ) in _reasons(tma)
+    tma = _bwd_weight("sm_90a", pipeline=TMA, tile=(64, 128, 64, 8, 4))
+    assert _reasons(tma) == ""
+    assert "warps=4 is not supported; the TMA template runs a producer warpgroup" in _reasons(
+        _bwd_weight("sm_90a", pipeline=TMA)
+    )
+    assert "tile_m=128 output channels is not supported with 8 warps" in _reasons(
+        _bwd_weight("sm_90a", pipeline=TMA, tile=(128, 128, 64, 8, 4))
+    )
+    assert "tile_n=96 filter taps x input channels is not supported" in _reasons(
+        _bwd_weight("sm_90a", pipeline=TMA, tile=(64, 96, 64, 8, 4))
+    )
+    assert "sm90_tma_wgmma" in _reasons(dataclasses.replace(
+        tma, algorithm=dataclasses.replace(tma.algorithm, arch="sm_80")), SPECS["sm_80"])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -381,8 +391,13 @@ def test_the_sets_tiles() -> None:
     assert _tiles(CONV_FULL_TILES, SM90) == [
         *_tiles(CONV_DEFAULT_TILES, SM90), (64, 256, 64, 4, 3), (128, 128, 32, 8, 6)
     ]  # fmt: skip
+    assert _tiles(CONV_CORE_TILES, TMA) == [(64, 128, 64, 8, 4)]
+    assert _tiles(CONV_DEFAULT_TILES, TMA) == [
+        (64, 128, 64, 8, 4), (128, 128, 64, 12, 6), (64, 192, 64, 8, 3), (128, 256, 64, 12, 4)
+    ]  # fmt: skip
+    assert _tiles(CONV_FULL_TILES, TMA) == [*_tiles(CONV_DEFAULT_TILES, TMA), (64, 256, 64, 8, 4)]
     ours = [t for t in CONV_FULL_TILES if t.family == CONV_BWD_WEIGHT and t.pipeline != DIRECT]
-    assert all(t.pipeline in (SM80, SM90) and t.max_channels == 0 for t in ours)
+    assert all(t.pipeline in (SM80, SM90, TMA) and t.max_channels == 0 for t in ours)
 
 
 def test_a_tile_applies_to_its_own_family_only() -> None:

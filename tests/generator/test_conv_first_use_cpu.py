@@ -100,12 +100,16 @@ def test_a_backward_weight_key_builds_its_default_tiles(
     arch: str, dtype: int, spatial_dims: int, vector: int, signature: str
 ) -> None:
     """Every default tile of the weight gradient's preferred template: wgmma on sm_90a (which
-    the dispatcher ranks above mma.sync whatever the shape), mma.sync elsewhere."""
+    the dispatcher ranks above mma.sync whatever the shape), mma.sync elsewhere; and, at
+    8-channel vectors on sm_90a, the TMA ones (which take only channel counts their copies
+    divide, so the gathering ones stay)."""
     key = ConvKey(BWD_WEIGHT, dtype, spatial_dims, vector)
     names = [c.name for c in first_use.kernels_for(key, arch)]
     pipeline = SM90 if arch == "sm_90a" else SM80
-    assert names == _default_conv_names(arch, signature, pipeline)
-    assert len(names) == 4, "every tile of the default set"
+    tma = _default_conv_names(arch, signature, TMA)
+    assert names == tma + _default_conv_names(arch, signature, pipeline)
+    assert len(tma) == (4 if (arch, vector) == ("sm_90a", 8) else 0)
+    assert len(names) - len(tma) == 4, "every tile of the default set"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -153,9 +157,10 @@ def test_a_backward_weight_bucket_without_a_kernel_falls_back(bucket: int) -> No
 def test_the_raw_key_of_a_backward_weight_runner() -> None:
     key = first_use.key_of(("conv", (BWD_WEIGHT, FP16, 3, 8, 0)))
     assert key == ConvKey(direction=BWD_WEIGHT, dtype=FP16, spatial_dims=3, vector=8)
+    # The default set's four gathering wgmma tiles and four TMA ones.
     assert [c.signature.family for c in first_use.kernels_for(key, "sm_90a")] == [
         "conv_bwd_weight"
-    ] * 4
+    ] * 8
 
 
 @pytest.mark.parametrize(
@@ -332,7 +337,8 @@ def test_ensure_with_a_weight_bucket_compiles_its_direct_kernel(
     """The weight-gradient runner's key with conv_weight_direct_bucket's value: with the
     implicit-GEMM kernels registered, first use compiles the direct one alone."""
 
-    implicit = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v8", SM90)
+    implicit = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v8")
+    implicit = [name for name in implicit if "_conv_direct_" not in name]
     direct = _default_conv_names("sm_90a", "conv_bwd_weight_bf16_3d_v1_c1", DIRECT)
     built = _built_on_first_use(monkeypatch, implicit, 90,
                                 (BWD_WEIGHT, BF16, 3, 8, conv_weight_direct_bucket(1, 1)))  # fmt: skip

@@ -14,7 +14,7 @@ from generator import emit, rules
 from generator.enumerate import select
 from generator.receipts import CONV_CORE_TILES, CONV_DEFAULT_TILES, CONV_FULL_TILES, get_receipt
 from generator.rules.conv_tma import tma_min_ctas_per_sm, tma_smem_launch_bytes
-from generator.signature import Algorithm, ConvSignature, KernelConfig
+from generator.signature import CONV_FWD, Algorithm, ConvSignature, KernelConfig
 from generator.specs import load_specs
 
 SPECS = load_specs()
@@ -45,12 +45,12 @@ def _tma_tokens(tiles: tuple) -> list[str]:
     return [
         f"m{t.tile_m}n{t.tile_n}k{t.tile_k}_w{t.warps}s{t.stages}"
         for t in tiles
-        if t.pipeline == TMA
+        if t.pipeline == TMA and t.family == CONV_FWD
     ]
 
 
 def test_the_sets_tma_tiles_pass_the_rules_for_both_dims_and_dtypes() -> None:
-    tiles = [t for t in CONV_FULL_TILES if t.pipeline == TMA]
+    tiles = [t for t in CONV_FULL_TILES if t.pipeline == TMA and t.family == CONV_FWD]
     assert tiles and all(t.warps in (8, 12) for t in tiles)
     for tile in tiles:
         for dtype in ("fp16", "bf16"):

@@ -303,11 +303,12 @@ def test_receipt_sizes(arch: str) -> None:
     # the 64x256 tile at 1-channel vectors (4 signatures: too few threads for its gathers). Its
     # direct kernel: fp16/bf16 x 2D/3D x its 4 channel buckets (1, 2, 4, 8), one tile each, in
     # default and full on every arch. The TMA forward on sm_90a: the 4 8-channel signatures x
-    # its 5 default tiles, 6 in full.
+    # its 5 default tiles, 6 in full; the TMA weight gradient the same 4 x its 4 default tiles,
+    # 5 in full.
     fits_64_wide_k = specs[arch].max_dynamic_smem_per_block >= 102400
     conv_full_tiles = 6 if fits_64_wide_k else 5
     conv_wgmma = (5, 7) if arch == "sm_90a" else (0, 0)
-    conv_tma = (4 * 5, 4 * 6) if arch == "sm_90a" else (0, 0)
+    conv_tma = (4 * 5 + 4 * 4, 4 * 6 + 4 * 5) if arch == "sm_90a" else (0, 0)
     bwd_weight_full_tiles = 5 if fits_64_wide_k else 4
     weight_wgmma = (16 * 4, 16 * 6 - 4) if arch == "sm_90a" else (0, 0)
     conv = {

@@ -60,6 +60,8 @@ EXPECTED_MEMBERS = {
     ("conv_bwd_weight", "sm90_cpasync_wgmma"): {"kThreads", "kWarpgroups", "kSmemBytes",
                                                 "kSmemLaunchBytes", "kMinCtasPerSm"},
     # The same as the forward's direct template's, for the same reason.
+    ("conv_bwd_weight", "sm90_tma_wgmma"): {"kThreads", "kConsumerWarpgroups",
+                                            "kSmemLaunchBytes", "kMinCtasPerSm"},
     ("conv_bwd_weight", "conv_direct"): {"kThreads", "kMaxChannels", "kRun", "kTileH", "kGroups"},
 }
 

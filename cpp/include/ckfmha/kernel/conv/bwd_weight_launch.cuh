@@ -24,7 +24,8 @@ namespace ckfmha::kernel {
 // The implicit GEMM's problem: the forward's geometry with w = dw (written)
 // and y = dy (read), its groups packed (conv_weight_pack).
 inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const& pr,
-                                                       ConvBwdWeightLaunch const& la) {
+                                                       ConvBwdWeightLaunch const& la,
+                                                       bool tma = false) {
   ConvBwdWeightParams bp{};
   bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
   bp.accum = la.accum;
@@ -32,7 +33,7 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
   bp.group_out_channels = bp.conv.out_channels;
   bp.group_reduction = bp.conv.reduction;
   bp.pack = conv_weight_pack(bp.conv.groups, bp.conv.in_channels, bp.conv.out_channels,
-                             bp.conv.reduction, bp.conv.rows);
+                             bp.conv.reduction, bp.conv.rows, tma);
   bp.conv.groups /= bp.pack;
   bp.conv.in_channels *= bp.pack;
   bp.conv.out_channels *= bp.pack;
@@ -104,7 +105,7 @@ int launch_conv_bwd_weight_tma(void const* problem, void const* args,
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
   ConvBwdWeightTmaParams params{};
-  params.weight = make_conv_bwd_weight_params(pr, la);
+  params.weight = make_conv_bwd_weight_params(pr, la, /*tma=*/true);
   ConvBwdWeightParams& bp = params.weight;
   ConvFwdParams const& p = bp.conv;
   dim3 grid;
