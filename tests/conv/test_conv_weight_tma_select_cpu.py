@@ -55,7 +55,7 @@ def test_dense_layers_run_on_the_copy_engine() -> None:
         # Its last stage at batch 32: groups of 32 over 1568 positions, which the gathering
         # kernels multiply one by one (fewer than 4096 positions).
         ({"batch": 32, "input": (7, 7), "groups": 32, "in_channels": 32, "out_channels": 32}, 2),
-        ({"batch": 2, "input": (14, 14), "groups": 32, "in_channels": 16, "out_channels": 16}, 4),
+        ({"batch": 8, "input": (14, 14), "groups": 32, "in_channels": 16, "out_channels": 16}, 4),
     ],
 )
 def test_narrow_groups_run_packed_on_the_copy_engine(changes: dict[str, object], pack: int) -> None:
@@ -64,6 +64,13 @@ def test_narrow_groups_run_packed_on_the_copy_engine(changes: dict[str, object],
     text = _weight(problem, explain=True)
     c = int(changes["in_channels"])  # type: ignore[call-overload]
     assert f"groups multiplied {pack} at a time as one of {pack * c}x{pack * c} channels" in text
+
+
+def test_few_positions_leave_narrow_groups_to_the_gathering_kernels() -> None:
+    """Below 1024 positions groups are not packed for the copy engine (ResNeXt's batch-1
+    layers ran slower packed on it than one group at a time on the gathering kernels)."""
+    problem = _layer(batch=1, input=(7, 7), groups=32, in_channels=32, out_channels=32)
+    assert TMA not in _weight(problem)
 
 
 def test_groups_of_four_stay_on_the_direct_kernel() -> None:

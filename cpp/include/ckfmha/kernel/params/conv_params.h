@@ -72,15 +72,19 @@ constexpr int32_t kWeightPackChannels = 64;
 constexpr int64_t kWeightPackMinPositions = 4096;
 
 //
-// The kernel fed by the copy engine (`tma`) packs at any position count: its
+// The kernel fed by the copy engine (`tma`) packs from 1024 positions: its
 // copies take 64 channels of one tap, so groups of 16 or 32 channels reach it
-// only packed (ResNeXt's last stage at batch 32, 1568 positions of groups of
-// 32: 0.34x cuDNN on the gathering kernels, NOTES 119).
+// only packed. ResNeXt's last stage at batch 32 (1568 positions, groups of
+// 32) took 30.1 us on the gathering kernels and 17.6 packed on it; its
+// batch-1 layers of 49-784 positions ran 1.1-1.7x slower packed on it than
+// one group at a time on the gathering kernels (H200, NOTES 119).
+constexpr int64_t kWeightTmaPackMinPositions = 1024;
+
 constexpr int32_t conv_weight_pack(int32_t groups, int32_t in_channels, int32_t out_channels,
                                    int64_t reduction, int64_t positions, bool tma = false) {
   const int32_t widest = in_channels > out_channels ? in_channels : out_channels;
   int32_t pack = 1;
-  if (positions < kWeightPackMinPositions && !tma) return pack;
+  if (positions < (tma ? kWeightTmaPackMinPositions : kWeightPackMinPositions)) return pack;
   while (groups % (2 * pack) == 0 && 2 * pack * widest <= kWeightPackChannels &&
          2 * pack * reduction <= 0x7fffffff) {
     pack *= 2;
