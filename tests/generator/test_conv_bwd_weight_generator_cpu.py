@@ -468,10 +468,13 @@ def test_cli_lists_the_core_kernels(arch: str) -> None:
          "--filter", "^conv_bwd_weight_", "--list"],
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    # The direct kernels come last, as the arch lists their pipeline last.
+    # The TMA kernels (8-channel signatures, sm_90a) come first and the direct kernels last, as
+    # the arch lists their pipelines.
     pipeline = SM90 if arch == "sm_90a" else SM80
     implicit_gemm = _names(arch, CORE_SIGNATURES, _tiles(CONV_CORE_TILES, pipeline), pipeline)
-    assert result.stdout.split() == implicit_gemm + _core_direct_names(arch)
+    eight = [s for s in CORE_SIGNATURES if s.endswith("_v8")]
+    tma = _names(arch, eight, _tiles(CONV_CORE_TILES, TMA), TMA) if arch == "sm_90a" else []
+    assert result.stdout.split() == tma + implicit_gemm + _core_direct_names(arch)
 
 
 # ---- the direct template ----

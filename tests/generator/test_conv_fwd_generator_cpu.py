@@ -702,11 +702,13 @@ def test_core_conv_instances_compile(tmp_path: Path, arch: str, family: str, dir
     """The core set's conv instances of `family` against the kernel templates, in one compile
     unit: each template takes the traits arguments the generator writes, and agrees with its
     numbers (the forward's on sm_90a the wgmma template's, kMinCtasPerSm included; the weight
-    gradient's the mma.sync one's on either arch; and each family's direct kernels: the
+    gradient's the mma.sync one's on either arch and its TMA one's on sm_90a; and each family's
+    direct kernels: the
     forward's two, the weight gradient's three, of 1, 4 and 8 channels)."""
     configs = [c for c in select(get_receipt("core"), SPECS[arch]).accepted
                if c.signature.family == family]  # fmt: skip
-    tma = 6 if (arch, family) == ("sm_90a", "conv_fwd") else 0  # 2 tiles x 3 v8 signatures
+    # sm_90a's TMA tiles x the 3 v8 signatures: the forward's 2, the weight gradient's 1.
+    tma = {"conv_fwd": 6, "conv_bwd_weight": 3}[family] if arch == "sm_90a" else 0
     assert len(configs) == 4 + direct + tma
     assert sum(c.algorithm.pipeline == DIRECT for c in configs) == direct
     compile_one_unit(tmp_path, configs, arch)
