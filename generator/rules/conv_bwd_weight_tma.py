@@ -11,16 +11,16 @@ from __future__ import annotations
 from ..signature import CONV_BWD_WEIGHT, KernelConfig
 from ..specs import ArchSpec
 from .common import ELEMENT_BYTES, TemplateRules
-from .conv import problem_reasons, smem_reasons
+from .conv import smem_reasons
 from .conv_tma import (
     BARRIER_BYTES,
     CTA_RESERVED_SMEM,
     SM_SMEM_BYTES,
-    TMA_STAGES,
-    TMA_VECTOR,
-    TMA_WARPS,
-    WGMMA_ARITHMETIC,
     WGMMA_ROWS,
+    consumers,
+    tma_signature_reasons,
+    tma_stage_reasons,
+    tma_warps_reasons,
 )
 from .traits_assertions import TraitsAssertion, assertions_from
 
@@ -49,41 +49,14 @@ def weight_tma_min_ctas_per_sm(config: KernelConfig) -> int:
     return 2 if fits and alg.warps == 8 else 1
 
 
-def _consumers(config: KernelConfig) -> int:
-    return config.algorithm.warps // 4 - 1
-
-
-def _signature_reasons(config: KernelConfig) -> list[str]:
-    sig = config.signature
-    reasons = problem_reasons(config, CONV_BWD_WEIGHT, WGMMA_ARITHMETIC)
-    if getattr(sig, "max_channels", 0) != 0:
-        reasons.append(
-            f"max_channels={sig.max_channels} is the direct template's channel bucket; the TMA "
-            "template is an implicit GEMM (max_channels=0)"
-        )
-    vector = getattr(sig, "vector", None)
-    if vector != TMA_VECTOR:
-        reasons.append(
-            f"vector={vector} is not supported by the TMA template: the copy engine moves whole "
-            f"16-byte channel runs (vector={TMA_VECTOR}); narrower vectors run on the gathering "
-            "templates"
-        )
-    return reasons
-
-
 def _tile_reasons(config: KernelConfig) -> list[str]:
     alg = config.algorithm
-    reasons: list[str] = []
-    if alg.warps not in TMA_WARPS:
-        reasons.append(
-            f"warps={alg.warps} is not supported; the TMA template runs a producer warpgroup "
-            f"and one or two consumer warpgroups: {' or '.join(map(str, TMA_WARPS))} warps"
-        )
-    elif alg.tile_m != WGMMA_ROWS * _consumers(config):
+    reasons = tma_warps_reasons(config)
+    if not reasons and alg.tile_m != WGMMA_ROWS * consumers(config):
         reasons.append(
             f"tile_m={alg.tile_m} output channels is not supported with {alg.warps} warps: each "
             f"consumer warpgroup owns one {WGMMA_ROWS}-channel wgmma tile, so tile_m is "
-            f"{WGMMA_ROWS * _consumers(config)}"
+            f"{WGMMA_ROWS * consumers(config)}"
         )
     if alg.tile_n not in WEIGHT_TMA_TILE_N:
         reasons.append(
@@ -96,17 +69,7 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
             f"tile_k={alg.tile_k} positions per stage is not supported; supported: "
             f"{', '.join(map(str, WEIGHT_TMA_TILE_K))} (the positions a copy walks)"
         )
-    if alg.stages not in TMA_STAGES:
-        reasons.append(
-            f"stages={alg.stages} is not supported; the TMA template keeps "
-            f"{TMA_STAGES[0]} to {TMA_STAGES[-1]} stages"
-        )
-    if alg.ctas_per_sm != 1:
-        reasons.append(
-            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the TMA template sizes its "
-            "registers for two CTAs an SM where their shared memory fits (ctas_per_sm=1)"
-        )
-    return reasons
+    return reasons + tma_stage_reasons(config)
 
 
 def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -121,7 +84,7 @@ def conv_bwd_weight_tma_rules(config: KernelConfig, arch: ArchSpec) -> list[str]
     producer and one or two consumer warpgroups of 64 output channels, whole 64-channel copies
     along tile_n, and its stages within the arch's shared memory (the pipeline itself is
     sm_90a's, arch_specs.json)."""
-    reasons = _signature_reasons(config) + _tile_reasons(config)
+    reasons = tma_signature_reasons(config, CONV_BWD_WEIGHT) + _tile_reasons(config)
     return reasons + _smem_reasons(config, arch)
 
 
@@ -133,7 +96,7 @@ def conv_bwd_weight_tma_traits_assertions(config: KernelConfig) -> tuple[TraitsA
     return assertions_from(
         __name__,
         ("kThreads", alg.warps * 32, "threads per CTA"),
-        ("kConsumerWarpgroups", _consumers(config), "warpgroups that multiply"),
+        ("kConsumerWarpgroups", consumers(config), "warpgroups that multiply"),
         (
             "kSmemLaunchBytes",
             weight_tma_smem_launch_bytes(alg.tile_m, alg.tile_n, alg.tile_k, alg.stages, elem),

@@ -67,13 +67,16 @@ def tma_min_ctas_per_sm(config: KernelConfig) -> int:
     return 2 if 2 * (smem + CTA_RESERVED_SMEM) <= SM_SMEM_BYTES else 1
 
 
-def _consumers(config: KernelConfig) -> int:
+def consumers(config: KernelConfig) -> int:
+    """The consumer warpgroups of a TMA conv template: all but the producer."""
     return config.algorithm.warps // 4 - 1
 
 
-def _signature_reasons(config: KernelConfig) -> list[str]:
+def tma_signature_reasons(config: KernelConfig, family: str) -> list[str]:
+    """What the TMA conv templates (forward and weight gradient) compute: `family`, fp16/bf16,
+    2D or 3D, as an implicit GEMM at 8-channel vectors."""
     sig = config.signature
-    reasons = problem_reasons(config, CONV_FWD, WGMMA_ARITHMETIC)
+    reasons = problem_reasons(config, family, WGMMA_ARITHMETIC)
     if getattr(sig, "max_channels", 0) != 0:
         reasons.append(
             f"max_channels={sig.max_channels} is the direct template's channel bucket; the TMA "
@@ -89,17 +92,44 @@ def _signature_reasons(config: KernelConfig) -> list[str]:
     return reasons
 
 
-def _tile_reasons(config: KernelConfig) -> list[str]:
+def tma_warps_reasons(config: KernelConfig) -> list[str]:
+    """A producer warpgroup and one or two consumer warpgroups."""
+    warps = config.algorithm.warps
+    if warps in TMA_WARPS:
+        return []
+    choices = " or ".join(map(str, TMA_WARPS))
+    reason = (
+        f"warps={warps} is not supported; the TMA template runs a producer warpgroup "
+        f"and one or two consumer warpgroups: {choices} warps"
+    )
+    return [reason]
+
+
+def tma_stage_reasons(config: KernelConfig) -> list[str]:
+    """The stages the TMA conv templates keep, and their registers sized by the traits."""
     alg = config.algorithm
     reasons: list[str] = []
-    if alg.warps not in TMA_WARPS:
+    if alg.stages not in TMA_STAGES:
         reasons.append(
-            f"warps={alg.warps} is not supported; the TMA template runs a producer warpgroup "
-            f"and one or two consumer warpgroups: {' or '.join(map(str, TMA_WARPS))} warps"
+            f"stages={alg.stages} is not supported; the TMA template keeps "
+            f"{TMA_STAGES[0]} to {TMA_STAGES[-1]} stages"
         )
-    elif alg.tile_m not in TMA_TILE_M or alg.tile_m % (WGMMA_ROWS * _consumers(config)):
+    if alg.ctas_per_sm != 1:
         reasons.append(
-            f"tile_m={alg.tile_m} is not supported with {_consumers(config)} consumer "
+            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the TMA template sizes its "
+            "registers for two CTAs an SM where their shared memory fits (ctas_per_sm=1)"
+        )
+    return reasons
+
+
+def _tile_reasons(config: KernelConfig) -> list[str]:
+    alg = config.algorithm
+    reasons = tma_warps_reasons(config)
+    if not reasons and (
+        alg.tile_m not in TMA_TILE_M or alg.tile_m % (WGMMA_ROWS * consumers(config))
+    ):
+        reasons.append(
+            f"tile_m={alg.tile_m} is not supported with {consumers(config)} consumer "
             f"warpgroups: one of {', '.join(map(str, TMA_TILE_M))} (the im2col copy's "
             "positions), a multiple of 64 rows per consumer warpgroup"
         )
@@ -113,17 +143,7 @@ def _tile_reasons(config: KernelConfig) -> list[str]:
             f"tile_k={alg.tile_k} is not supported; supported: "
             f"{', '.join(map(str, TMA_TILE_K))} (one 64- or 128-byte swizzled row per position)"
         )
-    if alg.stages not in TMA_STAGES:
-        reasons.append(
-            f"stages={alg.stages} is not supported; the TMA template keeps "
-            f"{TMA_STAGES[0]} to {TMA_STAGES[-1]} stages"
-        )
-    if alg.ctas_per_sm != 1:
-        reasons.append(
-            f"ctas_per_sm={alg.ctas_per_sm} is not supported; the TMA template sizes its "
-            "registers for two CTAs an SM where their shared memory fits (ctas_per_sm=1)"
-        )
-    return reasons
+    return reasons + tma_stage_reasons(config)
 
 
 def _smem_reasons(config: KernelConfig, arch: ArchSpec) -> list[str]:
@@ -143,7 +163,7 @@ def conv_tma_rules(config: KernelConfig, arch: ArchSpec) -> list[str]:
     """Limits of the TMA conv forward: fp16/bf16, 2D or 3D, 8-channel vectors, a producer and
     one or two consumer warpgroups of 64-row wgmma tiles, and its stages within the arch's
     shared memory (the pipeline itself is sm_90a's, arch_specs.json)."""
-    reasons = _signature_reasons(config) + _tile_reasons(config)
+    reasons = tma_signature_reasons(config, CONV_FWD) + _tile_reasons(config)
     return reasons + _smem_reasons(config, arch)
 
 
@@ -155,7 +175,7 @@ def conv_tma_traits_assertions(config: KernelConfig) -> tuple[TraitsAssertion, .
     return assertions_from(
         __name__,
         ("kThreads", alg.warps * 32, "threads per CTA"),
-        ("kConsumerWarpgroups", _consumers(config), "warpgroups that multiply"),
+        ("kConsumerWarpgroups", consumers(config), "warpgroups that multiply"),
         (
             "kSmemLaunchBytes",
             tma_smem_launch_bytes(

@@ -703,8 +703,7 @@ def test_core_conv_instances_compile(tmp_path: Path, arch: str, family: str, dir
     unit: each template takes the traits arguments the generator writes, and agrees with its
     numbers (the forward's on sm_90a the wgmma template's, kMinCtasPerSm included; the weight
     gradient's the mma.sync one's on either arch and its TMA one's on sm_90a; and each family's
-    direct kernels: the
-    forward's two, the weight gradient's three, of 1, 4 and 8 channels)."""
+    direct kernels: the forward's two, the weight gradient's three, of 1, 4 and 8 channels)."""
     configs = [c for c in select(get_receipt("core"), SPECS[arch]).accepted
                if c.signature.family == family]  # fmt: skip
     # sm_90a's TMA tiles x the 3 v8 signatures: the forward's 2, the weight gradient's 1.
