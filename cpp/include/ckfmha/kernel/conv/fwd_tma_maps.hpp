@@ -1,10 +1,12 @@
 // Host side: the tensor maps of the TMA convolution kernels (fwd_tma_kernel.cuh,
 // bwd_weight_tma_kernel.cuh), encoded for every launch from the problem's
-// shapes and pointers. x is described in im2col mode: the copy engine walks TileM output positions (w, then h, then
-// d, then the batch) of the box of first-tap coordinates the outputs span
-// (conv_tma_lower_corner, conv_tma_upper_corner), stepping by the stride, and
-// reads TileK channels at each position shifted by the tap's offset, zeros
-// outside the input. w is a plain 3D box.
+// shapes and pointers. x is described in im2col mode: the copy engine walks
+// TileM output positions (w, then h, then d, then the batch) of the box of
+// first-tap coordinates the outputs span (conv_tma_lower_corner,
+// conv_tma_upper_corner), stepping by the stride, and reads TileK channels at
+// each position shifted by the tap's offset, zeros outside the input. w is a
+// plain 3D box; backward-weight's dense dy (and pointwise x) a 2D one of
+// (channels, positions).
 #pragma once
 
 #include "ckfmha/kernel/params/conv_params.h"
@@ -25,11 +27,10 @@ constexpr CUtensorMapSwizzle conv_tma_swizzle() {
   return Traits::kSwizzleBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
 }
 
-template <class Traits>
+template <class Element>
 constexpr CUtensorMapDataType conv_tma_dtype() {
-  return std::is_same_v<typename Traits::Element, cutlass::half_t>
-             ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return std::is_same_v<Element, cutlass::half_t> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
 // An im2col map of a channels-last tensor (`channels` a position, strides in
@@ -66,13 +67,11 @@ int encode_conv_im2col_map(cute::TmaDescriptor* map, const void* base, int dims,
   dim[rank] = cuuint64_t(batch);
   stride_bytes[rank - 1] = cuuint64_t(strides[0] * kBytes);
   ++rank;
-  const CUtensorMapDataType dtype = std::is_same_v<Element, cutlass::half_t>
-                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeIm2col)(
-      map, dtype, cuuint32_t(rank), const_cast<void*>(base), dim, stride_bytes, lower, upper,
-      cuuint32_t(box_channels), cuuint32_t(box_pixels), step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      map, conv_tma_dtype<Element>(), cuuint32_t(rank), const_cast<void*>(base), dim,
+      stride_bytes, lower, upper, cuuint32_t(box_channels), cuuint32_t(box_pixels), step,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return status == CUDA_SUCCESS ? 0 : -int(cudaErrorInvalidValue);
 }
 
@@ -98,15 +97,12 @@ template <class Element>
 int encode_conv_rows_map(cute::TmaDescriptor* map, const void* base, int64_t channels,
                          int64_t positions, int64_t step, int box_channels, int box_rows,
                          CUtensorMapSwizzle swizzle) {
-  const CUtensorMapDataType dtype = std::is_same_v<Element, cutlass::half_t>
-                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dim[2] = {cuuint64_t(channels), cuuint64_t(positions)};
   const cuuint64_t stride[1] = {cuuint64_t(step * int64_t(sizeof(Element)))};
   const cuuint32_t box[2] = {cuuint32_t(box_channels), cuuint32_t(box_rows)};
   const cuuint32_t step_one[2] = {1, 1};
   const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      map, dtype, 2, const_cast<void*>(base), dim, stride, box, step_one,
+      map, conv_tma_dtype<Element>(), 2, const_cast<void*>(base), dim, stride, box, step_one,
       CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return status == CUDA_SUCCESS ? 0 : -int(cudaErrorInvalidValue);
@@ -133,8 +129,8 @@ int encode_conv_fwd_tma_maps(ConvFwdParams const& p, cute::TmaDescriptor* x_map,
   const cuuint32_t box[3] = {cuuint32_t(Traits::kTileK), cuuint32_t(Traits::kTileN), 1};
   const cuuint32_t w_step[3] = {1, 1, 1};
   const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      w_map, conv_tma_dtype<Traits>(), 3, const_cast<void*>(p.w), w_dim, w_stride, box, w_step,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, conv_tma_swizzle<Traits>(),
+      w_map, conv_tma_dtype<typename Traits::Element>(), 3, const_cast<void*>(p.w), w_dim,
+      w_stride, box, w_step, CU_TENSOR_MAP_INTERLEAVE_NONE, conv_tma_swizzle<Traits>(),
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return status == CUDA_SUCCESS ? 0 : -int(cudaErrorInvalidValue);
 }
