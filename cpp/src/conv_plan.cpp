@@ -695,10 +695,16 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
   plan.splits = best_cost.splits;
   std::string learned_note;
   if (context.learned && is_conv_tma(plan.kernel)) {
-    // The cost model was trained before this template existed: it ranks the
-    // gathering kernels only.
-    learned_note = " [learned selection not used: the conv cost model has no timings of the "
-                   "TMA template]";
+    // The cost model was trained before these templates existed: it ranks the
+    // gathering kernels only. Said only where the learned selection would
+    // otherwise apply (not in heuristic mode).
+    std::string why_not;
+    if (conv_learned_applies(direction, context.device_arch, &why_not)) {
+      learned_note = " [learned selection not used: the conv cost model has no timings of the "
+                     "TMA template]";
+    } else if (!why_not.empty()) {
+      learned_note = " [learned selection not used: " + why_not + "]";
+    }
   } else if (context.learned &&
              apply_learned_conv_plan(kernels, p, direction, context, &plan, &learned_note)) {
     return plan;

@@ -145,7 +145,8 @@ def test_bwd_weight_selects_and_explains(arch: str) -> None:
 def test_bwd_weight_packs_groups_of_few_channels(arch: str) -> None:
     """Groups of 8 channels are multiplied 8 at a time (64 channels, the kernels'
     conv_weight_pack, mirrored by weight_pack); 4 groups of 24 pair up; groups of 64 and an odd
-    group count run alone; so does every group below 4096 positions."""
+    group count run alone; so does every group below 4096 positions on the gathering kernels,
+    and below 1024 on the TMA kernel (sm_90a), which takes packs of 64 channels."""
     from ckfmha.conv_selection import weight_pack
 
     if not _have("conv_bwd_weight", arch):
@@ -160,8 +161,12 @@ def test_bwd_weight_packs_groups_of_few_channels(arch: str) -> None:
         for batch, packs in ((8, pack), (5, 1)):  # 6272 and 3920 positions
             problem = ConvProblem(batch, (28, 28), groups, c, k, (3, 3), 1, 1, dtype="bf16")
             text = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight")
-            if "_conv_direct_" in ckfmha.conv_select(problem, arch=arch, direction="bwd_weight"):
+            selected = ckfmha.conv_select(problem, arch=arch, direction="bwd_weight")
+            if "_conv_direct_" in selected:
                 continue
+            if "_sm90_tma_wgmma_" in selected:
+                packs = pack  # from 1024 positions
+                assert pack * c % 64 == 0, selected
             packed = f"groups multiplied {packs} at a time as one of {packs * k}x{packs * c}"
             assert (packed in text) == (packs > 1), text
             assert ("at a time" in text) == (packs > 1), text
