@@ -550,9 +550,9 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     const int64_t most = std::min<int64_t>(65535, std::max<int64_t>(1, k_tiles / 2));
     splits = std::clamp<int64_t>(ceil_div(slots, tiles), 1, most);
     if (is_conv_tma(k)) {
-      // One CTA an SM for most TMA tiles: a wave's slots are few, and rounding
-      // the split count up leaves a second wave of a few CTAs (ResNet-18's
-      // 14x14x256 layer: 36 tiles x 4 splits on 132 SMs). The count with the
+      // One or two CTAs an SM: a wave's slots are few, and rounding the split
+      // count up can leave a second wave of a few CTAs (ResNet-18's 14x14x256
+      // layer on 128x128: 36 tiles x 4 splits on 132 SMs). The count with the
       // fewest k-tiles per SM, its two-tile overhead counted, instead.
       const int64_t upto = splits;
       double fewest = 0.0;
