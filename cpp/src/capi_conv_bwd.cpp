@@ -37,19 +37,24 @@ int zero_phase(ConvDataPhase const& ph, char* dx, ckfmha_stream_t stream) {
   return from_launch_result(launch_conv_zero_fill(zeros, stream), "conv zeros");
 }
 
-// dx of the backward-data plan: every phase's filter rearranged into the
-// workspace first (one launch for all phases), then per phase zeros where no
-// tap reaches or its forward convolution. The phases write disjoint
-// positions of dx, so their convolutions run concurrently, one a side
-// stream: a small problem's phases each fill a fraction of the GPU (a
-// stride-2 layer at batch 1 took four times one phase's time in turn).
+// dx of the backward-data plan: the filters of the phases whose kernels
+// need them dense rearranged into the workspace first (one launch for all
+// such phases; the direct and TMA kernels read w in place through the
+// phase's view and need none), then per phase zeros where no tap reaches or its forward
+// convolution. The phases write disjoint positions of dx, so their
+// convolutions run concurrently, one a side stream: a small problem's phases
+// each fill a fraction of the GPU (a stride-2 layer at batch 1 took four
+// times one phase's time in turn).
 int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args,
                  ckfmha_stream_t stream) {
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
   std::vector<ConvPhaseFilter> filters;
+  int convolutions = 0;
   for (auto const& ph : plan.phases) {
     if (ph.empty) continue;
+    ++convolutions;
+    if (reads_filter_view(ph.plan.kernel, args.w)) continue;
     ConvPhaseFilter filter = ph.filter;
     filter.w = args.w;
     filter.dst = static_cast<char*>(args.workspace) + ph.filter_offset;
@@ -59,7 +64,6 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
     return from_launch_result(r, "conv phase filters");
   }
   StreamFork fork;
-  const int convolutions = int(filters.size());
   if (convolutions > 1) {
     if (int r = fork_streams(stream, convolutions - 1, &fork)) {
       return from_launch_result(r, "conv phase streams");
@@ -76,9 +80,14 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
     } else {
       const ckfmha_stream_t on = next == 0 ? stream : fork.side[(next - 1) % fork.count];
       ++next;
+      ckfmha_launch_context phase_context = launch_context;
       const void* filter = static_cast<const char*>(args.workspace) + ph.filter_offset;
+      if (reads_filter_view(ph.plan.kernel, args.w)) {
+        filter = args.w;
+        phase_context.conv_filter_view = &ph.view;
+      }
       ckfmha_conv_fwd_args fwd{args.dy, filter, dx};
-      if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &launch_context, on)) {
+      if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &phase_context, on)) {
         status = from_launch_result(r, ph.plan.kernel.name);
       }
     }

@@ -6,6 +6,7 @@
 
 #include "ckfmha/runtime/dispatcher.hpp"
 
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -45,6 +46,25 @@ DimPhase dim_phase(int32_t input, int32_t filter, int32_t stride, int32_t paddin
 }
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The phase's filter as a view of w (3D form, dense [groups, K, z, y, x,
+// C]): the phase's output channel is w's input channel and the reverse, and
+// its tap i along a dim is w's first - step * i there.
+kernel::ConvFilterView phase_view(ConvPhaseFilter const& f) {
+  kernel::ConvFilterView v{};
+  int64_t tap_stride[3];
+  tap_stride[2] = f.in_channels;
+  tap_stride[1] = tap_stride[2] * f.filter[2];
+  tap_stride[0] = tap_stride[1] * f.filter[1];
+  v.in_channel = tap_stride[0] * f.filter[0];  // w's output channel
+  v.group = v.in_channel * f.out_channels;
+  v.out_channel = 1;  // w's input channel
+  for (int d = 0; d < 3; ++d) {
+    v.first += int64_t(f.first[d]) * tap_stride[d];
+    v.tap[d] = -int64_t(f.step[d]) * tap_stride[d];
+  }
+  return v;
+}
 
 }  // namespace
 
@@ -96,6 +116,7 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
     ph.filter.groups = p.groups;
     ph.filter.in_channels = p.in_channels;
     ph.filter.out_channels = p.out_channels;
+    ph.view = phase_view(ph.filter);
     if (!ph.empty) {
       ph.filter_offset = offset;
       const int64_t taps =
@@ -106,6 +127,11 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
   }
   if (workspace_bytes != nullptr) *workspace_bytes = offset;
   return phases;
+}
+
+bool reads_filter_view(ckfmha_kernel_entry const& kernel, const void* w) {
+  if (kernel.conv_max_channels != 0) return true;
+  return is_conv_tma(kernel) && reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
 std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
@@ -228,7 +254,7 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
   out << "plan: " << plan.phases.size() << " stride phase"
       << (plan.phases.size() == 1 ? "" : "s") << " of dx, each a forward convolution of dy "
       << "with the filter taps that reach it (workspace " << plan.workspace_bytes
-      << " bytes for the rearranged filters)";
+      << " bytes for the filters of phases whose kernels read them rearranged)";
   int convolutions = 0;
   for (ConvDataPhase const& ph : plan.phases) convolutions += ph.empty ? 0 : 1;
   if (convolutions > 1) out << "; their convolutions run concurrently on side streams";
@@ -243,6 +269,10 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
     out << describe(ph.forward) << "\n    ";
     if (ph.plan.found) {
       out << ph.plan.kernel.name << ": " << ph.plan.why << "\n";
+      if (reads_filter_view(ph.plan.kernel, nullptr)) {
+        out << "    its filter is read from w in place (transposed and flipped by index), "
+               "not rearranged\n";
+      }
     } else {
       out << "none: " << (plan.why.empty() ? ph.plan.why : plan.why) << "\n";
       break;

@@ -201,3 +201,38 @@ def test_bwd_data_plans_phases() -> None:
     assert "plan: 4 stride phases" in text
     assert "their convolutions run concurrently on side streams" in text
     assert "zeros" not in text
+
+
+IN_PLACE = "its filter is read from w in place"
+
+
+def _phase_kernels(text: str) -> list[tuple[str, bool]]:
+    """Each planned phase's kernel, and whether explain says it reads w in place."""
+    lines = text.splitlines()
+    return [(line.strip().split(":")[0], IN_PLACE in (lines[i + 1] if i + 1 < len(lines) else ""))
+            for i, line in enumerate(lines) if line.startswith("    conv_fwd_")]  # fmt: skip
+
+
+def test_bwd_data_phases_read_the_filter_in_place_on_direct_and_tma_kernels() -> None:
+    """Phases on the direct and TMA kernels read w through a transposed, flipped view (no copy
+    into the workspace); phases on the gathering GEMMs name no such view (they read the
+    rearranged copy)."""
+    if not _have("conv_fwd"):
+        pytest.skip("no bf16 2D conv_fwd kernel in this build")
+    problems = [
+        ConvProblem(1, (28, 28), 96, 1, 1, (3, 3), 2, 1, dtype="bf16"),  # depthwise, 4 phases
+        ConvProblem(2, (14, 14), 1, 64, 64, (3, 3), 1, 1, dtype="bf16"),
+        ConvProblem(4, (28, 28), 1, 128, 64, (3, 3), 2, 1, dtype="bf16"),
+        ConvProblem(8, (28, 28), 32, 8, 8, (3, 3), 1, 1, dtype="bf16"),  # 8-channel groups
+    ]
+    kinds = set()
+    for problem in problems:
+        text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
+        phases = _phase_kernels(text)
+        assert phases, text
+        for name, in_place in phases:
+            viewed = "_conv_direct_" in name or "_sm90_tma_wgmma_" in name
+            assert in_place == viewed, text
+            kinds.add("view" if viewed else "copy")
+    # Both kinds of plan were checked.
+    assert kinds == {"view", "copy"}, kinds

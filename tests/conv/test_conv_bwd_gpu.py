@@ -82,11 +82,18 @@ def geometry(case: Case) -> dict[str, Any]:
     return {"stride": case.stride, "padding": case.padding, "dilation": case.dilation}
 
 
-def run_bwd_data(case: Case, kernel: str | None = None) -> None:
+def run_bwd_data(case: Case, kernel: str | None = None, misaligned_w: bool = False) -> None:
+    """misaligned_w: w one element past a 16-byte boundary (kernels that copy it by tensor
+    copies then read the rearranged filter instead)."""
     inputs = Inputs()
     problem = case.problem
     dy = make_positions(case.layout, problem.y_shape, case.dtype, inputs)
     w = inputs.normal(problem.w_shape, case.dtype)
+    if misaligned_w:
+        storage = torch.empty(w.numel() + 8, dtype=w.dtype, device=w.device)
+        storage[1 : 1 + w.numel()].copy_(w.flatten())
+        w = storage[1 : 1 + w.numel()].view(w.shape)
+        assert w.data_ptr() % 16 != 0
     out, whole = make_poisoned(case.layout, problem.x_shape, case.dtype)
     what = f"bwd_data {case.label} seed {inputs.seed}" + (f" kernel {kernel}" if kernel else "")
     dx = ckfmha.conv_bwd_data(dy, w, input_size=problem.input, out=out, kernel=kernel,
@@ -447,6 +454,89 @@ def test_bwd_data_runs_every_phase_on_a_forced_kernel() -> None:
     name = ckfmha.conv_select(case.problem, direction="bwd_data")
     assert name.startswith("conv_fwd_"), name
     run_bwd_data(case, kernel=name)
+
+
+# The forward's direct kernels: groups of at most `bucket` channels in and out.
+FWD_DIRECT_NAME = re.compile(
+    r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__"
+)
+
+
+def _device_fwd_direct_kernels() -> list[dict[str, Any]]:
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] == "conv_fwd" and runs_on(k, arch) and FWD_DIRECT_NAME.match(k["name"])]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", _device_fwd_direct_kernels(), ids=lambda k: k["name"])
+def test_every_direct_kernel_reads_the_filter_in_place_in_backward_data(
+    kernel: dict[str, Any],
+) -> None:
+    """Backward-data on each direct forward kernel, which reads w through the phase's
+    transposed and flipped view: unequal channel counts (the roles swap), filters that are not
+    square (a flip along the wrong dim shows), strides of 1-3 per dim (phases of different tap
+    counts), dilation, a partial block of 32 groups, the vector path (aligned, equal counts)
+    and the lane path (a misaligned layout)."""
+    match = FWD_DIRECT_NAME.match(kernel["name"])
+    dtype, dims, bucket = match["dtype"], int(match["dims"]), int(match["bucket"])
+    narrow = (max(1, bucket - 1), max(1, bucket // 2))
+    if dims == 2:
+        cases = [Case(dtype, 2, (13, 19), 40, bucket, bucket, (3, 5), 1, (1, 2)),
+                 Case(dtype, 1, (17, 23), 35, narrow[1], narrow[0], (3, 5), 2, (1, 2)),
+                 Case(dtype, 2, (16, 11), 33, bucket, narrow[1], (5, 3), (3, 2), (2, 1), (2, 1)),
+                 Case(dtype, 1, (9, 20), 16, bucket, bucket, (7, 7), 1, 3, layout="offset")]  # fmt: skip
+    else:
+        cases = [Case(dtype, 2, (4, 7, 9), 16, bucket, bucket, (3, 3, 3), (1, 2, 1), 1),
+                 Case(dtype, 1, (5, 6, 7), 5, narrow[0], bucket, (2, 3, 3), (2, 1, 2), (0, 1, 1),
+                      (2, 1, 1))]  # fmt: skip
+    for case in cases:
+        text = ckfmha.conv_explain(case.problem, direction="bwd_data")
+        assert "its filter is read from w in place" in text or kernel["name"] not in text, text
+        run_bwd_data(case, kernel=kernel["name"])
+
+
+# The forward fed by the copy engine.
+FWD_TMA_NAME = re.compile(
+    r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v8__.*_sm90_tma_wgmma_m\d+n(?P<tile_n>\d+)k(?P<tile_k>\d+)_"
+)
+
+
+def _device_fwd_tma_kernels() -> list[dict[str, Any]]:
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] == "conv_fwd" and runs_on(k, arch) and FWD_TMA_NAME.match(k["name"])]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", _device_fwd_tma_kernels(), ids=lambda k: k["name"])
+def test_every_tma_kernel_reads_the_filter_in_place_in_backward_data(
+    kernel: dict[str, Any],
+) -> None:
+    """Backward-data on each TMA forward kernel, which copies the filter's 64-channel runs of
+    one flipped tap straight from w: channel counts that leave a partial run and a partial
+    tile (runs past the filter's channels read zeros), several chunks a tap, stride-2 phases
+    of different tap counts, filters that are not square, dilation, several groups, sliced
+    and channels_last layouts; and w off a 16-byte boundary, where the plan copies the
+    rearranged filter instead."""
+    match = FWD_TMA_NAME.match(kernel["name"])
+    dtype, dims, tile_k = match["dtype"], int(match["dims"]), int(match["tile_k"])
+    if dims == 2:
+        cases = [Case(dtype, 3, (13, 11), 2, 40, 2 * tile_k, (3, 3), 1, 1),
+                 Case(dtype, 2, (17, 9), 1, 72, tile_k, (3, 1), (2, 1), (1, 0), layout="slice"),
+                 Case(dtype, 1, (20, 19), 3, 136, tile_k, (3, 5), 2, (1, 2),
+                      layout="channels_last"),
+                 Case(dtype, 2, (14, 14), 1, 288, 4 * tile_k, (1, 1), 1, 0),
+                 Case(dtype, 1, (9, 30), 2, 64, tile_k, (3, 3), 1, 2, (1, 2))]  # fmt: skip
+    else:
+        cases = [Case(dtype, 2, (4, 7, 5), 2, 16, tile_k, (3, 3, 3), 1, 1),
+                 Case(dtype, 1, (5, 9, 8), 1, 72, 2 * tile_k, (3, 3, 3), (1, 2, 2), 1,
+                      layout="slice")]  # fmt: skip
+    for case in cases:
+        run_bwd_data(case, kernel=kernel["name"])
+    run_bwd_data(cases[0], kernel=kernel["name"], misaligned_w=True)
 
 
 def test_select_and_explain_name_the_backward_plans() -> None:

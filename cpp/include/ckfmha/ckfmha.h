@@ -814,8 +814,9 @@ typedef struct ckfmha_conv_fwd_args {
 /* Backward-data: dx (x's layout and strides) from dy (y's) and w. The plan
  * runs forward kernels over dy: per stride phase (the positions of dx with
  * the same remainder by the stride in every dim) one convolution with the
- * filter taps that reach that phase, flipped and transposed into the
- * workspace first; dx positions no tap reaches are zeroed. */
+ * filter taps that reach that phase, flipped and transposed (the direct and
+ * TMA kernels read them so from w in place; for the others they are copied
+ * into the workspace first); dx positions no tap reaches are zeroed. */
 typedef struct ckfmha_conv_bwd_data_args {
   const void* dy;
   const void* w;

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 14
+#define CKFMHA_KERNEL_ABI_VERSION 15
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */
@@ -24,6 +24,11 @@ typedef struct ckfmha_launch_context {
   /* The launching device's record of out-of-range device metadata
    * (kernel/params/device_errors.h), mapped host memory; NULL: not recorded. */
   void* device_errors;
+  /* conv_fwd kernels of the direct template (conv_max_channels != 0): the
+   * filter to read in place of w's dense layout, a ckfmha::kernel::
+   * ConvFilterView (kernel/params/conv_params.h); NULL: dense. The backward-
+   * data plan reads w transposed and flipped through it, with no copy. */
+  const void* conv_filter_view;
 } ckfmha_launch_context;
 
 /* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,

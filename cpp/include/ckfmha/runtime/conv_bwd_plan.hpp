@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ckfmha/ckfmha.h"
+#include "ckfmha/kernel/params/conv_params.h"
 #include "ckfmha/kernel_entry.h"
 #include "ckfmha/runtime/conv_aux_kernels.hpp"
 #include "ckfmha/runtime/conv_plan.hpp"
@@ -28,6 +29,9 @@ struct ConvDataPhase {
   int64_t dx_offset = 0;      // elements from dx to the phase's first position
   size_t filter_offset = 0;   // bytes into the workspace of its filter
   ConvPhaseFilter filter{};   // the rearrangement (pointers set at run time)
+  // The same filter read in place from w, for kernels that take filter views
+  // (reads_filter_view): no rearrangement runs for their phases.
+  kernel::ConvFilterView view{};
   bool empty = false;         // no tap reaches it: its positions are zeros
   int32_t vector = 8;         // the channel vector dy and its filter allow (non-empty phases)
   ConvPlan plan;              // its kernel (non-empty phases)
@@ -42,6 +46,12 @@ struct ConvDataPlan {
   // why the hand rules' per-phase plans stay ("" in heuristic mode).
   std::string learned;
 };
+
+// Whether a phase's kernel reads w in place through the phase's view rather
+// than a rearranged copy in the workspace: the direct template always, the
+// TMA template where w is 16-byte aligned, as tensor copies need (w NULL:
+// assumed aligned).
+bool reads_filter_view(ckfmha_kernel_entry const& kernel, const void* w);
 
 // The phases and their forward problems, without kernels.
 std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& problem,

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/direct_tile.cuh"
+#include "ckfmha/kernel/conv/filter_view.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/tensor.hpp>
@@ -73,10 +74,23 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   // The filters as [k][tap][c][group].
-  const Element* w = static_cast<const Element*>(p.w) + int64_t(group0) * K * taps * C;
   const int filter_elems = K * taps * C;  // one group's
-  for (int i = warp; i < filter_elems; i += Traits::kThreads / 32) {
-    ws[i * kGroups + lane] = lane < groups_here ? float(w[int64_t(lane) * filter_elems + i]) : 0.f;
+  if (p.filter_dense) {
+    const Element* w = static_cast<const Element*>(p.w) + int64_t(group0) * K * taps * C;
+    for (int i = warp; i < filter_elems; i += Traits::kThreads / 32) {
+      ws[i * kGroups + lane] =
+          lane < groups_here ? float(w[int64_t(lane) * filter_elems + i]) : 0.f;
+    }
+  } else {
+    for (int i = warp; i < filter_elems; i += Traits::kThreads / 32) {
+      const int k = i / (taps * C);
+      const int tap_c = i - k * taps * C;
+      const int tap = tap_c / C;
+      ws[i * kGroups + lane] =
+          lane < groups_here
+              ? conv_detail::viewed_weight<Element>(p, group0 + lane, k, tap, tap_c - tap * C)
+              : 0.f;
+    }
   }
   __syncthreads();
 

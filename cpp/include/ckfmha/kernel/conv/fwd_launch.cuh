@@ -54,6 +54,15 @@ inline ConvFwdParams make_conv_fwd_params(ckfmha_conv_problem const& pr,
   bool vectors = reinterpret_cast<uintptr_t>(ar.y) % 16 == 0 && pr.out_channels % 8 == 0;
   for (int d = 0; d < 4; ++d) vectors = vectors && p.y_stride[d] % 8 == 0;
   p.vector_stores = vectors ? 1 : 0;
+  p.filter_dense = 1;
+  ConvFilterView& v = p.filter_view;
+  v.tap[2] = pr.in_channels;
+  v.tap[1] = v.tap[2] * p.filter[2];
+  v.tap[0] = v.tap[1] * p.filter[1];
+  v.out_channel = v.tap[0] * p.filter[0];
+  v.group = v.out_channel * pr.out_channels;
+  v.in_channel = 1;
+  v.first = 0;
   return p;
 }
 
@@ -90,13 +99,7 @@ int launch_conv_fwd_sm90(void const* problem, void const* args,
 // output tiles in turn (fwd_tma_kernel.cuh). The runtime has checked the
 // problem against conv_tma_limit and the channel vector of 8.
 template <class Traits>
-int launch_conv_fwd_tma(void const* problem, void const* args,
-                        ckfmha_launch_context const* context, ckfmha_stream_t stream) {
-  (void)context;
-  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
-  auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
-  ConvFwdTmaParams params{};
-  params.conv = make_conv_fwd_params(pr, ar);
+int run_conv_fwd_tma(ConvFwdTmaParams params, ckfmha_stream_t stream) {
   if (int err = encode_conv_fwd_tma_maps<Traits>(params.conv, &params.x_map, &params.w_map)) {
     return err;
   }
@@ -109,6 +112,32 @@ int launch_conv_fwd_tma(void const* problem, void const* args,
   const dim3 grid(unsigned(std::min<int64_t>(tiles, int64_t(sms) * Traits::kMinCtasPerSm)));
   return launch_kernel(&conv_fwd_tma_kernel<Traits>, grid, Traits::kThreads,
                        Traits::kSmemLaunchBytes, stream, params);
+}
+
+// A filter view from the context (backward-data) runs the transposed-filter
+// variant; its offsets are whole taps of the filter (the view's tap
+// strides are multiples of one tap's channels).
+template <class Traits>
+int launch_conv_fwd_tma(void const* problem, void const* args,
+                        ckfmha_launch_context const* context, ckfmha_stream_t stream) {
+  auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+  auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
+  ConvFwdTmaParams params{};
+  params.conv = make_conv_fwd_params(pr, ar);
+  if (context == nullptr || context->conv_filter_view == nullptr) {
+    return run_conv_fwd_tma<Traits>(params, stream);
+  }
+  ConvFilterView const& view = *static_cast<ConvFilterView const*>(context->conv_filter_view);
+  params.conv.filter_view = view;
+  params.conv.filter_dense = 0;
+  const int64_t run = pr.out_channels;
+  if (run == 0 || view.first % run != 0) return -int(cudaErrorInvalidValue);
+  params.filter_first_tap = int32_t(view.first / run);
+  for (int d = 0; d < 3; ++d) {
+    if (view.tap[d] % run != 0) return -int(cudaErrorInvalidValue);
+    params.filter_tap_step[d] = int32_t(view.tap[d] / run);
+  }
+  return run_conv_fwd_tma<ConvFwdTmaTransposedFilterTraits<Traits>>(params, stream);
 }
 
 // The direct template's vector path takes a problem of kG-channel groups
@@ -188,14 +217,19 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
 // before choosing the kernel (conv_plan.cpp), and the launch fails cleanly
 // otherwise. Where its vectors fit, the vector path runs instead: the
 // one-channel instance for depthwise problems, the 2- and 4-channel ones for
-// groups of 2 or 4 channels (as many in as out) that they hold.
+// groups of 2 or 4 channels (as many in as out) that they hold. Both paths
+// stage the filter element by element, so they read it through the
+// context's filter view where there is one.
 template <class Traits>
 int launch_conv_fwd_direct(void const* problem, void const* args,
                            ckfmha_launch_context const* context, ckfmha_stream_t stream) {
-  (void)context;
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
-  const ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  if (context != nullptr && context->conv_filter_view != nullptr) {
+    params.filter_view = *static_cast<ConvFilterView const*>(context->conv_filter_view);
+    params.filter_dense = 0;
+  }
   using Element = typename Traits::Element;
   if constexpr (Traits::kMaxChannels == 1) {
     if (vector_fwd_fits<1>(params)) return launch_conv_fwd_vector<Element, 1>(params, stream);

@@ -4,8 +4,10 @@
 // asks the copy engine for each k-tile: x's tile in im2col mode (TileM
 // consecutive output positions, TileK channels of one filter tap, zeros where
 // the tap reads padding or a row lies past the batch) and w's tile as a 3D box
-// (channels of the taps, output channels, group). Consumer warpgroups wait on
-// a stage's full barrier, multiply, and free the stage.
+// (channels of the taps, output channels, group), or, reading a transposed
+// filter view (backward-data), as runs of 64 output channels of one tap.
+// Consumer warpgroups wait on a stage's full barrier, multiply, and free the
+// stage.
 //
 // Persistent: a CTA per SM (two where their shared memory fits) walks the
 // output tiles, output-channel tiles of one row tile first, so that
@@ -37,6 +39,12 @@ struct ConvFwdTmaParams {
   cute::TmaDescriptor w_map;
   int64_t tiles_m;  // row tiles
   int32_t tiles_n;  // output-channel tiles of a group
+  // The transposed-filter variant's w map is (the filter's input channels,
+  // its taps, its output channels, groups); the problem's tap (z, y, x) is
+  // the filter's tap first_tap + z * tap_step[0] + y * tap_step[1] +
+  // x * tap_step[2] (the view's offsets in whole taps).
+  int32_t filter_first_tap;
+  int32_t filter_tap_step[3];
 };
 
 namespace conv_detail {
@@ -117,8 +125,22 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
                                             channel, corner[2], corner[1], corner[0], image,
                                             off_w, off_h, off_d);
       }
-      cute::SM90_TMA_LOAD_3D::copy(&params.w_map, &full[stage], hint, smem_b + stage * kElemsB,
-                                   k_tile * kTileK, first_channel, t.group);
+      if constexpr (Traits::kFilterTransposed) {
+        constexpr int kRun = Traits::kFilterRun;
+        const int32_t filter_tap = params.filter_first_tap + tap[0] * params.filter_tap_step[0] +
+                                   tap[1] * params.filter_tap_step[1] +
+                                   tap[2] * params.filter_tap_step[2];
+#pragma unroll
+        for (int run = 0; run < Traits::kTileN / kRun; ++run) {
+          cute::SM90_TMA_LOAD_4D::copy(&params.w_map, &full[stage], hint,
+                                       smem_b + stage * kElemsB + run * kRun * kTileK,
+                                       first_channel + run * kRun, filter_tap, chunk * kTileK,
+                                       t.group);
+        }
+      } else {
+        cute::SM90_TMA_LOAD_3D::copy(&params.w_map, &full[stage], hint, smem_b + stage * kElemsB,
+                                     k_tile * kTileK, first_channel, t.group);
+      }
       if (++chunk == chunks) {
         chunk = 0;
         if (++tap[2] == p.filter[2]) {

@@ -5,7 +5,7 @@
 // first-tap coordinates the outputs span (conv_tma_lower_corner,
 // conv_tma_upper_corner), stepping by the stride, and reads TileK channels at
 // each position shifted by the tap's offset, zeros outside the input. w is a
-// plain 3D box; backward-weight's dense dy (and pointwise x) a 2D one of
+// plain 3D box (4D over a transposed filter view); backward-weight's dense dy (and pointwise x) a 2D one of
 // (channels, positions).
 #pragma once
 
@@ -108,6 +108,33 @@ int encode_conv_rows_map(cute::TmaDescriptor* map, const void* base, int64_t cha
   return status == CUDA_SUCCESS ? 0 : -int(cudaErrorInvalidValue);
 }
 
+// The transposed-filter variant's w map over p.filter_view: (the filter's
+// input channels = the problem's output channels, the filter's taps, its
+// output channels = the problem's input channels, groups), boxes of 64
+// channels of one tap by TileK. The view must be the backward-data phases'
+// (channels contiguous, taps whole runs of them). 0, or
+// -cudaErrorInvalidValue.
+template <class Traits>
+int encode_conv_transposed_filter_map(ConvFwdParams const& p, cute::TmaDescriptor* w_map) {
+  constexpr int64_t kBytes = int64_t(sizeof(typename Traits::Element));
+  ConvFilterView const& v = p.filter_view;
+  const int64_t run = p.out_channels;  // one tap's channels
+  if (v.out_channel != 1 || v.in_channel % run != 0 || v.group % v.in_channel != 0) {
+    return -int(cudaErrorInvalidValue);
+  }
+  const cuuint64_t w_dim[4] = {cuuint64_t(run), cuuint64_t(v.in_channel / run),
+                               cuuint64_t(p.in_channels), cuuint64_t(p.groups)};
+  const cuuint64_t w_stride[3] = {cuuint64_t(run * kBytes), cuuint64_t(v.in_channel * kBytes),
+                                  cuuint64_t(v.group * kBytes)};
+  const cuuint32_t box[4] = {cuuint32_t(Traits::kFilterRun), 1, cuuint32_t(Traits::kTileK), 1};
+  const cuuint32_t w_step[4] = {1, 1, 1, 1};
+  const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      w_map, conv_tma_dtype<typename Traits::Element>(), 4, const_cast<void*>(p.w), w_dim,
+      w_stride, box, w_step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return status == CUDA_SUCCESS ? 0 : -int(cudaErrorInvalidValue);
+}
+
 // 0, or -cudaErrorInvalidValue where the driver refuses a map (the runtime's
 // conv_tma_limit check keeps problems it would refuse away from this kernel).
 template <class Traits>
@@ -121,6 +148,9 @@ int encode_conv_fwd_tma_maps(ConvFwdParams const& p, cute::TmaDescriptor* x_map,
     return err;
   }
 
+  if constexpr (Traits::kFilterTransposed) {
+    return encode_conv_transposed_filter_map<Traits>(p, w_map);
+  }
   // w: (taps x channels, out channels, groups), dense.
   const cuuint64_t w_dim[3] = {cuuint64_t(p.reduction), cuuint64_t(p.out_channels),
                                cuuint64_t(p.groups)};

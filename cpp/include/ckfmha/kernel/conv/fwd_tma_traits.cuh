@@ -59,6 +59,10 @@ struct ConvFwdTmaTraits {
                                  cute::GMMA::Major::K, cute::GMMA::Major::K>(),
       cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>{}));
 
+  // w's tile is a K-major (TileN, TileK) box of the dense filter; the
+  // transposed variant below reads it MN-major instead.
+  static constexpr bool kFilterTransposed = false;
+
   static constexpr int kStageBytesA = TileM * TileK * int(sizeof(Element));
   static constexpr int kStageBytesB = TileN * TileK * int(sizeof(Element));
   // The epilogue stages each consumer warpgroup's rows through shared memory
@@ -92,6 +96,30 @@ struct ConvFwdTmaTraits {
   static constexpr int kShare = cute::min(65536 / (kMinCtasPerSm * kThreads), 255) / 8 * 8;
   static constexpr int kConsumerRegisters =
       cute::min(256, (kShare * kThreads - 128 * kProducerRegisters) / kConsumerThreads / 8 * 8);
+};
+
+// The same kernel reading the filter in place where the backward-data plan
+// hands it a transposed, flipped view (ConvFilterView): its output channels
+// are then the filter's contiguous input channels, so each stage's w tile
+// lands as TileK rows of 64-channel runs (128-byte swizzled), one copy a run,
+// and wgmma reads it MN-major. The runs of one 64-channel block are
+// contiguous in shared memory (atoms along k first), as a copy writes them.
+template <class Base>
+struct ConvFwdTmaTransposedFilterTraits : Base {
+  using Element = typename Base::Element;
+  static constexpr bool kFilterTransposed = true;
+  static constexpr int kFilterRun = 64;  // channels of one 128-byte row
+  static_assert(Base::kTileN % kFilterRun == 0, "whole 64-channel runs of the filter");
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<Base::kTileN>, cute::Int<Base::kTileK>, cute::Int<Base::kStages>>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<
+          Element, Element, float,
+          cute::Shape<cute::_64, cute::Int<Base::kTileN>, cute::Int<Base::kTileK>>,
+          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::Layout<cute::Shape<cute::Int<Base::kConsumerWarpgroups>, cute::_1, cute::_1>>{}));
 };
 
 }  // namespace ckfmha::kernel

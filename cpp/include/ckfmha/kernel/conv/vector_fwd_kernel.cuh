@@ -15,6 +15,7 @@
 // one, and all G outputs of its group otherwise.
 #pragma once
 
+#include "ckfmha/kernel/conv/filter_view.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cuda_bf16.h>
@@ -227,11 +228,16 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
       const int32_t input = i % kG;
       const int32_t rest = i / kG;
       const int32_t out = rest / taps, tap = rest - out * taps;
+      // out = the CTA's group x G + the output channel in it.
+      const float weight =
+          p.filter_dense ? float(w[i])
+                         : viewed_weight<Element>(p, cta_channel0 / kG + out / kG, out % kG, tap,
+                                                  input);
       if constexpr (kG == 1) {
-        ws[tap * cta_channels + out] = float(w[i]);
+        ws[tap * cta_channels + out] = weight;
       } else {
         const int32_t vector = out / kChannels, lane = out % kChannels;
-        ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = float(w[i]);
+        ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = weight;
       }
     }
     __syncthreads();

@@ -7,9 +7,23 @@
 
 namespace ckfmha::kernel {
 
+// Where a kernel that reads filter views finds weight (group g, output
+// channel k, tap (z, y, x), input channel c) of its problem, in elements from
+// w: first + g * group + k * out_channel + c * in_channel + z * tap[0] +
+// y * tap[1] + x * tap[2]. Tap strides may be negative: the backward-data
+// phases read the forward's filter in place, channel roles swapped and taps
+// last first.
+struct ConvFilterView {
+  int64_t first;
+  int64_t group;
+  int64_t out_channel;
+  int64_t in_channel;
+  int64_t tap[3];
+};
+
 struct ConvFwdParams {
   const void* x;  // [batch, d, h, w, groups, in_channels]
-  const void* w;  // [groups, out_channels, z, y, x, in_channels], dense
+  const void* w;  // [groups, out_channels, z, y, x, in_channels], dense (see filter_dense)
   void* y;        // [batch, od, oh, ow, groups, out_channels]
   int32_t batch;
   int32_t groups;
@@ -33,6 +47,10 @@ struct ConvFwdParams {
   // 1: runs of 8 output channels may be stored as one 16-byte vector (y
   // 16-byte aligned, its strides and out_channels multiples of 8).
   int32_t vector_stores;
+  // 1: w is dense as above. 0: the direct kernels read it through
+  // filter_view (the others are only handed dense filters).
+  int32_t filter_dense;
+  ConvFilterView filter_view;
 };
 
 // Backward-weight: the forward problem's geometry, with y holding dy (read)
