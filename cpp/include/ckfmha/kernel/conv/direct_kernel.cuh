@@ -82,15 +82,21 @@ __global__ void __launch_bounds__(Traits::kThreads)
           lane < groups_here ? float(w[int64_t(lane) * filter_elems + i]) : 0.f;
     }
   } else {
-    for (int i = warp; i < filter_elems; i += Traits::kThreads / 32) {
-      const int k = i / (taps * C);
-      const int tap_c = i - k * taps * C;
-      const int tap = tap_c / C;
-      ws[i * kGroups + lane] =
-          lane < groups_here
-              ? conv_detail::viewed_weight<Element>(p, group0 + lane, k, tap, tap_c - tap * C)
-              : 0.f;
-    }
+    // A warp walks a range of (k, tap) pairs, its lanes the groups.
+    ConvFilterView const& v = p.filter_view;
+    const Element* w = static_cast<const Element*>(p.w) + (group0 + lane) * v.group;
+    int32_t begin, end;
+    conv_detail::viewed_range(K * taps, warp, Traits::kThreads / 32, &begin, &end);
+    conv_detail::walk_viewed_taps(p, begin, end, [&](int32_t pair, int32_t k, int64_t offset) {
+      offset += k * v.out_channel;
+#pragma unroll
+      for (int c = 0; c < kMax; ++c) {
+        if (c < C) {
+          ws[(pair * C + c) * kGroups + lane] =
+              lane < groups_here ? float(w[offset + c * v.in_channel]) : 0.f;
+        }
+      }
+    });
   }
   __syncthreads();
 

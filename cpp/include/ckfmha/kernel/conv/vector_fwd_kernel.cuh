@@ -221,24 +221,40 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
       }
     }
   };
+  // Weight (output channel `out` of the CTA, tap, input channel) into its
+  // slot of the layout above.
+  auto stage_weight = [&](int32_t out, int32_t tap, int32_t input, float weight) {
+    if constexpr (kG == 1) {
+      ws[tap * cta_channels + out] = weight;
+    } else {
+      const int32_t vector = out / kChannels, lane = out % kChannels;
+      ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = weight;
+    }
+  };
   auto stage_filters = [&] {
-    const int32_t count = cta_channels * taps * kG;
-    for (int32_t i = threadIdx.x; i < count; i += blockDim.x) {
-      // i = (output channel of the CTA x taps + tap) x G + input channel.
-      const int32_t input = i % kG;
-      const int32_t rest = i / kG;
-      const int32_t out = rest / taps, tap = rest - out * taps;
-      // out = the CTA's group x G + the output channel in it.
-      const float weight =
-          p.filter_dense ? float(w[i])
-                         : viewed_weight<Element>(p, cta_channel0 / kG + out / kG, out % kG, tap,
-                                                  input);
-      if constexpr (kG == 1) {
-        ws[tap * cta_channels + out] = weight;
-      } else {
-        const int32_t vector = out / kChannels, lane = out % kChannels;
-        ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = weight;
+    if (p.filter_dense) {
+      const int32_t count = cta_channels * taps * kG;
+      for (int32_t i = threadIdx.x; i < count; i += blockDim.x) {
+        // i = (output channel of the CTA x taps + tap) x G + input channel.
+        const int32_t input = i % kG;
+        const int32_t rest = i / kG;
+        const int32_t out = rest / taps;
+        stage_weight(out, rest - out * taps, input, float(w[i]));
       }
+    } else {
+      // A thread walks a range of (output channel, tap) pairs; out = the
+      // CTA's group x G + the output channel in it.
+      ConvFilterView const& v = p.filter_view;
+      const Element* wv = static_cast<const Element*>(p.w) + cta_channel0 / kG * v.group;
+      int32_t begin, end;
+      viewed_range(cta_channels * taps, threadIdx.x, blockDim.x, &begin, &end);
+      walk_viewed_taps(p, begin, end, [&](int32_t pair, int32_t out, int64_t offset) {
+        offset += out / kG * v.group + out % kG * v.out_channel;
+#pragma unroll
+        for (int32_t input = 0; input < kG; ++input) {
+          stage_weight(out, pair - out * taps, input, float(wv[offset + input * v.in_channel]));
+        }
+      });
     }
     __syncthreads();
   };
