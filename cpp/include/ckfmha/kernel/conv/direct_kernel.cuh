@@ -73,16 +73,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
   conv_detail::stage_input_tile<Traits>(p, tile, od, tile_h, tile_w, group0, n, groups_here, xs);
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  // The filters as [k][tap][c][group].
-  const int filter_elems = K * taps * C;  // one group's
-  if (p.filter_dense) {
-    const Element* w = static_cast<const Element*>(p.w) + int64_t(group0) * K * taps * C;
-    for (int i = warp; i < filter_elems; i += Traits::kThreads / 32) {
-      ws[i * kGroups + lane] =
-          lane < groups_here ? float(w[int64_t(lane) * filter_elems + i]) : 0.f;
-    }
-  } else {
-    // A warp walks a range of (k, tap) pairs, its lanes the groups.
+  // The filters as [k][tap][c][group]: a warp walks a range of (k, tap)
+  // pairs of the view (dense, or backward-data's transposed and flipped one),
+  // its lanes the groups.
+  {
     ConvFilterView const& v = p.filter_view;
     const Element* w = static_cast<const Element*>(p.w) + (group0 + lane) * v.group;
     int32_t begin, end;

@@ -54,7 +54,6 @@ inline ConvFwdParams make_conv_fwd_params(ckfmha_conv_problem const& pr,
   bool vectors = reinterpret_cast<uintptr_t>(ar.y) % 16 == 0 && pr.out_channels % 8 == 0;
   for (int d = 0; d < 4; ++d) vectors = vectors && p.y_stride[d] % 8 == 0;
   p.vector_stores = vectors ? 1 : 0;
-  p.filter_dense = 1;
   ConvFilterView& v = p.filter_view;
   v.tap[2] = pr.in_channels;
   v.tap[1] = v.tap[2] * p.filter[2];
@@ -129,7 +128,6 @@ int launch_conv_fwd_tma(void const* problem, void const* args,
   }
   ConvFilterView const& view = *static_cast<ConvFilterView const*>(context->conv_filter_view);
   params.conv.filter_view = view;
-  params.conv.filter_dense = 0;
   const int64_t run = pr.out_channels;
   if (run == 0 || view.first % run != 0) return -int(cudaErrorInvalidValue);
   params.filter_first_tap = int32_t(view.first / run);
@@ -228,7 +226,6 @@ int launch_conv_fwd_direct(void const* problem, void const* args,
   ConvFwdParams params = make_conv_fwd_params(pr, ar);
   if (context != nullptr && context->conv_filter_view != nullptr) {
     params.filter_view = *static_cast<ConvFilterView const*>(context->conv_filter_view);
-    params.filter_dense = 0;
   }
   using Element = typename Traits::Element;
   if constexpr (Traits::kMaxChannels == 1) {

@@ -116,9 +116,6 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   const int32_t taps = p.filter[0] * p.filter[1] * p.filter[2];
   // The CTA's first channel of x and y: whole groups, as channels = groups x G.
   const int64_t cta_channel0 = int64_t(blockIdx.y) * cta_channels;
-  // The filters of the CTA's groups, [group][output channel][tap][input
-  // channel] in memory: one output channel's taps x G weights contiguous.
-  const Element* w = static_cast<const Element*>(p.w) + cta_channel0 * taps * kG;
   const int64_t part_floats = vector_fwd_filter_floats<kG>(taps);
 
   const int32_t parts = vectors;  // threads a position
@@ -231,31 +228,21 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
       ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = weight;
     }
   };
+  // A thread walks a range of (output channel, tap) pairs of the view
+  // (dense, or backward-data's transposed and flipped one); out = the CTA's
+  // group x G + the output channel in it.
   auto stage_filters = [&] {
-    if (p.filter_dense) {
-      const int32_t count = cta_channels * taps * kG;
-      for (int32_t i = threadIdx.x; i < count; i += blockDim.x) {
-        // i = (output channel of the CTA x taps + tap) x G + input channel.
-        const int32_t input = i % kG;
-        const int32_t rest = i / kG;
-        const int32_t out = rest / taps;
-        stage_weight(out, rest - out * taps, input, float(w[i]));
-      }
-    } else {
-      // A thread walks a range of (output channel, tap) pairs; out = the
-      // CTA's group x G + the output channel in it.
-      ConvFilterView const& v = p.filter_view;
-      const Element* wv = static_cast<const Element*>(p.w) + cta_channel0 / kG * v.group;
-      int32_t begin, end;
-      viewed_range(cta_channels * taps, threadIdx.x, blockDim.x, &begin, &end);
-      walk_viewed_taps(p, begin, end, [&](int32_t pair, int32_t out, int64_t offset) {
-        offset += out / kG * v.group + out % kG * v.out_channel;
+    ConvFilterView const& v = p.filter_view;
+    const Element* wv = static_cast<const Element*>(p.w) + cta_channel0 / kG * v.group;
+    int32_t begin, end;
+    viewed_range(cta_channels * taps, threadIdx.x, blockDim.x, &begin, &end);
+    walk_viewed_taps(p, begin, end, [&](int32_t pair, int32_t out, int64_t offset) {
+      offset += out / kG * v.group + out % kG * v.out_channel;
 #pragma unroll
-        for (int32_t input = 0; input < kG; ++input) {
-          stage_weight(out, pair - out * taps, input, float(wv[offset + input * v.in_channel]));
-        }
-      });
-    }
+      for (int32_t input = 0; input < kG; ++input) {
+        stage_weight(out, pair - out * taps, input, float(wv[offset + input * v.in_channel]));
+      }
+    });
     __syncthreads();
   };
 

@@ -23,7 +23,7 @@ struct ConvFilterView {
 
 struct ConvFwdParams {
   const void* x;  // [batch, d, h, w, groups, in_channels]
-  const void* w;  // [groups, out_channels, z, y, x, in_channels], dense (see filter_dense)
+  const void* w;  // [groups, out_channels, z, y, x, in_channels], dense (see filter_view)
   void* y;        // [batch, od, oh, ow, groups, out_channels]
   int32_t batch;
   int32_t groups;
@@ -47,9 +47,9 @@ struct ConvFwdParams {
   // 1: runs of 8 output channels may be stored as one 16-byte vector (y
   // 16-byte aligned, its strides and out_channels multiples of 8).
   int32_t vector_stores;
-  // 1: w is dense as above. 0: the direct kernels read it through
-  // filter_view (the others are only handed dense filters).
-  int32_t filter_dense;
+  // How the direct kernels and the TMA kernel's transposed-filter variant
+  // read w: its dense layout above, or backward-data's transposed and
+  // flipped view of it (the other kernels are handed dense filters only).
   ConvFilterView filter_view;
 };
 
