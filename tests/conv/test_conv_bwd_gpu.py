@@ -462,15 +462,16 @@ FWD_DIRECT_NAME = re.compile(
 )
 
 
-def _device_fwd_direct_kernels() -> list[dict[str, Any]]:
+def _device_fwd_kernels(name: re.Pattern[str]) -> list[dict[str, Any]]:
+    """The forward kernels whose names `name` matches that run on this device."""
     if ckfmha.device_count() == 0:
         return []
     arch = ckfmha.device_arch()
     return [k for k in ckfmha.Registry().kernels()
-            if k["family"] == "conv_fwd" and runs_on(k, arch) and FWD_DIRECT_NAME.match(k["name"])]  # fmt: skip
+            if k["family"] == "conv_fwd" and runs_on(k, arch) and name.match(k["name"])]  # fmt: skip
 
 
-@pytest.mark.parametrize("kernel", _device_fwd_direct_kernels(), ids=lambda k: k["name"])
+@pytest.mark.parametrize("kernel", _device_fwd_kernels(FWD_DIRECT_NAME), ids=lambda k: k["name"])
 def test_every_direct_kernel_reads_the_filter_in_place_in_backward_data(
     kernel: dict[str, Any],
 ) -> None:
@@ -503,15 +504,7 @@ FWD_TMA_NAME = re.compile(
 )
 
 
-def _device_fwd_tma_kernels() -> list[dict[str, Any]]:
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels()
-            if k["family"] == "conv_fwd" and runs_on(k, arch) and FWD_TMA_NAME.match(k["name"])]  # fmt: skip
-
-
-@pytest.mark.parametrize("kernel", _device_fwd_tma_kernels(), ids=lambda k: k["name"])
+@pytest.mark.parametrize("kernel", _device_fwd_kernels(FWD_TMA_NAME), ids=lambda k: k["name"])
 def test_every_tma_kernel_reads_the_filter_in_place_in_backward_data(
     kernel: dict[str, Any],
 ) -> None:
