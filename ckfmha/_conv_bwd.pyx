@@ -112,8 +112,11 @@ def conv_bwd_data(dy, w, *, input_size=None, stride=1, padding=0, dilation=1, ou
     ``conv_fwd``.
 
     The plan runs conv_fwd kernels over dy: one per stride phase (the dx positions with one
-    remainder by the stride in each dim) with the filter taps that reach it, rearranged into
-    a workspace first (allocated like dx); positions no tap reaches are zeroed. ``kernel``
+    remainder by the stride in each dim) with the filter taps that reach it, flipped and
+    transposed; the direct and TMA kernels read them so from w, the others from a copy in a
+    workspace (allocated like dx), where groups of 8-32 channels may also be multiplied
+    several at a time through block-diagonal filters. Positions no tap reaches are zeroed.
+    ``kernel``
     names a conv_fwd kernel for every phase (``conv_select(..., direction="bwd_data")`` names
     the automatic choice of the first). fp16 or bf16, fp32 accumulation; dy's stream rules as
     in ``conv_fwd``.

@@ -187,7 +187,7 @@ int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
   if (int s = checked_direction(direction)) return s;
   if (bytes == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "bytes is NULL");
   *bytes = 0;
-  if (direction == CKFMHA_CONV_BWD_DATA) conv_data_phases(*problem, bytes);
+  if (direction == CKFMHA_CONV_BWD_DATA) *bytes = conv_data_workspace_bytes(*problem);
   if (direction == CKFMHA_CONV_BWD_WEIGHT) *bytes = conv_weight_workspace_bytes(*problem);
   return succeed();
 }

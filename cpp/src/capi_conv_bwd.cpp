@@ -54,7 +54,7 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
   for (auto const& ph : plan.phases) {
     if (ph.empty) continue;
     ++convolutions;
-    if (reads_filter_view(ph.plan.kernel, args.w)) continue;
+    if (reads_filter_view(ph, args.w)) continue;
     ConvPhaseFilter filter = ph.filter;
     filter.w = args.w;
     filter.dst = static_cast<char*>(args.workspace) + ph.filter_offset;
@@ -82,7 +82,7 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
       ++next;
       ckfmha_launch_context phase_context = launch_context;
       const void* filter = static_cast<const char*>(args.workspace) + ph.filter_offset;
-      if (reads_filter_view(ph.plan.kernel, args.w)) {
+      if (reads_filter_view(ph, args.w)) {
         filter = args.w;
         phase_context.conv_filter_view = &ph.view;
       }
@@ -133,8 +133,7 @@ int ckfmha_conv_bwd_data_run(const ckfmha_conv_problem* problem,
   if (int s = check_element_aligned({{args->dy, "dy"}, {args->w, "w"}, {args->dx, "dx"}})) {
     return s;
   }
-  size_t needed = 0;
-  conv_data_phases(*problem, &needed);
+  const size_t needed = conv_data_workspace_bytes(*problem);
   if (int s = check_workspace(args->workspace, args->workspace_bytes, needed, true)) return s;
   ckfmha_kernel_entry forced{};
   ConvPlanContext context;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 namespace ckfmha::runtime {
 
@@ -69,7 +70,7 @@ kernel::ConvFilterView phase_view(ConvPhaseFilter const& f) {
 }  // namespace
 
 std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
-                                            size_t* workspace_bytes) {
+                                            size_t* workspace_bytes, int32_t pack) {
   const int dims = p.spatial_dims;
   int32_t phases_per_dim[3] = {1, 1, 1};
   for (int i = 0; i < dims; ++i) phases_per_dim[i] = std::min(p.stride[i], p.input[i]);
@@ -86,8 +87,9 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
     ConvDataPhase ph;
     ckfmha_conv_problem& f = ph.forward;
     f = p;
-    f.in_channels = p.out_channels;
-    f.out_channels = p.in_channels;
+    f.groups = p.groups / pack;
+    f.in_channels = p.out_channels * pack;
+    f.out_channels = p.in_channels * pack;
     f.x_stride[0] = p.y_stride[0];
     f.y_stride[0] = p.x_stride[0];
     const int skip = 3 - dims;
@@ -116,12 +118,14 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
     ph.filter.groups = p.groups;
     ph.filter.in_channels = p.in_channels;
     ph.filter.out_channels = p.out_channels;
+    ph.filter.pack = pack;
     ph.view = phase_view(ph.filter);
     if (!ph.empty) {
       ph.filter_offset = offset;
       const int64_t taps =
           int64_t(ph.filter.taps[0]) * ph.filter.taps[1] * ph.filter.taps[2];
-      offset += round_up(size_t(p.groups) * p.in_channels * p.out_channels * taps * 2);
+      offset +=
+          round_up(size_t(p.groups) * pack * p.in_channels * p.out_channels * taps * 2);
     }
     phases.push_back(ph);
   }
@@ -129,9 +133,18 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
   return phases;
 }
 
-bool reads_filter_view(ckfmha_kernel_entry const& kernel, const void* w) {
-  if (kernel.conv_max_channels != 0) return true;
-  return is_conv_tma(kernel) && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+bool reads_filter_view(ConvDataPhase const& phase, const void* w) {
+  // A view cannot hold a packed filter's zeros.
+  if (phase.filter.pack != 1) return false;
+  if (phase.plan.kernel.conv_max_channels != 0) return true;
+  return is_conv_tma(phase.plan.kernel) && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+size_t conv_data_workspace_bytes(ckfmha_conv_problem const& p) {
+  // The packed filters are the larger: room for either plan.
+  size_t bytes = 0;
+  conv_data_phases(p, &bytes, kernel::conv_data_pack(p.groups, p.out_channels));
+  return bytes;
 }
 
 std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
@@ -213,13 +226,15 @@ void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
   }
 }
 
-}  // namespace
 
-ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
-                                ckfmha_conv_problem const& p, ConvPlanContext const& context,
-                                const void* dy, const void* workspace) {
+// The phases with `pack` groups as one, each with the rules' kernel (or the
+// forced one).
+ConvDataPlan plan_phases(std::vector<ckfmha_kernel_entry> const& kernels,
+                         ckfmha_conv_problem const& p, ConvPlanContext const& context,
+                         const void* dy, const void* workspace, int32_t pack) {
   ConvDataPlan plan;
-  plan.phases = conv_data_phases(p, &plan.workspace_bytes);
+  plan.pack = pack;
+  plan.phases = conv_data_phases(p, &plan.workspace_bytes, pack);
   for (size_t i = 0; i < plan.phases.size(); ++i) {
     ConvDataPhase& ph = plan.phases[i];
     if (ph.empty) continue;
@@ -234,7 +249,28 @@ ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
     }
   }
   plan.found = true;
-  if (context.forced == nullptr && context.learned) {
+  return plan;
+}
+
+bool every_phase_on_tma(ConvDataPlan const& plan) {
+  for (ConvDataPhase const& ph : plan.phases) {
+    if (!ph.empty && !is_conv_tma(ph.plan.kernel)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
+                                ckfmha_conv_problem const& p, ConvPlanContext const& context,
+                                const void* dy, const void* workspace) {
+  ConvDataPlan plan = plan_phases(kernels, p, context, dy, workspace, 1);
+  const int32_t pack = kernel::conv_data_pack(p.groups, p.out_channels);
+  if (pack > 1) {
+    ConvDataPlan packed = plan_phases(kernels, p, context, dy, workspace, pack);
+    if (packed.found && every_phase_on_tma(packed)) plan = std::move(packed);
+  }
+  if (plan.found && context.forced == nullptr && context.learned) {
     apply_learned_bwd_data(kernels, p, context, &plan);
   }
   return plan;
@@ -259,6 +295,12 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
   for (ConvDataPhase const& ph : plan.phases) convolutions += ph.empty ? 0 : 1;
   if (convolutions > 1) out << "; their convolutions run concurrently on side streams";
   out << "\n";
+  if (plan.pack > 1) {
+    out << "groups multiplied " << plan.pack << " at a time as one of " << plan.pack * p.out_channels
+        << " input and " << plan.pack * p.in_channels
+        << " output channels through block-diagonal filters (zeros between the groups), so "
+           "that the TMA template takes whole 64-channel chunks\n";
+  }
   for (size_t i = 0; i < plan.phases.size(); ++i) {
     ConvDataPhase const& ph = plan.phases[i];
     out << "  phase " << i << ": ";
@@ -269,7 +311,7 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
     out << describe(ph.forward) << "\n    ";
     if (ph.plan.found) {
       out << ph.plan.kernel.name << ": " << ph.plan.why << "\n";
-      if (reads_filter_view(ph.plan.kernel, nullptr)) {
+      if (reads_filter_view(ph, nullptr)) {
         out << "    its filter is read from w in place (transposed and flipped by index), "
                "not rearranged\n";
       }

@@ -1,6 +1,6 @@
 // The backward-data plan's filter rearrangement (conv_aux_kernels.hpp): for
-// each stride phase, w[g][k][taps][c] -> dst[g][c][phase taps][k], every
-// phase of a plan in one launch.
+// each stride phase, w[g][k][taps][c] -> dst[g][c][phase taps][k] (packed
+// groups on a block diagonal), every phase of a plan in one launch.
 //
 // Where a group has few channels the copy is elementwise, one thread per
 // output element. Where it has at least 32 channels in and out, each
@@ -54,27 +54,37 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
 // One thread per output element, over grid-stride steps. Index: the type
 // the element's coordinates are found in (32-bit where the count allows;
 // 64-bit division costs tens of instructions). Elements are copied as raw
-// 2-byte values: the rearrangement is the same for fp16 and bf16.
+// 2-byte values: the rearrangement is the same for fp16 and bf16. Packed
+// groups (f.pack > 1) write their block-diagonal filter, zeros off the
+// diagonal.
 template <class Index>
 __global__ void elementwise_kernel(PhaseBatch const __grid_constant__ batch) {
   ConvPhaseFilter const& f = batch.phase[blockIdx.z];
   const Index taps = phase_taps(f);
+  const Index pack = f.pack;
   const Index in_channels = f.in_channels, out_channels = f.out_channels;
-  const Index count = Index(f.groups) * in_channels * taps * out_channels;
+  const Index row = pack * out_channels, rows = pack * in_channels;  // a packed group's
+  const Index count = Index(f.groups / f.pack) * rows * taps * row;
   const auto* src = static_cast<const uint16_t*>(f.w);
   auto* dst = static_cast<uint16_t*>(f.dst);
   for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < count;
        i += Index(gridDim.x) * blockDim.x) {
-    Index rest = i / out_channels;
-    const Index k = i - rest * out_channels;
+    Index rest = i / row;
+    const Index packed_k = i - rest * row;
     Index next = rest / taps;
     const Index tap = rest - next * taps;
-    rest = next / in_channels;
-    const Index c = next - rest * in_channels;
-    const int64_t g = rest;
+    rest = next / rows;
+    const Index packed_c = next - rest * rows;
+    const Index member = packed_c / in_channels;  // the group of the pack this row is
+    if (packed_k / out_channels != member) {       // another group's column: off the diagonal
+      dst[i] = 0;
+      continue;
+    }
+    const Index k = packed_k - member * out_channels;
+    const int64_t g = int64_t(rest) * f.pack + member;
     const int64_t source =
         ((g * f.out_channels + k) * filter_taps(f) + filter_index(f, int32_t(tap))) *
-            f.in_channels + c;
+            f.in_channels + packed_c - member * in_channels;
     dst[i] = src[source];
   }
 }
@@ -149,7 +159,8 @@ int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stre
                     unsigned(count));
     transpose_kernel<<<grid, kThreads, 0, s>>>(batch);
   } else {
-    const int64_t most = int64_t(f.groups) * f.in_channels * f.out_channels * most_taps;
+    const int64_t most =
+        int64_t(f.groups) * f.pack * f.in_channels * f.out_channels * most_taps;
     const dim3 grid(
         unsigned(std::clamp<int64_t>((most + kThreads - 1) / kThreads, 1, 65535 * 8)), 1,
         unsigned(count));
@@ -168,9 +179,10 @@ int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stre
 int launch_conv_phase_filters(ConvPhaseFilter const* filters, int count, ckfmha_stream_t stream) {
   if (count <= 0) return 0;
   // Every phase of a plan has the same channels, so one choice serves all.
-  // Tiles at least half used: at least 32 channels in and out.
-  const bool transpose =
-      filters[0].in_channels >= kTile / 2 && filters[0].out_channels >= kTile / 2;
+  // Tiles at least half used: at least 32 channels in and out. Packed groups
+  // copy elementwise (their zeros are part of the output).
+  const bool transpose = filters[0].pack == 1 && filters[0].in_channels >= kTile / 2 &&
+                         filters[0].out_channels >= kTile / 2;
   for (int begin = 0; begin < count; begin += kConvPhaseFiltersPerLaunch) {
     PhaseBatch batch{};
     const int n = std::min(count - begin, kConvPhaseFiltersPerLaunch);

@@ -223,16 +223,38 @@ def test_bwd_data_phases_read_the_filter_in_place_on_direct_and_tma_kernels() ->
         ConvProblem(1, (28, 28), 96, 1, 1, (3, 3), 2, 1, dtype="bf16"),  # depthwise, 4 phases
         ConvProblem(2, (14, 14), 1, 64, 64, (3, 3), 1, 1, dtype="bf16"),
         ConvProblem(4, (28, 28), 1, 128, 64, (3, 3), 2, 1, dtype="bf16"),
-        ConvProblem(8, (28, 28), 32, 8, 8, (3, 3), 1, 1, dtype="bf16"),  # 8-channel groups
+        ConvProblem(8, (28, 28), 8, 24, 24, (3, 3), 1, 1, dtype="bf16"),  # a gathering GEMM
+        ConvProblem(8, (28, 28), 32, 8, 8, (3, 3), 1, 1, dtype="bf16"),  # packed groups
     ]
     kinds = set()
     for problem in problems:
         text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
         phases = _phase_kernels(text)
         assert phases, text
+        packed = "block-diagonal filters" in text
         for name, in_place in phases:
-            viewed = "_conv_direct_" in name or "_sm90_tma_wgmma_" in name
+            viewed = not packed and ("_conv_direct_" in name or "_sm90_tma_wgmma_" in name)
             assert in_place == viewed, text
-            kinds.add("view" if viewed else "copy")
-    # Both kinds of plan were checked.
-    assert kinds == {"view", "copy"}, kinds
+            kinds.add("packed" if packed else "view" if viewed else "copy")
+    # Every kind of plan was checked.
+    assert kinds == {"view", "copy", "packed"}, kinds
+
+
+@pytest.mark.parametrize(
+    ("groups", "c", "k", "pack"),
+    [(32, 8, 8, 8), (32, 16, 16, 4), (32, 32, 32, 2), (16, 24, 8, 8), (8, 8, 16, 4),
+     (12, 8, 8, 1), (32, 24, 24, 1), (32, 64, 64, 1), (64, 4, 4, 1)],
+)  # fmt: skip
+def test_bwd_data_packs_groups_of_8_to_32_channels(groups: int, c: int, k: int, pack: int) -> None:
+    """Groups whose output channels (the phases' reduction) are 8, 16 or 32 run `pack` at a time
+    as one of 64 reduction channels on the TMA template, through block-diagonal filters;
+    groups the pack does not divide, wider or narrower groups, and other counts do not."""
+    if not _have("conv_fwd"):
+        pytest.skip("no bf16 2D conv_fwd kernel in this build")
+    problem = ConvProblem(8, (28, 28), groups, c, k, (3, 3), 2, 1, dtype="bf16")
+    text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
+    phrase = f"groups multiplied {pack} at a time as one of {pack * k} input and {pack * c} output"
+    assert (phrase in text) == (pack > 1), text
+    if pack > 1:
+        assert f"groups={groups // pack} C={pack * k} K={pack * c}" in text, text
+        assert all("_sm90_tma_wgmma_" in name for name, _ in _phase_kernels(text)), text

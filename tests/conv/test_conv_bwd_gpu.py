@@ -530,6 +530,33 @@ def test_every_tma_kernel_reads_the_filter_in_place_in_backward_data(
     for case in cases:
         run_bwd_data(case, kernel=kernel["name"])
     run_bwd_data(cases[0], kernel=kernel["name"], misaligned_w=True)
+    # Groups of 8 output channels, 8 to a block-diagonal filter of 64 (conv_data_pack).
+    spatial = (13, 11) if dims == 2 else (4, 7, 5)
+    run_bwd_data(Case(dtype, 2, spatial, 16, 24, 8, (3,) * dims, 2, 1), kernel=kernel["name"])
+
+
+# Groups of 8-32 output channels on the TMA template, several to a block-diagonal filter:
+# packs of 8, 4 and 2, unequal channel counts, strides 1 and 2 (phases of 1-4 taps), dilation,
+# 3D, and the channels_last and sliced layouts.
+PACKED = [
+    Case("bf16", 4, (28, 28), 32, 8, 8, (3, 3), 2, 1),
+    Case("bf16", 2, (14, 14), 32, 16, 16, (3, 3), 1, 1, layout="channels_last"),
+    Case("fp16", 2, (15, 13), 8, 32, 32, (3, 3), 2, 1, layout="slice"),
+    Case("bf16", 3, (17, 9), 16, 24, 8, (5, 3), (1, 2), (2, 1), (1, 2)),
+    Case("bf16", 2, (6, 9, 8), 16, 8, 16, (3, 3, 3), (1, 2, 2), 1),
+]
+
+
+@pytest.mark.parametrize("case", PACKED, ids=lambda c: c.label)
+def test_backward_data_packs_groups_on_the_tma_kernel(case: Case) -> None:
+    dims = len(case.input)
+    if not any(FWD_TMA_NAME.match(k["name"])["dtype"] == case.dtype
+               and int(FWD_TMA_NAME.match(k["name"])["dims"]) == dims
+               for k in _device_fwd_kernels(FWD_TMA_NAME)):  # fmt: skip
+        pytest.skip(f"no {case.dtype} {dims}D TMA forward kernel in this build")
+    text = ckfmha.conv_explain(case.problem, direction="bwd_data")
+    assert "block-diagonal filters" in text, text
+    run_bwd_data(case)
 
 
 def test_select_and_explain_name_the_backward_plans() -> None:

@@ -816,7 +816,9 @@ typedef struct ckfmha_conv_fwd_args {
  * the same remainder by the stride in every dim) one convolution with the
  * filter taps that reach that phase, flipped and transposed (the direct and
  * TMA kernels read them so from w in place; for the others they are copied
- * into the workspace first); dx positions no tap reaches are zeroed. */
+ * into the workspace first, and groups of 8-32 channels are copied several
+ * at a time into block-diagonal filters for the TMA kernel); dx positions no
+ * tap reaches are zeroed. */
 typedef struct ckfmha_conv_bwd_data_args {
   const void* dy;
   const void* w;

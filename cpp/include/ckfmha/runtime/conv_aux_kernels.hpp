@@ -26,6 +26,10 @@ struct ConvPhaseFilter {
   int32_t taps[3];   // taps of the phase per dim
   int32_t first[3];  // the filter index of the phase's tap 0 (its largest)
   int32_t step[3];   // filter index distance of consecutive taps
+  // Groups written as one (conv_data_pack): dst holds groups / pack groups of
+  // pack x in_channels by pack x out_channels, group p's block on the
+  // diagonal and zeros elsewhere.
+  int32_t pack;
 };
 // Every phase's filter of one plan (`count` of them, the same groups and
 // channels): one launch per kConvPhaseFiltersPerLaunch phases.

@@ -42,20 +42,28 @@ struct ConvDataPlan {
   std::string why;  // when not found: which phase has no kernel and why
   std::vector<ConvDataPhase> phases;
   size_t workspace_bytes = 0;
+  // Groups multiplied as one by every phase (conv_data_pack), through
+  // block-diagonal filters; 1: none.
+  int32_t pack = 1;
   // The learned selection's account: one kernel chosen for every phase, or
   // why the hand rules' per-phase plans stay ("" in heuristic mode).
   std::string learned;
 };
 
 // Whether a phase's kernel reads w in place through the phase's view rather
-// than a rearranged copy in the workspace: the direct template always, the
-// TMA template where w is 16-byte aligned, as tensor copies need (w NULL:
-// assumed aligned).
-bool reads_filter_view(ckfmha_kernel_entry const& kernel, const void* w);
+// than a rearranged copy in the workspace: an unpacked phase on the direct
+// template always, on the TMA template where w is 16-byte aligned, as tensor
+// copies need (w NULL: assumed aligned).
+bool reads_filter_view(ConvDataPhase const& phase, const void* w);
 
-// The phases and their forward problems, without kernels.
+// The phases and their forward problems, without kernels; `pack` groups
+// multiplied as one (conv_data_pack).
 std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& problem,
-                                            size_t* workspace_bytes);
+                                            size_t* workspace_bytes, int32_t pack = 1);
+
+// The workspace a backward-data call needs: room for the rearranged filters
+// of the packed plan or the unpacked one, whichever the planner takes.
+size_t conv_data_workspace_bytes(ckfmha_conv_problem const& problem);
 
 // A kernel for every non-empty phase; dy and workspace (may be NULL: assumed
 // aligned) decide the channel vector each phase allows.

@@ -110,6 +110,25 @@ constexpr int32_t conv_weight_pack(int32_t groups, int32_t in_channels, int32_t 
   return pack;
 }
 
+// Backward-data multiplies `pack` consecutive groups as one, through a
+// block-diagonal filter that the phase rearrangement writes (zeros between
+// the groups), where that makes the phase's reduction channels (pack x the
+// groups' output channels, 8 to 32) exactly 64: the TMA forward then runs
+// them at whole 64-channel chunks and spends (pack - 1) / pack of its
+// products on the zeros, which the tensor cores have to spare (the gathering
+// kernels ran these groups at 0.5-0.8x cuDNN). The runtime takes the packed
+// plan only where every phase of it runs on the TMA template.
+constexpr int32_t kDataPackChannels = 64;
+
+constexpr int32_t conv_data_pack(int32_t groups, int32_t out_channels) {
+  if (out_channels < 8 || out_channels >= kDataPackChannels ||
+      kDataPackChannels % out_channels != 0) {
+    return 1;
+  }
+  const int32_t pack = kDataPackChannels / out_channels;
+  return groups % pack == 0 ? pack : 1;
+}
+
 // The corners of the box the copy engine's im2col walk steps through along one
 // dim: the first tap-0 input coordinate (-padding) and the last one,
 // (output - 1) x stride - padding, as an offset from input - 1. The output
