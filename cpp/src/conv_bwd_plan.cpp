@@ -266,7 +266,12 @@ ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
                                 const void* dy, const void* workspace) {
   ConvDataPlan plan = plan_phases(kernels, p, context, dy, workspace, 1);
   const int32_t pack = kernel::conv_data_pack(p.groups, p.out_channels);
-  if (pack > 1) {
+  int64_t positions = p.batch;
+  for (int i = 0; i < p.spatial_dims; ++i) positions *= p.input[i];
+  // A forced TMA kernel fits groups of 8-32 channels only packed.
+  const bool worth_packing = !plan.found || (positions >= kernel::kDataPackMinPositions &&
+                                             !every_phase_on_tma(plan));
+  if (pack > 1 && worth_packing) {
     ConvDataPlan packed = plan_phases(kernels, p, context, dy, workspace, pack);
     if (packed.found && every_phase_on_tma(packed)) plan = std::move(packed);
   }

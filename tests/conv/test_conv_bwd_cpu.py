@@ -251,10 +251,14 @@ def test_bwd_data_packs_groups_of_8_to_32_channels(groups: int, c: int, k: int, 
     groups the pack does not divide, wider or narrower groups, and other counts do not."""
     if not _have("conv_fwd"):
         pytest.skip("no bf16 2D conv_fwd kernel in this build")
+    phrase = f"groups multiplied {pack} at a time as one of {pack * k} input and {pack * c} output"
     problem = ConvProblem(8, (28, 28), groups, c, k, (3, 3), 2, 1, dtype="bf16")
     text = ckfmha.conv_explain(problem, arch="sm_90a", direction="bwd_data")
-    phrase = f"groups multiplied {pack} at a time as one of {pack * k} input and {pack * c} output"
     assert (phrase in text) == (pack > 1), text
     if pack > 1:
         assert f"groups={groups // pack} C={pack * k} K={pack * c}" in text, text
         assert all("_sm90_tma_wgmma_" in name for name, _ in _phase_kernels(text)), text
+    # Below 1024 dx positions the groups run unpacked.
+    small = ConvProblem(1, (28, 28), groups, c, k, (3, 3), 2, 1, dtype="bf16")
+    small_text = ckfmha.conv_explain(small, arch="sm_90a", direction="bwd_data")
+    assert "at a time as one of" not in small_text, small_text
