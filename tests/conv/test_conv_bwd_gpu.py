@@ -536,12 +536,12 @@ def test_every_tma_kernel_reads_the_filter_in_place_in_backward_data(
 
 
 # Groups of 8-32 output channels on the TMA template, several to a block-diagonal filter (from
-# 1024 dx positions; below it only a forced TMA kernel packs): packs of 8, 4 and 2, unequal channel counts, strides 1 and 2 (phases of 1-4 taps), dilation,
+# 1024 dx positions; below it only a forced TMA kernel packs): packs of 8 and 4, unequal channel counts, strides 1 and 2 (phases of 1-4 taps), dilation,
 # 3D, and the channels_last and sliced layouts.
 PACKED = [
     Case("bf16", 4, (28, 28), 32, 8, 8, (3, 3), 2, 1),
     Case("bf16", 2, (24, 24), 32, 16, 16, (3, 3), 1, 1, layout="channels_last"),
-    Case("fp16", 4, (19, 15), 8, 32, 32, (3, 3), 2, 1, layout="slice"),
+    Case("fp16", 4, (19, 15), 8, 32, 16, (3, 3), 2, 1, layout="slice"),
     Case("bf16", 8, (17, 9), 16, 24, 8, (5, 3), (1, 2), (2, 1), (1, 2)),
     Case("bf16", 3, (6, 9, 8), 16, 8, 16, (3, 3, 3), (1, 2, 2), 1),
 ]
