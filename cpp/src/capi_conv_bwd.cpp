@@ -38,13 +38,13 @@ int zero_phase(ConvDataPhase const& ph, char* dx, ckfmha_stream_t stream) {
 }
 
 // dx of the backward-data plan: the filters of the phases whose kernels
-// need them dense rearranged into the workspace first (one launch for all
-// such phases; the direct and TMA kernels read w in place through the
-// phase's view and need none), then per phase zeros where no tap reaches or its forward
-// convolution. The phases write disjoint positions of dx, so their
-// convolutions run concurrently, one a side stream: a small problem's phases
-// each fill a fraction of the GPU (a stride-2 layer at batch 1 took four
-// times one phase's time in turn).
+// need them rearranged (or packed) written into the workspace first (one
+// launch for all such phases; the direct and TMA kernels read unpacked
+// filters from w through the phase's view), then per phase zeros where no
+// tap reaches or its forward convolution. The phases write disjoint
+// positions of dx, so their convolutions run concurrently, one a side
+// stream: a small problem's phases each fill a fraction of the GPU (a
+// stride-2 layer at batch 1 took four times one phase's time in turn).
 int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args,
                  ckfmha_stream_t stream) {
   ckfmha_launch_context launch_context{};

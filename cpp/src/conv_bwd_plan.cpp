@@ -226,7 +226,6 @@ void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
   }
 }
 
-
 // The phases with `pack` groups as one, each with the rules' kernel (or the
 // forced one).
 ConvDataPlan plan_phases(std::vector<ckfmha_kernel_entry> const& kernels,
@@ -301,8 +300,8 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
   if (convolutions > 1) out << "; their convolutions run concurrently on side streams";
   out << "\n";
   if (plan.pack > 1) {
-    out << "groups multiplied " << plan.pack << " at a time as one of " << plan.pack * p.out_channels
-        << " input and " << plan.pack * p.in_channels
+    out << "groups multiplied " << plan.pack << " at a time as one of "
+        << plan.pack * p.out_channels << " input and " << plan.pack * p.in_channels
         << " output channels through block-diagonal filters (zeros between the groups), so "
            "that the TMA template takes whole 64-channel chunks\n";
   }

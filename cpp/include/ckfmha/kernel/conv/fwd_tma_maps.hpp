@@ -5,8 +5,8 @@
 // first-tap coordinates the outputs span (conv_tma_lower_corner,
 // conv_tma_upper_corner), stepping by the stride, and reads TileK channels at
 // each position shifted by the tap's offset, zeros outside the input. w is a
-// plain 3D box (4D over a transposed filter view); backward-weight's dense dy (and pointwise x) a 2D one of
-// (channels, positions).
+// plain 3D box (4D over a transposed filter view); backward-weight's dense
+// dy (and pointwise x) a 2D one of (channels, positions).
 #pragma once
 
 #include "ckfmha/kernel/params/conv_params.h"
