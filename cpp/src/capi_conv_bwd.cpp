@@ -192,8 +192,12 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   if (args->splits != 0) plan.splits = args->splits;
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
-  // Split plans and the direct kernel add partial sums into the workspace.
-  const bool summed = plan.splits > 1 || plan.kernel.conv_max_channels != 0;
+  // Split plans and the direct kernel add partial sums into the workspace,
+  // except where the direct kernel's vector path sums a block of dw within
+  // one CTA or a cluster and stores it (its launcher reads the same layout).
+  const bool stores =
+      conv_weight_direct_cluster(plan.kernel, *problem, args->x, args->dy, context.sm_count) > 0;
+  const bool summed = !stores && (plan.splits > 1 || plan.kernel.conv_max_channels != 0);
   float* sums = summed ? static_cast<float*>(args->workspace) : nullptr;
   const int64_t count = int64_t(needed / sizeof(float));
   if (sums != nullptr) {

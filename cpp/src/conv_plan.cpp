@@ -3,6 +3,8 @@
 #include "ckfmha/runtime/conv_plan.hpp"
 
 #include "ckfmha/kernel/params/conv_params.h"
+#include "ckfmha/kernel/params/conv_params_from_problem.h"
+#include "ckfmha/kernel/params/conv_vector_weight_layout.h"
 #include "ckfmha/runtime/conv_selection.hpp"
 #include "ckfmha/runtime/dispatcher.hpp"
 #include "ckfmha/runtime/learned_conv_plan.hpp"
@@ -159,6 +161,18 @@ int32_t widest_conv_vector(int64_t channels, int64_t const* strides, int count, 
     if (ok) return v;
   }
   return 1;
+}
+
+int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                   const void* x, const void* dy, int sm_count) {
+  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || k.conv_max_channels == 0) return 0;
+  const kernel::ConvFwdParams conv =
+      kernel::make_conv_fwd_params(p, ckfmha_conv_fwd_args{x, nullptr, const_cast<void*>(dy)});
+  const int32_t channels = kernel::conv_vector_weight_path(k.conv_max_channels, conv);
+  if (channels == 0) return 0;
+  const kernel::ConvVectorWeightLayout layout =
+      kernel::conv_vector_weight_layout(channels, conv, sm_count, k.arch >= 90);
+  return layout.stores_dw ? int32_t(layout.grid[0]) : 0;
 }
 
 int32_t conv_vector_allowed(ckfmha_conv_problem const& p, const void* x, const void* w) {
@@ -771,7 +785,17 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   if (listed == 0) out << "  (no " << family_name(family) << " kernels are registered)\n";
   out << explain_conv_predictions(kernels, p, direction, context);
   out << "plan: ";
-  if (plan.found && is_weight(direction) && (plan.splits > 1 || is_direct(plan.kernel))) {
+  const int32_t cluster =
+      plan.found ? conv_weight_direct_cluster(plan.kernel, p, nullptr, nullptr, context.sm_count)
+                 : 0;
+  if (cluster > 0) {
+    out << "one stage, " << plan.kernel.name << " on its vector path: "
+        << (cluster == 1 ? "one CTA sums" : std::to_string(cluster) + " CTAs in a cluster sum")
+        << " each block of dw and store it, no workspace (where x and dy are aligned "
+           "to its vectors; else they add into the zeroed fp32 workspace, converted after): "
+        << plan.why << "\n";
+  } else if (plan.found && is_weight(direction) &&
+             (plan.splits > 1 || is_direct(plan.kernel))) {
     out << "zero the fp32 partial sums, " << plan.kernel.name;
     if (!is_direct(plan.kernel)) {
       out << " over " << plan.splits << " splits";

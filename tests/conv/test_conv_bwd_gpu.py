@@ -429,6 +429,66 @@ def test_vector_weight_paths(case: Case) -> None:
     run_bwd_weight(case)
 
 
+# Problems small enough that the vector path's CTAs of a block of dw sum it among themselves
+# and store dw, with no workspace (conv_vector_weight_layout): one CTA for every strip (960
+# and 96 groups), clusters of 2, 4 and 8 (8 over 13-14 strips, two a CTA for some; over 7 or 8
+# at batch 32, one CTA idle on 114-SM parts), every group width, 2D and 3D, stride 2,
+# channels_last; and 20 strips (3D, 32 groups), which add into the workspace.
+CLUSTER_WEIGHT_CASES = [
+    Case("bf16", 1, (7, 7), 960, 1, 1, (3, 3), 1, 1),
+    Case("bf16", 1, (15, 15), 96, 1, 1, (3, 3), 2, 1, layout="channels_last"),
+    Case("fp16", 1, (9, 9), 64, 1, 1, (3, 3), 1, 1),
+    Case("bf16", 1, (7, 7), 768, 1, 1, (7, 7), 1, 3),
+    Case("bf16", 1, (14, 14), 384, 1, 1, (7, 7), 1, 3, layout="channels_last"),
+    Case("bf16", 32, (7, 7), 960, 1, 1, (3, 3), 1, 1),
+    Case("bf16", 2, (5, 8, 8), 48, 1, 1, (3, 3, 3), 1, 1),
+    Case("bf16", 1, (12, 12), 64, 2, 2, (3, 3), 1, 1),
+    Case("fp16", 1, (20, 20), 64, 4, 4, (3, 3), 1, 1),
+    Case("bf16", 1, (6, 6, 6), 24, 4, 4, (3, 3, 3), 1, 1),
+    Case("bf16", 1, (13, 13), 16, 8, 8, (3, 3), 1, 1),
+    Case("bf16", 1, (4, 9, 9), 32, 1, 1, (3, 3, 3), 1, 1),
+]
+CLUSTER_TEXT = re.compile(r"on its vector path: (?:(one) CTA sums|(\d+) CTAs in a cluster sum)")
+
+
+def _direct_weight_kernel(case: Case) -> str | None:
+    """This device's direct backward-weight kernel of the case's dtype, dims and group width."""
+    for k in _weight_kernels():
+        match = WEIGHT_DIRECT_NAME.match(k["name"])
+        if (match and match["dtype"] == case.dtype and int(match["dims"]) == len(case.input)
+                and int(match["bucket"]) == case.c):  # fmt: skip
+            return str(k["name"])
+    return None
+
+
+@pytest.mark.parametrize("case", CLUSTER_WEIGHT_CASES, ids=lambda c: c.label)
+def test_small_weight_gradients_store_dw_from_one_cta_or_a_cluster(case: Case) -> None:
+    """The direct kernel of the case's group width forced (the plan gives groups of 8 this
+    small to the implicit GEMM): dw, poisoned first, against the float64 reference."""
+    name = _direct_weight_kernel(case)
+    if name is None:
+        pytest.skip(f"no direct weight kernel for {case.label} in this build")
+    run_bwd_weight(case, kernel=name)
+
+
+def test_cluster_sizes_follow_the_strips() -> None:
+    """explain names the CTAs that sum a block of dw: one, and on sm_90 clusters of 2, 4 and
+    8 over the depthwise cases above; 20 strips add into the workspace."""
+    sizes = set()
+    for case in CLUSTER_WEIGHT_CASES[:-1]:
+        text = ckfmha.conv_explain(case.problem, direction="bwd_weight")
+        match = CLUSTER_TEXT.search(text)
+        if match:
+            sizes.add(1 if match[1] else int(match[2]))
+    text = ckfmha.conv_explain(CLUSTER_WEIGHT_CASES[-1].problem, direction="bwd_weight")
+    if "_conv_direct_" in text.split("plan: ")[1]:
+        assert "zero the fp32 partial sums" in text and not CLUSTER_TEXT.search(text), text
+    if ckfmha.device_arch() >= 90 and _direct_weight_kernel(CLUSTER_WEIGHT_CASES[0]):
+        assert {1, 2, 4, 8} <= sizes, sizes
+    else:
+        assert sizes <= {1}, sizes
+
+
 @pytest.mark.parametrize("case", VECTOR_FWD_CASES + VECTOR_FWD_LANE_CASES, ids=lambda c: c.label)
 def test_vector_fwd_paths_in_backward_data(case: Case) -> None:
     """Backward-data of groups of 2 and 4 channels runs the forward's direct kernels over dy

@@ -183,3 +183,49 @@ def test_eight_channel_kernel_takes_only_its_vector_path(
     line = next(line for line in text.splitlines() if line.startswith(f"  {rejected}"))
     assert limit in line, line
     assert ("runs only what its vector path takes" in line) != ("takes reductions" in line), line
+
+
+def _depthwise_problem(batch: int, size: tuple[int, ...], groups: int, taps: int) -> ConvProblem:
+    filter_size = (taps,) * len(size)
+    return ConvProblem(batch, size, groups, 1, 1, filter_size, 1, taps // 2, dtype="bf16")
+
+
+def _problem_id(problem: ConvProblem) -> str:
+    size = "x".join(map(str, problem.input))
+    return f"n{problem.batch}-{size}-g{problem.groups}-f{problem.filter[0]}"
+
+
+WORKSPACE_PLAN = "zero the fp32 partial sums"
+
+
+# The CTAs that sum a block of dw and store it (conv_vector_weight_layout) at the reference SM
+# counts (132 on sm_90a, 108 on sm_80): one where a CTA takes every strip of its block; on
+# sm_90a a cluster of the strip CTAs rounded up to a power of two, where they are at most 8 or
+# the strips at most 16 (two a CTA); else each adds into the zeroed fp32 workspace.
+@pytest.mark.parametrize(
+    ("problem", "sm90", "sm80"),
+    [
+        (_depthwise_problem(1, (7, 7), 960, 3), "one CTA sums", "one CTA sums"),
+        (_depthwise_problem(1, (9, 9), 64, 3), "2 CTAs in a cluster sum", WORKSPACE_PLAN),
+        (_depthwise_problem(1, (14, 14), 576, 3), "4 CTAs in a cluster sum", WORKSPACE_PLAN),
+        (_depthwise_problem(1, (7, 7), 768, 7), "4 CTAs in a cluster sum", WORKSPACE_PLAN),
+        (_depthwise_problem(1, (14, 14), 384, 7), "8 CTAs in a cluster sum", WORKSPACE_PLAN),
+        (_depthwise_problem(32, (7, 7), 960, 3), "8 CTAs in a cluster sum", WORKSPACE_PLAN),
+        (_depthwise_problem(1, (4, 9, 9), 32, 3), WORKSPACE_PLAN, WORKSPACE_PLAN),
+        (_depthwise_problem(32, (14, 14), 576, 3), WORKSPACE_PLAN, WORKSPACE_PLAN),
+    ],
+    ids=lambda v: _problem_id(v) if isinstance(v, ConvProblem) else "",
+)  # fmt: skip
+def test_small_weight_gradients_store_dw(problem: ConvProblem, sm90: str, sm80: str) -> None:
+    for arch, expected in (("sm_90a", sm90), ("sm_80", sm80)):
+        try:
+            name = ckfmha.conv_select(problem, direction="bwd_weight", arch=arch)
+        except (ckfmha.errors.NotFoundError, ckfmha.errors.UnsupportedError):
+            continue
+        if "_v1_c1__" not in name:
+            continue
+        plan = ckfmha.conv_explain(problem, direction="bwd_weight", arch=arch).split("plan: ")[1]
+        assert expected in plan, (arch, plan)
+        if expected != WORKSPACE_PLAN:
+            assert plan.startswith(f"one stage, {name} on its vector path: "), plan
+            assert "no workspace (where x and dy are aligned to its vectors" in plan, plan

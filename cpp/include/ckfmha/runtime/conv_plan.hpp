@@ -57,6 +57,15 @@ struct ConvPlanContext {
   bool learned = true;
 };
 
+// The CTAs a block of dw that the direct backward-weight kernel `k` sums
+// among themselves before storing dw (a cluster, or 1), where its vector path
+// takes the problem on `sm_count` SMs and stores dw itself
+// (kernel::conv_vector_weight_layout); 0 where it adds into the zeroed fp32
+// workspace, as every split plan does. x and dy decide the vector path (null
+// pointers: as if aligned).
+int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                   const void* x, const void* dy, int sm_count);
+
 // Whether kernel `k` can run `direction` of `p` in `context` (explain's
 // "fits").
 bool conv_kernel_fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,

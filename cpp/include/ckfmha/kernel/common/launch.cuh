@@ -47,6 +47,30 @@ int launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes
   return err == cudaSuccess ? 0 : -int(err);
 }
 
+// As launch_kernel, with the grid's x CTAs in clusters of `cluster_x`
+// (sm_90 and later; the grid's x a multiple of it).
+template <class Params>
+int launch_kernel_cluster(void (*kernel)(Params), dim3 grid, unsigned cluster_x, int threads,
+                          int smem_bytes, ckfmha_stream_t stream, Params const& params) {
+  cudaError_t err = allow_dynamic_smem(kernel, smem_bytes);
+  if (err != cudaSuccess) return -int(err);
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(threads), 1, 1);
+  config.dynamicSmemBytes = size_t(smem_bytes);
+  config.stream = reinterpret_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster_x;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, kernel, params);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  return err == cudaSuccess ? 0 : -int(err);
+}
+
 // CTAs of `kernel` one SM of the current device holds at once (the
 // ckfmha_resident_ctas_fn convention of kernel_entry.h). The opt-in comes
 // first: without it the calculator counts no CTA over 48 KiB.

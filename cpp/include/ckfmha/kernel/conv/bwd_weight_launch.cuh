@@ -146,8 +146,9 @@ int launch_conv_bwd_weight_tma(void const* problem, void const* args,
 
 // Groups of up to 8 channels on the CUDA cores: `splits` CTAs per block of
 // 32 groups take the (image, output tile) items in turn and add their sums
-// into the fp32 workspace, which must be given. Where its vectors fit, the
-// vector path runs instead and sizes its own grid: the one-channel instance
+// into the fp32 workspace, which must be given. Where its vectors fit
+// (conv_vector_weight_path), the vector path runs instead, sizes its own grid
+// and on small problems stores dw without the workspace: the one-channel instance
 // for one-channel groups, the 2- and 4-channel ones for groups of 2 or 4
 // channels (as many in as out) that they hold, the 8-channel one for groups
 // of 8 (each vector kernel instantiated costs its instance's compile time).
@@ -159,29 +160,35 @@ int launch_conv_bwd_weight_direct(void const* problem, void const* args,
   (void)context;
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
-  if (la.accum == nullptr) return -int(cudaErrorInvalidValue);
   ConvBwdWeightParams bp{};
   bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy)});
   bp.accum = la.accum;
   using Element = typename Traits::Element;
-  if constexpr (Traits::kMaxChannels == 1) {
-    if (vector_weight_fits<1>(bp.conv)) {
-      return launch_conv_bwd_weight_vector<Element, 1>(bp.conv, la.accum, stream);
-    }
-  } else if constexpr (Traits::kMaxChannels == 8) {
-    if (vector_weight_fits<8>(bp.conv)) {
-      return launch_conv_bwd_weight_vector<Element, 8>(bp.conv, la.accum, stream);
-    }
-  } else {
-    if (vector_weight_fits<2>(bp.conv)) {
-      return launch_conv_bwd_weight_vector<Element, 2>(bp.conv, la.accum, stream);
-    }
-    if constexpr (Traits::kMaxChannels == 4) {
-      if (vector_weight_fits<4>(bp.conv)) {
+  switch (conv_vector_weight_path(Traits::kMaxChannels, bp.conv)) {
+    case 1:
+      if constexpr (Traits::kMaxChannels == 1) {
+        return launch_conv_bwd_weight_vector<Element, 1>(bp.conv, la.accum, stream);
+      }
+      break;
+    case 2:
+      if constexpr (Traits::kMaxChannels == 2 || Traits::kMaxChannels == 4) {
+        return launch_conv_bwd_weight_vector<Element, 2>(bp.conv, la.accum, stream);
+      }
+      break;
+    case 4:
+      if constexpr (Traits::kMaxChannels == 4) {
         return launch_conv_bwd_weight_vector<Element, 4>(bp.conv, la.accum, stream);
       }
-    }
+      break;
+    case 8:
+      if constexpr (Traits::kMaxChannels == 8) {
+        return launch_conv_bwd_weight_vector<Element, 8>(bp.conv, la.accum, stream);
+      }
+      break;
+    default:
+      break;
   }
+  if (la.accum == nullptr) return -int(cudaErrorInvalidValue);
   const int64_t smem = conv_detail::bwd_weight_direct_bytes<Traits>(bp.conv);
   if (smem > 227 * 1024) return -int(cudaErrorInvalidConfiguration);
   const int64_t tiles = int64_t((bp.conv.output[2] + Traits::kTileW - 1) / Traits::kTileW) *

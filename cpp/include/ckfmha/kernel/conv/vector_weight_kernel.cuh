@@ -19,26 +19,21 @@
 // task's columns, widens both to fp32 a word or a group at a time and
 // accumulates kCols x kVec x G sums. At the end a CTA adds its threads' sums
 // (shuffles within a warp, then shared memory across a task's warps) into dw's
-// fp32 workspace.
+// fp32 workspace, or, where the CTAs of a block of dw form a cluster (or one
+// CTA takes all its strips), they add them among themselves and store dw.
 #pragma once
 
 #include "ckfmha/kernel/conv/vector_fwd_kernel.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
+#include "ckfmha/kernel/params/conv_vector_weight_layout.h"
+
+#include <cooperative_groups.h>
 
 #include <cstdint>
 
 namespace ckfmha::kernel {
 
 namespace conv_detail {
-
-// Warps a CTA has at most, one CTA an SM: 16 (128 registers a thread) for
-// one-channel groups; 12 (168 registers) for wider ones, whose 8-position
-// runs hold 48 sums, 36 words of inputs and their widened floats (at 128
-// registers they spilled 56-128 bytes; at 4-position runs 47% of the row
-// loop's instructions were not products, against 35% now).
-__host__ __device__ constexpr int vector_weight_warps(int group_channels) {
-  return group_channels == 1 ? 16 : 12;
-}
 
 // `Words` 32-bit words (two channels each) from a 4 x Words-byte aligned address.
 template <int Words>
@@ -56,8 +51,8 @@ __device__ __forceinline__ void load_words(const void* address, uint32_t (&out)[
 }  // namespace conv_detail
 
 struct ConvVectorWeightParams {
-  ConvFwdParams conv;       // y is dy; w is unused
-  float* accum;             // dw's fp32 sums, [group][k][tap][c], added into
+  ConvFwdParams conv;       // y is dy; w is dw, stored where stores_dw
+  float* accum;             // dw's fp32 sums, [group][k][tap][c], added into, or null
   int32_t vectors_per_cta;  // vectors of channels a CTA covers (a power of two)
   int32_t column_blocks;    // blocks of kCols filter columns a row
   int32_t tasks_per_cta;    // (filter row, column block) pairs a CTA sums
@@ -66,6 +61,9 @@ struct ConvVectorWeightParams {
   int32_t w_slots, h_slots;
   int32_t w_chunks;        // strips along w
   int32_t rows_per_strip;  // output rows a strip covers
+  // 1: the grid's x CTAs (a cluster, or one CTA) hold every strip of their
+  // block and store its dw (ConvVectorWeightLayout::stores_dw).
+  int32_t stores_dw;
 };
 
 // kStrideW: the stride along w (1 or 2); kCols: filter columns a task sums
@@ -73,7 +71,7 @@ struct ConvVectorWeightParams {
 // 56 sums a thread would not leave room for the window in 128 registers);
 // kGroupChannels: G, each group's input and output channels.
 template <class Element, int kStrideW, int kCols, int kGroupChannels>
-__global__ void __launch_bounds__(conv_detail::vector_weight_warps(kGroupChannels) * 32, 1)
+__global__ void __launch_bounds__(conv_vector_weight_warps(kGroupChannels) * 32, 1)
     conv_bwd_weight_vector_kernel(ConvVectorWeightParams const __grid_constant__ dp) {
   using namespace conv_detail;
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
@@ -242,23 +240,70 @@ __global__ void __launch_bounds__(conv_detail::vector_weight_warps(kGroupChannel
   __syncthreads();
   const int64_t taps = int64_t(p.filter[0]) * p.filter[1] * p.filter[2];
   const int64_t cta_group0 = cta_channel0 / kG;
-  for (int32_t i = threadIdx.x; i < dp.tasks_per_cta * per_warp; i += blockDim.x) {
-    const int32_t t = i / per_warp, c = (i - t * per_warp) / cta_sums;
-    const int32_t s = i - t * per_warp - c * cta_sums;
+  const int32_t cta_totals = dp.tasks_per_cta * per_warp;
+  // Where dw's element (task t, column c, sum s of the CTA) lies, or -1 past
+  // the filter; the same in dw and in the workspace.
+  auto dw_index = [&](int32_t t, int32_t c, int32_t s) -> int64_t {
     const int32_t sum_task = blockIdx.z * dp.tasks_per_cta + t;
-    if (sum_task >= tasks) continue;
+    if (sum_task >= tasks) return -1;
     const int32_t row = sum_task / dp.column_blocks;
     const int32_t col = (sum_task - row * dp.column_blocks) * kCols + c;
-    if (col >= p.filter[2]) continue;
-    float sum = 0.f;
-    for (int32_t w = 0; w < dp.warps_per_task; ++w) {
-      sum += sums[(t * dp.warps_per_task + w) * per_warp + c * cta_sums + s];
-    }
+    if (col >= p.filter[2]) return -1;
     // s enumerates (group of the CTA, k, c); the CTA's groups are consecutive.
     const int32_t ci = s % kG, k = s / kG % kG;
     const int64_t group = cta_group0 + s / (kG * kG);
     const int64_t tap = int64_t(row) * p.filter[2] + col;
-    atomicAdd(dp.accum + ((group * kG + k) * taps + tap) * kG + ci, sum);
+    return ((group * kG + k) * taps + tap) * kG + ci;
+  };
+  auto task_total = [&](int32_t i) {
+    const int32_t t = i / per_warp, c = (i - t * per_warp) / cta_sums;
+    const int32_t s = i - t * per_warp - c * cta_sums;
+    float sum = 0.f;
+    for (int32_t w = 0; w < dp.warps_per_task; ++w) {
+      sum += sums[(t * dp.warps_per_task + w) * per_warp + c * cta_sums + s];
+    }
+    return sum;
+  };
+  auto element_of = [&](int32_t i) {
+    const int32_t t = i / per_warp, c = (i - t * per_warp) / cta_sums;
+    return dw_index(t, c, i - t * per_warp - c * cta_sums);
+  };
+  Element* dw = static_cast<Element*>(const_cast<void*>(p.w));  // dw here
+  if (!dp.stores_dw) {
+    for (int32_t i = threadIdx.x; i < cta_totals; i += blockDim.x) {
+      const int64_t at = element_of(i);
+      if (at >= 0) atomicAdd(dp.accum + at, task_total(i));
+    }
+  } else if (gridDim.x == 1) {
+    for (int32_t i = threadIdx.x; i < cta_totals; i += blockDim.x) {
+      const int64_t at = element_of(i);
+      if (at >= 0) dw[at] = Element(task_total(i));
+    }
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Each CTA writes its totals past the warps' slots; once the cluster
+    // has, CTA r adds every CTA's totals for the elements i = r, r + n, ...
+    // of blockDim-wide chunks and stores them. The last barrier keeps each
+    // CTA's shared memory alive until the others have read it.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    float* totals = sums + blockDim.x / 32 * per_warp;
+    for (int32_t i = threadIdx.x; i < cta_totals; i += blockDim.x) totals[i] = task_total(i);
+    cluster.sync();
+    const int32_t ranks = int32_t(cluster.num_blocks());
+    const int32_t rank = int32_t(cluster.block_rank());
+    for (int32_t i = rank * blockDim.x + threadIdx.x; i < cta_totals;
+         i += ranks * blockDim.x) {
+      const int64_t at = element_of(i);
+      if (at < 0) continue;
+      float sum = 0.f;
+      for (int32_t r = 0; r < ranks; ++r) sum += cluster.map_shared_rank(totals, r)[i];
+      dw[at] = Element(sum);
+    }
+    cluster.sync();
+#else
+    __trap();  // the launcher forms clusters on sm_90 only
+#endif
   }
 }
 

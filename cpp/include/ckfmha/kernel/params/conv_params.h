@@ -21,6 +21,20 @@ struct ConvFilterView {
   int64_t tap[3];
 };
 
+// The forward's own filter, [groups, out_channels, z, y, x, in_channels]
+// dense: the view every launch reads unless the runtime hands it another.
+inline ConvFilterView dense_filter_view(int32_t in_channels, int32_t out_channels,
+                                        int32_t const (&filter)[3]) {
+  ConvFilterView v{};
+  v.tap[2] = in_channels;
+  v.tap[1] = v.tap[2] * filter[2];
+  v.tap[0] = v.tap[1] * filter[1];
+  v.out_channel = v.tap[0] * filter[0];
+  v.group = v.out_channel * out_channels;
+  v.in_channel = 1;
+  return v;
+}
+
 struct ConvFwdParams {
   const void* x;  // [batch, d, h, w, groups, in_channels]
   const void* w;  // [groups, out_channels, z, y, x, in_channels], dense (see filter_view)
