@@ -194,16 +194,21 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   if (int s = begin_launch(&launch_context)) return s;
   // Split plans and the direct kernel add partial sums into the workspace,
   // except where the direct kernel's vector path sums a block of dw within
-  // one CTA or a cluster and stores it (its launcher reads the same layout).
+  // one CTA or a cluster and stores it (its launcher reads the same layout),
+  // and where an implicit GEMM's splits sum within a cluster.
+  const bool direct = plan.kernel.conv_max_channels != 0;
   const bool stores =
-      conv_weight_direct_cluster(plan.kernel, *problem, args->x, args->dy, context.sm_count) > 0;
-  const bool summed = !stores && (plan.splits > 1 || plan.kernel.conv_max_channels != 0);
+      direct ? conv_weight_direct_cluster(plan.kernel, *problem, args->x, args->dy,
+                                          context.sm_count) > 0
+             : conv_weight_gemm_cluster(plan.kernel, *problem, plan.splits) > 0;
+  const bool summed = !stores && (plan.splits > 1 || direct);
   float* sums = summed ? static_cast<float*>(args->workspace) : nullptr;
   const int64_t count = int64_t(needed / sizeof(float));
   if (sums != nullptr) {
     if (int r = zero_fp32(sums, count, stream)) return from_launch_result(r, "conv zeros");
   }
-  ckfmha::kernel::ConvBwdWeightLaunch launch{args->x, args->dy, args->dw, sums, plan.splits};
+  ckfmha::kernel::ConvBwdWeightLaunch launch{args->x, args->dy, args->dw, sums, plan.splits,
+                                             stores && !direct ? 1 : 0};
   if (int r = plan.kernel.launch(problem, &launch, &launch_context, stream)) {
     return from_launch_result(r, plan.kernel.name);
   }

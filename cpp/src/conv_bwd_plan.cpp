@@ -52,15 +52,17 @@ size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // C]): the phase's output channel is w's input channel and the reverse, and
 // its tap i along a dim is w's first - step * i there.
 kernel::ConvFilterView phase_view(ConvPhaseFilter const& f) {
-  const kernel::ConvFilterView dense =
-      kernel::dense_filter_view(f.in_channels, f.out_channels, f.filter);
   kernel::ConvFilterView v{};
-  v.in_channel = dense.out_channel;  // w's output channel
-  v.group = dense.group;
-  v.out_channel = dense.in_channel;  // w's input channel
+  int64_t tap_stride[3];
+  tap_stride[2] = f.in_channels;
+  tap_stride[1] = tap_stride[2] * f.filter[2];
+  tap_stride[0] = tap_stride[1] * f.filter[1];
+  v.in_channel = tap_stride[0] * f.filter[0];  // w's output channel
+  v.group = v.in_channel * f.out_channels;
+  v.out_channel = 1;  // w's input channel
   for (int d = 0; d < 3; ++d) {
-    v.first += int64_t(f.first[d]) * dense.tap[d];
-    v.tap[d] = -int64_t(f.step[d]) * dense.tap[d];
+    v.first += int64_t(f.first[d]) * tap_stride[d];
+    v.tap[d] = -int64_t(f.step[d]) * tap_stride[d];
   }
   return v;
 }

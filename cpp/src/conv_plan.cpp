@@ -175,6 +175,17 @@ int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_pro
   return layout.stores_dw ? int32_t(layout.grid[0]) : 0;
 }
 
+int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                 int32_t splits) {
+  const bool gathering_wgmma =
+      std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
+  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || !gathering_wgmma ||
+      !kernel::conv_weight_cluster_sum(k.arch, splits, p.groups)) {
+    return 0;
+  }
+  return splits;
+}
+
 int32_t conv_vector_allowed(ckfmha_conv_problem const& p, const void* x, const void* w) {
   return widest_conv_vector(p.in_channels, p.x_stride, p.spatial_dims + 1, x, w);
 }
@@ -788,7 +799,16 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   const int32_t cluster =
       plan.found ? conv_weight_direct_cluster(plan.kernel, p, nullptr, nullptr, context.sm_count)
                  : 0;
-  if (cluster > 0) {
+  const int32_t split_cluster =
+      plan.found && is_weight(direction) ? conv_weight_gemm_cluster(plan.kernel, p, plan.splits)
+                                         : 0;
+  if (split_cluster > 0) {
+    out << "one stage, " << plan.kernel.name << " over " << plan.splits
+        << " splits, a tile's in one cluster (up to " << split_cluster
+        << " CTAs) adding their partial sums through distributed shared memory and storing dw, "
+           "no workspace: "
+        << plan.why << "\n";
+  } else if (cluster > 0) {
     out << "one stage, " << plan.kernel.name << " on its vector path: "
         << (cluster == 1 ? "one CTA sums" : std::to_string(cluster) + " CTAs in a cluster sum")
         << " each block of dw and store it, no workspace (where x and dy are aligned "

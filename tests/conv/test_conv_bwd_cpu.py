@@ -7,6 +7,7 @@ kernels with 16-byte vectors and the conv_fwd kernels backward-data runs on).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -139,6 +140,26 @@ def test_bwd_weight_selects_and_explains(arch: str) -> None:
     odd = ConvProblem(2, (9, 9), 1, 12, 6, (3, 3), dtype="bf16")
     text = ckfmha.conv_explain(odd, arch=arch, direction="bwd_weight")
     assert "allow 2" in text
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_bwd_weight_splits_sum_in_a_cluster_on_sm90(arch: str) -> None:
+    """ResNet-18's 28x28x128 layer at batch 1: a few splits of each tile, which on sm_90a add
+    their partial tiles within one cluster and store dw (no workspace, so neither the zeroing
+    nor the conversion launch); sm_80 has no clusters and adds them into the workspace."""
+    if not _have("conv_bwd_weight", arch):
+        pytest.skip(f"no bf16 2D conv_bwd_weight kernel for {arch} in this build")
+    problem = ConvProblem(1, (28, 28), 1, 128, 128, (3, 3), 1, 1, dtype="bf16")
+    plan = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight").split("plan: ")[1]
+    splits = re.search(r"over (\d+) splits", plan)
+    clustered = "a tile's in one cluster (up to"
+    if arch == "sm_90a":
+        assert splits is not None and 2 <= int(splits[1]) <= 8, plan
+        assert clustered in plan and "no workspace" in plan, plan
+        assert "zero the fp32 partial sums" not in plan, plan
+    else:
+        assert clustered not in plan, plan
+        assert (splits is not None) == ("zero the fp32 partial sums" in plan), plan
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

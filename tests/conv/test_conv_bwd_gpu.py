@@ -260,8 +260,11 @@ def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
     else:
         cases = [Case(dtype, 2, (4, 7, 5), 2, c, 2 * vector, (3, 3, 3), 1, 1),
                  Case(dtype, 1, (4, 32, 32), 8, vector, 2 * vector, (1, 3, 3), 1, (0, 1, 1))]  # fmt: skip
+    # The rules' split count; 3 splits sum in a cluster of 3 on the sm_90 wgmma kernel and add
+    # into the fp32 workspace on the mma.sync one, 9 add into it on both.
     for case in cases:
-        run_bwd_weight(case, kernel=kernel["name"])
+        for splits in (None, 3, 9):
+            run_bwd_weight(case, kernel=kernel["name"], splits=splits)
 
 
 @pytest.mark.parametrize(
@@ -292,7 +295,7 @@ def test_every_weight_tma_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
                  Case(dtype, 1, (5, 9, 8), 2, 64, 40, (3, 3, 3), (1, 2, 2), (1, 1, 0),
                       (1, 1, 2), layout="slice")]  # fmt: skip
     for case in cases:
-        for splits in (None, 1, 7):
+        for splits in (None, 1, 3, 7, 9):
             run_bwd_weight(case, kernel=kernel["name"], splits=splits)
 
 

@@ -1173,7 +1173,7 @@ def test_table_fields_land_in_entry_order(tmp_path: Path) -> None:
     lines = subprocess.run(
         [str(program)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert lines[0] == f"15 {len(configs)}"
+    assert lines[0] == f"16 {len(configs)}"
     enums = {
         "mode": {"batch": 0, "group": 1},
         "family": {

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define CKFMHA_KERNEL_ABI_VERSION 15
+#define CKFMHA_KERNEL_ABI_VERSION 16
 
 /* What the runtime hands every launch beside the caller's problem and
  * arguments. */

@@ -66,6 +66,14 @@ struct ConvPlanContext {
 int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                                    const void* x, const void* dy, int sm_count);
 
+// The CTAs of the cluster the gathering wgmma backward-weight kernel `k`'s
+// `splits` sum their partial tiles in before storing dw
+// (kernel::conv_weight_cluster_sum; the launch may use fewer splits where a
+// tile's positions are few), or 0 where they add into the zeroed fp32
+// workspace (every other implicit GEMM).
+int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                 int32_t splits);
+
 // Whether kernel `k` can run `direction` of `p` in `context` (explain's
 // "fits").
 bool conv_kernel_fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,

@@ -47,10 +47,10 @@ int launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem_bytes
   return err == cudaSuccess ? 0 : -int(err);
 }
 
-// As launch_kernel, with the grid's x CTAs in clusters of `cluster_x`
-// (sm_90 and later; the grid's x a multiple of it).
+// As launch_kernel, with the grid's CTAs in clusters of `cluster` (sm_90 and
+// later; each of the grid's dims a multiple of the cluster's).
 template <class Params>
-int launch_kernel_cluster(void (*kernel)(Params), dim3 grid, unsigned cluster_x, int threads,
+int launch_kernel_cluster(void (*kernel)(Params), dim3 grid, dim3 cluster, int threads,
                           int smem_bytes, ckfmha_stream_t stream, Params const& params) {
   cudaError_t err = allow_dynamic_smem(kernel, smem_bytes);
   if (err != cudaSuccess) return -int(err);
@@ -61,9 +61,9 @@ int launch_kernel_cluster(void (*kernel)(Params), dim3 grid, unsigned cluster_x,
   config.stream = reinterpret_cast<cudaStream_t>(stream);
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster_x;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
+  attribute.val.clusterDim.x = cluster.x;
+  attribute.val.clusterDim.y = cluster.y;
+  attribute.val.clusterDim.z = cluster.z;
   config.attrs = &attribute;
   config.numAttrs = 1;
   err = cudaLaunchKernelEx(&config, kernel, params);

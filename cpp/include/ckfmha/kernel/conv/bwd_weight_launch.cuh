@@ -46,15 +46,23 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
 }
 
 // Every implicit-GEMM template's grid: CTAs over dw's (packed) tiles, the
-// splits of the positions and the groups. Sets bp.tiles_per_split; false
-// where the tiles overflow the grid.
+// splits of the positions and the groups. Sets bp.tiles_per_split; where the
+// runtime asks for a cluster sum (la.cluster_sum), a tile's splits form one
+// cluster (rounding them up to a power of two left empty CTAs holding slots:
+// a second wave on training-batch layers). False where the tiles overflow the
+// grid.
 template <class Traits>
 bool conv_bwd_weight_grid(ConvBwdWeightParams& bp, ConvBwdWeightLaunch const& la, dim3* grid) {
   const int64_t position_tiles = (bp.conv.rows + Traits::kTileK - 1) / Traits::kTileK;
-  const int64_t splits = la.accum == nullptr ? 1 : std::clamp<int64_t>(la.splits, 1, 65535);
+  const bool apart = la.accum != nullptr || la.cluster_sum != 0;
+  const int64_t splits = apart ? std::clamp<int64_t>(la.splits, 1, 65535) : 1;
   bp.tiles_per_split = std::max<int64_t>(1, (position_tiles + splits - 1) / splits);
   const int64_t used_splits = std::max<int64_t>(
       1, (position_tiles + bp.tiles_per_split - 1) / bp.tiles_per_split);
+  if (la.cluster_sum != 0) {
+    if (splits > kWeightClusterMaxSplits || bp.conv.groups > 65535) return false;
+    bp.cluster_sum = used_splits > 1 ? 1 : 0;
+  }
   const int64_t tiles_m = (bp.conv.out_channels + Traits::kTileM - 1) / Traits::kTileM;
   const int64_t tiles_n = (int64_t(bp.conv.reduction) + Traits::kTileN - 1) / Traits::kTileN;
   if (tiles_m * tiles_n > 0x7fffffff) return false;
@@ -63,8 +71,30 @@ bool conv_bwd_weight_grid(ConvBwdWeightParams& bp, ConvBwdWeightLaunch const& la
   return true;
 }
 
+// An implicit-GEMM launch. Only the sm_90 gathering template sums its splits
+// in a cluster (conv_weight_cluster_sum): its CTAs also hold their partial
+// tile in shared memory (kTileM x kTileN floats over the stages).
+template <class Traits, bool kClusterSum, class Params>
+int launch_weight_gemm(void (*kernel)(Params), dim3 grid, ConvBwdWeightParams const& bp,
+                       ckfmha_stream_t stream, Params const& params) {
+  if (!bp.cluster_sum) {
+    return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream,
+                         params);
+  }
+  if (!kClusterSum) return -int(cudaErrorInvalidValue);
+  cudaFuncAttributes attributes{};
+  if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess) {
+    return -int(err);
+  }
+  if (attributes.binaryVersion < 90) return -int(cudaErrorInvalidValue);
+  const int smem =
+      std::max(Traits::kSmemLaunchBytes, int(Traits::kTileM * Traits::kTileN * sizeof(float)));
+  return launch_kernel_cluster(kernel, grid, dim3(1, grid.y, 1), Traits::kThreads, smem, stream,
+                               params);
+}
+
 // Either gathering template.
-template <class Traits>
+template <class Traits, bool kClusterSum>
 int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void const* problem,
                                 void const* args, ckfmha_stream_t stream) {
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
@@ -72,24 +102,24 @@ int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void co
   ConvBwdWeightParams bp = make_conv_bwd_weight_params(pr, la);
   dim3 grid;
   if (!conv_bwd_weight_grid<Traits>(bp, la, &grid)) return -int(cudaErrorInvalidConfiguration);
-  return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream,
-                       ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)});
+  return launch_weight_gemm<Traits, kClusterSum>(
+      kernel, grid, bp, stream, ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)});
 }
 
 template <class Traits>
 int launch_conv_bwd_weight_sm80(void const* problem, void const* args,
                                 ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   (void)context;  // no device metadata is read
-  return launch_conv_bwd_weight_gemm<Traits>(&conv_bwd_weight_sm80_kernel<Traits>, problem, args,
-                                             stream);
+  return launch_conv_bwd_weight_gemm<Traits, false>(&conv_bwd_weight_sm80_kernel<Traits>,
+                                                    problem, args, stream);
 }
 
 template <class Traits>
 int launch_conv_bwd_weight_sm90(void const* problem, void const* args,
                                 ckfmha_launch_context const* context, ckfmha_stream_t stream) {
   (void)context;
-  return launch_conv_bwd_weight_gemm<Traits>(&conv_bwd_weight_sm90_kernel<Traits>, problem, args,
-                                             stream);
+  return launch_conv_bwd_weight_gemm<Traits, true>(&conv_bwd_weight_sm90_kernel<Traits>,
+                                                   problem, args, stream);
 }
 
 // The template fed by the copy engine: x's map walks the forward's output
@@ -140,8 +170,8 @@ int launch_conv_bwd_weight_tma(void const* problem, void const* args,
                                               p.output, unit, none, Traits::kChunk,
                                               Traits::kTileK, kSwizzle);
   if (err != 0) return err;
-  return launch_kernel(&conv_bwd_weight_tma_kernel<Traits>, grid, Traits::kThreads,
-                       Traits::kSmemLaunchBytes, stream, params);
+  return launch_weight_gemm<Traits, false>(&conv_bwd_weight_tma_kernel<Traits>, grid, bp, stream,
+                                           params);
 }
 
 // Groups of up to 8 channels on the CUDA cores: `splits` CTAs per block of

@@ -109,9 +109,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       warpgroup_fence_operand(acc);
     }
     cp_async_wait<0>();
+    Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
+    if (bp.cluster_sum) {
+      // The stages (and tables) hold the CTA's partial tile once the
+      // cluster's first barrier shows every copy and product done.
+      cluster_sum_weight_tile<Element>(bp, group, first_k, first_n, acc, coords,
+                                       reinterpret_cast<float*>(smem), tid, kThreads);
+      continue;
+    }
     // A split with no positions adds nothing; one split stores zeros then.
     if (k_tiles == 0 && bp.accum != nullptr) continue;
-    Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
     store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
   }
 #endif

@@ -1,12 +1,14 @@
 // The backward-weight kernels' epilogue: a CTA's accumulator tile of dw into
 // dw itself (one split) or added into the fp32 partial sums (several), for
-// the mma.sync and the wgmma templates alike. Pairs of accumulator elements
-// are adjacent reduction columns of one output channel in both instructions'
-// accumulator layouts.
+// the mma.sync and the wgmma templates alike, or (sm_90) summed over the
+// split CTAs of one cluster through distributed shared memory and stored.
+// Pairs of accumulator elements are adjacent reduction columns of one output
+// channel in both instructions' accumulator layouts.
 #pragma once
 
 #include "ckfmha/kernel/params/conv_params.h"
 
+#include <cooperative_groups.h>
 #include <cute/tensor.hpp>
 #include <cutlass/fast_math.h>
 
@@ -59,16 +61,21 @@ __device__ __forceinline__ void store_packed_weight(ConvBwdWeightParams const& b
   store_weight_value<Element>(bp, offset, value);
 }
 
+// The thread's pairs of accumulator elements p with p % pair_step ==
+// pair_first (all by default).
 template <class Element, class Acc, class Coords>
 __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp, int32_t group,
                                                   int32_t first_k, int32_t first_n,
-                                                  Acc const& acc, Coords const& coords) {
+                                                  Acc const& acc, Coords const& coords,
+                                                  int32_t pair_first = 0,
+                                                  int32_t pair_step = 1) {
   using namespace cute;
   ConvFwdParams const& p = bp.conv;
   if (bp.pack > 1) {
     const PackedWeightDivisors div(bp);
     CUTE_UNROLL
     for (int i = 0; i < size(acc); i += 2) {
+      if ((i / 2) % pair_step != pair_first) continue;
       const int32_t k = first_k + get<0>(coords(i));
       const int32_t n = first_n + get<1>(coords(i));
       if (k >= p.out_channels || n >= p.reduction) continue;
@@ -80,6 +87,7 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
   const int64_t group_offset = int64_t(group) * p.out_channels * p.reduction;
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
+    if ((i / 2) % pair_step != pair_first) continue;
     const int32_t k = first_k + get<0>(coords(i));
     const int32_t n = first_n + get<1>(coords(i));
     if (k >= p.out_channels || n >= p.reduction) continue;
@@ -103,6 +111,61 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
     store_weight_value<Element>(bp, offset, acc(i));
     if (second) store_weight_value<Element>(bp, offset + 1, acc(i + 1));
   }
+}
+
+// The cluster's three barriers in the sum below, for threads that hold no
+// accumulators (the TMA kernel's producers): every thread of the cluster
+// arrives at each.
+__device__ __forceinline__ void cluster_sum_idle() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __syncwarp();  // the barriers are warp-aligned
+  cute::cluster_sync();
+  cute::cluster_sync();
+  cute::cluster_sync();
+#endif
+}
+
+// The split CTAs of a cluster (bp.cluster_sum: the grid's y, one split
+// each) hold partial sums of the same tile in the same fragment layout.
+// Each thread writes its fragment to `scratch` (kTileM x kTileN floats of
+// the CTA's shared memory, free once the cluster's first barrier shows every
+// product done); then CTA r of n adds every CTA's values for its pairs r, r +
+// n, ... in rank order and stores them into dw. `thread` of `threads` in the
+// CTA hold accumulators; the last barrier keeps each CTA's shared memory until
+// the others have read it.
+template <class Element, class Acc, class Coords>
+__device__ __forceinline__ void cluster_sum_weight_tile(ConvBwdWeightParams const& bp,
+                                                        int32_t group, int32_t first_k,
+                                                        int32_t first_n, Acc& acc,
+                                                        Coords const& coords, float* scratch,
+                                                        int thread, int threads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using namespace cute;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  __syncwarp();  // the barriers are warp-aligned
+  cute::cluster_sync();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) scratch[i * threads + thread] = acc(i);
+  cute::cluster_sync();
+  const int32_t ranks = int32_t(cluster.num_blocks());
+  const int32_t rank = int32_t(cluster.block_rank());
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
+  for (int32_t r = 0; r < ranks; ++r) {
+    const float* remote = cluster.map_shared_rank(scratch, r) + thread;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      if ((i / 2) % ranks != rank) continue;
+      acc(i) += remote[i * threads];
+      acc(i + 1) += remote[(i + 1) * threads];
+    }
+  }
+  store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords, rank, ranks);
+  __syncwarp();
+  cute::cluster_sync();
+#else
+  __trap();  // the launcher forms clusters for sm_90 code only
+#endif
 }
 
 }  // namespace ckfmha::kernel::conv_detail

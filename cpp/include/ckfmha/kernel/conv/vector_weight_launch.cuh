@@ -68,7 +68,7 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   const int slots = threads / 32 + (l.stores_dw && grid.x > 1 ? l.tasks_per_cta : 0);
   const int smem = int(slots * per_warp * sizeof(float));
   if (l.stores_dw && grid.x > 1) {
-    return launch_kernel_cluster(kernel, grid, grid.x, threads, smem, stream, dp);
+    return launch_kernel_cluster(kernel, grid, dim3(grid.x, 1, 1), threads, smem, stream, dp);
   }
   return launch_kernel(kernel, grid, threads, smem, stream, dp);
 }

@@ -21,20 +21,6 @@ struct ConvFilterView {
   int64_t tap[3];
 };
 
-// The forward's own filter, [groups, out_channels, z, y, x, in_channels]
-// dense: the view every launch reads unless the runtime hands it another.
-inline ConvFilterView dense_filter_view(int32_t in_channels, int32_t out_channels,
-                                        int32_t const (&filter)[3]) {
-  ConvFilterView v{};
-  v.tap[2] = in_channels;
-  v.tap[1] = v.tap[2] * filter[2];
-  v.tap[0] = v.tap[1] * filter[1];
-  v.out_channel = v.tap[0] * filter[0];
-  v.group = v.out_channel * out_channels;
-  v.in_channel = 1;
-  return v;
-}
-
 struct ConvFwdParams {
   const void* x;  // [batch, d, h, w, groups, in_channels]
   const void* w;  // [groups, out_channels, z, y, x, in_channels], dense (see filter_view)
@@ -85,6 +71,10 @@ struct ConvBwdWeightParams {
   int32_t group_in_channels;
   int32_t group_out_channels;
   int32_t group_reduction;  // filter taps x group_in_channels
+  // 1: the grid's y CTAs of a tile (its splits) form a cluster and add their
+  // partial sums through distributed shared memory before storing dw
+  // (accum null; conv_weight_cluster_sum).
+  int32_t cluster_sum;
 };
 
 // Backward-weight multiplies `pack` consecutive groups of few channels as one
@@ -330,8 +320,25 @@ struct ConvBwdWeightLaunch {
   const void* x;
   const void* dy;
   void* dw;
-  float* accum;    // null for one split
+  float* accum;    // null for one split, or for splits summed in a cluster
   int32_t splits;  // of the reduction over positions, >= 1
+  int32_t cluster_sum;  // 1: the gathering wgmma kernel's splits sum in a cluster
 };
+
+// Splits of the gathering wgmma backward-weight kernel that sum in one
+// cluster (the portable size).
+constexpr int32_t kWeightClusterMaxSplits = 8;
+
+// Whether a plan of `splits` on the gathering wgmma backward-weight kernel
+// (pipeline sm90_cpasync_wgmma, its code sm_90's) adds its partial sums
+// within a cluster and stores dw, instead of adding them into the zeroed fp32
+// workspace and converting it after: two more launches, which on ResNeXt's
+// batch-1 layers took a quarter of the time (9.9 -> 7.7 us). The TMA and
+// mma.sync templates keep the workspace: summed in clusters they ran 5-107%
+// and 40% slower. One group a CTA: the grid's z holds at most 65535.
+inline bool conv_weight_cluster_sum(int32_t kernel_arch, int32_t splits, int64_t groups) {
+  return kernel_arch >= 90 && splits > 1 && splits <= kWeightClusterMaxSplits &&
+         groups <= 65535;
+}
 
 }  // namespace ckfmha::kernel

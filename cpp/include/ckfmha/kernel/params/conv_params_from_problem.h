@@ -44,7 +44,14 @@ inline ConvFwdParams make_conv_fwd_params(ckfmha_conv_problem const& pr,
   bool vectors = reinterpret_cast<uintptr_t>(ar.y) % 16 == 0 && pr.out_channels % 8 == 0;
   for (int d = 0; d < 4; ++d) vectors = vectors && p.y_stride[d] % 8 == 0;
   p.vector_stores = vectors ? 1 : 0;
-  p.filter_view = dense_filter_view(pr.in_channels, pr.out_channels, p.filter);
+  ConvFilterView& v = p.filter_view;
+  v.tap[2] = pr.in_channels;
+  v.tap[1] = v.tap[2] * p.filter[2];
+  v.tap[0] = v.tap[1] * p.filter[1];
+  v.out_channel = v.tap[0] * p.filter[0];
+  v.group = v.out_channel * pr.out_channels;
+  v.in_channel = 1;
+  v.first = 0;
   return p;
 }
 
