@@ -142,24 +142,34 @@ def test_bwd_weight_selects_and_explains(arch: str) -> None:
     assert "allow 2" in text
 
 
+# Batch-1 layers of a few splits a tile: ResNeXt's groups of 16 and 8 and ResNet-18's 28x28x128.
+FEW_SPLITS = [
+    ConvProblem(1, (14, 14), 32, 16, 16, (3, 3), 1, 1, dtype="bf16"),
+    ConvProblem(1, (28, 28), 32, 8, 8, (3, 3), 1, 1, dtype="bf16"),
+    ConvProblem(1, (28, 28), 1, 128, 128, (3, 3), 1, 1, dtype="bf16"),
+]
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_bwd_weight_splits_sum_in_a_cluster_on_sm90(arch: str) -> None:
-    """ResNet-18's 28x28x128 layer at batch 1: a few splits of each tile, which on sm_90a add
-    their partial tiles within one cluster and store dw (no workspace, so neither the zeroing
-    nor the conversion launch); sm_80 has no clusters and adds them into the workspace."""
+def test_bwd_weight_splits_sum_in_a_cluster_on_the_wgmma_kernel(arch: str) -> None:
+    """On sm_90a the gathering wgmma kernel's 2-8 splits of a tile add their partial tiles
+    within one cluster and store dw (no workspace, so neither the zeroing nor the conversion
+    launch); every other plan of several splits (sm_80, the TMA kernel) adds them into the fp32
+    workspace. The core build runs at least one of these layers on that kernel."""
     if not _have("conv_bwd_weight", arch):
         pytest.skip(f"no bf16 2D conv_bwd_weight kernel for {arch} in this build")
-    problem = ConvProblem(1, (28, 28), 1, 128, 128, (3, 3), 1, 1, dtype="bf16")
-    plan = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight").split("plan: ")[1]
-    splits = re.search(r"over (\d+) splits", plan)
-    clustered = "a tile's in one cluster (up to"
-    if arch == "sm_90a":
-        assert splits is not None and 2 <= int(splits[1]) <= 8, plan
-        assert clustered in plan and "no workspace" in plan, plan
-        assert "zero the fp32 partial sums" not in plan, plan
-    else:
-        assert clustered not in plan, plan
-        assert (splits is not None) == ("zero the fp32 partial sums" in plan), plan
+    clustered = 0
+    for problem in FEW_SPLITS:
+        name = ckfmha.conv_select(problem, arch=arch, direction="bwd_weight")
+        plan = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight").split("plan: ")[1]
+        splits = re.search(r"over (\d+) splits", plan)
+        in_cluster = (arch == "sm_90a" and "_sm90_cpasync_wgmma_" in name and splits is not None
+                      and 2 <= int(splits[1]) <= 8)  # fmt: skip
+        assert ("a tile's in one cluster (up to" in plan) == in_cluster, plan
+        assert ("no workspace" in plan) == in_cluster, plan
+        assert ("zero the fp32 partial sums" in plan) == (splits is not None and not in_cluster)
+        clustered += in_cluster
+    assert clustered > 0 or arch == "sm_80"
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

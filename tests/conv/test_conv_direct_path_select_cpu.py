@@ -91,9 +91,12 @@ def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels
                                   batch=batch, **changes)  # type: ignore[arg-type]  # fmt: skip
     text = _explain(problem, "bwd_weight", NARROW_BUCKETS)
     assert NARROW_LOADS[channels] in text, text
-    # The 8-channel kernel runs nothing else, so its plan counts no lane-path CTAs.
+    # The 8-channel kernel runs nothing else, so its plan counts no lane-path CTAs; the others
+    # count them where the plan adds into the workspace (on these small problems the vector
+    # path's CTAs may store dw themselves instead, and then the plan says so).
     lane = "CTAs a block of groups on the lane path"
-    assert (lane in text) == (channels < 8), text
+    stores = " on its vector path: " in text.split("plan: ")[1]
+    assert (lane in text) == (channels < 8 and not stores), text
 
 
 FORWARD_LOADS = {
