@@ -113,18 +113,6 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
   }
 }
 
-// The cluster's three barriers in the sum below, for threads that hold no
-// accumulators (the TMA kernel's producers): every thread of the cluster
-// arrives at each.
-__device__ __forceinline__ void cluster_sum_idle() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __syncwarp();  // the barriers are warp-aligned
-  cute::cluster_sync();
-  cute::cluster_sync();
-  cute::cluster_sync();
-#endif
-}
-
 // The split CTAs of a cluster (bp.cluster_sum: the grid's y, one split
 // each) hold partial sums of the same tile in the same fragment layout.
 // Each thread writes its fragment to `scratch` (kTileM x kTileN floats of
