@@ -1,7 +1,7 @@
-// Grouped convolution backward-weight for groups of one, two or four
+// Grouped convolution backward-weight for groups of one, two, four or eight
 // channels (as many in as out) with several channels a vector load: the
 // direct instances' vector path where the tensors allow it
-// (conv_vector_weight_limit, vector_weight_fits). The one-lane path reads two
+// (conv_vector_weight_limit, conv_vector_weight_fits). The one-lane path reads two
 // bytes a lane and adds every tap's run into shared memory with float atomics,
 // which compile to a compare-and-swap loop on sm_90; here a thread keeps its
 // sums in registers over many output runs and adds them once.
