@@ -269,9 +269,15 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
     return std::string(lane) + " (the " + path + " path's vectors need " + limit + ")";
   }
   // The forward loads eight channels at once; the weight gradient's sums
-  // leave room for four in groups of 2 and 4 (conv_vector_weight_channels).
-  const int32_t channels = weight ? kernel::conv_vector_weight_channels(p.in_channels) : 8;
-  const char* load = p.in_channels == 1 ? "8 groups a 16-byte load"
+  // leave room for four in groups of 2 and 4 and in whole rows wider than 3
+  // of one-channel groups (conv_vector_weight_channels).
+  const int32_t channels =
+      weight ? kernel::conv_vector_weight_channels(
+                   p.in_channels,
+                   kernel::conv_vector_weight_cols(p.in_channels, p.filter[p.spatial_dims - 1]))
+             : 8;
+  const char* load = p.in_channels == 1 ? (channels == 4 ? "4 groups an 8-byte load"
+                                                         : "8 groups a 16-byte load")
                      : p.in_channels == 2
                          ? (weight ? "2 groups of 2 channels an 8-byte load"
                                    : "4 groups of 2 channels a 16-byte load")

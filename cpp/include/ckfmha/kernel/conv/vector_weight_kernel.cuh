@@ -8,8 +8,8 @@
 //
 // dw[g][k][tap][c] sums dy[position][g][k] x x[position's input at tap][g][c]
 // over every output position. A thread loads kVec consecutive channels (whole
-// groups, or eight one-channel groups) of dy and of x. A task is one filter
-// row and a block of up to kCols of its columns; a CTA holds up to 12 or 16
+// groups, or four or eight one-channel groups) of dy and of x. A task is one
+// filter row and a block of up to kCols of its columns; a CTA holds up to 12 or 16
 // tasks, a warp or more each, for one block of vectors. The CTA takes strips
 // of output runs (conv_vector_weight_run positions along w): a chunk of runs
 // along w over a chunk of rows of one image. Every task walks the same strip down its rows in step,
@@ -67,9 +67,9 @@ struct ConvVectorWeightParams {
 };
 
 // kStrideW: the stride along w (1 or 2); kCols: filter columns a task sums
-// (3 holds a 3-wide row, 4 half of a 7-wide one of one-channel groups: their
-// 56 sums a thread would not leave room for the window in 128 registers);
-// kGroupChannels: G, each group's input and output channels.
+// (conv_vector_weight_cols: 3, 1 for eight-channel groups, or a whole row of
+// up to 7 for one-channel groups); kGroupChannels: G, each group's input and
+// output channels.
 template <class Element, int kStrideW, int kCols, int kGroupChannels>
 __global__ void __launch_bounds__(conv_vector_weight_warps(kGroupChannels) * 32, 1)
     conv_bwd_weight_vector_kernel(ConvVectorWeightParams const __grid_constant__ dp) {
@@ -77,9 +77,9 @@ __global__ void __launch_bounds__(conv_vector_weight_warps(kGroupChannels) * 32,
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
   constexpr int kG = kGroupChannels;
   static_assert(kG == 1 || kG == 2 || kG == 4 || kG == 8, "groups of 1, 2, 4 or 8 channels");
-  constexpr int kRun = conv_vector_weight_run(kG);
+  constexpr int kRun = conv_vector_weight_run(kG, kCols, kStrideW);
   constexpr int kSpan = (kRun - 1) * kStrideW + kCols;
-  constexpr int kVec = conv_vector_weight_channels(kG);
+  constexpr int kVec = conv_vector_weight_channels(kG, kCols);
   constexpr int kWords = kVec / 2;
   // Channels widened together: a word (two one-channel groups, or one group
   // of two) or a four-channel group, so that each product's operands are in.

@@ -22,20 +22,22 @@ namespace ckfmha::kernel {
 template <class Element, int kG>
 int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
                                   ckfmha_stream_t stream) {
-  constexpr int kVec = conv_vector_weight_channels(kG);
   if (int64_t(conv.batch) * conv.output[0] * conv.output[1] * conv.output[2] == 0) return 0;
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
   using Kernel = void (*)(ConvVectorWeightParams);
+  // The task's columns (conv_vector_weight_cols) and the stride along w
+  // pick the instantiation.
   Kernel kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 3, kG>
                                       : &conv_bwd_weight_vector_kernel<Element, 2, 3, kG>;
   if constexpr (kG == 8) {
     kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 1, kG>
                                  : &conv_bwd_weight_vector_kernel<Element, 2, 1, kG>;
   } else if constexpr (kG == 1) {
-    if (conv.filter[2] > 3) {
-      kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 4, kG>
-                                   : &conv_bwd_weight_vector_kernel<Element, 2, 4, kG>;
+    constexpr int kRow = conv_vector_weight_cols(kG, kDepthwiseMaxWidth);
+    if (conv_vector_weight_cols(kG, conv.filter[2]) == kRow) {
+      kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, kRow, kG>
+                                   : &conv_bwd_weight_vector_kernel<Element, 2, kRow, kG>;
     }
   }
   // Clusters where the instance's code is sm_90's (the kernel's exchange
@@ -64,7 +66,7 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   const dim3 grid{unsigned(l.grid[0]), unsigned(l.grid[1]), unsigned(l.grid[2])};
   const int threads = l.tasks_per_cta * l.warps_per_task * 32;
   // The warps' sums, then (clusters) the CTA's totals the others read.
-  const int per_warp = l.cols * l.vectors_per_cta * kVec * kG;
+  const int per_warp = l.cols * l.vectors_per_cta * conv_vector_weight_channels(kG, l.cols) * kG;
   const int slots = threads / 32 + (l.stores_dw && grid.x > 1 ? l.tasks_per_cta : 0);
   const int smem = int(slots * per_warp * sizeof(float));
   if (l.stores_dw && grid.x > 1) {

@@ -271,23 +271,38 @@ inline const char* conv_vector_fwd_limit(int64_t groups, int32_t in_channels,
   return nullptr;
 }
 
-// Channels the backward-weight vector path loads at once for groups of G
-// channels: eight (a 16-byte load) for groups of one or eight channels, else
-// four (8 bytes), so that a thread's sums for three filter columns (3 x 4 x G)
-// leave room for its window of 8-position runs in 168 registers (eight
-// channels of two-channel groups spilled 88-172 bytes inside the row loop).
-constexpr int32_t conv_vector_weight_channels(int32_t group_channels) {
-  return group_channels == 1 || group_channels == 8 ? 8 : 4;
+// Filter columns a task of the backward-weight vector path sums: one for
+// eight-channel groups (64 sums a column fill the registers); for one-channel
+// groups, a whole row up to kDepthwiseMaxWidth wide where it is wider than 3
+// (a run's dy is then loaded and widened once for all its columns: 7-wide
+// rows as two blocks of 4 loaded it twice and summed an eighth column for
+// nothing); else three.
+constexpr int32_t conv_vector_weight_cols(int32_t group_channels, int32_t filter_w) {
+  return group_channels == 8 ? 1 : group_channels == 1 && filter_w > 3 ? kDepthwiseMaxWidth : 3;
 }
 
-// Output positions along w a thread of the vector path sums per row: 4 for
-// one-channel groups (as the forward's depthwise path), 8 for groups of 2 and
-// 4, whose 4-channel vectors leave room for the longer window (the longer run
-// spreads a row's address and predicate work and the window's overlap over
-// twice the products), 4 for eight-channel groups, whose one-column tasks
-// have no overlap to spread (their row loop is 64% products either way).
-constexpr int32_t conv_vector_weight_run(int32_t group_channels) {
-  return group_channels == 1 || group_channels == 8 ? 4 : 8;
+// Channels the backward-weight vector path loads at once for groups of G
+// channels and tasks of `cols` columns: eight (a 16-byte load) for groups of
+// eight channels and for three-column tasks of one-channel groups, else four
+// (8 bytes), so that a thread's sums (cols x 4 x G) leave room for its window
+// of 8-position runs in the registers (eight channels of two-channel groups
+// spilled 88-172 bytes inside the row loop).
+constexpr int32_t conv_vector_weight_channels(int32_t group_channels, int32_t cols) {
+  return group_channels == 8 || (group_channels == 1 && cols <= 3) ? 8 : 4;
+}
+
+// Output positions along w a thread of the vector path sums per row: 4 where
+// it loads eight channels (as the forward's depthwise path; eight-channel
+// groups' one-column tasks have no overlap to spread, their row loop is 64%
+// products either way), 8 for four-channel loads, whose smaller vectors leave
+// room for the longer window (it spreads a row's address and predicate work
+// and the window's overlap over twice the products), except at stride 2 on
+// whole 7-wide rows, whose window would be 21 inputs.
+constexpr int32_t conv_vector_weight_run(int32_t group_channels, int32_t cols,
+                                         int32_t stride_w) {
+  return conv_vector_weight_channels(group_channels, cols) == 8 || (cols > 3 && stride_w > 1)
+             ? 4
+             : 8;
 }
 
 // Why the direct backward-weight instances' vector path

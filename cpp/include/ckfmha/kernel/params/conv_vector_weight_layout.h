@@ -31,7 +31,8 @@ constexpr int32_t kVectorWeightMaxCluster = 8;
 // (aligned pointers, strides in whole vectors), and rows whose offsets count
 // in 32 bits.
 inline bool conv_vector_weight_fits(int32_t group_channels, ConvFwdParams const& conv) {
-  const int32_t vec = conv_vector_weight_channels(group_channels);
+  const int32_t vec = conv_vector_weight_channels(
+      group_channels, conv_vector_weight_cols(group_channels, conv.filter[2]));
   if (conv.in_channels != group_channels ||
       conv_vector_weight_limit(conv.groups, conv.in_channels, conv.out_channels,
                                int64_t(conv.filter[0]) * conv.filter[1] * conv.filter[2],
@@ -90,8 +91,9 @@ inline ConvVectorWeightLayout conv_vector_weight_layout(int32_t group_channels,
                                                         ConvFwdParams const& conv, int32_t sms,
                                                         bool clusters) {
   const int32_t g = group_channels;
-  const int32_t vec = conv_vector_weight_channels(g);
-  const int32_t run = conv_vector_weight_run(g);
+  const int32_t cols = conv_vector_weight_cols(g, conv.filter[2]);
+  const int32_t vec = conv_vector_weight_channels(g, cols);
+  const int32_t run = conv_vector_weight_run(g, cols, conv.stride[2]);
   const int32_t warps = conv_vector_weight_warps(g);
   ConvVectorWeightLayout l{};
   const int64_t total_vectors = int64_t(conv.groups) * g / vec;
@@ -99,10 +101,7 @@ inline ConvVectorWeightLayout conv_vector_weight_layout(int32_t group_channels,
   const int64_t images = int64_t(conv.batch) * conv.output[0];
   l.vectors_per_cta = 8;
   while (total_vectors % l.vectors_per_cta != 0) l.vectors_per_cta /= 2;
-  // Filter columns a task sums: one for eight-channel groups (64 sums a
-  // column), four for one-channel groups' rows wider than 3 (a 7-wide row in
-  // two blocks), else three.
-  l.cols = g == 8 ? 1 : g == 1 && conv.filter[2] > 3 ? 4 : 3;
+  l.cols = cols;
   l.column_blocks = (conv.filter[2] + l.cols - 1) / l.cols;
   const int32_t tasks = conv.filter[0] * conv.filter[1] * l.column_blocks;
   const int32_t task_blocks = (tasks + warps - 1) / warps;
