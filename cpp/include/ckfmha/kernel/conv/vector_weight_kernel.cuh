@@ -69,15 +69,15 @@ struct ConvVectorWeightParams {
 // kStrideW: the stride along w (1 or 2); kCols: filter columns a task sums
 // (conv_vector_weight_cols: 3, 1 for eight-channel groups, or a whole row of
 // up to 7 for one-channel groups); kGroupChannels: G, each group's input and
-// output channels.
-template <class Element, int kStrideW, int kCols, int kGroupChannels>
+// output channels; kRun: output positions along w a thread sums per row
+// (conv_vector_weight_run, or one fewer: conv_vector_weight_layout).
+template <class Element, int kStrideW, int kCols, int kGroupChannels, int kRun>
 __global__ void __launch_bounds__(conv_vector_weight_warps(kGroupChannels) * 32, 1)
     conv_bwd_weight_vector_kernel(ConvVectorWeightParams const __grid_constant__ dp) {
   using namespace conv_detail;
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
   constexpr int kG = kGroupChannels;
   static_assert(kG == 1 || kG == 2 || kG == 4 || kG == 8, "groups of 1, 2, 4 or 8 channels");
-  constexpr int kRun = conv_vector_weight_run(kG, kCols, kStrideW);
   constexpr int kSpan = (kRun - 1) * kStrideW + kCols;
   constexpr int kVec = conv_vector_weight_channels(kG, kCols);
   constexpr int kWords = kVec / 2;

@@ -14,6 +14,35 @@
 
 namespace ckfmha::kernel {
 
+using VectorWeightKernel = void (*)(ConvVectorWeightParams);
+
+// The vector path's instantiation for groups of kG channels, tasks of `cols`
+// columns (conv_vector_weight_cols), the stride along w and runs of `run`
+// positions (conv_vector_weight_run, or one fewer where
+// conv_vector_weight_has_short_runs).
+template <class Element, int kG>
+VectorWeightKernel vector_weight_kernel(int32_t cols, int32_t stride_w, int32_t run) {
+  constexpr int kCols = kG == 8 ? 1 : 3;
+  if constexpr (kG == 1) {
+    constexpr int kRow = conv_vector_weight_cols(kG, kDepthwiseMaxWidth);
+    constexpr int kRowRun = conv_vector_weight_run(kG, kRow, 1);
+    static_assert(conv_vector_weight_has_short_runs(kG, kRow, 1));
+    if (cols == kRow) {
+      if (stride_w != 1) {
+        return &conv_bwd_weight_vector_kernel<Element, 2, kRow, kG,
+                                              conv_vector_weight_run(kG, kRow, 2)>;
+      }
+      return run == kRowRun ? &conv_bwd_weight_vector_kernel<Element, 1, kRow, kG, kRowRun>
+                            : &conv_bwd_weight_vector_kernel<Element, 1, kRow, kG, kRowRun - 1>;
+    }
+  }
+  return stride_w == 1
+             ? &conv_bwd_weight_vector_kernel<Element, 1, kCols, kG,
+                                              conv_vector_weight_run(kG, kCols, 1)>
+             : &conv_bwd_weight_vector_kernel<Element, 2, kCols, kG,
+                                              conv_vector_weight_run(kG, kCols, 2)>;
+}
+
 // The backward-weight vector path (vector_weight_kernel.cuh) for groups of
 // kG channels, where conv_vector_weight_fits, on conv_vector_weight_layout's
 // grid. `accum` is the zeroed fp32 workspace where the layout adds into it,
@@ -25,21 +54,9 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   if (int64_t(conv.batch) * conv.output[0] * conv.output[1] * conv.output[2] == 0) return 0;
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
-  using Kernel = void (*)(ConvVectorWeightParams);
-  // The task's columns (conv_vector_weight_cols) and the stride along w
-  // pick the instantiation.
-  Kernel kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 3, kG>
-                                      : &conv_bwd_weight_vector_kernel<Element, 2, 3, kG>;
-  if constexpr (kG == 8) {
-    kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, 1, kG>
-                                 : &conv_bwd_weight_vector_kernel<Element, 2, 1, kG>;
-  } else if constexpr (kG == 1) {
-    constexpr int kRow = conv_vector_weight_cols(kG, kDepthwiseMaxWidth);
-    if (conv_vector_weight_cols(kG, conv.filter[2]) == kRow) {
-      kernel = conv.stride[2] == 1 ? &conv_bwd_weight_vector_kernel<Element, 1, kRow, kG>
-                                   : &conv_bwd_weight_vector_kernel<Element, 2, kRow, kG>;
-    }
-  }
+  const int32_t cols = conv_vector_weight_cols(kG, conv.filter[2]);
+  VectorWeightKernel kernel = vector_weight_kernel<Element, kG>(
+      cols, conv.stride[2], conv_vector_weight_run(kG, cols, conv.stride[2]));
   // Clusters where the instance's code is sm_90's (the kernel's exchange
   // through distributed shared memory is compiled there only).
   cudaFuncAttributes attributes{};
@@ -48,7 +65,7 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   }
   const ConvVectorWeightLayout l =
       conv_vector_weight_layout(kG, conv, sms, attributes.binaryVersion >= 90);
-  // The runtime decided from the same layout: a workspace exactly where sums are added.
+  kernel = vector_weight_kernel<Element, kG>(cols, conv.stride[2], l.run);
   if ((accum == nullptr) != (l.stores_dw != 0)) return -int(cudaErrorInvalidValue);
   if (l.grid[1] > 65535 || l.grid[2] > 65535) return -int(cudaErrorInvalidConfiguration);
   ConvVectorWeightParams dp{};

@@ -305,6 +305,14 @@ constexpr int32_t conv_vector_weight_run(int32_t group_channels, int32_t cols,
              : 8;
 }
 
+// Whether the vector path's kernel of these groups and columns also comes
+// with runs one position shorter (conv_vector_weight_layout picks): the
+// whole-row kernel of one-channel groups at stride 1.
+constexpr bool conv_vector_weight_has_short_runs(int32_t group_channels, int32_t cols,
+                                                 int32_t stride_w) {
+  return group_channels == 1 && cols > 3 && stride_w == 1;
+}
+
 // Why the direct backward-weight instances' vector path
 // (conv/vector_weight_kernel.cuh) cannot take a problem's geometry, or null
 // (the one-lane-a-group path then runs it). One-channel groups take the

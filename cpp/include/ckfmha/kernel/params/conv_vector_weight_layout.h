@@ -62,6 +62,7 @@ inline int32_t conv_vector_weight_path(int32_t max_channels, ConvFwdParams const
 }
 
 struct ConvVectorWeightLayout {
+  int32_t run;              // output positions along w a thread sums per row
   int32_t vectors_per_cta;  // vectors of channels a CTA covers (a power of two)
   int32_t cols;             // filter columns a task sums
   int32_t column_blocks;    // blocks of `cols` filter columns a row
@@ -79,23 +80,26 @@ struct ConvVectorWeightLayout {
 // A CTA takes the largest power-of-two block of vectors up to 8 that divides
 // the problem's and up to conv_vector_weight_warps tasks (filter row, block
 // of columns), that many warps shared between them. A task's threads cover a
-// strip: as many runs along w as they hold (in even chunks) by the rows left
-// over. Strips shorten, down to those rows, until the grid has eight strips a
-// CTA on a wave of one CTA an SM (the unevenness of the CTAs' last strips
-// then costs at most an eighth). A block's strip CTAs store dw themselves
-// where they fit a cluster (`clusters`: the kernel runs on sm_90) and either
-// none is lost (up to 8 of them) or there are at most 16 strips (a CTA then
-// sums two: on those batch-1 layers the two launches around the workspace
-// took longer than a strip); without clusters, where one CTA takes them all.
-inline ConvVectorWeightLayout conv_vector_weight_layout(int32_t group_channels,
-                                                        ConvFwdParams const& conv, int32_t sms,
-                                                        bool clusters) {
+// strip: as many runs of `run` positions along w as they hold (in even
+// chunks) by the rows left over. Strips shorten, down to those rows, until
+// the grid has eight strips a CTA on a wave of one CTA an SM (the unevenness
+// of the CTAs' last strips then costs at most an eighth). A block's strip CTAs
+// store dw themselves where they fit a cluster (`clusters`: the kernel runs on
+// sm_90) and either none is lost (up to 8 of them) or there are at most 16
+// strips (a CTA then sums two: on those batch-1 layers the two launches around
+// the workspace took longer than a strip); without clusters, where one CTA
+// takes them all. A cluster holds exactly the strip CTAs: rounded up to a
+// power of two it put a second wave on ConvNeXt's 7x7 maps of 768 groups.
+inline ConvVectorWeightLayout conv_vector_weight_layout_of_run(int32_t group_channels,
+                                                               ConvFwdParams const& conv,
+                                                               int32_t sms, bool clusters,
+                                                               int32_t run) {
   const int32_t g = group_channels;
   const int32_t cols = conv_vector_weight_cols(g, conv.filter[2]);
   const int32_t vec = conv_vector_weight_channels(g, cols);
-  const int32_t run = conv_vector_weight_run(g, cols, conv.stride[2]);
   const int32_t warps = conv_vector_weight_warps(g);
   ConvVectorWeightLayout l{};
+  l.run = run;
   const int64_t total_vectors = int64_t(conv.groups) * g / vec;
   const int64_t runs_w = (conv.output[2] + run - 1) / run;
   const int64_t images = int64_t(conv.batch) * conv.output[0];
@@ -130,13 +134,50 @@ inline ConvVectorWeightLayout conv_vector_weight_layout(int32_t group_channels,
     cluster = 1;
   } else if (clusters && (strip_ctas <= kVectorWeightMaxCluster ||
                           strips(rows) <= 2 * kVectorWeightMaxCluster)) {
-    cluster = 1;
-    while (cluster < std::min<int64_t>(strip_ctas, kVectorWeightMaxCluster)) cluster *= 2;
+    cluster = std::min<int64_t>(strip_ctas, kVectorWeightMaxCluster);
   }
   l.stores_dw = cluster > 0 ? 1 : 0;
   l.grid[0] = cluster > 0 ? cluster : strip_ctas;
   l.grid[1] = group_blocks;
   l.grid[2] = task_blocks;
+  return l;
+}
+
+// The share of a layout's thread steps (a slot of a task's threads over one
+// run of one row) that fall on output positions: runs past the row's end,
+// slots past the strip's runs or rows, and strips' last row steps are lost.
+inline double conv_vector_weight_position_use(ConvVectorWeightLayout const& l,
+                                              ConvFwdParams const& conv) {
+  const int64_t out_h = std::max(1, conv.output[1]);
+  const int64_t full_chunks = out_h / l.rows_per_strip;
+  const int64_t last_rows = out_h - full_chunks * l.rows_per_strip;
+  auto steps = [&](int64_t rows) { return (rows + l.h_slots - 1) / l.h_slots; };
+  const int64_t row_steps = full_chunks * steps(l.rows_per_strip) + steps(last_rows);
+  const int64_t slots = int64_t(l.warps_per_task) * 32 / l.vectors_per_cta;
+  return double(conv.output[2]) * double(out_h) /
+         (double(l.run) * double(slots) * double(l.w_chunks) * double(row_steps));
+}
+
+// The layout of the vector path's kernel for the problem: runs of
+// conv_vector_weight_run positions; the whole-row kernel of one-channel
+// groups at stride 1 also has runs of 7, taken where they lose fewer thread
+// steps (rows 7 x 2^k wide, as ImageNet models' 56, 28, 14 and 7: runs of 8
+// leave a slot idle or an eighth of the last run empty there).
+inline ConvVectorWeightLayout conv_vector_weight_layout(int32_t group_channels,
+                                                        ConvFwdParams const& conv, int32_t sms,
+                                                        bool clusters) {
+  const int32_t cols = conv_vector_weight_cols(group_channels, conv.filter[2]);
+  const int32_t run = conv_vector_weight_run(group_channels, cols, conv.stride[2]);
+  ConvVectorWeightLayout l =
+      conv_vector_weight_layout_of_run(group_channels, conv, sms, clusters, run);
+  if (conv_vector_weight_has_short_runs(group_channels, cols, conv.stride[2])) {
+    const ConvVectorWeightLayout shorter =
+        conv_vector_weight_layout_of_run(group_channels, conv, sms, clusters, run - 1);
+    if (conv_vector_weight_position_use(shorter, conv) >
+        1.01 * conv_vector_weight_position_use(l, conv)) {
+      l = shorter;
+    }
+  }
   return l;
 }
 
