@@ -438,9 +438,10 @@ def test_vector_weight_paths(case: Case) -> None:
 
 # Problems small enough that the vector path's CTAs of a block of dw sum it among themselves
 # and store dw, with no workspace (conv_vector_weight_layout): one CTA for every strip (960,
-# 768 and 96 groups), clusters of 2, 4, 5 and 8 (8 over 13-14 strips, two a CTA for some; over
-# 7 or 8 at batch 32, one CTA idle on 114-SM parts), every group width, 2D and 3D, stride 2,
-# channels_last; and 20 strips (3D, 32 groups), which add into the workspace.
+# 768 and 96 groups), clusters of 2, 4 and 8 (8 over 13-14 strips, two a CTA for some; over 7
+# or 8 at batch 32, one CTA idle on 114-SM parts), every group width, 2D and 3D, stride 2,
+# channels_last; 7x7 maps of 768 groups at batch 32, whose clusters would not fit one wave;
+# and 20 strips (3D, 32 groups); the last two add into the workspace.
 CLUSTER_WEIGHT_CASES = [
     Case("bf16", 1, (7, 7), 960, 1, 1, (3, 3), 1, 1),
     Case("bf16", 32, (7, 7), 768, 1, 1, (7, 7), 1, 3),
