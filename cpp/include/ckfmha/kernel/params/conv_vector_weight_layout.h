@@ -91,8 +91,8 @@ struct ConvVectorWeightLayout {
 // takes them all. Clusters are the strip CTAs rounded up to a power of two,
 // and only where the whole grid fits one wave of one CTA an SM: on ConvNeXt's
 // 7x7 maps of 768 groups at batch 32, 24 clusters of 8 CTAs (192) ran in
-// 30.1 us, 24 of exactly 5 (120) in 39.1 us (not all fit the GPCs at once),
-// the workspace's 120 CTAs and two launches in less.
+// 30.1 us, 24 of exactly 5 (120, of which 22 clusters fit at once) in 39.1 us,
+// the workspace's 120 CTAs and its two launches in 5.3.
 inline ConvVectorWeightLayout conv_vector_weight_layout_of_run(int32_t group_channels,
                                                                ConvFwdParams const& conv,
                                                                int32_t sms, bool clusters,
@@ -139,8 +139,12 @@ inline ConvVectorWeightLayout conv_vector_weight_layout_of_run(int32_t group_cha
                           strips(rows) <= 2 * kVectorWeightMaxCluster)) {
     cluster = 1;
     while (cluster < std::min<int64_t>(strip_ctas, kVectorWeightMaxCluster)) cluster *= 2;
-    // Clusters only where every CTA starts in the first wave.
-    if (cluster * blocks_yz > sms) cluster = 0;
+    // Clusters only where every CTA starts in the first wave: a GPC runs
+    // whole clusters only, so clusters of 4 or 8 CTAs that fill an SM each
+    // reach 120 of 132 SMs on the H200 (cudaOccupancyMaxActiveClusters: 66
+    // of 2, 30 of 4, 15 of 8; 22 of 5), and an eleventh is kept free.
+    const int64_t usable = cluster <= 2 ? sms : int64_t(sms) * 10 / 11;
+    if (cluster * blocks_yz > usable) cluster = 0;
   }
   l.stores_dw = cluster > 0 ? 1 : 0;
   l.grid[0] = cluster > 0 ? cluster : strip_ctas;
