@@ -390,9 +390,11 @@ def test_depthwise_weight_gradient_runs_directly() -> None:
 # Beyond the forward's depthwise cases, reductions over many runs a thread: 3-wide filters on
 # 8 images of 56x56; whole rows wider than 3 (four channels a load): 7-wide at stride 2, a
 # 6-wide row over 24 groups (CTAs of 2 vectors), a 3D filter 7 wide, ConvNeXt's first stage
-# at batch 32; and a batch-1 layer of 768 groups on a 7x7 map, where the launch shrinks its CTAs.
+# at batch 32; 28x28 maps, whose 7 runs take CTAs of 4 vectors (more slots a task); and a
+# batch-1 layer of 768 groups on a 7x7 map, where the launch shrinks its CTAs.
 DEPTHWISE_WEIGHT_CASES = [
     Case("bf16", 8, (56, 56), 64, 1, 1, (3, 3), 1, 1),
+    Case("bf16", 2, (28, 28), 64, 1, 1, (3, 3), 1, 1, layout="channels_last"),
     Case("fp16", 4, (29, 31), 48, 1, 1, (7, 7), 2, 3, layout="channels_last"),
     Case("bf16", 3, (19, 26), 24, 1, 1, (5, 6), 1, (2, 3)),
     Case("fp16", 2, (3, 9, 13), 40, 1, 1, (3, 3, 7), 1, (1, 1, 3)),

@@ -96,7 +96,8 @@ struct ConvVectorWeightLayout {
 inline ConvVectorWeightLayout conv_vector_weight_layout_of_run(int32_t group_channels,
                                                                ConvFwdParams const& conv,
                                                                int32_t sms, bool clusters,
-                                                               int32_t run) {
+                                                               int32_t run,
+                                                               int32_t max_vectors) {
   const int32_t g = group_channels;
   const int32_t cols = conv_vector_weight_cols(g, conv.filter[2]);
   const int32_t vec = conv_vector_weight_channels(g, cols);
@@ -106,7 +107,7 @@ inline ConvVectorWeightLayout conv_vector_weight_layout_of_run(int32_t group_cha
   const int64_t total_vectors = int64_t(conv.groups) * g / vec;
   const int64_t runs_w = (conv.output[2] + run - 1) / run;
   const int64_t images = int64_t(conv.batch) * conv.output[0];
-  l.vectors_per_cta = 8;
+  l.vectors_per_cta = max_vectors;
   while (total_vectors % l.vectors_per_cta != 0) l.vectors_per_cta /= 2;
   l.cols = cols;
   l.column_blocks = (conv.filter[2] + l.cols - 1) / l.cols;
@@ -172,23 +173,27 @@ inline double conv_vector_weight_position_use(ConvVectorWeightLayout const& l,
 // conv_vector_weight_run positions; the whole-row kernel of one-channel
 // groups at stride 1 also has runs of 7, taken where they lose fewer thread
 // steps (rows 7 x 2^k wide, as ImageNet models' 56, 28, 14 and 7: runs of 8
-// leave a slot idle or an eighth of the last run empty there).
+// leave a slot idle or an eighth of the last run empty there). CTAs of 8
+// vectors, or of 4 where twice the slots a task lose fewer steps (MobileNet's
+// 28x28 maps: 7 runs of 4 over 20 slots leave 6 idle, over 40 slots 5).
 inline ConvVectorWeightLayout conv_vector_weight_layout(int32_t group_channels,
                                                         ConvFwdParams const& conv, int32_t sms,
                                                         bool clusters) {
   const int32_t cols = conv_vector_weight_cols(group_channels, conv.filter[2]);
   const int32_t run = conv_vector_weight_run(group_channels, cols, conv.stride[2]);
-  ConvVectorWeightLayout l =
-      conv_vector_weight_layout_of_run(group_channels, conv, sms, clusters, run);
-  if (conv_vector_weight_has_short_runs(group_channels, cols, conv.stride[2])) {
-    const ConvVectorWeightLayout shorter =
-        conv_vector_weight_layout_of_run(group_channels, conv, sms, clusters, run - 1);
-    if (conv_vector_weight_position_use(shorter, conv) >
-        1.01 * conv_vector_weight_position_use(l, conv)) {
-      l = shorter;
+  const bool short_runs = conv_vector_weight_has_short_runs(group_channels, cols, conv.stride[2]);
+  ConvVectorWeightLayout best{};
+  double best_use = 0.0;
+  for (int32_t max_vectors : {8, 4}) {
+    for (int32_t r : {run, run - 1}) {
+      if (r != run && !short_runs) continue;
+      const ConvVectorWeightLayout l =
+          conv_vector_weight_layout_of_run(group_channels, conv, sms, clusters, r, max_vectors);
+      const double use = conv_vector_weight_position_use(l, conv);
+      if (best_use == 0.0 || use > 1.01 * best_use) best = l, best_use = use;
     }
   }
-  return l;
+  return best;
 }
 
 }  // namespace ckfmha::kernel
