@@ -66,6 +66,7 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   const ConvVectorWeightLayout l =
       conv_vector_weight_layout(kG, conv, sms, attributes.binaryVersion >= 90);
   kernel = vector_weight_kernel<Element, kG>(cols, conv.stride[2], l.run);
+  // The runtime decided from the same layout: a workspace exactly where sums are added.
   if ((accum == nullptr) != (l.stores_dw != 0)) return -int(cudaErrorInvalidValue);
   if (l.grid[1] > 65535 || l.grid[2] > 65535) return -int(cudaErrorInvalidConfiguration);
   ConvVectorWeightParams dp{};

@@ -77,22 +77,22 @@ struct ConvVectorWeightLayout {
   int32_t stores_dw;
 };
 
-// A CTA takes the largest power-of-two block of vectors up to 8 that divides
-// the problem's and up to conv_vector_weight_warps tasks (filter row, block
-// of columns), that many warps shared between them. A task's threads cover a
-// strip: as many runs of `run` positions along w as they hold (in even
-// chunks) by the rows left over. Strips shorten, down to those rows, until
-// the grid has eight strips a CTA on a wave of one CTA an SM (the unevenness
-// of the CTAs' last strips then costs at most an eighth). A block's strip CTAs
-// store dw themselves where they fit a cluster (`clusters`: the kernel runs on
-// sm_90) and either none is lost (up to 8 of them) or there are at most 16
-// strips (a CTA then sums two: on those batch-1 layers the two launches around
-// the workspace took longer than a strip); without clusters, where one CTA
-// takes them all. Clusters are the strip CTAs rounded up to a power of two,
-// and only where the whole grid fits one wave of one CTA an SM: on ConvNeXt's
-// 7x7 maps of 768 groups at batch 32, 24 clusters of 8 CTAs (192) ran in
-// 30.1 us, 24 of exactly 5 (120, of which 22 clusters fit at once) in 39.1 us,
-// the workspace's 120 CTAs and its two launches in 5.3.
+// A CTA takes the largest power-of-two block of vectors up to `max_vectors`
+// that divides the problem's and up to conv_vector_weight_warps tasks (filter
+// row, block of columns), that many warps shared between them. A task's threads
+// cover a strip: as many runs of `run` positions along w as they hold (in even
+// chunks) by the rows left over. Strips shorten, down to those rows, until the
+// grid has eight strips a CTA on a wave of one CTA an SM (the unevenness of the
+// CTAs' last strips then costs at most an eighth). A block's strip CTAs store
+// dw themselves where they fit a cluster (`clusters`: the kernel runs on sm_90)
+// and either none is lost (up to 8 of them) or there are at most 16 strips (a
+// CTA then sums two: on those batch-1 layers the two launches around the
+// workspace took longer than a strip); without clusters, where one CTA takes
+// them all. Clusters are the strip CTAs rounded up to a power of two, and only
+// where the whole grid fits one wave of one CTA an SM: on ConvNeXt's 7x7 maps
+// of 768 groups at batch 32, 24 clusters of 8 CTAs (192) ran in 30.1 us, 24 of
+// exactly 5 (120, of which 22 clusters fit at once) in 39.1 us, the workspace's
+// 120 CTAs and its two launches in 22.3.
 inline ConvVectorWeightLayout conv_vector_weight_layout_of_run(int32_t group_channels,
                                                                ConvFwdParams const& conv,
                                                                int32_t sms, bool clusters,
