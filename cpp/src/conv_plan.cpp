@@ -175,6 +175,23 @@ int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_pro
   return layout.stores_dw ? int32_t(layout.grid[0]) : 0;
 }
 
+std::string conv_weight_vector_shape(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                     int sm_count) {
+  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || k.conv_max_channels == 0) return "";
+  const kernel::ConvFwdParams conv =
+      kernel::make_conv_fwd_params(p, ckfmha_conv_fwd_args{nullptr, nullptr, nullptr});
+  const int32_t channels = kernel::conv_vector_weight_path(k.conv_max_channels, conv);
+  if (channels == 0) return "";
+  const kernel::ConvVectorWeightLayout l =
+      kernel::conv_vector_weight_layout(channels, conv, sm_count, k.arch >= 90);
+  std::ostringstream out;
+  out << "runs of " << l.run << " positions along w, "
+      << l.vectors_per_cta * kernel::conv_vector_weight_channels(channels, l.cols)
+      << " channels a CTA, " << l.grid[0] << (l.grid[0] == 1 ? " CTA" : " CTAs")
+      << " a block of dw";
+  return out.str();
+}
+
 int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                                  int32_t splits) {
   const bool gathering_wgmma =
@@ -815,7 +832,8 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
            "no workspace: "
         << plan.why << "\n";
   } else if (cluster > 0) {
-    out << "one stage, " << plan.kernel.name << " on its vector path: "
+    out << "one stage, " << plan.kernel.name << " on its vector path ("
+        << conv_weight_vector_shape(plan.kernel, p, context.sm_count) << "): "
         << (cluster == 1 ? "one CTA sums" : std::to_string(cluster) + " CTAs in a cluster sum")
         << " each block of dw and store it, no workspace (where x and dy are aligned "
            "to its vectors; else they add into the zeroed fp32 workspace, converted after): "
@@ -823,13 +841,19 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   } else if (plan.found && is_weight(direction) &&
              (plan.splits > 1 || is_direct(plan.kernel))) {
     out << "zero the fp32 partial sums, " << plan.kernel.name;
+    const std::string shape = is_direct(plan.kernel)
+                                  ? conv_weight_vector_shape(plan.kernel, p, context.sm_count)
+                                  : std::string();
+    const bool lane = is_direct(plan.kernel) && plan.kernel.conv_max_channels <= 4;
     if (!is_direct(plan.kernel)) {
       out << " over " << plan.splits << " splits";
-    } else if (plan.kernel.conv_max_channels <= 4) {
-      out << " over " << plan.splits << " CTAs a block of groups on the lane path";
-    } else {
-      out << " on its vector path";
+    } else if (!shape.empty()) {
+      out << " on its vector path (" << shape << ")"
+          << (lane ? " where x and dy are aligned to its vectors, else" : "");
+    } else if (!lane) {
+      out << " on its lane path";  // the 8-channel kernel forced off its vector path
     }
+    if (lane) out << " over " << plan.splits << " CTAs a block of groups on the lane path";
     out << " adding into them, convert to dw: " << plan.why << "\n";
   } else if (plan.found) {
     out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";

@@ -459,7 +459,9 @@ CLUSTER_WEIGHT_CASES = [
     Case("bf16", 1, (13, 13), 16, 8, 8, (3, 3), 1, 1),
     Case("bf16", 1, (4, 9, 9), 32, 1, 1, (3, 3, 3), 1, 1),
 ]
-CLUSTER_TEXT = re.compile(r"on its vector path: (?:(one) CTA sums|(\d+) CTAs in a cluster sum)")
+CLUSTER_TEXT = re.compile(
+    r"on its vector path \([^)]*\): (?:(one) CTA sums|(\d+) CTAs in a cluster sum)"
+)
 
 
 def _direct_weight_kernel(case: Case) -> str | None:

@@ -9,6 +9,7 @@ named. No device needed: the plan and its explanation run on the host."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -104,8 +105,16 @@ def test_narrow_groups_take_the_vector_path(changes: dict[str, object], channels
     # count them where the plan adds into the workspace (on these small problems the vector
     # path's CTAs may store dw themselves instead, and then the plan says so).
     lane = "CTAs a block of groups on the lane path"
-    stores = " on its vector path: " in text.split("plan: ")[1]
+    plan = text.split("plan: ")[1]
+    stores = "each block of dw and store it" in plan
     assert (lane in text) == (channels < 8 and not stores), text
+    # Either way the plan gives the vector path's shape: its runs, a CTA's channels and the
+    # CTAs a block of dw.
+    assert re.search(
+        r"on its vector path \(runs of \d positions along w, \d+ channels a CTA, "
+        r"\d+ CTAs? a block of dw\)",
+        plan,
+    ), plan
 
 
 FORWARD_LOADS = {
@@ -242,5 +251,5 @@ def test_small_weight_gradients_store_dw(problem: ConvProblem, sm90: str, sm80: 
         plan = ckfmha.conv_explain(problem, direction="bwd_weight", arch=arch).split("plan: ")[1]
         assert expected in plan, (arch, plan)
         if expected != WORKSPACE_PLAN:
-            assert plan.startswith(f"one stage, {name} on its vector path: "), plan
+            assert plan.startswith(f"one stage, {name} on its vector path (runs of "), plan
             assert "no workspace (where x and dy are aligned to its vectors" in plan, plan

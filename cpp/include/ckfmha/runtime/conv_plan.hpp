@@ -66,6 +66,13 @@ struct ConvPlanContext {
 int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                                    const void* x, const void* dy, int sm_count);
 
+// How the direct backward-weight kernel `k`'s vector path splits the problem
+// on `sm_count` SMs (kernel::conv_vector_weight_layout: the run length along
+// w, the channels a CTA sums, the CTAs a block of dw), for explain; empty
+// where its geometry leaves the problem to the lane path.
+std::string conv_weight_vector_shape(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                     int sm_count);
+
 // The CTAs of the cluster the gathering wgmma backward-weight kernel `k`'s
 // `splits` sum their partial tiles in before storing dw
 // (kernel::conv_weight_cluster_sum; the launch may use fewer splits where a
