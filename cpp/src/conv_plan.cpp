@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -163,31 +164,38 @@ int32_t widest_conv_vector(int64_t channels, int64_t const* strides, int count, 
   return 1;
 }
 
-int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
-                                   const void* x, const void* dy, int sm_count) {
-  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || k.conv_max_channels == 0) return 0;
+namespace {
+
+// The layout of the direct backward-weight kernel `k`'s vector path for the
+// problem (kernel::conv_vector_weight_layout), or none where `k` is no such
+// kernel or x and dy (null: as if aligned) leave the problem to its lane path.
+std::optional<kernel::ConvVectorWeightLayout> vector_weight_layout(
+    ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, const void* x, const void* dy,
+    int sm_count) {
+  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || k.conv_max_channels == 0) return std::nullopt;
   const kernel::ConvFwdParams conv =
       kernel::make_conv_fwd_params(p, ckfmha_conv_fwd_args{x, nullptr, const_cast<void*>(dy)});
   const int32_t channels = kernel::conv_vector_weight_path(k.conv_max_channels, conv);
-  if (channels == 0) return 0;
-  const kernel::ConvVectorWeightLayout layout =
-      kernel::conv_vector_weight_layout(channels, conv, sm_count, k.arch >= 90);
-  return layout.stores_dw ? int32_t(layout.grid[0]) : 0;
+  if (channels == 0) return std::nullopt;
+  return kernel::conv_vector_weight_layout(channels, conv, sm_count, k.arch >= 90);
+}
+
+}  // namespace
+
+int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                   const void* x, const void* dy, int sm_count) {
+  const auto layout = vector_weight_layout(k, p, x, dy, sm_count);
+  return layout && layout->stores_dw ? int32_t(layout->grid[0]) : 0;
 }
 
 std::string conv_weight_vector_shape(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                                      int sm_count) {
-  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || k.conv_max_channels == 0) return "";
-  const kernel::ConvFwdParams conv =
-      kernel::make_conv_fwd_params(p, ckfmha_conv_fwd_args{nullptr, nullptr, nullptr});
-  const int32_t channels = kernel::conv_vector_weight_path(k.conv_max_channels, conv);
-  if (channels == 0) return "";
-  const kernel::ConvVectorWeightLayout l =
-      kernel::conv_vector_weight_layout(channels, conv, sm_count, k.arch >= 90);
+  const auto l = vector_weight_layout(k, p, nullptr, nullptr, sm_count);
+  if (!l) return "";
   std::ostringstream out;
-  out << "runs of " << l.run << " positions along w, "
-      << l.vectors_per_cta * kernel::conv_vector_weight_channels(channels, l.cols)
-      << " channels a CTA, " << l.grid[0] << (l.grid[0] == 1 ? " CTA" : " CTAs")
+  out << "runs of " << l->run << " positions along w, "
+      << l->vectors_per_cta * kernel::conv_vector_weight_channels(p.in_channels, l->cols)
+      << " channels a CTA, " << l->grid[0] << (l->grid[0] == 1 ? " CTA" : " CTAs")
       << " a block of dw";
   return out.str();
 }
