@@ -297,9 +297,8 @@ std::string direct_path(ckfmha_conv_problem const& p, ckfmha_conv_direction dire
   // leave room for four in groups of 2 and 4 and in whole rows wider than 3
   // of one-channel groups (conv_vector_weight_channels).
   const int32_t channels =
-      weight ? kernel::conv_vector_weight_channels(
-                   p.in_channels,
-                   kernel::conv_vector_weight_cols(p.in_channels, p.filter[p.spatial_dims - 1]))
+      weight ? kernel::conv_vector_weight_load_channels(p.in_channels,
+                                                        p.filter[p.spatial_dims - 1])
              : 8;
   const char* load = p.in_channels == 1 ? (channels == 4 ? "4 groups an 8-byte load"
                                                          : "8 groups a 16-byte load")

@@ -291,6 +291,13 @@ constexpr int32_t conv_vector_weight_channels(int32_t group_channels, int32_t co
   return group_channels == 8 || (group_channels == 1 && cols <= 3) ? 8 : 4;
 }
 
+// The channels the vector path loads at once for a problem's groups of G
+// channels and its filter width along w.
+constexpr int32_t conv_vector_weight_load_channels(int32_t group_channels, int32_t filter_w) {
+  return conv_vector_weight_channels(group_channels,
+                                     conv_vector_weight_cols(group_channels, filter_w));
+}
+
 // Output positions along w a thread of the vector path sums per row: 4 where
 // it loads eight channels (as the forward's depthwise path; eight-channel
 // groups' one-column tasks have no overlap to spread, their row loop is 64%

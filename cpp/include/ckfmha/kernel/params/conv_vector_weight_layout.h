@@ -31,8 +31,7 @@ constexpr int32_t kVectorWeightMaxCluster = 8;
 // (aligned pointers, strides in whole vectors), and rows whose offsets count
 // in 32 bits.
 inline bool conv_vector_weight_fits(int32_t group_channels, ConvFwdParams const& conv) {
-  const int32_t vec = conv_vector_weight_channels(
-      group_channels, conv_vector_weight_cols(group_channels, conv.filter[2]));
+  const int32_t vec = conv_vector_weight_load_channels(group_channels, conv.filter[2]);
   if (conv.in_channels != group_channels ||
       conv_vector_weight_limit(conv.groups, conv.in_channels, conv.out_channels,
                                int64_t(conv.filter[0]) * conv.filter[1] * conv.filter[2],
