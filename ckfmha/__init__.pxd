@@ -386,6 +386,8 @@ cdef extern from "ckfmha/ckfmha.h" nogil:
         const void* x
         const void* w
         void* y
+        void* workspace
+        size_t workspace_bytes
 
     ctypedef struct ckfmha_conv_bwd_data_args:
         const void* dy

@@ -35,6 +35,7 @@ from ckfmha.device_scope import on_device
 from ckfmha.errors import BufferTooSmallError, InvalidArgumentError
 
 _DTYPES = (_dtypes.FP16, _dtypes.BF16)
+_F32 = (_dtypes.FP32,)
 
 cdef enum:
     NAME_CAPACITY = 512
@@ -130,6 +131,19 @@ def _shape_attr(obj):
         return None
 
 
+cdef object _workspace(capi.ckfmha_conv_problem* problem, int direction, str kind, like,
+                       handle):
+    """The pass's workspace, allocated like its output (torch's caching allocator for torch),
+    as (owner, view); (None, None) when it needs none."""
+    cdef size_t nbytes = 0
+    check(capi.ckfmha_conv_workspace_size(problem, <capi.ckfmha_conv_direction>direction, -1,
+                                          &nbytes))
+    if nbytes == 0:
+        return None, None
+    owner = allocate(kind, like, (max(1, (nbytes + 3) // 4),), _dtypes.FP32)
+    return owner, as_view(owner, handle, None, "workspace", 1, _F32, True)
+
+
 def conv_fwd(x, w, *, stride=1, padding=0, dilation=1, out=None, kernel=None, stream=None,
              dtype=None):
     """y = grouped convolution of x with w (cross-correlation, as torch's conv2d/conv3d).
@@ -152,7 +166,9 @@ def conv_fwd(x, w, *, stride=1, padding=0, dilation=1, out=None, kernel=None, st
     call runs, on ``stream`` (default: the framework's current stream of that device).
     ``kernel`` forces a registered conv_fwd kernel by name (``conv_select`` names the
     automatic choice); ``dtype`` overrides what x and w report (bf16 over the CUDA Array
-    Interface). Batch 0 returns an empty y without a launch. Shapes, strides and dtypes are
+    Interface). Groups of 8, 16 or 32 input channels may run several at a time on sm_90
+    through block-diagonal filters in a workspace allocated like y (``conv_explain`` says
+    when). Batch 0 returns an empty y without a launch. Shapes, strides and dtypes are
     checked before anything is staged or launched: InvalidArgumentError (a ValueError) says
     what is wrong and what is supported; a problem no kernel covers raises UnsupportedError.
     """
@@ -194,6 +210,7 @@ cdef object _conv_fwd(capi.ckfmha_conv_problem* problem, bint initialised, x_sha
     _set_outer(problem.y_stride, outer_strides(yv.shape, yv.strides))
 
     cdef capi.ckfmha_conv_fwd_args args
+    memset(&args, 0, sizeof(args))
     args.x = <const void*>xv.ptr
     args.w = <const void*>wv.ptr
     args.y = <void*>yv.ptr
@@ -216,6 +233,13 @@ cdef object _conv_fwd(capi.ckfmha_conv_problem* problem, bint initialised, x_sha
         small = first_use.conv_direct_bucket(problem.in_channels, problem.out_channels)
         key = ("conv", (CONV_FWD, <int>problem.dtype, problem.spatial_dims, vector, small))
         first_use.ensure(key)
+    # Groups of 8-32 channels may run packed: their block-diagonal filters go here.
+    workspace = None
+    if launches:
+        workspace, wsv = _workspace(problem, CONV_FWD, kind, x, handle)
+        if wsv is not None:
+            args.workspace = <void*>(<ArrayView>wsv).ptr
+            args.workspace_bytes = 4 * (<ArrayView>wsv).shape[0]
     cdef uintptr_t c_stream = <uintptr_t>handle
     cdef int status
     with nogil:

@@ -8,7 +8,7 @@ from libc.string cimport memset
 
 cimport ckfmha as capi
 from ckfmha._arrays cimport ArrayView
-from ckfmha._conv cimport _init_geometry, _set_outer, _y_shape
+from ckfmha._conv cimport _init_geometry, _set_outer, _workspace, _y_shape
 from ckfmha._status cimport check
 
 from ckfmha import _dtypes, first_use
@@ -28,7 +28,6 @@ from ckfmha.device_scope import on_device
 from ckfmha.errors import InvalidArgumentError
 
 _DTYPES = (_dtypes.FP16, _dtypes.BF16)
-_F32 = (_dtypes.FP32,)
 
 cdef enum:
     # ckfmha_conv_direction, for the launch outside the GIL.
@@ -85,19 +84,6 @@ cdef int _check_dy(capi.ckfmha_conv_problem* problem, ArrayView dyv) except -1:
     check_channels_dense("dy", dyv.shape, dyv.strides)
     _set_outer(problem.y_stride, outer_strides(dyv.shape, dyv.strides))
     return 0
-
-
-cdef object _workspace(capi.ckfmha_conv_problem* problem, int direction, str kind, like,
-                       handle):
-    """The pass's workspace, allocated like its output (torch's caching allocator for torch),
-    as (owner, view); (None, None) when it needs none."""
-    cdef size_t nbytes = 0
-    check(capi.ckfmha_conv_workspace_size(problem, <capi.ckfmha_conv_direction>direction, -1,
-                                          &nbytes))
-    if nbytes == 0:
-        return None, None
-    owner = allocate(kind, like, (max(1, (nbytes + 3) // 4),), _dtypes.FP32)
-    return owner, as_view(owner, handle, None, "workspace", 1, _F32, True)
 
 
 def conv_bwd_data(dy, w, *, input_size=None, stride=1, padding=0, dilation=1, out=None,

@@ -9,6 +9,7 @@
 #include "ckfmha/runtime/capi_support.hpp"
 #include "ckfmha/runtime/conv_aux_kernels.hpp"
 #include "ckfmha/runtime/conv_bwd_plan.hpp"
+#include "ckfmha/runtime/conv_fwd_plan.hpp"
 #include "ckfmha/runtime/conv_plan.hpp"
 #include "ckfmha/runtime/device.hpp"
 #include "ckfmha/runtime/device_errors.hpp"
@@ -114,6 +115,12 @@ int ckfmha_conv_select(const ckfmha_conv_problem* problem, ckfmha_conv_direction
   if (conv_output_rows(*problem) == 0) return copy_text_out("", name_buf, buf_len, nullptr);
   ConvPlanContext context;
   if (int s = conv_context(arch, &context)) return s;
+  if (direction == CKFMHA_CONV_FWD) {
+    ConvFwdPlan plan = plan_conv_fwd(*Registry::instance().entries(), *problem, context, nullptr,
+                                     nullptr, nullptr, true);
+    if (!plan.plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.plan.why);
+    return copy_text_out(plan.plan.kernel.name, name_buf, buf_len, nullptr);
+  }
   if (direction == CKFMHA_CONV_BWD_DATA) {
     // The kernel of the first phase that runs one (every phase when forced).
     ConvDataPlan plan = plan_conv_bwd_data(*Registry::instance().entries(), *problem, context,
@@ -139,6 +146,10 @@ int ckfmha_conv_explain(const ckfmha_conv_problem* problem, ckfmha_conv_directio
   }
   ConvPlanContext context;
   if (int s = conv_context(arch, &context)) return s;
+  if (direction == CKFMHA_CONV_FWD) {
+    return copy_text_out(explain_conv_fwd(*Registry::instance().entries(), *problem, context),
+                         buf, buf_len, needed);
+  }
   if (direction == CKFMHA_CONV_BWD_DATA) {
     return copy_text_out(
         explain_conv_bwd_data(*Registry::instance().entries(), *problem, context), buf, buf_len,
@@ -170,23 +181,46 @@ int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem, const ckfmha_conv_fw
     return s;
   }
   if (int s = conv_context(-1, &context)) return s;
-  context.vector = conv_vector_allowed(*problem, args->x, args->w);
-  ConvPlan plan =
-      plan_conv(*Registry::instance().entries(), *problem, CKFMHA_CONV_FWD, context);
-  if (!plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.why);
+  const size_t needed = conv_fwd_workspace_bytes(*problem, context.device_arch);
+  if (int s = check_workspace(args->workspace, args->workspace_bytes, needed, false)) return s;
+  const bool has_workspace = needed > 0 && args->workspace != nullptr;
+  ConvFwdPlan plan = plan_conv_fwd(*Registry::instance().entries(), *problem, context, args->x,
+                                   args->w, args->workspace, has_workspace);
+  if (!plan.plan.found) return fail(CKFMHA_ERROR_UNSUPPORTED, plan.plan.why);
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
-  return from_launch_result(plan.kernel.launch(problem, args, &launch_context, stream),
-                            plan.kernel.name);
+  ckfmha_conv_fwd_args run{args->x, args->w, args->y, nullptr, 0};
+  if (plan.pack > 1) {
+    ConvPackedFilter filter{};
+    filter.w = args->w;
+    filter.dst = args->workspace;
+    filter.groups = problem->groups;
+    filter.in_channels = problem->in_channels;
+    filter.out_channels = problem->out_channels;
+    filter.taps = conv_filter_taps(*problem);
+    filter.pack = plan.pack;
+    if (int r = launch_conv_packed_filter(filter, stream)) {
+      return from_launch_result(r, "conv packed filter");
+    }
+    run.w = args->workspace;
+  }
+  return from_launch_result(plan.plan.kernel.launch(&plan.problem, &run, &launch_context, stream),
+                            plan.plan.kernel.name);
 }
 
 int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
                                ckfmha_conv_direction direction, int arch, size_t* bytes) {
-  (void)arch;  // the sizes do not depend on the kernels chosen
   if (int s = checked_problem(problem)) return s;
   if (int s = checked_direction(direction)) return s;
   if (bytes == nullptr) return fail(CKFMHA_ERROR_INVALID_ARGUMENT, "bytes is NULL");
   *bytes = 0;
+  // The backward passes' sizes do not depend on the arch; the forward packs
+  // only where the TMA template runs.
+  if (direction == CKFMHA_CONV_FWD) {
+    int device_arch = 0;
+    if (int s = resolve_arch(arch, &device_arch)) return s;
+    *bytes = conv_fwd_workspace_bytes(*problem, device_arch);
+  }
   if (direction == CKFMHA_CONV_BWD_DATA) *bytes = conv_data_workspace_bytes(*problem);
   if (direction == CKFMHA_CONV_BWD_WEIGHT) *bytes = conv_weight_workspace_bytes(*problem);
   return succeed();

@@ -143,7 +143,7 @@ bool reads_filter_view(ConvDataPhase const& phase, const void* w) {
 size_t conv_data_workspace_bytes(ckfmha_conv_problem const& p) {
   // The packed filters are the larger: room for either plan.
   size_t bytes = 0;
-  conv_data_phases(p, &bytes, kernel::conv_data_pack(p.groups, p.out_channels));
+  conv_data_phases(p, &bytes, kernel::conv_tma_pack(p.groups, p.out_channels));
   return bytes;
 }
 
@@ -264,11 +264,11 @@ ConvDataPlan plan_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
                                 ckfmha_conv_problem const& p, ConvPlanContext const& context,
                                 const void* dy, const void* workspace) {
   ConvDataPlan plan = plan_phases(kernels, p, context, dy, workspace, 1);
-  const int32_t pack = kernel::conv_data_pack(p.groups, p.out_channels);
+  const int32_t pack = kernel::conv_tma_pack(p.groups, p.out_channels);
   int64_t positions = p.batch;
   for (int i = 0; i < p.spatial_dims; ++i) positions *= p.input[i];
   // A forced TMA kernel fits groups of 8-32 channels only packed.
-  const bool worth_packing = !plan.found || (positions >= kernel::kDataPackMinPositions &&
+  const bool worth_packing = !plan.found || (positions >= kernel::kTmaPackMinPositions &&
                                              !every_phase_on_tma(plan));
   if (pack > 1 && worth_packing) {
     ConvDataPlan packed = plan_phases(kernels, p, context, dy, workspace, pack);

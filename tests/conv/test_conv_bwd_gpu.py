@@ -603,7 +603,7 @@ def test_every_tma_kernel_reads_the_filter_in_place_in_backward_data(
     for case in cases:
         run_bwd_data(case, kernel=kernel["name"])
     run_bwd_data(cases[0], kernel=kernel["name"], misaligned_w=True)
-    # Groups of 8 output channels, 8 to a block-diagonal filter of 64 (conv_data_pack).
+    # Groups of 8 output channels, 8 to a block-diagonal filter of 64 (conv_tma_pack).
     spatial = (13, 11) if dims == 2 else (4, 7, 5)
     run_bwd_data(Case(dtype, 2, spatial, 16, 24, 8, (3,) * dims, 2, 1), kernel=kernel["name"])
 

@@ -361,3 +361,50 @@ def test_drawn_shapes_cover_the_space() -> None:
     assert any(p.in_channels == p.out_channels == 1 for p in problems)
     assert {case.layout for case in DRAWN} == {"dense", "slice", "offset", "channels_last"}
     assert any(p.out_channels % 8 for p in problems if p.out_channels > 1)
+
+
+# Groups of 8-32 input channels on the TMA template, several to a block-diagonal filter in the
+# workspace (from 1024 output positions): packs of 8, 4 and 2, unequal channel counts,
+# strides, dilation, 3D, and the channels_last and sliced layouts.
+PACKED = [
+    Case("bf16", 8, (28, 28), 32, 8, 8, (3, 3), 2, 1),
+    Case("bf16", 2, (24, 24), 32, 16, 16, (3, 3), 1, 1, layout="channels_last"),
+    Case("fp16", 4, (19, 15), 8, 32, 16, (3, 3), 1, 1, layout="slice"),
+    Case("bf16", 16, (17, 9), 16, 8, 24, (5, 3), (1, 2), (2, 1), (1, 2)),
+    Case("bf16", 9, (6, 9, 8), 16, 16, 8, (3, 3, 3), (1, 2, 2), 1),
+]
+
+
+def _have_tma(dtype: str, dims: int) -> bool:
+    return any(TMA_NAME.match(k["name"])["dtype"] == dtype
+               and int(TMA_NAME.match(k["name"])["dims"]) == dims
+               for k in _device_tma_kernels())  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PACKED, ids=lambda c: c.label)
+def test_groups_run_packed_on_the_tma_kernel(case: Case) -> None:
+    if not _have_tma(case.dtype, len(case.input)):
+        pytest.skip(f"no {case.dtype} {len(case.input)}D TMA forward kernel in this build")
+    text = ckfmha.conv_explain(case.problem)
+    assert "block-diagonal filters" in text, text
+    run_case(case)
+
+
+def test_a_forced_tma_kernel_packs_small_problems_and_misaligned_inputs_do_not() -> None:
+    """Below 1024 output positions the automatic plan keeps the groups apart, but a TMA kernel
+    forced by name takes them packed; x at a channel offset (narrower loads than the copy
+    engine's) runs unpacked on a gathering kernel."""
+    if not _have_tma("bf16", 2):
+        pytest.skip("no bf16 2D TMA forward kernel in this build")
+    small = Case("bf16", 1, (9, 9), 8, 8, 8, (3, 3), 1, 1)
+    assert "block-diagonal filters" not in ckfmha.conv_explain(small.problem)
+    tma = [k["name"] for k in _device_tma_kernels()
+           if k["name"].startswith("conv_fwd_bf16_2d_") and "k64_" in k["name"]]  # fmt: skip
+    for name in tma[:2]:
+        run_case(small, kernel=name)
+    offset = Case("bf16", 8, (28, 28), 32, 8, 8, (3, 3), 2, 1, layout="offset")
+    inputs = Inputs()
+    x = make_x(offset, inputs)
+    w = inputs.normal(offset.problem.w_shape, offset.dtype)
+    assert not TMA_NAME.match(ckfmha.conv_select(x, w, stride=2, padding=1))
+    run_case(offset)

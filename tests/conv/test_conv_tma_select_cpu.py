@@ -85,3 +85,36 @@ def test_the_learned_selection_leaves_tma_plans_to_the_rules() -> None:
     if "learned selection not used: the conv cost model is for" in text:
         pytest.skip("the loaded conv cost model is for another arch")
     assert "no timings of the TMA template" in text, text
+
+
+@pytest.mark.parametrize(
+    ("groups", "c", "k", "pack"),
+    [(32, 8, 8, 8), (32, 16, 16, 4), (32, 32, 32, 2), (8, 16, 24, 4), (16, 8, 64, 8),
+     (12, 8, 8, 1), (32, 24, 24, 1), (16, 64, 8, 1), (64, 4, 4, 1)],
+)  # fmt: skip
+def test_groups_of_8_to_32_input_channels_run_packed(
+    groups: int, c: int, k: int, pack: int
+) -> None:
+    """Groups whose input channels (the forward's reduction) are 8, 16 or 32 run `pack` at a time
+    as one of 64 on the TMA template, through block-diagonal filters in the workspace, from
+    1024 output positions, unless the unpacked groups already run on it; groups the pack does
+    not divide, and other channel counts, do not. Without a workspace explain names the
+    unpacked kernel."""
+    problem = _dense(groups=groups, in_channels=c, out_channels=k, stride=2)  # 8 x 14 x 14
+    text = ckfmha.conv_explain(problem, arch="sm_90a")
+    name = ckfmha.conv_select(problem, arch="sm_90a")
+    phrase = f"groups multiplied {pack} at a time as one of {pack * c} input and {pack * k} output"
+    if pack == 1:
+        assert "at a time as one of" not in text, text
+    elif phrase in text:
+        assert f"groups={groups // pack} C={pack * c} K={pack * k}" in text, text
+        assert TMA in name, text
+        assert f"plan: the packed filters written into the workspace, then {name}" in text, text
+        assert "without a workspace they run unpacked, on conv_fwd_" in text, text
+    else:
+        assert TMA in name, text  # a 32-channel TMA tile took the groups unpacked
+    if pack in (4, 8):  # no TMA tile takes 8 or 16 reduction channels unpacked
+        assert phrase in text, text
+    # Below 1024 output positions the groups run unpacked.
+    small = _dense(batch=4, groups=groups, in_channels=c, out_channels=k, stride=2)  # 784
+    assert "at a time as one of" not in ckfmha.conv_explain(small, arch="sm_90a")

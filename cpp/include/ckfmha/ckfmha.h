@@ -805,10 +805,17 @@ typedef struct ckfmha_conv_problem {
   int64_t y_stride[4];
 } ckfmha_conv_problem;
 
+/* Forward: y from x and w. Groups of 8, 16 or 32 input channels that divide
+ * into packs of 64 channels run several at a time on the TMA template (sm_90
+ * on), through block-diagonal filters written into the workspace, where the
+ * plan finds that worth it; with no workspace (NULL) they run one group at a
+ * time. */
 typedef struct ckfmha_conv_fwd_args {
   const void* x;
   const void* w;
   void* y;
+  void* workspace; /* NULL, or ckfmha_conv_workspace_size bytes, 16-byte aligned */
+  size_t workspace_bytes;
 } ckfmha_conv_fwd_args;
 
 /* Backward-data: dx (x's layout and strides) from dy (y's) and w. The plan
@@ -854,7 +861,8 @@ CKFMHA_API int ckfmha_conv_problem_init(ckfmha_conv_problem* problem, ckfmha_dty
                                         const int32_t* dilation);
 CKFMHA_API int ckfmha_conv_problem_validate(const ckfmha_conv_problem* problem);
 /* arch < 0: the current device's. Writes the chosen kernel's name (empty when
- * the output is empty and no kernel runs). */
+ * the output is empty and no kernel runs); the forward's as planned with a
+ * workspace. */
 CKFMHA_API int ckfmha_conv_select(const ckfmha_conv_problem* problem,
                                   ckfmha_conv_direction direction, int arch, char* name_buf,
                                   size_t buf_len);
@@ -866,7 +874,8 @@ CKFMHA_API int ckfmha_conv_fwd_run(const ckfmha_conv_problem* problem,
                                    const ckfmha_conv_fwd_args* args, const char* kernel_name,
                                    ckfmha_stream_t stream);
 /* Bytes of workspace a direction's plan needs on `arch` (< 0: the current
- * device's); 0 for the forward. */
+ * device's); for the forward, the packed filters' where the groups pack on
+ * that arch, else 0. */
 CKFMHA_API int ckfmha_conv_workspace_size(const ckfmha_conv_problem* problem,
                                           ckfmha_conv_direction direction, int arch,
                                           size_t* bytes);

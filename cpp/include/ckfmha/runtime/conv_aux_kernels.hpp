@@ -1,8 +1,8 @@
-// The small passes the convolution backward plans run around their main
-// kernels: the backward-data plan's filter rearrangement
-// (conv_phase_filters.cu) and the zeros of positions no filter tap reaches,
-// and the backward-weight plan's fp32 partial sums (zeroed before, converted
-// after). Each returns 0 or the negated cudaError_t of its launch, as kernel
+// The small passes the convolution plans run around their main kernels: the
+// forward plan's packed filter (conv_packed_filter.cu), the backward-data
+// plan's filter rearrangement (conv_phase_filters.cu) and the zeros of
+// positions no filter tap reaches, and the backward-weight plan's fp32
+// partial sums (zeroed before, converted after). Each returns 0 or the negated cudaError_t of its launch, as kernel
 // launchers do.
 #pragma once
 
@@ -26,7 +26,7 @@ struct ConvPhaseFilter {
   int32_t taps[3];   // taps of the phase per dim
   int32_t first[3];  // the filter index of the phase's tap 0 (its largest)
   int32_t step[3];   // filter index distance of consecutive taps
-  // Groups written as one (conv_data_pack): dst holds groups / pack groups of
+  // Groups written as one (conv_tma_pack): dst holds groups / pack groups of
   // pack x in_channels by pack x out_channels, group p's block on the
   // diagonal and zeros elsewhere.
   int32_t pack;
@@ -35,6 +35,22 @@ struct ConvPhaseFilter {
 // channels): one launch per kConvPhaseFiltersPerLaunch phases.
 constexpr int kConvPhaseFiltersPerLaunch = 8;
 int launch_conv_phase_filters(ConvPhaseFilter const* filters, int count, ckfmha_stream_t stream);
+
+// The forward plan's packed filter (conv_fwd_plan.hpp): `pack` consecutive
+// groups of w (dense [groups, K, taps, C]) as one block-diagonal group of
+// pack x K by pack x C channels,
+//   dst[q][m * K + k][tap][n * C + c] = m == n ? w[q * pack + m][k][tap][c] : 0,
+// for the groups / pack packed groups q.
+struct ConvPackedFilter {
+  const void* w;
+  void* dst;
+  int32_t groups;
+  int32_t in_channels;   // C, per group of w
+  int32_t out_channels;  // K
+  int64_t taps;
+  int32_t pack;
+};
+int launch_conv_packed_filter(ConvPackedFilter const& filter, ckfmha_stream_t stream);
 
 // Zeros of 2-byte elements at base + n * stride[0] + i * stride[1] + j *
 // stride[2] + l * stride[3] + e, for extents (batch, d, h, w) and `row`

@@ -42,7 +42,7 @@ struct ConvDataPlan {
   std::string why;  // when not found: which phase has no kernel and why
   std::vector<ConvDataPhase> phases;
   size_t workspace_bytes = 0;
-  // Groups multiplied as one by every phase (conv_data_pack), through
+  // Groups multiplied as one by every phase (conv_tma_pack), through
   // block-diagonal filters; 1: none.
   int32_t pack = 1;
   // The learned selection's account: one kernel chosen for every phase, or
@@ -57,7 +57,7 @@ struct ConvDataPlan {
 bool reads_filter_view(ConvDataPhase const& phase, const void* w);
 
 // The phases and their forward problems, without kernels; `pack` groups
-// multiplied as one (conv_data_pack).
+// multiplied as one (conv_tma_pack).
 std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& problem,
                                             size_t* workspace_bytes, int32_t pack = 1);
 

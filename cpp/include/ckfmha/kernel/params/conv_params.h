@@ -114,27 +114,30 @@ constexpr int32_t conv_weight_pack(int32_t groups, int32_t in_channels, int32_t 
   return pack;
 }
 
-// Backward-data multiplies `pack` consecutive groups as one, through a
-// block-diagonal filter that the phase rearrangement writes (zeros between
-// the groups), where that makes the phase's reduction channels (pack x the
-// groups' output channels, 8 to 32) exactly 64: the TMA forward then runs
-// them at whole 64-channel chunks and spends (pack - 1) / pack of its
-// products on the zeros, which the tensor cores have to spare (the gathering
-// kernels ran these groups at 0.5-0.8x cuDNN). The runtime takes the packed
-// plan only where every phase of it runs on the TMA template, from 1024 dx
-// positions (batch x input positions), and where the unpacked phases are not
-// all on the TMA template already (those read w in place; packing adds the
-// rearrangement): on ResNeXt-50's batch-1 layers of 49-784 positions the
-// packed plans ran 1.1-2.3x slower, from 3136 positions 1.03-2.5x faster.
-constexpr int32_t kDataPackChannels = 64;
-constexpr int64_t kDataPackMinPositions = 1024;
+// The forward and backward-data plans multiply `pack` consecutive groups as
+// one, through a block-diagonal filter the plan writes into the workspace
+// (zeros between the groups), where that makes the convolution's reduction
+// channels (pack x the groups' `reduction_channels`, 8 to 32: the forward's
+// input channels, backward-data's output channels) exactly 64: the TMA
+// forward then runs them at whole 64-channel chunks and spends (pack - 1) /
+// pack of its products on the zeros, which the tensor cores have to spare
+// (the gathering kernels ran these groups at 0.5-0.8x cuDNN). x and y need no
+// change: a position's channels of consecutive groups are one run. The
+// runtime takes the packed plan only where it runs on the TMA template, from
+// 1024 output positions (batch x output positions), and where the unpacked
+// plan is not on the TMA template already (backward-data's read w in place;
+// packing adds the rearrangement): on ResNeXt-50's batch-1 layers of 49-784
+// positions the packed backward-data plans ran 1.1-2.3x slower, from 3136
+// positions 1.03-2.5x faster (NOTES 121).
+constexpr int32_t kTmaPackChannels = 64;
+constexpr int64_t kTmaPackMinPositions = 1024;
 
-constexpr int32_t conv_data_pack(int32_t groups, int32_t out_channels) {
-  if (out_channels < 8 || out_channels >= kDataPackChannels ||
-      kDataPackChannels % out_channels != 0) {
+constexpr int32_t conv_tma_pack(int32_t groups, int32_t reduction_channels) {
+  if (reduction_channels < 8 || reduction_channels >= kTmaPackChannels ||
+      kTmaPackChannels % reduction_channels != 0) {
     return 1;
   }
-  const int32_t pack = kDataPackChannels / out_channels;
+  const int32_t pack = kTmaPackChannels / reduction_channels;
   return groups % pack == 0 ? pack : 1;
 }
 
