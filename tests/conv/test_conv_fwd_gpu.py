@@ -364,12 +364,14 @@ def test_drawn_shapes_cover_the_space() -> None:
 
 
 # Groups of 8-32 input channels on the TMA template, several to a block-diagonal filter in the
-# workspace (from 1024 output positions): packs of 8, 4 and 2, unequal channel counts,
-# strides, dilation, 3D, and the channels_last and sliced layouts.
+# workspace (from 1024 output positions, where the unpacked groups do not run on it already):
+# packs of 8, 4 and 2, unequal channel counts, strides, dilation, 3D, and the channels_last and
+# sliced layouts.
 PACKED = [
     Case("bf16", 8, (28, 28), 32, 8, 8, (3, 3), 2, 1),
     Case("bf16", 2, (24, 24), 32, 16, 16, (3, 3), 1, 1, layout="channels_last"),
-    Case("fp16", 4, (19, 15), 8, 32, 16, (3, 3), 1, 1, layout="slice"),
+    Case("fp16", 4, (19, 15), 8, 16, 24, (3, 3), 1, 1, layout="slice"),
+    Case("bf16", 32, (14, 14), 32, 32, 32, (3, 3), 2, 1),
     Case("bf16", 16, (17, 9), 16, 8, 24, (5, 3), (1, 2), (2, 1), (1, 2)),
     Case("bf16", 9, (6, 9, 8), 16, 16, 8, (3, 3, 3), (1, 2, 2), 1),
 ]

@@ -122,6 +122,20 @@ inline int32_t largest_divisor_up_to(int64_t count, int32_t limit) {
   return 1;
 }
 
+// The vector kernel's run along w (vector_fwd_kernel.cuh): 4 outputs a
+// thread, or 2 for 3-wide filters where runs of 4 give the SMs fewer than
+// kVectorFwdShortRunWarps warps each: batch-1 depthwise layers (MobileNet's
+// 3x3: 1,700-14,000 threads on 132 SMs) wait on each thread's loads in turn,
+// and twice the threads keep twice the loads in flight.
+constexpr int64_t kVectorFwdShortRunWarps = 16;
+
+inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors, int sms) {
+  const int64_t runs_of_4 = int64_t(params.batch) * params.output[0] * params.output[1] *
+                            ((params.output[2] + 3) / 4);
+  const bool narrow = params.filter[2] <= 3;
+  return narrow && runs_of_4 * total_vectors < kVectorFwdShortRunWarps * 32 * sms ? 2 : 4;
+}
+
 // The vector kernel's CTAs (vector_fwd_kernel.cuh): 256 threads over the
 // largest block of channel vectors up to 8 (and up to what 48 KiB of
 // filters hold) that divides the problem's (whole blocks, and a tap's
@@ -130,12 +144,12 @@ inline int32_t largest_divisor_up_to(int64_t count, int32_t limit) {
 // layer's few runs then spread over every SM.
 template <class Element, int kG>
 int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) {
-  using conv_detail::kVectorFwdRun;
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
   const int64_t total_vectors = params.groups * kG / kDepthwiseVector;
+  const int32_t run = vector_fwd_run(params, total_vectors, sms);
   const int64_t runs = int64_t(params.batch) * params.output[0] * params.output[1] *
-                       ((params.output[2] + kVectorFwdRun - 1) / kVectorFwdRun);
+                       ((params.output[2] + run - 1) / run);
   if (runs == 0) return 0;
   const int64_t taps = int64_t(params.filter[0]) * params.filter[1] * params.filter[2];
   const int64_t vector_bytes = vector_fwd_filter_floats<kG>(taps) * int64_t(sizeof(float));
@@ -158,10 +172,12 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   const int smem = int(vectors * vector_bytes);
   const bool narrow = params.filter[2] <= 3;
   auto kernel = params.stride[2] == 1
-                    ? (narrow ? &conv_fwd_vector_kernel<Element, 1, 3, kG>
-                              : &conv_fwd_vector_kernel<Element, 1, kDepthwiseMaxWidth, kG>)
-                    : (narrow ? &conv_fwd_vector_kernel<Element, 2, 3, kG>
-                              : &conv_fwd_vector_kernel<Element, 2, kDepthwiseMaxWidth, kG>);
+                    ? (!narrow    ? &conv_fwd_vector_kernel<Element, 1, kDepthwiseMaxWidth, kG, 4>
+                       : run == 2 ? &conv_fwd_vector_kernel<Element, 1, 3, kG, 2>
+                                  : &conv_fwd_vector_kernel<Element, 1, 3, kG, 4>)
+                    : (!narrow    ? &conv_fwd_vector_kernel<Element, 2, kDepthwiseMaxWidth, kG, 4>
+                       : run == 2 ? &conv_fwd_vector_kernel<Element, 2, 3, kG, 2>
+                                  : &conv_fwd_vector_kernel<Element, 2, 3, kG, 4>);
   return launch_kernel(kernel, grid, threads, smem, stream, ConvVectorFwdParams{params, vectors});
 }
 

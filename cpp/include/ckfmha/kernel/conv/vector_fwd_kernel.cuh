@@ -7,8 +7,9 @@
 // registers, read straight from global memory (neighbouring threads' windows
 // overlap, so the L1 cache serves most of them).
 //
-// A thread computes kVectorFwdRun consecutive outputs along w of eight
-// consecutive channels (8 groups of 1, 4 of 2 or 2 of 4). Per filter row it
+// A thread computes a run of kRun consecutive outputs along w (4, or 2 where
+// runs of 4 leave the SMs mostly idle) of eight consecutive channels (8
+// groups of 1, 4 of 2 or 2 of 4). Per filter row it
 // loads the window of inputs those outputs read, (Run - 1) x stride + filter
 // width wide, widens it to fp32 one channel pair at a time and accumulates
 // every filter column from it: a pair feeds its own two outputs in groups of
@@ -29,7 +30,6 @@ namespace ckfmha::kernel {
 
 namespace conv_detail {
 
-constexpr int kVectorFwdRun = 4;  // outputs along w a thread computes
 constexpr int kVectorFwdThreads = 256;  // the most a CTA has
 
 // A 32-bit word of two fp16/bf16 values as floats, and back.
@@ -85,14 +85,14 @@ constexpr int64_t vector_fwd_filter_floats(int64_t taps) {
 // batch), y = blocks of `vectors_per_cta` x 8 groups; blockDim.x threads, at
 // most kVectorFwdThreads. kStrideW: the stride along w (1 or 2), so that the
 // window's indices are constants; kMaxTaps: the widest filter along w the
-// window holds; kG: the channels of a group (1, 2 or 4).
-template <class Element, int kStrideW, int kMaxTaps, int kG>
+// window holds; kG: the channels of a group (1, 2 or 4); kRun: the outputs
+// along w a thread computes.
+template <class Element, int kStrideW, int kMaxTaps, int kG, int kRun>
 __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
     conv_fwd_vector_kernel(ConvVectorFwdParams const __grid_constant__ dp) {
   using namespace conv_detail;
   static_assert(sizeof(Element) == 2, "fp16 or bf16");
   static_assert(kG == 1 || kG == 2 || kG == 4, "groups of 1, 2 or 4 channels");
-  constexpr int kRun = kVectorFwdRun;
   constexpr int kSpan = (kRun - 1) * kStrideW + kMaxTaps;
   constexpr int kChannels = kDepthwiseVector;  // channels a thread computes
   constexpr int kWords = kChannels / 2;         // their channel pairs
