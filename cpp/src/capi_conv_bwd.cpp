@@ -86,7 +86,7 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
         filter = args.w;
         phase_context.conv_filter_view = &ph.view;
       }
-      ckfmha_conv_fwd_args fwd{args.dy, filter, dx};
+      ckfmha_conv_fwd_args fwd{args.dy, filter, dx, nullptr, 0};
       if (int r = ph.plan.kernel.launch(&ph.forward, &fwd, &phase_context, on)) {
         status = from_launch_result(r, ph.plan.kernel.name);
       }

@@ -124,10 +124,13 @@ inline int32_t largest_divisor_up_to(int64_t count, int32_t limit) {
 
 // The vector kernel's run along w (vector_fwd_kernel.cuh): 4 outputs a
 // thread, or 2 for 3-wide filters where runs of 4 give the SMs fewer than
-// kVectorFwdShortRunWarps warps each: batch-1 depthwise layers (MobileNet's
-// 3x3: 1,700-14,000 threads on 132 SMs) wait on each thread's loads in turn,
-// and twice the threads keep twice the loads in flight.
-constexpr int64_t kVectorFwdShortRunWarps = 16;
+// kVectorFwdShortRunWarps warps each. MobileNet's batch-1 3x3 layers
+// (1,700-14,000 threads of runs of 4 on 132 SMs) wait on each thread's loads
+// in turn; twice the threads took them 4-17% faster (6.3 -> 5.2 us at
+// 112x112 stride 2). Its batch-32 7x7 layer (13 warps an SM) ran 34% slower
+// on runs of 2 (6.8 -> 9.1 us: a third more loads, each thread's setup over
+// half the outputs; H200, NOTES 124).
+constexpr int64_t kVectorFwdShortRunWarps = 4;
 
 inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors, int sms) {
   const int64_t runs_of_4 = int64_t(params.batch) * params.output[0] * params.output[1] *
@@ -140,8 +143,14 @@ inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors
 // largest block of channel vectors up to 8 (and up to what 48 KiB of
 // filters hold) that divides the problem's (whole blocks, and a tap's
 // weights read by many threads), made smaller, threads first down to 64 and
-// then vectors, while the grid holds fewer than four CTAs an SM: a batch-1
-// layer's few runs then spread over every SM.
+// then vectors, while the grid holds fewer than kVectorFwdCtasPerSm CTAs an
+// SM: a batch-1 layer's few runs then spread over every SM. Each CTA stages
+// the filters of all its vectors, so smaller CTAs stage more for their
+// runs: with 4 CTAs an SM as the target, the depthwise layers ran 1.03x
+// slower at batch 32 (ConvNeXt's 14x14 7.3 against 8.1 TFLOP/s) and 1.01x at
+// batch 1 than with 2; with 1, ConvNeXt's batch-1 56x56 layer ran 12% slower
+// (H200, NOTES 124).
+constexpr int64_t kVectorFwdCtasPerSm = 2;
 template <class Element, int kG>
 int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) {
   int sms = 0;
@@ -158,7 +167,7 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   int32_t vectors = largest_divisor_up_to(total_vectors, fitting);
   auto slots = [&] { return int64_t(threads / vectors); };  // a thread a vector
   auto ctas = [&] { return (runs + slots() - 1) / slots() * (total_vectors / vectors); };
-  while (ctas() < 4 * int64_t(sms) && (threads > 64 || vectors > 1)) {
+  while (ctas() < kVectorFwdCtasPerSm * int64_t(sms) && (threads > 64 || vectors > 1)) {
     if (threads > 64) {
       threads /= 2;
     } else {
