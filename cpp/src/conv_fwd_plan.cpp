@@ -73,11 +73,13 @@ std::string explain_conv_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
          "a workspace they run unpacked, "
       << (bare.plan.found ? std::string("on ") + bare.plan.kernel.name
                           : "on no kernel: " + bare.plan.why)
-      << "\n";
+      << ". The account below is the packed problem's: 1 in " << fwd.pack
+      << " of its products are the groups' own, the others the zeros between them\n";
   // The packed plan has two stages: the filter, then the kernel.
   const std::string one_stage = "plan: one stage, ";
   if (size_t at = text.find(one_stage); at != std::string::npos) {
-    text.replace(at, one_stage.size(), "plan: the packed filters written into the workspace, then ");
+    text.replace(at, one_stage.size(),
+                 "plan: the packed filters written into the workspace, then ");
   }
   return out.str() + text;
 }

@@ -173,8 +173,8 @@ std::optional<kernel::ConvVectorWeightLayout> vector_weight_layout(
     ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, const void* x, const void* dy,
     int sm_count) {
   if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || k.conv_max_channels == 0) return std::nullopt;
-  const kernel::ConvFwdParams conv =
-      kernel::make_conv_fwd_params(p, ckfmha_conv_fwd_args{x, nullptr, const_cast<void*>(dy), nullptr, 0});
+  const kernel::ConvFwdParams conv = kernel::make_conv_fwd_params(
+      p, ckfmha_conv_fwd_args{x, nullptr, const_cast<void*>(dy), nullptr, 0});
   const int32_t channels = kernel::conv_vector_weight_path(k.conv_max_channels, conv);
   if (channels == 0) return std::nullopt;
   return kernel::conv_vector_weight_layout(channels, conv, sm_count, k.arch >= 90);

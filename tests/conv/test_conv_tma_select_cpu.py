@@ -111,6 +111,7 @@ def test_groups_of_8_to_32_input_channels_run_packed(
         assert TMA in name, text
         assert f"plan: the packed filters written into the workspace, then {name}" in text, text
         assert "without a workspace they run unpacked, on conv_fwd_" in text, text
+        assert f"1 in {pack} of its products are the groups' own" in text, text
     else:
         assert TMA in name, text  # a 32-channel TMA tile took the groups unpacked
     if pack in (4, 8):  # no TMA tile takes 8 or 16 reduction channels unpacked

@@ -193,7 +193,7 @@ VECTOR_FWD_CASES = [
     Case("bf16", 1, (4, 7, 9), 16, 4, 4, (3, 3, 3), 1, 1),
     Case("fp16", 2, (5, 6, 11), 20, 2, 2, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
     Case("bf16", 1, (5, 13, 13), 34, 4, 4, (3, 3, 3), 1, 1, layout="slice"),
-    # Enough 3-wide runs to fill the SMs, which run 4 outputs a thread (smaller problems 2).
+    # Larger maps: many CTAs of full runs.
     Case("bf16", 8, (56, 56), 32, 4, 4, (3, 3), 1, 1),
     Case("bf16", 24, (56, 57), 64, 2, 2, (3, 3), 2, 1),
 ]

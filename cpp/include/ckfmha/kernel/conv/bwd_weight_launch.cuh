@@ -27,7 +27,8 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
                                                        ConvBwdWeightLaunch const& la,
                                                        bool tma = false) {
   ConvBwdWeightParams bp{};
-  bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy), nullptr, 0});
+  bp.conv = make_conv_fwd_params(
+      pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy), nullptr, 0});
   bp.accum = la.accum;
   bp.group_in_channels = bp.conv.in_channels;
   bp.group_out_channels = bp.conv.out_channels;
@@ -191,7 +192,8 @@ int launch_conv_bwd_weight_direct(void const* problem, void const* args,
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& la = *static_cast<ConvBwdWeightLaunch const*>(args);
   ConvBwdWeightParams bp{};
-  bp.conv = make_conv_fwd_params(pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy), nullptr, 0});
+  bp.conv = make_conv_fwd_params(
+      pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy), nullptr, 0});
   bp.accum = la.accum;
   using Element = typename Traits::Element;
   switch (conv_vector_weight_path(Traits::kMaxChannels, bp.conv)) {

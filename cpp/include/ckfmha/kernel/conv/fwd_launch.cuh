@@ -123,20 +123,24 @@ inline int32_t largest_divisor_up_to(int64_t count, int32_t limit) {
 }
 
 // The vector kernel's run along w (vector_fwd_kernel.cuh): 4 outputs a
-// thread, or 2 for 3-wide filters where runs of 4 give the SMs fewer than
-// kVectorFwdShortRunWarps warps each. MobileNet's batch-1 3x3 layers
-// (1,700-14,000 threads of runs of 4 on 132 SMs) wait on each thread's loads
-// in turn; twice the threads took them 4-17% faster (6.3 -> 5.2 us at
-// 112x112 stride 2). Its batch-32 7x7 layer (13 warps an SM) ran 34% slower
-// on runs of 2 (6.8 -> 9.1 us: a third more loads, each thread's setup over
-// half the outputs; H200, NOTES 124).
+// thread, or 2 for depthwise 3-wide filters where runs of 4 give the SMs
+// fewer than kVectorFwdShortRunWarps warps each. MobileNet's batch-1 3x3
+// layers (1,700-14,000 threads of runs of 4 on 132 SMs) wait on each
+// thread's loads in turn; twice the threads took them 4-17% faster (6.3 ->
+// 5.2 us at 112x112 stride 2). Its batch-32 7x7 layer (13 warps an SM) ran
+// 34% slower on runs of 2 (6.8 -> 9.1 us: a third more loads, each thread's
+// setup over half the outputs). ResNeXt's batch-1 layer of 4-channel groups
+// read the same on either (5.7-5.9 us), so wider groups keep runs of 4 and
+// their instances build no second kernel (H200, NOTES 124).
 constexpr int64_t kVectorFwdShortRunWarps = 4;
 
-inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors, int sms) {
+inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors, int sms,
+                              bool depthwise) {
   const int64_t runs_of_4 = int64_t(params.batch) * params.output[0] * params.output[1] *
                             ((params.output[2] + 3) / 4);
   const bool narrow = params.filter[2] <= 3;
-  return narrow && runs_of_4 * total_vectors < kVectorFwdShortRunWarps * 32 * sms ? 2 : 4;
+  const bool few = runs_of_4 * total_vectors < kVectorFwdShortRunWarps * 32 * sms;
+  return depthwise && narrow && few ? 2 : 4;
 }
 
 // The vector kernel's CTAs (vector_fwd_kernel.cuh): 256 threads over the
@@ -156,7 +160,7 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   int sms = 0;
   if (int err = current_device_sms(&sms)) return err;
   const int64_t total_vectors = params.groups * kG / kDepthwiseVector;
-  const int32_t run = vector_fwd_run(params, total_vectors, sms);
+  const int32_t run = vector_fwd_run(params, total_vectors, sms, kG == 1);
   const int64_t runs = int64_t(params.batch) * params.output[0] * params.output[1] *
                        ((params.output[2] + run - 1) / run);
   if (runs == 0) return 0;
@@ -181,12 +185,16 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   const int smem = int(vectors * vector_bytes);
   const bool narrow = params.filter[2] <= 3;
   auto kernel = params.stride[2] == 1
-                    ? (!narrow    ? &conv_fwd_vector_kernel<Element, 1, kDepthwiseMaxWidth, kG, 4>
-                       : run == 2 ? &conv_fwd_vector_kernel<Element, 1, 3, kG, 2>
-                                  : &conv_fwd_vector_kernel<Element, 1, 3, kG, 4>)
-                    : (!narrow    ? &conv_fwd_vector_kernel<Element, 2, kDepthwiseMaxWidth, kG, 4>
-                       : run == 2 ? &conv_fwd_vector_kernel<Element, 2, 3, kG, 2>
-                                  : &conv_fwd_vector_kernel<Element, 2, 3, kG, 4>);
+                    ? (narrow ? &conv_fwd_vector_kernel<Element, 1, 3, kG, 4>
+                              : &conv_fwd_vector_kernel<Element, 1, kDepthwiseMaxWidth, kG, 4>)
+                    : (narrow ? &conv_fwd_vector_kernel<Element, 2, 3, kG, 4>
+                              : &conv_fwd_vector_kernel<Element, 2, kDepthwiseMaxWidth, kG, 4>);
+  if constexpr (kG == 1) {
+    if (run == 2) {
+      kernel = params.stride[2] == 1 ? &conv_fwd_vector_kernel<Element, 1, 3, kG, 2>
+                                     : &conv_fwd_vector_kernel<Element, 2, 3, kG, 2>;
+    }
+  }
   return launch_kernel(kernel, grid, threads, smem, stream, ConvVectorFwdParams{params, vectors});
 }
 
