@@ -161,9 +161,11 @@ DEPTHWISE_VECTOR_CASES = [
     Case("bf16", 1, (56, 57), 96, 1, 1, (7, 7), 1, 3),
     Case("bf16", 1, (4, 7, 9), 16, 1, 1, (3, 3, 3), 1, 1),
     Case("fp16", 2, (5, 6, 11), 40, 1, 1, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
-    # Enough 3-wide runs to fill the SMs, which run 4 outputs a thread (smaller problems 2).
+    # Enough runs to fill the SMs: 3-wide ones of 4 outputs a thread (smaller problems run 2),
+    # and none with their filter rows split between threads (smaller problems split them).
     Case("bf16", 16, (56, 57), 64, 1, 1, (3, 3), 1, 1),
     Case("fp16", 32, (56, 57), 128, 1, 1, (3, 3), 2, 1, layout="channels_last"),
+    Case("bf16", 32, (28, 30), 96, 1, 1, (7, 7), 1, 3),
 ]
 # ... and ones it leaves to the one-lane-a-group path: misaligned pointers and strides, a
 # filter 9 wide, stride 3 or dilation along w, a group count 8 does not divide.
@@ -193,7 +195,7 @@ VECTOR_FWD_CASES = [
     Case("bf16", 1, (4, 7, 9), 16, 4, 4, (3, 3, 3), 1, 1),
     Case("fp16", 2, (5, 6, 11), 20, 2, 2, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
     Case("bf16", 1, (5, 13, 13), 34, 4, 4, (3, 3, 3), 1, 1, layout="slice"),
-    # Larger maps: many CTAs of full runs.
+    # Larger maps: many CTAs of full runs, filter rows not split between threads.
     Case("bf16", 8, (56, 56), 32, 4, 4, (3, 3), 1, 1),
     Case("bf16", 24, (56, 57), 64, 2, 2, (3, 3), 2, 1),
 ]

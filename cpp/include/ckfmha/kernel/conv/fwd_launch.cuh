@@ -143,6 +143,28 @@ inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors
   return depthwise && narrow && few ? 2 : 4;
 }
 
+// Threads that share each run's filter rows (vector_fwd_kernel.cuh): where
+// the runs give the SMs fewer than kVectorFwdSplitRowsWarps warps each, as
+// many as bring them there, up to the filter's rows and
+// kVectorFwdMaxRowParts, and no more than leave every part a row. ConvNeXt's
+// batch-1 7x7 layers ran 1.4-1.6x faster (768 groups: 9.4 -> 5.9 us);
+// MobileNet's batch-1 3x3 ones 0.87-1.12x the time. With 4 warps the 56x56
+// and 28x28 layers split into too few parts (9.9 and 8.2 us against 8.8 and
+// 7.0); with 16 the batch-32 7x7 layer (13 warps an SM) split too and ran 9%
+// slower (H200, NOTES 125).
+constexpr int64_t kVectorFwdSplitRowsWarps = 8;
+constexpr int32_t kVectorFwdMaxRowParts = 8;
+
+inline int32_t vector_fwd_row_parts(ConvFwdParams const& params, int64_t run_threads, int sms) {
+  const int64_t rows = int64_t(params.filter[0]) * params.filter[1];
+  const int64_t wanted = kVectorFwdSplitRowsWarps * 32 * sms;
+  if (rows <= 1 || run_threads >= wanted) return 1;
+  const int64_t parts =
+      std::min<int64_t>({rows, kVectorFwdMaxRowParts, (wanted + run_threads - 1) / run_threads});
+  const int64_t rows_each = (rows + parts - 1) / parts;
+  return int32_t((rows + rows_each - 1) / rows_each);
+}
+
 // The vector kernel's CTAs (vector_fwd_kernel.cuh): 256 threads over the
 // largest block of channel vectors up to 8 (and up to what 48 KiB of
 // filters hold) that divides the problem's (whole blocks, and a tap's
@@ -153,7 +175,7 @@ inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors
 // runs: with 4 CTAs an SM as the target, the depthwise layers ran 1.03x
 // slower at batch 32 (ConvNeXt's 14x14 7.3 against 8.1 TFLOP/s) and 1.01x at
 // batch 1 than with 2; with 1, ConvNeXt's batch-1 56x56 layer ran 12% slower
-// (H200, NOTES 124).
+// (H200, NOTES 124). Split rows multiply a run's threads by row_parts.
 constexpr int64_t kVectorFwdCtasPerSm = 2;
 template <class Element, int kG>
 int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) {
@@ -164,15 +186,27 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   const int64_t runs = int64_t(params.batch) * params.output[0] * params.output[1] *
                        ((params.output[2] + run - 1) / run);
   if (runs == 0) return 0;
+  const int32_t row_parts = vector_fwd_row_parts(params, runs * total_vectors, sms);
   const int64_t taps = int64_t(params.filter[0]) * params.filter[1] * params.filter[2];
   const int64_t vector_bytes = vector_fwd_filter_floats<kG>(taps) * int64_t(sizeof(float));
   const int32_t fitting = int32_t(std::clamp<int64_t>(48 * 1024 / vector_bytes, 1, 8));
   int32_t threads = conv_detail::kVectorFwdThreads;
   int32_t vectors = largest_divisor_up_to(total_vectors, fitting);
-  auto slots = [&] { return int64_t(threads / vectors); };  // a thread a vector
+  // Runs a CTA: a thread a vector and a row part each.
+  auto slots = [&] { return std::max<int64_t>(1, threads / (int64_t(vectors) * row_parts)); };
   auto ctas = [&] { return (runs + slots() - 1) / slots() * (total_vectors / vectors); };
+  // A thread stages vectors x vector_floats / threads weights, one load
+  // after another. Where the rows are split (small grids) that wait is much
+  // of a CTA's, so there vectors shrink before threads while a thread stages
+  // more than 8 (ConvNeXt's 7x7 layers); with fewer taps, wider CTAs read
+  // wider runs of x's channels (MobileNet's batch-1 112x112 layer ran 26%
+  // slower on one vector a CTA).
+  const int64_t vector_floats = vector_fwd_filter_floats<kG>(taps);
+  auto staging_first = [&] {
+    return row_parts > 1 && vectors > 1 && vectors * vector_floats > 8 * int64_t(threads);
+  };
   while (ctas() < kVectorFwdCtasPerSm * int64_t(sms) && (threads > 64 || vectors > 1)) {
-    if (threads > 64) {
+    if (threads > 64 && !staging_first()) {
       threads /= 2;
     } else {
       vectors = largest_divisor_up_to(total_vectors, vectors - 1);
@@ -182,7 +216,11 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   const int64_t vector_blocks = total_vectors / vectors;
   if (blocks > 0x7fffffff || vector_blocks > 65535) return -int(cudaErrorInvalidConfiguration);
   const dim3 grid{unsigned(blocks), unsigned(vector_blocks)};
-  const int smem = int(vectors * vector_bytes);
+  const int64_t run_threads = slots() * vectors;
+  const int64_t partial_floats = run == 2
+                                     ? vector_fwd_partial_floats<2>(run_threads, row_parts)
+                                     : vector_fwd_partial_floats<4>(run_threads, row_parts);
+  const int smem = int(vectors * vector_bytes + partial_floats * int64_t(sizeof(float)));
   const bool narrow = params.filter[2] <= 3;
   auto kernel = params.stride[2] == 1
                     ? (narrow ? &conv_fwd_vector_kernel<Element, 1, 3, kG, 4>
@@ -195,7 +233,8 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
                                      : &conv_fwd_vector_kernel<Element, 2, 3, kG, 2>;
     }
   }
-  return launch_kernel(kernel, grid, threads, smem, stream, ConvVectorFwdParams{params, vectors});
+  return launch_kernel(kernel, grid, int(run_threads * row_parts), smem, stream,
+                       ConvVectorFwdParams{params, vectors, row_parts});
 }
 
 // Groups of few channels on the CUDA cores: one CTA per (output tile, block
