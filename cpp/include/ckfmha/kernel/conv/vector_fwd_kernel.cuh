@@ -101,8 +101,10 @@ constexpr int64_t vector_fwd_partial_floats(int64_t run_threads, int32_t row_par
 // kStrideW: the stride along w (1 or 2), so that the window's indices are
 // constants; kMaxTaps: the widest filter along w the window holds; kG: the
 // channels of a group (1, 2 or 4); kRun: the outputs along w a thread
-// computes.
-template <class Element, int kStrideW, int kMaxTaps, int kG, int kRun>
+// computes; kSplitRows: whether dp.row_parts threads share a run (its own
+// instances: in one kernel with the unsplit loops, those loops ran the
+// batch-32 depthwise layers 8-19% slower and spilled up to 236 bytes).
+template <class Element, int kStrideW, int kMaxTaps, int kG, int kRun, bool kSplitRows>
 __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
     conv_fwd_vector_kernel(ConvVectorFwdParams const __grid_constant__ dp) {
   using namespace conv_detail;
@@ -136,12 +138,12 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   // Threads: (row part, slot, part), part fastest. A run's threads share its
   // slot and differ in row part.
   const int32_t parts = vectors;  // threads a position's channels
-  const int32_t row_parts = dp.row_parts;
+  const int32_t row_parts = kSplitRows ? dp.row_parts : 1;
   const int32_t run_threads = int32_t(blockDim.x) / row_parts;
   const int32_t slots = run_threads / parts;
   const int32_t part = threadIdx.x % parts;
-  const int32_t slot = threadIdx.x % run_threads / parts;
-  const int32_t row_part = threadIdx.x / run_threads;
+  const int32_t slot = kSplitRows ? threadIdx.x % run_threads / parts : threadIdx.x / parts;
+  const int32_t row_part = kSplitRows ? threadIdx.x / run_threads : 0;
   const int64_t runs_w = (p.output[2] + kRun - 1) / kRun;
   const int64_t run = int64_t(blockIdx.x) * slots + slot;
   const bool active = slot < slots && row_part < row_parts &&
@@ -266,58 +268,86 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
     __syncthreads();
   };
 
-  // This thread's filter rows (fz outer, fy inner): row_part, row_part +
-  // row_parts, ...; a row outside the input reads nothing and adds nothing.
-  const int32_t rows = p.filter[0] * p.filter[1];
-  const int32_t my_rows = row_part < rows ? (rows - row_part + row_parts - 1) / row_parts : 0;
-  auto load_my_row = [&](int32_t k, Window& window) -> bool {
-    const int32_t r = row_part + k * row_parts;
-    const int32_t fz = r / p.filter[1];
-    const int32_t id = od * p.stride[0] - p.padding[0] + fz * p.dilation[0];
-    const int32_t ih = oh * p.stride[1] - p.padding[1] + (r - fz * p.filter[1]) * p.dilation[1];
-    if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) {
-      return false;
-    }
-    load_row(id, ih, window);
-    return true;
-  };
-  auto tap_row = [&](int32_t k) { return (row_part + k * row_parts) * filter_w; };
-
-  if constexpr (kPrefetch) {
-    // The first row's inputs load while the CTA stages its filters.
-    Window a, b;
-    bool a_read = active && my_rows > 0 && load_my_row(0, a);
-    stage_filters();
-    if (active) {
+  if constexpr (!kSplitRows) {
+    if constexpr (kPrefetch) {
+      // Filter rows in order (fz outer, fy inner); a row outside the input
+      // reads nothing and adds nothing.
+      int32_t next_fz = 0, next_fy = 0;
+      auto load_next_row = [&](Window& window) -> bool {
+        const int32_t id = od * p.stride[0] - p.padding[0] + next_fz * p.dilation[0];
+        const int32_t ih = oh * p.stride[1] - p.padding[1] + next_fy * p.dilation[1];
+        if (++next_fy == p.filter[1]) next_fy = 0, ++next_fz;
+        if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) {
+          return false;
+        }
+        load_row(id, ih, window);
+        return true;
+      };
+      // The first row's inputs load while the CTA stages its filters.
+      Window a, b;
+      bool a_read = active && load_next_row(a);
+      stage_filters();
+      if (!active) return;
+      const int32_t rows = p.filter[0] * p.filter[1];
 #pragma unroll 1
-      for (int32_t k = 0; k < my_rows; k += 2) {
+      for (int32_t r = 0; r < rows; r += 2) {
         bool b_read = false;
-        if (k + 1 < my_rows) b_read = load_my_row(k + 1, b);
-        if (a_read) accumulate(a, tap_row(k));
-        if (k + 1 < my_rows) {
-          if (k + 2 < my_rows) a_read = load_my_row(k + 2, a);
-          if (b_read) accumulate(b, tap_row(k + 1));
+        if (r + 1 < rows) b_read = load_next_row(b);
+        if (a_read) accumulate(a, r * filter_w);
+        if (r + 1 < rows) {
+          if (r + 2 < rows) a_read = load_next_row(a);
+          if (b_read) accumulate(b, (r + 1) * filter_w);
+        }
+      }
+    } else {
+      // Wide windows: a row's inputs load after the filters are staged
+      // (loading the first one while they stage, with the rows walked by one
+      // counter, read 2% slower over the depthwise layers, NOTES 113).
+      stage_filters();
+      if (!active) return;
+      int32_t tap_row = 0;
+      for (int32_t fz = 0; fz < p.filter[0]; ++fz) {
+        const int32_t id = od * p.stride[0] - p.padding[0] + fz * p.dilation[0];
+        for (int32_t fy = 0; fy < p.filter[1]; ++fy, tap_row += filter_w) {
+          const int32_t ih = oh * p.stride[1] - p.padding[1] + fy * p.dilation[1];
+          if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) {
+            continue;
+          }
+          Window window;
+          load_row(id, ih, window);
+          accumulate(window, tap_row);
         }
       }
     }
   } else {
-    // Wide windows: a row's inputs load after the filters are staged (loading
-    // the first one while they stage read 2% slower over the depthwise layers
-    // at batch 32, NOTES 113), except where the rows are split: there a
-    // thread has one or two rows, and the first one's wait is most of it.
+    // Split rows (small grids): this thread's rows are row_part, row_part +
+    // row_parts, ... (fz outer, fy inner), one or two of them, walked by
+    // counters; the first one loads while the CTA stages its filters. A row
+    // outside the input reads nothing and adds nothing.
+    const int32_t rows = p.filter[0] * p.filter[1];
+    const int32_t my_rows =
+        row_part < rows ? (rows - row_part + row_parts - 1) / row_parts : 0;
+    int32_t fz = row_part / p.filter[1];
+    int32_t fy = row_part - fz * p.filter[1];
+    auto load_next_row = [&](Window& window) -> bool {
+      const int32_t id = od * p.stride[0] - p.padding[0] + fz * p.dilation[0];
+      const int32_t ih = oh * p.stride[1] - p.padding[1] + fy * p.dilation[1];
+      for (fy += row_parts; fy >= p.filter[1]; fy -= p.filter[1]) ++fz;
+      if (uint32_t(id) >= uint32_t(p.input[0]) || uint32_t(ih) >= uint32_t(p.input[1])) {
+        return false;
+      }
+      load_row(id, ih, window);
+      return true;
+    };
     Window window;
-    const bool early = row_parts > 1;
-    const bool first_read = early && active && my_rows > 0 && load_my_row(0, window);
+    bool read = active && my_rows > 0 && load_next_row(window);
     stage_filters();
     if (active) {
       for (int32_t k = 0; k < my_rows; ++k) {
-        const bool read = early && k == 0 ? first_read : load_my_row(k, window);
-        if (read) accumulate(window, tap_row(k));
+        if (k > 0) read = load_next_row(window);
+        if (read) accumulate(window, (row_part + k * row_parts) * filter_w);
       }
     }
-  }
-
-  if (row_parts > 1) {
     // The sums of row parts 1 and up meet in shared memory, after the
     // filters, a value per thread side by side; row part 0 adds them.
     float* partial = ws + vectors * part_floats;
@@ -331,20 +361,18 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
       }
     }
     __syncthreads();
-    if (row_part == 0) {
-      for (int32_t s = 1; s < row_parts; ++s) {
-        const float* theirs = partial + int64_t(s - 1) * kRun * kChannels * run_threads + local;
+    if (!active || row_part != 0) return;
+    for (int32_t s = 1; s < row_parts; ++s) {
+      const float* theirs = partial + int64_t(s - 1) * kRun * kChannels * run_threads + local;
 #pragma unroll
-        for (int j = 0; j < kRun; ++j) {
+      for (int j = 0; j < kRun; ++j) {
 #pragma unroll
-          for (int c = 0; c < kChannels; ++c) {
-            acc[j][c] += theirs[(j * kChannels + c) * run_threads];
-          }
+        for (int c = 0; c < kChannels; ++c) {
+          acc[j][c] += theirs[(j * kChannels + c) * run_threads];
         }
       }
     }
   }
-  if (!active || row_part != 0) return;
 
   Element* y = static_cast<Element*>(p.y) + n * p.y_stride[0] + od * p.y_stride[1] +
                oh * p.y_stride[2] + channel0;
