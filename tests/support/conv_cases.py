@@ -162,7 +162,8 @@ DEPTHWISE_VECTOR_CASES = [
     Case("bf16", 1, (4, 7, 9), 16, 1, 1, (3, 3, 3), 1, 1),
     Case("fp16", 2, (5, 6, 11), 40, 1, 1, (3, 1, 5), (2, 1, 2), (1, 0, 2)),
     # Enough runs to fill the SMs: 3-wide ones of 4 outputs a thread (smaller problems run 2),
-    # and none with their filter rows split between threads (smaller problems split them).
+    # and a 7-wide one whose filter rows no thread shares (smaller problems of filters wider than
+    # 3 split them).
     Case("bf16", 16, (56, 57), 64, 1, 1, (3, 3), 1, 1),
     Case("fp16", 32, (56, 57), 128, 1, 1, (3, 3), 2, 1, layout="channels_last"),
     Case("bf16", 32, (28, 30), 96, 1, 1, (7, 7), 1, 3),

@@ -147,21 +147,20 @@ inline int32_t vector_fwd_run(ConvFwdParams const& params, int64_t total_vectors
 // the runs give the SMs fewer than kVectorFwdSplitRowsWarps warps each, as
 // many as bring them there, up to the filter's rows and
 // kVectorFwdMaxRowParts, and no more than leave every part a row. ConvNeXt's
-// batch-1 7x7 layers ran 1.4-1.6x faster (768 groups: 9.4 -> 5.9 us) and
-// ResNeXt's batch-1 layer of 4-channel groups 1.1x. With 4 warps the 56x56
-// and 28x28 layers split into too few parts (9.9 and 8.2 us against 8.8 and
-// 7.0); with 16 the batch-32 7x7 layer (13 warps an SM) split too and ran 9%
-// slower. Depthwise 3-wide filters, which take runs of 2 there instead,
-// keep them unsplit: split, MobileNet's batch-1 layers ran 0.87-1.12x the
-// time (H200, NOTES 125).
+// batch-1 7x7 layers ran 1.1-1.4x faster (768 groups: 8.6 -> 6.3 us). With 4
+// warps the 56x56 and 28x28 layers split into too few parts (9.9 and 8.2 us
+// against 8.8 and 7.0); with 16 the batch-32 7x7 layer (13 warps an SM)
+// split too and ran 9% slower. Only filters wider than 3 split, on the wide
+// window they run anyway: MobileNet's batch-1 3x3 layers ran 0.87-1.12x the
+// time split, and ResNeXt's batch-1 layer of 4-channel groups 5.9 -> 6.4 us
+// on the wide window (H200, NOTES 125).
 constexpr int64_t kVectorFwdSplitRowsWarps = 8;
 constexpr int32_t kVectorFwdMaxRowParts = 8;
 
-inline int32_t vector_fwd_row_parts(ConvFwdParams const& params, int64_t run_threads, int sms,
-                                    bool depthwise) {
+inline int32_t vector_fwd_row_parts(ConvFwdParams const& params, int64_t run_threads, int sms) {
   const int64_t rows = int64_t(params.filter[0]) * params.filter[1];
   const int64_t wanted = kVectorFwdSplitRowsWarps * 32 * sms;
-  if (rows <= 1 || run_threads >= wanted || (depthwise && params.filter[2] <= 3)) return 1;
+  if (rows <= 1 || run_threads >= wanted || params.filter[2] <= 3) return 1;
   const int64_t parts =
       std::min<int64_t>({rows, kVectorFwdMaxRowParts, (wanted + run_threads - 1) / run_threads});
   const int64_t rows_each = (rows + parts - 1) / parts;
@@ -189,7 +188,7 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   const int64_t runs = int64_t(params.batch) * params.output[0] * params.output[1] *
                        ((params.output[2] + run - 1) / run);
   if (runs == 0) return 0;
-  const int32_t row_parts = vector_fwd_row_parts(params, runs * total_vectors, sms, kG == 1);
+  const int32_t row_parts = vector_fwd_row_parts(params, runs * total_vectors, sms);
   const int64_t taps = int64_t(params.filter[0]) * params.filter[1] * params.filter[2];
   const int64_t vector_bytes = vector_fwd_filter_floats<kG>(taps) * int64_t(sizeof(float));
   const int32_t fitting = int32_t(std::clamp<int64_t>(48 * 1024 / vector_bytes, 1, 8));
@@ -201,9 +200,9 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   // A thread stages vectors x vector_floats / threads weights, one load
   // after another. Where the rows are split (small grids) that wait is much
   // of a CTA's, so there vectors shrink before threads while a thread stages
-  // more than 8 (ConvNeXt's 7x7 layers); with fewer taps, wider CTAs read
-  // wider runs of x's channels (MobileNet's batch-1 112x112 layer ran 26%
-  // slower on one vector a CTA).
+  // more than 8 (ConvNeXt's 7x7 layers). Not further: wider CTAs read wider
+  // runs of x's channels (split 3x3 rows on one vector a CTA ran MobileNet's
+  // batch-1 112x112 layer 26% slower).
   const int64_t vector_floats = vector_fwd_filter_floats<kG>(taps);
   auto staging_first = [&] {
     return row_parts > 1 && vectors > 1 && vectors * vector_floats > 8 * int64_t(threads);
@@ -220,7 +219,7 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
   if (blocks > 0x7fffffff || vector_blocks > 65535) return -int(cudaErrorInvalidConfiguration);
   const dim3 grid{unsigned(blocks), unsigned(vector_blocks)};
   const int64_t run_threads = slots() * vectors;
-  // Split rows run 4 outputs a thread (vector_fwd_row_parts leaves runs of 2 unsplit).
+  // Split rows run 4 outputs a thread (only 3-wide filters take runs of 2).
   const int64_t partial_floats = vector_fwd_partial_floats<4>(run_threads, row_parts);
   const int smem = int(vectors * vector_bytes + partial_floats * int64_t(sizeof(float)));
   const bool narrow = params.filter[2] <= 3;
@@ -236,8 +235,7 @@ int launch_conv_fwd_vector(ConvFwdParams const& params, ckfmha_stream_t stream) 
                                      : &conv_fwd_vector_kernel<Element, 2, 3, kG, 2, false>;
     }
   }
-  // Split rows take the widest window whatever the filter's width, so that
-  // they add two kernels an instance rather than four.
+  // Split rows: filters 4-7 wide, the wide window.
   if (row_parts > 1) {
     kernel = params.stride[2] == 1 ? &conv_fwd_vector_kernel<Element, 1, kWide, kG, 4, true>
                                    : &conv_fwd_vector_kernel<Element, 2, kWide, kG, 4, true>;
