@@ -101,9 +101,10 @@ constexpr int64_t vector_fwd_partial_floats(int64_t run_threads, int32_t row_par
 // kStrideW: the stride along w (1 or 2), so that the window's indices are
 // constants; kMaxTaps: the widest filter along w the window holds; kG: the
 // channels of a group (1, 2 or 4); kRun: the outputs along w a thread
-// computes; kSplitRows: whether dp.row_parts threads share a run (its own
-// instances: in one kernel with the unsplit loops, those loops ran the
-// batch-32 depthwise layers 8-19% slower and spilled up to 236 bytes).
+// computes; kSplitRows: whether dp.row_parts threads share a run. The split
+// has instances of its own: walking every kernel's rows by row part ran the
+// batch-32 depthwise layers 8-19% slower, and the unsplit loops kept beside
+// the split ones behind a branch spilled up to 236 bytes (NOTES 125).
 template <class Element, int kStrideW, int kMaxTaps, int kG, int kRun, bool kSplitRows>
 __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
     conv_fwd_vector_kernel(ConvVectorFwdParams const __grid_constant__ dp) {
