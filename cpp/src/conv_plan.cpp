@@ -478,7 +478,7 @@ struct TileCost {
   double cost;
   double fill;  // useful / computed products
   int64_t ctas;
-  int32_t splits = 1;  // of the reduction (backward-weight)
+  int32_t splits = 1;  // of the reduction (backward-weight; the TMA forward's clusters)
 };
 
 // The TMA forward's time for `ctas` tiles. The copy engine's loads take no
@@ -490,14 +490,16 @@ struct TileCost {
 // ceil(ctas / SMs) of them, whether one CTA or two hold them (fewer tiles than
 // SMs run one an SM). Where SMs take several, a tile of one consumer
 // warpgroup is slower than its products say (64x128 against 256x128 at
-// ResNet-18's 28x28 layer, batch 32: 14% slower, NOTES 112): 1.3.
-double tma_tile_time(ckfmha_kernel_entry const& k, int64_t ctas, int sm_count) {
+// ResNet-18's 28x28 layer, batch 32: 14% slower, NOTES 112): 1.3. Few tiles
+// split their k-tiles over `splits` CTAs (kernel::conv_fwd_tma_splits), each
+// taking 1/splits of the steps.
+double tma_tile_time(ckfmha_kernel_entry const& k, int64_t ctas, int32_t splits, int sm_count) {
   const int64_t consumers = std::max(k.warps / 4 - 1, 1);
   const double step = std::max(double(k.tile_m) * k.tile_n,
                                48.0 * double(k.tile_m + consumers * k.tile_n));
-  const int64_t per_sm = ceil_div(ctas, std::max(sm_count, 1));
+  const int64_t per_sm = ceil_div(ctas * splits, std::max(sm_count, 1));
   const double lone = consumers < 2 && per_sm > 1 ? 1.3 : 1.0;
-  return double(per_sm) * step * lone;
+  return double(per_sm) * step * lone / splits;
 }
 
 TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, int sm_count) {
@@ -507,7 +509,11 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const int64_t ctas = tiles_m * tiles_n * p.groups;
   const double computed = double(tiles_m * k.tile_m) * double(tiles_n * k.tile_n);
   const double useful = double(rows) * double(p.out_channels);
-  if (is_conv_tma(k)) return {tma_tile_time(k, ctas, sm_count), useful / computed, ctas};
+  if (is_conv_tma(k)) {
+    const int64_t k_tiles = conv_filter_taps(p) * p.in_channels / std::max(k.tile_k, 1);
+    const int32_t splits = kernel::conv_fwd_tma_splits(ctas, k_tiles, sm_count);
+    return {tma_tile_time(k, ctas, splits, sm_count), useful / computed, ctas, splits};
+  }
   const int64_t resident = resident_ctas(k);
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
   const int64_t waves = ceil_div(ctas, slots);
@@ -798,6 +804,9 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
       why << "; groups multiplied " << pack << " at a time as one of " << pack * p.out_channels
           << "x" << pack * p.in_channels << " channels, keeping each group's own products";
     }
+  } else if (plan.splits > 1) {
+    why << "; each tile's reduction split over the " << plan.splits
+        << " CTAs of a cluster, their partial sums added in distributed shared memory";
   }
   plan.why = why.str() + learned_note;
   return plan;

@@ -23,6 +23,7 @@ from support.conv_cases import (
     DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
+    SPLIT_TMA_CASES,
     VECTOR_FWD_CASES,
     VECTOR_FWD_LANE_CASES,
     VECTOR_WEIGHT_CASES,
@@ -506,6 +507,13 @@ def test_cluster_sizes_follow_the_strips() -> None:
 def test_vector_fwd_paths_in_backward_data(case: Case) -> None:
     """Backward-data of groups of 2 and 4 channels runs the forward's direct kernels over dy
     (per stride phase), on their vector path where it fits."""
+    run_bwd_data(case)
+
+
+@pytest.mark.parametrize("case", SPLIT_TMA_CASES, ids=lambda c: c.label)
+def test_few_tiles_split_their_reduction_in_backward_data(case: Case) -> None:
+    """Backward-data's phases of few tiles and long reductions share each tile's k-tiles over a
+    cluster's CTAs on the TMA forward, as the forward does."""
     run_bwd_data(case)
 
 

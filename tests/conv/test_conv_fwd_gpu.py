@@ -20,6 +20,7 @@ from support.conv_cases import (
     DEPTHWISE_VECTOR_CASES,
     DRAWN,
     LEARNED,
+    SPLIT_TMA_CASES,
     VECTOR_FWD_CASES,
     VECTOR_FWD_LANE_CASES,
     Case,
@@ -323,6 +324,20 @@ def test_vector_fwd_paths(case: Case) -> None:
     problem's geometry allows."""
     on_path = case in VECTOR_FWD_CASES or case.layout == "offset"
     run_direct_path(case, ("2", "4"), "(the vector path) where x and y", on_path)
+
+
+@pytest.mark.parametrize("case", SPLIT_TMA_CASES, ids=lambda c: c.label)
+def test_few_tiles_split_their_reduction_over_a_cluster(case: Case) -> None:
+    """A batch-1 layer of a few tiles and a long reduction runs on the TMA forward with each
+    tile's k-tiles shared by a cluster's CTAs (explain says so), its sum checked as any other."""
+    if not _have_tma(case.dtype, len(case.input)):
+        pytest.skip(f"no {case.dtype} {len(case.input)}D TMA forward kernel in this build")
+    if case is SPLIT_TMA_CASES[0]:
+        x = torch.empty((1, 7, 7, 1, 512), dtype=torch.bfloat16, device="cuda")
+        w = torch.empty((1, 512, 3, 3, 512), dtype=torch.bfloat16, device="cuda")
+        text = ckfmha.conv_explain(x, w, padding=1)
+        assert "each tile's reduction split over the" in text, text
+    run_case(case)
 
 
 def test_select_names_a_kernel_that_runs() -> None:

@@ -6,6 +6,8 @@ its plans to the rules. No device needed: selection runs on the host."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import ckfmha
@@ -119,3 +121,22 @@ def test_groups_of_8_to_32_input_channels_run_packed(
     # Below 1024 output positions the groups run unpacked.
     small = _dense(batch=4, groups=groups, in_channels=c, out_channels=k, stride=2)  # 784
     assert "at a time as one of" not in ckfmha.conv_explain(small, arch="sm_90a")
+
+
+def test_few_tiles_split_their_reduction_over_a_cluster() -> None:
+    """ResNet-18's last 3x3 layer at batch 1 has a handful of tiles of 4608-long reductions:
+    each tile's k-tiles are shared by the CTAs of a cluster (a power of two, at most 8), in the
+    forward and in backward-data's phase. Where the tiles fill more than half the SMs (batch 32
+    at 14x14), and where the reduction is short, they take one CTA each."""
+    few = _dense(batch=1, input=(7, 7), in_channels=512, out_channels=512)
+    for direction in ("fwd", "bwd_data"):
+        text = ckfmha.conv_explain(few, direction=direction, arch="sm_90a")
+        assert TMA in ckfmha.conv_select(few, direction=direction, arch="sm_90a"), text
+        match = re.search(r"each tile's reduction split over the (\d+) CTAs of a cluster", text)
+        assert match and int(match[1]) in (2, 4, 8), text
+    for problem in (_dense(batch=32, input=(14, 14), in_channels=256, out_channels=256),
+                    _dense(batch=1, input=(7, 7), in_channels=64, out_channels=64,
+                           filter=(1, 1), padding=0)):  # fmt: skip
+        text = ckfmha.conv_explain(problem, arch="sm_90a")
+        assert TMA in ckfmha.conv_select(problem, arch="sm_90a"), text
+        assert "reduction split over" not in text, text

@@ -212,6 +212,18 @@ VECTOR_FWD_LANE_CASES = [
     Case("bf16", 1, (12, 14), 8, 2, 2, (3, 3), (1, 3), 1),
     Case("bf16", 1, (12, 14), 8, 4, 4, (3, 3), 1, 2, (1, 2)),
 ]
+# Few output tiles of long reductions: the TMA forward shares each tile's k-tiles between the
+# CTAs of a cluster (2 to 8; unequal runs where the count does not divide them), in the forward
+# and in backward-data's phases: partial channel tiles, rows past the batch, stride, dilation,
+# 3D, sliced and channels_last inputs.
+SPLIT_TMA_CASES = [
+    Case("bf16", 1, (7, 7), 1, 512, 512, (3, 3), 1, 1),
+    Case("fp16", 1, (9, 11), 1, 192, 200, (3, 3), 1, 1),
+    Case("bf16", 2, (12, 10), 1, 256, 136, (3, 3), 2, 1, layout="channels_last"),
+    Case("bf16", 1, (13, 9), 2, 128, 64, (3, 5), 1, (2, 4), (2, 2), layout="slice"),
+    Case("bf16", 1, (3, 5, 6), 2, 128, 72, (3, 3, 3), 1, 1),
+    Case("fp16", 1, (4, 6, 5), 1, 64, 96, (3, 3, 3), (1, 2, 1), 1),
+]
 
 # Groups of 2, 4 and 8 channels (as many in as out) that the direct backward-weight kernels run
 # on their vector path (a thread loads 4 channels, 8 bytes: two groups of 2 or one of 4; or a

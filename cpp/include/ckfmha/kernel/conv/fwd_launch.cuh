@@ -51,8 +51,10 @@ int launch_conv_fwd_sm90(void const* problem, void const* args,
 }
 
 // The TMA forward: as many CTAs as SMs hold at once (fewer for few tiles), each walking
-// output tiles in turn (fwd_tma_kernel.cuh). The runtime has checked the
-// problem against conv_tma_limit and the channel vector of 8.
+// output tiles in turn (fwd_tma_kernel.cuh); where the tiles leave most SMs
+// idle, clusters of CTAs that share each tile's k-tiles, one cluster a tile
+// (conv_fwd_tma_splits; the planner's cost model splits alike). The runtime
+// has checked the problem against conv_tma_limit and the channel vector of 8.
 template <class Traits>
 int run_conv_fwd_tma(ConvFwdTmaParams params, ckfmha_stream_t stream) {
   if (int err = encode_conv_fwd_tma_maps<Traits>(params.conv, &params.x_map, &params.w_map)) {
@@ -64,6 +66,17 @@ int run_conv_fwd_tma(ConvFwdTmaParams params, ckfmha_stream_t stream) {
   if (int err = current_device_sms(&sms)) return err;
   const int64_t tiles = params.tiles_m * params.tiles_n * params.conv.groups;
   if (tiles == 0) return 0;
+  // The split sum stages its partial tile in the operand stages.
+  constexpr bool kCanSplit =
+      conv_detail::ConvSplitScratch<Traits::kTileM, Traits::kTileN>::kBytes <= Traits::kSmemBytes;
+  params.splits =
+      kCanSplit ? conv_fwd_tma_splits(tiles, params.conv.reduction / Traits::kTileK, sms) : 1;
+  if (params.splits > 1) {
+    return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits>,
+                                 dim3(unsigned(tiles * params.splits)),
+                                 dim3(unsigned(params.splits), 1, 1), Traits::kThreads,
+                                 Traits::kSmemLaunchBytes, stream, params);
+  }
   const dim3 grid(unsigned(std::min<int64_t>(tiles, int64_t(sms) * Traits::kMinCtasPerSm)));
   return launch_kernel(&conv_fwd_tma_kernel<Traits>, grid, Traits::kThreads,
                        Traits::kSmemLaunchBytes, stream, params);

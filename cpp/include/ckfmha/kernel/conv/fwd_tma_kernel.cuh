@@ -12,10 +12,13 @@
 // Persistent: a CTA per SM (two where their shared memory fits) walks the
 // output tiles, output-channel tiles of one row tile first, so that
 // neighbouring CTAs read the same input rows from L2. The producer runs ahead
-// into the next tile while the consumers store.
+// into the next tile while the consumers store. Where the tiles are too few
+// for the SMs, a cluster's CTAs share each tile's k-tiles instead
+// (fwd_tma_split.cuh).
 #pragma once
 
 #include "ckfmha/kernel/conv/fwd_tma_epilogue.cuh"
+#include "ckfmha/kernel/conv/fwd_tma_split.cuh"
 #include "ckfmha/kernel/conv/fwd_tma_traits.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
 #include "ckfmha/kernel/conv/wgmma_batch.cuh"
@@ -45,6 +48,9 @@ struct ConvFwdTmaParams {
   // x * tap_step[2] (the view's offsets in whole taps).
   int32_t filter_first_tap;
   int32_t filter_tap_step[3];
+  // CTAs of a cluster sharing each tile's k-tiles (conv_fwd_tma_splits); the
+  // grid is a whole number of clusters of this size.
+  int32_t splits;
 };
 
 namespace conv_detail {
@@ -90,10 +96,11 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
   cute::prefetch_tma_descriptor(&params.x_map);
   cute::prefetch_tma_descriptor(&params.w_map);
   const int32_t chunks = p.in_channels / kTileK;
-  const int32_t k_tiles = p.reduction / kTileK;
+  const ConvSplitRange range = conv_split_range(params.splits, p.reduction / kTileK);
   const uint64_t hint = uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
   int count = 0;
-  for (int64_t tile = blockIdx.x; tile < conv_tile_count(params); tile += gridDim.x) {
+  for (int64_t tile = range.first_tile; tile < conv_tile_count(params);
+       tile += range.tile_step) {
     const ConvTileIndex t = conv_tile_at(params, tile);
     // The tile's first output position, and the input coordinates of its
     // first tap: the copy engine walks on from there.
@@ -106,9 +113,12 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
     }
     const int32_t image = int32_t(rest);
     const int32_t first_channel = t.channel_tile * Traits::kTileN;
-    int32_t chunk = 0;
-    int32_t tap[3] = {0, 0, 0};  // (d, h, w)
-    for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile, ++count) {
+    // The split's first k-tile: chunk `chunk` of tap (d, h, w), w fastest.
+    int32_t chunk = range.begin % chunks;
+    const int32_t first_tap = range.begin / chunks;
+    int32_t tap[3] = {first_tap / (p.filter[2] * p.filter[1]),
+                      first_tap / p.filter[2] % p.filter[1], first_tap % p.filter[2]};
+    for (int32_t k_tile = range.begin; k_tile < range.end; ++k_tile, ++count) {
       const int stage = count % kStages;
       Barrier::wait(&empty[stage], uint32_t(((count / kStages) & 1) ^ 1));
       Barrier::arrive_and_expect_tx(&full[stage],
@@ -151,6 +161,12 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
           }
         }
       }
+    }
+    if (range.splits > 1) {
+      // The consumers' two barriers of the split sum (store_tile_split_sum):
+      // the stages hold partial sums until the second.
+      conv_cluster_barrier();
+      conv_cluster_barrier();
     }
   }
 }
@@ -206,31 +222,38 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   Tensor acc = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
   Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
   Element* y = static_cast<Element*>(p.y);
-  const int32_t k_tiles = p.reduction / Traits::kTileK;
+  const ConvSplitRange range = conv_split_range(params.splits, p.reduction / Traits::kTileK);
 
   int count = 0;
-  for (int64_t tile = blockIdx.x; tile < conv_tile_count(params); tile += gridDim.x) {
+  for (int64_t tile = range.first_tile; tile < conv_tile_count(params);
+       tile += range.tile_step) {
     const ConvTileIndex t = conv_tile_at(params, tile);
     // The last tile's stores have read the row table.
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
     fill_rows<Traits::kSpatialDims, kTileM, kConsumerThreads>(p, t.row_tile * kTileM, rows, tid);
 
     clear(acc);
-    for (int32_t k_tile = 0; k_tile < k_tiles; ++k_tile, ++count) {
+    for (int32_t k_tile = range.begin; k_tile < range.end; ++k_tile, ++count) {
       const int stage = count % kStages;
       Barrier::wait(&full[stage], uint32_t((count / kStages) & 1));
       issue_wgmma_batch(tiled_mma, tCrA, tCrB, stage, acc);
       // The batch before this one is done: its stage is free.
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
-      if (k_tile > 0) Barrier::arrive(&empty[(count - 1) % kStages]);
+      if (k_tile > range.begin) Barrier::arrive(&empty[(count - 1) % kStages]);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     Barrier::arrive(&empty[(count - 1) % kStages]);
 
-    // The row table is written.
+    // The row table is written (and, split, no wgmma reads the stages).
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+    if (range.splits > 1) {
+      store_tile_split_sum<Traits>(p, rows, y + int64_t(t.group) * p.out_channels,
+                                   t.channel_tile * kTileN, acc, coords,
+                                   reinterpret_cast<float*>(smem), range, tid);
+      continue;
+    }
     const int warpgroup = tid / 128;
     store_tile_through_smem<Traits>(
         p, rows, y + int64_t(t.group) * p.out_channels, t.channel_tile * kTileN, acc, coords,

@@ -141,6 +141,24 @@ constexpr int32_t conv_tma_pack(int32_t groups, int32_t reduction_channels) {
   return groups % pack == 0 ? pack : 1;
 }
 
+// CTAs of one cluster that share each output tile of the TMA forward, each
+// multiplying an equal run of its k-tiles, their partial sums added through
+// distributed shared memory: only where the tiles leave most SMs idle (a
+// batch-1 7x7x512 layer has 4 tiles of 64x128 and 72 k-tiles each), doubling
+// while every split keeps at least kTmaFwdMinSplitKTiles k-tiles and the
+// tiles' CTAs fit one an SM; a power of two, at most the portable cluster.
+constexpr int32_t kTmaFwdMaxSplits = 8;
+constexpr int32_t kTmaFwdMinSplitKTiles = 4;
+
+constexpr int32_t conv_fwd_tma_splits(int64_t tiles, int64_t k_tiles, int64_t sms) {
+  int32_t splits = 1;
+  while (2 * splits <= kTmaFwdMaxSplits && tiles * 2 * splits <= sms &&
+         k_tiles >= 2 * splits * kTmaFwdMinSplitKTiles) {
+    splits *= 2;
+  }
+  return splits;
+}
+
 // The corners of the box the copy engine's im2col walk steps through along one
 // dim: the first tap-0 input coordinate (-padding) and the last one,
 // (output - 1) x stride - padding, as an offset from input - 1. The output

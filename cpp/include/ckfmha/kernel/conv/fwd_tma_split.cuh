@@ -1,0 +1,126 @@
+// The TMA forward's reduction split over the CTAs of a cluster
+// (ConvFwdTmaParams::splits > 1, conv_fwd_tma_splits): every CTA of a
+// cluster takes the same output tile, rank r multiplies its run of the
+// k-tiles, and the partial sums meet in shared memory. The operand stages
+// hold them: the producer waits at the same cluster barriers as the
+// consumers, so no copy lands in a stage between the last k-tile and the
+// next tile's loads.
+#pragma once
+
+#include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/params/conv_params.h"
+
+#include <cooperative_groups.h>
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace ckfmha::kernel::conv_detail {
+
+// Every thread of the cluster that has not exited, the lone producer thread
+// among them (hence not the .aligned form, which wants whole warps). arrive
+// releases this thread's shared-memory writes; wait acquires the others'.
+__device__ __forceinline__ void conv_cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
+#endif
+}
+
+// This CTA's share of a tile's k-tiles: [begin, end) of `count`, and the
+// stride and first of the tiles its cluster walks.
+struct ConvSplitRange {
+  int32_t rank;
+  int32_t splits;
+  int32_t begin;
+  int32_t end;
+  int64_t first_tile;
+  int64_t tile_step;
+};
+
+__device__ __forceinline__ ConvSplitRange conv_split_range(int32_t splits, int32_t k_tiles) {
+  ConvSplitRange r;
+  r.splits = splits;
+  r.rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (splits > 1) r.rank = int32_t(cooperative_groups::this_cluster().block_rank());
+#endif
+  r.begin = int32_t(int64_t(r.rank) * k_tiles / splits);
+  r.end = int32_t(int64_t(r.rank + 1) * k_tiles / splits);
+  r.first_tile = blockIdx.x / splits;
+  r.tile_step = gridDim.x / splits;
+  return r;
+}
+
+// The shared-memory floats the split sum stages a tile in: rows padded by 8
+// floats, so that a warp's pairs of accumulators (8 rows x 4 pairs a write)
+// fall on distinct banks.
+template <int kTileM, int kTileN>
+struct ConvSplitScratch {
+  static constexpr int kPitch = kTileN + 8;
+  static constexpr int kBytes = kTileM * kPitch * 4;
+};
+
+// Called by every consumer thread once the CTA's products of the tile are
+// done (no wgmma reads the stages): writes acc to `scratch` (this CTA's
+// stages), then rank r of the cluster adds every rank's values of its rows
+// (a contiguous 1/splits of the tile), in rank order, and stores them as
+// 16-byte runs of 8 channels. Returns after the cluster's last reads of any
+// scratch.
+template <class Traits, class Acc, class Coords>
+__device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, ConvRow const* rows,
+                                                     typename Traits::Element* y_group,
+                                                     int32_t first_channel, Acc const& acc,
+                                                     Coords const& coords, float* scratch,
+                                                     ConvSplitRange const& range, int thread) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Scratch = ConvSplitScratch<Traits::kTileM, Traits::kTileN>;
+  constexpr int kPitch = Scratch::kPitch;
+  constexpr int kRuns = Traits::kTileN / 8;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int r = get<0>(coords(i));
+    const int c = get<1>(coords(i));
+    *reinterpret_cast<float2*>(scratch + r * kPitch + c) = make_float2(acc(i), acc(i + 1));
+  }
+  conv_cluster_barrier();
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int first_row = range.rank * Traits::kTileM / range.splits;
+  const int end_row = (range.rank + 1) * Traits::kTileM / range.splits;
+  for (int v = thread; v < (end_row - first_row) * kRuns; v += Traits::kConsumerThreads) {
+    const int row = first_row + v / kRuns;
+    const int run = v % kRuns;
+    const int64_t y_base = rows[row].y_base;
+    const int32_t channel = first_channel + run * 8;
+    if (y_base < 0 || channel >= p.out_channels) continue;
+    float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int q = 0; q < range.splits; ++q) {
+      const float4* src = reinterpret_cast<const float4*>(
+          cluster.map_shared_rank(scratch, q) + row * kPitch + run * 8);
+      const float4 lo = src[0];
+      const float4 hi = src[1];
+      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+    }
+    uint4 value;
+    uint32_t* words = reinterpret_cast<uint32_t*>(&value);
+    CUTE_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      words[e] = uint32_t(Element(sum[2 * e]).raw()) |
+                 (uint32_t(Element(sum[2 * e + 1]).raw()) << 16);
+    }
+    Element* dst = y_group + y_base + channel;
+    if (p.vector_stores && channel + 8 <= p.out_channels) {
+      *reinterpret_cast<uint4*>(dst) = value;
+    } else {
+      for (int e = 0; e < 8 && channel + e < p.out_channels; ++e) dst[e] = Element(sum[e]);
+    }
+  }
+  // No rank reads another's scratch past here, and the producers may load
+  // into the stages again.
+  conv_cluster_barrier();
+#endif
+}
+
+}  // namespace ckfmha::kernel::conv_detail
