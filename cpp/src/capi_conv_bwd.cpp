@@ -81,6 +81,7 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
       const ckfmha_stream_t on = next == 0 ? stream : fork.side[(next - 1) % fork.count];
       ++next;
       ckfmha_launch_context phase_context = launch_context;
+      phase_context.conv_concurrent = convolutions;
       const void* filter = static_cast<const char*>(args.workspace) + ph.filter_offset;
       if (reads_filter_view(ph, args.w)) {
         filter = args.w;

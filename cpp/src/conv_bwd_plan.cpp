@@ -6,6 +6,7 @@
 
 #include "ckfmha/runtime/dispatcher.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -164,12 +165,22 @@ std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
 
 namespace {
 
+// The phases that run a convolution (run_bwd_data launches them at once).
+int32_t running_phases(std::vector<ConvDataPhase> const& phases) {
+  int32_t running = 0;
+  for (ConvDataPhase const& ph : phases) running += ph.empty ? 0 : 1;
+  return std::max(running, 1);
+}
+
 // The context a phase is planned in: the caller's, at the channel vector the
-// phase allows, without the learned selection (it decides for all phases).
-ConvPlanContext phase_context(ConvPlanContext const& context, ConvDataPhase const& phase) {
+// phase allows, without the learned selection (it decides for all phases),
+// beside the other phases that run.
+ConvPlanContext phase_context(ConvPlanContext const& context, ConvDataPhase const& phase,
+                              std::vector<ConvDataPhase> const& phases) {
   ConvPlanContext out = context;
   out.vector = phase.vector;
   out.learned = false;
+  out.concurrent = running_phases(phases);
   return out;
 }
 
@@ -183,7 +194,8 @@ std::vector<ConvCandidate> bwd_data_candidates(std::vector<ckfmha_kernel_entry> 
                          [&](ckfmha_kernel_entry const& k) {
                            for (ConvDataPhase const& ph : phases) {
                              if (!ph.empty && !conv_kernel_fits(k, ph.forward, CKFMHA_CONV_FWD,
-                                                                phase_context(context, ph))) {
+                                                                phase_context(context, ph,
+                                                                              phases))) {
                                return false;
                              }
                            }
@@ -219,7 +231,7 @@ void apply_learned_bwd_data(std::vector<ckfmha_kernel_entry> const& kernels,
   if (index < 0) return;
   for (ConvDataPhase& ph : plan->phases) {
     if (ph.empty) continue;
-    ConvPlanContext forced = phase_context(context, ph);
+    ConvPlanContext forced = phase_context(context, ph, plan->phases);
     forced.forced = candidates[size_t(index)].kernel;
     ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, forced);
     ph.plan.why = plan->learned;
@@ -240,7 +252,8 @@ ConvDataPlan plan_phases(std::vector<ckfmha_kernel_entry> const& kernels,
     const void* filter =
         workspace == nullptr ? nullptr : static_cast<const char*>(workspace) + ph.filter_offset;
     ph.vector = conv_vector_allowed(ph.forward, dy, filter);
-    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD, phase_context(context, ph));
+    ph.plan = plan_conv(kernels, ph.forward, CKFMHA_CONV_FWD,
+                        phase_context(context, ph, plan.phases));
     if (!ph.plan.found) {
       plan.why = "backward-data phase " + std::to_string(i) + " (" + describe(ph.forward) +
                  "): " + ph.plan.why;

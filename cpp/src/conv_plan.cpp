@@ -491,18 +491,26 @@ struct TileCost {
 // SMs run one an SM). Where SMs take several, a tile of one consumer
 // warpgroup is slower than its products say (64x128 against 256x128 at
 // ResNet-18's 28x28 layer, batch 32: 14% slower, NOTES 112): 1.3. Few tiles
-// split their k-tiles over `splits` CTAs (kernel::conv_fwd_tma_splits), each
-// taking 1/splits of the steps.
-double tma_tile_time(ckfmha_kernel_entry const& k, int64_t ctas, int32_t splits, int sm_count) {
+// split their k_tiles over `splits` CTAs (kernel::conv_fwd_tma_splits), each
+// taking 1/splits of the steps plus the split sum's, about 4 steps' time:
+// ResNet-18's 7x7x512 layer at batch 32 ran 18.2 us on 64x128 tiles unsplit
+// and 25.9 on 256x128 tiles in 4 splits, which without that cost would have
+// modelled faster.
+double tma_tile_time(ckfmha_kernel_entry const& k, int64_t ctas, int32_t splits,
+                     int64_t k_tiles, int sm_count) {
   const int64_t consumers = std::max(k.warps / 4 - 1, 1);
   const double step = std::max(double(k.tile_m) * k.tile_n,
                                48.0 * double(k.tile_m + consumers * k.tile_n));
   const int64_t per_sm = ceil_div(ctas * splits, std::max(sm_count, 1));
   const double lone = consumers < 2 && per_sm > 1 ? 1.3 : 1.0;
-  return double(per_sm) * step * lone / splits;
+  const double steps = double(k_tiles) / splits + (splits > 1 ? 4.0 : 0.0);
+  return double(per_sm) * step * lone * steps / double(std::max<int64_t>(k_tiles, 1));
 }
 
-TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, int sm_count) {
+// split_sms: the SMs the TMA forward's split counts on (fewer than sm_count
+// beside concurrent convolutions).
+TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, int sm_count,
+                   int split_sms) {
   const int64_t rows = conv_output_rows(p);
   const int64_t tiles_m = ceil_div(rows, k.tile_m);
   const int64_t tiles_n = ceil_div(p.out_channels, k.tile_n);
@@ -511,8 +519,8 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const double useful = double(rows) * double(p.out_channels);
   if (is_conv_tma(k)) {
     const int64_t k_tiles = conv_filter_taps(p) * p.in_channels / std::max(k.tile_k, 1);
-    const int32_t splits = kernel::conv_fwd_tma_splits(ctas, k_tiles, sm_count);
-    return {tma_tile_time(k, ctas, splits, sm_count), useful / computed, ctas, splits};
+    const int32_t splits = kernel::conv_fwd_tma_splits(ctas, k_tiles, split_sms);
+    return {tma_tile_time(k, ctas, splits, k_tiles, sm_count), useful / computed, ctas, splits};
   }
   const int64_t resident = resident_ctas(k);
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
@@ -728,7 +736,8 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     if (!fits(k, p, direction, context)) continue;
     const TileCost cost = is_weight(direction)
                               ? weight_tile_cost(k, p, context.sm_count, context.can_split)
-                              : tile_cost(k, p, context.sm_count);
+                              : tile_cost(k, p, context.sm_count,
+                                          context.sm_count / std::max(context.concurrent, 1));
     // A TMA tile ranks first where it fills at least half its products (at
     // ResNeXt's groups of 32 output channels its 128-wide tiles ran at 0.59x
     // cuDNN where the gathering kernel's 16-wide one had run at 0.95x, NOTES

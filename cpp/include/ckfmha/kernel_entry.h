@@ -29,6 +29,10 @@ typedef struct ckfmha_launch_context {
    * ConvFilterView (kernel/params/conv_params.h); NULL: dense. The backward-
    * data plan reads w transposed and flipped through it, with no copy. */
   const void* conv_filter_view;
+  /* conv_fwd kernels: convolutions running at once on the device (backward-
+   * data's phases on side streams), this one among them; 0 or 1: alone. The
+   * TMA forward's split over clusters counts on its share of the SMs. */
+  int32_t conv_concurrent;
 } ckfmha_launch_context;
 
 /* problem/args point at the family's structs: ckfmha_fwd_problem/_args for fwd,

@@ -42,7 +42,10 @@ struct ConvPlan {
   bool found = false;
   ckfmha_kernel_entry kernel{};
   std::string why;  // found: why this kernel; else what is missing and what exists
-  int32_t splits = 1;  // backward-weight: CTAs sharing each output tile's reduction
+  // Backward-weight: CTAs sharing each output tile's reduction; the TMA
+  // forward: a cluster's CTAs sharing each tile's k-tiles (its launcher
+  // decides alike, kernel::conv_fwd_tma_splits).
+  int32_t splits = 1;
 };
 
 struct ConvPlanContext {
@@ -55,6 +58,11 @@ struct ConvPlanContext {
   // process's mode asks for it (backward-data decides for all its phases at
   // once and plans each phase without it).
   bool learned = true;
+  // Convolutions that run at once on the device (backward-data's phases, on
+  // side streams): the TMA forward splits its tiles' k-tiles as if it had
+  // sm_count / concurrent SMs, as its launcher does (ckfmha_launch_context::
+  // conv_concurrent).
+  int32_t concurrent = 1;
 };
 
 // The CTAs a block of dw that the direct backward-weight kernel `k` sums

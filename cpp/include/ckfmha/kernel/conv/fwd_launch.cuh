@@ -53,10 +53,11 @@ int launch_conv_fwd_sm90(void const* problem, void const* args,
 // The TMA forward: as many CTAs as SMs hold at once (fewer for few tiles), each walking
 // output tiles in turn (fwd_tma_kernel.cuh); where the tiles leave most SMs
 // idle, clusters of CTAs that share each tile's k-tiles, one cluster a tile
-// (conv_fwd_tma_splits; the planner's cost model splits alike). The runtime
-// has checked the problem against conv_tma_limit and the channel vector of 8.
+// (conv_fwd_tma_splits, on this launch's share of the SMs beside `concurrent`
+// convolutions; the planner's cost model splits alike). The runtime has
+// checked the problem against conv_tma_limit and the channel vector of 8.
 template <class Traits>
-int run_conv_fwd_tma(ConvFwdTmaParams params, ckfmha_stream_t stream) {
+int run_conv_fwd_tma(ConvFwdTmaParams params, int32_t concurrent, ckfmha_stream_t stream) {
   if (int err = encode_conv_fwd_tma_maps<Traits>(params.conv, &params.x_map, &params.w_map)) {
     return err;
   }
@@ -69,8 +70,9 @@ int run_conv_fwd_tma(ConvFwdTmaParams params, ckfmha_stream_t stream) {
   // The split sum stages its partial tile in the operand stages.
   constexpr bool kCanSplit =
       conv_detail::ConvSplitScratch<Traits::kTileM, Traits::kTileN>::kBytes <= Traits::kSmemBytes;
+  const int64_t k_tiles = params.conv.reduction / Traits::kTileK;
   params.splits =
-      kCanSplit ? conv_fwd_tma_splits(tiles, params.conv.reduction / Traits::kTileK, sms) : 1;
+      kCanSplit ? conv_fwd_tma_splits(tiles, k_tiles, sms / std::max<int32_t>(concurrent, 1)) : 1;
   if (params.splits > 1) {
     return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits>,
                                  dim3(unsigned(tiles * params.splits)),
@@ -92,8 +94,9 @@ int launch_conv_fwd_tma(void const* problem, void const* args,
   auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
   ConvFwdTmaParams params{};
   params.conv = make_conv_fwd_params(pr, ar);
+  const int32_t concurrent = context != nullptr ? context->conv_concurrent : 1;
   if (context == nullptr || context->conv_filter_view == nullptr) {
-    return run_conv_fwd_tma<Traits>(params, stream);
+    return run_conv_fwd_tma<Traits>(params, concurrent, stream);
   }
   ConvFilterView const& view = *static_cast<ConvFilterView const*>(context->conv_filter_view);
   params.conv.filter_view = view;
@@ -104,7 +107,7 @@ int launch_conv_fwd_tma(void const* problem, void const* args,
     if (view.tap[d] % run != 0) return -int(cudaErrorInvalidValue);
     params.filter_tap_step[d] = int32_t(view.tap[d] / run);
   }
-  return run_conv_fwd_tma<ConvFwdTmaTransposedFilterTraits<Traits>>(params, stream);
+  return run_conv_fwd_tma<ConvFwdTmaTransposedFilterTraits<Traits>>(params, concurrent, stream);
 }
 
 // The direct template's vector path takes a problem of kG-channel groups

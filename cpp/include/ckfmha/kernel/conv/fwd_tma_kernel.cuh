@@ -163,10 +163,11 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
       }
     }
     if (range.splits > 1) {
-      // The consumers' two barriers of the split sum (store_tile_split_sum):
-      // the stages hold partial sums until the second.
+      // The consumers' barriers of the split sum (store_tile_split_sum): the
+      // stages hold partial sums until the second, which only a cluster with
+      // another tile waits at.
       conv_cluster_barrier();
-      conv_cluster_barrier();
+      if (tile + range.tile_step < conv_tile_count(params)) conv_cluster_barrier();
     }
   }
 }
@@ -251,7 +252,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     if (range.splits > 1) {
       store_tile_split_sum<Traits>(p, rows, y + int64_t(t.group) * p.out_channels,
                                    t.channel_tile * kTileN, acc, coords,
-                                   reinterpret_cast<float*>(smem), range, tid);
+                                   reinterpret_cast<float*>(smem), range,
+                                   tile + range.tile_step < conv_tile_count(params), tid);
       continue;
     }
     const int warpgroup = tid / 128;

@@ -4,7 +4,8 @@
 // k-tiles, and the partial sums meet in shared memory. The operand stages
 // hold them: the producer waits at the same cluster barriers as the
 // consumers, so no copy lands in a stage between the last k-tile and the
-// next tile's loads.
+// next tile's loads. The launcher gives each cluster one tile; the kernel
+// still walks several correctly.
 #pragma once
 
 #include "ckfmha/kernel/conv/gather.cuh"
@@ -51,9 +52,11 @@ __device__ __forceinline__ ConvSplitRange conv_split_range(int32_t splits, int32
   return r;
 }
 
-// The shared-memory floats the split sum stages a tile in: rows padded by 8
-// floats, so that a warp's pairs of accumulators (8 rows x 4 pairs a write)
-// fall on distinct banks.
+// The shared-memory floats the split sum stages a tile in: each rank owns
+// kTileM / splits rows of the tile, and its scratch holds one slot of those
+// rows per rank, slot q's rows from rank q. Rows are padded by 8 floats, so
+// that a warp's pairs of accumulators (8 rows x 4 pairs a write) fall on
+// distinct banks.
 template <int kTileM, int kTileN>
 struct ConvSplitScratch {
   static constexpr int kPitch = kTileN + 8;
@@ -61,43 +64,51 @@ struct ConvSplitScratch {
 };
 
 // Called by every consumer thread once the CTA's products of the tile are
-// done (no wgmma reads the stages): writes acc to `scratch` (this CTA's
-// stages), then rank r of the cluster adds every rank's values of its rows
-// (a contiguous 1/splits of the tile), in rank order, and stores them as
-// 16-byte runs of 8 channels. Returns after the cluster's last reads of any
-// scratch.
+// done (no wgmma reads the stages): writes each accumulator pair into the
+// slot of this rank in the scratch of the rank that owns its row (a store
+// into another CTA's shared memory waits on nothing, where a load would wait
+// a round trip a rank), then, past the cluster barrier, adds its own rows'
+// slots in rank order and stores them as 16-byte runs of 8 channels.
+// `more`: the cluster takes another tile, whose partial sums must wait until
+// every rank has read this one's (a second barrier; the producer waits at it
+// too).
 template <class Traits, class Acc, class Coords>
 __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, ConvRow const* rows,
                                                      typename Traits::Element* y_group,
                                                      int32_t first_channel, Acc const& acc,
                                                      Coords const& coords, float* scratch,
-                                                     ConvSplitRange const& range, int thread) {
+                                                     ConvSplitRange const& range, bool more,
+                                                     int thread) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using namespace cute;
   using Element = typename Traits::Element;
-  using Scratch = ConvSplitScratch<Traits::kTileM, Traits::kTileN>;
-  constexpr int kPitch = Scratch::kPitch;
+  constexpr int kPitch = ConvSplitScratch<Traits::kTileM, Traits::kTileN>::kPitch;
   constexpr int kRuns = Traits::kTileN / 8;
+  static_assert(Traits::kTileM % kTmaFwdMaxSplits == 0, "whole rows a rank");
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int owned = Traits::kTileM / range.splits;  // rows a rank owns
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int r = get<0>(coords(i));
     const int c = get<1>(coords(i));
-    *reinterpret_cast<float2*>(scratch + r * kPitch + c) = make_float2(acc(i), acc(i + 1));
+    const int owner = r / owned;
+    float* slot = cluster.map_shared_rank(scratch, owner) + range.rank * owned * kPitch;
+    *reinterpret_cast<float2*>(slot + (r - owner * owned) * kPitch + c) =
+        make_float2(acc(i), acc(i + 1));
   }
   conv_cluster_barrier();
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const int first_row = range.rank * Traits::kTileM / range.splits;
-  const int end_row = (range.rank + 1) * Traits::kTileM / range.splits;
-  for (int v = thread; v < (end_row - first_row) * kRuns; v += Traits::kConsumerThreads) {
-    const int row = first_row + v / kRuns;
+  for (int v = thread; v < owned * kRuns; v += Traits::kConsumerThreads) {
+    const int local = v / kRuns;
     const int run = v % kRuns;
-    const int64_t y_base = rows[row].y_base;
+    const int64_t y_base = rows[range.rank * owned + local].y_base;
     const int32_t channel = first_channel + run * 8;
     if (y_base < 0 || channel >= p.out_channels) continue;
     float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int q = 0; q < range.splits; ++q) {
-      const float4* src = reinterpret_cast<const float4*>(
-          cluster.map_shared_rank(scratch, q) + row * kPitch + run * 8);
+    CUTE_UNROLL
+    for (int q = 0; q < kTmaFwdMaxSplits; ++q) {
+      if (q >= range.splits) break;
+      const float4* src =
+          reinterpret_cast<const float4*>(scratch + (q * owned + local) * kPitch + run * 8);
       const float4 lo = src[0];
       const float4 hi = src[1];
       sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
@@ -117,9 +128,9 @@ __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, Con
       for (int e = 0; e < 8 && channel + e < p.out_channels; ++e) dst[e] = Element(sum[e]);
     }
   }
-  // No rank reads another's scratch past here, and the producers may load
-  // into the stages again.
-  conv_cluster_barrier();
+  // Every rank has read its slots: the next tile may write them, and the
+  // producers load into the stages again.
+  if (more) conv_cluster_barrier();
 #endif
 }
 
