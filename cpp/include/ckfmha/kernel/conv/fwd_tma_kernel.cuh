@@ -164,8 +164,9 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
     }
     if (range.splits > 1) {
       // The consumers' barriers of the split sum (store_tile_split_sum): the
-      // stages hold partial sums until the second, which only a cluster with
-      // another tile waits at.
+      // stages hold partial sums from the first to the third, which only a
+      // cluster with another tile waits at.
+      conv_cluster_barrier();
       conv_cluster_barrier();
       if (tile + range.tile_step < conv_tile_count(params)) conv_cluster_barrier();
     }

@@ -64,10 +64,11 @@ struct ConvSplitScratch {
 };
 
 // Called by every consumer thread once the CTA's products of the tile are
-// done (no wgmma reads the stages): writes each accumulator pair into the
-// slot of this rank in the scratch of the rank that owns its row (a store
-// into another CTA's shared memory waits on nothing, where a load would wait
-// a round trip a rank), then, past the cluster barrier, adds its own rows'
+// done (no wgmma reads the stages). Past a first cluster barrier (every rank's
+// products are done, so its stages are free), writes each accumulator pair
+// into the slot of this rank in the scratch of the rank that owns its row (a
+// store into another CTA's shared memory waits on nothing, where a load
+// would wait a round trip a rank), then, past a second, adds its own rows'
 // slots in rank order and stores them as 16-byte runs of 8 channels.
 // `more`: the cluster takes another tile, whose partial sums must wait until
 // every rank has read this one's (a second barrier; the producer waits at it
@@ -87,6 +88,7 @@ __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, Con
   static_assert(Traits::kTileM % kTmaFwdMaxSplits == 0, "whole rows a rank");
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int owned = Traits::kTileM / range.splits;  // rows a rank owns
+  conv_cluster_barrier();
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int r = get<0>(coords(i));
