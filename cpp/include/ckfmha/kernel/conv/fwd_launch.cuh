@@ -71,12 +71,14 @@ int run_conv_fwd_tma(ConvFwdTmaParams params, int32_t concurrent, ckfmha_stream_
   constexpr bool kCanSplit =
       conv_detail::ConvSplitScratch<Traits::kTileM, Traits::kTileN>::kBytes <= Traits::kSmemBytes;
   const int64_t k_tiles = params.conv.reduction / Traits::kTileK;
-  params.splits =
+  const int32_t splits =
       kCanSplit ? conv_fwd_tma_splits(tiles, k_tiles, sms / std::max<int32_t>(concurrent, 1)) : 1;
-  if (params.splits > 1) {
-    return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits>,
-                                 dim3(unsigned(tiles * params.splits)),
-                                 dim3(unsigned(params.splits), 1, 1), Traits::kThreads,
+  if ((splits & (splits - 1)) != 0) return -int(cudaErrorInvalidValue);  // a power of two
+  params.split_shift = 0;
+  while ((1 << params.split_shift) < splits) ++params.split_shift;
+  if (splits > 1) {
+    return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits>, dim3(unsigned(tiles * splits)),
+                                 dim3(unsigned(splits), 1, 1), Traits::kThreads,
                                  Traits::kSmemLaunchBytes, stream, params);
   }
   const dim3 grid(unsigned(std::min<int64_t>(tiles, int64_t(sms) * Traits::kMinCtasPerSm)));

@@ -48,9 +48,10 @@ struct ConvFwdTmaParams {
   // x * tap_step[2] (the view's offsets in whole taps).
   int32_t filter_first_tap;
   int32_t filter_tap_step[3];
-  // CTAs of a cluster sharing each tile's k-tiles (conv_fwd_tma_splits); the
-  // grid is a whole number of clusters of this size.
-  int32_t splits;
+  // log2 of the CTAs of a cluster sharing each tile's k-tiles
+  // (conv_fwd_tma_splits, a power of two); the grid is a whole number of
+  // clusters of this size.
+  int32_t split_shift;
 };
 
 namespace conv_detail {
@@ -96,7 +97,7 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
   cute::prefetch_tma_descriptor(&params.x_map);
   cute::prefetch_tma_descriptor(&params.w_map);
   const int32_t chunks = p.in_channels / kTileK;
-  const ConvSplitRange range = conv_split_range(params.splits, p.reduction / kTileK);
+  const ConvSplitRange range = conv_split_range(params.split_shift, p.reduction / kTileK);
   const uint64_t hint = uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
   int count = 0;
   for (int64_t tile = range.first_tile; tile < conv_tile_count(params);
@@ -166,9 +167,9 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
       // The consumers' barriers of the split sum (store_tile_split_sum): the
       // stages hold partial sums from the first to the third, which only a
       // cluster with another tile waits at.
-      conv_cluster_barrier();
-      conv_cluster_barrier();
-      if (tile + range.tile_step < conv_tile_count(params)) conv_cluster_barrier();
+      conv_cluster_barrier<false>();
+      conv_cluster_barrier<false>();
+      if (tile + range.tile_step < conv_tile_count(params)) conv_cluster_barrier<false>();
     }
   }
 }
@@ -224,7 +225,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   Tensor acc = partition_fragment_C(tiled_mma, Shape<Int<kTileM>, Int<kTileN>>{});
   Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
   Element* y = static_cast<Element*>(p.y);
-  const ConvSplitRange range = conv_split_range(params.splits, p.reduction / Traits::kTileK);
+  const ConvSplitRange range =
+      conv_split_range(params.split_shift, p.reduction / Traits::kTileK);
 
   int count = 0;
   for (int64_t tile = range.first_tile; tile < conv_tile_count(params);
@@ -235,14 +237,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     fill_rows<Traits::kSpatialDims, kTileM, kConsumerThreads>(p, t.row_tile * kTileM, rows, tid);
 
     clear(acc);
-    for (int32_t k_tile = range.begin; k_tile < range.end; ++k_tile, ++count) {
+    for (int32_t step = 0; step < range.end - range.begin; ++step, ++count) {
       const int stage = count % kStages;
       Barrier::wait(&full[stage], uint32_t((count / kStages) & 1));
       issue_wgmma_batch(tiled_mma, tCrA, tCrB, stage, acc);
       // The batch before this one is done: its stage is free.
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
-      if (k_tile > range.begin) Barrier::arrive(&empty[(count - 1) % kStages]);
+      if (step > 0) Barrier::arrive(&empty[(count - 1) % kStages]);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);

@@ -18,12 +18,20 @@
 
 namespace ckfmha::kernel::conv_detail {
 
-// Every thread of the cluster that has not exited, the lone producer thread
-// among them (hence not the .aligned form, which wants whole warps). arrive
-// releases this thread's shared-memory writes; wait acquires the others'.
+// Every thread of the cluster that has not exited arrives: whole consumer
+// warps (the .aligned form, which keeps the compiler's uniform registers: the
+// form for lone threads cost the k-tile loops theirs) and the lone producer
+// thread (the form for any thread). arrive releases this thread's
+// shared-memory writes; wait acquires the others'.
+template <bool kWholeWarp>
 __device__ __forceinline__ void conv_cluster_barrier() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
+  if constexpr (kWholeWarp) {
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;\n" :::
+                     "memory");
+  } else {
+    asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
+  }
 #endif
 }
 
@@ -38,17 +46,23 @@ struct ConvSplitRange {
   int64_t tile_step;
 };
 
-__device__ __forceinline__ ConvSplitRange conv_split_range(int32_t splits, int32_t k_tiles) {
+// The launcher's clusters are 2^split_shift CTAs along x, so a CTA's rank
+// is blockIdx.x's low bits; the first `k_tiles mod splits` ranks take one
+// k-tile more. Shifts and masks, no division: the k-tile loops' counters
+// then stay in the compiler's uniform registers, as unsplit (a division by
+// the split count, or the cluster's rank register, put them in per-thread
+// ones, with more instructions around each k-tile's products).
+__device__ __forceinline__ ConvSplitRange conv_split_range(int32_t split_shift,
+                                                          int32_t k_tiles) {
   ConvSplitRange r;
-  r.splits = splits;
-  r.rank = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (splits > 1) r.rank = int32_t(cooperative_groups::this_cluster().block_rank());
-#endif
-  r.begin = int32_t(int64_t(r.rank) * k_tiles / splits);
-  r.end = int32_t(int64_t(r.rank + 1) * k_tiles / splits);
-  r.first_tile = blockIdx.x / splits;
-  r.tile_step = gridDim.x / splits;
+  r.splits = 1 << split_shift;
+  r.rank = int32_t(blockIdx.x & unsigned(r.splits - 1));
+  const int32_t base = k_tiles >> split_shift;
+  const int32_t extra = k_tiles & (r.splits - 1);
+  r.begin = r.rank * base + min(r.rank, extra);
+  r.end = r.begin + base + (r.rank < extra ? 1 : 0);
+  r.first_tile = blockIdx.x >> split_shift;
+  r.tile_step = gridDim.x >> split_shift;
   return r;
 }
 
@@ -88,7 +102,7 @@ __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, Con
   static_assert(Traits::kTileM % kTmaFwdMaxSplits == 0, "whole rows a rank");
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int owned = Traits::kTileM / range.splits;  // rows a rank owns
-  conv_cluster_barrier();
+  conv_cluster_barrier<true>();
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
     const int r = get<0>(coords(i));
@@ -98,7 +112,7 @@ __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, Con
     *reinterpret_cast<float2*>(slot + (r - owner * owned) * kPitch + c) =
         make_float2(acc(i), acc(i + 1));
   }
-  conv_cluster_barrier();
+  conv_cluster_barrier<true>();
   for (int v = thread; v < owned * kRuns; v += Traits::kConsumerThreads) {
     const int local = v / kRuns;
     const int run = v % kRuns;
@@ -132,7 +146,7 @@ __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, Con
   }
   // Every rank has read its slots: the next tile may write them, and the
   // producers load into the stages again.
-  if (more) conv_cluster_barrier();
+  if (more) conv_cluster_barrier<true>();
 #endif
 }
 
