@@ -114,11 +114,18 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
     }
     const int32_t image = int32_t(rest);
     const int32_t first_channel = t.channel_tile * Traits::kTileN;
-    // The split's first k-tile: chunk `chunk` of tap (d, h, w), w fastest.
-    int32_t chunk = range.begin % chunks;
-    const int32_t first_tap = range.begin / chunks;
-    int32_t tap[3] = {first_tap / (p.filter[2] * p.filter[1]),
-                      first_tap / p.filter[2] % p.filter[1], first_tap % p.filter[2]};
+    // The split's first k-tile: chunk `chunk` of tap (d, h, w), w fastest
+    // (the divisions only where a split starts past k-tile 0: they delay a
+    // tile's first copy).
+    int32_t chunk = 0;
+    int32_t tap[3] = {0, 0, 0};
+    if (range.begin > 0) {
+      chunk = range.begin % chunks;
+      const int32_t first_tap = range.begin / chunks;
+      tap[0] = first_tap / (p.filter[2] * p.filter[1]);
+      tap[1] = first_tap / p.filter[2] % p.filter[1];
+      tap[2] = first_tap % p.filter[2];
+    }
     for (int32_t k_tile = range.begin; k_tile < range.end; ++k_tile, ++count) {
       const int stage = count % kStages;
       Barrier::wait(&empty[stage], uint32_t(((count / kStages) & 1) ^ 1));

@@ -147,13 +147,18 @@ constexpr int32_t conv_tma_pack(int32_t groups, int32_t reduction_channels) {
 // batch-1 7x7x512 layer has 4 tiles of 64x128 and 72 k-tiles each), doubling
 // while every split keeps at least kTmaFwdMinSplitKTiles k-tiles and the
 // tiles' CTAs fit one an SM; a power of two, at most the portable cluster.
-// Splits of 4-5 k-tiles lost to the split sum (ResNet-18's batch-1 56x56 and
-// 28x28 layers, 9 and 18 k-tiles: 5.3 -> 7.6 and 6.3 -> 6.8 us on an H200).
+// The split sum (three cluster barriers, the partial tile through
+// distributed shared memory) costs about as much as a dozen k-tiles: splits
+// of 4-5 k-tiles lost, and so did 18 k-tiles in two (ResNet-18's batch-1
+// 28x28 layer, 6.3 -> 6.9 us on an H200), so reductions under
+// kTmaFwdMinKTilesToSplit stay whole.
 constexpr int32_t kTmaFwdMaxSplits = 8;
 constexpr int32_t kTmaFwdMinSplitKTiles = 8;
+constexpr int32_t kTmaFwdMinKTilesToSplit = 24;
 
 constexpr int32_t conv_fwd_tma_splits(int64_t tiles, int64_t k_tiles, int64_t sms) {
   int32_t splits = 1;
+  if (k_tiles < kTmaFwdMinKTilesToSplit) return splits;
   while (2 * splits <= kTmaFwdMaxSplits && tiles * 2 * splits <= sms &&
          k_tiles >= 2 * splits * kTmaFwdMinSplitKTiles) {
     splits *= 2;
