@@ -512,8 +512,9 @@ def test_vector_fwd_paths_in_backward_data(case: Case) -> None:
 
 @pytest.mark.parametrize("case", SPLIT_TMA_CASES, ids=lambda c: c.label)
 def test_few_tiles_split_their_reduction_in_backward_data(case: Case) -> None:
-    """Backward-data's phases of few tiles and long reductions share each tile's k-tiles over a
-    cluster's CTAs on the TMA forward, as the forward does."""
+    """Backward-data's phases run the same problems' transposes: where a phase is on the TMA
+    forward with few tiles and a long reduction (K x taps), its tiles' k-tiles are shared over
+    a cluster's CTAs as in the forward; the others run whole."""
     run_bwd_data(case)
 
 

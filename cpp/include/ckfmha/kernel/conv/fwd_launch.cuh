@@ -70,9 +70,10 @@ int run_conv_fwd_tma(ConvFwdTmaParams params, int32_t concurrent, ckfmha_stream_
   // The split sum stages its partial tile in the operand stages.
   constexpr bool kCanSplit =
       conv_detail::ConvSplitScratch<Traits::kTileM, Traits::kTileN>::kBytes <= Traits::kSmemBytes;
-  const int64_t k_tiles = params.conv.reduction / Traits::kTileK;
   const int32_t splits =
-      kCanSplit ? conv_fwd_tma_splits(tiles, k_tiles, sms / std::max<int32_t>(concurrent, 1)) : 1;
+      kCanSplit ? conv_fwd_tma_splits(tiles, params.conv.reduction,
+                                      sms / std::max<int32_t>(concurrent, 1))
+                : 1;
   if ((splits & (splits - 1)) != 0) return -int(cudaErrorInvalidValue);  // a power of two
   params.split_shift = 0;
   while ((1 << params.split_shift) < splits) ++params.split_shift;

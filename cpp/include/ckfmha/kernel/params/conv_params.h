@@ -144,23 +144,25 @@ constexpr int32_t conv_tma_pack(int32_t groups, int32_t reduction_channels) {
 // CTAs of one cluster that share each output tile of the TMA forward, each
 // multiplying an equal run of its k-tiles, their partial sums added through
 // distributed shared memory: only where the tiles leave most SMs idle (a
-// batch-1 7x7x512 layer has 4 tiles of 64x128 and 72 k-tiles each), doubling
-// while every split keeps at least kTmaFwdMinSplitKTiles k-tiles and the
-// tiles' CTAs fit one an SM; a power of two, at most the portable cluster.
-// The split sum (three cluster barriers, the partial tile through
-// distributed shared memory) costs about as much as a dozen k-tiles: splits
-// of 4-5 k-tiles lost, and so did 18 k-tiles in two (ResNet-18's batch-1
-// 28x28 layer, 6.3 -> 6.9 us on an H200), so reductions under
-// kTmaFwdMinKTilesToSplit stay whole.
+// batch-1 7x7x512 layer has 4 tiles of 64x128 and a reduction of 4608
+// columns), doubling while every split keeps at least kTmaFwdMinSplitColumns
+// of the reduction and the tiles' CTAs fit one an SM; a power of two, at most
+// the portable cluster. The split sum (three cluster barriers, the partial
+// tile through distributed shared memory) costs about as much as a dozen
+// 64-column k-tiles: splits of 256-320 columns lost, and so did 1152 columns
+// in two on 64-column k-tiles (ResNet-18's batch-1 28x28 layer, 6.3 -> 6.9 us
+// on an H200) and in four on 32-column ones (8.9 us), so reductions under
+// kTmaFwdMinColumnsToSplit stay whole. Counted in columns, not k-tiles, so
+// that a tile of 32-column k-tiles splits as one of 64 does.
 constexpr int32_t kTmaFwdMaxSplits = 8;
-constexpr int32_t kTmaFwdMinSplitKTiles = 8;
-constexpr int32_t kTmaFwdMinKTilesToSplit = 24;
+constexpr int64_t kTmaFwdMinSplitColumns = 512;
+constexpr int64_t kTmaFwdMinColumnsToSplit = 1536;
 
-constexpr int32_t conv_fwd_tma_splits(int64_t tiles, int64_t k_tiles, int64_t sms) {
+constexpr int32_t conv_fwd_tma_splits(int64_t tiles, int64_t reduction, int64_t sms) {
   int32_t splits = 1;
-  if (k_tiles < kTmaFwdMinKTilesToSplit) return splits;
+  if (reduction < kTmaFwdMinColumnsToSplit) return splits;
   while (2 * splits <= kTmaFwdMaxSplits && tiles * 2 * splits <= sms &&
-         k_tiles >= 2 * splits * kTmaFwdMinSplitKTiles) {
+         reduction >= 2 * splits * kTmaFwdMinSplitColumns) {
     splits *= 2;
   }
   return splits;
