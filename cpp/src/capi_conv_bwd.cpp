@@ -50,11 +50,9 @@ int run_bwd_data(ConvDataPlan const& plan, ckfmha_conv_bwd_data_args const& args
   ckfmha_launch_context launch_context{};
   if (int s = begin_launch(&launch_context)) return s;
   std::vector<ConvPhaseFilter> filters;
-  int convolutions = 0;
+  const int convolutions = conv_running_phases(plan.phases);
   for (auto const& ph : plan.phases) {
-    if (ph.empty) continue;
-    ++convolutions;
-    if (reads_filter_view(ph, args.w)) continue;
+    if (ph.empty || reads_filter_view(ph, args.w)) continue;
     ConvPhaseFilter filter = ph.filter;
     filter.w = args.w;
     filter.dst = static_cast<char*>(args.workspace) + ph.filter_offset;

@@ -134,6 +134,12 @@ std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& p,
   return phases;
 }
 
+int32_t conv_running_phases(std::vector<ConvDataPhase> const& phases) {
+  int32_t running = 0;
+  for (ConvDataPhase const& ph : phases) running += ph.empty ? 0 : 1;
+  return std::max(running, 1);
+}
+
 bool reads_filter_view(ConvDataPhase const& phase, const void* w) {
   // A view cannot hold a packed filter's zeros.
   if (phase.filter.pack != 1) return false;
@@ -165,13 +171,6 @@ std::string check_conv_bwd_data(ckfmha_conv_problem const& p) {
 
 namespace {
 
-// The phases that run a convolution (run_bwd_data launches them at once).
-int32_t running_phases(std::vector<ConvDataPhase> const& phases) {
-  int32_t running = 0;
-  for (ConvDataPhase const& ph : phases) running += ph.empty ? 0 : 1;
-  return std::max(running, 1);
-}
-
 // The context a phase is planned in: the caller's, at the channel vector the
 // phase allows, without the learned selection (it decides for all phases),
 // beside the other phases that run.
@@ -180,7 +179,7 @@ ConvPlanContext phase_context(ConvPlanContext const& context, ConvDataPhase cons
   ConvPlanContext out = context;
   out.vector = phase.vector;
   out.learned = false;
-  out.concurrent = running_phases(phases);
+  out.concurrent = conv_running_phases(phases);
   return out;
 }
 

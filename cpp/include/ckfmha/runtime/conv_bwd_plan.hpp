@@ -56,6 +56,10 @@ struct ConvDataPlan {
 // copies need (w NULL: assumed aligned).
 bool reads_filter_view(ConvDataPhase const& phase, const void* w);
 
+// The phases that run a convolution (not only zeros), at least 1: the
+// backward-data run launches them at once, each on its own stream.
+int32_t conv_running_phases(std::vector<ConvDataPhase> const& phases);
+
 // The phases and their forward problems, without kernels; `pack` groups
 // multiplied as one (conv_tma_pack).
 std::vector<ConvDataPhase> conv_data_phases(ckfmha_conv_problem const& problem,

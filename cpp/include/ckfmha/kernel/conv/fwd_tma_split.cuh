@@ -1,5 +1,5 @@
 // The TMA forward's reduction split over the CTAs of a cluster
-// (ConvFwdTmaParams::splits > 1, conv_fwd_tma_splits): every CTA of a
+// (ConvFwdTmaParams::split_shift > 0, conv_fwd_tma_splits): every CTA of a
 // cluster takes the same output tile, rank r multiplies its run of the
 // k-tiles, and the partial sums meet in shared memory. The operand stages
 // hold them: the producer waits at the same cluster barriers as the
