@@ -49,6 +49,7 @@ ConvFwdPlan plan_conv_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   packed_context.vector = conv_vector_allowed(packed, x, workspace);
   ConvPlan plan = plan_conv(kernels, packed, CKFMHA_CONV_FWD, packed_context);
   if (!plan.found || !is_conv_tma(plan.kernel)) return out;
+  out.unpacked = std::move(out.plan);
   out.plan = std::move(plan);
   out.problem = packed;
   out.pack = pack;
@@ -62,7 +63,7 @@ std::string explain_conv_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
   as_run.vector = conv_vector_allowed(fwd.problem, nullptr, nullptr);
   std::string text = explain_conv(kernels, fwd.problem, CKFMHA_CONV_FWD, as_run);
   if (fwd.pack == 1) return text;
-  const ConvFwdPlan bare = plan_conv_fwd(kernels, p, context, nullptr, nullptr, nullptr, false);
+  ConvPlan const& bare = fwd.unpacked;
   std::ostringstream out;
   out << "problem: " << conv_direction_name(CKFMHA_CONV_FWD) << " " << describe(p) << " on sm_"
       << context.device_arch << "\n"
@@ -71,8 +72,7 @@ std::string explain_conv_fwd(std::vector<ckfmha_kernel_entry> const& kernels,
       << " output channels through block-diagonal filters (zeros between the groups) written "
          "into the workspace, so that the TMA template takes whole 64-channel chunks; without "
          "a workspace they run unpacked, "
-      << (bare.plan.found ? std::string("on ") + bare.plan.kernel.name
-                          : "on no kernel: " + bare.plan.why)
+      << (bare.found ? std::string("on ") + bare.kernel.name : "on no kernel: " + bare.why)
       << ". The account below is the packed problem's: 1 in " << fwd.pack
       << " of its products are the groups' own, the others the zeros between them\n";
   // The packed plan has two stages: the filter, then the kernel.

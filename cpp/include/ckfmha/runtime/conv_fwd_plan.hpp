@@ -19,6 +19,9 @@ struct ConvFwdPlan {
   ConvPlan plan;                  // the kernel, over `problem`
   ckfmha_conv_problem problem{};  // the caller's problem, or its packed form
   int32_t pack = 1;               // groups multiplied as one; 1: the caller's filter
+  // Packed (pack > 1): the plan of the groups one at a time, as a call
+  // without a workspace runs them (explain names it).
+  ConvPlan unpacked;
 };
 
 // `pack` consecutive groups as one: groups / pack groups of pack x C input and
