@@ -85,8 +85,8 @@ struct ConvSplitScratch {
 // would wait a round trip a rank), then, past a second, adds its own rows'
 // slots in rank order and stores them as 16-byte runs of 8 channels.
 // `more`: the cluster takes another tile, whose partial sums must wait until
-// every rank has read this one's (a second barrier; the producer waits at it
-// too).
+// every rank has read this one's (a third barrier; the producer waits at all
+// three).
 template <class Traits, class Acc, class Coords>
 __device__ __forceinline__ void store_tile_split_sum(ConvFwdParams const& p, ConvRow const* rows,
                                                      typename Traits::Element* y_group,
