@@ -491,21 +491,21 @@ struct TileCost {
 // SMs run one an SM). Where SMs take several, a tile of one consumer
 // warpgroup is slower than its products say (64x128 against 256x128 at
 // ResNet-18's 28x28 layer, batch 32: 14% slower, NOTES 112): 1.3. Few tiles
-// split their k_tiles over `splits` CTAs (kernel::conv_fwd_tma_splits), each
-// taking 1/splits of the steps plus the split sum's, the time of 256 columns
-// of the reduction (4 steps of 64): ResNet-18's 7x7x512 layer at batch 32 ran
-// 18.2 us on 64x128 tiles unsplit and 25.9 on 256x128 tiles in 4 splits,
-// which without that cost would have modelled faster.
+// split their `reduction` columns over `splits` CTAs (kernel::
+// conv_fwd_tma_splits), each taking 1/splits of them plus the split sum's
+// time, that of 256 columns (4 steps of 64): ResNet-18's 7x7x512 layer at
+// batch 32 ran 18.2 us on 64x128 tiles unsplit and 25.9 on 256x128 tiles in 4
+// splits, which without that cost would have modelled faster.
 double tma_tile_time(ckfmha_kernel_entry const& k, int64_t ctas, int32_t splits,
-                     int64_t k_tiles, int sm_count) {
+                     int64_t reduction, int sm_count) {
   const int64_t consumers = std::max(k.warps / 4 - 1, 1);
   const double step = std::max(double(k.tile_m) * k.tile_n,
                                48.0 * double(k.tile_m + consumers * k.tile_n));
   const int64_t per_sm = ceil_div(ctas * splits, std::max(sm_count, 1));
   const double lone = consumers < 2 && per_sm > 1 ? 1.3 : 1.0;
-  const double steps =
-      double(k_tiles) / splits + (splits > 1 ? 256.0 / std::max(k.tile_k, 1) : 0.0);
-  return double(per_sm) * step * lone * steps / double(std::max<int64_t>(k_tiles, 1));
+  const double share =
+      1.0 / splits + (splits > 1 ? 256.0 / double(std::max<int64_t>(reduction, 1)) : 0.0);
+  return double(per_sm) * step * lone * share;
 }
 
 // split_sms: the SMs the TMA forward's split counts on (fewer than sm_count
@@ -520,9 +520,8 @@ TileCost tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p, i
   const double useful = double(rows) * double(p.out_channels);
   if (is_conv_tma(k)) {
     const int64_t reduction = conv_filter_taps(p) * p.in_channels;
-    const int64_t k_tiles = reduction / std::max(k.tile_k, 1);
     const int32_t splits = kernel::conv_fwd_tma_splits(ctas, reduction, split_sms);
-    return {tma_tile_time(k, ctas, splits, k_tiles, sm_count), useful / computed, ctas, splits};
+    return {tma_tile_time(k, ctas, splits, reduction, sm_count), useful / computed, ctas, splits};
   }
   const int64_t resident = resident_ctas(k);
   const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
