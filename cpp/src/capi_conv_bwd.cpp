@@ -199,7 +199,8 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   const bool stores =
       direct ? conv_weight_direct_cluster(plan.kernel, *problem, args->x, args->dy,
                                           context.sm_count) > 0
-             : conv_weight_gemm_cluster(plan.kernel, *problem, plan.splits) > 0;
+             : conv_weight_gemm_cluster(plan.kernel, *problem, plan.splits,
+                                        context.sm_count) > 0;
   const bool summed = !stores && (plan.splits > 1 || direct);
   float* sums = summed ? static_cast<float*>(args->workspace) : nullptr;
   const int64_t count = int64_t(needed / sizeof(float));

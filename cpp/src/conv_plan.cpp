@@ -200,17 +200,6 @@ std::string conv_weight_vector_shape(ckfmha_kernel_entry const& k, ckfmha_conv_p
   return out.str();
 }
 
-int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
-                                 int32_t splits) {
-  const bool gathering_wgmma =
-      std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
-  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT || !gathering_wgmma ||
-      !kernel::conv_weight_cluster_sum(k.arch, splits, p.groups)) {
-    return 0;
-  }
-  return splits;
-}
-
 int32_t conv_vector_allowed(ckfmha_conv_problem const& p, const void* x, const void* w) {
   return widest_conv_vector(p.in_channels, p.x_stride, p.spatial_dims + 1, x, w);
 }
@@ -572,6 +561,62 @@ double weight_tile_throughput(ckfmha_kernel_entry const& k) {
   return 0.7;
 }
 
+// An implicit-GEMM backward-weight kernel's grid on a problem before splits:
+// its (packed) tiles, its k-tiles of positions, and the CTAs an SM holds. The
+// wgmma kernels hold two CTAs an SM where their shared memory fits
+// (ConvBwdWeightSm90Traits::kMinCtasPerSm, 4 KiB of position tables
+// included); the mma.sync ones one or two 128x128 tiles and more of smaller
+// ones; the TMA ones (ConvBwdWeightTmaTraits::kMinCtasPerSm) two where they
+// have one consumer warpgroup and two CTAs' stages, barriers and the system's
+// KiB each fit in 228 KiB.
+struct WeightGemmShape {
+  int64_t tiles = 1;
+  int64_t k_tiles = 1;
+  int64_t stage_bytes = 0;  // the operand stages of a CTA
+  int64_t resident = 1;
+  int64_t slots = 1;  // CTAs the SMs hold at once
+};
+
+WeightGemmShape weight_gemm_shape(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                  int sm_count) {
+  WeightGemmShape s;
+  const int64_t reduction = conv_filter_taps(p) * p.in_channels;
+  // The kernels multiply packed groups (conv_weight_pack).
+  const int64_t pack = weight_pack(p, k);
+  s.tiles = ceil_div(p.out_channels * pack, k.tile_m) * ceil_div(reduction * pack, k.tile_n) *
+            (p.groups / pack);
+  s.k_tiles = std::max<int64_t>(1, ceil_div(conv_output_rows(p), k.tile_k));
+  s.stage_bytes = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2;
+  const int64_t wgmma_smem = s.stage_bytes + 2 * int64_t(k.tile_k) * 32;
+  const int64_t tma_smem = s.stage_bytes + 16 * int64_t(k.stages) + 1024;
+  s.resident =
+      is_conv_tma(k) ? (k.warps == 8 && 2 * tma_smem <= 228 * 1024 ? 2 : 1)
+      : is_wgmma(k)  ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
+                     : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
+  s.slots = std::max<int64_t>(1, int64_t(sm_count) * s.resident);
+  return s;
+}
+
+// Whether the TMA backward-weight kernel's `splits` CTAs of each tile sum
+// their partial tiles in one cluster (through their operand stages,
+// kernel::conv_split_scratch_bytes) and store dw, instead of adding them into
+// the zeroed fp32 workspace and converting it after: two launches fewer. Only
+// where every cluster is resident at once: a GPC runs whole clusters, and at
+// one CTA an SM the H200 held 15 clusters of 8 (120 of its 132 SMs) but 22 of
+// 5, 17 of 6 and 15 of 7 (77-83%; NOTES 123), so a power of two takes 10/11
+// of the slots and other counts 3/4.
+bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                            WeightGemmShape const& s, int64_t splits) {
+  if (!is_conv_tma(k) || splits > kernel::kConvMaxClusterSplits ||
+      !kernel::conv_weight_cluster_sum(k.arch, int32_t(splits), p.groups)) {
+    return false;
+  }
+  if (kernel::conv_split_scratch_bytes(k.tile_m, k.tile_n, splits) > s.stage_bytes) return false;
+  const bool power_of_two = (splits & (splits - 1)) == 0;
+  const int64_t capacity = power_of_two ? s.slots * 10 / 11 : s.slots * 3 / 4;
+  return s.tiles * splits <= capacity;
+}
+
 // Backward-weight: the product tile is dw's (K x taps * C per group) and the
 // reduction runs over every output position, so few output tiles split it
 // over CTAs until one wave is full, down to two k-tiles a split (the partial
@@ -579,6 +624,16 @@ double weight_tile_throughput(ckfmha_kernel_entry const& k) {
 // oracle's timings (NOTES 109), that floor and target took the rules from 77%
 // to 85% of the fastest plan on average; 16 k-tiles and two waves kept layers
 // of 10-50 us on one split, 3-4x slower than the fastest.
+//
+// The TMA template instead takes the split count with the fewest k-tiles an
+// SM (rounding the count up can leave a second wave of a few CTAs: ResNet-18's
+// 14x14x256 layer on 128x128, 36 tiles x 4 splits on 132 SMs), each split
+// costing a tile kTmaSplitSumSteps k-tiles more for its sum and, where the
+// splits add into the workspace (tma_weight_cluster_sum), kWorkspaceSteps more
+// for the zeroing and conversion launches around the kernel.
+constexpr double kTmaSplitSumSteps = 2.0;
+constexpr double kWorkspaceSteps = 6.0;
+
 TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                           int sm_count, bool can_split) {
   if (is_direct(k)) {
@@ -593,42 +648,28 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
                                                 std::min<int64_t>(items, 0x7fffffff));
     return {0.0, 1.0, workers * blocks, int32_t(workers)};
   }
-  int64_t taps = 1;
-  for (int i = 0; i < p.spatial_dims; ++i) taps *= p.filter[i];
-  const int64_t reduction = taps * p.in_channels;
-  // The kernels multiply packed groups (conv_weight_pack).
-  const int64_t pack = weight_pack(p, k);
-  const int64_t tiles = ceil_div(p.out_channels * pack, k.tile_m) *
-                        ceil_div(reduction * pack, k.tile_n) * (p.groups / pack);
-  const int64_t k_tiles = std::max<int64_t>(1, ceil_div(conv_output_rows(p), k.tile_k));
-  // The wgmma kernels hold two CTAs an SM where their shared memory fits
-  // (ConvBwdWeightSm90Traits::kMinCtasPerSm, 4 KiB of position tables
-  // included); the mma.sync ones one or two 128x128 tiles and more of
-  // smaller ones.
-  // The TMA ones (ConvBwdWeightTmaTraits::kMinCtasPerSm) where they have one consumer
-  // warpgroup and two CTAs' stages, barriers and the system's KiB each fit in 228 KiB.
-  const int64_t stage_bytes = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2;
-  const int64_t wgmma_smem = stage_bytes + 2 * int64_t(k.tile_k) * 32;
-  const int64_t tma_smem = stage_bytes + 16 * int64_t(k.stages) + 1024;
-  const int64_t resident =
-      is_conv_tma(k) ? (k.warps == 8 && 2 * tma_smem <= 228 * 1024 ? 2 : 1)
-      : is_wgmma(k)  ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
-                     : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
-  const int64_t slots = std::max<int64_t>(1, int64_t(sm_count) * resident);
+  const WeightGemmShape shape = weight_gemm_shape(k, p, sm_count);
+  const int64_t tiles = shape.tiles;
+  const int64_t k_tiles = shape.k_tiles;
+  const int64_t slots = shape.slots;
+  // In k-tile steps of one wave: the busiest SM's k-tiles and the splits' sums.
+  auto steps = [&](int64_t splits) {
+    const int64_t per_split = ceil_div(k_tiles, splits);
+    const int64_t used = ceil_div(k_tiles, per_split);
+    double time = double(ceil_div(tiles * used, slots)) *
+                  (double(per_split) + (used > 1 ? kTmaSplitSumSteps : 0.0));
+    if (used > 1 && !tma_weight_cluster_sum(k, p, shape, used)) time += kWorkspaceSteps;
+    return time;
+  };
   int64_t splits = 1;
   if (can_split && tiles < slots) {
     const int64_t most = std::min<int64_t>(65535, std::max<int64_t>(1, k_tiles / 2));
     splits = std::clamp<int64_t>(ceil_div(slots, tiles), 1, most);
     if (is_conv_tma(k)) {
-      // One or two CTAs an SM: a wave's slots are few, and rounding the split
-      // count up can leave a second wave of a few CTAs (ResNet-18's 14x14x256
-      // layer on 128x128: 36 tiles x 4 splits on 132 SMs). The count with the
-      // fewest k-tiles per SM, its two-tile overhead counted, instead.
       const int64_t upto = splits;
       double fewest = 0.0;
       for (int64_t s = 1; s <= upto; ++s) {
-        const double time = double(ceil_div(tiles * s, slots)) *
-                            (double(ceil_div(k_tiles, s)) + (s > 1 ? 2.0 : 0.0));
+        const double time = steps(s);
         if (s == 1 || time < fewest) {
           fewest = time;
           splits = s;
@@ -642,10 +683,11 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   const int64_t waves = ceil_div(ctas, slots);
   const double loads = is_conv_tma(k) ? 0.0 : 64.0 * (k.tile_m + k.tile_n);
   const double step = std::max(double(k.tile_m) * k.tile_n, loads) * (k.tile_k / 32.0);
-  const double cost = double(waves) * double(resident) * step *
-                      (double(per_split) + (splits > 1 ? 2.0 : 0.0)) /
-                      weight_tile_throughput(k);
-  const double useful = double(p.out_channels) * double(reduction) * p.groups;
+  const double time = is_conv_tma(k) ? steps(splits)
+                                      : double(waves) * (double(per_split) +
+                                                         (splits > 1 ? 2.0 : 0.0));
+  const double cost = double(shape.resident) * step * time / weight_tile_throughput(k);
+  const double useful = double(p.out_channels) * double(conv_filter_taps(p)) * p.in_channels * p.groups;
   const double computed = double(tiles) * k.tile_m * k.tile_n;
   return {cost, useful / computed, ctas, int32_t(splits)};
 }
@@ -695,6 +737,18 @@ std::string why_none(std::vector<ckfmha_kernel_entry> const& kernels,
 }
 
 }  // namespace
+
+int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
+                                 int32_t splits, int sm_count) {
+  if (k.family != CKFMHA_FAMILY_CONV_BWD_WEIGHT) return 0;
+  if (is_conv_tma(k)) {
+    return tma_weight_cluster_sum(k, p, weight_gemm_shape(k, p, sm_count), splits) ? splits : 0;
+  }
+  const bool gathering_wgmma =
+      std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
+  return gathering_wgmma && kernel::conv_weight_cluster_sum(k.arch, splits, p.groups) ? splits
+                                                                                       : 0;
+}
 
 bool conv_kernel_fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                       ckfmha_conv_direction direction, ConvPlanContext const& context) {
@@ -849,7 +903,8 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
       plan.found ? conv_weight_direct_cluster(plan.kernel, p, nullptr, nullptr, context.sm_count)
                  : 0;
   const int32_t split_cluster =
-      plan.found && is_weight(direction) ? conv_weight_gemm_cluster(plan.kernel, p, plan.splits)
+      plan.found && is_weight(direction)
+          ? conv_weight_gemm_cluster(plan.kernel, p, plan.splits, context.sm_count)
                                          : 0;
   if (split_cluster > 0) {
     out << "one stage, " << plan.kernel.name << " over " << plan.splits

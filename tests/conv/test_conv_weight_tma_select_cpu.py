@@ -6,6 +6,8 @@ device needed: selection runs on the host."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import ckfmha
@@ -71,6 +73,22 @@ def test_few_positions_leave_narrow_groups_to_the_gathering_kernels() -> None:
     layers ran slower packed on it than one group at a time on the gathering kernels)."""
     problem = _layer(batch=1, input=(7, 7), groups=32, in_channels=32, out_channels=32)
     assert TMA not in _weight(problem)
+
+
+def test_few_tiles_sum_their_splits_in_a_cluster() -> None:
+    """A batch-1 layer of few tiles splits its positions 2-8 ways and sums each tile's splits
+    in one cluster (no workspace: neither the zeroing nor the conversion launch); a long
+    reduction over one tile splits past the 8 CTAs a cluster holds and adds into the
+    workspace."""
+    few = _weight(_layer(batch=1), explain=True).split("plan: ")[1]
+    assert TMA in few and "a tile's in one cluster" in few and "no workspace" in few, few
+    splits = int(re.search(r"over (\d+) splits", few)[1])
+    assert 2 <= splits <= 8, few
+    long = _layer(batch=32, input=(56, 56), in_channels=64, out_channels=64, filter=(1, 1),
+                  padding=0)  # fmt: skip
+    text = _weight(long, explain=True).split("plan: ")[1]
+    assert TMA in text and "zero the fp32 partial sums" in text, text
+    assert int(re.search(r"over (\d+) splits", text)[1]) > 8, text
 
 
 def test_groups_of_four_stay_on_the_direct_kernel() -> None:

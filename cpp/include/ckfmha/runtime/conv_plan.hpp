@@ -81,13 +81,16 @@ int32_t conv_weight_direct_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_pro
 std::string conv_weight_vector_shape(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                                      int sm_count);
 
-// The CTAs of the cluster the gathering wgmma backward-weight kernel `k`'s
-// `splits` sum their partial tiles in before storing dw
-// (kernel::conv_weight_cluster_sum; the launch may use fewer splits where a
-// tile's positions are few), or 0 where they add into the zeroed fp32
-// workspace (every other implicit GEMM).
+// The CTAs of the cluster an sm_90 backward-weight kernel `k`'s `splits`
+// sum their partial tiles in before storing dw, or 0 where they add into the
+// zeroed fp32 workspace: the gathering wgmma kernel's up to
+// kernel::kConvMaxClusterSplits (kernel::conv_weight_cluster_sum), the TMA
+// kernel's where its tiles' clusters are all resident at once on `sm_count`
+// SMs and the sums fit its stages; every other implicit GEMM adds into the
+// workspace. The launch may use fewer splits where a tile's positions are
+// few.
 int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
-                                 int32_t splits);
+                                 int32_t splits, int sm_count);
 
 // Whether kernel `k` can run `direction` of `p` in `context` (explain's
 // "fits").

@@ -61,7 +61,7 @@ bool conv_bwd_weight_grid(ConvBwdWeightParams& bp, ConvBwdWeightLaunch const& la
   const int64_t used_splits = std::max<int64_t>(
       1, (position_tiles + bp.tiles_per_split - 1) / bp.tiles_per_split);
   if (la.cluster_sum != 0) {
-    if (splits > kWeightClusterMaxSplits || bp.conv.groups > 65535) return false;
+    if (splits > kConvMaxClusterSplits || bp.conv.groups > 65535) return false;
     bp.cluster_sum = used_splits > 1 ? 1 : 0;
   }
   const int64_t tiles_m = (bp.conv.out_channels + Traits::kTileM - 1) / Traits::kTileM;
@@ -72,12 +72,13 @@ bool conv_bwd_weight_grid(ConvBwdWeightParams& bp, ConvBwdWeightLaunch const& la
   return true;
 }
 
-// An implicit-GEMM launch. Only the sm_90 gathering template sums its splits
-// in a cluster (conv_weight_cluster_sum): its CTAs also hold their partial
-// tile in shared memory (kTileM x kTileN floats over the stages).
+// An implicit-GEMM launch. The sm_90 templates may sum a tile's splits in a
+// cluster (bp.cluster_sum), each CTA then holding `cluster_smem` bytes: the
+// gathering wgmma kernel's partial tile beside its stages
+// (conv_weight_cluster_sum), the TMA kernel's slots within its stages.
 template <class Traits, bool kClusterSum, class Params>
 int launch_weight_gemm(void (*kernel)(Params), dim3 grid, ConvBwdWeightParams const& bp,
-                       ckfmha_stream_t stream, Params const& params) {
+                       ckfmha_stream_t stream, Params const& params, int cluster_smem) {
   if (!bp.cluster_sum) {
     return launch_kernel(kernel, grid, Traits::kThreads, Traits::kSmemLaunchBytes, stream,
                          params);
@@ -88,10 +89,8 @@ int launch_weight_gemm(void (*kernel)(Params), dim3 grid, ConvBwdWeightParams co
     return -int(err);
   }
   if (attributes.binaryVersion < 90) return -int(cudaErrorInvalidValue);
-  const int smem =
-      std::max(Traits::kSmemLaunchBytes, int(Traits::kTileM * Traits::kTileN * sizeof(float)));
-  return launch_kernel_cluster(kernel, grid, dim3(1, grid.y, 1), Traits::kThreads, smem, stream,
-                               params);
+  return launch_kernel_cluster(kernel, grid, dim3(1, grid.y, 1), Traits::kThreads, cluster_smem,
+                               stream, params);
 }
 
 // Either gathering template.
@@ -103,8 +102,11 @@ int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void co
   ConvBwdWeightParams bp = make_conv_bwd_weight_params(pr, la);
   dim3 grid;
   if (!conv_bwd_weight_grid<Traits>(bp, la, &grid)) return -int(cudaErrorInvalidConfiguration);
+  const int cluster_smem =
+      std::max(Traits::kSmemLaunchBytes, int(Traits::kTileM * Traits::kTileN * sizeof(float)));
   return launch_weight_gemm<Traits, kClusterSum>(
-      kernel, grid, bp, stream, ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)});
+      kernel, grid, bp, stream, ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)},
+      cluster_smem);
 }
 
 template <class Traits>
@@ -171,8 +173,12 @@ int launch_conv_bwd_weight_tma(void const* problem, void const* args,
                                               p.output, unit, none, Traits::kChunk,
                                               Traits::kTileK, kSwizzle);
   if (err != 0) return err;
-  return launch_weight_gemm<Traits, false>(&conv_bwd_weight_tma_kernel<Traits>, grid, bp, stream,
-                                           params);
+  if (bp.cluster_sum &&
+      conv_split_scratch_bytes(Traits::kTileM, Traits::kTileN, grid.y) > Traits::kSmemBytes) {
+    return -int(cudaErrorInvalidConfiguration);
+  }
+  return launch_weight_gemm<Traits, true>(&conv_bwd_weight_tma_kernel<Traits>, grid, bp, stream,
+                                          params, Traits::kSmemLaunchBytes);
 }
 
 // Groups of up to 8 channels on the CUDA cores: `splits` CTAs per block of

@@ -1,11 +1,14 @@
 // The backward-weight kernels' epilogue: a CTA's accumulator tile of dw into
 // dw itself (one split) or added into the fp32 partial sums (several), for
 // the mma.sync and the wgmma templates alike, or (sm_90) summed over the
-// split CTAs of one cluster through distributed shared memory and stored.
+// split CTAs of one cluster through distributed shared memory and stored:
+// pulled by each rank (the gathering wgmma kernel) or pushed to the rank that
+// owns each row (the TMA kernel).
 // Pairs of accumulator elements are adjacent reduction columns of one output
 // channel in both instructions' accumulator layouts.
 #pragma once
 
+#include "ckfmha/kernel/conv/cluster_split_sum.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cooperative_groups.h>
@@ -151,6 +154,49 @@ __device__ __forceinline__ void cluster_sum_weight_tile(ConvBwdWeightParams cons
   store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords, rank, ranks);
   __syncwarp();
   cute::cluster_sync();
+#else
+  __trap();  // the launcher forms clusters for sm_90 code only
+#endif
+}
+
+// The TMA kernel's split CTAs of a cluster (bp.cluster_sum: the grid's y,
+// one split each) add their partial kTileM x kTileN tiles through `scratch`
+// (its operand stages; cluster_split_sum) and store dw: 16-byte runs of 8
+// reduction columns where dw is unpacked and they fit, else element by
+// element. Called by each of `threads` consumer threads once its products are
+// done. The launcher gives each cluster one tile (no group loop).
+template <int kTileM, int kTileN, class Element, class Acc, class Coords>
+__device__ __forceinline__ void store_weight_tile_split_sum(ConvBwdWeightParams const& bp,
+                                                            int32_t group, int32_t first_k,
+                                                            int32_t first_n, Acc const& acc,
+                                                            Coords const& coords, float* scratch,
+                                                            int thread, int threads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  ConvFwdParams const& p = bp.conv;
+  Element* dw = static_cast<Element*>(const_cast<void*>(p.w));
+  const bool runs = bp.pack == 1 && p.reduction % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(dw) % 16 == 0;
+  const int64_t group_offset = int64_t(group) * p.out_channels * p.reduction;
+  const PackedWeightDivisors div(bp);
+  cluster_split_sum<kTileM, kTileN>(
+      acc, coords, scratch, int32_t(blockIdx.y), int32_t(gridDim.y), thread, threads,
+      [&](int row, int run, float const (&sum)[8]) {
+        const int32_t k = first_k + row;
+        const int32_t n = first_n + run * 8;
+        if (k >= p.out_channels || n >= p.reduction) return;
+        if (bp.pack > 1) {
+          for (int e = 0; e < 8 && n + e < p.reduction; ++e) {
+            store_packed_weight<Element>(bp, div, group, k, n + e, sum[e]);
+          }
+          return;
+        }
+        Element* dst = dw + group_offset + int64_t(k) * p.reduction + n;
+        if (runs) {
+          *reinterpret_cast<uint4*>(dst) = pack_eight<Element>(sum);
+        } else {
+          for (int e = 0; e < 8 && n + e < p.reduction; ++e) dst[e] = Element(sum[e]);
+        }
+      });
 #else
   __trap();  // the launcher forms clusters for sm_90 code only
 #endif

@@ -10,6 +10,9 @@
 //
 // Grid as the gathering kernels': x = (K tiles) x (N tiles), y = splits of
 // the positions, z = groups (packed, conv_weight_pack; past 65535 they loop).
+// A tile's splits add their partial sums into the zeroed fp32 workspace, or
+// (bp.cluster_sum, few splits on few tiles) form one cluster along y that
+// sums them through the operand stages and stores dw.
 #pragma once
 
 #include "ckfmha/kernel/conv/bwd_weight_loader.cuh"
@@ -224,6 +227,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     if (work.k_tiles > 0) Barrier::arrive(&empty[(count - 1) % kStages]);
+    if (bp.cluster_sum) {
+      // Every rank's wgmma reads are done (its full barriers have all
+      // flipped, so no copy is in flight): the stages hold the partial sums.
+      store_weight_tile_split_sum<Traits::kTileM, Traits::kTileN, Element>(
+          bp, group, work.first_k, work.first_n, acc, coords, reinterpret_cast<float*>(smem),
+          tid, kConsumerThreads);
+      continue;
+    }
     // A split with no positions adds nothing; one split stores zeros then.
     if (work.k_tiles == 0 && bp.accum != nullptr) continue;
     store_weight_tile<Element>(bp, group, work.first_k, work.first_n, acc, coords);

@@ -69,14 +69,13 @@ int run_conv_fwd_tma(ConvFwdTmaParams params, int32_t concurrent, ckfmha_stream_
   if (tiles == 0) return 0;
   // The split sum stages its partial tile in the operand stages.
   constexpr bool kCanSplit =
-      conv_detail::ConvSplitScratch<Traits::kTileM, Traits::kTileN>::kBytes <= Traits::kSmemBytes;
-  const int32_t splits =
-      kCanSplit ? conv_fwd_tma_splits(tiles, params.conv.reduction,
-                                      sms / std::max<int32_t>(concurrent, 1))
-                : 1;
-  if ((splits & (splits - 1)) != 0) return -int(cudaErrorInvalidValue);  // a power of two
-  params.split_shift = 0;
-  while ((1 << params.split_shift) < splits) ++params.split_shift;
+      conv_split_scratch_bytes(Traits::kTileM, Traits::kTileN, kConvMaxClusterSplits) <=
+      Traits::kSmemBytes;
+  params.split_shift =
+      kCanSplit ? conv_fwd_tma_split_shift(tiles, params.conv.reduction,
+                                           sms / std::max<int32_t>(concurrent, 1))
+                : 0;
+  const int32_t splits = 1 << params.split_shift;
   if (splits > 1) {
     return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits>, dim3(unsigned(tiles * splits)),
                                  dim3(unsigned(splits), 1, 1), Traits::kThreads,

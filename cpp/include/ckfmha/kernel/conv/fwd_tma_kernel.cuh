@@ -176,7 +176,7 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
       // cluster with another tile waits at.
       conv_cluster_barrier<false>();
       conv_cluster_barrier<false>();
-      if (tile + range.tile_step < conv_tile_count(params)) conv_cluster_barrier<false>();
+      if (range.has_next(tile, conv_tile_count(params))) conv_cluster_barrier<false>();
     }
   }
 }
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       store_tile_split_sum<Traits>(p, rows, y + int64_t(t.group) * p.out_channels,
                                    t.channel_tile * kTileN, acc, coords,
                                    reinterpret_cast<float*>(smem), range,
-                                   tile + range.tile_step < conv_tile_count(params), tid);
+                                   range.has_next(tile, conv_tile_count(params)), tid);
       continue;
     }
     const int warpgroup = tid / 128;

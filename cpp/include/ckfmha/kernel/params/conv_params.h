@@ -141,31 +141,48 @@ constexpr int32_t conv_tma_pack(int32_t groups, int32_t reduction_channels) {
   return groups % pack == 0 ? pack : 1;
 }
 
+// The most CTAs whose partial sums of one tile meet in a cluster: the
+// portable cluster size.
+constexpr int32_t kConvMaxClusterSplits = 8;
+
+// The split sum's scratch (cluster_split_sum.cuh): a kTileM x kTileN float
+// tile in bands of ceil(tile_m / splits) rows, one slot of its band per rank
+// at each owner, rows padded by 8 floats.
+constexpr int64_t conv_split_scratch_pitch(int64_t tile_n) { return tile_n + 8; }
+constexpr int64_t conv_split_scratch_bytes(int64_t tile_m, int64_t tile_n, int64_t splits) {
+  return splits * ((tile_m + splits - 1) / splits) * conv_split_scratch_pitch(tile_n) * 4;
+}
+
 // CTAs of one cluster that share each output tile of the TMA forward, each
 // multiplying an equal run of its k-tiles, their partial sums added through
 // distributed shared memory: only where the tiles leave most SMs idle (a
 // batch-1 7x7x512 layer has 4 tiles of 64x128 and a reduction of 4608
 // columns), doubling while every split keeps at least kTmaFwdMinSplitColumns
-// of the reduction and the tiles' CTAs fit one an SM; a power of two, at most
-// the portable cluster. The split sum (three cluster barriers, the partial
+// of the reduction and the tiles' CTAs fit one an SM; a power of two (the
+// kernel finds a CTA's rank by a mask), at most the portable cluster. The split
+// sum (three cluster barriers, the partial
 // tile through distributed shared memory) costs about as much as a dozen
 // 64-column k-tiles: splits of 256-320 columns lost, and so did 1152 columns
 // in two on 64-column k-tiles (ResNet-18's batch-1 28x28 layer, 6.3 -> 6.9 us
 // on an H200) and in four on 32-column ones (8.9 us), so reductions under
 // kTmaFwdMinColumnsToSplit stay whole. Counted in columns, not k-tiles, so
-// that a tile of 32-column k-tiles splits as one of 64 does.
-constexpr int32_t kTmaFwdMaxSplits = 8;
+// that a tile of 32-column k-tiles splits as one of 64 does. Returns the
+// split count's log2.
 constexpr int64_t kTmaFwdMinSplitColumns = 512;
 constexpr int64_t kTmaFwdMinColumnsToSplit = 1536;
 
-constexpr int32_t conv_fwd_tma_splits(int64_t tiles, int64_t reduction, int64_t sms) {
-  int32_t splits = 1;
-  if (reduction < kTmaFwdMinColumnsToSplit) return splits;
-  while (2 * splits <= kTmaFwdMaxSplits && tiles * 2 * splits <= sms &&
-         reduction >= 2 * splits * kTmaFwdMinSplitColumns) {
-    splits *= 2;
+constexpr int32_t conv_fwd_tma_split_shift(int64_t tiles, int64_t reduction, int64_t sms) {
+  int32_t shift = 0;
+  if (reduction < kTmaFwdMinColumnsToSplit) return shift;
+  while ((2 << shift) <= kConvMaxClusterSplits && tiles * (2 << shift) <= sms &&
+         reduction >= (2 << shift) * kTmaFwdMinSplitColumns) {
+    ++shift;
   }
-  return splits;
+  return shift;
+}
+
+constexpr int32_t conv_fwd_tma_splits(int64_t tiles, int64_t reduction, int64_t sms) {
+  return 1 << conv_fwd_tma_split_shift(tiles, reduction, sms);
 }
 
 // The corners of the box the copy engine's im2col walk steps through along one
@@ -382,22 +399,20 @@ struct ConvBwdWeightLaunch {
   void* dw;
   float* accum;    // null for one split, or for splits summed in a cluster
   int32_t splits;  // of the reduction over positions, >= 1
-  int32_t cluster_sum;  // 1: the gathering wgmma kernel's splits sum in a cluster
+  int32_t cluster_sum;  // 1: an sm_90 implicit GEMM's splits sum in a cluster
 };
-
-// Splits of the gathering wgmma backward-weight kernel that sum in one
-// cluster (the portable size).
-constexpr int32_t kWeightClusterMaxSplits = 8;
 
 // Whether a plan of `splits` on the gathering wgmma backward-weight kernel
 // (pipeline sm90_cpasync_wgmma, its code sm_90's) adds its partial sums
 // within a cluster and stores dw, instead of adding them into the zeroed fp32
 // workspace and converting it after: two more launches, which on ResNeXt's
-// batch-1 layers took a quarter of the time (9.9 -> 7.7 us). The TMA and
-// mma.sync templates keep the workspace: summed in clusters they ran 5-107%
-// and 40% slower. One group a CTA: the grid's z holds at most 65535.
+// batch-1 layers took a quarter of the time (9.9 -> 7.7 us). The TMA
+// template sums in clusters too where its clusters are all resident at once
+// (the runtime's tma_weight_cluster_sum); the mma.sync one keeps the
+// workspace (40% slower in clusters). One group a CTA: the grid's z holds at
+// most 65535.
 inline bool conv_weight_cluster_sum(int32_t kernel_arch, int32_t splits, int64_t groups) {
-  return kernel_arch >= 90 && splits > 1 && splits <= kWeightClusterMaxSplits &&
+  return kernel_arch >= 90 && splits > 1 && splits <= kConvMaxClusterSplits &&
          groups <= 65535;
 }
 
