@@ -574,6 +574,7 @@ struct WeightGemmShape {
   int64_t k_tiles = 1;
   int64_t stage_bytes = 0;  // the operand stages of a CTA
   int64_t resident = 1;
+  int64_t sms = 1;
   int64_t slots = 1;  // CTAs the SMs hold at once
 };
 
@@ -593,7 +594,8 @@ WeightGemmShape weight_gemm_shape(ckfmha_kernel_entry const& k, ckfmha_conv_prob
       is_conv_tma(k) ? (k.warps == 8 && 2 * tma_smem <= 228 * 1024 ? 2 : 1)
       : is_wgmma(k)  ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
                      : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
-  s.slots = std::max<int64_t>(1, int64_t(sm_count) * s.resident);
+  s.sms = std::max(sm_count, 1);
+  s.slots = s.sms * s.resident;
   return s;
 }
 
@@ -601,10 +603,11 @@ WeightGemmShape weight_gemm_shape(ckfmha_kernel_entry const& k, ckfmha_conv_prob
 // their partial tiles in one cluster (through their operand stages,
 // kernel::conv_split_scratch_bytes) and store dw, instead of adding them into
 // the zeroed fp32 workspace and converting it after: two launches fewer. Only
-// where every cluster is resident at once: a GPC runs whole clusters, and at
-// one CTA an SM the H200 held 15 clusters of 8 (120 of its 132 SMs) but 22 of
-// 5, 17 of 6 and 15 of 7 (77-83%; NOTES 123), so a power of two takes 10/11
-// of the slots and other counts 3/4.
+// where every cluster is resident at once with one CTA an SM (the launcher
+// spreads them so, kernel::conv_cluster_spread_smem): a GPC runs whole
+// clusters, and at one CTA an SM the H200 held 15 clusters of 8 (120 of its
+// 132 SMs) but 39 of 3, 22 of 5, 17 of 6 and 15 of 7 (77-89%; NOTES 123, 127),
+// so a power of two takes 10/11 of the SMs and other counts 3/4.
 bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                             WeightGemmShape const& s, int64_t splits) {
   if (!is_conv_tma(k) || splits > kernel::kConvMaxClusterSplits ||
@@ -613,7 +616,7 @@ bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem co
   }
   if (kernel::conv_split_scratch_bytes(k.tile_m, k.tile_n, splits) > s.stage_bytes) return false;
   const bool power_of_two = (splits & (splits - 1)) == 0;
-  const int64_t capacity = power_of_two ? s.slots * 10 / 11 : s.slots * 3 / 4;
+  const int64_t capacity = power_of_two ? s.sms * 10 / 11 : s.sms * 3 / 4;
   return s.tiles * splits <= capacity;
 }
 
@@ -630,7 +633,8 @@ bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem co
 // 14x14x256 layer on 128x128, 36 tiles x 4 splits on 132 SMs), each split
 // costing a tile kTmaSplitSumSteps k-tiles more for its sum and, where the
 // splits add into the workspace (tma_weight_cluster_sum), kWorkspaceSteps more
-// for the zeroing and conversion launches around the kernel.
+// for the zeroing and conversion launches around the kernel (1-1.8 us in
+// graphs on the H200, k-tiles of 0.2-0.3 us; NOTES 127).
 constexpr double kTmaSplitSumSteps = 2.0;
 constexpr double kWorkspaceSteps = 6.0;
 

@@ -227,15 +227,15 @@ SPLIT_TMA_CASES = [
 
 # Backward-weight layers whose TMA plan (sm_90a) sums each tile's 2-8 splits in one cluster: the
 # ranks push their partial tiles into bands of rows held by each rank's operand stages. A batch-1
-# dense layer (5 splits: 13-row bands of a 64-row tile), output channels that end inside a tile
-# (200 of 256), groups of 16 channels multiplied 4 at a time (the packed store), 3D, a channels_last
-# and a sliced input (dy and x then in im2col mode), stride 2.
+# dense layer (5 splits: 13-row bands of a 64-row tile), 200 output channels (the last 64-row tile
+# holds 8), groups of 16 channels multiplied 4 at a time (the packed store, 8 splits), 3D, a
+# channels_last and a sliced input (dy and x then in im2col mode), stride 2 (7 splits).
 TMA_WEIGHT_CLUSTER_CASES = [
     Case("bf16", 1, (28, 28), 1, 128, 128, (3, 3), 1, 1),
     Case("fp16", 1, (20, 18), 1, 64, 200, (3, 3), 1, 1, layout="channels_last"),
-    Case("bf16", 8, (14, 14), 32, 16, 16, (3, 3), 1, 1),
+    Case("bf16", 4, (16, 16), 8, 16, 16, (3, 3), 1, 1),
     Case("bf16", 1, (6, 10, 9), 1, 64, 64, (3, 3, 3), 1, 1),
-    Case("bf16", 2, (23, 21), 1, 64, 128, (3, 3), 2, 1, layout="slice"),
+    Case("bf16", 4, (41, 39), 1, 64, 128, (3, 3), 2, 1, layout="slice"),
 ]
 
 # Groups of 2, 4 and 8 channels (as many in as out) that the direct backward-weight kernels run

@@ -173,12 +173,21 @@ int launch_conv_bwd_weight_tma(void const* problem, void const* args,
                                               p.output, unit, none, Traits::kChunk,
                                               Traits::kTileK, kSwizzle);
   if (err != 0) return err;
-  if (bp.cluster_sum &&
-      conv_split_scratch_bytes(Traits::kTileM, Traits::kTileN, grid.y) > Traits::kSmemBytes) {
+  if (!bp.cluster_sum) {
+    return launch_kernel(&conv_bwd_weight_tma_kernel<Traits, false>, grid, Traits::kThreads,
+                         Traits::kSmemLaunchBytes, stream, params);
+  }
+  if (conv_split_scratch_bytes(Traits::kTileM, Traits::kTileN, grid.y) > Traits::kSmemBytes) {
     return -int(cudaErrorInvalidConfiguration);
   }
-  return launch_weight_gemm<Traits, true>(&conv_bwd_weight_tma_kernel<Traits>, grid, bp, stream,
-                                          params, Traits::kSmemLaunchBytes);
+  int sms = 0;
+  if (int err = current_device_sms(&sms)) return err;
+  // One CTA an SM where they fit (the runtime's rule keeps a cluster plan's
+  // CTAs within the SMs' cluster capacity at one an SM).
+  const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+  return launch_weight_gemm<Traits, true>(
+      &conv_bwd_weight_tma_kernel<Traits, true>, grid, bp, stream, params,
+      conv_detail::conv_cluster_spread_smem(Traits::kSmemLaunchBytes, ctas, sms));
 }
 
 // Groups of up to 8 channels on the CUDA cores: `splits` CTAs per block of

@@ -165,7 +165,11 @@ __device__ __forceinline__ void conv_bwd_weight_tma_load(ConvBwdWeightTmaParams 
 
 }  // namespace conv_detail
 
-template <class Traits>
+// kClusterSum: the instance the launcher runs where a tile's splits form a
+// cluster (bp.cluster_sum); the other carries none of that code, whose
+// epilogue alone had slowed the workspace launches of packed groups by up to a
+// third.
+template <class Traits, bool kClusterSum>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     conv_bwd_weight_tma_kernel(ConvBwdWeightTmaParams const __grid_constant__ params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -227,7 +231,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     if (work.k_tiles > 0) Barrier::arrive(&empty[(count - 1) % kStages]);
-    if (bp.cluster_sum) {
+    if constexpr (kClusterSum) {
       // Every rank's wgmma reads are done (its full barriers have all
       // flipped, so no copy is in flight): the stages hold the partial sums.
       store_weight_tile_split_sum<Traits::kTileM, Traits::kTileN, Element>(

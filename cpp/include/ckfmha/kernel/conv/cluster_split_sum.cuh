@@ -14,9 +14,23 @@
 #include <cooperative_groups.h>
 #include <cute/tensor.hpp>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace ckfmha::kernel::conv_detail {
+
+// Shared memory that keeps a second CTA off an SM (two CTAs and the system's
+// KiB each would need more than its 228 KiB).
+constexpr int kConvOneCtaPerSmBytes = 115 * 1024;
+
+// The dynamic shared memory a cluster launch of `ctas` CTAs asks for on `sms`
+// SMs: where they are at most the SMs, enough that each takes an SM of its own.
+// A kernel that fits two CTAs an SM otherwise ran a cluster's CTAs two to an
+// SM with half the SMs idle (the TMA weight kernel's 126 CTAs in clusters of
+// 7 took 1.2x the time of the same CTAs launched without clusters, NOTES 127).
+inline int conv_cluster_spread_smem(int smem, int64_t ctas, int sms) {
+  return ctas <= sms ? std::max(smem, kConvOneCtaPerSmBytes) : smem;
+}
 
 // Every thread of the cluster that has not exited arrives: whole consumer
 // warps (the .aligned form, which keeps the compiler's uniform registers: the

@@ -77,12 +77,15 @@ int run_conv_fwd_tma(ConvFwdTmaParams params, int32_t concurrent, ckfmha_stream_
                 : 0;
   const int32_t splits = 1 << params.split_shift;
   if (splits > 1) {
-    return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits>, dim3(unsigned(tiles * splits)),
-                                 dim3(unsigned(splits), 1, 1), Traits::kThreads,
-                                 Traits::kSmemLaunchBytes, stream, params);
+    // One CTA an SM (conv_cluster_spread_smem): the tiles' CTAs are at most the SMs.
+    const int smem =
+        conv_detail::conv_cluster_spread_smem(Traits::kSmemLaunchBytes, tiles * splits, sms);
+    return launch_kernel_cluster(&conv_fwd_tma_kernel<Traits, true>,
+                                 dim3(unsigned(tiles * splits)), dim3(unsigned(splits), 1, 1),
+                                 Traits::kThreads, smem, stream, params);
   }
   const dim3 grid(unsigned(std::min<int64_t>(tiles, int64_t(sms) * Traits::kMinCtasPerSm)));
-  return launch_kernel(&conv_fwd_tma_kernel<Traits>, grid, Traits::kThreads,
+  return launch_kernel(&conv_fwd_tma_kernel<Traits, false>, grid, Traits::kThreads,
                        Traits::kSmemLaunchBytes, stream, params);
 }
 

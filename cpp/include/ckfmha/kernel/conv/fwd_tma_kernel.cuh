@@ -83,7 +83,7 @@ __device__ __forceinline__ int64_t conv_tile_count(ConvFwdTmaParams const& param
 // the channel count a multiple of TileK, so k-tile t covers channels
 // (t mod chunks) x TileK of tap t / chunks, and its w columns start at
 // t x TileK.
-template <class Traits>
+template <class Traits, bool kSplit>
 __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params,
                                                   uint64_t* full, uint64_t* empty,
                                                   typename Traits::Element* smem_a,
@@ -97,7 +97,8 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
   cute::prefetch_tma_descriptor(&params.x_map);
   cute::prefetch_tma_descriptor(&params.w_map);
   const int32_t chunks = p.in_channels / kTileK;
-  const ConvSplitRange range = conv_split_range(params.split_shift, p.reduction / kTileK);
+  const ConvSplitRange range =
+      conv_split_range<kSplit>(params.split_shift, p.reduction / kTileK);
   const uint64_t hint = uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
   int count = 0;
   for (int64_t tile = range.first_tile; tile < conv_tile_count(params);
@@ -170,7 +171,7 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
         }
       }
     }
-    if (range.splits > 1) {
+    if constexpr (kSplit) {
       // The consumers' barriers of the split sum (store_tile_split_sum): the
       // stages hold partial sums from the first to the third, which only a
       // cluster with another tile waits at.
@@ -183,7 +184,10 @@ __device__ __forceinline__ void conv_fwd_tma_load(ConvFwdTmaParams const& params
 
 }  // namespace conv_detail
 
-template <class Traits>
+// kSplit: the instance the launcher runs where clusters split the tiles'
+// k-tiles (split_shift > 0); the unsplit one carries none of that code, whose
+// epilogue alone had slowed the unsplit launches' main loop.
+template <class Traits, bool kSplit>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     conv_fwd_tma_kernel(ConvFwdTmaParams const __grid_constant__ params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -216,7 +220,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 
   if (threadIdx.x < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (threadIdx.x == 0) conv_fwd_tma_load<Traits>(params, full, empty, smem_a, smem_b);
+    if (threadIdx.x == 0) {
+      conv_fwd_tma_load<Traits, kSplit>(params, full, empty, smem_a, smem_b);
+    }
     return;
   }
 
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
   Element* y = static_cast<Element*>(p.y);
   const ConvSplitRange range =
-      conv_split_range(params.split_shift, p.reduction / Traits::kTileK);
+      conv_split_range<kSplit>(params.split_shift, p.reduction / Traits::kTileK);
 
   int count = 0;
   for (int64_t tile = range.first_tile; tile < conv_tile_count(params);
@@ -259,7 +265,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
 
     // The row table is written (and, split, no wgmma reads the stages).
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
-    if (range.splits > 1) {
+    if constexpr (kSplit) {
       store_tile_split_sum<Traits>(p, rows, y + int64_t(t.group) * p.out_channels,
                                    t.channel_tile * kTileN, acc, coords,
                                    reinterpret_cast<float*>(smem), range,

@@ -30,14 +30,19 @@ struct ConvSplitRange {
   __device__ bool has_next(int64_t tile, int64_t tiles) const { return tile + tile_step < tiles; }
 };
 
-// The launcher's clusters are 2^split_shift CTAs along x, so a CTA's rank
+// The split instance's clusters (kSplit) are 2^split_shift CTAs along x, so a CTA's rank
 // is blockIdx.x's low bits; the first `k_tiles mod splits` ranks take one
 // k-tile more. Shifts and masks, no division: the k-tile loops' counters
 // then stay in the compiler's uniform registers, as unsplit (a division by
 // the split count, or the cluster's rank register, put them in per-thread
 // ones, with more instructions around each k-tile's products).
+template <bool kSplit>
 __device__ __forceinline__ ConvSplitRange conv_split_range(int32_t split_shift,
                                                           int32_t k_tiles) {
+  if constexpr (!kSplit) {
+    // The unsplit instance: every k-tile, the grid's tiles in turn.
+    return {0, 1, 0, k_tiles, int64_t(blockIdx.x), int64_t(gridDim.x)};
+  }
   ConvSplitRange r;
   r.splits = 1 << split_shift;
   r.rank = int32_t(blockIdx.x & unsigned(r.splits - 1));
