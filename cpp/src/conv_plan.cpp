@@ -636,7 +636,7 @@ bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem co
 // for the zeroing and conversion launches around the kernel (1-1.8 us in
 // graphs on the H200, k-tiles of 0.2-0.3 us; NOTES 127).
 constexpr double kTmaSplitSumSteps = 2.0;
-constexpr double kWorkspaceSteps = 6.0;
+constexpr double kWorkspaceSteps = 8.0;
 
 TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                           int sm_count, bool can_split) {
