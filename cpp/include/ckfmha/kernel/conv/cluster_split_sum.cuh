@@ -24,10 +24,10 @@ namespace ckfmha::kernel::conv_detail {
 constexpr int kConvOneCtaPerSmBytes = 115 * 1024;
 
 // The dynamic shared memory a cluster launch of `ctas` CTAs asks for on `sms`
-// SMs: where they are at most the SMs, enough that each takes an SM of its own.
-// A kernel that fits two CTAs an SM otherwise ran a cluster's CTAs two to an
-// SM with half the SMs idle (the TMA weight kernel's 126 CTAs in clusters of
-// 7 took 1.2x the time of the same CTAs launched without clusters, NOTES 127).
+// SMs: where they are at most the SMs, enough that each takes an SM of its own,
+// the cluster capacity the planner counts (a kernel that fits two CTAs an SM
+// could otherwise have a cluster's CTAs placed two to an SM beside idle ones).
+// Timed the same as the default placement on the plans that cluster (NOTES 127).
 inline int conv_cluster_spread_smem(int smem, int64_t ctas, int sms) {
   return ctas <= sms ? std::max(smem, kConvOneCtaPerSmBytes) : smem;
 }
