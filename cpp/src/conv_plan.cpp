@@ -610,8 +610,7 @@ WeightGemmShape weight_gemm_shape(ckfmha_kernel_entry const& k, ckfmha_conv_prob
 // so a power of two takes 10/11 of the SMs and other counts 3/4.
 bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                             WeightGemmShape const& s, int64_t splits) {
-  if (!is_conv_tma(k) || splits > kernel::kConvMaxClusterSplits ||
-      !kernel::conv_weight_cluster_sum(k.arch, int32_t(splits), p.groups)) {
+  if (!is_conv_tma(k) || !kernel::conv_weight_cluster_sum(k.arch, int32_t(splits), p.groups)) {
     return false;
   }
   if (kernel::conv_split_scratch_bytes(k.tile_m, k.tile_n, splits) > s.stage_bytes) return false;
@@ -656,7 +655,9 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   const int64_t tiles = shape.tiles;
   const int64_t k_tiles = shape.k_tiles;
   const int64_t slots = shape.slots;
-  // In k-tile steps of one wave: the busiest SM's k-tiles and the splits' sums.
+  // The TMA template's time at `splits`, in k-tile steps: each wave's k-tiles
+  // and split sums, and the workspace's launches where the splits do not sum
+  // in a cluster.
   auto steps = [&](int64_t splits) {
     const int64_t per_split = ceil_div(k_tiles, splits);
     const int64_t used = ceil_div(k_tiles, per_split);
@@ -691,7 +692,8 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
                                       : double(waves) * (double(per_split) +
                                                          (splits > 1 ? 2.0 : 0.0));
   const double cost = double(shape.resident) * step * time / weight_tile_throughput(k);
-  const double useful = double(p.out_channels) * double(conv_filter_taps(p)) * p.in_channels * p.groups;
+  const int64_t reduction = conv_filter_taps(p) * p.in_channels;
+  const double useful = double(p.out_channels) * double(reduction) * p.groups;
   const double computed = double(tiles) * k.tile_m * k.tile_n;
   return {cost, useful / computed, ctas, int32_t(splits)};
 }
@@ -909,7 +911,7 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
   const int32_t split_cluster =
       plan.found && is_weight(direction)
           ? conv_weight_gemm_cluster(plan.kernel, p, plan.splits, context.sm_count)
-                                         : 0;
+          : 0;
   if (split_cluster > 0) {
     out << "one stage, " << plan.kernel.name << " over " << plan.splits
         << " splits, a tile's in one cluster (up to " << split_cluster

@@ -30,9 +30,9 @@ struct ConvSplitRange {
   __device__ bool has_next(int64_t tile, int64_t tiles) const { return tile + tile_step < tiles; }
 };
 
-// The split instance's clusters (kSplit) are 2^split_shift CTAs along x, so a CTA's rank
-// is blockIdx.x's low bits; the first `k_tiles mod splits` ranks take one
-// k-tile more. Shifts and masks, no division: the k-tile loops' counters
+// The split instance's (kSplit) clusters are 2^split_shift CTAs along x, so
+// a CTA's rank is blockIdx.x's low bits; the first `k_tiles mod splits` ranks
+// take one k-tile more. Shifts and masks, no division: the k-tile loops' counters
 // then stay in the compiler's uniform registers, as unsplit (a division by
 // the split count, or the cluster's rank register, put them in per-thread
 // ones, with more instructions around each k-tile's products).

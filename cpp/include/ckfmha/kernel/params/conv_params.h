@@ -159,10 +159,9 @@ constexpr int64_t conv_split_scratch_bytes(int64_t tile_m, int64_t tile_n, int64
 // batch-1 7x7x512 layer has 4 tiles of 64x128 and a reduction of 4608
 // columns), doubling while every split keeps at least kTmaFwdMinSplitColumns
 // of the reduction and the tiles' CTAs fit one an SM; a power of two (the
-// kernel finds a CTA's rank by a mask), at most the portable cluster. The split
-// sum (three cluster barriers, the partial
-// tile through distributed shared memory) costs about as much as a dozen
-// 64-column k-tiles: splits of 256-320 columns lost, and so did 1152 columns
+// kernel finds a CTA's rank by a mask), at most the portable cluster. The
+// split sum (three cluster barriers, the partial tile through distributed
+// shared memory) costs about as much as a dozen 64-column k-tiles: splits of 256-320 columns lost, and so did 1152 columns
 // in two on 64-column k-tiles (ResNet-18's batch-1 28x28 layer, 6.3 -> 6.9 us
 // on an H200) and in four on 32-column ones (8.9 us), so reductions under
 // kTmaFwdMinColumnsToSplit stay whole. Counted in columns, not k-tiles, so
