@@ -280,7 +280,9 @@ def test_every_weight_tma_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
     products are dropped), reductions that end inside a tile, several groups, groups of 16 and
     32 channels multiplied 4 and 2 at a time as one of 64 (from 4096 positions), channels_last
     and sliced inputs; dense dy (and x at 1x1, stride 1, no padding) copied as plain matrices,
-    sliced ones in im2col mode; each at one split and at several (partial sums added)."""
+    sliced ones in im2col mode; packed groups with fewer output than input channels, as a
+    power of two (dw's pairs found by shifts) and not (one element at a time); each at one
+    split and at several (partial sums added)."""
     match = WEIGHT_TMA_NAME.match(kernel["name"])
     dtype, dims = match["dtype"], int(match["dims"])
     if dims == 2:
@@ -291,6 +293,8 @@ def test_every_weight_tma_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
                  Case(dtype, 2, (9, 7), 1, 64, 64, (1, 1), 1, 0, layout="slice"),
                  Case(dtype, 4, (33, 32), 8, 16, 16, (3, 3), 1, 1),
                  Case(dtype, 5, (60, 58), 4, 32, 32, (3, 3), 2, 1),
+                 Case(dtype, 4, (33, 32), 4, 32, 8, (3, 3), 1, 1),
+                 Case(dtype, 2, (33, 32), 2, 32, 24, (3, 3), 1, 1),
                  Case(dtype, 1, (9, 30), 1, 192, 64, (5, 7), (1, 3), (2, 0), (1, 2))]  # fmt: skip
     else:
         cases = [Case(dtype, 2, (4, 7, 5), 1, 64, 64, (3, 3, 3), 1, 1),
