@@ -630,12 +630,18 @@ bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem co
 // The TMA template instead takes the split count with the fewest k-tiles an
 // SM (rounding the count up can leave a second wave of a few CTAs: ResNet-18's
 // 14x14x256 layer on 128x128, 36 tiles x 4 splits on 132 SMs), each split
-// costing a tile kTmaSplitSumSteps k-tiles more for its sum and, where the
-// splits add into the workspace (tma_weight_cluster_sum), kWorkspaceSteps more
-// for the zeroing and conversion launches around the kernel (1-1.8 us in
-// graphs on the H200, k-tiles of 0.2-0.3 us; NOTES 127).
+// costing a tile kTmaSplitSumSteps k-tiles more for its sum and kWorkspaceSteps
+// more where the splits add into the workspace, for the zeroing and conversion
+// launches around the kernel (1-1.8 us in graphs on the H200, k-tiles of
+// 0.2-0.3 us; NOTES 127), or kClusterSumSteps more where they sum in a cluster
+// (tma_weight_cluster_sum). Since the workspace's epilogue stores pairs (NOTES
+// 128), clusters cost 11-16 k-tiles in all on ResNet-18's and ResNet-50's
+// batch-1 layers, 0.3-1.7 us more than the workspace at a like count, so no
+// automatic plan takes one; split counts the caller forces still sum in a
+// cluster where every cluster is resident at once.
 constexpr double kTmaSplitSumSteps = 2.0;
 constexpr double kWorkspaceSteps = 8.0;
+constexpr double kClusterSumSteps = 12.0;
 
 TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
                           int sm_count, bool can_split) {
@@ -663,7 +669,9 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     const int64_t used = ceil_div(k_tiles, per_split);
     double time = double(ceil_div(tiles * used, slots)) *
                   (double(per_split) + (used > 1 ? kTmaSplitSumSteps : 0.0));
-    if (used > 1 && !tma_weight_cluster_sum(k, p, shape, used)) time += kWorkspaceSteps;
+    if (used > 1) {
+      time += tma_weight_cluster_sum(k, p, shape, used) ? kClusterSumSteps : kWorkspaceSteps;
+    }
     return time;
   };
   int64_t splits = 1;

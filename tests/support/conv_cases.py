@@ -225,11 +225,12 @@ SPLIT_TMA_CASES = [
     Case("fp16", 1, (4, 6, 5), 1, 64, 96, (3, 3, 3), (1, 2, 1), 1),
 ]
 
-# Backward-weight layers whose TMA plan (sm_90a) sums each tile's 2-8 splits in one cluster: the
-# ranks push their partial tiles into bands of rows held by each rank's operand stages. A batch-1
-# dense layer (5 splits: 13-row bands of a 64-row tile), 200 output channels (the last 64-row tile
-# holds 8), groups of 16 channels multiplied 4 at a time (the packed store, 8 splits), 3D, a
-# channels_last and a sliced input (dy and x then in im2col mode), stride 2 (7 splits).
+# Backward-weight layers of few tiles whose TMA kernel (sm_90a), forced to 2-8 splits, sums each
+# tile's splits in one cluster: the ranks push their partial tiles into bands of rows held by each
+# rank's operand stages (the rules' own plans take the workspace, NOTES 128). A batch-1 dense
+# layer, 200 output channels (the last 64-row tile holds 8), groups of 16 channels multiplied 4 at
+# a time (the packed store), 3D, a channels_last and a sliced input (dy and x then in im2col
+# mode), stride 2.
 TMA_WEIGHT_CLUSTER_CASES = [
     Case("bf16", 1, (28, 28), 1, 128, 128, (3, 3), 1, 1),
     Case("fp16", 1, (20, 18), 1, 64, 200, (3, 3), 1, 1, layout="channels_last"),
