@@ -64,12 +64,6 @@ __device__ __forceinline__ void store_packed_weight(ConvBwdWeightParams const& b
   store_weight_value<Element>(bp, offset, value);
 }
 
-// Where a packed tile's elements map to dw with shifts: a group's input and
-// output channels are powers of two, the input channels even (ResNeXt's
-// groups of 8 to 32, and every packed plan of the TMA kernel, whose tap holds
-// 64 channels). A column's tap, group and channel are then a shift and two
-// masks, a row's group a shift, and an even column and the next are one
-// group's adjacent channels of one tap.
 // log2 of a power of two. (The host pass sees device code too, without the
 // device intrinsics.)
 __host__ __device__ __forceinline__ int32_t log2_of_power_of_two(int32_t v) {
@@ -80,6 +74,12 @@ __host__ __device__ __forceinline__ int32_t log2_of_power_of_two(int32_t v) {
 #endif
 }
 
+// Where a packed tile's elements map to dw with shifts: a group's input and
+// output channels are powers of two, the input channels even (ResNeXt's
+// groups of 8 to 32, and every packed plan of the TMA kernel, whose tap holds
+// 64 channels). A column's tap, group and channel are then a shift and two
+// masks, a row's group a shift, and an even column and the next are one
+// group's adjacent channels of one tap.
 struct PackedWeightShifts {
   int32_t tap_shift;     // log2 of the packed group's input channels
   int32_t member_shift;  // log2 of a group's input channels
