@@ -674,10 +674,21 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     }
     return time;
   };
+  // The gathering and mma.sync templates' time at `splits`: each wave's
+  // k-tiles, and two more for the partial sums.
+  auto gathering_steps = [&](int64_t splits) {
+    const int64_t per_split = ceil_div(k_tiles, splits);
+    const int64_t used = ceil_div(k_tiles, per_split);
+    return double(ceil_div(tiles * used, slots)) * (double(per_split) + (used > 1 ? 2.0 : 0.0));
+  };
   int64_t splits = 1;
   if (can_split && tiles < slots) {
     const int64_t most = std::min<int64_t>(65535, std::max<int64_t>(1, k_tiles / 2));
     splits = std::clamp<int64_t>(ceil_div(slots, tiles), 1, most);
+    // A split must save more than its sum costs: at 4-5 k-tiles two splits
+    // tie with one, and ResNeXt's batch-1 groups of 16 (4 k-tiles) ran 7.0 us
+    // summed over two CTAs of a cluster against 6.0 unsplit (NOTES 128).
+    if (!is_conv_tma(k) && gathering_steps(splits) >= gathering_steps(1)) splits = 1;
     if (is_conv_tma(k)) {
       const int64_t upto = splits;
       double fewest = 0.0;
@@ -696,9 +707,7 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   const int64_t waves = ceil_div(ctas, slots);
   const double loads = is_conv_tma(k) ? 0.0 : 64.0 * (k.tile_m + k.tile_n);
   const double step = std::max(double(k.tile_m) * k.tile_n, loads) * (k.tile_k / 32.0);
-  const double time = is_conv_tma(k) ? steps(splits)
-                                      : double(waves) * (double(per_split) +
-                                                         (splits > 1 ? 2.0 : 0.0));
+  const double time = is_conv_tma(k) ? steps(splits) : gathering_steps(splits);
   const double cost = double(shape.resident) * step * time / weight_tile_throughput(k);
   const int64_t reduction = conv_filter_taps(p) * p.in_channels;
   const double useful = double(p.out_channels) * double(reduction) * p.groups;
