@@ -630,16 +630,16 @@ bool tma_weight_cluster_sum(ckfmha_kernel_entry const& k, ckfmha_conv_problem co
 // The TMA template instead takes the split count with the fewest k-tiles an
 // SM (rounding the count up can leave a second wave of a few CTAs: ResNet-18's
 // 14x14x256 layer on 128x128, 36 tiles x 4 splits on 132 SMs), each split
-// costing a tile kTmaSplitSumSteps k-tiles more for its sum and kWorkspaceSteps
-// more where the splits add into the workspace, for the zeroing and conversion
-// launches around the kernel (1-1.8 us in graphs on the H200, k-tiles of
-// 0.2-0.3 us; NOTES 127), or kClusterSumSteps more where they sum in a cluster
-// (tma_weight_cluster_sum). Since the workspace's epilogue stores pairs (NOTES
-// 128), clusters cost 11-16 k-tiles in all on ResNet-18's and ResNet-50's
-// batch-1 layers, 0.3-1.7 us more than the workspace at a like count, so no
-// automatic plan takes one; split counts the caller forces still sum in a
-// cluster where every cluster is resident at once.
-constexpr double kTmaSplitSumSteps = 2.0;
+// costing a tile kSplitSumSteps k-tiles more for its sum (as above) and
+// kWorkspaceSteps more where the splits add into the workspace, for the
+// zeroing and conversion launches around the kernel (1-1.8 us in graphs on the
+// H200, k-tiles of 0.2-0.3 us; NOTES 127), or kClusterSumSteps more where they
+// sum in a cluster (tma_weight_cluster_sum). Since the workspace's epilogue
+// stores pairs (NOTES 128), clusters cost 11-16 k-tiles in all on ResNet-18's
+// and ResNet-50's batch-1 layers, 0.3-1.7 us more than the workspace at a like
+// count, so no automatic plan takes one; split counts the caller forces still
+// sum in a cluster where every cluster is resident at once.
+constexpr double kSplitSumSteps = 2.0;
 constexpr double kWorkspaceSteps = 8.0;
 constexpr double kClusterSumSteps = 12.0;
 
@@ -661,25 +661,17 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   const int64_t tiles = shape.tiles;
   const int64_t k_tiles = shape.k_tiles;
   const int64_t slots = shape.slots;
-  // The TMA template's time at `splits`, in k-tile steps: each wave's k-tiles
-  // and split sums, and the workspace's launches where the splits do not sum
-  // in a cluster.
+  // The time at `splits`, in k-tile steps: each wave's k-tiles and split sums,
+  // and on the TMA template the workspace's launches or the cluster sum.
   auto steps = [&](int64_t splits) {
     const int64_t per_split = ceil_div(k_tiles, splits);
     const int64_t used = ceil_div(k_tiles, per_split);
     double time = double(ceil_div(tiles * used, slots)) *
-                  (double(per_split) + (used > 1 ? kTmaSplitSumSteps : 0.0));
-    if (used > 1) {
+                  (double(per_split) + (used > 1 ? kSplitSumSteps : 0.0));
+    if (used > 1 && is_conv_tma(k)) {
       time += tma_weight_cluster_sum(k, p, shape, used) ? kClusterSumSteps : kWorkspaceSteps;
     }
     return time;
-  };
-  // The gathering and mma.sync templates' time at `splits`: each wave's
-  // k-tiles, and two more for the partial sums.
-  auto gathering_steps = [&](int64_t splits) {
-    const int64_t per_split = ceil_div(k_tiles, splits);
-    const int64_t used = ceil_div(k_tiles, per_split);
-    return double(ceil_div(tiles * used, slots)) * (double(per_split) + (used > 1 ? 2.0 : 0.0));
   };
   int64_t splits = 1;
   if (can_split && tiles < slots) {
@@ -688,7 +680,7 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
     // A split must save more than its sum costs: at 4-5 k-tiles two splits
     // tie with one, and ResNeXt's batch-1 groups of 16 (4 k-tiles) ran 7.0 us
     // summed over two CTAs of a cluster against 6.0 unsplit (NOTES 128).
-    if (!is_conv_tma(k) && gathering_steps(splits) >= gathering_steps(1)) splits = 1;
+    if (!is_conv_tma(k) && steps(splits) >= steps(1)) splits = 1;
     if (is_conv_tma(k)) {
       const int64_t upto = splits;
       double fewest = 0.0;
@@ -704,11 +696,9 @@ TileCost weight_tile_cost(ckfmha_kernel_entry const& k, ckfmha_conv_problem cons
   const int64_t per_split = ceil_div(k_tiles, splits);
   splits = ceil_div(k_tiles, per_split);
   const int64_t ctas = tiles * splits;
-  const int64_t waves = ceil_div(ctas, slots);
   const double loads = is_conv_tma(k) ? 0.0 : 64.0 * (k.tile_m + k.tile_n);
   const double step = std::max(double(k.tile_m) * k.tile_n, loads) * (k.tile_k / 32.0);
-  const double time = is_conv_tma(k) ? steps(splits) : gathering_steps(splits);
-  const double cost = double(shape.resident) * step * time / weight_tile_throughput(k);
+  const double cost = double(shape.resident) * step * steps(splits) / weight_tile_throughput(k);
   const int64_t reduction = conv_filter_taps(p) * p.in_channels;
   const double useful = double(p.out_channels) * double(reduction) * p.groups;
   const double computed = double(tiles) * k.tile_m * k.tile_n;
