@@ -562,6 +562,35 @@ def test_bwd_data_runs_every_phase_on_a_forced_kernel() -> None:
     run_bwd_data(case, kernel=name)
 
 
+# The implicit-GEMM forward kernels that gather x through cp.async: in backward-data they always
+# read the rearranged filter of conv_phase_filters.cu (only the direct and TMA kernels read w in
+# place).
+FWD_GATHER_NAME = re.compile(r"^conv_fwd_bf16_(?P<dims>[23])d_v(?P<vector>\d)__.*_cpasync_")
+
+
+@pytest.mark.parametrize(
+    "case",
+    # Two chunks of input channels (with stride-2 phases), of output channels, of taps.
+    [
+        Case("bf16", 1, (9, 7), 3, 80, 12, (3, 3), 2, 1),
+        Case("bf16", 1, (5, 4), 1, 4, 1700, (3, 3), 1, 1),
+        Case("bf16", 1, (6, 6, 6), 2, 8, 8, (5, 5, 5), 1, 2),
+    ],
+    ids=lambda c: c.label,
+)
+def test_phase_filters_of_small_groups_in_blocks(case: Case) -> None:
+    """Filters of groups too narrow for a transposed tile, rearranged a staged block at a
+    time, where a block does not hold a group's whole filter along each of its extents."""
+    dims = len(case.input)
+    reduction = case.k  # dy's channels: the forward's reduction in backward-data
+    names = [k["name"] for k in _device_fwd_kernels(FWD_GATHER_NAME)
+             if int(FWD_GATHER_NAME.match(k["name"])["dims"]) == dims
+             and reduction % int(FWD_GATHER_NAME.match(k["name"])["vector"]) == 0]  # fmt: skip
+    if not names:
+        pytest.skip(f"no bf16 {dims}D gathering forward kernel in this build")
+    run_bwd_data(case, kernel=names[0])
+
+
 # The forward's direct kernels: groups of at most `bucket` channels in and out.
 FWD_DIRECT_NAME = re.compile(
     r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__"
@@ -650,6 +679,7 @@ PACKED = [
     Case("fp16", 4, (19, 15), 8, 32, 16, (3, 3), 2, 1, layout="slice"),
     Case("bf16", 8, (17, 9), 16, 24, 8, (5, 3), (1, 2), (2, 1), (1, 2)),
     Case("bf16", 3, (6, 9, 8), 16, 8, 16, (3, 3, 3), (1, 2, 2), 1),
+    Case("bf16", 6, (14, 14), 8, 32, 32, (3, 3), 1, 1),  # ResNeXt's last stage: packs of 2
 ]
 
 

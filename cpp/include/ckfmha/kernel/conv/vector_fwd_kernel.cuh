@@ -77,14 +77,16 @@ struct ConvVectorFwdParams {
   int32_t row_parts;        // threads that share a run's filter rows (1: no split)
 };
 
-// Floats of shared memory a CTA's filters take per vector of 8 channels.
-// Groups of one are laid out [tap][channel] over the CTA; wider groups
-// [vector][tap][output channel][input channel], each vector's block two
-// floats longer than its taps x 8 x G, so that the threads of a warp, which
-// read the same tap of different vectors, meet different banks.
+// Floats of shared memory a CTA's filters take per vector of 8 channels,
+// laid out [vector][tap][output channel][input channel]: a thread's weights
+// lie at constant offsets from its vector's block, so its loads need no
+// address arithmetic (groups of one had been [tap][channel] over the CTA,
+// an address computed for every load of a pair's weights). Each vector's
+// block is two floats longer than its taps x 8 x G, so that the threads of a
+// warp, which read the same tap of different vectors, meet different banks.
 template <int kG>
 constexpr int64_t vector_fwd_filter_floats(int64_t taps) {
-  return kG == 1 ? taps * kDepthwiseVector : taps * kDepthwiseVector * kG + 2;
+  return taps * kDepthwiseVector * kG + 2;
 }
 
 // Floats of shared memory, after the filters, where the threads of row parts
@@ -145,16 +147,29 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   const int32_t part = threadIdx.x % parts;
   const int32_t slot = kSplitRows ? threadIdx.x % run_threads / parts : threadIdx.x / parts;
   const int32_t row_part = kSplitRows ? threadIdx.x / run_threads : 0;
-  const int64_t runs_w = (p.output[2] + kRun - 1) / kRun;
+  const int32_t runs_w = (p.output[2] + kRun - 1) / kRun;
   const int64_t run = int64_t(blockIdx.x) * slots + slot;
-  const bool active = slot < slots && row_part < row_parts &&
-                      run < int64_t(p.batch) * p.output[0] * p.output[1] * runs_w;
-  int64_t rest = run / runs_w;
-  const int32_t ow0 = int32_t(run - rest * runs_w) * kRun;
-  const int32_t oh = int32_t(rest % p.output[1]);
-  rest /= p.output[1];
-  const int32_t od = int32_t(rest % p.output[0]);
-  const int64_t n = rest / p.output[0];
+  const int64_t runs = int64_t(p.batch) * p.output[0] * p.output[1] * runs_w;
+  const bool active = slot < slots && row_part < row_parts && run < runs;
+  int32_t ow0, oh, od;
+  int64_t n;
+  if (runs <= INT32_MAX) {
+    // 32-bit divisions: three 64-bit ones were a tenth of a thread's
+    // instructions on MobileNet's batch-32 layers (NOTES 129).
+    uint32_t rest = uint32_t(run) / uint32_t(runs_w);
+    ow0 = int32_t(uint32_t(run) - rest * uint32_t(runs_w)) * kRun;
+    oh = int32_t(rest % uint32_t(p.output[1]));
+    rest /= uint32_t(p.output[1]);
+    od = int32_t(rest % uint32_t(p.output[0]));
+    n = rest / uint32_t(p.output[0]);
+  } else {
+    int64_t rest = run / runs_w;
+    ow0 = int32_t(run - rest * runs_w) * kRun;
+    oh = int32_t(rest % p.output[1]);
+    rest /= p.output[1];
+    od = int32_t(rest % p.output[0]);
+    n = rest / p.output[0];
+  }
   const int64_t channel0 = cta_channel0 + part * kChannels;
 
   float acc[kRun][kChannels];
@@ -168,19 +183,29 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   const int32_t span = (kRun - 1) * kStrideW + filter_w;
   const int32_t iw0 = ow0 * kStrideW - p.padding[2];
   const Element* x = static_cast<const Element*>(p.x) + n * p.x_stride[0] + channel0;
-  // Groups of one: [tap][channel of the CTA]; wider: this vector's block.
-  const float* w_part = kG == 1 ? ws + part * kChannels : ws + part * part_floats;
+  const float* w_part = ws + part * part_floats;  // this vector's block
 
-  // A filter row's window of inputs, zeros in the padding.
-  auto load_row = [&](int32_t id, int32_t ih, Window& window) {
-    const Element* row = x + id * p.x_stride[1] + ih * p.x_stride[2];
+  // The window's columns that lie in the input (bit i: column iw0 + i) are
+  // the same in every row, so they are found once; a row then costs its
+  // start and a 64-bit add a column. Bounds and 64-bit products per load
+  // were 20 instructions a 16-byte load, as many as the row's products
+  // (MobileNet's batch-32 3x3 layers, NOTES 129).
+  uint32_t columns_in = 0;
 #pragma unroll
-    for (int i = 0; i < kSpan; ++i) {
-      const int32_t iw = iw0 + i;
+  for (int i = 0; i < kSpan; ++i) {
+    if (i < span && uint32_t(iw0 + i) < uint32_t(p.input[2])) columns_in |= 1u << i;
+  }
+  const int64_t column_bytes = p.x_stride[3] * int64_t(sizeof(Element));
+  const char* x_bytes = reinterpret_cast<const char*>(x);
+  // A filter row's window of inputs, zeros in the padding. The address
+  // walks the columns by adds.
+  auto load_row = [&](int32_t id, int32_t ih, Window& window) {
+    const char* at = x_bytes + (id * p.x_stride[1] + ih * p.x_stride[2] + iw0 * p.x_stride[3]) *
+                                   int64_t(sizeof(Element));
+#pragma unroll
+    for (int i = 0; i < kSpan; ++i, at += column_bytes) {
       window[i] = make_uint4(0, 0, 0, 0);
-      if (i < span && uint32_t(iw) < uint32_t(p.input[2])) {
-        window[i] = __ldg(reinterpret_cast<const uint4*>(row + iw * p.x_stride[3]));
-      }
+      if (columns_in >> i & 1u) window[i] = __ldg(reinterpret_cast<const uint4*>(at));
     }
   };
   // One filter row's products: every filter column from the window, widened
@@ -188,8 +213,7 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   // its own output's input; in wider groups the pair is two inputs of one
   // group, which feed all G of its outputs (their weights a float pair).
   auto accumulate = [&](Window const& window, int32_t tap_row) {
-    const float* w_row =
-        kG == 1 ? w_part + tap_row * cta_channels : w_part + tap_row * kChannels * kG;
+    const float* w_row = w_part + tap_row * kChannels * kG;
 #pragma unroll
     for (int pair = 0; pair < kWords; ++pair) {
       float2 in[kSpan];
@@ -202,7 +226,7 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
         if (fx < filter_w) {
           if constexpr (kG == 1) {
             const float2 weight =
-                *reinterpret_cast<const float2*>(w_row + fx * cta_channels + 2 * pair);
+                *reinterpret_cast<const float2*>(w_row + fx * kChannels + 2 * pair);
 #pragma unroll
             for (int j = 0; j < kRun; ++j) {
               acc[j][2 * pair] = fmaf(in[j * kStrideW + fx].x, weight.x, acc[j][2 * pair]);
@@ -244,12 +268,8 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   // Weight (output channel `out` of the CTA, tap, input channel) into its
   // slot of the layout above.
   auto stage_weight = [&](int32_t out, int32_t tap, int32_t input, float weight) {
-    if constexpr (kG == 1) {
-      ws[tap * cta_channels + out] = weight;
-    } else {
-      const int32_t vector = out / kChannels, lane = out % kChannels;
-      ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = weight;
-    }
+    const int32_t vector = out / kChannels, lane = out % kChannels;
+    ws[vector * part_floats + (tap * kChannels + lane) * kG + input] = weight;
   };
   // A thread walks a range of (output channel, tap) pairs of the view
   // (dense, or backward-data's transposed and flipped one); out = the CTA's
