@@ -5,17 +5,18 @@
 // Where a group has at least 32 channels in and out (unpacked), each (group,
 // tap) is a K x C transpose through a shared-memory tile, read row by row
 // along c and written row by row along k, so that both sides move whole
-// sectors. Otherwise (few channels, or packed groups) a CTA stages a block of
-// one group's filter, several taps, and writes its rows. A thread per output
-// element instead reads with a stride of taps x C elements, each read a
-// sector of its own. Coordinates are found once a tile or block, in 32 bits:
-// divisions for every element cost more than the copy.
+// sectors. Otherwise (few channels, or packed groups) a thread writes a
+// 16-byte vector of a dst row where it can. Coordinates are found once a
+// tile or vector, in 32 bits where the count allows: divisions for every
+// element cost more than the copy.
 #include "ckfmha/runtime/conv_aux_kernels.hpp"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace ckfmha::runtime {
 
@@ -52,87 +53,51 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
 }
 
 // Groups whose channels do not fill a transposed tile (few channels in or
-// out, or packed groups): a CTA stages a block of one group's filter in
-// shared memory, chunk_taps taps x chunk_k output x chunk_c input channels,
-// read along c, then writes its dst rows along k. Each (c, tap) row of dst
-// is pack x K long: the block's own K columns (of its member of the pack)
-// come from the tile, and the CTA of the first k-chunk also writes the
-// pack's other members' columns, zeros. A thread per output element had
-// read each source element from a sector of its own: ResNeXt's groups of 32,
-// packed in twos, took 11 us there before a 13-us convolution (ncu, NOTES
-// 129).
-constexpr int kBlockElements = 8192;  // 2-byte elements of the staged block
-constexpr int kMostChunkTaps = 64;
-
-struct BlockLaunch {
-  PhaseBatch batch;
-  int32_t chunk_taps, chunk_c, chunk_k;  // the block's extents
-  int32_t tap_chunks, c_chunks;          // blockIdx.x = (k chunk, c chunk, tap chunk)
-};
-
-// Rows of the staged block an odd number of 2-byte elements long, so that a
-// warp reading 32 consecutive k of one c spreads over the banks (rows of 32
-// elements would put them all in two).
-__host__ __device__ constexpr int32_t block_pitch(int32_t chunk_c) { return chunk_c | 1; }
-
-// Grid: x = the (k, c, tap) chunks, y = groups over grid-stride steps, z =
-// the phase.
-__global__ void __launch_bounds__(kThreads) block_kernel(BlockLaunch const __grid_constant__ b) {
-  __shared__ uint16_t tile[kBlockElements];  // [tap][k][c], rows block_pitch long
-  __shared__ int32_t source_tap[kMostChunkTaps];
-  ConvPhaseFilter const& f = b.batch.phase[blockIdx.z];
-  const int32_t taps = phase_taps(f);
-  const int32_t tap_chunk = int32_t(blockIdx.x) % b.tap_chunks;
-  const int32_t c_chunk = int32_t(blockIdx.x) / b.tap_chunks % b.c_chunks;
-  const int32_t k_chunk = int32_t(blockIdx.x) / b.tap_chunks / b.c_chunks;
-  const int32_t t0 = tap_chunk * b.chunk_taps, c0 = c_chunk * b.chunk_c;
-  const int32_t k0 = k_chunk * b.chunk_k;
-  // This block's extents (the last chunks may be short, a phase's taps fewer).
-  const int32_t n_taps = min(b.chunk_taps, taps - t0);
-  const int32_t n_c = min(b.chunk_c, f.in_channels - c0);
-  const int32_t n_k = min(b.chunk_k, f.out_channels - k0);
-  if (n_taps <= 0) return;  // a phase of fewer taps than the launch's most
-  const int32_t pitch = block_pitch(b.chunk_c);
-  const int32_t K = f.out_channels, C = f.in_channels;
-  const int32_t row = f.pack * K;  // dst elements of a (c, tap)
-  // Columns a dst row of this CTA gets: its block's, and on the first k
-  // chunk the other members' zeros.
-  const int32_t zeros = k_chunk == 0 ? (f.pack - 1) * K : 0;
-  const int32_t columns = n_k + zeros;
+// out, or packed groups): a thread writes kWidth consecutive elements of a
+// dst row, 8 (16 bytes) where K is a multiple of 8 and dst is aligned to 16
+// bytes, so that a vector lies in one member's block of the pack. Zeros off
+// the diagonal are whole vectors; a diagonal vector's elements are kWidth
+// loads issued together, one per output channel k, each from a sector of its
+// own. One element a thread took about 240 instructions an element (the
+// coordinates and the filter index for each), and ResNeXt's groups of 32,
+// packed in twos, 11 us under ncu before a 13-us convolution (NOTES 129); a
+// CTA staging a block of a group's filter in shared memory took as long on
+// its 160 CTAs, each thread's loads waited on one after another.
+template <int kWidth, class Index>
+__global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_constant__ batch) {
+  using Vector = std::conditional_t<kWidth == 8, uint4, uint16_t>;
+  ConvPhaseFilter const& f = batch.phase[blockIdx.z];
+  const Index taps = Index(phase_taps(f));
+  const Index K = Index(f.out_channels), C = Index(f.in_channels), pack = Index(f.pack);
+  const Index row = pack * K / kWidth;  // vectors of a (c, tap) row of dst
+  // Rows of dst: (g * C + c) over w's groups g, so that g * C is the
+  // first row of member g % pack in its packed group.
+  const Index count = Index(f.groups) * C * taps * row;
   const int64_t filter_taps_ = filter_taps(f);
   const auto* src = static_cast<const uint16_t*>(f.w);
-  auto* dst = static_cast<uint16_t*>(f.dst);
-  if (int(threadIdx.x) < n_taps) source_tap[threadIdx.x] = filter_index(f, t0 + threadIdx.x);
-  __syncthreads();
-  const int32_t loads = n_taps * n_k * n_c;
-  const int32_t stores = n_c * n_taps * columns;
-  for (int64_t g = blockIdx.y; g < f.groups; g += gridDim.y) {  // w's groups
-    const int32_t member = int32_t(g % f.pack);
-    for (int32_t i = threadIdx.x; i < loads; i += kThreads) {
-      const int32_t c = i % n_c, rest = i / n_c;
-      const int32_t k = rest % n_k, t = rest / n_k;
-      const int64_t from = ((g * K + k0 + k) * filter_taps_ + source_tap[t]) * C + c0 + c;
-      tile[(t * b.chunk_k + k) * pitch + c] = src[from];
+  auto* dst = static_cast<Vector*>(f.dst);
+  for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < count;
+       i += Index(gridDim.x) * kThreads) {
+    Index rest = i / row;
+    const Index first = (i - rest * row) * kWidth;  // the vector's first packed k
+    const Index line = rest / taps;                 // g * C + c
+    const Index tap = rest - line * taps;
+    const Index g = line / C;
+    const Index member = g % pack;
+    if (first / K != member) {  // another member's columns: off the diagonal
+      dst[i] = Vector{};
+      continue;
     }
-    __syncthreads();
-    // dst[((g * C + c) * taps + t) * row + column]: g * C is the packed
-    // group's first row of this member.
-    for (int32_t i = threadIdx.x; i < stores; i += kThreads) {
-      const int32_t j = i % columns, rest = i / columns;
-      const int32_t t = rest % n_taps, c = rest / n_taps;
-      int32_t column;
-      uint16_t value = 0;
-      if (j < n_k) {
-        column = member * K + k0 + j;
-        value = tile[(t * b.chunk_k + j) * pitch + c];
-      } else {
-        const int32_t z = j - n_k;  // the z-th column outside this member's K
-        column = z < member * K ? z : z + K;
-      }
-      dst[((g * C + c0 + c) * taps + t0 + t) * row + column] = value;
-    }
-    // The tile is refilled for the next group.
-    __syncthreads();
+    const int64_t source =
+        ((int64_t(g) * K + first - member * K) * filter_taps_ + filter_index(f, int32_t(tap))) *
+            C + (line - g * C);
+    uint16_t values[kWidth];
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) values[j] = src[source + j * filter_taps_ * C];
+    Vector v;
+    static_assert(sizeof(v) == sizeof(values));
+    memcpy(&v, values, sizeof(v));
+    dst[i] = v;
   }
 }
 
@@ -206,26 +171,26 @@ int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stre
                     unsigned(count));
     transpose_kernel<<<grid, kThreads, 0, s>>>(batch);
   } else {
-    BlockLaunch b{};
-    b.batch = batch;
-    // Chunks: all of a group's input channels where they fit a row of 64,
-    // then as many output channels as the block holds, then taps until a
-    // CTA writes about 4096 elements (a few per thread).
-    b.chunk_c = std::min(f.in_channels, kTile);
-    b.chunk_k = std::min(f.out_channels, kBlockElements / block_pitch(b.chunk_c));
-    const int64_t row_elements = int64_t(b.chunk_c) * f.pack * f.out_channels;
-    const int64_t fit = kBlockElements / (int64_t(b.chunk_k) * block_pitch(b.chunk_c));
-    b.chunk_taps = int32_t(std::clamp<int64_t>(
-        std::min<int64_t>(4096 / std::max<int64_t>(row_elements, 1), fit), 1,
-        std::min<int64_t>(most_taps, kMostChunkTaps)));
-    b.tap_chunks = int32_t((most_taps + b.chunk_taps - 1) / b.chunk_taps);
-    b.c_chunks = (f.in_channels + b.chunk_c - 1) / b.chunk_c;
-    const int64_t k_chunks = (f.out_channels + b.chunk_k - 1) / b.chunk_k;
-    const int64_t chunks = int64_t(b.tap_chunks) * b.c_chunks * k_chunks;
-    if (chunks > 0x7fffffff) return -int(cudaErrorInvalidConfiguration);
-    const dim3 grid(unsigned(chunks), unsigned(std::min<int64_t>(f.groups, 65535)),
-                    unsigned(count));
-    block_kernel<<<grid, kThreads, 0, s>>>(b);
+    bool wide = true;  // 16-byte vectors: every phase's K a multiple of 8, dst aligned
+    int64_t most = 0;
+    for (int p = 0; p < count; ++p) {
+      ConvPhaseFilter const& ph = batch.phase[p];
+      wide = wide && ph.out_channels % 8 == 0 && reinterpret_cast<uintptr_t>(ph.dst) % 16 == 0;
+      most = std::max(most, int64_t(ph.groups) * ph.pack * ph.in_channels * ph.out_channels *
+                                taps_of(ph));
+    }
+    const int64_t threads = wide ? most / 8 : most;
+    const dim3 grid(
+        unsigned(std::clamp<int64_t>((threads + kThreads - 1) / kThreads, 1, 65535 * 8)), 1,
+        unsigned(count));
+    const bool narrow_index = most < (int64_t(1) << 31);
+    if (wide) {
+      narrow_index ? row_kernel<8, uint32_t><<<grid, kThreads, 0, s>>>(batch)
+                   : row_kernel<8, int64_t><<<grid, kThreads, 0, s>>>(batch);
+    } else {
+      narrow_index ? row_kernel<1, uint32_t><<<grid, kThreads, 0, s>>>(batch)
+                   : row_kernel<1, int64_t><<<grid, kThreads, 0, s>>>(batch);
+    }
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? 0 : -int(err);
@@ -237,7 +202,7 @@ int launch_conv_phase_filters(ConvPhaseFilter const* filters, int count, ckfmha_
   if (count <= 0) return 0;
   // Every phase of a plan has the same channels, so one choice serves all.
   // Tiles at least half used: at least 32 channels in and out. Packed groups
-  // take the block kernel (their zeros are part of the output).
+  // take the row kernel (their zeros are part of the output).
   const bool transpose = filters[0].pack == 1 && filters[0].in_channels >= kTile / 2 &&
                          filters[0].out_channels >= kTile / 2;
   for (int begin = 0; begin < count; begin += kConvPhaseFiltersPerLaunch) {
