@@ -397,9 +397,13 @@ def test_depthwise_weight_gradient_runs_directly() -> None:
 # 8 images of 56x56; whole rows wider than 3 (four channels a load): 7-wide at stride 2, a
 # 6-wide row over 24 groups (CTAs of 2 vectors), a 3D filter 7 wide, ConvNeXt's first stage
 # at batch 32; 28x28 maps, whose 7 runs take CTAs of 4 vectors (more slots a task); and a
-# batch-1 layer of 768 groups on a 7x7 map, where the launch shrinks its CTAs.
+# batch-1 layer of 768 groups on a 7x7 map, where the launch shrinks its CTAs; maps wider
+# than a task's runs (several chunks along w) over depths and images, so that a CTA's strips
+# (stepped by the grid, digit by digit) carry through every digit.
 DEPTHWISE_WEIGHT_CASES = [
     Case("bf16", 8, (56, 56), 64, 1, 1, (3, 3), 1, 1),
+    Case("bf16", 3, (5, 20, 300), 16, 1, 1, (3, 3, 3), 1, 1),
+    Case("fp16", 5, (9, 700), 24, 1, 1, (3, 3), (1, 2), 1),
     Case("bf16", 2, (28, 28), 64, 1, 1, (3, 3), 1, 1, layout="channels_last"),
     Case("fp16", 4, (29, 31), 48, 1, 1, (7, 7), 2, 3, layout="channels_last"),
     Case("bf16", 3, (19, 26), 24, 1, 1, (5, 6), 1, (2, 3)),

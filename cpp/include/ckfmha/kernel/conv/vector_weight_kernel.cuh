@@ -50,6 +50,27 @@ __device__ __forceinline__ void load_words(const void* address, uint32_t (&out)[
 
 }  // namespace conv_detail
 
+// A strip's index as digits, least significant first: its chunk along w,
+// its chunk of rows, its output depth and its image.
+struct ConvStripDigits {
+  int32_t w_chunk, row_chunk, od;
+  int64_t n;
+};
+
+// `strip` as digits for `w_chunks` chunks along w and `row_chunks` of rows
+// over `depth` output planes.
+__host__ __device__ inline ConvStripDigits conv_strip_digits(int64_t strip, int32_t w_chunks,
+                                                             int32_t row_chunks, int32_t depth) {
+  ConvStripDigits d;
+  d.w_chunk = int32_t(strip % w_chunks);
+  strip /= w_chunks;
+  d.row_chunk = int32_t(strip % row_chunks);
+  strip /= row_chunks;
+  d.od = int32_t(strip % depth);
+  d.n = strip / depth;
+  return d;
+}
+
 struct ConvVectorWeightParams {
   ConvFwdParams conv;       // y is dy; w is dw, stored where stores_dw
   float* accum;             // dw's fp32 sums, [group][k][tap][c], added into, or null
@@ -64,6 +85,8 @@ struct ConvVectorWeightParams {
   // 1: the grid's x CTAs (a cluster, or one CTA) hold every strip of their
   // block and store its dw (ConvVectorWeightLayout::stores_dw).
   int32_t stores_dw;
+  // The grid's x extent as strip digits: a CTA's strips advance by it.
+  ConvStripDigits strip_step;
 };
 
 // kStrideW: the stride along w (1 or 2); kCols: filter columns a task sums
@@ -130,14 +153,28 @@ __global__ void __launch_bounds__(conv_vector_weight_warps(kGroupChannels) * 32,
   // a load's address is then one multiply-add from the row's pointer.
   const int32_t x_step = int32_t(p.x_stride[3]);
   const int32_t dy_step = int32_t(p.y_stride[3]);
-  for (int64_t strip = blockIdx.x; active && strip < strips; strip += gridDim.x) {
-    int64_t rest = strip;
-    const int32_t w_chunk = int32_t(rest % dp.w_chunks);
-    rest /= dp.w_chunks;
-    const int32_t row_chunk = int32_t(rest % row_chunks);
-    rest /= row_chunks;
-    const int32_t od = int32_t(rest % p.output[0]);
-    const int64_t n = rest / p.output[0];
+  // Strips advance by gridDim.x, whose digits the launch gives, so a CTA's
+  // strip is decoded once and then added to with carries: three divisions a
+  // strip were a third of a thread's instructions where it walks one row a
+  // strip (MobileNet's batch-32 layers, NOTES 129). A digit plus the step's
+  // and a carry stays below twice its radix.
+  ConvStripDigits at = conv_strip_digits(blockIdx.x, dp.w_chunks, row_chunks, p.output[0]);
+  auto advance = [&] {
+    ConvStripDigits const& step = dp.strip_step;
+    at.w_chunk += step.w_chunk;
+    int32_t carry = at.w_chunk >= dp.w_chunks;
+    if (carry) at.w_chunk -= dp.w_chunks;
+    at.row_chunk += step.row_chunk + carry;
+    carry = at.row_chunk >= row_chunks;
+    if (carry) at.row_chunk -= row_chunks;
+    at.od += step.od + carry;
+    carry = at.od >= p.output[0];
+    if (carry) at.od -= p.output[0];
+    at.n += step.n + carry;
+  };
+  for (int64_t strip = blockIdx.x; active && strip < strips; strip += gridDim.x, advance()) {
+    const int32_t w_chunk = at.w_chunk, row_chunk = at.row_chunk, od = at.od;
+    const int64_t n = at.n;
     const int32_t run_w = w_chunk * dp.w_slots + w_slot;
     if (run_w >= runs_w) continue;
     const int32_t ow0 = run_w * kRun;

@@ -82,6 +82,8 @@ int launch_conv_bwd_weight_vector(ConvFwdParams const& conv, float* accum,
   dp.rows_per_strip = l.rows_per_strip;
   dp.stores_dw = l.stores_dw;
   const dim3 grid{unsigned(l.grid[0]), unsigned(l.grid[1]), unsigned(l.grid[2])};
+  const int32_t row_chunks = (conv.output[1] + l.rows_per_strip - 1) / l.rows_per_strip;
+  dp.strip_step = conv_strip_digits(grid.x, l.w_chunks, row_chunks, conv.output[0]);
   const int threads = l.tasks_per_cta * l.warps_per_task * 32;
   // The warps' sums, then (clusters) the CTA's totals the others read.
   const int per_warp = l.cols * l.vectors_per_cta * conv_vector_weight_channels(kG, l.cols) * kG;
