@@ -63,41 +63,50 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
 // packed in twos, 11 us under ncu before a 13-us convolution (NOTES 129); a
 // CTA staging a block of a group's filter in shared memory took as long on
 // its 160 CTAs, each thread's loads waited on one after another.
+//
+// Grid: x = a tap's vectors over grid-stride steps, y = the phase's taps
+// over grid-stride steps, z = the phase: a CTA finds its tap's filter index
+// once, and a thread's coordinates take four 32-bit divisions. With the tap found
+// per vector as well (a thread per vector over every tap), the row kernel
+// issued 290 instructions a vector and took 5 us under ncu on ResNeXt's last
+// stage, at 0.67 instructions a cycle (NOTES 129).
 template <int kWidth, class Index>
 __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_constant__ batch) {
   using Vector = std::conditional_t<kWidth == 8, uint4, uint16_t>;
   ConvPhaseFilter const& f = batch.phase[blockIdx.z];
-  const Index taps = Index(phase_taps(f));
+  const int32_t taps = phase_taps(f);
   const Index K = Index(f.out_channels), C = Index(f.in_channels), pack = Index(f.pack);
   const Index row = pack * K / kWidth;  // vectors of a (c, tap) row of dst
-  // Rows of dst: (g * C + c) over w's groups g, so that g * C is the
+  // Rows of dst: line = g * C + c over w's groups g, so that g * C is the
   // first row of member g % pack in its packed group.
-  const Index count = Index(f.groups) * C * taps * row;
-  const int64_t filter_taps_ = filter_taps(f);
+  const Index count = Index(f.groups) * C * row;  // vectors of one tap
+  const int64_t channel_step = int64_t(filter_taps(f)) * f.in_channels;  // k to k + 1 in w
   const auto* src = static_cast<const uint16_t*>(f.w);
   auto* dst = static_cast<Vector*>(f.dst);
-  for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < count;
-       i += Index(gridDim.x) * kThreads) {
-    Index rest = i / row;
-    const Index first = (i - rest * row) * kWidth;  // the vector's first packed k
-    const Index line = rest / taps;                 // g * C + c
-    const Index tap = rest - line * taps;
-    const Index g = line / C;
-    const Index member = g % pack;
-    if (first / K != member) {  // another member's columns: off the diagonal
-      dst[i] = Vector{};
-      continue;
-    }
-    const int64_t source =
-        ((int64_t(g) * K + first - member * K) * filter_taps_ + filter_index(f, int32_t(tap))) *
-            C + (line - g * C);
-    uint16_t values[kWidth];
+  for (int32_t tap = blockIdx.y; tap < taps; tap += gridDim.y) {
+    const int64_t source_tap = int64_t(filter_index(f, tap)) * f.in_channels;
+    for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < count;
+         i += Index(gridDim.x) * kThreads) {
+      const Index line = i / row;
+      const Index first = (i - line * row) * kWidth;  // the vector's first packed k
+      const Index g = line / C;
+      const Index member = g % pack;
+      const int64_t at = (int64_t(line) * taps + tap) * row + (i - line * row);
+      if (first / K != member) {  // another member's columns: off the diagonal
+        dst[at] = Vector{};
+        continue;
+      }
+      // w[g][k][source tap][c] for k = first - member * K, c = line - g * C.
+      const int64_t source = (int64_t(g) * K + first - member * K) * channel_step +
+                             source_tap + (line - g * C);
+      uint16_t values[kWidth];
 #pragma unroll
-    for (int j = 0; j < kWidth; ++j) values[j] = src[source + j * filter_taps_ * C];
-    Vector v;
-    static_assert(sizeof(v) == sizeof(values));
-    memcpy(&v, values, sizeof(v));
-    dst[i] = v;
+      for (int j = 0; j < kWidth; ++j) values[j] = src[source + j * channel_step];
+      Vector v;
+      static_assert(sizeof(v) == sizeof(values));
+      memcpy(&v, values, sizeof(v));
+      dst[at] = v;
+    }
   }
 }
 
@@ -172,18 +181,17 @@ int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stre
     transpose_kernel<<<grid, kThreads, 0, s>>>(batch);
   } else {
     bool wide = true;  // 16-byte vectors: every phase's K a multiple of 8, dst aligned
-    int64_t most = 0;
     for (int p = 0; p < count; ++p) {
       ConvPhaseFilter const& ph = batch.phase[p];
       wide = wide && ph.out_channels % 8 == 0 && reinterpret_cast<uintptr_t>(ph.dst) % 16 == 0;
-      most = std::max(most, int64_t(ph.groups) * ph.pack * ph.in_channels * ph.out_channels *
-                                taps_of(ph));
     }
-    const int64_t threads = wide ? most / 8 : most;
+    // A tap's vectors (the phases share groups and channels).
+    const int64_t per_tap =
+        int64_t(f.groups) * f.pack * f.in_channels * f.out_channels / (wide ? 8 : 1);
     const dim3 grid(
-        unsigned(std::clamp<int64_t>((threads + kThreads - 1) / kThreads, 1, 65535 * 8)), 1,
-        unsigned(count));
-    const bool narrow_index = most < (int64_t(1) << 31);
+        unsigned(std::clamp<int64_t>((per_tap + kThreads - 1) / kThreads, 1, 65535 * 8)),
+        unsigned(std::min<int64_t>(most_taps, 65535)), unsigned(count));
+    const bool narrow_index = per_tap < (int64_t(1) << 31);
     if (wide) {
       narrow_index ? row_kernel<8, uint32_t><<<grid, kThreads, 0, s>>>(batch)
                    : row_kernel<8, int64_t><<<grid, kThreads, 0, s>>>(batch);
