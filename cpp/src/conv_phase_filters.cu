@@ -65,11 +65,12 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
 // its 160 CTAs, each thread's loads waited on one after another.
 //
 // Grid: x = a tap's vectors over grid-stride steps, y = the phase's taps
-// over grid-stride steps, z = the phase: a CTA finds its tap's filter index
-// once, and a thread's coordinates take four 32-bit divisions. With the tap found
-// per vector as well (a thread per vector over every tap), the row kernel
-// issued 290 instructions a vector and took 5 us under ncu on ResNeXt's last
-// stage, at 0.67 instructions a cycle (NOTES 129).
+// over grid-stride steps, z = the phase: a thread finds its tap's filter
+// index once for all its vectors, and a vector's coordinates take four
+// 32-bit divisions. Where a thread writes one vector (ResNeXt's last stage)
+// that saves nothing: about 290 instructions a vector, at 0.7-0.8 a cycle,
+// 5 us under ncu either way, most of them the filter index's six divisions
+// and the coordinates' four (NOTES 129).
 template <int kWidth, class Index>
 __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_constant__ batch) {
   using Vector = std::conditional_t<kWidth == 8, uint4, uint16_t>;
