@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(conv_vector_weight_warps(kGroupChannels) * 32,
   const int32_t dy_step = int32_t(p.y_stride[3]);
   // Strips advance by gridDim.x, whose digits the launch gives, so a CTA's
   // strip is decoded once and then added to with carries: three divisions a
-  // strip were a third of a thread's instructions where it walks one row a
-  // strip (MobileNet's batch-32 layers, NOTES 129). A digit plus the step's
+  // strip were 14% of the kernel's instructions where a thread walks one row
+  // a strip (MobileNet's batch-32 layers, NOTES 129). A digit plus the step's
   // and a carry stays below twice its radix.
   ConvStripDigits at = conv_strip_digits(blockIdx.x, dp.w_chunks, row_chunks, p.output[0]);
   auto advance = [&] {
