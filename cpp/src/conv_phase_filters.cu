@@ -89,10 +89,11 @@ __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_c
     for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < count;
          i += Index(gridDim.x) * kThreads) {
       const Index line = i / row;
-      const Index first = (i - line * row) * kWidth;  // the vector's first packed k
+      const Index v = i - line * row;  // the vector within its row
+      const Index first = v * kWidth;  // its first packed k
       const Index g = line / C;
       const Index member = g % pack;
-      const int64_t at = (int64_t(line) * taps + tap) * row + (i - line * row);
+      const int64_t at = (int64_t(line) * taps + tap) * row + v;
       if (first / K != member) {  // another member's columns: off the diagonal
         dst[at] = Vector{};
         continue;
@@ -103,10 +104,10 @@ __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_c
       uint16_t values[kWidth];
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) values[j] = src[source + j * channel_step];
-      Vector v;
-      static_assert(sizeof(v) == sizeof(values));
-      memcpy(&v, values, sizeof(v));
-      dst[at] = v;
+      Vector vector;
+      static_assert(sizeof(vector) == sizeof(values));
+      memcpy(&vector, values, sizeof(vector));
+      dst[at] = vector;
     }
   }
 }

@@ -153,22 +153,24 @@ __global__ void __launch_bounds__(conv_detail::kVectorFwdThreads, 2)
   const bool active = slot < slots && row_part < row_parts && run < runs;
   int32_t ow0, oh, od;
   int64_t n;
+  // The run's coordinates, found in the type `rest` has.
+  auto decode = [&](auto rest) {
+    using Index = decltype(rest);
+    const Index run_index = rest;
+    rest /= Index(runs_w);
+    ow0 = int32_t(run_index - rest * Index(runs_w)) * kRun;
+    oh = int32_t(rest % Index(p.output[1]));
+    rest /= Index(p.output[1]);
+    od = int32_t(rest % Index(p.output[0]));
+    n = int64_t(rest / Index(p.output[0]));
+  };
+  // 32-bit divisions where the runs allow: three 64-bit ones took about 100
+  // of a thread's 1,600 instructions on MobileNet's batch-32 layers (NOTES
+  // 129).
   if (runs <= INT32_MAX) {
-    // 32-bit divisions: three 64-bit ones took about 100 of a thread's 1,600
-    // instructions on MobileNet's batch-32 layers (NOTES 129).
-    uint32_t rest = uint32_t(run) / uint32_t(runs_w);
-    ow0 = int32_t(uint32_t(run) - rest * uint32_t(runs_w)) * kRun;
-    oh = int32_t(rest % uint32_t(p.output[1]));
-    rest /= uint32_t(p.output[1]);
-    od = int32_t(rest % uint32_t(p.output[0]));
-    n = rest / uint32_t(p.output[0]);
+    decode(uint32_t(run));
   } else {
-    int64_t rest = run / runs_w;
-    ow0 = int32_t(run - rest * runs_w) * kRun;
-    oh = int32_t(rest % p.output[1]);
-    rest /= p.output[1];
-    od = int32_t(rest % p.output[0]);
-    n = rest / p.output[0];
+    decode(run);
   }
   const int64_t channel0 = cta_channel0 + part * kChannels;
 
