@@ -99,8 +99,8 @@ def conv_bwd_data(dy, w, *, input_size=None, stride=1, padding=0, dilation=1, ou
 
     The plan runs conv_fwd kernels over dy: one per stride phase (the dx positions with one
     remainder by the stride in each dim) with the filter taps that reach it, flipped and
-    transposed; the direct and TMA kernels read them so from w, the others from a copy in a
-    workspace (allocated like dx), where groups of 8-32 channels may also be multiplied
+    transposed; the direct, TMA and sm_90 gathering kernels read them so from w (the last
+    where C is a multiple of 8), the others from a copy in a workspace (allocated like dx), where groups of 8-32 channels may also be multiplied
     several at a time through block-diagonal filters. Positions no tap reaches are zeroed.
     ``kernel``
     names a conv_fwd kernel for every phase (``conv_select(..., direction="bwd_data")`` names

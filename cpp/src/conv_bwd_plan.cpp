@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 namespace ckfmha::runtime {
@@ -143,8 +144,17 @@ int32_t conv_running_phases(std::vector<ConvDataPhase> const& phases) {
 bool reads_filter_view(ConvDataPhase const& phase, const void* w) {
   // A view cannot hold a packed filter's zeros.
   if (phase.filter.pack != 1) return false;
-  if (phase.plan.kernel.conv_max_channels != 0) return true;
-  return is_conv_tma(phase.plan.kernel) && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  ckfmha_kernel_entry const& k = phase.plan.kernel;
+  if (k.conv_max_channels != 0) return true;
+  const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (is_conv_tma(k)) return aligned;
+  // The gathering wgmma kernels read 16-byte vectors along the view's
+  // output channels (w's input channels, one apart): whole vectors of them.
+  // Their mma.sync twins read the rearranged copy.
+  const bool gathering_wgmma =
+      std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
+  return gathering_wgmma && k.conv_vector == 8 && phase.forward.out_channels % 8 == 0 &&
+         aligned;
 }
 
 size_t conv_data_workspace_bytes(ckfmha_conv_problem const& p) {

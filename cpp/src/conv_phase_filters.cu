@@ -12,6 +12,7 @@
 #include "ckfmha/runtime/conv_aux_kernels.hpp"
 
 #include <cuda_runtime.h>
+#include <cutlass/fast_math.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -26,10 +27,38 @@ constexpr int kThreads = 256;
 constexpr int kTile = 64;  // k and c per transposed tile
 constexpr int kTileRows = kThreads / kTile;
 
+// The row kernel's divisors of a phase, as multiplications by their
+// reciprocals (set on the host): a run-time division is a chain of some 20
+// dependent instructions, and a thread writing one vector ran ten of them
+// before its loads (NOTES 129).
+struct RowDivisors {
+  cutlass::FastDivmod row;       // vectors of a dst row
+  cutlass::FastDivmod channels;  // C
+  cutlass::FastDivmod pack;
+  cutlass::FastDivmod out;       // K
+  cutlass::FastDivmod taps[3];   // the phase's taps per dim
+};
+
 // A launch's phases; blockIdx.z picks one. They share groups and channels.
 struct PhaseBatch {
   ConvPhaseFilter phase[kConvPhaseFiltersPerLaunch];
+  RowDivisors divisors[kConvPhaseFiltersPerLaunch];  // the row kernel's
 };
+
+// a = q * d + r for 0 <= a < 2^31 by multiplication, else by division.
+__device__ __forceinline__ void divide(uint32_t a, cutlass::FastDivmod const& d, uint32_t& q,
+                                       uint32_t& r) {
+  int quotient, remainder;
+  d(quotient, remainder, int(a));
+  q = uint32_t(quotient);
+  r = uint32_t(remainder);
+}
+
+__device__ __forceinline__ void divide(int64_t a, cutlass::FastDivmod const& d, int64_t& q,
+                                       int64_t& r) {
+  q = a / d.divisor;
+  r = a - q * d.divisor;
+}
 
 __device__ int32_t phase_taps(ConvPhaseFilter const& f) {
   return f.taps[0] * f.taps[1] * f.taps[2];
@@ -52,6 +81,20 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
   return index;
 }
 
+// The same by the phase's tap divisors.
+__device__ int32_t filter_index(ConvPhaseFilter const& f, RowDivisors const& div, int32_t tap) {
+  int32_t index = 0;
+  int32_t radix = 1;
+  for (int d = 2; d >= 0; --d) {
+    int32_t rest, t;
+    div.taps[d](rest, t, tap);
+    tap = rest;
+    index += (f.first[d] - f.step[d] * t) * radix;
+    radix *= f.filter[d];
+  }
+  return index;
+}
+
 // Groups whose channels do not fill a transposed tile (few channels in or
 // out, or packed groups): a thread writes kWidth consecutive elements of a
 // dst row, 8 (16 bytes) where K is a multiple of 8 and dst is aligned to 16
@@ -66,15 +109,18 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
 //
 // Grid: x = a tap's vectors over grid-stride steps, y = the phase's taps
 // over grid-stride steps, z = the phase: a thread finds its tap's filter
-// index once for all its vectors, and a vector's coordinates take four
-// 32-bit divisions. Where a thread writes one vector (ResNeXt's last stage)
-// that saves nothing: about 290 instructions a vector, at 0.7-0.8 a cycle,
-// 5 us under ncu either way, most of them the filter index's six divisions
-// and the coordinates' four (NOTES 129).
+// index once for all its vectors. Where a thread writes one vector
+// (ResNeXt's last stage) that saved nothing: about 290 instructions a
+// vector, at 0.7-0.8 a cycle, 5 us under ncu, most of them the filter
+// index's six divisions and the coordinates' four (NOTES 129). With 32-bit
+// indices (counts under 2^31) those are multiplications by the host's
+// reciprocals (RowDivisors); wider ones keep the divisions.
 template <int kWidth, class Index>
 __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_constant__ batch) {
   using Vector = std::conditional_t<kWidth == 8, uint4, uint16_t>;
   ConvPhaseFilter const& f = batch.phase[blockIdx.z];
+  RowDivisors const& div = batch.divisors[blockIdx.z];
+  constexpr bool kNarrow = std::is_same_v<Index, uint32_t>;
   const int32_t taps = phase_taps(f);
   const Index K = Index(f.out_channels), C = Index(f.in_channels), pack = Index(f.pack);
   const Index row = pack * K / kWidth;  // vectors of a (c, tap) row of dst
@@ -85,22 +131,24 @@ __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_c
   const auto* src = static_cast<const uint16_t*>(f.w);
   auto* dst = static_cast<Vector*>(f.dst);
   for (int32_t tap = blockIdx.y; tap < taps; tap += gridDim.y) {
-    const int64_t source_tap = int64_t(filter_index(f, tap)) * f.in_channels;
+    const int64_t source_tap =
+        int64_t(kNarrow ? filter_index(f, div, tap) : filter_index(f, tap)) * f.in_channels;
     for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < count;
          i += Index(gridDim.x) * kThreads) {
-      const Index line = i / row;
-      const Index v = i - line * row;  // the vector within its row
+      Index line, v, g, c, unused, member, owner;
+      divide(i, div.row, line, v);  // v: the vector within its row
       const Index first = v * kWidth;  // its first packed k
-      const Index g = line / C;
-      const Index member = g % pack;
+      divide(line, div.channels, g, c);
+      divide(g, div.pack, unused, member);
+      divide(first, div.out, owner, unused);
       const int64_t at = (int64_t(line) * taps + tap) * row + v;
-      if (first / K != member) {  // another member's columns: off the diagonal
+      if (owner != member) {  // another member's columns: off the diagonal
         dst[at] = Vector{};
         continue;
       }
-      // w[g][k][source tap][c] for k = first - member * K, c = line - g * C.
-      const int64_t source = (int64_t(g) * K + first - member * K) * channel_step +
-                             source_tap + (line - g * C);
+      // w[g][k][source tap][c] for k = first - member * K.
+      const int64_t source =
+          (int64_t(g) * K + first - member * K) * channel_step + source_tap + c;
       uint16_t values[kWidth];
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) values[j] = src[source + j * channel_step];
@@ -168,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
 
 int64_t taps_of(ConvPhaseFilter const& f) { return int64_t(f.taps[0]) * f.taps[1] * f.taps[2]; }
 
-int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stream_t stream) {
+int launch_batch(PhaseBatch& batch, int count, bool transpose, ckfmha_stream_t stream) {
   ConvPhaseFilter const& f = batch.phase[0];
   int64_t most_taps = 0;
   for (int p = 0; p < count; ++p) most_taps = std::max(most_taps, taps_of(batch.phase[p]));
@@ -194,6 +242,15 @@ int launch_batch(PhaseBatch const& batch, int count, bool transpose, ckfmha_stre
         unsigned(std::clamp<int64_t>((per_tap + kThreads - 1) / kThreads, 1, 65535 * 8)),
         unsigned(std::min<int64_t>(most_taps, 65535)), unsigned(count));
     const bool narrow_index = per_tap < (int64_t(1) << 31);
+    for (int p = 0; p < count; ++p) {
+      ConvPhaseFilter const& ph = batch.phase[p];
+      RowDivisors& div = batch.divisors[p];
+      div.row = cutlass::FastDivmod(int(int64_t(ph.pack) * ph.out_channels / (wide ? 8 : 1)));
+      div.channels = cutlass::FastDivmod(ph.in_channels);
+      div.pack = cutlass::FastDivmod(ph.pack);
+      div.out = cutlass::FastDivmod(ph.out_channels);
+      for (int d = 0; d < 3; ++d) div.taps[d] = cutlass::FastDivmod(ph.taps[d]);
+    }
     if (wide) {
       narrow_index ? row_kernel<8, uint32_t><<<grid, kThreads, 0, s>>>(batch)
                    : row_kernel<8, int64_t><<<grid, kThreads, 0, s>>>(batch);

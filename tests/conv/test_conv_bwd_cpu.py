@@ -246,10 +246,11 @@ def _phase_kernels(text: str) -> list[tuple[str, bool]]:
             for i, line in enumerate(lines) if line.startswith("    conv_fwd_")]  # fmt: skip
 
 
-def test_bwd_data_phases_read_the_filter_in_place_on_direct_and_tma_kernels() -> None:
-    """Phases on the direct and TMA kernels read w through a transposed, flipped view (no copy
-    into the workspace); phases on the gathering GEMMs name no such view (they read the
-    rearranged copy)."""
+def test_bwd_data_phases_read_the_filter_in_place_on_direct_tma_and_wgmma_kernels() -> None:
+    """Phases on the direct and TMA kernels, and on the 8-channel gathering wgmma kernels where
+    C is a multiple of 8, read w through a transposed, flipped view (no copy into the
+    workspace); phases on the other gathering GEMMs name no such view (they read the rearranged
+    copy)."""
     if not _have("conv_fwd"):
         pytest.skip("no bf16 2D conv_fwd kernel in this build")
     problems = [
@@ -257,6 +258,8 @@ def test_bwd_data_phases_read_the_filter_in_place_on_direct_and_tma_kernels() ->
         ConvProblem(2, (14, 14), 1, 64, 64, (3, 3), 1, 1, dtype="bf16"),
         ConvProblem(4, (28, 28), 1, 128, 64, (3, 3), 2, 1, dtype="bf16"),
         ConvProblem(8, (28, 28), 8, 24, 24, (3, 3), 1, 1, dtype="bf16"),  # a gathering GEMM
+        ConvProblem(8, (28, 28), 8, 12, 24, (3, 3), 1, 1, dtype="bf16"),  # C in no 16-byte runs
+        ConvProblem(1, (14, 14), 32, 16, 16, (3, 3), 1, 1, dtype="bf16"),  # ResNeXt, batch 1
         ConvProblem(8, (28, 28), 32, 8, 8, (3, 3), 1, 1, dtype="bf16"),  # packed groups
     ]
     kinds = set()
@@ -266,7 +269,10 @@ def test_bwd_data_phases_read_the_filter_in_place_on_direct_and_tma_kernels() ->
         assert phases, text
         packed = "block-diagonal filters" in text
         for name, in_place in phases:
-            viewed = not packed and ("_conv_direct_" in name or "_sm90_tma_wgmma_" in name)
+            gathering_wgmma = ("_v8__" in name and "_sm90_cpasync_wgmma_" in name
+                               and problem.in_channels % 8 == 0)  # fmt: skip
+            viewed = not packed and ("_conv_direct_" in name or "_sm90_tma_wgmma_" in name
+                                     or gathering_wgmma)  # fmt: skip
             assert in_place == viewed, text
             kinds.add("packed" if packed else "view" if viewed else "copy")
     # Every kind of plan was checked.

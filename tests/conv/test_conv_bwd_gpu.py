@@ -566,9 +566,18 @@ def test_bwd_data_runs_every_phase_on_a_forced_kernel() -> None:
     run_bwd_data(case, kernel=name)
 
 
-# The implicit-GEMM forward kernels that gather x through cp.async: in backward-data they always
-# read the rearranged filter of conv_phase_filters.cu (only the direct and TMA kernels read w in
-# place).
+def _device_fwd_kernels(name: re.Pattern[str]) -> list[dict[str, Any]]:
+    """The forward kernels whose names `name` matches that run on this device."""
+    if ckfmha.device_count() == 0:
+        return []
+    arch = ckfmha.device_arch()
+    return [k for k in ckfmha.Registry().kernels()
+            if k["family"] == "conv_fwd" and runs_on(k, arch) and name.match(k["name"])]  # fmt: skip
+
+
+# The implicit-GEMM forward kernels that gather x through cp.async: in backward-data they read
+# the rearranged filter of conv_phase_filters.cu, except the sm_90 8-channel ones where w is
+# aligned and C a multiple of 8 (test_every_gathering_wgmma_kernel_reads_the_filter_in_place).
 FWD_GATHER_NAME = re.compile(r"^conv_fwd_bf16_(?P<dims>[23])d_v(?P<vector>\d)__.*_cpasync_")
 
 
@@ -584,7 +593,8 @@ FWD_GATHER_NAME = re.compile(r"^conv_fwd_bf16_(?P<dims>[23])d_v(?P<vector>\d)__.
     ids=lambda c: c.label,
 )
 def test_phase_filters_of_narrow_groups(case: Case) -> None:
-    """Filters of groups too narrow for a transposed tile, rearranged a row vector at a time."""
+    """Filters of groups too narrow for a transposed tile, rearranged a row vector at a time
+    (w off a 16-byte boundary, so that no kernel reads it in place)."""
     dims = len(case.input)
     reduction = case.k  # dy's channels: the forward's reduction in backward-data
     names = [k["name"] for k in _device_fwd_kernels(FWD_GATHER_NAME)
@@ -592,22 +602,52 @@ def test_phase_filters_of_narrow_groups(case: Case) -> None:
              and reduction % int(FWD_GATHER_NAME.match(k["name"])["vector"]) == 0]  # fmt: skip
     if not names:
         pytest.skip(f"no bf16 {dims}D gathering forward kernel in this build")
-    run_bwd_data(case, kernel=names[0])
+    run_bwd_data(case, kernel=names[0], misaligned_w=True)
+
+
+# The gathering forward kernels on wgmma with 16-byte vectors, which read w in place through
+# the phase's view where C is a multiple of 8 (16-byte runs along C, B stored MN-major).
+FWD_GATHER_WGMMA_NAME = re.compile(
+    r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v8__.*_sm90_cpasync_wgmma_m\d+n(?P<tile_n>\d+)k"
+)
+
+
+@pytest.mark.parametrize(
+    "kernel", _device_fwd_kernels(FWD_GATHER_WGMMA_NAME), ids=lambda k: k["name"]
+)
+def test_every_gathering_wgmma_kernel_reads_the_filter_in_place(kernel: dict[str, Any]) -> None:
+    """Backward-data on each 8-channel gathering wgmma kernel, which gathers the flipped,
+    transposed filter from w: C past a whole N tile by one vector (a partial tile), several
+    groups, K that leaves the reduction's last k-tile partial (24 and 40 channels a tap) or
+    makes every 8 rows a new tap (8), stride-2 phases of 1-4 taps, filters that are not square,
+    dilation, ResNeXt's groups of 16 at stride 2, 3D, sliced and channels_last layouts; then w
+    off a 16-byte boundary and C not a multiple of 8, where the plan copies the rearranged
+    filter instead."""
+    match = FWD_GATHER_WGMMA_NAME.match(kernel["name"])
+    dtype, dims, tile_n = match["dtype"], int(match["dims"]), int(match["tile_n"])
+    if dims == 2:
+        cases = [Case(dtype, 2, (13, 11), 3, tile_n + 8, 24, (3, 3), 1, 1),
+                 Case(dtype, 1, (17, 9), 2, 16, 40, (3, 1), (2, 1), (1, 0), layout="slice"),
+                 Case(dtype, 1, (20, 19), 2, 8, 16, (3, 5), 2, (1, 2), layout="channels_last"),
+                 Case(dtype, 2, (9, 30), 4, 32, 8, (3, 3), 1, 2, (1, 2)),
+                 Case(dtype, 1, (28, 28), 32, 16, 16, (3, 3), 2, 1)]  # fmt: skip
+        copied = Case(dtype, 1, (9, 9), 2, 12, 16, (3, 3), 1, 1)
+    else:
+        cases = [Case(dtype, 2, (4, 7, 5), 2, 16, 24, (3, 3, 3), 1, 1),
+                 Case(dtype, 1, (5, 9, 8), 1, 40, 16, (3, 3, 3), (1, 2, 2), 1, layout="slice")]  # fmt: skip
+        copied = Case(dtype, 1, (4, 5, 6), 2, 12, 16, (3, 3, 3), 1, 1)
+    for case in cases:
+        text = ckfmha.conv_explain(case.problem, direction="bwd_data")
+        assert "its filter is read from w in place" in text or kernel["name"] not in text, text
+        run_bwd_data(case, kernel=kernel["name"])
+    run_bwd_data(cases[0], kernel=kernel["name"], misaligned_w=True)
+    run_bwd_data(copied, kernel=kernel["name"])
 
 
 # The forward's direct kernels: groups of at most `bucket` channels in and out.
 FWD_DIRECT_NAME = re.compile(
     r"^conv_fwd_(?P<dtype>fp16|bf16)_(?P<dims>[23])d_v1_c(?P<bucket>\d+)__"
 )
-
-
-def _device_fwd_kernels(name: re.Pattern[str]) -> list[dict[str, Any]]:
-    """The forward kernels whose names `name` matches that run on this device."""
-    if ckfmha.device_count() == 0:
-        return []
-    arch = ckfmha.device_arch()
-    return [k for k in ckfmha.Registry().kernels()
-            if k["family"] == "conv_fwd" and runs_on(k, arch) and name.match(k["name"])]  # fmt: skip
 
 
 @pytest.mark.parametrize("kernel", _device_fwd_kernels(FWD_DIRECT_NAME), ids=lambda k: k["name"])

@@ -821,11 +821,12 @@ typedef struct ckfmha_conv_fwd_args {
 /* Backward-data: dx (x's layout and strides) from dy (y's) and w. The plan
  * runs forward kernels over dy: per stride phase (the positions of dx with
  * the same remainder by the stride in every dim) one convolution with the
- * filter taps that reach that phase, flipped and transposed (the direct and
- * TMA kernels read them so from w in place; for the others they are copied
- * into the workspace first, and groups of 8-32 channels are copied several
- * at a time into block-diagonal filters for the TMA kernel); dx positions no
- * tap reaches are zeroed. */
+ * filter taps that reach that phase, flipped and transposed (the direct,
+ * TMA and sm_90 gathering kernels read them so from w in place, the last
+ * where C is a multiple of 8; for the others they are copied into the
+ * workspace first, and groups of 8-32 channels are copied several at a time
+ * into block-diagonal filters for the TMA kernel); dx positions no tap
+ * reaches are zeroed. */
 typedef struct ckfmha_conv_bwd_data_args {
   const void* dy;
   const void* w;

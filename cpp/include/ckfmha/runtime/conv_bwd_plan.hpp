@@ -53,7 +53,9 @@ struct ConvDataPlan {
 // Whether a phase's kernel reads w in place through the phase's view rather
 // than a rearranged copy in the workspace: an unpacked phase on the direct
 // template always, on the TMA template where w is 16-byte aligned, as tensor
-// copies need (w NULL: assumed aligned).
+// copies need, on the gathering wgmma template's 8-channel kernels where w is
+// aligned and the phase's output channels (w's C) come in whole 16-byte
+// vectors (w NULL: assumed aligned).
 bool reads_filter_view(ConvDataPhase const& phase, const void* w);
 
 // The phases that run a convolution (not only zeros), at least 1: the

@@ -22,13 +22,15 @@
 namespace ckfmha::kernel {
 
 // One CTA per (row tile, channel tile, group); groups past 65535 (the grid's
-// z limit) loop inside the CTAs.
+// z limit) loop inside the CTAs. view: w's filter view, for kernels that
+// read one (null: dense).
 template <class Traits>
 int launch_conv_fwd(void (*kernel)(ConvFwdParams), void const* problem, void const* args,
-                    ckfmha_stream_t stream) {
+                    ckfmha_stream_t stream, ConvFilterView const* view = nullptr) {
   auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
   auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
-  const ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  ConvFwdParams params = make_conv_fwd_params(pr, ar);
+  if (view != nullptr) params.filter_view = *view;
   const int64_t tiles_m = (params.rows + Traits::kTileM - 1) / Traits::kTileM;
   const int64_t tiles_n = (params.out_channels + Traits::kTileN - 1) / Traits::kTileN;
   if (tiles_m > 0x7fffffff || tiles_n > 65535) return -int(cudaErrorInvalidConfiguration);
@@ -43,11 +45,32 @@ int launch_conv_fwd_sm80(void const* problem, void const* args,
   return launch_conv_fwd<Traits>(&conv_fwd_sm80_kernel<Traits>, problem, args, stream);
 }
 
+// A filter view from the context (backward-data) runs the viewed-filter
+// variant, whose 16-byte vectors of w run along the output channels: the
+// runtime gives a view only to 8-channel instances, for output channels in
+// whole vectors of a 16-byte aligned w whose channels are one apart
+// (reads_filter_view, conv_bwd_plan.cpp).
 template <class Traits>
 int launch_conv_fwd_sm90(void const* problem, void const* args,
                          ckfmha_launch_context const* context, ckfmha_stream_t stream) {
-  (void)context;
-  return launch_conv_fwd<Traits>(&conv_fwd_sm90_kernel<Traits>, problem, args, stream);
+  if (context == nullptr || context->conv_filter_view == nullptr) {
+    return launch_conv_fwd<Traits>(&conv_fwd_sm90_kernel<Traits>, problem, args, stream);
+  }
+  if constexpr (Traits::kVector == 8) {
+    auto const& pr = *static_cast<ckfmha_conv_problem const*>(problem);
+    auto const& ar = *static_cast<ckfmha_conv_fwd_args const*>(args);
+    ConvFilterView const& view = *static_cast<ConvFilterView const*>(context->conv_filter_view);
+    // Every vector's first element 16-byte aligned.
+    bool whole_vectors = view.out_channel == 1 && pr.out_channels % 8 == 0 &&
+                         reinterpret_cast<uintptr_t>(ar.w) % 16 == 0 && view.first % 8 == 0 &&
+                         view.group % 8 == 0 && view.in_channel % 8 == 0;
+    for (int d = 0; d < 3; ++d) whole_vectors = whole_vectors && view.tap[d] % 8 == 0;
+    if (!whole_vectors) return -int(cudaErrorInvalidValue);
+    using Viewed = ConvFwdSm90ViewedFilterTraits<Traits>;
+    return launch_conv_fwd<Viewed>(&conv_fwd_sm90_kernel<Viewed>, problem, args, stream, &view);
+  } else {
+    return -int(cudaErrorInvalidValue);
+  }
 }
 
 // The TMA forward: as many CTAs as SMs hold at once (fewer for few tiles), each walking

@@ -56,7 +56,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
   // Groups beyond the grid's z extent (over 65535) loop in the same CTA.
   for (int32_t group = blockIdx.z; group < p.groups; group += gridDim.z) {
     const Element* x_group = x + int64_t(group) * p.in_channels;
-    const Element* w_group = w + (int64_t(group) * p.out_channels) * p.reduction;
+    const Element* w_group;
+    if constexpr (Traits::kFilterViewed) {
+      w_group = w + int64_t(group) * p.filter_view.group + p.filter_view.first;
+    } else {
+      w_group = w + (int64_t(group) * p.out_channels) * p.reduction;
+    }
     __syncthreads();  // the row table is written; the last group's products are done
     typename Traits::Loader load_tile(p, rows, x_group, w_group, first_channel, tid, smem_a,
                                      smem_b);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/conv/gather_viewed_filter.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
@@ -39,7 +40,8 @@ struct ConvFwdSm90Traits {
   // the wgmma batch left in flight.
   static_assert(Stages >= 3 && Stages <= 8, "3 to 8 shared-memory stages");
   static constexpr int kLoadsAhead = Stages - 2;
-
+  // w is dense (ConvFwdSm90ViewedFilterTraits reads it through a view).
+  static constexpr bool kFilterViewed = false;
 
   using SmemAtom = std::conditional_t<TileK * int(sizeof(Element)) == 128,
                                       cute::GMMA::Layout_K_SW128_Atom<Element>,
@@ -66,6 +68,37 @@ struct ConvFwdSm90Traits {
   // and epilogue run under the other's products. Not with 2- and 4-byte
   // vectors: their many copies per thread need the registers.
   static constexpr int kMinCtasPerSm = 2 * kSmemLaunchBytes <= 220 * 1024 && Vector >= 4 ? 2 : 1;
+};
+
+// The same kernel reading w through the problem's filter view
+// (backward-data's phases, in place): B's 16-byte vectors run along the
+// output channels, so it is stored MN-major, in the widest swizzle the tile's
+// N fills, and wgmma reads it so. Same tiles, stages and shared memory.
+template <class Base>
+struct ConvFwdSm90ViewedFilterTraits : Base {
+  using Element = typename Base::Element;
+  static constexpr bool kFilterViewed = true;
+  static_assert(Base::kVector == 8, "the view's channels in 16-byte runs");
+  static constexpr int kTileN = Base::kTileN;
+  using SmemAtomB = std::conditional_t<
+      kTileN % 64 == 0, cute::GMMA::Layout_MN_SW128_Atom<Element>,
+      std::conditional_t<kTileN % 32 == 0, cute::GMMA::Layout_MN_SW64_Atom<Element>,
+                         cute::GMMA::Layout_MN_SW32_Atom<Element>>>;
+  using SmemLayoutB = decltype(cute::tile_to_shape(
+      SmemAtomB{},
+      cute::Shape<cute::Int<kTileN>, cute::Int<Base::kTileK>, cute::Int<Base::kStages>>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  static_assert(cute::cosize_v<SmemLayoutB> == cute::cosize_v<typename Base::SmemLayoutB>,
+                "the dense kernel's shared-memory budget");
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<
+          Element, Element, float,
+          cute::Shape<cute::_64, cute::Int<kTileN>, cute::Int<Base::kTileK>>,
+          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::Layout<cute::Shape<cute::Int<Base::kWarpgroups>, cute::_1, cute::_1>>{}));
+  using Loader = ConvViewedFilterTileLoader<Element, Base::kSpatialDims, Base::kVector,
+                                            Base::kTileM, kTileN, Base::kTileK, Base::kThreads,
+                                            typename Base::SmemLayoutA, SmemLayoutB>;
 };
 
 }  // namespace ckfmha::kernel

@@ -219,8 +219,16 @@ struct ConvTileLoader {
 
   // The next k-tile into `stage`.
   __device__ __forceinline__ void operator()(ConvFwdParams const& p, int stage) {
-    using conv_detail::copy_or_zero;
     const bool k_valid = k < p.reduction;
+    load_a(p, stage, k_valid);
+    load_b(p, stage, k_valid);
+    advance(p);
+  }
+
+  // The column's vectors of x for every row this thread owns; k_valid: the
+  // column is inside the reduction.
+  __device__ __forceinline__ void load_a(ConvFwdParams const& p, int stage, bool k_valid) {
+    using conv_detail::copy_or_zero;
     int32_t shift[SpatialDims];
     int64_t tap_offset = channel;
     CUTE_UNROLL
@@ -264,6 +272,11 @@ struct ConvTileLoader {
                              valid ? row_start + tap_offset : any_address, valid);
       }
     }
+  }
+
+  // The column's vectors of w for every output channel this thread owns.
+  __device__ __forceinline__ void load_b(ConvFwdParams const& p, int stage, bool k_valid) {
+    using conv_detail::copy_or_zero;
     CUTE_UNROLL
     for (int i = 0; i < kLoadsB; ++i) {
       if (i + 1 < kLoadsB || b_last_in_tile) {
@@ -280,6 +293,10 @@ struct ConvTileLoader {
         copy_or_zero<kBytes>(smem + stage * b_stage_bytes, valid ? row + k : any_address, valid);
       }
     }
+  }
+
+  // The column TileK further along the reduction.
+  __device__ __forceinline__ void advance(ConvFwdParams const& p) {
     k += TileK;
     channel += TileK;
     normalize(p);
