@@ -7,8 +7,13 @@
 // In the view the phase's output channels (w's input channels) are the
 // contiguous ones, so a 16-byte vector runs along the tile's N, not along the
 // reduction as in ConvTileLoader: B is stored MN-major (the traits'
-// SmemLayoutB) and each thread owns one vector column of N and every
-// kKStep-th reduction row. x is gathered as ConvTileLoader does.
+// SmemLayoutB). Each thread owns one reduction row of B and every
+// kThreadsPerRow-th vector of it, so that its vectors share one (channel,
+// tap) and one carry a tile, as the loader's x column does. A thread that
+// owned one vector column and several rows instead carried each row through
+// run-time divisions: 4 rows a thread ran ResNeXt's batch-1 layers 1.3-1.5x
+// slower than the rearranged copy on 64- and 128-wide tiles (NOTES 130).
+// x is gathered as ConvTileLoader does.
 #pragma once
 
 #include "ckfmha/kernel/conv/gather.cuh"
@@ -29,25 +34,23 @@ struct ConvViewedFilterTileLoader
                               SmemLayoutA, SmemLayoutB>;
   static_assert(Vector == 8, "16-byte runs of the view's contiguous channels");
   static constexpr int kVectorsN = TileN / Vector;  // vectors along one reduction row of B
-  static_assert(Threads % kVectorsN == 0, "threads cover whole reduction rows of B");
-  static constexpr int kKStep = Threads / kVectorsN;
-  static constexpr int kLoadsK = (TileK + kKStep - 1) / kKStep;
-  // Rows kKStep apart then sit whole swizzle atoms (8 rows) apart: one
-  // shared-memory distance between a thread's rows.
-  static_assert(kKStep % 8 == 0, "a thread's rows whole swizzle atoms apart");
+  static constexpr int kThreadsPerRow = cute::min(kVectorsN, Threads / TileK);
+  static_assert(kThreadsPerRow >= 1 && kVectorsN % kThreadsPerRow == 0,
+                "whole rows of B a pass");
+  static constexpr int kVectorsPerThread = kVectorsN / kThreadsPerRow;
+  static constexpr int kRowThreads = TileK * kThreadsPerRow;  // the threads that load B
 
-  // This thread's vector of output channels at (tap 0, channel 0) of the
-  // view; its rows add their channel's and taps' offsets.
+  // This thread's row of the tile and the view's place of it: w's output
+  // channel and filter tap (z, y, x), carried as the loader's column is.
+  bool w_loads;  // the thread owns a row (threads past kRowThreads do not)
+  int32_t w_channel;
+  int32_t w_tap[3];
+  // Its first vector of output channels at (tap 0, channel 0) of the view
+  // (vector j is j * kThreadsPerRow vectors further), how many of its vectors
+  // lie inside the out channels, and their shared addresses in stage 0.
   const Element* w_column;
-  bool w_column_real;  // its channels exist (out_channels is a multiple of 8)
-  // Whether the last of this thread's reduction rows is inside the tile.
-  bool w_last_in_tile;
-  // Each row's place in the reduction: channel (w's output channel) and
-  // filter tap (z, y, x), carried as the loader's column is.
-  int32_t w_channel[kLoadsK];
-  int32_t w_tap[kLoadsK][3];
-  uint32_t w_smem;       // shared address of the first row in stage 0
-  uint32_t w_row_bytes;  // from one of its rows to the next
+  int32_t w_real;
+  uint32_t w_smem[kVectorsPerThread];
 
   // w_group: w at the group's first element of the view (first included).
   __device__ __forceinline__ ConvViewedFilterTileLoader(
@@ -55,39 +58,38 @@ struct ConvViewedFilterTileLoader
       const Element* w_group_, int32_t first_channel_, int thread, Element* smem_a_,
       Element* smem_b_)
       : Base(p, rows_, x_group_, w_group_, first_channel_, thread, smem_a_, smem_b_) {
-    const int n = (thread % kVectorsN) * Vector;
-    const int first_k = thread / kVectorsN;
-    const int32_t out_channel = first_channel_ + n;
-    w_column_real = out_channel < p.out_channels;
-    w_column = w_group_ + out_channel;  // the view's output channels are one apart
-    w_last_in_tile = first_k + (kLoadsK - 1) * kKStep < TileK;
+    w_loads = thread < kRowThreads;
+    const int row = cute::min(thread / kThreadsPerRow, TileK - 1);
+    const int slot = thread % kThreadsPerRow;
     auto sB = this->stages_b();
-    w_smem = cute::cast_smem_ptr_to_uint(&sB(n, cute::min(first_k, TileK - 1), 0));
-    w_row_bytes = uint32_t(cute::cast_smem_ptr_to_uint(&sB(0, int(kKStep), 0)) -
-                           cute::cast_smem_ptr_to_uint(&sB(0, 0, 0)));
+    const int32_t out_channel = first_channel_ + slot * Vector;
+    w_column = w_group_ + out_channel;  // the view's output channels are one apart
+    // Vectors at out_channel + j * kThreadsPerRow * Vector for j < w_real.
+    constexpr int kStride = kThreadsPerRow * Vector;
+    w_real = cute::max(0, (p.out_channels - out_channel + kStride - 1) / kStride);
     CUTE_UNROLL
-    for (int i = 0; i < kLoadsK; ++i) {
-      w_channel[i] = first_k + i * kKStep;
-      w_tap[i][0] = w_tap[i][1] = w_tap[i][2] = 0;
-      carry(p, i);
+    for (int j = 0; j < kVectorsPerThread; ++j) {
+      w_smem[j] = cute::cast_smem_ptr_to_uint(&sB((slot + j * kThreadsPerRow) * Vector, row, 0));
     }
+    w_channel = row;
+    w_tap[0] = w_tap[1] = w_tap[2] = 0;
+    carry(p);
   }
 
-  // Whole channel counts of row i's channel into its tap, the fastest-moving
+  // Whole channel counts of the row's channel into its tap, the fastest-moving
   // filter dim last; past the reduction's end the tap along z leaves the
   // filter.
-  __device__ __forceinline__ void carry(ConvFwdParams const& p, int i) {
-    if (w_channel[i] < p.in_channels) return;
-    const int32_t taps = w_channel[i] / p.in_channels;
-    w_channel[i] -= taps * p.in_channels;
-    int32_t* tap = w_tap[i];
-    tap[2] += taps;
-    if (tap[2] >= p.filter[2]) {
-      tap[1] += tap[2] / p.filter[2];
-      tap[2] %= p.filter[2];
-      if (tap[1] >= p.filter[1]) {
-        tap[0] += tap[1] / p.filter[1];
-        tap[1] %= p.filter[1];
+  __device__ __forceinline__ void carry(ConvFwdParams const& p) {
+    if (w_channel < p.in_channels) return;
+    const int32_t taps = w_channel / p.in_channels;
+    w_channel -= taps * p.in_channels;
+    w_tap[2] += taps;
+    if (w_tap[2] >= p.filter[2]) {
+      w_tap[1] += w_tap[2] / p.filter[2];
+      w_tap[2] %= p.filter[2];
+      if (w_tap[1] >= p.filter[1]) {
+        w_tap[0] += w_tap[1] / p.filter[1];
+        w_tap[1] %= p.filter[1];
       }
     }
   }
@@ -96,19 +98,21 @@ struct ConvViewedFilterTileLoader
   __device__ __forceinline__ void operator()(ConvFwdParams const& p, int stage) {
     using conv_detail::copy_or_zero;
     this->load_a(p, stage, this->k < p.reduction);
-    ConvFilterView const& v = p.filter_view;
-    CUTE_UNROLL
-    for (int i = 0; i < kLoadsK; ++i) {
-      if (i + 1 < kLoadsK || w_last_in_tile) {
-        const int32_t* tap = w_tap[i];
-        const bool valid = w_column_real && tap[0] < p.filter[0];
-        const int64_t offset = int64_t(w_channel[i]) * v.in_channel + tap[0] * v.tap[0] +
-                               tap[1] * v.tap[1] + tap[2] * v.tap[2];
-        copy_or_zero<16>(w_smem + i * w_row_bytes + stage * this->b_stage_bytes,
-                         valid ? w_column + offset : this->any_address, valid);
-        w_channel[i] += TileK;
-        carry(p, i);
+    if (w_loads) {
+      ConvFilterView const& v = p.filter_view;
+      const bool k_valid = w_tap[0] < p.filter[0];
+      const int64_t offset = int64_t(w_channel) * v.in_channel + w_tap[0] * v.tap[0] +
+                             w_tap[1] * v.tap[1] + w_tap[2] * v.tap[2];
+      CUTE_UNROLL
+      for (int j = 0; j < kVectorsPerThread; ++j) {
+        const bool valid = k_valid && j < w_real;
+        copy_or_zero<16>(w_smem[j] + stage * this->b_stage_bytes,
+                         valid ? w_column + offset + j * kThreadsPerRow * Vector
+                               : this->any_address,
+                         valid);
       }
+      w_channel += TileK;
+      carry(p);
     }
     this->advance(p);
   }
