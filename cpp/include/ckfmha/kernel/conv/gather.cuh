@@ -85,6 +85,25 @@ __device__ __forceinline__ void fill_rows(ConvFwdParams const& p, int64_t first_
   }
 }
 
+// Carries whole channel counts of `channel` (of the problem's in_channels)
+// into the filter tap (z, y, x), the fastest-moving filter dim last; past the
+// reduction's end the tap along z leaves the filter.
+__device__ __forceinline__ void carry_into_taps(ConvFwdParams const& p, int32_t& channel,
+                                                int32_t* tap) {
+  if (channel < p.in_channels) return;
+  const int32_t taps = channel / p.in_channels;
+  channel -= taps * p.in_channels;
+  tap[2] += taps;
+  if (tap[2] >= p.filter[2]) {
+    tap[1] += tap[2] / p.filter[2];
+    tap[2] %= p.filter[2];
+    if (tap[1] >= p.filter[1]) {
+      tap[0] += tap[1] / p.filter[1];
+      tap[1] %= p.filter[1];
+    }
+  }
+}
+
 }  // namespace conv_detail
 
 // Gathers k-tiles of both operands, in order, into shared-memory stages. Each
@@ -200,21 +219,9 @@ struct ConvTileLoader {
     smem = cute::cast_smem_ptr_to_uint(&sB(r, col, 0));
   }
 
-  // Carries whole channel counts of `channel` into the filter tap, the
-  // fastest-moving filter dim last.
+  // The column's channel carried into its filter tap.
   __device__ __forceinline__ void normalize(ConvFwdParams const& p) {
-    if (channel < p.in_channels) return;
-    const int32_t taps = channel / p.in_channels;
-    channel -= taps * p.in_channels;
-    tap[2] += taps;
-    if (tap[2] >= p.filter[2]) {
-      tap[1] += tap[2] / p.filter[2];
-      tap[2] %= p.filter[2];
-      if (tap[1] >= p.filter[1]) {
-        tap[0] += tap[1] / p.filter[1];
-        tap[1] %= p.filter[1];
-      }
-    }
+    conv_detail::carry_into_taps(p, channel, tap);
   }
 
   // The next k-tile into `stage`.

@@ -73,25 +73,7 @@ struct ConvViewedFilterTileLoader
     }
     w_channel = row;
     w_tap[0] = w_tap[1] = w_tap[2] = 0;
-    carry(p);
-  }
-
-  // Whole channel counts of the row's channel into its tap, the fastest-moving
-  // filter dim last; past the reduction's end the tap along z leaves the
-  // filter.
-  __device__ __forceinline__ void carry(ConvFwdParams const& p) {
-    if (w_channel < p.in_channels) return;
-    const int32_t taps = w_channel / p.in_channels;
-    w_channel -= taps * p.in_channels;
-    w_tap[2] += taps;
-    if (w_tap[2] >= p.filter[2]) {
-      w_tap[1] += w_tap[2] / p.filter[2];
-      w_tap[2] %= p.filter[2];
-      if (w_tap[1] >= p.filter[1]) {
-        w_tap[0] += w_tap[1] / p.filter[1];
-        w_tap[1] %= p.filter[1];
-      }
-    }
+    conv_detail::carry_into_taps(p, w_channel, w_tap);
   }
 
   // The next k-tile into `stage`.
@@ -112,7 +94,7 @@ struct ConvViewedFilterTileLoader
                          valid);
       }
       w_channel += TileK;
-      carry(p);
+      conv_detail::carry_into_taps(p, w_channel, w_tap);
     }
     this->advance(p);
   }
