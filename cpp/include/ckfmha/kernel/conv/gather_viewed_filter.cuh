@@ -11,7 +11,7 @@
 // kThreadsPerRow-th vector of it, so that its vectors share one (channel,
 // tap) and one carry a tile, as the loader's x column does. A thread that
 // owned one vector column and several rows instead carried each row through
-// run-time divisions: 4 rows a thread ran ResNeXt's batch-1 layers 1.3-1.5x
+// run-time divisions: 4 rows a thread ran ResNeXt's batch-1 layers 1.1-1.5x
 // slower than the rearranged copy on 64- and 128-wide tiles (NOTES 130).
 // x is gathered as ConvTileLoader does.
 #pragma once
