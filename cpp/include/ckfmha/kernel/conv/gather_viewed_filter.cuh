@@ -34,9 +34,15 @@ struct ConvViewedFilterTileLoader
                               SmemLayoutA, SmemLayoutB>;
   static_assert(Vector == 8, "16-byte runs of the view's contiguous channels");
   static constexpr int kVectorsN = TileN / Vector;  // vectors along one reduction row of B
-  static constexpr int kThreadsPerRow = cute::min(kVectorsN, Threads / TileK);
-  static_assert(kThreadsPerRow >= 1 && kVectorsN % kThreadsPerRow == 0,
-                "whole rows of B a pass");
+  // The most threads a row that divide its vectors, all rows loaded at once
+  // (12 warps of 64-channel steps: 4 a row, 256 of the 384 threads).
+  static constexpr int threads_per_row() {
+    int most = cute::min(kVectorsN, Threads / TileK);
+    while (kVectorsN % most != 0) --most;
+    return most;
+  }
+  static constexpr int kThreadsPerRow = threads_per_row();
+  static_assert(kThreadsPerRow >= 1, "a thread for every reduction row of B");
   static constexpr int kVectorsPerThread = kVectorsN / kThreadsPerRow;
   static constexpr int kRowThreads = TileK * kThreadsPerRow;  // the threads that load B
 
