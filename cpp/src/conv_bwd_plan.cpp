@@ -11,7 +11,6 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
-#include <string_view>
 #include <utility>
 
 namespace ckfmha::runtime {
@@ -151,10 +150,8 @@ bool reads_filter_view(ConvDataPhase const& phase, const void* w) {
   // The gathering wgmma kernels read 16-byte vectors along the view's
   // output channels (w's input channels, one apart): whole vectors of them.
   // Their mma.sync twins read the rearranged copy.
-  const bool gathering_wgmma =
-      std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
-  return gathering_wgmma && k.conv_vector == 8 && phase.forward.out_channels % 8 == 0 &&
-         aligned;
+  return is_conv_gather_wgmma(k) && k.conv_vector == 8 &&
+         phase.forward.out_channels % 8 == 0 && aligned;
 }
 
 size_t conv_data_workspace_bytes(ckfmha_conv_problem const& p) {

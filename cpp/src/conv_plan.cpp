@@ -437,16 +437,12 @@ int32_t weight_pack(ckfmha_conv_problem const& p, ckfmha_kernel_entry const& k) 
                                   is_conv_tma(k));
 }
 
-bool is_wgmma(ckfmha_kernel_entry const& k) {
-  return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
-}
-
 // CTAs of a kernel an SM runs at once. The wgmma kernels are built for two
 // where their shared memory fits and their vectors are 4 or 8 channels
 // (ConvFwdSm90Traits::kMinCtasPerSm); the
 // mma.sync ones hold one or two 128x128 tiles and more of smaller ones.
 int64_t resident_ctas(ckfmha_kernel_entry const& k) {
-  if (is_wgmma(k)) {
+  if (is_conv_gather_wgmma(k)) {
     const int64_t smem = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2 +
                          int64_t(k.tile_m) * 32;  // + the row table, 32 bytes a row
     return 2 * smem <= 220 * 1024 && k.conv_vector >= 4 ? 2 : 1;
@@ -557,7 +553,7 @@ double weight_tile_throughput(ckfmha_kernel_entry const& k) {
       {kTma, 64, 192, 64, 3, 0.78},    {kTma, 128, 256, 64, 4, 0.68},
       {kTma, 64, 256, 64, 4, 0.67},
   };
-  const Template kind = is_conv_tma(k) ? kTma : is_wgmma(k) ? kWgmma : kMma;
+  const Template kind = is_conv_tma(k) ? kTma : is_conv_gather_wgmma(k) ? kWgmma : kMma;
   for (Measured const& t : kMeasured) {
     if (t.kind == kind && t.m == k.tile_m && t.n == k.tile_n && t.k == k.tile_k &&
         t.stages == k.stages) {
@@ -596,10 +592,13 @@ WeightGemmShape weight_gemm_shape(ckfmha_kernel_entry const& k, ckfmha_conv_prob
   s.stage_bytes = int64_t(k.stages) * (k.tile_m + k.tile_n) * k.tile_k * 2;
   const int64_t wgmma_smem = s.stage_bytes + 2 * int64_t(k.tile_k) * 32;
   const int64_t tma_smem = s.stage_bytes + 16 * int64_t(k.stages) + 1024;
-  s.resident =
-      is_conv_tma(k) ? (k.warps == 8 && 2 * tma_smem <= 228 * 1024 ? 2 : 1)
-      : is_wgmma(k)  ? (2 * wgmma_smem <= 220 * 1024 ? 2 : 1)
-                     : std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
+  if (is_conv_tma(k)) {
+    s.resident = k.warps == 8 && 2 * tma_smem <= 228 * 1024 ? 2 : 1;
+  } else if (is_conv_gather_wgmma(k)) {
+    s.resident = 2 * wgmma_smem <= 220 * 1024 ? 2 : 1;
+  } else {
+    s.resident = std::clamp<int64_t>((2 * 128 * 128) / (int64_t(k.tile_m) * k.tile_n), 1, 4);
+  }
   s.sms = std::max(sm_count, 1);
   s.slots = s.sms * s.resident;
   return s;
@@ -763,10 +762,9 @@ int32_t conv_weight_gemm_cluster(ckfmha_kernel_entry const& k, ckfmha_conv_probl
   if (is_conv_tma(k)) {
     return tma_weight_cluster_sum(k, p, weight_gemm_shape(k, p, sm_count), splits) ? splits : 0;
   }
-  const bool gathering_wgmma =
-      std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
-  return gathering_wgmma && kernel::conv_weight_cluster_sum(k.arch, splits, p.groups) ? splits
-                                                                                       : 0;
+  const bool cluster =
+      is_conv_gather_wgmma(k) && kernel::conv_weight_cluster_sum(k.arch, splits, p.groups);
+  return cluster ? splits : 0;
 }
 
 bool conv_kernel_fits(ckfmha_kernel_entry const& k, ckfmha_conv_problem const& p,
@@ -821,7 +819,8 @@ ConvPlan plan_conv(std::vector<ckfmha_kernel_entry> const& kernels, ckfmha_conv_
     // backward-data phases, NOTES 115).
     const bool tma_first =
         is_conv_tma(k) && (cost.fill >= 0.5 || cost.ctas <= context.sm_count);
-    const int template_rank = !template_ranked ? 0 : tma_first ? 2 : is_wgmma(k) ? 1 : 0;
+    int template_rank = 0;
+    if (template_ranked) template_rank = tma_first ? 2 : is_conv_gather_wgmma(k) ? 1 : 0;
     std::tuple<int, int32_t, bool, int, double> score{
         kind_rank(k, direction), k.conv_vector, k.arch == context.device_arch, template_rank,
         -cost.cost};

@@ -120,7 +120,7 @@ ConvFeatures conv_candidate_features(ckfmha_conv_problem const& p,
     steps = double(r) / double(int64_t(k.tile_k) * used_splits);
   }
   const int64_t phases = direction == CKFMHA_CONV_BWD_DATA ? product(p.stride, dims) : 1;
-  const bool wgmma = std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
+  const bool wgmma = is_conv_gather_wgmma(k);
   return {double(dims),
           std::log2(double(std::max<int64_t>(p.batch, 1))),
           std::log2(double(groups)),

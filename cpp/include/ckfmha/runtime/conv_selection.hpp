@@ -89,6 +89,13 @@ inline bool is_conv_tma(ckfmha_kernel_entry const& k) {
   return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_tma_wgmma";
 }
 
+// Whether a conv kernel is the gathering template on wgmma (cp.async gathers
+// feeding sm_90a's tensor cores; conv/fwd_sm90_kernel.cuh and the weight
+// gradient's twin).
+inline bool is_conv_gather_wgmma(ckfmha_kernel_entry const& k) {
+  return std::string_view(k.pipeline ? k.pipeline : "") == "sm90_cpasync_wgmma";
+}
+
 // ---- template definition ----
 
 template <typename Fits>
