@@ -27,25 +27,26 @@ constexpr int kThreads = 256;
 constexpr int kTile = 64;  // k and c per transposed tile
 constexpr int kTileRows = kThreads / kTile;
 
-// The row kernel's divisors of a phase, as multiplications by their
-// reciprocals (set on the host): a run-time division is a chain of some 20
-// dependent instructions, and a thread writing one vector ran ten of them
-// before its loads (NOTES 129).
-struct RowDivisors {
+// A phase's divisors as multiplications by their reciprocals (set on the
+// host): a run-time division is a chain of some 20 dependent instructions,
+// and a row-kernel thread writing one vector ran ten of them before its
+// loads (NOTES 129). The taps' serve both kernels (a tap index is 32-bit),
+// the rest the row kernel's 32-bit indices.
+struct PhaseDivisors {
+  cutlass::FastDivmod taps[3];   // the phase's taps per dim
   cutlass::FastDivmod row;       // vectors of a dst row
   cutlass::FastDivmod channels;  // C
   cutlass::FastDivmod pack;
   cutlass::FastDivmod out;       // K
-  cutlass::FastDivmod taps[3];   // the phase's taps per dim
 };
 
 // A launch's phases; blockIdx.z picks one. They share groups and channels.
 struct PhaseBatch {
   ConvPhaseFilter phase[kConvPhaseFiltersPerLaunch];
-  RowDivisors divisors[kConvPhaseFiltersPerLaunch];  // the row kernel's
+  PhaseDivisors divisors[kConvPhaseFiltersPerLaunch];
 };
 
-// a = q * d + r for 0 <= a < 2^31 by multiplication, else by division.
+// a = q * d + r: for 0 <= a < 2^31 by multiplication, else by division.
 __device__ __forceinline__ void divide(uint32_t a, cutlass::FastDivmod const& d, uint32_t& q,
                                        uint32_t& r) {
   int quotient, remainder;
@@ -69,20 +70,7 @@ __device__ int32_t filter_taps(ConvPhaseFilter const& f) {
 }
 
 // The filter index (row-major over its dims) of the phase's tap `tap`.
-__device__ int32_t filter_index(ConvPhaseFilter const& f, int32_t tap) {
-  int32_t index = 0;
-  int32_t radix = 1;
-  for (int d = 2; d >= 0; --d) {
-    const int32_t t = tap % f.taps[d];
-    tap /= f.taps[d];
-    index += (f.first[d] - f.step[d] * t) * radix;
-    radix *= f.filter[d];
-  }
-  return index;
-}
-
-// The same by the phase's tap divisors.
-__device__ int32_t filter_index(ConvPhaseFilter const& f, RowDivisors const& div, int32_t tap) {
+__device__ int32_t filter_index(ConvPhaseFilter const& f, PhaseDivisors const& div, int32_t tap) {
   int32_t index = 0;
   int32_t radix = 1;
   for (int d = 2; d >= 0; --d) {
@@ -114,15 +102,14 @@ __device__ int32_t filter_index(ConvPhaseFilter const& f, RowDivisors const& div
 // vector, at 0.7-0.8 a cycle, 5 us under ncu, most of them the filter
 // index's six divisions and the coordinates' four (NOTES 129). With 32-bit
 // indices (counts under 2^31) those are multiplications by the host's
-// reciprocals (RowDivisors), wider ones keep the divisions: 4.6e5 against
+// reciprocals (PhaseDivisors), wider ones keep the divisions: 4.6e5 against
 // 6.8e5 instructions, 4 against 5 us under ncu, though the graphed layer
 // did not move (NOTES 130).
 template <int kWidth, class Index>
 __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_constant__ batch) {
   using Vector = std::conditional_t<kWidth == 8, uint4, uint16_t>;
   ConvPhaseFilter const& f = batch.phase[blockIdx.z];
-  RowDivisors const& div = batch.divisors[blockIdx.z];
-  constexpr bool kNarrow = std::is_same_v<Index, uint32_t>;
+  PhaseDivisors const& div = batch.divisors[blockIdx.z];
   const int32_t taps = phase_taps(f);
   const Index K = Index(f.out_channels), C = Index(f.in_channels), pack = Index(f.pack);
   const Index row = pack * K / kWidth;  // vectors of a (c, tap) row of dst
@@ -133,8 +120,7 @@ __global__ void __launch_bounds__(kThreads) row_kernel(PhaseBatch const __grid_c
   const auto* src = static_cast<const uint16_t*>(f.w);
   auto* dst = static_cast<Vector*>(f.dst);
   for (int32_t tap = blockIdx.y; tap < taps; tap += gridDim.y) {
-    const int64_t source_tap =
-        int64_t(kNarrow ? filter_index(f, div, tap) : filter_index(f, tap)) * f.in_channels;
+    const int64_t source_tap = int64_t(filter_index(f, div, tap)) * f.in_channels;
     for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < count;
          i += Index(gridDim.x) * kThreads) {
       Index line, v, g, c, unused, member, owner;
@@ -173,6 +159,7 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
   // 32 different banks (rows an odd number of words apart).
   __shared__ uint16_t tile[kTile][kTile + 2];
   ConvPhaseFilter const& f = batch.phase[blockIdx.z];
+  PhaseDivisors const& div = batch.divisors[blockIdx.z];
   const int lane = threadIdx.x % kTile;
   const int row = threadIdx.x / kTile;
   const int32_t tiles_k = (f.out_channels + kTile - 1) / kTile;
@@ -196,9 +183,9 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
     const int64_t g = pair / taps;
     const int32_t tap = int32_t(pair - g * taps);
     if (load_lane) {
+      const int64_t source_tap = g * f.out_channels * filter_taps(f) + filter_index(f, div, tap);
       const uint16_t* from =
-          src + (g * f.out_channels * filter_taps(f) + filter_index(f, tap)) * f.in_channels +
-          (k0 + row) * src_row + c0 + lane;
+          src + source_tap * f.in_channels + (k0 + row) * src_row + c0 + lane;
       for (int r = row; r < load_rows; r += kTileRows, from += kTileRows * src_row) {
         tile[r][lane] = *from;
       }
@@ -223,6 +210,11 @@ int launch_batch(PhaseBatch& batch, int count, bool transpose, ckfmha_stream_t s
   int64_t most_taps = 0;
   for (int p = 0; p < count; ++p) most_taps = std::max(most_taps, taps_of(batch.phase[p]));
   if (most_taps == 0 || f.groups == 0 || f.in_channels == 0 || f.out_channels == 0) return 0;
+  for (int p = 0; p < count; ++p) {
+    for (int d = 0; d < 3; ++d) {
+      batch.divisors[p].taps[d] = cutlass::FastDivmod(batch.phase[p].taps[d]);
+    }
+  }
   const auto s = cudaStream_t(stream);
   if (transpose) {
     const int64_t tiles = int64_t((f.out_channels + kTile - 1) / kTile) *
@@ -246,12 +238,11 @@ int launch_batch(PhaseBatch& batch, int count, bool transpose, ckfmha_stream_t s
     const bool narrow_index = per_tap < (int64_t(1) << 31);
     for (int p = 0; p < count; ++p) {
       ConvPhaseFilter const& ph = batch.phase[p];
-      RowDivisors& div = batch.divisors[p];
+      PhaseDivisors& div = batch.divisors[p];
       div.row = cutlass::FastDivmod(int(int64_t(ph.pack) * ph.out_channels / (wide ? 8 : 1)));
       div.channels = cutlass::FastDivmod(ph.in_channels);
       div.pack = cutlass::FastDivmod(ph.pack);
       div.out = cutlass::FastDivmod(ph.out_channels);
-      for (int d = 0; d < 3; ++d) div.taps[d] = cutlass::FastDivmod(ph.taps[d]);
     }
     if (wide) {
       narrow_index ? row_kernel<8, uint32_t><<<grid, kThreads, 0, s>>>(batch)
