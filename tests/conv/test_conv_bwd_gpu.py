@@ -270,6 +270,29 @@ def test_every_weight_kernel_forced_by_name(kernel: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
+    "kernel",
+    [k for k in _weight_kernels()
+     if (m := WEIGHT_NAME.match(k["name"])) and m["dims"] == "2" and m["vector"] == "8"],
+    ids=lambda k: k["name"],
+)  # fmt: skip
+def test_split_plans_over_many_splits_and_groups(kernel: dict[str, Any]) -> None:
+    """Split plans that add into the zeroed fp32 workspace and convert it after: several
+    output-channel and reduction tiles of several groups over more splits than position tiles
+    (each split then takes one, past any cluster), the same plan twice (the workspace is
+    zeroed on every call), and more groups than the grid's 65535 (CTAs take a second group)."""
+    dtype = WEIGHT_NAME.match(kernel["name"])["dtype"]
+    channels = 64 if WEIGHT_TMA_NAME.match(kernel["name"]) else 72
+    tiles = Case(dtype, 3, (17, 15), 2, channels, 136, (3, 3), 1, 1)
+    for splits in (13, 40):
+        for _ in range(2):
+            run_bwd_weight(tiles, kernel=kernel["name"], splits=splits)
+    if not WEIGHT_TMA_NAME.match(kernel["name"]):
+        # (The TMA kernel's copies take 64 channels a tap: 8x these operands.)
+        run_bwd_weight(Case(dtype, 1, (9, 9), 65537, 8, 8, (1, 1), 1, 0),
+                       kernel=kernel["name"], splits=13)  # fmt: skip
+
+
+@pytest.mark.parametrize(
     "kernel", [k for k in _weight_kernels() if WEIGHT_TMA_NAME.match(k["name"])],
     ids=lambda k: k["name"],
 )  # fmt: skip

@@ -1,6 +1,7 @@
-"""The convolution C API's forward workspace through ctypes, without a device: the bytes
-``ckfmha_conv_workspace_size`` asks for the packed filters (groups of 8, 16 or 32 input channels
-that divide into packs of 64 channels, on archs with the TMA template), and none elsewhere."""
+"""The convolution C API's workspaces through ctypes, without a device: the bytes
+``ckfmha_conv_workspace_size`` asks for the forward's packed filters (groups of 8, 16 or 32 input
+channels that divide into packs of 64 channels, on archs with the TMA template), and none
+elsewhere; and backward-weight's fp32 partial sums."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import ckfmha
 
 BF16 = 1  # ckfmha_dtype
-FWD, BWD_DATA = 0, 1  # ckfmha_conv_direction
+FWD, BWD_DATA, BWD_WEIGHT = 0, 1, 2  # ckfmha_conv_direction
 SUCCESS = 0
 
 
@@ -83,6 +84,26 @@ def test_forward_workspace_holds_the_packed_filters(
     expected = groups * k * taps * c * pack * 2 if pack > 1 else 0
     assert _workspace(lib, problem, FWD, 90) == expected
     assert _workspace(lib, problem, FWD, 80) == 0
+
+
+@pytest.mark.parametrize(
+    ("groups", "c", "k", "spatial", "filt"),
+    [(32, 8, 8, (28, 28), (3, 3)), (1, 64, 64, (56, 56), (3, 3)), (2, 130, 200, (9, 9), (5, 3)),
+     (96, 1, 1, (56, 56), (7, 7)), (8, 16, 24, (4, 8, 8), (3, 3, 3))],
+)  # fmt: skip
+def test_weight_workspace_holds_the_fp32_sums(
+    lib: ctypes.CDLL, groups: int, c: int, k: int, spatial: tuple[int, ...],
+    filt: tuple[int, ...],
+) -> None:  # fmt: skip
+    """fp32 partial sums of the whole dw (groups x K x taps x C), on every arch: split plans
+    and the direct kernels add into them."""
+    problem = _problem(lib, groups, c, k, spatial, filt)
+    reduction = c
+    for f in filt:
+        reduction *= f
+    expected = 4 * groups * k * reduction
+    assert _workspace(lib, problem, BWD_WEIGHT, 90) == expected
+    assert _workspace(lib, problem, BWD_WEIGHT, 80) == expected
 
 
 def test_forward_packs_by_the_input_channels(lib: ctypes.CDLL) -> None:
