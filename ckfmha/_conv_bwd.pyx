@@ -187,8 +187,8 @@ def conv_bwd_weight(x, dy, *, filter_size=None, stride=1, padding=0, dilation=1,
 
     One conv_bwd_weight kernel reduces over the batch and output positions; where dw has
     few tiles the reduction is split over CTAs that add fp32 partial sums into a workspace
-    (allocated like dw), stored into dw by the last CTA of each tile (the direct kernels':
-    converted after): the last bits may then differ from run to run. ``kernel`` names a conv_bwd_weight kernel (``conv_select(..., direction=
+    (allocated like dw), converted into dw after: the last bits may then differ from run to
+    run. ``kernel`` names a conv_bwd_weight kernel (``conv_select(..., direction=
     "bwd_weight")`` names the automatic choice). ``splits`` (1 to 65535) overrides the plan's
     count of CTAs sharing the reduction: splits of the positions for an implicit-GEMM kernel,
     CTAs per block of 32 groups for a direct one. fp16 or bf16, fp32 accumulation.

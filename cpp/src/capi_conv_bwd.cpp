@@ -105,7 +105,7 @@ int zero_weights(ckfmha_conv_problem const& p, void* dw, ckfmha_stream_t stream)
   ConvZeroFill zeros{};
   zeros.base = dw;
   for (int d = 0; d < 4; ++d) zeros.extent[d] = 1;
-  zeros.row = conv_weight_elements(p);
+  zeros.row = int64_t(conv_weight_workspace_bytes(p) / sizeof(float));
   return from_launch_result(launch_conv_zero_fill(zeros, stream), "conv zeros");
 }
 
@@ -194,10 +194,7 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
   // Split plans and the direct kernel add partial sums into the workspace,
   // except where the direct kernel's vector path sums a block of dw within
   // one CTA or a cluster and stores it (its launcher reads the same layout),
-  // and where an implicit GEMM's splits sum within a cluster. The implicit
-  // GEMMs' split plans convert the sums in the kernel (the last split of a
-  // tile, counted on the counters after the sums); the direct kernel's are
-  // converted by a launch after it.
+  // and where an implicit GEMM's splits sum within a cluster.
   const bool direct = plan.kernel.conv_max_channels != 0;
   const bool stores =
       direct ? conv_weight_direct_cluster(plan.kernel, *problem, args->x, args->dy,
@@ -206,21 +203,19 @@ int ckfmha_conv_bwd_weight_run(const ckfmha_conv_problem* problem,
                                         context.sm_count) > 0;
   const bool summed = !stores && (plan.splits > 1 || direct);
   float* sums = summed ? static_cast<float*>(args->workspace) : nullptr;
+  const int64_t count = int64_t(needed / sizeof(float));
   if (sums != nullptr) {
-    // The sums and the tile counters after them.
-    if (int r = zero_fp32(sums, int64_t(needed / sizeof(float)), stream)) {
-      return from_launch_result(r, "conv zeros");
-    }
+    if (int r = zero_fp32(sums, count, stream)) return from_launch_result(r, "conv zeros");
   }
   ckfmha::kernel::ConvBwdWeightLaunch launch{args->x, args->dy, args->dw, sums, plan.splits,
                                              stores && !direct ? 1 : 0};
   if (int r = plan.kernel.launch(problem, &launch, &launch_context, stream)) {
     return from_launch_result(r, plan.kernel.name);
   }
-  if (sums == nullptr || !direct) return succeed();
-  return from_launch_result(launch_conv_convert_weights(sums, args->dw, problem->dtype,
-                                                        conv_weight_elements(*problem), stream),
-                            "conv weight convert");
+  if (sums == nullptr) return succeed();
+  return from_launch_result(
+      launch_conv_convert_weights(sums, args->dw, problem->dtype, count, stream),
+      "conv weight convert");
 }
 
 }  // extern "C"

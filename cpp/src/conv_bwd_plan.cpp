@@ -358,14 +358,9 @@ int32_t conv_weight_vector_allowed(ckfmha_conv_problem const& p, const void* x,
   return widest_conv_vector(std::gcd(p.in_channels, p.out_channels), strides, 2 * count, x, dy);
 }
 
-int64_t conv_weight_elements(ckfmha_conv_problem const& p) {
-  return int64_t(p.groups) * p.out_channels * conv_filter_taps(p) * p.in_channels;
-}
-
 size_t conv_weight_workspace_bytes(ckfmha_conv_problem const& p) {
-  const int64_t counters = kernel::conv_weight_tile_counters(
-      p.groups, p.out_channels, conv_filter_taps(p) * p.in_channels);
-  return size_t(conv_weight_elements(p)) * sizeof(float) + size_t(counters) * sizeof(uint32_t);
+  return size_t(p.groups) * p.out_channels * size_t(conv_filter_taps(p)) * p.in_channels *
+         sizeof(float);
 }
 
 }  // namespace ckfmha::runtime

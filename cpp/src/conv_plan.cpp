@@ -607,8 +607,7 @@ WeightGemmShape weight_gemm_shape(ckfmha_kernel_entry const& k, ckfmha_conv_prob
 // Whether the TMA backward-weight kernel's `splits` CTAs of each tile sum
 // their partial tiles in one cluster (through their operand stages,
 // kernel::conv_split_scratch_bytes) and store dw, instead of adding them into
-// the zeroed fp32 workspace, the last of them storing the sums: the zeroing
-// launch fewer. Only
+// the zeroed fp32 workspace and converting it after: two launches fewer. Only
 // where every cluster is resident at once with one CTA an SM (the launcher
 // spreads them so, kernel::conv_cluster_spread_smem): a GPC runs whole
 // clusters, and at one CTA an SM the H200 held 15 clusters of 8 (120 of its
@@ -940,9 +939,7 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
         << plan.why << "\n";
   } else if (plan.found && is_weight(direction) &&
              (plan.splits > 1 || is_direct(plan.kernel))) {
-    out << (is_direct(plan.kernel) ? "zero the fp32 partial sums, "
-                                   : "zero the fp32 partial sums and the tile counters, ")
-        << plan.kernel.name;
+    out << "zero the fp32 partial sums, " << plan.kernel.name;
     const std::string shape = is_direct(plan.kernel)
                                   ? conv_weight_vector_shape(plan.kernel, p, context.sm_count)
                                   : std::string();
@@ -956,10 +953,7 @@ std::string explain_conv(std::vector<ckfmha_kernel_entry> const& kernels,
       out << " on its lane path";  // the 8-channel kernel forced off its vector path
     }
     if (lane) out << " over " << plan.splits << " CTAs a block of groups on the lane path";
-    out << (is_direct(plan.kernel)
-                ? " adding into them, convert to dw: "
-                : " adding into them, the last split of each tile storing its sums into dw: ")
-        << plan.why << "\n";
+    out << " adding into them, convert to dw: " << plan.why << "\n";
   } else if (plan.found) {
     out << "one stage, " << plan.kernel.name << ": " << plan.why << "\n";
   } else {

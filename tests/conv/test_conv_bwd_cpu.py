@@ -135,8 +135,7 @@ def test_bwd_weight_selects_and_explains(arch: str) -> None:
     assert name.startswith("conv_bwd_weight_bf16_2d_v8_"), name
     text = ckfmha.conv_explain(problem, arch=arch, direction="bwd_weight")
     assert f"selected  {name}" in text
-    assert "zero the fp32 partial sums and the tile counters" in text
-    assert "splits adding into them, the last split of each tile storing its sums" in text
+    assert "zero the fp32 partial sums" in text and "splits adding into them" in text
     # Odd channel counts narrow the vector both operands share.
     odd = ConvProblem(2, (9, 9), 1, 12, 6, (3, 3), dtype="bf16")
     text = ckfmha.conv_explain(odd, arch=arch, direction="bwd_weight")

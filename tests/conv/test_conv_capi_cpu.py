@@ -95,14 +95,13 @@ def test_weight_workspace_holds_the_fp32_sums(
     lib: ctypes.CDLL, groups: int, c: int, k: int, spatial: tuple[int, ...],
     filt: tuple[int, ...],
 ) -> None:  # fmt: skip
-    """fp32 partial sums of the whole dw (groups x K x taps x C), then a 4-byte counter for
-    each 64 x 64 block of a group's dw (the split plans' last split of a tile stores it), on
-    every arch."""
+    """fp32 partial sums of the whole dw (groups x K x taps x C), on every arch: split plans
+    and the direct kernels add into them."""
     problem = _problem(lib, groups, c, k, spatial, filt)
     reduction = c
     for f in filt:
         reduction *= f
-    expected = 4 * groups * k * reduction + 4 * groups * -(-k // 64) * -(-reduction // 64)
+    expected = 4 * groups * k * reduction
     assert _workspace(lib, problem, BWD_WEIGHT, 90) == expected
     assert _workspace(lib, problem, BWD_WEIGHT, 80) == expected
 

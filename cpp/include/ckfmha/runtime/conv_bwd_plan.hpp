@@ -88,12 +88,7 @@ std::string explain_conv_bwd_data(std::vector<ckfmha_kernel_entry> const& kernel
 int32_t conv_weight_vector_allowed(ckfmha_conv_problem const& problem, const void* x,
                                    const void* dy);
 
-// dw's elements: groups x K x taps x C.
-int64_t conv_weight_elements(ckfmha_conv_problem const& problem);
-
-// Backward-weight's workspace: fp32 partial sums of dw, then the split plans'
-// tile counters (kernel::conv_weight_tile_counters), all zeroed before a
-// split plan's launch.
+// fp32 partial sums of dw: groups x K x taps x C.
 size_t conv_weight_workspace_bytes(ckfmha_conv_problem const& problem);
 
 // Checks the backward-data phases' reductions (taps x K) fit the kernels'

@@ -4,12 +4,10 @@
 // range of positions, TileK a stage. Each stage's positions are decoded once
 // into a table in shared memory (batch offset, first input coordinates, dy
 // offset), which every thread's gathers read; two slots let the next tile's
-// table be written while the current one is issued. Split plans finish in
-// the kernel (bwd_weight_split_finish.cuh).
+// table be written while the current one is issued.
 #pragma once
 
 #include "ckfmha/kernel/conv/bwd_weight_loader.cuh"
-#include "ckfmha/kernel/conv/bwd_weight_split_finish.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_store.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_traits.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
@@ -110,17 +108,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     cp_async_wait<0>();
-    // A split with no positions adds nothing (one split stores zeros then),
-    // but counts itself done.
-    if (k_tiles > 0 || bp.accum == nullptr) {
-      Tensor coords =
-          thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
-      store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
-    }
-    if (bp.accum != nullptr) {
-      finish_split_tile<Element, kTileM, kTileN, kThreads>(bp, group, first_k, first_n, tid,
-                                                           [] { __syncthreads(); });
-    }
+    // A split with no positions adds nothing; one split stores zeros then.
+    if (k_tiles == 0 && bp.accum != nullptr) continue;
+    Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
+    store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
   }
 #endif
 }

@@ -30,12 +30,6 @@ inline ConvBwdWeightParams make_conv_bwd_weight_params(ckfmha_conv_problem const
   bp.conv = make_conv_fwd_params(
       pr, ckfmha_conv_fwd_args{la.x, la.dw, const_cast<void*>(la.dy), nullptr, 0});
   bp.accum = la.accum;
-  // The tile counters follow the sums (conv_weight_tile_counters).
-  bp.tile_counters =
-      la.accum != nullptr
-          ? reinterpret_cast<uint32_t*>(la.accum + int64_t(bp.conv.groups) *
-                                                       bp.conv.out_channels * bp.conv.reduction)
-          : nullptr;
   bp.group_in_channels = bp.conv.in_channels;
   bp.group_out_channels = bp.conv.out_channels;
   bp.group_reduction = bp.conv.reduction;
@@ -73,12 +67,6 @@ bool conv_bwd_weight_grid(ConvBwdWeightParams& bp, ConvBwdWeightLaunch const& la
   const int64_t tiles_m = (bp.conv.out_channels + Traits::kTileM - 1) / Traits::kTileM;
   const int64_t tiles_n = (int64_t(bp.conv.reduction) + Traits::kTileN - 1) / Traits::kTileN;
   if (tiles_m * tiles_n > 0x7fffffff) return false;
-  if (bp.accum != nullptr &&
-      int64_t(bp.conv.groups) * tiles_m * tiles_n >
-          conv_weight_tile_counters(int64_t(bp.conv.groups) * bp.pack, bp.group_out_channels,
-                                    bp.group_reduction)) {
-    return false;
-  }
   *grid = dim3(unsigned(tiles_m * tiles_n), unsigned(used_splits),
                unsigned(std::min(bp.conv.groups, 65535)));
   return true;

@@ -10,7 +10,6 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/bwd_weight_loader.cuh"
-#include "ckfmha/kernel/conv/bwd_weight_split_finish.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_sm90_traits.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_store.cuh"
 #include "ckfmha/kernel/conv/gather.cuh"
@@ -118,15 +117,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
                                        reinterpret_cast<float*>(smem), tid, kThreads);
       continue;
     }
-    // A split with no positions adds nothing (one split stores zeros then),
-    // but counts itself done.
-    if (k_tiles > 0 || bp.accum == nullptr) {
-      store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
-    }
-    if (bp.accum != nullptr) {
-      finish_split_tile<Element, kTileM, kTileN, kThreads>(bp, group, first_k, first_n, tid,
-                                                           [] { __syncthreads(); });
-    }
+    // A split with no positions adds nothing; one split stores zeros then.
+    if (k_tiles == 0 && bp.accum != nullptr) continue;
+    store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
   }
 #endif
 }

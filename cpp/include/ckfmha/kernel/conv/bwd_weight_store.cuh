@@ -45,31 +45,23 @@ struct PackedWeightDivisors {
         group_in(bp.group_in_channels) {}
 };
 
-// Where an element of a packed tile (bp.pack > 1) lies in dw (and in the
-// sums, laid out alike), or -1: the packed output channel and reduction
-// column name a group each, and only a group's products with itself belong
-// to dw, at that group's real place.
-__device__ __forceinline__ int64_t packed_weight_offset(ConvBwdWeightParams const& bp,
-                                                        PackedWeightDivisors const& div,
-                                                        int32_t packed_group, int32_t k_packed,
-                                                        int32_t n_packed) {
-  int k_member, k, tap, rest, c_member, c;
-  div.group_out(k_member, k, k_packed);
-  div.packed_in(tap, rest, n_packed);
-  div.group_in(c_member, c, rest);
-  if (c_member != k_member) return -1;
-  const int64_t group = int64_t(packed_group) * bp.pack + k_member;
-  return (group * bp.group_out_channels + k) * bp.group_reduction +
-         int64_t(tap) * bp.group_in_channels + c;
-}
-
+// One element of a packed tile (bp.pack > 1): the packed output channel and
+// reduction column name a group each; only a group's products with itself
+// belong to dw, at that group's real place.
 template <class Element>
 __device__ __forceinline__ void store_packed_weight(ConvBwdWeightParams const& bp,
                                                     PackedWeightDivisors const& div,
                                                     int32_t packed_group, int32_t k_packed,
                                                     int32_t n_packed, float value) {
-  const int64_t offset = packed_weight_offset(bp, div, packed_group, k_packed, n_packed);
-  if (offset >= 0) store_weight_value<Element>(bp, offset, value);
+  int k_member, k, tap, rest, c_member, c;
+  div.group_out(k_member, k, k_packed);
+  div.packed_in(tap, rest, n_packed);
+  div.group_in(c_member, c, rest);
+  if (c_member != k_member) return;
+  const int64_t group = int64_t(packed_group) * bp.pack + k_member;
+  const int64_t offset = (group * bp.group_out_channels + k) * bp.group_reduction +
+                         int64_t(tap) * bp.group_in_channels + c;
+  store_weight_value<Element>(bp, offset, value);
 }
 
 // log2 of a power of two. (The host pass sees device code too, without the

@@ -16,7 +16,6 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/bwd_weight_loader.cuh"
-#include "ckfmha/kernel/conv/bwd_weight_split_finish.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_store.cuh"
 #include "ckfmha/kernel/conv/bwd_weight_tma_traits.cuh"
 #include "ckfmha/kernel/conv/wgmma_batch.cuh"
@@ -166,10 +165,6 @@ __device__ __forceinline__ void conv_bwd_weight_tma_load(ConvBwdWeightTmaParams 
 
 }  // namespace conv_detail
 
-// The named barrier of the consumer warpgroups in a split plan's finish (0
-// is the whole CTA's).
-constexpr uint32_t kSplitFinishBarrier = 1;
-
 // kClusterSum: the instance the launcher runs where a tile's splits form a
 // cluster (bp.cluster_sum); the other carries none of that code, whose
 // epilogue alone had slowed the workspace launches of packed groups by up to a
@@ -244,17 +239,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
           tid, kConsumerThreads);
       continue;
     }
-    // A split with no positions adds nothing (one split stores zeros then),
-    // but counts itself done.
-    if (work.k_tiles > 0 || bp.accum == nullptr) {
-      store_weight_tile<Element>(bp, group, work.first_k, work.first_n, acc, coords);
-    }
-    if (bp.accum != nullptr) {
-      // The producer warps have left: a barrier of the consumers only.
-      finish_split_tile<Element, Traits::kTileM, Traits::kTileN, kConsumerThreads>(
-          bp, group, work.first_k, work.first_n, tid,
-          [] { cutlass::arch::NamedBarrier::sync(kConsumerThreads, kSplitFinishBarrier); });
-    }
+    // A split with no positions adds nothing; one split stores zeros then.
+    if (work.k_tiles == 0 && bp.accum != nullptr) continue;
+    store_weight_tile<Element>(bp, group, work.first_k, work.first_n, acc, coords);
   }
 #endif
 }

@@ -56,15 +56,11 @@ struct ConvFwdParams {
 // Backward-weight: the forward problem's geometry, with y holding dy (read)
 // and w the gradient dw (written). A plan that splits the reduction over
 // positions adds each CTA's partial sums into `accum`, fp32 in w's layout
-// ([groups, out_channels, reduction], zeroed first), and the last split of
-// each tile to finish converts the tile's sums into dw (tile_counters); with
-// one split the CTAs store dw directly.
+// ([groups, out_channels, reduction], zeroed first), and a later pass
+// converts it; with one split the CTAs store dw directly.
 struct ConvBwdWeightParams {
   ConvFwdParams conv;
   float* accum;  // null: store into conv.w
-  // With accum: a count per tile of dw (group x gridDim.x + blockIdx.x),
-  // zeroed with the sums, of the splits that have added theirs.
-  uint32_t* tile_counters;
   int64_t tiles_per_split;  // k-tiles of positions each split reduces
   // 1: adjacent reduction elements of dw may be stored as one 4-byte pair.
   int32_t paired_stores;
@@ -148,18 +144,6 @@ constexpr int32_t conv_tma_pack(int32_t groups, int32_t reduction_channels) {
 // The most CTAs whose partial sums of one tile meet in a cluster: the
 // portable cluster size.
 constexpr int32_t kConvMaxClusterSplits = 8;
-
-// The tile counters a split plan of the implicit-GEMM backward-weight kernels
-// keeps after its fp32 sums (ConvBwdWeightParams::tile_counters): one per
-// tile of dw, at most this many for every template, whose tiles are at least
-// 64 x 64. Unpacked, a group has ceil(K / 64) x ceil(taps x C / 64) such
-// tiles; packed (conv_weight_pack), pack x K is at most 64 and the packed
-// reduction pack x taps x C, so groups / pack packed groups have at most
-// groups x ceil(taps x C / 64).
-constexpr int64_t conv_weight_tile_counters(int64_t groups, int64_t out_channels,
-                                            int64_t reduction) {
-  return groups * ((out_channels + 63) / 64) * ((reduction + 63) / 64);
-}
 
 // The split sum's scratch (cluster_split_sum.cuh): a kTileM x kTileN float
 // tile in bands of ceil(tile_m / splits) rows, one slot of its band per rank
