@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     // A split with no positions adds nothing; one split stores zeros then.
     if (k_tiles == 0 && bp.accum != nullptr) continue;
     Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
-    store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
+    store_weight_tile<Element>(bp, gp.packed, group, first_k, first_n, acc, coords);
   }
 #endif
 }

@@ -105,7 +105,8 @@ int launch_conv_bwd_weight_gemm(void (*kernel)(ConvBwdWeightGemmParams), void co
   const int cluster_smem =
       std::max(Traits::kSmemLaunchBytes, int(Traits::kTileM * Traits::kTileN * sizeof(float)));
   return launch_weight_gemm<Traits, kClusterSum>(
-      kernel, grid, bp, stream, ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv)},
+      kernel, grid, bp, stream,
+      ConvBwdWeightGemmParams{bp, PositionDecoder(bp.conv), PackedWeightDivisors(bp)},
       cluster_smem);
 }
 
@@ -144,6 +145,7 @@ int launch_conv_bwd_weight_tma(void const* problem, void const* args,
   dim3 grid;
   if (!conv_bwd_weight_grid<Traits>(bp, la, &grid)) return -int(cudaErrorInvalidConfiguration);
   params.positions = PositionDecoder(p);
+  params.packed = PackedWeightDivisors(bp);
   constexpr CUtensorMapSwizzle kSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;
   const int64_t x_channels = int64_t(p.groups) * p.in_channels;
   const int64_t dy_channels = int64_t(p.groups) * p.out_channels;

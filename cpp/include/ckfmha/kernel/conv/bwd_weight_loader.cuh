@@ -9,6 +9,7 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/gather.cuh"
+#include "ckfmha/kernel/conv/packed_weight_divisors.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cute/tensor.hpp>
@@ -75,6 +76,7 @@ struct PositionDecoder {
 struct ConvBwdWeightGemmParams {
   ConvBwdWeightParams weight;
   PositionDecoder positions;
+  PackedWeightDivisors packed;
 };
 
 namespace conv_detail {

@@ -113,13 +113,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
     if (bp.cluster_sum) {
       // The stages (and tables) hold the CTA's partial tile once the
       // cluster's first barrier shows every copy and product done.
-      cluster_sum_weight_tile<Element>(bp, group, first_k, first_n, acc, coords,
+      cluster_sum_weight_tile<Element>(bp, gp.packed, group, first_k, first_n, acc, coords,
                                        reinterpret_cast<float*>(smem), tid, kThreads);
       continue;
     }
     // A split with no positions adds nothing; one split stores zeros then.
     if (k_tiles == 0 && bp.accum != nullptr) continue;
-    store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords);
+    store_weight_tile<Element>(bp, gp.packed, group, first_k, first_n, acc, coords);
   }
 #endif
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "ckfmha/kernel/conv/cluster_split_sum.cuh"
+#include "ckfmha/kernel/conv/packed_weight_divisors.cuh"
 #include "ckfmha/kernel/params/conv_params.h"
 
 #include <cooperative_groups.h>
@@ -29,21 +30,6 @@ __device__ __forceinline__ void store_weight_value(ConvBwdWeightParams const& bp
     static_cast<Element*>(const_cast<void*>(bp.conv.w))[offset] = Element(value);
   }
 }
-
-// The divisors that map a packed tile's element back to its group, worked
-// out once a thread (cutlass::FastDivmod: a multiply and a shift a use). A
-// thread stores up to 128 elements, and three run-time divisions each were
-// most of the epilogue of split plans over packed groups.
-struct PackedWeightDivisors {
-  cutlass::FastDivmod group_out;  // a group's output channels
-  cutlass::FastDivmod packed_in;  // the packed group's input channels (a tap's columns)
-  cutlass::FastDivmod group_in;   // a group's input channels
-
-  __device__ explicit PackedWeightDivisors(ConvBwdWeightParams const& bp)
-      : group_out(bp.group_out_channels),
-        packed_in(bp.conv.in_channels),
-        group_in(bp.group_in_channels) {}
-};
 
 // One element of a packed tile (bp.pack > 1): the packed output channel and
 // reduction column name a group each; only a group's products with itself
@@ -172,9 +158,11 @@ __device__ __forceinline__ void store_weight_pairs_to(ConvBwdWeightParams const&
 // pair_first (all by default). Element by element, with three run-time
 // divisions each, packed tiles' epilogue held about two thirds of the TMA
 // kernel's warp samples on ResNeXt's groups of 32 (NOTES 128): pairs where the
-// layouts allow them, the element-by-element stores elsewhere.
+// layouts allow them, the element-by-element stores elsewhere. `div`: the
+// launcher's divisors of bp's packed groups.
 template <class Element, class Acc, class Coords>
-__device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp, int32_t group,
+__device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
+                                                  PackedWeightDivisors const& div, int32_t group,
                                                   int32_t first_k, int32_t first_n,
                                                   Acc const& acc, Coords const& coords,
                                                   int32_t pair_first = 0,
@@ -197,7 +185,6 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
           aligned, [&](int32_t k, int32_t n) { return shifts.column(bp, k, n); });
       return;
     }
-    const PackedWeightDivisors div(bp);
     CUTE_UNROLL
     for (int i = 0; i < size(acc); i += 2) {
       if ((i / 2) % pair_step != pair_first) continue;
@@ -232,6 +219,7 @@ __device__ __forceinline__ void store_weight_tile(ConvBwdWeightParams const& bp,
 // the others have read it.
 template <class Element, class Acc, class Coords>
 __device__ __forceinline__ void cluster_sum_weight_tile(ConvBwdWeightParams const& bp,
+                                                        PackedWeightDivisors const& div,
                                                         int32_t group, int32_t first_k,
                                                         int32_t first_n, Acc& acc,
                                                         Coords const& coords, float* scratch,
@@ -257,7 +245,7 @@ __device__ __forceinline__ void cluster_sum_weight_tile(ConvBwdWeightParams cons
       acc(i + 1) += remote[(i + 1) * threads];
     }
   }
-  store_weight_tile<Element>(bp, group, first_k, first_n, acc, coords, rank, ranks);
+  store_weight_tile<Element>(bp, div, group, first_k, first_n, acc, coords, rank, ranks);
   __syncwarp();
   cute::cluster_sync();
 #else
@@ -273,6 +261,7 @@ __device__ __forceinline__ void cluster_sum_weight_tile(ConvBwdWeightParams cons
 // done. The launcher gives each cluster one tile (no group loop).
 template <int kTileM, int kTileN, class Element, class Acc, class Coords>
 __device__ __forceinline__ void store_weight_tile_split_sum(ConvBwdWeightParams const& bp,
+                                                            PackedWeightDivisors const& div,
                                                             int32_t group, int32_t first_k,
                                                             int32_t first_n, Acc const& acc,
                                                             Coords const& coords, float* scratch,
@@ -283,7 +272,6 @@ __device__ __forceinline__ void store_weight_tile_split_sum(ConvBwdWeightParams 
   const bool aligned = reinterpret_cast<uintptr_t>(dw) % 16 == 0;
   const bool runs = bp.pack == 1 && p.reduction % 8 == 0 && aligned;
   const int64_t group_offset = int64_t(group) * p.out_channels * p.reduction;
-  const PackedWeightDivisors div(bp);
   // Groups of 8 or more input channels, a power of two: a run of 8 columns is
   // one group's 8 adjacent channels of one tap, at an offset that is a
   // multiple of 8.

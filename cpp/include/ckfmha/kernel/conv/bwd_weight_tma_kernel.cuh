@@ -34,6 +34,7 @@ namespace ckfmha::kernel {
 struct ConvBwdWeightTmaParams {
   ConvBwdWeightParams weight;
   PositionDecoder positions;
+  PackedWeightDivisors packed;
   // x and dy as (channels of all groups, w, h, [d,] batch) for im2col copies
   // of kChunk channels and TileK positions, or, where a tensor's positions lie
   // one stride apart (flagged below), as (channels, positions) for plain
@@ -235,13 +236,14 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtasPerSm)
       // Every rank's wgmma reads are done (its full barriers have all
       // flipped, so no copy is in flight): the stages hold the partial sums.
       store_weight_tile_split_sum<Traits::kTileM, Traits::kTileN, Element>(
-          bp, group, work.first_k, work.first_n, acc, coords, reinterpret_cast<float*>(smem),
-          tid, kConsumerThreads);
+          bp, params.packed, group, work.first_k, work.first_n, acc, coords,
+          reinterpret_cast<float*>(smem), tid, kConsumerThreads);
       continue;
     }
     // A split with no positions adds nothing; one split stores zeros then.
     if (work.k_tiles == 0 && bp.accum != nullptr) continue;
-    store_weight_tile<Element>(bp, group, work.first_k, work.first_n, acc, coords);
+    store_weight_tile<Element>(bp, params.packed, group, work.first_k, work.first_n, acc,
+                               coords);
   }
 #endif
 }
