@@ -14,7 +14,6 @@
 
 #include <cooperative_groups.h>
 #include <cute/tensor.hpp>
-#include <cutlass/fast_math.h>
 
 #include <cstdint>
 
